@@ -10,7 +10,8 @@ A DPO run's train lines also carry REWARDS' keys, its eval lines the same with "
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
 of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
 teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished), and by " reference
-DONE/TOTAL" while a DPO run's reference pass runs (pairs done of all; `minilmd status` shows it). It is rewritten (temp
+DONE/TOTAL/FROM/SECONDS" while a DPO run's reference pass runs (pairs done of all, done when this attempt's pass
+began, its seconds since; `minilmd status` shows it, with its rate and ETA). It is rewritten (temp
 file + rename, no fsync: it is a liveness signal, not data) after a step at most once a second, and always at a
 save, an evaluation, a phase change and the exit.
 "tok_s" (real tokens per second), "step_time" and so "mfu" cover the training time of the interval since the

@@ -20,7 +20,7 @@ from minilmd.daemon.base.runstate import Heartbeat, RunState, read_heartbeat
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.child.trainerwatch import STARTUP_GRACE_S
 from minilmd.daemon.views.status import summary_lines
-from minilmd.names import ATTEMPT_LOGS, STATE, TRAINER_CMD_ENV
+from minilmd.names import ATTEMPT_LOGS, DPO_REFERENCE, STATE, TRAINER_CMD_ENV
 from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
 from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
@@ -89,44 +89,93 @@ def _reference_beat(run_dir: Path, proc: subprocess.Popen) -> Heartbeat:
     raise AssertionError(f"the trainer ended (exit {proc.returncode}) before its heartbeat named the pass")
 
 
-@pytest.mark.slow  # a trainer in a real process, stopped by a real SIGTERM in its (slowed) reference pass
-def test_status_shows_the_reference_pass_and_a_stop_during_it_exits_75_at_once_without_saving(tmp_path, dpo_corpus):
-    """Found by a reviewer: during a 208 s reference pass `minilmd status` said only "training ... step 0", and
-    `minilmd stop` took 86 s, the pass running to its end before the step-0 save (a pass longer than the stop grace
-    would be SIGKILLed, lost). The pass's progress is in the heartbeat, as status shows it, and a stop is acted on
-    between two of its batches: exit 75, nothing of the pass saved; the next start computes it again."""
-    config = write_config(tmp_path, dpo_corpus, name="stopref", data={"val_windows": 8},
-                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
-    run_dir, ckpt_dir = run_paths(config)
+def _stopped_in_pass(config: Path, show_status: bool = False) -> int:
+    """Run the (slowed) trainer in a process of its own, SIGTERM it once its heartbeat says its reference pass has
+    done some pairs (with show_status, what status shows of it then is checked first); it exits 75 saying how many
+    pairs it kept, which is returned."""
+    run_dir = run_paths(config)[0]
     cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()) as proc:
         try:
             beat = _reference_beat(run_dir, proc)
-            held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
-            held.apply_progress([], beat)
-            shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
-            done, total = beat.reference_pass()
-            assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in shown, shown
-            assert 0 < done < total
+            done, total, began, _ = beat.reference_pass()  # and this attempt's start and seconds: its rate
+            assert 0 == began < done < total
+            if show_status:
+                held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
+                held.apply_progress([], beat)
+                shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
+                assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=120)
         finally:
             proc.kill()
     assert proc.returncode == EXIT_STOPPED, out
-    assert "SIGTERM received during the DPO reference pass" in out and "nothing saved" in out, out
-    said = re.search(r"during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\)", out)
-    assert said and int(said[1].replace(",", "")) < int(said[2].replace(",", "")), out  # left in the middle
-    assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*")), out
-    again = train_in_process(config)  # the real trainer, here: the pass computed again from the start, then trained
+    said = re.search(r"SIGTERM received during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\); the pairs done "
+                     r"are saved at step 0", out)
+    assert said, out
+    kept = int(said[1].replace(",", ""))
+    assert 0 < kept < int(said[2].replace(",", "")), out  # left in the middle
+    return kept
+
+
+@pytest.mark.slow  # a trainer in a real process, stopped by a real SIGTERM in its (slowed) reference pass
+def test_a_stop_during_the_reference_pass_keeps_it_and_the_resumed_run_ends_bit_identical(tmp_path, dpo_corpus):
+    """Found by a reviewer: during a 208 s reference pass `minilmd status` said only "training ... step 0", and
+    `minilmd stop` took 86 s; its heartbeat now says how far it is, as status shows it, and a stop is acted on between
+    two of its batches. Found by a new user: that stop threw the pass away (exit 75, nothing saved, scratch removed:
+    "the run stopped before its first checkpoint"), and the next start computed it all again (104 s on 2,431 pairs,
+    hours on a real corpus: a Slurm requeue loop never gets past it). The stop now saves step 0 with the sums done
+    and how far the pass got; the next start goes on from there, and the run ends with the weights, optimizer state
+    and reference of an undisturbed run, byte for byte."""
+    values = dict(data={"val_windows": 8},
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
+    config = write_config(tmp_path, dpo_corpus, name="stopref", **values)
+    run_dir, ckpt_dir = run_paths(config)
+    kept = _stopped_in_pass(config, show_status=True)
+    assert not read_metrics(run_dir, "dpo_reference") and [p.name for p in ckpt_dir.glob("step-*")] == \
+        ["step-00000000"]
+    again = train_in_process(config)  # the real trainer, here: the pass goes on from the kept pairs, then trains
     assert again.returncode == EXIT_DONE, again.stderr
-    assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed"]
+    made = read_metrics(run_dir, "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", kept)], made
+    assert f"going on from the {kept:,} pairs a stopped pass kept" in again.stdout, again.stdout
     assert read_heartbeat(run_dir).reference_pass() is None  # training's heartbeats name no pass
+    straight = write_config(tmp_path, dpo_corpus, name="straight", **values)
+    assert train_in_process(straight).returncode == EXIT_DONE
+    straight_ckpt = run_paths(straight)[1]
+    for step in ("step-00000000", "step-00000002"):
+        for name in ("model.safetensors", "optimizer.safetensors", DPO_REFERENCE):
+            assert (ckpt_dir / step / name).read_bytes() == (straight_ckpt / step / name).read_bytes(), (step, name)
+
+
+@pytest.mark.slow  # a trainer stopped by a real SIGTERM in its (slowed) reference pass, then two runs
+def test_a_kept_pass_at_another_micro_batch_size_is_computed_again_from_the_start(tmp_path, dpo_corpus):
+    """The kept sums are those of the pass's batches of micro_batch_size pairs (padded to each batch's width class):
+    a resume at another micro_batch_size would mix two roundings, so it computes the pass again from the start,
+    saying so, and its reference is an undisturbed run's at the new size, byte for byte."""
+    values = dict(data={"val_windows": 8},
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 1, "checkpoint_every": 1})
+    config = write_config(tmp_path, dpo_corpus, name="mb", **values)
+    kept = _stopped_in_pass(config)
+    again = train_in_process(config, "train.micro_batch_size=2")
+    assert again.returncode == EXIT_DONE, again.stderr
+    assert (f"the stopped DPO reference pass kept {kept:,} pairs computed at train.micro_batch_size = 1, now 2: "
+            "computed again from the start") in again.stdout, again.stdout
+    made = read_metrics(run_paths(config)[0], "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", None)], made
+    straight = write_config(tmp_path, dpo_corpus, name="mb2", **{**values, "train": {**values["train"],
+                                                                                  "micro_batch_size": 2}})
+    assert train_in_process(straight).returncode == EXIT_DONE
+    name = f"step-00000000/{DPO_REFERENCE}"
+    assert (run_paths(config)[1] / name).read_bytes() == (run_paths(straight)[1] / name).read_bytes()
 
 
 @pytest.mark.slow  # a supervisor and its real trainer, whose reference pass is slowed, stopped by `minilmd stop`
 def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(tmp_path, dpo_corpus):
     """What the operator sees and does: `minilmd status` names the pass and how far it is, `minilmd stop` ends it
-    between two batches and the supervisor ends stopped, with nothing of the pass saved."""
+    between two batches and the supervisor ends stopped, the pass so far saved at step 0 and synced to the remote
+    (before: nothing saved, scratch removed, "the run stopped before its first checkpoint"); the next `minilmd run`
+    goes on from there."""
     config = write_config(tmp_path, dpo_corpus, name="opstop", data={"val_windows": 8},
                           train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
     run_dir, ckpt_dir = run_paths(config)
@@ -146,5 +195,14 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
             sup.kill()
             sup.wait()
     log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
-    assert "SIGTERM received during the DPO reference pass" in log, log
-    assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*"))
+    assert "SIGTERM received during the DPO reference pass" in log and "saved at step 0" in log, log
+    assert not read_metrics(run_dir, "dpo_reference") and [p.name for p in ckpt_dir.glob("step-*")] == \
+        ["step-00000000"]
+    remote = Path(load_config(config).run.remote)
+    assert (remote / "step-00000000" / DPO_REFERENCE).read_bytes() == \
+        (ckpt_dir / "step-00000000" / DPO_REFERENCE).read_bytes()
+    assert "before its first checkpoint" not in (tmp_path / "supervisor.out").read_text()
+    assert run_supervisor(config, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
+        (tmp_path / "supervisor.out").read_text()
+    made = read_metrics(run_dir, "dpo_reference")
+    assert [m["source"] for m in made] == ["computed"] and made[0]["resumed_at"] > 0, made

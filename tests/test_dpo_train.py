@@ -279,7 +279,7 @@ def test_a_reference_file_written_before_seq_len_was_recorded_is_read_at_the_run
     now = {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128, "matmul": "fp32"}
     old = save(sums, metadata={"data_fingerprint": corpus.data_fingerprint})
     ckpt = dpo_corpus[0] / "step-00000012"
-    read, record = reference_sums(old, corpus, ckpt, now, printing=True)
+    read, record, _ = reference_sums(old, corpus, ckpt, now, printing=True)
     assert np.array_equal(read["train"], sums["train"]) and capsys.readouterr().out == ""
     assert record == {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128}  # held to it from now on
     with pytest.raises(ConfigError, match="train.seq_len is 32; this DPO run's reference log-probs were computed "
@@ -288,6 +288,6 @@ def test_a_reference_file_written_before_seq_len_was_recorded_is_read_at_the_run
     gpu_record = {**now, "matmul": "bf16"}
     on_gpu = reference_bytes(sums, gpu_record)
     assert on_gpu == reference_bytes(sums, dict(reversed(gpu_record.items())))  # the same bytes, whatever the order
-    read, record = reference_sums(on_gpu, corpus, ckpt, now, printing=True)
+    read, record, _ = reference_sums(on_gpu, corpus, ckpt, now, printing=True)
     assert np.array_equal(read["val"], sums["val"]) and record["matmul"] == "bf16"  # written on as it was read
     assert "computed with bf16 matmuls, this attempt runs fp32" in capsys.readouterr().out

@@ -403,13 +403,26 @@ class Heartbeat(NamedTuple):
     """"compiling" during the trainer's first torch.compile'd step, "exiting" once training is over, "reference"
     during a DPO run's reference pass, else ""."""
     note: str = ""
-    """What follows the phase: the reference pass's "DONE/TOTAL" pairs."""
+    """What follows the phase: the reference pass's "DONE/TOTAL/FROM/SECONDS" pairs (FROM: done when this attempt's
+    pass began, SECONDS since; an older trainer's "DONE/TOTAL")."""
 
     def reference_pass(self) -> list[int] | None:
-        """[pairs done, pairs in all] while a DPO run's reference pass runs, else None (or a body that is not one)."""
-        if self.phase != names.HEARTBEAT_REFERENCE or not re.fullmatch(r"[0-9]{1,12}/[0-9]{1,12}", self.note):
+        """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] ([done, all] of an
+        older trainer) while a DPO run's reference pass runs, else None (or a body that is not one)."""
+        if self.phase != names.HEARTBEAT_REFERENCE or \
+                not re.fullmatch(r"[0-9]{1,12}/[0-9]{1,12}(/[0-9]{1,12}/[0-9]{1,12})?", self.note):
             return None
         return [int(n) for n in self.note.split("/")]
+
+
+def reference_pass_rate(ref: list[int]) -> tuple[float, float] | None:
+    """(pairs a second, seconds left) of a reference pass as its heartbeat gives it (Heartbeat.reference_pass, or
+    the supervisor's state.json copy: read typed, a list of ints), from this attempt's pairs and seconds; None before
+    it has a rate (its first second, no pair yet, or an older trainer's two numbers)."""
+    if len(ref) != 4 or ref[3] <= 0 or ref[0] <= ref[2]:
+        return None
+    rate = (ref[0] - ref[2]) / ref[3]
+    return rate, max(0, ref[1] - ref[0]) / rate
 
 
 def read_heartbeat(run_dir: Path) -> Heartbeat | None:

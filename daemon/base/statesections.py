@@ -218,7 +218,9 @@ class Progress(Section):
     """A DPO run's latest rewards (minilmd.metrics.REWARDS' keys from its latest train line, and with "val_" before
     them from its latest eval line); absent for another run."""
     reference_pass: list[int] | None = None
-    """[pairs done, pairs in all] of a DPO run's reference pass while its heartbeat says it runs; absent otherwise."""
+    """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] of a DPO run's reference
+    pass while its heartbeat says it runs (Heartbeat.reference_pass; an older trainer's: the first two); absent
+    otherwise."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base.runstate import reference_pass_rate
 from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
@@ -80,6 +81,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "val_loss": progress.val_loss,
         "tok_s": progress.tok_s,
         "eta_s": progress.eta_s if alive else None,
+        "reference_pass_eta_s": _pass_eta_s(progress) if alive else None,
         "devices": state.devices,
         "gpu_waited_s": t - waited_since if state.phase == Phase.WAITING_GPU and waited_since else None,
         "sync_state": sync.state,
@@ -92,6 +94,15 @@ def row(entry: registry.Entry, t: float) -> dict:
         "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
         "caught_up": bool(changed_sections(written, state)),  # the step is the trainer's, newer than state.json's
     }
+
+
+def _pass_eta_s(progress) -> float | None:
+    """Seconds left of a DPO run's reference pass, which comes before any step (so before the steps' ETA): its
+    pairs left at this attempt's rate (runstate.reference_pass_rate); None outside the pass or before it has a
+    rate."""
+    ref = progress.reference_pass
+    rate = reference_pass_rate(ref) if isinstance(ref, list) and len(ref) == 4 else None
+    return rate[1] if rate else None
 
 
 def rows_in_time(entries: list[registry.Entry], t: float) -> list[dict]:
@@ -156,8 +167,15 @@ def _cells(r: dict) -> list[str]:
         if r.get("sync_state") in ("failed", "stalled", "unavailable"):
             sync += f" ({r['sync_state']})"
     return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
-            f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", fmt_duration(r.get("eta_s")), gpu, sync,
+            f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", _eta_cell(r), gpu, sync,
             str(r.get("restarts", "-")), printable(r["run_dir"])]
+
+
+def _eta_cell(r: dict) -> str:
+    """The steps' ETA, or during a DPO run's reference pass the pass's own, named so ("pass 47s")."""
+    if r.get("eta_s") is None and r.get("reference_pass_eta_s") is not None:
+        return f"pass {fmt_duration(r['reference_pass_eta_s'])}"
+    return fmt_duration(r.get("eta_s"))
 
 
 def table(rows: list[dict]) -> list[str]:

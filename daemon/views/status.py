@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
-from minilmd.daemon.base.runstate import fmt_time
+from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
@@ -131,8 +131,10 @@ def _progress_lines(p: Progress, alive: bool) -> list[str]:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
     elif p.rates_awaited_since is not None and alive:  # an earlier trainer's rate would count staging as training
         parts.append(f"no ETA until the restarted trainer logs a step (restarted {fmt_time(p.rates_awaited_since)})")
-    if alive and (ref := p.reference_pass) and len(ref) == 2:  # read typed: a list of ints
-        parts.append(f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs")  # before step 0: training waits for it
+    if alive and (ref := p.reference_pass) and len(ref) in (2, 4):  # read typed: a list of ints
+        rate = reference_pass_rate(ref)  # before step 0: training waits for it, and no step gives an ETA
+        parts.append(f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs" + (
+            f", {rate[0]:,.1f} pairs/s, ETA {fmt_duration(rate[1])}" if rate else ""))
     return ["  " + "  ".join(parts)]
 
 

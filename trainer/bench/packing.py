@@ -69,6 +69,22 @@ MODES = ("packed", "masked", "padded")
 """The rows compared: packed windows, the same with data.doc_mask, padded documents."""
 
 
+def preference_refusal(cfg: RunConfig, command: str) -> str | None:
+    """Why `command` (bench packing, bench sft) does not bench cfg's corpus when it is a preference corpus: a DPO
+    run's pairs are length-bucketed whatever data.mode says (minilmd/plan/pairs.py), so the row modes compared here
+    are all the same rows, and each mode's Trainer would first run DPO's whole reference pass (minutes to hours)
+    before its first step. None for any other corpus (or one whose meta.json cannot be read: the Trainer says why)."""
+    from minilmd.corpus_meta import data_format_of, read_corpus_meta
+
+    meta = read_corpus_meta(cfg.data.prepared)
+    if meta is None or data_format_of(meta) != "dpo":
+        return None
+    return (f"minilmd {command}: {cfg.data.prepared} is a preference corpus (prepared with --format dpo): a DPO run "
+            "trains its pairs length-bucketed whatever data.mode says, so there are no row modes to compare, and "
+            "each mode would first run the whole DPO reference pass; not benchmarked (`minilmd bench step --config "
+            "CONFIG` times the model's steps)")
+
+
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     """A Trainer for `mode` (one of MODES) writing only under `tmp` (its run dir and scratch)."""
     from minilmd.trainer.loop import determinism
@@ -167,6 +183,9 @@ def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] 
         return 2
     if steps < 1:
         print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
+        return 2
+    if refused := preference_refusal(cfg, "bench packing"):
+        print(refused, file=sys.stderr)
         return 2
     print(report(compare(cfg, steps), cfg), flush=True)
     return 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
-from minilmd.trainer.bench.packing import build_trainer, timed_step
+from minilmd.trainer.bench.packing import build_trainer, preference_refusal, timed_step
 from minilmd.trainer.loop import cpu_threads
 
 MODES = ("padded", "bucketed", "packed", "masked")
@@ -117,6 +117,9 @@ def main(prepared: str, config_path: str, steps: int = 10, overrides: list[str] 
         return 2
     if steps < 1:
         print("minilmd bench sft: --steps must be at least 1", file=sys.stderr)
+        return 2
+    if refused := preference_refusal(cfg, "bench sft"):
+        print(refused, file=sys.stderr)
         return 2
     print(report(*compare(cfg, steps), cfg), flush=True)
     return 0

@@ -255,6 +255,15 @@ def loop_kernels(cfg: RunConfig) -> tuple[torch.device, str]:
     deterministic = determinism.apply(cfg, dist.device.type)
     bf16 = trainer_step.matmul_dtype(cfg.train.dtype, dist.device) == "bf16"
     record = attention_choice.settle(cfg, dist, bf16, None)
-    return dist.device, (f"attention {record['attention']} ({record['attention_how']}), deterministic algorithms "
-                         f"{'on' if deterministic else 'off'} (train.deterministic = "
-                         f"{str(cfg.train.deterministic).lower()}), as `minilmd train` runs them")
+    return dist.device, (f"attention {record['attention']} ({record['attention_how']}), "
+                         f"{determinism_words(cfg, dist.device.type, deterministic)}, as `minilmd train` runs them")
+
+
+def determinism_words(cfg: RunConfig, device_type: str, deterministic: bool) -> str:
+    """What the kernels line says of determinism.apply's choice, and why where the config asked otherwise (found by a
+    new user: "deterministic algorithms off (train.deterministic = true)" on a CPU read as a contradiction)."""
+    if deterministic or not cfg.train.deterministic:
+        return (f"deterministic algorithms {'on' if deterministic else 'off'} (train.deterministic = "
+                f"{str(cfg.train.deterministic).lower()})")
+    return (f"deterministic algorithms off (train.deterministic = true applies on CUDA only: the {device_type}'s "
+            "kernels are deterministic already)")

@@ -10,12 +10,15 @@ The first start saves a checkpoint at step 0 at once (the Trainer does, with the
 restart, or a resume on another machine, reads the sums back (their sha256 checked against the manifest, with the
 rest of the checkpoint: by rank 0 alone when the job spans nodes, trainer/loop/resume.py and multinode.py) and never
 computes them again; the training step holds one model.
-The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can
-outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, with the phase
-"reference" and the pairs done ("0 reference 1200/3000": `minilmd status` shows "DPO reference pass 1,200/3,000
-pairs"), and a pass over 10 s prints its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag)
-is acted on between two batches, agreed by every rank: the trainer exits 75 (StoppedInPass) without saving any of
-the pass, which the next start computes again from the start.
+The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can outlast
+restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, with the phase "reference"
+and the pairs done ("0 reference 1200/3000/200/40": of all, and since this attempt's pass began 40 s ago at 200:
+`minilmd status` shows "DPO reference pass 1,200/3,000 pairs, 25.0 pairs/s, ETA 72s"), and a pass over 10 s prints
+its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag) is acted on between two batches, agreed
+by every rank: the sums so far and how far the pass got (KeptPass: the pairs done, in the pass's fixed order, and
+the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept, which the Trainer saves) and the trainer
+exits 75; the next start resumes that checkpoint and goes on from there (the same batches: the same sums, bit for
+bit), then saves step 0 again with every sum.
 
 The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
 metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -93,6 +96,8 @@ class Preference:
         self.val = PairRows(val.tokens, val.doc_starts, t.seq_len, val.loss_mask)
         self.seconds: float | None = None
         """How long the reference took to compute in this process (None: read from a checkpoint)."""
+        self.resumed_at = 0
+        """The pairs of the pass a stopped one kept, which this process went on from (0: none)."""
 
     @classmethod
     def of(cls, cfg: RunConfig, corpus: PreparedCorpus, is_main: bool) -> Preference | None:
@@ -112,30 +117,61 @@ class Preference:
     def start(self, host: ReferenceHost, found: Found | None) -> tuple[list[Batch], dict[str, bytes]]:
         """The reference the checkpoint resumed carries (`found`: read by rank 0 and sent to the others with the rest
         of it, trainer/loop/resume.py), or computed now (`seconds` is then set: the caller saves a step-0 checkpoint
-        at once, so that a restart reads it back). Returns the validation batches (they carry it) and the files every
-        checkpoint of the run carries from now on ({DPO_REFERENCE: its bytes})."""
+        at once, so that a restart reads it back); a pass a stop cut short (its step-0 checkpoint carries the sums
+        done and how far it got: KeptPass) goes on from where it stopped. Returns the validation batches (they carry
+        it) and the files every checkpoint of the run carries from now on ({DPO_REFERENCE: its bytes}).
+        StoppedInPass, its `kept` the files of the pass so far, when a stop comes during the pass."""
         if found is not None and DPO_REFERENCE not in found.carried:  # computing it now: the trained policy's
             raise CorpusError(f"{found.path}: the checkpoint resumed carries no {DPO_REFERENCE} (every checkpoint "
                               "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
                               "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
         record = self.depends_on(host)
+        kept: KeptPass | None = None
         if found is not None:  # its record as read (a file without seq_len: the current one), written on as it was
-            sums, record = reference_sums(found.carried[DPO_REFERENCE], self.corpus, found.path, record,
-                                          host.dist.is_main)
-        else:
-            progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main)
-            sums = {"train": self.compute(host, self.rows, progress), "val": self.compute(host, self.val, progress)}
-            self.seconds = progress.elapsed()
+            sums, record, kept = reference_sums(found.carried[DPO_REFERENCE], self.corpus, found.path, record,
+                                                host.dist.is_main)
+        if found is None or kept is not None:
+            sums = self.run_pass(host, record, kept)
         self.rows.reference, self.val.reference = sums["train"], sums["val"]
         pairs = self.rows.n_pairs + self.val.n_pairs
         if host.dist.is_main:
-            how = f"computed in {self.seconds:.2f}s" if found is None else f"read from {found.path}"
+            computed = self.seconds is not None
+            how = f"computed in {self.seconds:.2f}s" if computed else f"read from {found.path if found else ''}"
+            if self.resumed_at:
+                how += f" (going on from the {self.resumed_at:,} pairs a stopped pass kept)"
             host.log.write("dpo_reference", step=host.step, pairs=pairs,
                            seconds=None if self.seconds is None else round(self.seconds, 3),
-                           source="computed" if found is None else "checkpoint")
+                           source="computed" if computed else "checkpoint",
+                           **({"resumed_at": self.resumed_at} if self.resumed_at else {}))
             print(f"minilmd: DPO reference log-probabilities of {pairs:,} pairs {how}", flush=True)
         batches = validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
         return batches, {DPO_REFERENCE: reference_bytes(sums, record)}
+
+    def run_pass(self, host: ReferenceHost, record: dict, kept: KeptPass | None) -> dict[str, np.ndarray]:
+        """The pass over both splits, train then val, from where a stopped one left off (`kept`; from the start
+        when it ran at another micro_batch_size: its batches, and so the sums' rounding, were others). A stop
+        raises StoppedInPass with the files of the pass so far (`kept`), which the Trainer saves at step 0."""
+        mb = self.cfg.train.micro_batch_size
+        sums = {"train": np.zeros(2 * self.rows.n_pairs, dtype=np.float32),
+                "val": np.zeros(2 * self.val.n_pairs, dtype=np.float32)}
+        if kept is not None and kept.micro_batch_size != mb:
+            if host.dist.is_main:
+                print(f"minilmd: note: the stopped DPO reference pass kept {kept.done:,} pairs computed at "
+                      f"train.micro_batch_size = {kept.micro_batch_size}, now {mb}: computed again from the start "
+                      "(other batches round otherwise)", flush=True)
+            kept = None
+        if kept is not None:
+            sums = {name: value.copy() for name, value in kept.sums.items()}
+        self.resumed_at = kept.done if kept is not None else 0
+        progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main, done=self.resumed_at)
+        try:
+            self.compute(host, self.rows, progress, sums["train"], min(self.resumed_at, self.rows.n_pairs))
+            self.compute(host, self.val, progress, sums["val"], max(0, self.resumed_at - self.rows.n_pairs))
+        except StoppedInPass as stopped:
+            stopped.kept = {DPO_REFERENCE: reference_bytes(sums, record, KeptPass(sums, progress.done, mb))}
+            raise
+        self.seconds = progress.elapsed()
+        return sums
 
     def depends_on(self, host: ReferenceHost) -> dict:
         """What the sums depend on besides the reference model, as the reference file's metadata records it."""
@@ -143,19 +179,21 @@ class Preference:
                 "matmul": step_mod.matmul_dtype(self.cfg.train.dtype, host.device)}
 
     @torch.no_grad()
-    def compute(self, host: ReferenceHost, rows: PairRows, progress: PassProgress) -> np.ndarray:
-        """The model's log-probability sum over each document's targets, in batches of micro_batch_size pairs of
-        similar length (each padded to its width class, as the training micro-batches are). Each batch refreshes
-        the heartbeat (rate-limited): a pass longer than restart.hang_timeout is not a hang."""
+    def compute(self, host: ReferenceHost, rows: PairRows, progress: PassProgress, out: np.ndarray,
+                first: int = 0) -> None:
+        """Into `out`, the model's log-probability sum over each document's targets, in batches of micro_batch_size
+        pairs of similar length (each padded to its width class, as the training micro-batches are), from the
+        `first` pair of their order on (those before it were computed by a pass a stop cut short: the batches are
+        the same, so are the sums). Each batch refreshes the heartbeat (rate-limited): a pass longer than
+        restart.hang_timeout is not a hang; a stop is acted on after it (StoppedInPass)."""
         model, device, autocast = host.model, host.device, host.autocast
         chunk_rows = chunk_rows_for(self.cfg.train.seq_len)  # the training step's (objective.build_objective)
-        out = np.zeros(2 * rows.n_pairs, dtype=np.float32)
         order = np.argsort(rows.lengths, kind="stable")
         mb = self.cfg.train.micro_batch_size
         was_training = model.training
         model.eval()
         try:
-            for start in range(0, len(order), mb):
+            for start in range(first, len(order), mb):
                 pairs = order[start:start + mb]
                 batch = rows.batch(pairs, width_class(int(rows.lengths[pairs].max()), rows.docs.seq_len))
                 on_device = step_mod.to_device(batch, device)
@@ -163,12 +201,20 @@ class Preference:
                     sums = sequence_logps(model, on_device.ids, on_device.labels, on_device.positions, chunk_rows)
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
                 progress.advance(len(pairs))
-                host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=f"{progress.done}/{progress.total}")
+                host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=progress.note())
                 if agree(host.dist, host.stop.requested, False)[0]:  # every rank leaves at the same batch
                     raise StoppedInPass(host.stop.signal_name, progress.done, progress.total)
         finally:
             model.train(was_training)
-        return out
+
+
+class KeptPass(NamedTuple):
+    """What a stopped reference pass kept (in its step-0 checkpoint's reference file): the sums, the first `done`
+    pairs of the pass's order filled in (train's, then val's), and the micro_batch_size its batches had."""
+
+    sums: dict[str, np.ndarray]
+    done: int
+    micro_batch_size: int
 
 
 class PassProgress:
@@ -179,14 +225,20 @@ class PassProgress:
     PROGRESS_S = 10.0
     PROGRESS_MAX_S = 300.0
 
-    def __init__(self, total: int, printing: bool, clock=time.perf_counter):
+    def __init__(self, total: int, printing: bool, clock=time.perf_counter, done: int = 0):
         self.total, self.printing, self.clock = total, printing, clock
-        self.done = 0
+        self.done = self.started_at = done  # a pass going on from where a stopped one left off: the pairs it kept
         self.t0 = clock()
-        self.last_line = (self.t0, 0)  # (time, pairs done) of the last line printed
+        self.last_line = (self.t0, done)  # (time, pairs done) of the last line printed
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
+
+    def note(self) -> str:
+        """The heartbeat's word for the pass: "DONE/TOTAL/FROM/SECONDS", the pairs done of all, those done when this
+        attempt's pass began and its seconds since: `minilmd status` gives its rate and ETA from them
+        (runstate.reference_pass_rate)."""
+        return f"{self.done}/{self.total}/{self.started_at}/{int(self.elapsed())}"
 
     def advance(self, pairs: int) -> None:
         self.done += pairs
@@ -206,30 +258,41 @@ safetensors writes several in no fixed order: the file's bytes (its sha256 in ev
 run to the next. A file written before the record has `data_fingerprint` alone as its key."""
 
 
-def reference_bytes(sums: dict[str, np.ndarray], record: dict) -> bytes:
-    """The reference file: the sums, and what they depend on (Preference.depends_on) as its metadata. A file read
-    back is written again with the record it was read with: that of the pass that computed the sums."""
+PASS_KEY = "pass"
+"""The tensor a stopped pass's reference file holds besides the sums: [pairs done, micro_batch_size] (KeptPass). A
+minilmd that does not know it refuses such a file (its tensors are not one per document of each split) rather than
+train on sums half of which are 0."""
+
+
+def reference_bytes(sums: dict[str, np.ndarray], record: dict, kept: KeptPass | None = None) -> bytes:
+    """The reference file: the sums, and what they depend on (Preference.depends_on) as its metadata; of a pass a
+    stop cut short (`kept`), how far it got too. A file read back is written again with the record it was read
+    with: that of the pass that computed the sums."""
     from safetensors.numpy import save
 
-    return save({name: np.ascontiguousarray(value) for name, value in sums.items()},
-                metadata={RECORD_KEY: json.dumps(record, sort_keys=True, separators=(",", ":"))})
+    tensors = {name: np.ascontiguousarray(value) for name, value in sums.items()}
+    if kept is not None:
+        tensors[PASS_KEY] = np.array([kept.done, kept.micro_batch_size], dtype=np.int64)
+    return save(tensors, metadata={RECORD_KEY: json.dumps(record, sort_keys=True, separators=(",", ":"))})
 
 
 def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
-                   printing: bool) -> tuple[dict[str, np.ndarray], dict]:
+                   printing: bool) -> tuple[dict[str, np.ndarray], dict, KeptPass | None]:
     """The sums in a reference file's bytes (as its checkpoint `ckpt`'s manifest vouches for them:
     resume.read_checkpoint), checked against the corpus (its fingerprint, one sum per document of each split):
     CorpusError when they do not fit it; and against this run's seq_len (`now`: Preference.depends_on): ConfigError
-    when they were computed at another. Returns them and the file's record (its seq_len filled in when it has none)."""
+    when they were computed at another. Returns them, the file's record (its seq_len filled in when it has none) and,
+    for a pass a stop cut short, what it kept (None: the sums are complete)."""
     from safetensors.numpy import load
 
     sums = load(raw)  # a safetensors file: its checkpoint's validation scanned it (find_latest)
+    progress = sums.pop(PASS_KEY, None)
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     recorded = _record(header.get("__metadata__") or {})
     fingerprint = recorded.get("data_fingerprint")
     expected = {"train": corpus.train.n_docs, "val": corpus.val.n_docs}
     if fingerprint != corpus.data_fingerprint or {k: v.shape for k, v in sums.items()} != \
-            {k: (n,) for k, n in expected.items()}:
+            {k: (n,) for k, n in expected.items()} or (progress is not None and progress.shape != (2,)):
         raise CorpusError(f"{ckpt / DPO_REFERENCE}: reference sums of another corpus (fingerprint "
                           f"{fingerprint}, shapes {[v.shape for v in sums.values()]})")
     then = recorded.setdefault("seq_len", now["seq_len"])  # a file without it: the run's current one
@@ -239,7 +302,9 @@ def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
     if printing and recorded.get("matmul", now["matmul"]) != now["matmul"]:
         print(f"minilmd: note: the DPO reference log-probs were computed with {recorded['matmul']} matmuls, this "
               f"attempt runs {now['matmul']}: the rewards carry the difference's rounding", flush=True)
-    return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}, recorded
+    sums = {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}
+    kept = None if progress is None else KeptPass(sums, int(progress[0]), int(progress[1]))
+    return sums, recorded, kept
 
 
 def _record(metadata: dict) -> dict:

@@ -54,11 +54,13 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
 
 class StoppedInPass(Exception):
     """A stop (SIGTERM/SIGINT) acted on during the DPO reference pass (trainer/loop/dpo_reference.py), before the
-    Trainer exists: nothing of the pass is saved (the next start computes it again), the run exits 75."""
+    Trainer's loop: the pass's sums so far are saved at step 0 (`kept`: the reference file the Trainer saves with
+    it), the next start goes on from there, the run exits 75."""
 
     def __init__(self, signal_name: str, done: int, total: int):
         super().__init__(f"{signal_name or 'stop'} received during the DPO reference pass ({done:,}/{total:,} pairs); "
-                         f"nothing saved: the next start computes the reference again")
+                         f"the pairs done are saved at step 0: the next start goes on from there")
+        self.kept: dict[str, bytes] = {}
 
 
 def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:

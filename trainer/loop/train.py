@@ -28,7 +28,8 @@ duration-based checkpoint_every only changes when saves happen), so on CPU a kil
 same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DDP: trainer/loop/distributed.py.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary (during DPO's reference pass: at once, nothing saved, the pass computed again at the next start); 76 CUDA
+boundary (during DPO's reference pass: after its batch, step 0 saved with the sums so far, the next start goes on
+from there); 76 CUDA
 out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 74 a checkpoint did not fit in
 scratch (or run.dir could not be made: its file system full); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
@@ -113,9 +114,22 @@ class Trainer:
             self.state.init_record = start_from_init(cfg, self.model, dist)
         self._build_runtime(found)
         if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
+            self.start_reference(found)
+
+    def start_reference(self, found: Found | None) -> None:
+        """DPO's reference (trainer/loop/dpo_reference.py): read back from the checkpoint resumed, or computed now
+        (or the rest of a pass a stop cut short) and then saved at step 0 (replacing the step 0 of that pass: the
+        same weights, the whole of the sums). A stop during the pass saves step 0 with the sums computed so far and
+        how far it got, so the next start goes on from there; StoppedInPass then ends the run (exit 75)."""
+        assert self.preference is not None
+        try:
             self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
-            if self.preference.seconds is not None:  # computed now: kept with the run from here on
-                self.save()
+        except exits.StoppedInPass as stopped:
+            self.checkpointer.extra = stopped.kept
+            self.saves.finish(self.step)
+            raise
+        if self.preference.seconds is not None:  # computed now: kept with the run from here on
+            self.save()
 
     def _open_data(self) -> None:
         """The corpus, its stage's defaults, the sampler (its cursor), the validation and probe rows, the parts'
