@@ -20,8 +20,10 @@ Two places:
   - a non-root reader reads only its own entries (by name first, then by owner); root reads everyone's;
   - the run directory it names must belong to its owner (or be gone; root's entries excepted): nobody can make
     another user's run show up as theirs; runs are told apart by (owner, run directory);
-  - at most MAX_ENTRIES_PER_USER entries of one user are read, counted by the uid their names claim before any
-    file is looked at, and MAX_NAMES_EXAMINED of all users: a flood costs the others one directory listing.
+  - at most MAX_ENTRIES_PER_USER entries of one user are read, counted by their files' owner: once a uid has that
+    many, the names that claim it are passed over unlooked at (a flood of a user's own costs the others one
+    directory listing). Nothing is cut by a name's claim alone: anyone can make names claiming another's uid in
+    the shared registry, and a cut by claim would hide that user's runs from him and from root.
 What is skipped comes back as notes (`Scan.notes`, escaped for a terminal). Torch-free and light: `minilmd status`
 imports it.
 """
@@ -48,9 +50,6 @@ MAX_ENTRY_BYTES = 64 * 1024
 MAX_ENTRY_DEPTH = 4
 MAX_ENTRIES_PER_USER = 1000
 """Entries of one user read per listing, per registry directory: a user has far fewer runs, a flood is cut here."""
-MAX_NAMES_EXAMINED = 20 * MAX_ENTRIES_PER_USER
-"""Entry names one listing looks at (lstat, read) per registry directory, of all users together (root's): beyond
-it, a flood of many uids' names is cut and said."""
 NOTES_PER_USER = 3
 """Unreadable entries named one by one per user; the rest are counted."""
 ENTRY_SUFFIX = ".json"
@@ -236,45 +235,23 @@ def _run_dir_owner(run_dir: Path) -> int | None:
         return None
 
 
-def _names_to_examine(folder: Path, prefix: str, shared: bool, notes: list[str]) -> list[str]:
-    """The entry names in folder that begin with prefix, by name, cut before any is looked at (lstat, read): at
-    most MAX_ENTRIES_PER_USER of each uid a shared registry's names claim (<uid>-...), and MAX_NAMES_EXAMINED in
-    all, so that a flood of another uid's files costs the others a directory listing, not a look at each file
-    (root's `status --all` went from 1.3 s to 8.5 s with 300,000 empty files of one user). A name's uid is only a
-    claim, checked against its file's owner when it is read; what is cut is said in notes."""
-    with os.scandir(folder) as listing:
-        listed = sorted(e.name for e in listing if e.name.endswith(ENTRY_SUFFIX) and not e.name.startswith(".")
-                        and e.name.startswith(prefix))
-    claimed: Counter[str] = Counter()
-    kept = []
-    for name in listed:
-        uid = name.split("-", 1)[0] if shared else ""
-        claimed[uid] += 1
-        if claimed[uid] <= MAX_ENTRIES_PER_USER:
-            kept.append(name)
-    for uid, count in sorted(claimed.items()):
-        if count > MAX_ENTRIES_PER_USER:
-            whose = user_words(int(uid)) if uid.isdigit() and len(uid) < 12 else f"the name prefix {printable(uid)}"
-            notes.append(f"{printable(folder)}: {whose if shared else 'this user'} has {count} entries (by their "
-                         f"names), more than any user needs: only the first {MAX_ENTRIES_PER_USER} (by name) are read")
-    if len(kept) > MAX_NAMES_EXAMINED:
-        notes.append(f"{printable(folder)}: {len(kept)} entries, more than a listing looks at: only the first "
-                     f"{MAX_NAMES_EXAMINED} (by name) are read, the runs of the rest are not shown")
-        kept = kept[:MAX_NAMES_EXAMINED]
-    return kept
-
-
 def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -> list[Entry]:
     """The readable entries in folder a reader may see; notes say what was skipped."""
     prefix = f"{reader_uid}-" if shared and reader_uid != 0 else ""
     try:
-        listed = _names_to_examine(folder, prefix, shared, notes)
+        with os.scandir(folder) as listing:
+            listed = sorted(e.name for e in listing if e.name.endswith(ENTRY_SUFFIX) and not e.name.startswith(".")
+                            and e.name.startswith(prefix))
     except OSError:
         return []
     per_user: Counter[int] = Counter()
+    passed_over: Counter[int] = Counter()
     unreadable: dict[int, list[str]] = defaultdict(list)
     found = []
     for file_name in listed:
+        if shared and (claimed := _claimed_uid(file_name)) is not None and per_user[claimed] >= MAX_ENTRIES_PER_USER:
+            passed_over[claimed] += 1  # its owner's own files have filled the cap: the rest is his, or refused
+            continue
         path = folder / file_name
         try:
             owner = os.lstat(path).st_uid
@@ -300,11 +277,18 @@ def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -
         more = f"; and {len(whys) - NOTES_PER_USER} more" if len(whys) > NOTES_PER_USER else ""
         notes.append(f"{printable(folder)}: {len(whys)} entr{'y' if len(whys) == 1 else 'ies'} of {user_words(owner)} "
                      f"unreadable, skipped: {'; '.join(whys[:NOTES_PER_USER])}{more}")
-    for owner, count in sorted(per_user.items()):
+    for owner, count in sorted((per_user + passed_over).items()):
         if count > MAX_ENTRIES_PER_USER:
-            notes.append(f"{printable(folder)}: {user_words(owner)} has {count} entries, more than any user needs: "
-                         f"only the first {MAX_ENTRIES_PER_USER} (by name) are read")
+            notes.append(f"{printable(folder)}: {user_words(owner)} has {count} entries (or names claiming him), "
+                         f"more than any user needs: only the first {MAX_ENTRIES_PER_USER} (by name) are read")
     return found
+
+
+def _claimed_uid(file_name: str) -> int | None:
+    """The uid a system registry entry's name claims (<uid>-...), None when it claims none: only a claim, which its
+    file's owner must bear out when it is read."""
+    head = file_name.split("-", 1)[0]
+    return int(head) if head.isascii() and head.isdigit() and len(head) < 12 else None
 
 
 def _all_entries(reader_uid: int, notes: list[str]) -> list[Entry]:
