@@ -139,3 +139,23 @@ def test_the_rule_judges_the_total_and_notes_the_available():
     assert refused == [] and note is not None and "more than the " in note, note
     assert fit(cfg, None, total, on_gpu=False, available=Offer(need.total * 2, "now")) == ([], None)
     assert footprint.host_offer() is not None and footprint.host_available() is not None
+
+
+def test_on_a_card_too_small_the_trainer_ends_as_a_cuda_oom_the_supervisor_retries(tmp_path):
+    """--check and the launch judge the largest card here and the supervisor leases whichever is free: a smaller card
+    at a restart is no fault of the config's. The trainer's refusal there is a CUDA out-of-memory (exit 76,
+    fault.json: the OOM retry halves the micro-batch), never a config error ending the run for good (a review saw
+    76.9 GiB noted against an 80 GiB card at --check and refused, exit 2, on a 24 GiB one). On the CPU, whose total
+    memory a restart does not change, it stays a config error."""
+    from minilmd.protocol import EXIT_CUDA_OOM
+    from minilmd.trainer.loop import exits
+    from minilmd.trainer.loop.train import too_big
+
+    cfg = RunConfig()
+    cfg.run.dir = str(tmp_path)
+    said = "micro-batch of 64 rows needs about 76.9 GiB, the card has 24 GiB"
+    on_card = too_big(said, cfg, on_gpu=True)
+    assert exits.status_of(cfg, on_card, None, 0) == EXIT_CUDA_OOM
+    fault = (tmp_path / "fault.json").read_text()
+    assert "cuda_oom" in fault and said in fault, fault
+    assert isinstance(too_big(said, cfg, on_gpu=False), ConfigError)

@@ -414,9 +414,9 @@ def run(cfg: RunConfig) -> int:
 
 def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
     """minilmd/plan/footprint.py's rule on this rank's device, before anything is built: a micro-batch (or a
-    validation set) clearly too big for the card's memory, or the host's total memory on the CPU, is a ConfigError
-    (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note, and one
-    over what the host has available now a note too (at a restart, another user may hold it for a while).
+    validation set) clearly too big for it is refused with the figures and the way out (too_big: a ConfigError on
+    the CPU, a CUDA out-of-memory on a card); one close to it a note, and one over what the host has available now a
+    note too (at a restart, another user may hold it for a while).
     The corpus's format and val split (and [eval] probe's) from their meta.json (staged copies under a supervisor)."""
     from minilmd.corpus_meta import read_corpus_meta
     from minilmd.plan.footprint import Offer, fit, host_available, host_offer
@@ -433,9 +433,20 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
     refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu,
                         read_corpus_meta(probe) if probe else None, host_offer(), host_available())
     if refused:
-        raise ConfigError(refused, cfg.source)
+        raise too_big(refused, cfg, on_gpu)
     if near and dist.is_main:
         print(f"minilmd: note: {near}", flush=True)
+
+
+def too_big(refused: str, cfg: RunConfig, on_gpu: bool) -> Exception:
+    """What a micro-batch too big for this rank's device raises. On a card, a CUDA out-of-memory (exit 76, fault.json):
+    `run --check` and the launch judged the largest card here, and the supervisor leases whichever is free, so a
+    smaller one at a restart is no fault of the config's, and the OOM retry halves the micro-batch (a final config
+    error there ended a run for good because the big card was busy). On the CPU the host's total memory does not
+    change between starts: a ConfigError (exit 2)."""
+    if on_gpu:
+        return torch.OutOfMemoryError(refused)
+    return ConfigError(refused, cfg.source)
 
 
 def main(config_path: str, overrides: list[str] | None = None, checked: RunConfig | None = None) -> int:
