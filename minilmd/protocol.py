@@ -27,8 +27,8 @@ EXIT_DONE = 0  # the budget is reached and the final checkpoint saved
 EXIT_CRASH = 1  # an unexpected exception (traceback in the attempt log): restart with backoff
 EXIT_CONFIG = 2  # the config is invalid: final, never restarted
 EXIT_DATA = 65  # the input data is invalid (sysexits EX_DATAERR): final, never restarted
-EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL); nothing saved
-# when the stop came during the DPO reference pass (recomputed at the next start)
+EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL); during the DPO
+# reference pass, step 0 saved with the pass's sums so far (the next start goes on from there)
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
 EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
 EXIT_SCRATCH_FULL = EXIT_IO  # a checkpoint did not fit in scratch; fault.json says needs/free: wait for space

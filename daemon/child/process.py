@@ -303,8 +303,8 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     if rc == protocol.EXIT_DONE:
         return Death(Cause.DONE, rc, "finished", fault)
     if rc == protocol.EXIT_STOPPED:
-        # not "saved": a stop during the DPO reference pass saves nothing (its log says so; a stop in the loop says
-        # "saving at step N", and the checkpoint lines what was saved)
+        # not "saved": what was saved is the checkpoint lines' to say (a stop in the loop saves at step N, one during
+        # the DPO reference pass step 0 with the pass's sums so far; the trainer's log says which)
         who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
         return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:

@@ -42,17 +42,29 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
         return
     grace = save_grace(cfg)
     beat, launched = read_heartbeat(run_dir), orphans.launched_at(run_dir)  # what it is doing, before its SIGTERM
-    newest, stopped = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1), now()
+    newest, before, stopped = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1), _newest_mark(cfg), now()
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
     left = orphans.find_orphans(run_dir)
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
-    saved = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1) > newest
+    saved = _newest_mark(cfg) != before  # a newer step, or step 0 saved again by a stop during a resumed DPO pass
     lost = "" if saved else orphan_loss(beat, launched, newest, stopped)
     emit("orphan", f"orphaned trainer processes {pids} are gone" + (f"; {lost}" if lost else ""),
          **({"lost": lost} if lost else {}))
+
+
+def _newest_mark(cfg) -> tuple[int, int] | None:
+    """The newest local checkpoint as (step, inode of its directory): a save publishes a new directory, so a step
+    saved again (step 0 of a DPO reference pass stopped twice) reads as saved, which its number alone did not."""
+    step = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    if step is None:
+        return None
+    try:
+        return step, os.lstat(Path(cfg.checkpoint_dir) / names.step_name(step)).st_ino
+    except OSError:
+        return step, 0
 
 
 def orphan_loss(beat: Heartbeat | None, launched: float | None, newest: int, stopped: float) -> str:
