@@ -154,8 +154,8 @@ def test_on_a_card_too_small_the_trainer_ends_as_a_cuda_oom_the_supervisor_retri
     cfg = RunConfig()
     cfg.run.dir = str(tmp_path)
     said = "micro-batch of 64 rows needs about 76.9 GiB, the card has 24 GiB"
-    on_card = too_big(said, cfg, on_gpu=True)
+    on_card = too_big([said], cfg, on_gpu=True)
     assert exits.status_of(cfg, on_card, None, 0) == EXIT_CUDA_OOM
     fault = (tmp_path / "fault.json").read_text()
     assert "cuda_oom" in fault and said in fault, fault
-    assert isinstance(too_big(said, cfg, on_gpu=False), ConfigError)
+    assert isinstance(too_big([said], cfg, on_gpu=False), ConfigError)

@@ -438,14 +438,14 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
         print(f"minilmd: note: {near}", flush=True)
 
 
-def too_big(refused: str, cfg: RunConfig, on_gpu: bool) -> Exception:
+def too_big(refused: list[str], cfg: RunConfig, on_gpu: bool) -> Exception:
     """What a micro-batch too big for this rank's device raises. On a card, a CUDA out-of-memory (exit 76, fault.json):
     `run --check` and the launch judged the largest card here, and the supervisor leases whichever is free, so a
     smaller one at a restart is no fault of the config's, and the OOM retry halves the micro-batch (a final config
     error there ended a run for good because the big card was busy). On the CPU the host's total memory does not
     change between starts: a ConfigError (exit 2)."""
     if on_gpu:
-        return torch.OutOfMemoryError(refused)
+        return torch.OutOfMemoryError("; ".join(refused))
     return ConfigError(refused, cfg.source)
 
 
