@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import random
 import signal
@@ -131,9 +132,12 @@ def _process_state_restored() -> Iterator[None]:
     cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
     running = set(threading.enumerate())
+    frozen = gc.get_freeze_count()
     try:
         yield
     finally:
+        if frozen == 0:  # the trainer freezes what lives after its first step (train.py): its model with it
+            gc.unfreeze()
         os.chdir(cwd)
         os.umask(umask)
         for sig, handler in handlers.items():

@@ -3,6 +3,7 @@ refuses a fault that would end the test's process."""
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 
@@ -19,7 +20,7 @@ def process_wide() -> dict:
     return {"environ": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(os.umask(0o022)),
             "handlers": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)},
             "faulthandler": faulthandler.is_enabled(), "threads": torch.get_num_threads(),
-            "rng": torch.get_rng_state()}
+            "rng": torch.get_rng_state(), "gc_frozen": gc.get_freeze_count()}
 
 
 @pytest.mark.slow
