@@ -79,7 +79,7 @@ def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
     if offer is None:
         return [], None
     def meta_of(prepared: str) -> dict | None:
-        return bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
+        return bounded_probe(read_corpus_meta, prepared)[1] if prepared and not is_url(prepared) else None
 
     return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe), host_offer(),
                host_available())

@@ -2,8 +2,11 @@
 "simplecache::/tmp") have no "://", and were read as local paths by the sites that asked `"://" in s`."""
 from __future__ import annotations
 
+import ast
+
 import pytest
 
+import source_tree
 from minilmd import init_source
 from minilmd.corpus.analysis.scan import open_corpus
 from minilmd.daemon.jobs import remote_local, remotewait
@@ -55,3 +58,22 @@ def test_a_chained_url_in_a_config_is_not_made_a_path_under_the_configs_director
     relative = {"data": {"prepared": "prep"}}
     assert absolute_paths(relative, tmp_path) == ["data.prepared"]
     assert relative["data"]["prepared"] == str(tmp_path / "prep")
+
+
+URL_SPLITS = {"minilmd/urls.py": 3, "daemon/preflight.py": 1}
+"""The files that spell "://" in code, and how often: urls.py's rule itself, and preflight's split of a remote it
+has already judged file:// or local:// (local_remote_root). Anywhere else a new `"://" in s` is the rule again."""
+
+
+def test_no_module_but_urls_asks_whether_a_string_is_a_url():
+    """A merge brought `"://" not in prepared` back (daemon/preflight.py's memory check read `dir::/x` as a relative
+    path, and a file:// corpus not at all), after every other site had moved onto urls.is_url."""
+    found = {}
+    for path in source_tree.code_files():
+        if '"://"' not in source_tree.source(path):
+            continue
+        count = sum(isinstance(node, ast.Constant) and node.value == "://"
+                    for node in ast.walk(source_tree.tree(path)))
+        if count:
+            found[path.relative_to(source_tree.REPO).as_posix()] = count
+    assert found == URL_SPLITS
