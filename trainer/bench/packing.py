@@ -29,6 +29,7 @@ import torch
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
+from minilmd.protocol import EXIT_CONFIG
 from minilmd.trainer.loop import cpu_threads
 
 SPREAD_WARNING = 2.0
@@ -180,12 +181,12 @@ def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] 
         cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
     except ConfigError as e:
         print(f"minilmd bench packing: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if steps < 1:
         print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if refused := preference_refusal(cfg, "bench packing"):
         print(refused, file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(report(compare(cfg, steps), cfg), flush=True)
     return 0

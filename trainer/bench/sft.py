@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
+from minilmd.protocol import EXIT_CONFIG
 from minilmd.trainer.bench.packing import build_trainer, preference_refusal, timed_step
 from minilmd.trainer.loop import cpu_threads
 
@@ -114,12 +115,12 @@ def main(prepared: str, config_path: str, steps: int = 10, overrides: list[str] 
         cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
     except ConfigError as e:
         print(f"minilmd bench sft: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if steps < 1:
         print("minilmd bench sft: --steps must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if refused := preference_refusal(cfg, "bench sft"):
         print(refused, file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(report(*compare(cfg, steps), cfg), flush=True)
     return 0
