@@ -35,6 +35,7 @@ import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
 from minilmd.corpus_meta import corpus_train_tokens
+from minilmd.protocol import EXIT_CONFIG
 from minilmd.trainer.model.loss import IGNORE_INDEX, next_token_loss
 
 SMALL: dict[str, dict[str, Any]] = {
@@ -221,21 +222,21 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
         cfg = load(config_path, list(overrides or []))
     except ConfigError as e:
         print(f"minilmd bench step: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if steps < 1:
         print("minilmd bench step: --steps must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) or ALL_MODES
     unknown = [m for m in chosen if m not in ALL_MODES]
     if unknown:
         print(f"minilmd bench step: unknown mode(s) {', '.join(unknown)}; the modes: {', '.join(ALL_MODES)}",
               file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         device, kernels = loop_kernels(cfg)
     except ConfigError as e:
         print(f"minilmd bench step: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     results, firsts = compare(cfg, device, steps, backend=backend, modes=chosen)
     print(report(results, firsts, cfg, device, backend, kernels), flush=True)
     return 0
