@@ -127,6 +127,18 @@ def shared():
         shutil.rmtree(path)
 
 
+@pytest.fixture
+def team(shared):
+    """A team directory in `shared`: root's (the victim's), group-writable for the second user's group, not sticky
+    (mode 0770): he may rename and unlink in it."""
+    _, gid = second_user()
+    path = shared / "team"
+    path.mkdir()
+    os.chown(path, 0, gid)
+    path.chmod(0o770)
+    return path
+
+
 def sh_as_user(script: str, cwd: str | os.PathLike) -> None:
     subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
 

@@ -111,3 +111,17 @@ wait_for = wait_until  # the name these tests have always used
 
 def step_of_state(run_dir: Path) -> int:
     return (state(run_dir).get("progress") or {}).get("step") or 0
+
+
+def logged_run(where: Path, steps: int) -> Path:
+    """where/run as a trainer leaves a finished run of `steps` steps: state.json and metrics.jsonl (what plot and
+    status draw)."""
+    from minilmd import names
+
+    run_dir = where / "run"
+    run_dir.mkdir()
+    (run_dir / names.STATE).write_text(json.dumps({"run": "r"}))
+    (run_dir / names.METRICS).write_text("".join(json.dumps(
+        {"kind": "train", "step": s, "tokens_seen": s * 128, "loss": 5.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0,
+         "tok_s": 500.0, "time": 1000.0 + s}) + "\n" for s in range(1, steps + 1)))
+    return run_dir

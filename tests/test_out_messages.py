@@ -8,7 +8,6 @@ and a directory that cannot be written is exit 74 everywhere (minilmd/corpus/exi
 The unwritable directory is a real second user's (nobody's, mode 555): root writes anywhere."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names
 from minilmd.corpus.exits import EXIT_IO
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
+from supervisor_helpers import logged_run
 
 CLI = "import sys; from minilmd.cli import main; sys.argv = ['minilmd', *sys.argv[1:]]; main()"
 
@@ -30,13 +29,8 @@ def _minilmd(*args: str, as_nobody: bool = False, cwd: Path | None = None) -> su
 
 
 def _run_dir(where: Path) -> Path:
-    """A run directory as the trainer leaves one: what plot draws."""
-    run_dir = where / "run"
-    run_dir.mkdir()
-    (run_dir / names.STATE).write_text(json.dumps({"run": "r"}))
-    (run_dir / names.METRICS).write_text("".join(json.dumps(
-        {"kind": "train", "step": s, "tokens_seen": s * 128, "loss": 5.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0,
-         "tok_s": 500.0, "time": 1000.0 + s}) + "\n" for s in range(1, 11)))
+    """A run directory as the trainer leaves one (what plot draws), readable by the second user."""
+    run_dir = logged_run(where, 10)
     for path in (run_dir, *run_dir.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return run_dir

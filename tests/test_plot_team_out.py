@@ -5,7 +5,6 @@ write_out_bytes): rendered in memory, then at the descriptor of --out's director
 Before, plot made the directory by path and savefig wrote through the link: the victim's notes began with \\x89PNG."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names
 from second_user import as_teammate, group_dir, private_notes, teammate  # noqa: F401 - the fixture
+from supervisor_helpers import logged_run
 
 pytestmark = pytest.mark.slow  # draws with matplotlib in a child process
 
@@ -28,13 +27,7 @@ def _plot(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def _run(tmp_path: Path) -> Path:
     """A finished run of 20 steps, as the trainer logs one."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / names.STATE).write_text(json.dumps({"run": "r"}))
-    (run_dir / names.METRICS).write_text("".join(json.dumps(
-        {"kind": "train", "step": s, "tokens_seen": s * 128, "loss": 5.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0,
-         "tok_s": 500.0, "time": 1000.0 + s}) + "\n" for s in range(1, 21)))
-    return run_dir
+    return logged_run(tmp_path, 20)
 
 
 def test_a_teammates_link_at_out_is_replaced_never_written_through(teammate, tmp_path):

@@ -9,27 +9,17 @@ permission on the corpus directory itself, for its `..`.)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from data_helpers import run_prepare
-from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
+from second_user import second_user, shared, team, user_python  # noqa: F401 - shared, team: fixtures
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-@pytest.fixture
-def team(shared):
-    """A team directory: root's (hers), group-writable for nobody's group, not sticky (mode 0770)."""
-    _, gid = second_user()
-    path = shared / "team"
-    path.mkdir()
-    os.chown(path, 0, gid)
-    path.chmod(0o770)
-    return path
 
 
 def _as_nobody(code: str, *args: str) -> None:

@@ -17,7 +17,6 @@ a progress display given to prepare (its last, forced update: the whole input re
 """
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import subprocess
@@ -32,7 +31,7 @@ from minilmd.daemon import preflight
 from minilmd.daemon.base.runstate import RunState, new_state
 from minilmd.daemon.host import prometheus
 from minilmd.dirfd import dir_problem
-from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
+from second_user import second_user, shared, team, user_python  # noqa: F401 - shared, team: fixtures
 from supervisor_helpers import write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -71,15 +70,6 @@ def _as_nobody(code: str, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.fixture
-def team(shared):
-    """A team directory: root's, group-writable for nobody's group, not sticky (mode 0770)."""
-    _, gid = second_user()
-    path = shared / "team"
-    path.mkdir()
-    os.chown(path, 0, gid)
-    path.chmod(0o770)
-    return path
 
 
 @pytest.fixture
