@@ -495,6 +495,6 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
-    except preflight.RunDirFull:  # said there
-        return protocol.SUPERVISOR_RUN_DIR_FULL
+    except preflight.LaunchEnds as e:  # said there: run.dir full (73), or the run already done (0)
+        return e.exit_status
     return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote).run()
