@@ -224,14 +224,15 @@ def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
             report.why if not report.phase else "")
 
 
-def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
-    """The chain of init.from behind this run's newest checkpoint: each step's source, its step and fingerprint,
+def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) -> list[str]:
+    """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
+    run.remote, once scratch is gone): each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read). Each is another
     run's, often another user's: read as init.from's checkpoint is (init_source.source_state: in its directory
     opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours)."""
     chain: list[str] = []
     found = local_checkpoint_steps(checkpoint_dir)  # names only: `minilmd status` shows the lineage, numpy-free
-    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else None
+    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else synced
     while path is not None and len(chain) < limit:
         try:
             init = source_state(InitSource("checkpoint", path)).get("init")

@@ -241,7 +241,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
+    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir, state)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
         lines.insert(1, request)
     from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
@@ -269,9 +269,12 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
                      indent=2, sort_keys=True), file=out)
 
 
-def _lineage_lines(run_dir: Path) -> list[str]:
-    """init.from behind the newest local checkpoint, stage by stage (daemon/phases/initwait.py lineage); the run's
-    run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's descriptor), ours."""
+def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
+    """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
+    the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
+    lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
+    descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
+    from minilmd.bounded import bounded_probe
     from minilmd.config import ConfigError
     from minilmd.daemon.phases.initwait import lineage
     from minilmd.init_place import open_named
@@ -281,10 +284,22 @@ def _lineage_lines(run_dir: Path) -> list[str]:
     try:
         with open_named(run_dir) as opened:
             cfg = run_config_in(opened, (own_uid(),))
-        chain = lineage(cfg.checkpoint_dir)
     except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
         return []
-    return [f"  lineage: {' <- '.join(chain)}"] if chain else []
+    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+
+
+def _synced(remote: str | None, state: StateJson | None) -> Path | None:
+    """The checkpoint state.json records synced last, when it is on the config's run.remote and that is a local
+    path: read there as any checkpoint of the chain is (source_state), never taken on state.json's word alone."""
+    from minilmd.daemon.base.runstate import names_remote
+    from minilmd.urls import is_url
+
+    synced = state.remote_checkpoint if state is not None else None
+    if synced is None or not remote or is_url(remote) or not names_remote(synced.path, remote):
+        return None
+    return Path(synced.path)
 
 
 def _attempt_logs(run_dir: Path) -> list[Path]:
