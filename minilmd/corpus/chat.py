@@ -230,19 +230,48 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
     are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
     there is no template."""
+    from minilmd.corpus.tokenizer_beside import without_record
+
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:
         config_text = _read_text(path) if path.is_file() else None
     except (OSError, ValueError) as e:  # Unreadable too
         raise ChatError(f"{path}: not readable JSON ({e})") from None
+    not_its = _not_its(config_text, folder, Path(tokenizer))
     template = None
-    if (folder / CHAT_TEMPLATE_FILE).is_file():
+    if (folder / CHAT_TEMPLATE_FILE).is_file() and not not_its:
         try:
             template = _read_text(folder / CHAT_TEMPLATE_FILE)
         except Unreadable as e:
             raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
-    return chat_config(config_text, template, folder, tokenizer_name=str(tokenizer))
+    try:
+        return without_record(chat_config(None if not_its else config_text, template, folder,
+                                          tokenizer_name=str(tokenizer)))
+    except ChatError as e:
+        raise ChatError(f"{e}; {not_its}" if not_its else str(e)) from None
+
+
+def _not_its(config_text: str | None, folder: Path, tokenizer: Path) -> str:
+    """Why the files beside `tokenizer` (its directory's tokenizer_config.json, chat_template.jinja) are another
+    tokenizer's (minilmd/corpus/tokenizer_beside.py); "" when they are its own, or there is no config."""
+    from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text
+    from minilmd.corpus.tokenizer_beside import belongs
+
+    if config_text is None:
+        return ""
+    try:
+        config = loads_bounded(config_text)
+    except ValueError:
+        return ""  # chat_config says what is wrong with it
+    if not isinstance(config, dict):
+        return ""
+    file = tokenizer if tokenizer != folder else folder / TOKENIZER_FILE
+    try:
+        data = read_tokenizer_text(file).encode("utf-8")
+    except TokenizerError:
+        data = None  # the tokenizer's own reader says what is wrong with it
+    return belongs(config, file, data)
 
 
 def chat_config(config_text: str | None, template: str | None, folder: Path,
