@@ -327,8 +327,9 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
          poll_s: float = 0.3) -> int:
     """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
-    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one.
-    Follows until interrupted."""
+    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one,
+    until the run it followed running ends (exit 0) or Ctrl-C (EXIT_INTERRUPTED). A run already ended is said and
+    followed until it starts again (the tmux launcher starts `logs -f` beside `run`)."""
     out = out or sys.stdout
     try:
         run_dir = run_dir_of(run_dir, "logs")  # a run directory, or a config file naming one
@@ -356,8 +357,12 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     out.flush()
     if not follow:
         return 0
+    if ended := _ended(run_dir):
+        print(f"{run_dir}: {ended}: following its logs until it starts again (Ctrl-C to quit)", file=sys.stderr,
+              flush=True)
     try:
         while True:
+            ended_before = _ended(run_dir)  # before the last lines: an end's own lines are copied below
             sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
             if current:
                 cur_off = _copy_new(current, cur_off, current.stem, out)
@@ -368,9 +373,23 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
                 current, cur_off = attempts[-1], 0
                 out.write(f"==> {current} (new attempt) <==\n")
             out.flush()
+            if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
+                print(f"{run_dir}: {ended_before}", file=sys.stderr, flush=True)
+                return 0
+            ended = ended_before
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        return 0
+        return protocol.EXIT_INTERRUPTED
+
+
+def _ended(run_dir: Path) -> str:
+    """"the run has ended (PHASE, exit N)" once its supervisor recorded how it ended and no longer runs; "" while
+    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it)."""
+    raw, _ = load(run_dir)
+    state = StateJson.from_dict(raw) if raw is not None else None
+    if state is None or state.outcome is None or supervisor_alive(state):
+        return ""
+    return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
 
 
 def _copy_new(path: Path, offset: int, label: str, out) -> int:

@@ -100,12 +100,14 @@ def plot_command(
 @commands.command("logs")
 def logs_command(
     run_dir: str = typer.Argument(".", help=RUN_HELP),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too) until "
+                                "the run ends; a run already ended is followed until it starts again."),
     lines: int = typer.Option(20, "--lines", "-n", min=0, help="Lines of each log to show first (0: none)."),
 ) -> None:
     """The supervisor's events and the current attempt's trainer output.
 
-    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config)."""
+    Exit status: 0 shown (followed to the run's end), 1 another user's run directory you may not read, 2 not a run
+    directory (nor a config), 130 Ctrl-C."""
     from minilmd.daemon.views.status import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
