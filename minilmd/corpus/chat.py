@@ -224,7 +224,7 @@ def _read_text(path: Path) -> str:
         raise Unreadable("not UTF-8", path, kind="not_utf8") from None
 
 
-def read_tokenizer_config(tokenizer: str | Path) -> dict:
+def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> dict:
     """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
     resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
     followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
@@ -247,7 +247,7 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
             raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
     try:
         return without_record(chat_config(None if not_its else config_text, template, folder,
-                                          tokenizer_name=str(tokenizer)))
+                                          tokenizer_name=str(tokenizer), data_format=data_format))
     except ChatError as e:
         raise ChatError(f"{e}; {not_its}" if not_its else str(e)) from None
 
@@ -275,7 +275,7 @@ def _not_its(config_text: str | None, folder: Path, tokenizer: Path) -> str:
 
 
 def chat_config(config_text: str | None, template: str | None, folder: Path,
-                tokenizer_name: str | None = None) -> dict:
+                tokenizer_name: str | None = None, data_format: str = "chat") -> dict:
     """The text of a tokenizer_config.json (None: there is none) and of a chat_template.jinja beside it (None: none,
     else preferred) -> the config with its `chat_template` resolved to one string; `folder` names them in a
     ChatError, raised when there is no template, and `tokenizer_name` (the tokenizer as the user gave it) names the
@@ -296,9 +296,9 @@ def chat_config(config_text: str | None, template: str | None, folder: Path,
     if not isinstance(source, str) or not source.strip():
         who = tokenizer_name or folder
         raise ChatError(f"{who}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
-                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format chat renders conversations with the "
-                        f"tokenizer's own template. `minilmd tokenizer template {who} --chat-template minimind` "
-                        "gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
+                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format {data_format} renders conversations "
+                        f"with the tokenizer's own template. `minilmd tokenizer template {who} --chat-template "
+                        "minimind` gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
                         "`tokenizer train --chat-template` would train another vocabulary")
     return {**config, "chat_template": source}
 
