@@ -4,6 +4,8 @@ the budget raised in the config trains on. Before, the launch staged, fetched, s
 0, and a tmux launcher or a systemd restart did it all again."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from minilmd.config import load_config
@@ -28,6 +30,13 @@ def test_a_finished_run_is_done_at_check_and_at_launch_until_its_budget_is_raise
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "minilmd run: run is done (step 8/8; " in launched.stdout, launched.stdout
     assert events(run_dir) == said_then  # no supervisor started: nothing staged, fetched, trained or synced
+
+    recorded = json.loads((run_dir / "state.json").read_text())  # as if its supervisor died before the last sync
+    (run_dir / "state.json").write_text(json.dumps({**recorded, "remote_checkpoint": None}))
+    unsynced = cli("run", "--check", str(config))
+    assert "resumes from step 8 (scratch: " in unsynced.stdout and "run is done" not in unsynced.stdout, \
+        unsynced.stdout  # the launch's trainer ends at once and the last sync copies it
+    (run_dir / "state.json").write_text(json.dumps(recorded))
 
     raised = cli("run", "--check", "--set", "train.max_steps=12", str(config))
     assert raised.returncode == 0 and "resumes from step 8 (" in raised.stdout, raised.stdout
