@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import os
 
-from minilmd import names, perms, place_rule, scratch
+from minilmd import names, perms, place_rule, protocol, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs
 from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.names import INIT_DIR
@@ -198,8 +199,13 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
     link planted on the way after check() cannot choose another run directory. The command (`minilmd run`) has
     given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). RunDirFull
-    when run.dir's file system is full (said: the caller exits 73)."""
-    cfg = check(config_path, overrides, fresh, claim_remote)
+    when run.dir's file system is full (said: the caller exits 73); NothingToDo when the run is done (said: exit 0,
+    nothing made)."""
+    said: list[str] = []  # where it starts: a run already done is no launch (daemon/jobs/rundone.py)
+    cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
+    if done := next((line for line in said if isinstance(line, Done)), None):
+        print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
+        raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
     try:
@@ -211,8 +217,22 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     return cfg
 
 
-class RunDirFull(Exception):
-    """run.dir could not be made: its file system is full (said on stdout; `minilmd run` exits 73)."""
+class LaunchEnds(Exception):
+    """The launch ends before the supervisor starts, said on stdout, with `exit_status`."""
+
+    exit_status = 1
+
+
+class NothingToDo(LaunchEnds):
+    """The run is done: its newest checkpoint is at its budget's end (daemon/jobs/rundone.py)."""
+
+    exit_status = protocol.SUPERVISOR_DONE
+
+
+class RunDirFull(LaunchEnds):
+    """run.dir could not be made: its file system is full (`minilmd run` exits 73)."""
+
+    exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
 
 
 def settle_run_dir(cfg: RunConfig) -> None:

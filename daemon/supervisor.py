@@ -132,12 +132,14 @@ class Supervisor(Ending):
             self.files.adopt_previous_state(self.cfg.run.remote)
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
-            self.state.phase = check_start(first_phase(initwait.must_wait(self.cfg)))  # the start's transition
+            start = initwait.at_start(self.cfg, resumes=self.state.remote_checkpoint is not None)
+            self.state.phase = check_start(first_phase(start.waits))  # the start's transition
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
+            start.say_share(self.events.emit)  # a first start from a finished base: what --check would have said
             if unit := sdnotify.own_unit():  # for `stop`: systemd's restart does not read a stop request
                 self.state.supervisor.systemd_unit, self.state.supervisor.systemd_user = unit
             self._restarted(at_start=True)  # what the previous supervisor's trainers left: scratch may lack it
@@ -493,6 +495,6 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
-    except preflight.RunDirFull:  # said there
-        return protocol.SUPERVISOR_RUN_DIR_FULL
+    except preflight.LaunchEnds as e:  # said there: run.dir full (73), or the run already done (0)
+        return e.exit_status
     return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote).run()

@@ -82,7 +82,8 @@ def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> P
         perms.settle_new_file(tmp / made)
     (tmp / "optimizer.json").write_text(json.dumps({"param_groups": [], "scalars": {}}))
     state = {"step": step, "tokens_seen": step * cfg.train.seq_len, "config": cfg.to_dict(), "fingerprints": prints,
-             "fake_weights": weights, "world_size": 1, "total_steps": cfg.train.max_steps}
+             "fake_weights": weights, "world_size": 1, "total_steps": cfg.train.max_steps,
+             "rows_seen": step * cfg.train.micro_batch_size * cfg.train.grad_accum}  # as the trainer records
     (tmp / "trainer_state.json").write_text(json.dumps(state))
     files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(tmp.iterdir())}
     manifest = {"format": "minilmd-checkpoint", "version": 1, "step": step, "files": files}

@@ -58,7 +58,7 @@ def test_a_finished_run_with_another_model_on_its_remote_is_refused_at_check_and
     remote = sorted(p.name for p in Path(cfg.run.remote).iterdir())
     said = cli("run", "--check", str(config))
     assert said.returncode == 0, said.stderr
-    assert f"resumes from step 20 (remote: {cfg.run.remote}/step-00000020; staging fetches it" in said.stdout, \
+    assert f"run is done (step 20/20; remote: {cfg.run.remote}/step-00000020): nothing to do" in said.stdout, \
         said.stdout
     assert_refused_alike(config, cfg, WIDER,
                          f"this run's checkpoints (step 20, on the remote {cfg.run.remote}) were trained with "
@@ -74,7 +74,7 @@ def test_a_run_with_another_model_or_corpus_in_scratch_is_refused_and_one_that_f
     config, cfg = finished_run(tmp_path, corpus, remote=False)
     said = cli("run", "--check", str(config))
     assert said.returncode == 0, said.stderr
-    assert f"resumes from step 20 (scratch: {cfg.checkpoint_dir / 'step-00000020'})" in said.stdout, said.stdout
+    assert f"run is done (step 20/20; scratch: {cfg.checkpoint_dir / 'step-00000020'})" in said.stdout, said.stdout
     assert_refused_alike(config, cfg, WIDER,
                          f"this run's checkpoints (step 20, in scratch {cfg.checkpoint_dir}) were trained with "
                          f"model.hidden_size 32; the config says 64")

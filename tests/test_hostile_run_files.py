@@ -21,6 +21,7 @@ from hostile_files_helpers import _limit_memory, make_hostile, minilmd
 from minilmd import names
 from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
+from minilmd.protocol import EXIT_INTERRUPTED
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow  # every test runs the real CLI against hostile files (hangs bounded by timeouts)
@@ -143,7 +144,7 @@ def test_logs_follow_says_a_log_is_unreadable_and_goes_on(tmp_path):
         wait_until(lambda: out.read_text().count("unreadable (") >= 2, timeout=60, what="both logs said unreadable")
         assert proc.poll() is None, out.read_text()  # still following
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0, out.read_text()
+        assert proc.wait(timeout=60) == EXIT_INTERRUPTED, out.read_text()  # Ctrl-C: 130, as every command
     finally:
         if proc.poll() is None:
             proc.kill()

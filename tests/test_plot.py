@@ -238,3 +238,22 @@ def test_a_runs_name_and_restart_causes_reach_the_terminal_escaped(tmp_path):
     assert result.exit_code == 0, result.output
     assert "wrote " in result.output and "\x1b" not in result.output and "\x07" not in result.output
     assert "\\x1b]0;PWNED" in result.output  # said, escaped
+
+
+def test_plot_takes_a_config_naming_its_run_as_status_does(tmp_path):
+    """One resolver (daemon/views/runarg.py) for status, logs, stop and plot: a config file names its run.dir.
+    Before, `plot CONFIG` was refused ("not a directory") where status took it."""
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    run_dir = resumed_run(tmp_path, "r")
+    config = tmp_path / "r.toml"
+    config.write_text('[run]\nname = "r"\ndir = "r"\n')
+    result = CliRunner().invoke(app, ["plot", str(config), "--out", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG") and f"{run_dir}:" not in result.output
+    missing = CliRunner().invoke(app, ["plot", str(tmp_path / "none.toml"), "--out", str(tmp_path / "d.png")])
+    assert missing.exit_code == 2 and "no such file or directory" in missing.output, missing.output
+    assert not (tmp_path / "d.png").exists()

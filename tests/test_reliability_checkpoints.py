@@ -21,7 +21,7 @@ from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import QUARANTINE, REASON_FILE
 from reliability_helpers import event_texts, fake_weights_of, remote_of_an_earlier_run, undisturbed_fake_weights
-from supervisor_helpers import run_supervisor, state, write_config
+from supervisor_helpers import run_supervisor, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 pytestmark = pytest.mark.slow  # every test runs supervised runs end to end
 
@@ -80,13 +80,19 @@ def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_on
 
 
 def test_a_checkpoint_fetched_into_empty_scratch_is_shown_as_the_local_one(tmp_path, corpus):
-    # already done at step 20: the trainer saves nothing
-    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=20, steps=("step-00000020",))
+    # its budget past the remote's step 20 (a run done there is no launch: daemon/jobs/rundone.py); the resumed
+    # trainer held before its first step, so the fetched checkpoint is still the local one when status is read
+    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=25, steps=("step-00000020",))
     cfg = load_config(config)
-
-    assert run_supervisor(config, tmp_path, timeout=120) == 0
-    local = state(cfg.run_dir)["local_checkpoint"]
-    assert local["step"] == 20 and local["fetched"] is True
-    shown = subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(cfg.run_dir)],
-                           capture_output=True, text=True).stdout
-    assert "local checkpoint: step 20 (fetched from the remote" in shown, shown
+    release = tmp_path / "release"
+    proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD_RESUMED=str(release))
+    try:
+        wait_for(lambda: (state(cfg.run_dir).get("child") or {}).get("pid"), 120, "the resumed trainer")
+        local = state(cfg.run_dir)["local_checkpoint"]
+        assert local["step"] == 20 and local["fetched"] is True
+        shown = subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(cfg.run_dir)],
+                               capture_output=True, text=True).stdout
+        assert "local checkpoint: step 20 (fetched from the remote" in shown, shown
+    finally:
+        release.touch()
+    assert wait_or_kill(proc, 120) == 0

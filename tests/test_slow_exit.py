@@ -4,6 +4,7 @@ attempt that ends in any other way after that heartbeat, with the final checkpoi
 a restart that starts at the final step, saves nothing new and counts toward restart.no_progress_limit."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -116,7 +117,10 @@ def test_a_trainer_killed_while_exiting_and_one_that_starts_at_the_final_step_fi
     (finish,) = [e for e in events(cfg.run_dir) if e["event"] == "finish"]
     assert "step 10" in finish["message"]
 
-    # `minilmd run` again on the finished run: its attempt starts at the final step and is as slow to exit
+    # `minilmd run` again on a run whose supervisor was killed before it recorded its last sync (a run done and
+    # synced is no launch: daemon/jobs/rundone.py): its attempt starts at the final step and is as slow to exit
+    recorded = state(cfg.run_dir)
+    (cfg.run_dir / "state.json").write_text(json.dumps({**recorded, "remote_checkpoint": None, "outcome": None}))
     assert run_supervisor(config, tmp_path, FAKE_EXIT_LINGER_S="600") == 0
     assert "resuming at step 10" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
     assert ends(cfg.run_dir) == ["hang", "hang"] and state(cfg.run_dir)["phase"] == "done"

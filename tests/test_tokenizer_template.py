@@ -95,3 +95,15 @@ def test_an_existing_config_is_kept_without_force_and_a_tokenizer_minilmd_cannot
     refused = minilmd("tokenizer", "template", "other", "--chat-template", "minimind", cwd=tmp_path)
     assert refused.returncode == 2 and "not usable by minilmd" in refused.stderr, refused.stderr
     assert not (tmp_path / "other" / "tokenizer_config.json").exists()
+
+
+def test_prepare_dpo_names_the_format_given_for_a_tokenizer_without_a_template(tmp_path, bare):
+    pair = {"chosen": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好！"}],
+            "rejected": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "走开"}]}
+    (tmp_path / "pairs.jsonl").write_text((json.dumps(pair, ensure_ascii=False) + "\n") * 20, encoding="utf-8")
+    refused = minilmd("prepare", "pairs.jsonl", "--format", "dpo", "--tokenizer", "tokenizer.json", "--out", "dpo",
+                      "--workers", "0", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "no chat template" in refused.stderr and "--format dpo renders conversations" in refused.stderr, \
+        refused.stderr
+    assert "--format chat" not in refused.stderr and not (tmp_path / "dpo").exists()

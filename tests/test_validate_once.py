@@ -178,7 +178,7 @@ def chat(tmp_path_factory) -> Path:
 
     tmp = tmp_path_factory.mktemp("chat")
     tok = train_tokenizer(tmp / "tokenizer.json")
-    write_beside(tok, tokenizer_config(TEMPLATE))
+    write_beside(tok, tokenizer_config(TEMPLATE), tok.read_text())
     ckpt = save_checkpoint(tmp / "ckpts", tiny_model(seed=3), step=1, tokenizer=tok)
     assert set(TOKENIZER_NAMES) <= set(json.loads((ckpt / ck.MANIFEST).read_text())["files"])
     return ckpt

@@ -163,3 +163,37 @@ def test_a_metrics_file_that_is_not_a_regular_one_is_not_written_through(tmp_pat
     with pytest.raises(OSError):
         timeline.mark_fresh(tmp_path, 2000.0)
     assert kind == "a FIFO" or target.read_text().count("\n") == 1  # the link's target left as it was
+
+
+def test_the_lineage_of_a_finished_run_is_read_from_its_remote_once_scratch_is_gone(tmp_path, corpus):
+    """A run ends: its scratch is removed (or a reboot empties /dev/shm). Its `lineage:` line is read from the
+    checkpoint state.json records synced to run.remote, as the one in scratch was (source_state); a recorded path
+    outside the config's run.remote is not followed. On main the line disappeared once scratch was gone."""
+    from minilmd.daemon.base.runstate import new_state
+    from minilmd.daemon.base.statesections import StateJson
+    from minilmd.daemon.views.status import _lineage_lines
+
+    base = tmp_path / "base" / names.step_name(6)
+    base.mkdir(parents=True)
+    (base / names.MANIFEST).write_text(json.dumps({"step": 6, "files": {}}))
+    (base / names.TRAINER_STATE).write_text(json.dumps({"step": 6}))
+    config = write_config(tmp_path, corpus, name="sft")
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
+    synced = Path(cfg.run.remote) / names.step_name(4)
+    synced.mkdir(parents=True)
+    (synced / names.MANIFEST).write_text(json.dumps({"step": 4, "files": {}}))
+    init = {"kind": "checkpoint", "path": str(base), "step": 6, "manifest_sha256": "ab" * 32}
+    (synced / names.TRAINER_STATE).write_text(json.dumps({"step": 4, "init": init}))
+    state = new_state("sft", cfg.run_dir, str(config))
+    state.update(phase="done", remote_checkpoint={"step": 4, "path": str(synced), "verified": True})
+    (cfg.run_dir / names.STATE).write_text(json.dumps(state))
+    assert not cfg.checkpoint_dir.exists()  # scratch gone
+
+    line = f"  lineage: {base} (step 6, sha256 abababababab)"
+    assert _lineage_lines(cfg.run_dir, StateJson.from_dict(state)) == [line]
+    shown = cli("status", str(cfg.run_dir)).stdout
+    assert line in shown.splitlines(), shown
+    elsewhere = {**state, "remote_checkpoint": {"step": 4, "path": str(tmp_path / "base"), "verified": True}}
+    assert _lineage_lines(cfg.run_dir, StateJson.from_dict(elsewhere)) == []  # not on the config's run.remote

@@ -77,7 +77,11 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
     refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh, unknown)
     if said is not None:
-        said += [line] if (line := start.line()) else []
+        from minilmd.daemon.jobs.rundone import done_line
+
+        # a run at its budget's end: "run is done", in place of "resumes from step N"
+        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}")
+        said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []

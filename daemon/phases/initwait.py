@@ -51,22 +51,44 @@ class InitOutcome:
     """Why the predecessor's failure ends this run (empty: it has not failed)."""
 
 
-def must_wait(cfg: RunConfig) -> bool:
-    """Whether this run starts from another run's result that is not there yet (and has no checkpoint of its own).
+@dataclass(frozen=True)
+class AtStart:
+    """What the supervisor's start asks of init.from: whether to wait for it, and the update share lines
+    (plan/update_share.py) to log at a first start from a base already finished (the ones `run --check` prints:
+    systemd and sbatch never run it)."""
+
+    waits: bool = False
+    share: tuple[str, ...] = ()
+
+    def say_share(self, emit) -> None:
+        for line in self.share:  # as InitWaiter says it once a predecessor started together has finished
+            emit("update_share", line)
+
+
+def at_start(cfg: RunConfig, resumes: bool = False) -> AtStart:
+    """Whether this run starts from another run's result that is not there yet, and, when it is there, what the
+    update share is: only at a first start (no checkpoint of its own, here or recorded on run.remote: `resumes`).
     Asked on shared storage in a bounded thread: an init.from that fails or does not answer is no predecessor to
-    wait for here; staging waits for it in its own thread and `status` says so."""
-    if not cfg.init.from_ or local_checkpoint_steps(cfg.checkpoint_dir):
-        return False
-    answered, waits, _ = bounded_probe(_unfinished_predecessor, cfg.init.from_)
-    return bool(answered and waits)
+    wait for here, and no share to say; staging waits for it in its own thread and `status` says so."""
+    if not cfg.init.from_ or resumes or local_checkpoint_steps(cfg.checkpoint_dir):
+        return AtStart()
+    answered, found, _ = bounded_probe(_start_facts, cfg)
+    return found if answered and isinstance(found, AtStart) else AtStart()
 
 
-def _unfinished_predecessor(spec: str) -> bool:
+def must_wait(cfg: RunConfig) -> bool:
+    """at_start's wait alone."""
+    return at_start(cfg).waits
+
+
+def _start_facts(cfg: RunConfig) -> AtStart:
     try:
-        pred = predecessor(spec)
+        pred = predecessor(cfg.init.from_)
     except InitSourceError:
-        return False  # the config check reports it
-    return pred is not None and predecessor_outcome(pred)[0] != "done"
+        return AtStart()  # the config check reports it
+    if pred is not None and predecessor_outcome(pred)[0] != "done":
+        return AtStart(waits=True)  # InitWaiter says the share once it is done
+    return AtStart(share=_update_share(cfg))
 
 
 @dataclass(frozen=True)
@@ -202,14 +224,15 @@ def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
             report.why if not report.phase else "")
 
 
-def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
-    """The chain of init.from behind this run's newest checkpoint: each step's source, its step and fingerprint,
+def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) -> list[str]:
+    """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
+    run.remote, once scratch is gone): each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read). Each is another
     run's, often another user's: read as init.from's checkpoint is (init_source.source_state: in its directory
     opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours)."""
     chain: list[str] = []
     found = local_checkpoint_steps(checkpoint_dir)  # names only: `minilmd status` shows the lineage, numpy-free
-    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else None
+    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else synced
     while path is not None and len(chain) < limit:
         try:
             init = source_state(InitSource("checkpoint", path)).get("init")

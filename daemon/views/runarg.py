@@ -1,4 +1,4 @@
-"""The run `minilmd status`, `logs` and `stop` are given: a run directory, or the config file that names one.
+"""The run `minilmd status`, `logs`, `stop` and `plot` are given: a run directory, or the config file that names one.
 
 One rule for the three commands (daemon/views/status.py, stop.py): a config file is read as an untrusted config
 (minilmd/config.py `load_config(untrusted=True)`: bounded, no link followed, never blocking) and its `run.dir`

@@ -245,7 +245,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
+    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir, state)
     if claims:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
@@ -294,9 +294,12 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
                      indent=2, sort_keys=True), file=out)
 
 
-def _lineage_lines(run_dir: Path) -> list[str]:
-    """init.from behind the newest local checkpoint, stage by stage (daemon/phases/initwait.py lineage); the run's
-    run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's descriptor), ours."""
+def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
+    """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
+    the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
+    lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
+    descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
+    from minilmd.bounded import bounded_probe
     from minilmd.config import ConfigError
     from minilmd.daemon.phases.initwait import lineage
     from minilmd.init_place import open_named
@@ -306,10 +309,22 @@ def _lineage_lines(run_dir: Path) -> list[str]:
     try:
         with open_named(run_dir) as opened:
             cfg = run_config_in(opened, (own_uid(),))
-        chain = lineage(cfg.checkpoint_dir)
     except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
         return []
-    return [f"  lineage: {' <- '.join(chain)}"] if chain else []
+    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+
+
+def _synced(remote: str | None, state: StateJson | None) -> Path | None:
+    """The checkpoint state.json records synced last, when it is on the config's run.remote and that is a local
+    path: read there as any checkpoint of the chain is (source_state), never taken on state.json's word alone."""
+    from minilmd.daemon.base.runstate import names_remote
+    from minilmd.urls import is_url
+
+    synced = state.remote_checkpoint if state is not None else None
+    if synced is None or not remote or is_url(remote) or not names_remote(synced.path, remote):
+        return None
+    return Path(synced.path)
 
 
 def _attempt_logs(run_dir: Path) -> list[Path]:
@@ -337,8 +352,9 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
          poll_s: float = 0.3) -> int:
     """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
-    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one.
-    Follows until interrupted."""
+    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one,
+    until the run it followed running ends (exit 0) or Ctrl-C (EXIT_INTERRUPTED). A run already ended is said and
+    followed until it starts again (the tmux launcher starts `logs -f` beside `run`)."""
     out = out or sys.stdout
     try:
         run_dir = run_dir_of(run_dir, "logs")  # a run directory, or a config file naming one
@@ -366,8 +382,12 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     out.flush()
     if not follow:
         return 0
+    if ended := _ended(run_dir):
+        print(f"{run_dir}: {ended}: following its logs until it starts again (Ctrl-C to quit)", file=sys.stderr,
+              flush=True)
     try:
         while True:
+            ended_before = _ended(run_dir)  # before the last lines: an end's own lines are copied below
             sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
             if current:
                 cur_off = _copy_new(current, cur_off, current.stem, out)
@@ -378,9 +398,23 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
                 current, cur_off = attempts[-1], 0
                 out.write(f"==> {current} (new attempt) <==\n")
             out.flush()
+            if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
+                print(f"{run_dir}: {ended_before}", file=sys.stderr, flush=True)
+                return 0
+            ended = ended_before
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        return 0
+        return protocol.EXIT_INTERRUPTED
+
+
+def _ended(run_dir: Path) -> str:
+    """"the run has ended (PHASE, exit N)" once its supervisor recorded how it ended and no longer runs; "" while
+    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it)."""
+    raw, _ = load(run_dir)
+    state = StateJson.from_dict(raw) if raw is not None else None
+    if state is None or state.outcome is None or supervisor_alive(state):
+        return ""
+    return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
 
 
 def _copy_new(path: Path, offset: int, label: str, out) -> int:

@@ -75,9 +75,11 @@ def run_command(
         if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
             typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
                        f"checks its final checkpoint")
+        from minilmd.daemon.jobs.rundone import Done
         from minilmd.plan.update_share import share_lines
 
-        for line in share_lines(cfg) if not init_unreachable else []:  # it reads init.from: not while unreachable
+        done = any(isinstance(line, Done) for line in start)  # it trains nothing: no share to weigh
+        for line in share_lines(cfg) if not init_unreachable and not done else []:  # it reads init.from
             typer.echo(line)
         raise typer.Exit(0)
     from minilmd import procs

@@ -41,6 +41,7 @@ def tokenizer_train_command(
 
     from minilmd.corpus.chat_templates import OUT_ADVICE, ChatTemplateError, checked_config, write_beside
     from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
+    from minilmd.corpus.tokenizer_beside import found_beside
     from minilmd.corpus.tokenizer_train import TokenizerError
     from minilmd.dirfd import PlaceRefused, place_problem
     from minilmd.fsio import out_taken
@@ -49,7 +50,7 @@ def tokenizer_train_command(
     written = [out] + ([str(Path(out).with_name(TOKENIZER_CONFIG))] if chat_template else [])
     refused = place_problem("--out", out, "the tokenizer", OUT_ADVICE, own_links=True, group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in written)]):
-        typer.echo(f"tokenizer train: {taken}; nothing written", err=True)  # before the training: none wasted
+        typer.echo(f"tokenizer train: {_whose(taken, Path(out))}; nothing written", err=True)  # none wasted
         raise typer.Exit(EXIT_CONFIG)
     template_config = None
     if chat_template:
@@ -81,9 +82,12 @@ def tokenizer_train_command(
     bad.log_skipped(lambda line: typer.echo(line, err=True),
                     TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else "")  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
+    if template_config is None and (found := found_beside(Path(out))):  # not this one's: prepare will say so too
+        typer.echo(f"tokenizer train: note: {found}; `minilmd tokenizer template {out} --chat-template minimind "
+                   f"--out DIR` gives it one in a directory of its own", err=True)
     if template_config is not None:
         try:
-            typer.echo(f"wrote {write_beside(out, template_config, group_share=group_share)}: chat template "
+            typer.echo(f"wrote {write_beside(out, template_config, text, group_share=group_share)}: chat template "
                        f"{chat_template}")
         except PlaceRefused as e:
             typer.echo(f"tokenizer train: {e}; the tokenizer_config.json was not written", err=True)
@@ -197,7 +201,12 @@ def tokenizer_template_command(
     from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text, tokenizer_from_text
     from minilmd.dirfd import PlaceRefused
 
-    source = Path(tokenizer) / TOKENIZER_FILE if Path(tokenizer).is_dir() else Path(tokenizer)
+    try:
+        source = Path(tokenizer) / TOKENIZER_FILE if Path(tokenizer).is_dir() else Path(tokenizer)
+    except OSError as e:  # a directory on the way this user may not look into
+        typer.echo(f"tokenizer template: {tokenizer}: cannot be looked at ({e.strerror or e}); nothing written",
+                   err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
     try:
         text = read_tokenizer_text(source)  # read once: what is checked is what is copied
         vocab = tokenizer_from_text(text, str(source)).get_vocab_size(with_added_tokens=True)
@@ -210,7 +219,7 @@ def tokenizer_template_command(
     try:
         if not in_place:
             _write_tokenizer(str(target), text, group_share)
-        written = write_beside(target, config, group_share=group_share)
+        written = write_beside(target, config, text, group_share=group_share)
     except PlaceRefused as e:  # looked at again when the directory is opened: rearranged meanwhile
         typer.echo(f"tokenizer template: {e}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
@@ -243,8 +252,23 @@ def _refuse_taken_outputs(what: str, target, in_place: bool, force: bool, group_
     refused = place_problem("--out", str(target), "the tokenizer", OUT_ADVICE, own_links=True,
                             group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in outputs)]):
-        typer.echo(f"{what}: {taken}; nothing written", err=True)
+        typer.echo(f"{what}: {_whose(taken, target)}; nothing written", err=True)
         raise typer.Exit(EXIT_CONFIG)
+
+
+def _whose(taken: str, tokenizer) -> str:
+    """The output rule's refusal, with whose chat template the tokenizer_config.json there is when it is another
+    tokenizer's (minilmd/corpus/tokenizer_beside.py), and the ways on."""
+    from pathlib import Path
+
+    from minilmd.corpus.tokenizer_beside import found_beside
+    from minilmd.names import TOKENIZER_CONFIG
+
+    if not taken.startswith(str(Path(tokenizer).with_name(TOKENIZER_CONFIG))) or not (found := found_beside(
+            Path(tokenizer))):
+        return taken
+    return (f"{found}: give {Path(tokenizer).name} a directory of its own (--out DIR), or pass --force to make the "
+            f"template there {Path(tokenizer).name}'s (the other tokenizer then has none)")
 
 
 @tokenizer_app.command("check")

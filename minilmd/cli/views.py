@@ -47,7 +47,8 @@ def forget_command(
 
 @commands.command("plot")
 def plot_command(
-    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: overlaid)."),
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories, or run configs naming them "
+                                         "(several: overlaid)."),
     out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg (replaced whole; a link there is replaced, "
                             "never written through)."),
     x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
@@ -59,19 +60,22 @@ def plot_command(
     """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
     failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd\\[plot]'.
 
-    Exit status: 0 written, 1 matplotlib missing, 2 bad arguments, not a run directory, or an --out in a directory
-    others can rearrange (without --group-share), 74 the write failed; nothing is written but the whole picture."""
+    Exit status: 0 written, 1 matplotlib missing or another user's private run, 2 bad arguments, not a run
+    directory (nor a config naming one, read as `status` reads it), or an --out in a directory others can rearrange
+    (without --group-share), 74 the write failed; nothing is written but the whole picture."""
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
     from minilmd.corpus.exits import out_dir_of, out_error_exit
     from minilmd.daemon.views.plot import PlotUnavailable, plot
-    from minilmd.daemon.views.status import is_run_dir
+    from minilmd.daemon.views.runarg import resolve_run
     from minilmd.dirfd import PlaceRefused
     from minilmd.untrusted import printable
 
-    if not all(is_run_dir(d) for d in run_dirs):
-        raise typer.Exit(2)
+    found = [resolve_run(d, "plot") for d in run_dirs]  # each a run directory, or a config naming one (said)
+    if refused := next((code for run_dir, code in found if run_dir is None), 0):
+        raise typer.Exit(refused)
+    runs = [run_dir for run_dir, _ in found if run_dir is not None]
     try:
-        summary = plot(run_dirs, out, x=x, title=title or None, group_share=group_share)
+        summary = plot(runs, out, x=x, title=title or None, group_share=group_share)
     except PlotUnavailable as e:
         typer.echo(f"minilmd plot: {e}", err=True)
         raise typer.Exit(1) from None
@@ -96,12 +100,14 @@ def plot_command(
 @commands.command("logs")
 def logs_command(
     run_dir: str = typer.Argument(".", help=RUN_HELP),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too) until "
+                                "the run ends; a run already ended is followed until it starts again."),
     lines: int = typer.Option(20, "--lines", "-n", min=0, help="Lines of each log to show first (0: none)."),
 ) -> None:
     """The supervisor's events and the current attempt's trainer output.
 
-    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config)."""
+    Exit status: 0 shown (followed to the run's end), 1 another user's run directory you may not read, 2 not a run
+    directory (nor a config), 130 Ctrl-C."""
     from minilmd.daemon.views.status import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))

@@ -224,12 +224,14 @@ def _read_text(path: Path) -> str:
         raise Unreadable("not UTF-8", path, kind="not_utf8") from None
 
 
-def read_tokenizer_config(tokenizer: str | Path) -> dict:
+def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> dict:
     """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
     resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
     followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
     are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
     there is no template."""
+    from minilmd.corpus.tokenizer_beside import without_record
+
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:  # whatever is there is read (a FIFO, a directory: unreadable, said), not taken for "no template"
@@ -238,17 +240,44 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
         raise ChatError(f"{path}: unreadable ({e.why})") from None
     except (OSError, ValueError) as e:
         raise ChatError(f"{path}: not readable JSON ({e})") from None
+    not_its = _not_its(config_text, folder, Path(tokenizer))
     template = None
-    if (folder / CHAT_TEMPLATE_FILE).exists():
+    if (folder / CHAT_TEMPLATE_FILE).exists() and not not_its:
         try:
             template = _read_text(folder / CHAT_TEMPLATE_FILE)
         except Unreadable as e:
             raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
-    return chat_config(config_text, template, folder, tokenizer_name=str(tokenizer))
+    try:
+        return without_record(chat_config(None if not_its else config_text, template, folder,
+                                          tokenizer_name=str(tokenizer), data_format=data_format))
+    except ChatError as e:
+        raise ChatError(f"{e}; {not_its}" if not_its else str(e)) from None
+
+
+def _not_its(config_text: str | None, folder: Path, tokenizer: Path) -> str:
+    """Why the files beside `tokenizer` (its directory's tokenizer_config.json, chat_template.jinja) are another
+    tokenizer's (minilmd/corpus/tokenizer_beside.py); "" when they are its own, or there is no config."""
+    from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text
+    from minilmd.corpus.tokenizer_beside import belongs
+
+    if config_text is None:
+        return ""
+    try:
+        config = loads_bounded(config_text)
+    except ValueError:
+        return ""  # chat_config says what is wrong with it
+    if not isinstance(config, dict):
+        return ""
+    file = tokenizer if tokenizer != folder else folder / TOKENIZER_FILE
+    try:
+        data = read_tokenizer_text(file).encode("utf-8")
+    except TokenizerError:
+        data = None  # the tokenizer's own reader says what is wrong with it
+    return belongs(config, file, data)
 
 
 def chat_config(config_text: str | None, template: str | None, folder: Path,
-                tokenizer_name: str | None = None) -> dict:
+                tokenizer_name: str | None = None, data_format: str = "chat") -> dict:
     """The text of a tokenizer_config.json (None: there is none) and of a chat_template.jinja beside it (None: none,
     else preferred) -> the config with its `chat_template` resolved to one string; `folder` names them in a
     ChatError, raised when there is no template, and `tokenizer_name` (the tokenizer as the user gave it) names the
@@ -269,9 +298,9 @@ def chat_config(config_text: str | None, template: str | None, folder: Path,
     if not isinstance(source, str) or not source.strip():
         who = tokenizer_name or folder
         raise ChatError(f"{who}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
-                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format chat renders conversations with the "
-                        f"tokenizer's own template. `minilmd tokenizer template {who} --chat-template minimind` "
-                        "gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
+                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format {data_format} renders conversations "
+                        f"with the tokenizer's own template. `minilmd tokenizer template {who} --chat-template "
+                        "minimind` gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
                         "`tokenizer train --chat-template` would train another vocabulary")
     return {**config, "chat_template": source}
 

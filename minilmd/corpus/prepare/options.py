@@ -107,14 +107,15 @@ class PrepareTokenizer:
     """chat: its tokenizer_config.json, the template resolved (chat.read_tokenizer_config)."""
 
     @classmethod
-    def load(cls, tokenizer: str | Path, chat: bool = False) -> PrepareTokenizer:
-        """The tokenizer the user named (a tokenizer.json or its directory; links followed: the user's choice)."""
+    def load(cls, tokenizer: str | Path, chat: bool = False, data_format: str = "chat") -> PrepareTokenizer:
+        """The tokenizer the user named (a tokenizer.json or its directory; links followed: the user's choice);
+        `data_format`: the --format that needs its template (named when it has none)."""
         from minilmd.corpus.chat import read_tokenizer_config
 
         path = Path(tokenizer)
         if path.is_dir():
             path = path / CORPUS_TOKENIZER
-        return cls._of(path, read_tokenizer_text(path), read_tokenizer_config(path) if chat else None)
+        return cls._of(path, read_tokenizer_text(path), read_tokenizer_config(path, data_format) if chat else None)
 
     @classmethod
     def of_corpus(cls, corpus, chat: bool = False) -> PrepareTokenizer:

@@ -112,7 +112,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         raise ValueError(taken)
     if out.exists() or out.is_symlink():
         _check_replaceable(out)
-    tok = PrepareTokenizer.load(tokenizer, opts.data_format in MASKED_FORMATS)
+    tok = PrepareTokenizer.load(tokenizer, opts.data_format in MASKED_FORMATS, data_format=opts.data_format)
     if opts.workers is None:
         opts.workers = default_workers()
 

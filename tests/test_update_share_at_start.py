@@ -1,0 +1,30 @@
+"""The update share (minilmd/plan/update_share.py) reaches the run's log at every first start from a finished base,
+not only when the stage waited for it (daemon/phases/initwait.py at_start): systemd and sbatch never run
+`run --check`, the one other place that says it. A resume from the run's own checkpoint says it no more."""
+from __future__ import annotations
+
+import pytest
+
+from minilmd.config import load_config
+from supervisor_helpers import events, run_supervisor, write_config
+
+pytestmark = pytest.mark.slow  # two fake runs in a row, and a resume
+
+
+def test_a_stage_started_after_its_base_finished_logs_the_update_share_once(tmp_path, corpus):
+    for log in ("b", "s", "s2"):
+        (tmp_path / log).mkdir()
+    base = write_config(tmp_path, corpus, name="pretrain", train={"max_steps": 8, "checkpoint_every": 4})
+    assert run_supervisor(base, tmp_path / "b") == 0
+    stage = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
+                         train={"max_steps": 4, "checkpoint_every": 2})
+    run_dir = load_config(stage).run_dir
+    assert run_supervisor(stage, tmp_path / "s") == 0
+    said = [e["message"] for e in events(run_dir) if e.get("event") == "update_share"]
+    assert len(said) == 1 and "WARNING: update share: this run trains" in said[0], said  # 4 steps on 8: 50 %
+    assert "pretrain" in said[0], said
+    resumed = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
+                           train={"max_steps": 6, "checkpoint_every": 2})
+    assert resumed == stage
+    assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from its own step 4
+    assert [e["message"] for e in events(run_dir) if e.get("event") == "update_share"] == said
