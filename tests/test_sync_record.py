@@ -3,6 +3,8 @@ leaves: the half copy of a sync cut by a reboot is removed by the next sync; an 
 read once."""
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -84,3 +86,25 @@ def test_the_supervisors_syncer_keeps_the_record_in_run_dir(tmp_path):
     cfg.run.dir, cfg.run.scratch, cfg.run.remote = str(tmp_path / "run"), str(tmp_path / "shm"), str(tmp_path / "nfs")
     syncer = Infra().syncer(cfg, None, lambda msg: None)
     assert syncer.remote.made.path == tmp_path / "run" / "remote-made.json"
+
+
+def test_with_run_dir_full_the_record_goes_to_scratch_and_back_into_run_dir_once_there_is_room(tmp_path, small_tmpfs):
+    """The last sync of a run whose run.dir had filled up failed for its record (ENOSPC writing remote-made.json
+    there: its newest checkpoint never reached the remote, a flaky test under load). Now the record goes to
+    scratch's place while run.dir is full, and is read back into run.dir at the first read once there is room."""
+    run_dir = small_tmpfs("64k")
+    local_root = tmp_path / "scratch" / "checkpoints"
+    local_root.mkdir(parents=True)
+    filler = run_dir / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.close(fd)
+    made = remote_made.record_of(local_root, run_dir)
+    made.record(".tmp-step-00000040-h-1", (1, 40))  # raised ENOSPC before
+    assert not remote_made.run_record(run_dir).exists() and remote_made.scratch_record(local_root).exists()
+    assert made.proves(".tmp-step-00000040-h-1", (1, 40))
+    filler.unlink()
+    assert made.proves(".tmp-step-00000040-h-1", (1, 40))  # read back into run.dir, then scratch's copy removed
+    assert remote_made.run_record(run_dir).exists() and not remote_made.scratch_record(local_root).exists()

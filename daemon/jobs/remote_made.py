@@ -22,6 +22,7 @@ What fails its proof is left as it is, and the caller says so (an event and a lo
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -81,6 +82,9 @@ class Made:
     def __init__(self, path: Path | None = None, was_at: Path | None = None):
         self.path = path
         self.was_at = was_at
+        self.fallback = was_at
+        """Where the record goes while run.dir is full (ENOSPC, EDQUOT): scratch's place, read back into `path`
+        at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
 
     def _current(self) -> set[Entry]:
@@ -101,15 +105,28 @@ class Made:
             return  # none (the usual case), or not this user's file: its word proves nothing
         if not found <= self._entries:
             self._entries |= found
-            self._save()
+            if not self._save():
+                return  # run.dir still full: written back where it was, kept there
         old.unlink(missing_ok=True)
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
         """Written whole and durably, its name included (the directory fsynced): a power loss right after a `record`
-        must not bring back a record without the directory whose copy then starts."""
-        if self.path is not None:
-            atomic_write_json(self.path, {"made": sorted([list(e) for e in self._entries])})
+        must not bring back a record without the directory whose copy then starts. Whether it went to `path`: with
+        run.dir full, to `fallback`, which the next read joins into `path`."""
+        if self.path is None:
+            return True
+        made = {"made": sorted([list(e) for e in self._entries])}
+        try:
+            atomic_write_json(self.path, made)
             fsync_dir(self.path.parent)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or self.fallback is None:
+                raise
+        atomic_write_json(self.fallback, made)
+        fsync_dir(self.fallback.parent)
+        self.was_at = self.fallback
+        return False
 
     def record(self, name: str, identity: Identity) -> None:
         """`name` with that identity made by this run: written (fsynced) before anything is copied into it."""
