@@ -132,12 +132,12 @@ def _process_state_restored() -> Iterator[None]:
     cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
     running = set(threading.enumerate())
-    frozen = gc.get_freeze_count()
+    freeze = gc.freeze  # the trainer freezes what lives after its first step (train.py): in the test's process
+    gc.freeze = lambda: None  # that would be its model and the worker's garbage, for good (unfreeze takes all)
     try:
         yield
     finally:
-        if frozen == 0:  # the trainer freezes what lives after its first step (train.py): its model with it
-            gc.unfreeze()
+        gc.freeze = freeze
         os.chdir(cwd)
         os.umask(umask)
         for sig, handler in handlers.items():

@@ -96,8 +96,8 @@ def test_prepare_ships_the_tokenizer_it_encoded_with_even_when_the_file_is_swapp
     first = mine.read_bytes()
     real_load = PrepareTokenizer.load.__func__
 
-    def load_then_swap(cls, path, chat=False):
-        loaded = real_load(cls, path, chat)
+    def load_then_swap(cls, path, chat=False, **how):
+        loaded = real_load(cls, path, chat, **how)
         mine.write_bytes((chat_tokenizer / "tokenizer.json").read_bytes())  # the file changes after the load
         return loaded
 

@@ -79,7 +79,7 @@ def test_a_link_planted_after_the_check_does_not_take_over_her_other_run(tmp_pat
     monkeypatch.delenv(names.SUPERVISOR_RUN_DIR_ENV, raising=False)
     other = _her_other_run(tmp_path)
     config = write_config(tmp_path, corpus, name="raced", remote=False, run={"dir": str(shared / "race" / "run")})
-    _plant_after(monkeypatch, preflight, "check", f"ln -s {other.parent} race", shared)
+    _plant_after(monkeypatch, preflight, "check_with_waits", f"ln -s {other.parent} race", shared)
     before = _files(other)
     with pytest.raises(ConfigError, match="symbolic link of user nobody"):
         preflight.launch(str(config))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from minilmd.config import RunConfig
 from minilmd.probes import bounded_probe
+from minilmd.urls import is_url
 
 
 class Done(str):
@@ -22,7 +23,7 @@ def done_line(cfg: RunConfig, step: int | None, where: str = "") -> Done | None:
     size, a corpus behind a URL or on a share that does not answer: the run decides, as before; a final checkpoint
     in scratch that state.json does not record synced to run.remote: the launch's trainer ends at once, and the
     supervisor's last sync copies it)."""
-    if step is None or step <= 0 or "://" in cfg.data.prepared or not where.startswith("remote") and \
+    if step is None or step <= 0 or is_url(cfg.data.prepared) or not where.startswith("remote") and \
             not _synced_to(cfg, step):
         return None  # a final checkpoint not synced yet (its supervisor killed before): the launch syncs it
     from minilmd.plan.budget import planned
