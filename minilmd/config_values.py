@@ -22,7 +22,7 @@ from minilmd.config_sections import (
     RunConfig,
     parse_duration,
 )
-from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
+from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes, parameter_count
 
 TrainTokens = Callable[[str], "int | None"]
 """The train-split token count of data.prepared, or None (minilmd.corpus_meta.corpus_train_tokens reads it from
@@ -330,15 +330,8 @@ def _rank_above_layers(cfg: RunConfig) -> str | None:
     narrowest = [t for t, w in widths.items() if w == bound]
     return (f"lora.rank = {cfg.lora.rank:,} is above {bound:,}, the rank of the narrowest target layer "
             f"({', '.join(narrowest)}: min(in, out) = {bound:,}): past it an adapter adds parameters and no capacity. "
-            f"It would train {sum(map(_numel, adapters.values())):,} adapter parameters on a base of "
-            f"{sum(map(_numel, base.values())):,}. Set lora.rank to at most {bound:,} (8 to 16 is usual)")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
+            f"It would train {parameter_count(adapters):,} adapter parameters on a base of "
+            f"{parameter_count(base):,}. Set lora.rank to at most {bound:,} (8 to 16 is usual)")
 
 
 def no_budget(cfg: RunConfig) -> bool:

@@ -20,6 +20,7 @@ each block, `<module>.lora_A.weight` (rank, in) and `<module>.lora_B.weight` (ou
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from minilmd.config_sections import LoraSection, ModelSection
@@ -107,12 +108,11 @@ def pth_bound(model: dict[str, Any] | ModelSection) -> int:
     (float64, the widest dtype a state dict of it may have), plus the framing. A .pth from elsewhere (init.from, a
     LoRA base's kept copy) is read no further: a bigger one cannot be of this model."""
     shapes = expected_state_shapes(model)
-    numel = [_numel(shape) for shape in shapes.values()]
-    return 8 * (sum(numel) + _numel(shapes[EMBED_KEY])) + PTH_SLACK_BYTES + PTH_TENSOR_BYTES * (len(numel) + 1)
+    return 8 * (parameter_count(shapes) + math.prod(shapes[EMBED_KEY])) + PTH_SLACK_BYTES + \
+        PTH_TENSOR_BYTES * (len(shapes) + 1)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
+def parameter_count(shapes: dict[str, tuple[int, ...]]) -> int:
+    """How many numbers tensors of these shapes hold (expected_state_shapes: the model's parameters; the adapters'):
+    the one count of a model's size."""
+    return sum(math.prod(shape) for shape in shapes.values())

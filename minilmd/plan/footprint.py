@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from minilmd.config import RunConfig
 from minilmd.corpus_meta import data_format_of, meta_value
-from minilmd.model_shapes import expected_state_shapes
+from minilmd.model_shapes import expected_state_shapes, parameter_count
 
 OVER_FACTOR = 2.0
 """An estimate over this many times the device's memory is refused; below it the supervisor's OOM retry decides."""
@@ -142,7 +142,7 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
     per_item = 2 if data_format == "dpo" else 1
     act = 2 if t.dtype == "bf16" or (t.dtype == "auto" and on_gpu) else 4
     seq = t.seq_len
-    params = sum(_numel(shape) for shape in expected_state_shapes(m).values())
+    params = parameter_count(expected_state_shapes(m))
     state = params * (4 if cfg.lora.enabled else 16)
     token_bytes = TOKEN_BYTES
     per_token = m.num_hidden_layers * (12 * m.hidden_size + 4 * m.ffn_size) * act + 2 * m.hidden_size * act
@@ -220,13 +220,6 @@ def _divisors(n: int) -> list[int]:
     """Every divisor of n >= 1, in O(sqrt(n)) (a micro-batch of 1e8 has its way out at once)."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return small + [n // d for d in small]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _gib(n: int | float) -> str:

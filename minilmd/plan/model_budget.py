@@ -3,8 +3,6 @@ its budget means, the rows counted by the trainer's own rules (budget.py). Added
 minilmd/corpus/analysis/report.py by the command (the analysis sits below the plan and never imports it)."""
 from __future__ import annotations
 
-import numpy as np
-
 from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM
 from minilmd.plan.budget import as_trained, planned
 
@@ -30,11 +28,11 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
     if config:
         from minilmd.config import load_config
         from minilmd.corpus_meta import corpus_train_tokens
-        from minilmd.model_shapes import expected_state_shapes
+        from minilmd.model_shapes import expected_state_shapes, parameter_count
 
         cfg = load_config(config, train_tokens_of=corpus_train_tokens)
         if not params:
-            params = sum(int(np.prod(s)) for s in expected_state_shapes(cfg.model).values())
+            params = parameter_count(expected_state_shapes(cfg.model))
         if budget_tokens is None:
             budget = config_budget(cfg, meta or {}, train_tokens, prepared)
             budget_tokens = budget.pop("budget_tokens", None)
