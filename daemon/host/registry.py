@@ -208,8 +208,9 @@ def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) 
 def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
     """The entry in path, owned by `owner`; Unreadable when it is not one, or does not agree with its name. In the
     system registry an entry's name begins with its owner's uid: one of another uid is not read."""
-    if shared and (named := path.name.split("-", 1)[0]) != str(owner):
-        raise Unreadable(f"named for uid {named} but belongs to uid {owner}", path, kind="owner")
+    if shared and _claimed_uid(path.name) != owner:
+        raise Unreadable(f"named for uid {printable(path.name.split('-', 1)[0])} but belongs to uid {owner}", path,
+                         kind="owner")
     body = read_json(path, max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, owner=owner)
     name, run_dir, uid = body.get("name"), body.get("run_dir"), body.get("uid")
     if not isinstance(name, str) or not names.RUN_NAME.fullmatch(name):
