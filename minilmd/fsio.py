@@ -365,7 +365,8 @@ def stream_lines(path: str | os.PathLike, max_bytes: int) -> Iterator[bytes]:
     try:
         size = os.fstat(fd).st_size
         offset = max(0, size - max_bytes)
-        rest, skipping = b"", offset > 0  # a window's first line began before it
+        # a window's first line began before it, unless the byte before the window ends a line
+        rest, skipping = b"", offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"
         while offset < size:
             data = os.pread(fd, min(STREAM_BLOCK, size - offset), offset)
             if not data:

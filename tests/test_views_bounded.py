@@ -63,3 +63,7 @@ def test_stream_lines_holds_one_block_and_skips_what_it_cannot_hold(tmp_path, mo
     window = path.stat().st_size - 3  # the window begins inside the first line
     assert list(fsio.stream_lines(path, window)) == [b"a", b"b", b"torn"]  # the 40-byte line: longer than a block
     assert list(fsio.stream_lines(tmp_path / "missing", 100)) == []
+    whole = tmp_path / "whole"
+    whole.write_bytes(b"a\nb\nc\n")
+    assert list(fsio.stream_lines(whole, 4)) == [b"b", b"c"]  # a window that begins at a line's start keeps it
+    assert list(fsio.stream_lines(whole, 3)) == [b"c"]
