@@ -25,7 +25,7 @@ JITTER_LOW = 0.5
 def exponential(first_s: float, n: int, cap_s: float | None = None, rng: random.Random | None = None) -> float:
     """The wait before the n-th retry (n >= 1; a smaller n counts as 1): first_s * 2^(n-1), at most cap_s (when
     given), then times a jitter in [JITTER_LOW, 1] drawn from rng (when given)."""
-    wait = first_s * 2.0 ** (max(1, n) - 1)
+    wait = first_s * 2.0 ** min(max(1, n) - 1, 64)  # a sync failing for days counts past 2^1024: no overflow
     if cap_s is not None:
         wait = min(cap_s, wait)
     if rng is not None:

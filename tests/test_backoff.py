@@ -55,3 +55,10 @@ def test_the_docs_quote_the_figures_the_code_uses():
     copy = [backoff.exponential(backoff.STAGING_COPY_FIRST_S, n) for n in range(1, backoff.STAGING_COPY_RETRIES + 1)]
     copy_words = f"{backoff.STAGING_COPY_RETRIES} retries, " + ", ".join(f"{w:g} s" for w in copy) + " apart"
     assert copy_words in (DOCS / "failure-modes.md").read_text()
+
+
+def test_a_retry_counted_past_a_thousand_still_waits_its_cap():
+    """A sync failing every minute through a long outage counts past 1,024 failures: 2.0 ** 1,100 raised
+    OverflowError in the supervisor's loop."""
+    assert exponential(5.0, 1100, cap_s=900.0) == 900.0
+    assert exponential(1.0, 10 ** 6) == 2.0 ** 64
