@@ -1,6 +1,7 @@
-"""One owner rule: every "is this file ours" check of minilmd asks minilmd/perms.py (own_uid, owned_by_me,
-owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(), os.getuid() or os.getresuid() itself (the real
-uid, for whom a process acts towards others, is perms.signal_uid) nor compares a file's st_uid by hand.
+"""One owner rule: every "is this file ours" check of minilmd (its code and its scripts: source_tree.audited_files)
+asks minilmd/perms.py (own_uid, owned_by_me, owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(),
+os.getuid() or os.getresuid() itself (the real uid, for whom a process acts towards others, is perms.signal_uid) nor
+compares a file's st_uid by hand.
 
 Before, scratch, the supervisor lock, the lease files and their directory, the registry, the Prometheus textfile,
 the demo and perms.settle_new_file each compared with os.geteuid() by hand. Here perms.own_uid is faked to another
@@ -24,8 +25,8 @@ from minilmd.daemon import demo
 from minilmd.daemon.host import leases, prometheus, registry
 from minilmd.daemon.host.lock import LockUnsafe, RunLock
 
-REPO = Path(__file__).resolve().parent.parent
-CODE_FOLDERS = (REPO / "minilmd", REPO / "daemon", REPO / "trainer")
+REPO = source_tree.REPO
+THE_MODULE = "minilmd/perms.py"
 OTHER_UID = 4242
 """The owner given to a directory when the tests run as root: neither root nor this process."""
 
@@ -176,12 +177,25 @@ def owner_escapes(path: Path) -> list[int]:
     return sorted(set(found))
 
 
+def guarded_files() -> list[Path]:
+    """The files the owner rule reads: the audits of calls' (source_tree.audited_files: the code and the scripts,
+    those without a suffix too, such as scripts/gpu-check), minilmd/perms.py alone aside."""
+    return [path for path in source_tree.audited_files() if source_tree.relative(path) != THE_MODULE]
+
+
 def test_no_module_but_perms_asks_the_uids_or_compares_an_owner():
-    found = {f"{path.relative_to(REPO)}:{line}"
-             for folder in CODE_FOLDERS for path in sorted(folder.rglob("*.py")) if path.name != "perms.py"
-             for line in owner_escapes(path)}
+    found = {f"{source_tree.relative(path)}:{line}" for path in guarded_files() for line in owner_escapes(path)}
     assert found == set(), "use minilmd.perms (own_uid, signal_uid, owned_by_me, owned_by_me_or_root, owner_in)"
-    assert owner_escapes(REPO / "minilmd" / "perms.py")  # the one place they are asked
+    assert owner_escapes(REPO / THE_MODULE)  # the one place they are asked
+
+
+def test_the_owner_guard_reads_the_scripts_and_exempts_perms_alone():
+    """The scripts are Python the user runs too (a device check, scripts/gpu-check without a suffix): read like the
+    code. Only minilmd/perms.py is exempt, by its path (before: any file named perms.py, and no script)."""
+    read = {source_tree.relative(path) for path in guarded_files()}
+    assert {"scripts/gpu-check", "scripts/gpu_check_part.py", "minilmd/procs.py", "daemon/supervisor.py",
+            "trainer/loop/train.py"} <= read
+    assert THE_MODULE not in read and len(source_tree.audited_files()) - len(read) == 1
 
 
 def test_the_owner_guard_sees_each_spelling(tmp_path):
