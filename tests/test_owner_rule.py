@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import audit_calls
 import source_tree
 from minilmd import perms
 from minilmd import scratch as scratchmod
@@ -162,8 +163,10 @@ def owner_escapes(path: Path) -> list[int]:
     """The lines of a module that ask for the process's uids itself (os.getuid, os.getresuid, os.geteuid, called or
     passed, imported from os or posix, or reachable through a star import of either) or compare a file's owner
     (st_uid) by hand: each belongs in minilmd/perms.py (own_uid, signal_uid, owned_by_me, owner_in)."""
-    found = []
-    for node in ast.walk(source_tree.tree(path)):
+    module = source_tree.tree(path)
+    found = [line for line, _, name in audit_calls.dynamic_lookups(module, set(UID_MODULES))
+             if name is None or name in UID_CALLS]  # getattr(os, "getuid"), os.__dict__["geteuid"]
+    for node in ast.walk(module):
         if isinstance(node, ast.Attribute) and node.attr in UID_CALLS:
             found.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id in UID_CALLS:
@@ -200,7 +203,8 @@ def test_the_owner_guard_reads_the_scripts_and_exempts_perms_alone():
 
 def test_the_owner_guard_sees_each_spelling(tmp_path):
     """The spellings the construction audit slipped past the geteuid-only guard (/tmp/audit-construct/
-    owner_escapes.py): the real uid, getresuid, a star import, another process's owner compared by hand."""
+    owner_escapes.py): the real uid, getresuid, a star import, another process's owner compared by hand; and a uid
+    function fetched by a string (getattr, the module's __dict__)."""
     module = tmp_path / "m.py"
     module.write_text("import os\n"
                       "from os import *\n"                                   # 2
@@ -213,8 +217,11 @@ def test_the_owner_guard_sees_each_spelling(tmp_path):
                       "            or st.st_uid == geteuid()\n"                # 9
                       "            or st.st_uid == os.stat('/proc/self').st_uid)\n"  # 10
                       "ask = os.geteuid\n"                                    # 11
-                      "uid = os.lstat('/').st_uid\n")                         # 12: read, not compared
-    assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11]
+                      "uid = os.lstat('/').st_uid\n"                          # 12: read, not compared
+                      "real = getattr(os, 'get' + 'uid')()\n"                 # 13
+                      "eff = os.__dict__['geteuid']()\n"                      # 14
+                      "nofollow = getattr(os, 'O_NOFOLLOW', 0)\n")            # 15: not a uid
+    assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11, 13, 14]
 
 
 def test_the_remotes_owner_check_follows_own_uid(tmp_path, monkeypatch):
