@@ -31,9 +31,10 @@ bin/). scripts/setup.sh and deploy/minilmd-tmux.sh run their own `python` from "
 as they are: they run in the checkout (make's directory), whose code is what they run anyway, and need it
 (pytest's rootdir, the demos' default directories). tests/test_one_way_to_start_python.py fails on a Python started
 anywhere else in minilmd/, daemon/, trainer/ and scripts/ (tests/source_tree.audited_files), and on a pychild argv
-handed to subprocess (or os.exec*, asyncio) directly rather than to `run`/`popen`; each use of the interpreter's path
-the device-check scripts keep (the reference MiniMind's training scripts, run in their own directory as their
-README says) is reviewed there with its reason.
+handed to subprocess (or os.exec*, asyncio) directly rather than to `run`/`popen`, and on multiprocessing (whose
+spawn runs `python -c` where PYTHONSAFEPATH alone guards it) outside minilmd/corpus/workers.py; each use of the
+interpreter's path the device-check scripts keep (the reference MiniMind's training scripts, run in their own
+directory as their README says) is reviewed there with its reason.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
-import signal_backstop
+import signal_backstop  # before any module of the code: it replaces os.kill & co. for them to bind (it checks)
 from chat_helpers import (
     chat_bpe,
     chat_tokenizer_dir,

@@ -9,7 +9,7 @@ in the code and the scripts (source_tree.audited_files) and fails on one outside
 the trainer-child wrapper below, which itself goes through procs.py, held to their exact counts. A new way to
 signal a process is added to procs.py, with its proof, or this test says where it is. At run time conftest.py's
 autouse fixture (signal_backstop.py) fails a test in which the code sent os.kill, os.killpg or pidfd_send_signal
-from anywhere but procs.py, however it was spelled.
+from anywhere but procs.py, however it was spelled, a name bound at the module's import (`from os import kill`) too.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import audit_calls
+import signal_backstop
 import source_tree
 from minilmd import procs
 
@@ -205,3 +206,32 @@ def test_the_backstop_sees_a_signal_the_code_sends_outside_procs(signals_sent_th
     found, signals_sent_through_procs[:] = list(signals_sent_through_procs), []
     assert found == [f"daemon/planted.py:3: os.kill({os.getpid()}, 0)",
                      f"daemon/planted.py:5: signal.pthread_kill({threading.get_ident()}, 0)"]
+
+
+BOUND_AT_IMPORT: dict = {}
+exec(compile("from os import kill, killpg\nfrom signal import pthread_kill\nfrom posix import kill as posix_kill\n"
+             "def send(pid, group, thread):\n    kill(pid, 0)\n    killpg(group, 0)\n    pthread_kill(thread, 0)\n"
+             "    posix_kill(pid, 0)\n", str(REPO / "daemon" / "bound_early.py"), "exec"), BOUND_AT_IMPORT)
+"""A module of the code that bound the sending functions by name at its import, which happens here at collection,
+before any test's fixture runs."""
+
+
+def test_the_backstop_sees_a_sender_bound_by_name_at_import(signals_sent_through_procs):
+    """`from os import kill` (killpg, signal's pthread_kill, posix's kill) run at a module's import, before a test
+    starts, binds the watching function: the backstop replaces them for the whole test process, before the code is
+    imported. Replaced at each test's start, it left such a name the original and saw none of these calls."""
+    BOUND_AT_IMPORT["send"](os.getpid(), os.getpgid(0), threading.get_ident())
+    found, signals_sent_through_procs[:] = list(signals_sent_through_procs), []
+    assert found == [f"daemon/bound_early.py:5: os.kill({os.getpid()}, 0)",
+                     f"daemon/bound_early.py:6: os.killpg({os.getpgid(0)}, 0)",
+                     f"daemon/bound_early.py:7: signal.pthread_kill({threading.get_ident()}, 0)",
+                     f"daemon/bound_early.py:8: posix.kill({os.getpid()}, 0)"]
+
+
+def test_the_backstop_refuses_to_start_after_the_code_is_imported():
+    """Imported after a module of the product, the backstop would watch with that module's names unwatched: it names
+    the modules (and refuses, at conftest's import); a test's own helpers and the standard library do not count."""
+    assert signal_backstop.imported_too_early({
+        "minilmd.daemon.planted": type("M", (), {"__file__": str(REPO / "daemon" / "planted.py")}),
+        "supervisor_helpers": type("M", (), {"__file__": str(REPO / "tests" / "supervisor_helpers.py")}),
+        "os": os, "builtins": type("M", (), {})}) == ["minilmd.daemon.planted"]

@@ -8,6 +8,12 @@ command given to subprocess, os.system, os.exec*/spawn* or asyncio, f-strings an
 included), and each pychild argv handed to such a call itself rather than to pychild.run/popen (which set its
 environment and working directory with it), outside pychild.py, and fails on one that is not reviewed below, with
 its reason. A new way to start Python goes through pychild.run / popen, or is added here with why it is safe.
+
+multiprocessing starts Pythons too (spawn's and forkserver's `python -c`, in this process's working directory), out
+of pychild's reach: each use of multiprocessing, torch.multiprocessing or concurrent.futures' ProcessPoolExecutor
+(under any name, or a module imported by its name as a string) is listed the same way. The code has one: the corpus
+tools' workers (minilmd/corpus/workers.py: spawn_context, WorkerPool), reviewed below; a pool or a Process of
+another module goes through them.
 """
 from __future__ import annotations
 
@@ -29,6 +35,11 @@ PYTHON = re.compile(r"(python|pypy)[0-9.]*|torchrun")
 INTERPRETER = {"executable", "_base_executable", "orig_argv"}
 """sys's names for this interpreter (sys.orig_argv[0] is it)."""
 ARGV_BUILDERS = {"minilmd.pychild.python_argv", "minilmd.pychild.module_argv"}
+PROCESS_POOLS = re.compile(r"(torch\.)?multiprocessing(\..+)?"
+                           r"|concurrent\.futures\.(process(\..+)?|ProcessPoolExecutor)")
+"""What starts Pythons of multiprocessing's (spawn, forkserver) by a dotted name, a module's or a function's."""
+POOL_MODULES = re.compile(r"(torch\.)?multiprocessing(\..+)?|concurrent\.futures\.process")
+"""The same modules named by a string (importlib.import_module, __import__)."""
 REVIEWED = Counter({
     # exec of this same process (same pid) with the supervisor's identity in its environment: sys.orig_argv keeps
     # the flags it was started with, and the `minilmd` console script's sys.path[0] is the venv's bin/
@@ -43,6 +54,14 @@ REVIEWED = Counter({
         # gpu-check running one of its own parts (`gpu-check --part NAME`: sys.path[0] is the checkout's scripts/,
         # the script's own directory, whose modules it imports).
         "scripts/gpu-check": 1}.items()},
+    # The corpus tools' worker processes, started by multiprocessing's spawn (`python -c`, in the working directory
+    # of the command): the one context of the code (spawn_context; tokenizer train's process is one of it) and the
+    # one pool (WorkerPool). They run in `minilmd`'s own process, or in a child minilmd started, whose environment
+    # holds PYTHONSAFEPATH=1 (pychild.guard_descendants in the console script's main, child_env for every child):
+    # the spawned interpreter and multiprocessing's resource tracker prepend no directory to their path
+    # (tests/test_safe_path.py::test_prepare_workers_spawned_from_a_planted_directory_run_none_of_her_code).
+    ("minilmd/corpus/workers.py", "multiprocessing.get_context"): 1,
+    ("minilmd/corpus/workers.py", "concurrent.futures.ProcessPoolExecutor"): 1,
 })
 
 
@@ -59,12 +78,28 @@ def _pychild_argvs(module: ast.Module, names: dict[str, str]) -> tuple[set[int],
     return calls, held
 
 
+def process_pools(module: ast.Module, names: dict[str, str]) -> list[tuple[int, str]]:
+    """(line, dotted name) of each use of multiprocessing, torch.multiprocessing or ProcessPoolExecutor (PROCESS_POOLS)
+    under any name (`import multiprocessing as mp`, `from multiprocessing import get_context`, a star import, `from
+    concurrent import futures`), called or not (a base class, `ctx = mp.get_context`): the whole dotted name once,
+    not each part of it; and each string naming one of those modules (`importlib.import_module("multiprocessing")`)."""
+    used = {n: name for n in audit_calls.nodes(module) if isinstance(n, (ast.Name, ast.Attribute))
+            and not (isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load))
+            and (name := audit_calls.dotted(n, names)) and PROCESS_POOLS.fullmatch(name)}
+    parts = {id(n.value) for n in used if isinstance(n, ast.Attribute)}
+    found = [(n.lineno, name) for n, name in used.items() if id(n) not in parts]
+    found += [(n.lineno, repr(n.value)) for n in audit_calls.nodes(module) if isinstance(n, ast.Constant)
+              and isinstance(n.value, str) and POOL_MODULES.fullmatch(n.value)]
+    return found
+
+
 def interpreter_uses(path: Path, rel: str) -> list[tuple[str, int, str]]:
     """(file, line, what) of each use of the interpreter's path (sys.executable, sys._base_executable,
     sys.orig_argv, /proc/self/exe, shutil.which("python3"), under any name), of each Python named by a string as a
     command (an argv's element, a word of a command given to subprocess, os.system, os.exec*/spawn*, asyncio,
-    f-strings and names assigned the program included: audit_calls.spawned_commands), and of a pychild argv
-    handed to such a call directly, not to pychild.run/popen (its environment and working directory unset)."""
+    f-strings and names assigned the program included: audit_calls.spawned_commands), of a pychild argv
+    handed to such a call directly, not to pychild.run/popen (its environment and working directory unset), and of
+    multiprocessing or a process pool (process_pools)."""
     module = source_tree.tree(path)
     names, constants = audit_calls.qualified_names(module), audit_calls.string_constants(module)
     argv_calls, argv_names = _pychild_argvs(module, names)
@@ -91,6 +126,7 @@ def interpreter_uses(path: Path, rel: str) -> list[tuple[str, int, str]]:
             if any(id(n) in argv_calls or (isinstance(n, ast.Name) and n.id in argv_names)
                    for arg in node.args[:1] for n in ast.walk(arg)):
                 found.append((rel, node.lineno, "a pychild argv not given to pychild.run/popen"))
+    found += [(rel, line, what) for line, what in process_pools(module, names)]
     return sorted(found, key=lambda f: f[1])
 
 
@@ -167,6 +203,51 @@ def test_every_other_spelling_of_a_python_is_seen(tmp_path):
         (10, "python3"), (11, "python3.12"), (12, "python3"), (13, "sys.orig_argv"), (13, "sys.orig_argv"),
         (14, "python3"), (15, "pypy3"), (16, "a pychild argv not given to pychild.run/popen"),
         (18, "a pychild argv not given to pychild.run/popen")]
+
+
+POOL_ESCAPES = """\
+import concurrent.futures, importlib, multiprocessing as mp
+from concurrent import futures
+from concurrent.futures import ProcessPoolExecutor as Pool, ThreadPoolExecutor
+from multiprocessing import Process, get_context
+import torch.multiprocessing
+
+class Workers(Pool):
+    pass
+
+def f(work, events):
+    mp.get_context("spawn").Process(target=work).start()
+    get_context("forkserver").Pool(2)
+    Process(target=work).start()
+    futures.ProcessPoolExecutor(2)
+    concurrent.futures.ProcessPoolExecutor(2)
+    mp.set_start_method("spawn")
+    torch.multiprocessing.spawn(work, nprocs=2)
+    importlib.import_module("multiprocessing").Process(target=work)
+    ThreadPoolExecutor(2)
+    concurrent.futures.ThreadPoolExecutor(2)
+    events.emit("multiprocessing's spawn, in prose")
+"""
+
+
+def test_every_way_to_start_a_python_by_multiprocessing_is_seen(tmp_path):
+    """multiprocessing starts Pythons of its own (spawn's and forkserver's `python -c`, in the working directory,
+    without pychild's -P or "/"): its contexts, Process, set_start_method, a ProcessPoolExecutor (a base class too),
+    torch's multiprocessing, the module imported by a string: each is listed, under any name; threads are not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(POOL_ESCAPES, encoding="utf-8")
+    assert [(line, what) for _, line, what in interpreter_uses(bad, "bad.py")] == [
+        (7, "concurrent.futures.ProcessPoolExecutor"), (11, "multiprocessing.get_context"),
+        (12, "multiprocessing.get_context"), (13, "multiprocessing.Process"),
+        (14, "concurrent.futures.ProcessPoolExecutor"), (15, "concurrent.futures.ProcessPoolExecutor"),
+        (16, "multiprocessing.set_start_method"), (17, "torch.multiprocessing.spawn"), (18, "'multiprocessing'")]
+
+
+def test_the_code_starts_multiprocessing_workers_in_one_place():
+    """The corpus tools' spawn context and pool are reviewed (REVIEWED, exact counts): the scan sees them there."""
+    workers = source_tree.REPO / "minilmd" / "corpus" / "workers.py"
+    assert {what for _, _, what in interpreter_uses(workers, "minilmd/corpus/workers.py")} == {
+        "multiprocessing.get_context", "concurrent.futures.ProcessPoolExecutor"}
 
 
 def test_pychild_sets_the_environment_and_the_working_directory(tmp_path):

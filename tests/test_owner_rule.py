@@ -1,6 +1,7 @@
-"""One owner rule: every "is this file ours" check of minilmd asks minilmd/perms.py (own_uid, owned_by_me,
-owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(), os.getuid() or os.getresuid() itself (the real
-uid, for whom a process acts towards others, is perms.signal_uid) nor compares a file's st_uid by hand.
+"""One owner rule: every "is this file ours" check of minilmd (its code and its scripts: source_tree.audited_files)
+asks minilmd/perms.py (own_uid, owned_by_me, owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(),
+os.getuid() or os.getresuid() itself (the real uid, for whom a process acts towards others, is perms.signal_uid) nor
+compares a file's st_uid by hand.
 
 Before, scratch, the supervisor lock, the lease files and their directory, the registry, the Prometheus textfile,
 the demo and perms.settle_new_file each compared with os.geteuid() by hand. Here perms.own_uid is faked to another
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import audit_calls
 import source_tree
 from minilmd import perms
 from minilmd import scratch as scratchmod
@@ -24,8 +26,8 @@ from minilmd.daemon import demo
 from minilmd.daemon.host import leases, prometheus, registry
 from minilmd.daemon.host.lock import LockUnsafe, RunLock
 
-REPO = Path(__file__).resolve().parent.parent
-CODE_FOLDERS = (REPO / "minilmd", REPO / "daemon", REPO / "trainer")
+REPO = source_tree.REPO
+THE_MODULE = "minilmd/perms.py"
 OTHER_UID = 4242
 """The owner given to a directory when the tests run as root: neither root nor this process."""
 
@@ -161,8 +163,10 @@ def owner_escapes(path: Path) -> list[int]:
     """The lines of a module that ask for the process's uids itself (os.getuid, os.getresuid, os.geteuid, called or
     passed, imported from os or posix, or reachable through a star import of either) or compare a file's owner
     (st_uid) by hand: each belongs in minilmd/perms.py (own_uid, signal_uid, owned_by_me, owner_in)."""
-    found = []
-    for node in ast.walk(source_tree.tree(path)):
+    module = source_tree.tree(path)
+    found = [line for line, _, name in audit_calls.dynamic_lookups(module, set(UID_MODULES))
+             if name is None or name in UID_CALLS]  # getattr(os, "getuid"), os.__dict__["geteuid"]
+    for node in ast.walk(module):
         if isinstance(node, ast.Attribute) and node.attr in UID_CALLS:
             found.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id in UID_CALLS:
@@ -176,17 +180,31 @@ def owner_escapes(path: Path) -> list[int]:
     return sorted(set(found))
 
 
+def guarded_files() -> list[Path]:
+    """The files the owner rule reads: the audits of calls' (source_tree.audited_files: the code and the scripts,
+    those without a suffix too, such as scripts/gpu-check), minilmd/perms.py alone aside."""
+    return [path for path in source_tree.audited_files() if source_tree.relative(path) != THE_MODULE]
+
+
 def test_no_module_but_perms_asks_the_uids_or_compares_an_owner():
-    found = {f"{path.relative_to(REPO)}:{line}"
-             for folder in CODE_FOLDERS for path in sorted(folder.rglob("*.py")) if path.name != "perms.py"
-             for line in owner_escapes(path)}
+    found = {f"{source_tree.relative(path)}:{line}" for path in guarded_files() for line in owner_escapes(path)}
     assert found == set(), "use minilmd.perms (own_uid, signal_uid, owned_by_me, owned_by_me_or_root, owner_in)"
-    assert owner_escapes(REPO / "minilmd" / "perms.py")  # the one place they are asked
+    assert owner_escapes(REPO / THE_MODULE)  # the one place they are asked
+
+
+def test_the_owner_guard_reads_the_scripts_and_exempts_perms_alone():
+    """The scripts are Python the user runs too (a device check, scripts/gpu-check without a suffix): read like the
+    code. Only minilmd/perms.py is exempt, by its path (before: any file named perms.py, and no script)."""
+    read = {source_tree.relative(path) for path in guarded_files()}
+    assert {"scripts/gpu-check", "scripts/gpu_check_part.py", "minilmd/procs.py", "daemon/supervisor.py",
+            "trainer/loop/train.py"} <= read
+    assert THE_MODULE not in read and len(source_tree.audited_files()) - len(read) == 1
 
 
 def test_the_owner_guard_sees_each_spelling(tmp_path):
     """The spellings the construction audit slipped past the geteuid-only guard (/tmp/audit-construct/
-    owner_escapes.py): the real uid, getresuid, a star import, another process's owner compared by hand."""
+    owner_escapes.py): the real uid, getresuid, a star import, another process's owner compared by hand; and a uid
+    function fetched by a string (getattr, the module's __dict__)."""
     module = tmp_path / "m.py"
     module.write_text("import os\n"
                       "from os import *\n"                                   # 2
@@ -199,8 +217,11 @@ def test_the_owner_guard_sees_each_spelling(tmp_path):
                       "            or st.st_uid == geteuid()\n"                # 9
                       "            or st.st_uid == os.stat('/proc/self').st_uid)\n"  # 10
                       "ask = os.geteuid\n"                                    # 11
-                      "uid = os.lstat('/').st_uid\n")                         # 12: read, not compared
-    assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11]
+                      "uid = os.lstat('/').st_uid\n"                          # 12: read, not compared
+                      "real = getattr(os, 'get' + 'uid')()\n"                 # 13
+                      "eff = os.__dict__['geteuid']()\n"                      # 14
+                      "nofollow = getattr(os, 'O_NOFOLLOW', 0)\n")            # 15: not a uid
+    assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11, 13, 14]
 
 
 def test_the_remotes_owner_check_follows_own_uid(tmp_path, monkeypatch):

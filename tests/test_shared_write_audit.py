@@ -13,8 +13,10 @@ src_dir_fd=, not None) is not by path, and is the rule's own only in minilmd/dir
 into a place others can change), dirtree.py and place_rule.py: anywhere else it is listed as "CALL@dir_fd" and
 reviewed. Any spelling counts (tests/audit_calls.py): a star import, posix for os, getattr(os, "unlink"), `o = open`,
 os.open's flags as a number; codecs/gzip/bz2/lzma/tarfile.open and zipfile.ZipFile for writing, np.memmap (its
-default mode writes), shutil.chown/copymode/copystat, os.mknod/utime, a mode in a variable, and rm, mv, cp, ln,
-chmod... run as a command (FILE_COMMANDS). The files read are source_tree.audited_files(): the scripts' too.
+default mode writes), shutil.chown/copymode/copystat, os.mknod/utime, a mode in a variable (open()'s counted; a
+method's open, Path.open or fs.open, reads a name the module binds to literals alone and counts any other), flags in
+a variable, and rm, mv, cp, ln, chmod... run as a command (FILE_COMMANDS).
+The files read are source_tree.audited_files(): the scripts' too.
 Every other site must be in REVIEWED below, by (module, function, call) with exactly how many, under the reason its
 place is safe: "private" (a place of this user's alone: the run's 0700 scratch, a 0700 temporary directory of
 dirfd's reached by its descriptor, tempfile's own O_EXCL names, a place checked by dirfd's rule before), or "gap" (a
@@ -350,6 +352,53 @@ def test_every_other_spelling_of_a_write_is_counted():
         ("f", "tarfile.open"): 1, ("f", "zipfile.ZipFile"): 1, ("f", "np.memmap"): 2, ("f", "shutil.chown"): 1,
         ("f", "shutil.copymode"): 1, ("f", "shutil.copystat"): 1, ("f", "os.mknod"): 1, ("f", "os.utime"): 1,
         ("f", "a file command"): 3, ("f", "os.unlink@dir_fd"): 1})
+
+
+MODE_ESCAPES = """\
+import os
+from os import O_CREAT as C
+from pathlib import Path
+from minilmd.names import TRAINER_STATE
+
+WRITE = "wb"
+
+def f(p, how, fs, remote):
+    m = "w"
+    Path(p).open(m)
+    fs.open(p, m)
+    Path(p).open(mode=WRITE)
+    Path(p).open(how)
+    fs.open(p, "a" if how else "r")
+    Path(p).open(m, -1)
+    w = os.O_WRONLY
+    os.open(p, w)
+    os.open(p, C)
+    r = "rb"
+    Path(p).open(r)
+    fs.open(p, r)
+    remote.open(p, TRAINER_STATE)
+    Path(p).open("r", how)
+    n = "r"
+    n += "+"
+    Path(p).open(n)
+
+class Remote:
+    def open(self, *names):
+        return self.fs.open(self.path(*names), "rb")
+
+    def sha256(self, *names):
+        with self.open(*names) as f:
+            return f.read()
+"""
+
+
+def test_a_mode_or_a_flag_under_any_name_is_read():
+    """A method's open (Path.open, fs.open) with its mode in a name of any spelling (`m = "w"`, a module constant,
+    either branch of `if`, beside a buffering size), one it cannot read (a parameter, a name also bound otherwise)
+    counted to be reviewed; os.open's flag under a name of its own (`w = os.O_WRONLY`, `import O_CREAT as C`): each
+    is counted. A mode read as "rb", a path read as a project constant (TRAINER_STATE) in the mode's place, and the
+    class's own open method called on self (read where it is defined) are not."""
+    assert _Sites(ast.parse(MODE_ESCAPES)).found == Counter({("f", "open"): 7, ("f", "os.open"): 2})
 
 
 def test_a_review_whose_call_is_gone_or_one_more_call_fails():

@@ -69,6 +69,24 @@ class _Names:
                     self.aliases.update({t.id: name for t in node.targets if isinstance(t, ast.Name)})
         self.constants = {target.id: node.value for node in module.body if isinstance(node, ast.Assign)
                           for target in node.targets if isinstance(target, ast.Name)}
+        self.strings = _fixed_strings(module)
+
+    def strings_of(self, expr: ast.expr) -> set[str] | None:
+        """The strings an argument can be: a literal's, a name's bound to string literals alone (`m = "w"`, in any
+        function of the module), a string constant imported from a module of the project, either branch of `a if c
+        else b`; set() for a literal of another kind (a buffering size); None when it cannot be read here."""
+        if isinstance(expr, ast.Constant):
+            return {expr.value} if isinstance(expr.value, str) else set()
+        if isinstance(expr, ast.IfExp):
+            body, orelse = self.strings_of(expr.body), self.strings_of(expr.orelse)
+            return None if body is None or orelse is None else body | orelse
+        if isinstance(expr, ast.Name) and expr.id in self.strings:
+            return self.strings[expr.id]
+        if isinstance(expr, ast.Name) and expr.id in self.aliases and \
+                (imported := _imported_constant(self.aliases[expr.id])) is not None:
+            value = imported.constants[self.aliases[expr.id].rpartition(".")[2]]
+            return {value.value} if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+        return None
 
     def qualified(self, expr: ast.expr) -> str | None:
         """The dotted name an imported module's function is called by ("os.rename"), or None for anything else
@@ -97,6 +115,8 @@ class _Names:
             if isinstance(node, (ast.Name, ast.Attribute)) and (
                     node.id if isinstance(node, ast.Name) else node.attr) in WRITE_FLAGS:
                 return True
+            if isinstance(node, ast.Name) and self.aliases.get(node.id, "").rpartition(".")[2] in WRITE_FLAGS:
+                return True  # `w = os.O_WRONLY`, `from os import O_CREAT as C`: a flag under a name of its own
             if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in seen and \
                     (imported := _imported_constant(self.aliases[node.id])) is not None:
                 if imported.creates(imported.constants[node.id], seen | {node.id}):
@@ -105,6 +125,18 @@ class _Names:
                 if node.id not in self.constants or self.creates(self.constants[node.id], seen | {node.id}):
                     return True  # flags in a local variable: counted as a create, to be reviewed
         return False
+
+
+def _fixed_strings(module: ast.Module) -> dict[str, set[str]]:
+    """{name: the string literals assigned to it} for each name the module binds to string literals alone: one also
+    bound otherwise (a parameter, a loop's or a with's variable, `m += "b"`, any other value) is left out."""
+    literal = {id(target) for node in audit_calls.nodes(module) if isinstance(node, (ast.Assign, ast.AnnAssign))
+               and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])}
+    other = {node.id for node in audit_calls.nodes(module)
+             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and id(node) not in literal}
+    other |= {node.arg for node in audit_calls.nodes(module) if isinstance(node, ast.arg)}
+    return {name: values for name, values in audit_calls.string_constants(module).items() if name not in other}
 
 
 PACKAGE_DIRS = {"minilmd.daemon": "daemon", "minilmd.trainer": "trainer", "minilmd": "minilmd"}
@@ -176,14 +208,25 @@ def _kind(call: ast.Call, names: _Names) -> str | None:
     if fn.attr in ONE_ARG_CALLS and ((len(call.args) == 1 and not call.keywords)
                                      or (not call.args and [k.arg for k in call.keywords] == ["target"])):
         return f".{fn.attr}"
-    if fn.attr == "open":  # Path.open(mode), fs.open(path, mode): a mode spelled out, or one in a variable
-        given = [*call.args[:2], *(k.value for k in call.keywords if k.arg == "mode")]
-        modes = [a.value for a in given if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
-                 and set(a.value) <= set("rwxab+t")]
-        unknown = any(isinstance(a, ast.Name) and "mode" in a.id.lower() for a in given) or any(
-            k.arg == "mode" and not isinstance(k.value, ast.Constant) for k in call.keywords)
-        return "open" if unknown or any(WRITE_MODES & set(m) for m in modes) else None
+    if fn.attr == "open":
+        return "open" if _method_open_may_write(call, names) else None
     return None
+
+
+def _method_open_may_write(call: ast.Call, names: _Names) -> bool:
+    """Path.open(mode), fs.open(path, mode): whether a mode among the first two arguments or mode= writes, read
+    through names (_Names.strings_of: `m = "w"; Path(p).open(m)` writes); or, when no mode can be read there,
+    whether the argument in the mode's place (mode=, else the second, else the only one) cannot be read either: a
+    mode from a parameter or a call is counted, to be reviewed, while a path read as a string (fs.open(path,
+    TRAINER_STATE)) is not a mode."""
+    keyword = next((k.value for k in call.keywords if k.arg == "mode"), None)
+    given = [*call.args[:2], *([keyword] if keyword is not None else [])]
+    modes = {m for arg in given for m in names.strings_of(arg) or () if m and set(m) <= set("rwxab+t")}
+    if modes:
+        return any(WRITE_MODES & set(m) for m in modes)
+    in_place = keyword if keyword is not None else call.args[1] if len(call.args) > 1 else \
+        call.args[0] if call.args else None
+    return in_place is not None and names.strings_of(in_place) is None
 
 
 def _by_descriptor(call: ast.Call) -> bool:
@@ -198,6 +241,7 @@ class _Sites(ast.NodeVisitor):
         self.descriptors_are_the_rule = descriptors_are_the_rule
         self.constants = audit_calls.string_constants(module)
         self.where: list[str] = []
+        self.methods: list[set[str]] = []
         self.found: Counter = Counter()
         self.visit(module)
 
@@ -206,10 +250,22 @@ class _Sites(ast.NodeVisitor):
         self.generic_visit(node)
         self.where.pop()
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+    visit_FunctionDef = visit_AsyncFunctionDef = _scope
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.methods.append({f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))})
+        self._scope(node)
+        self.methods.pop()
+
+    def _own_method(self, call: ast.Call) -> bool:
+        """`self.open(...)` in a class that defines open: a method of the project, whose own calls are read where it
+        is defined (Remote.open), not a library's."""
+        fn = call.func
+        return bool(self.methods) and isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and \
+            fn.value.id == "self" and fn.attr in self.methods[-1]
 
     def visit_Call(self, node: ast.Call) -> None:
-        kind = _kind(node, self.names)
+        kind = None if self._own_method(node) else _kind(node, self.names)
         if kind and _by_descriptor(node):
             kind = None if self.descriptors_are_the_rule else f"{kind}@dir_fd"
         if FILE_COMMANDS & set(audit_calls.command_of(node, self.names.aliases, self.constants)):

@@ -1,7 +1,9 @@
 """The worker processes of the corpus tools (prepare's encoders, corpus report's and count's scan, tokenizer
 train's training process): how many by default, how they start, and that they start deaf to the Ctrl-C their parent
 handles and die with it. A pool of them is a WorkerPool, the one way they are started (a ProcessPoolExecutor made
-elsewhere would start its workers hearing Ctrl-C: a traceback from each, and one of a truncated pickle)."""
+elsewhere would start its workers hearing Ctrl-C: a traceback from each, and one of a truncated pickle). Here alone
+the code names multiprocessing (tokenizer train's process is one of spawn_context's): its spawn starts Pythons
+outside minilmd/pychild.py, and tests/test_one_way_to_start_python.py lists any other use."""
 from __future__ import annotations
 
 import contextlib
