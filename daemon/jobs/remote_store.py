@@ -34,6 +34,12 @@ class ListedManifest(NamedTuple):
     """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
 
 
+Scan = dict[str, tuple[dict | None, list[str]]]
+"""This run's steps on the remote, each with Remote.intact's (manifest, problems: [] when intact), read once a
+sync (`Syncer._scan`) and judged by from then on: what the sync defers to, whether BEST is there, what retention
+keeps; a copy the sync makes is added once it is verified there."""
+
+
 class RemoteStore(Protocol):
     """A run's remote as its callers use it: names below the root, never paths of the machine's."""
 

@@ -44,7 +44,7 @@ from minilmd.daemon.base.worker import error_words
 from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_pass
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
-from minilmd.daemon.jobs.remote_store import RemoteStore
+from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.names import (
     BEST,
     LATEST,
@@ -97,10 +97,6 @@ class SyncResult:
     """Remote checkpoints deleted by retention."""
 
 
-Scan = dict[str, tuple[dict | None, list[str]]]
-"""This run's steps on the remote, each with Remote.intact's (manifest, problems: [] when intact), read once a
-sync (`Syncer._scan`) and judged by from then on: what the sync defers to, whether BEST is there, what retention
-keeps; a copy the sync makes is added once it is verified there."""
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only

@@ -15,18 +15,33 @@ rename (an object store) cannot replace a step atomically: there the first step 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_contents import further_pass, reference_pass
+from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.names import step_name
-
-if TYPE_CHECKING:
-    from minilmd.daemon.jobs.remote_store import RemoteStore
-    from minilmd.daemon.jobs.sync import Scan, Syncer
 
 PASS_STEP = step_name(0)
 """The step a stopped reference pass saves (the run's first checkpoint)."""
+
+
+class Syncer(Protocol):
+    """What of daemon/jobs/sync.py's Syncer this module uses (named here: sync.py imports this module)."""
+
+    local_root: Path
+    expected: ck.Expectation | None
+    copying: Path | None
+
+    @property
+    def remote(self) -> RemoteStore: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def _once(self, key: tuple[str, str], msg: str) -> None: ...
+
+    def _copy_up(self, local: Path, scan: Scan, replacing: bool = False) -> int: ...
 
 
 def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
