@@ -29,7 +29,11 @@ from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
-from minilmd.untrusted import Unreadable, printable
+from minilmd.untrusted import Unreadable, clipped, printable
+
+LOG_LINE_SHOWN = 16 << 10
+"""The longest log line `logs` shows (and `-f` relays) whole: a longer one (no line of ours is; one planted in
+another user's run directory was relayed whole, 8 MiB) is shown cut, saying how much was left out."""
 
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
@@ -346,7 +350,7 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
         lines, size = tail_lines(path, n)
     except Unreadable as e:
         return f"unreadable ({e.why})\n", 0
-    return "".join(printable(line) + "\n" for line in lines), size
+    return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
 
 
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
@@ -423,5 +427,5 @@ def _copy_new(path: Path, offset: int, label: str, out) -> int:
     except Unreadable:
         return offset  # said once by _tail; a file that becomes one again is followed from where it was
     for line in lines:
-        out.write(f"[{label}] {printable(line.decode(errors='replace'))}\n")
+        out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
     return offset
