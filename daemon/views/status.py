@@ -250,6 +250,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir, state)
+    lines += _corpus_owner_lines(run_dir)
     if claims:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
@@ -304,19 +305,38 @@ def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
     lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
     descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
     from minilmd.bounded import bounded_probe
-    from minilmd.config import ConfigError
     from minilmd.daemon.phases.initwait import lineage
+
+    if (cfg := _own_config(run_dir)) is None:
+        return []
+    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+
+
+def _own_config(run_dir: Path):
+    """The run's run.toml, read as a predecessor's is (init_source.run_config_in: through its run directory's
+    descriptor), ours; None when it cannot be read (a link, a FIFO, another user's file)."""
+    from minilmd.config import ConfigError
     from minilmd.init_place import open_named
     from minilmd.init_source import run_config_in
     from minilmd.perms import own_uid
 
     try:
         with open_named(run_dir) as opened:
-            cfg = run_config_in(opened, (own_uid(),))
+            return run_config_in(opened, (own_uid(),))
     except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
-        return []
-    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
-    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+        return None
+
+
+def _corpus_owner_lines(run_dir: Path) -> list[str]:
+    """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said), read
+    in a bounded thread: a share that does not answer is left unsaid."""
+    from minilmd.bounded import bounded_probe
+    from minilmd.corpus_meta import owner_note
+
+    cfg = _own_config(run_dir)
+    note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
+    return [f"  note: {note}"] if note else []
 
 
 def _synced(remote: str | None, state: StateJson | None) -> Path | None:
