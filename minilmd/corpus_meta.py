@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -159,3 +160,43 @@ def earlier_versions(meta: dict) -> dict[str, dict]:
     current = data_fingerprint(meta)
     return {v["data_fingerprint"]: v for v in meta.get("versions", [])
             if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}
+
+
+OWNER_LOOKS = 64
+"""The most files of meta.json's list whose owner owner_note looks at (a corpus lists a handful)."""
+
+
+def owner_note(prepared: str | None, meta: dict | None = None, key: str = "data.prepared") -> str:
+    """One line naming the owner of a local prepared corpus when its directory, its meta.json or a file it lists
+    is not this user's ("data.prepared /x belongs to user mal2 (uid 1002) ..."): another user's corpus is trained
+    on by design (docs/failure-modes.md), but said, by `run --check`, the launch log and `status`, since a corpus in
+    a team directory can be replaced by a teammate. "" when all are this user's, for a URL, and for what cannot be
+    looked at (the checks say that). `meta`: meta.json as already read (None: read here)."""
+    from minilmd.perms import owned_by_me, owner_in, user_words
+    from minilmd.urls import is_url
+
+    if not prepared or is_url(prepared):
+        return ""
+    root = Path(prepared)
+    try:
+        top = os.stat(root)  # the path as the config names it (a link of the user's to a share is the user's word)
+    except OSError:
+        return ""
+    meta = read_corpus_meta(root) if meta is None else meta
+    try:
+        listed = list(listed_files(meta, prepared))[:OWNER_LOOKS] if isinstance(meta, dict) else []
+    except CorpusError:
+        listed = []
+    others: dict[int, str] = {}  # uid -> the first file of its found, where it is not the directory's owner
+    for rel in (META, *listed):
+        try:
+            st = os.lstat(root / rel)
+        except OSError:
+            continue
+        if not owned_by_me(st) and not owner_in(st, (top.st_uid,)):
+            others.setdefault(st.st_uid, rel)
+    if owned_by_me(top) and not others:
+        return ""
+    said = [f"{key} {prepared} " + ("is yours" if owned_by_me(top) else f"belongs to {user_words(top.st_uid)}")]
+    said += [f"its {rel} belongs to {user_words(uid)}" for uid, rel in others.items()]
+    return ", ".join(said) + ": trained on as it is (another user's corpus is allowed); check it is the one you mean"

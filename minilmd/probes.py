@@ -29,7 +29,7 @@ from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
 from minilmd.config_sections import DpoSection
 from minilmd.config_values import early_stop_metric_problem
-from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
+from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, owner_note, read_corpus_meta
 from minilmd.dirfd import run_dir_problem
 from minilmd.init_source import (
     InitSource,
@@ -293,13 +293,16 @@ real stage, but how tiny tests exercise the objective, so not refused."""
 
 def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
-    stage ignores (ignored_settings), DPO without init.from (from random weights), and what init.from's checkpoint
-    records (init_notes). A corpus or a source that cannot be read now gives no note: the checks say it."""
+    stage ignores (ignored_settings), DPO without init.from (from random weights), a corpus of another user's
+    (corpus_meta.owner_note), and what init.from's checkpoint records (init_notes). A corpus or a source that
+    cannot be read now gives no note: the checks say it."""
     meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
     if data_format == "dpo" and not cfg.init.from_:
         notes.append(DPO_WITHOUT_INIT)
+    if owner := bounded_probe(owner_note, cfg.data.prepared, meta)[1]:  # another user's corpus: said, not refused
+        notes.append(owner)
     return notes + _bounded_init_notes(cfg, meta)
 
 

@@ -18,7 +18,8 @@ Every failure is one exception, `Unreadable`, whose `why` is a few words for a v
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON") and whose `kind` says the same for code
 ("not_regular", "owner", "too_big", ...: `Kind`), so that no caller decides by the words; a caller shows
 "unreadable (why)", skips a bad line or quarantines a checkpoint, and never sees another exception from here.
-`printable` escapes what such a file says before it reaches a terminal. Torch-free, standard library only.
+`printable` escapes what such a file says before it reaches a terminal, `clipped` shortens it (saying so).
+Torch-free, standard library only.
 """
 from __future__ import annotations
 
@@ -368,6 +369,19 @@ def printable(text: str | os.PathLike | None, lines: bool = False) -> str:
     if lines:
         return _CONTROLS.sub(lambda m: _escape(m.group()), text)
     return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
+
+
+def clipped(text: str | bytes, max_len: int) -> str:
+    """text as shown when someone else wrote it (a path read from another run's file, a log line): whole when it
+    is at most max_len characters (bytes, for bytes: decoded, a bad sequence replaced), else its first max_len and
+    a marker saying how many were left out, so that a planted megabyte never reaches a terminal whole. Not
+    escaped: printable() it."""
+    over = len(text) - max_len
+    head = text[:max_len] if over > 0 else text
+    shown = head.decode(errors="replace") if isinstance(head, bytes) else head
+    if over > 0:
+        shown += f" [... {over:,} more {'bytes' if isinstance(text, bytes) else 'characters'} left out]"
+    return shown
 
 
 def _escape(ch: str) -> str:

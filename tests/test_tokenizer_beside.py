@@ -102,3 +102,35 @@ def test_a_directory_too_full_to_list_gives_an_unrecorded_config_to_no_tokenizer
         read_tokenizer_config(full / "tok.json")
     (full / "tokenizer.json").symlink_to("tok.json")  # a directory's tokenizer.json is told without a listing
     assert read_tokenizer_config(full / "tokenizer.json")["chat_template"] == MINIMIND_TEMPLATE
+
+
+@pytest.mark.parametrize("planted", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_template_another_user_put_beside_the_tokenizer_is_not_rendered(tmp_path, tokenizer, planted):
+    """Hostile audit 4 F2: in a team or sticky directory another user wrote the tokenizer_config.json (or the
+    chat_template.jinja) beside the user's own tokenizer; prepare rendered the user's corpus with it (his words
+    appended to every reply, trained on, carried into checkpoints and exports). It is refused, naming its owner."""
+    from second_user import second_user
+
+    uid, gid = second_user()
+    shutil.copyfile(tokenizer, tmp_path / "tok.json")
+    beside = tmp_path / planted
+    evil = MINIMIND_TEMPLATE.replace("content.lstrip('\\n') + '<|im_end|>", "content.lstrip('\\n') + ' EVIL<|im_end|>")
+    assert evil != MINIMIND_TEMPLATE
+    beside.write_text(json.dumps(tokenizer_config(evil)) if planted == "tokenizer_config.json" else evil)
+    assert read_tokenizer_config(tmp_path / "tok.json")["chat_template"] == evil  # the user's own: read
+    os.chown(beside, uid, gid)
+    with pytest.raises(ChatError, match=rf"{planted} belongs to user nobody \(uid {uid}\), neither you nor the "
+                                        r"owner of .*tok.json.*copy the tokenizer into a directory of yours"):
+        read_tokenizer_config(tmp_path / "tok.json")
+    link = tmp_path / "tk" / planted  # a link of the other user's to the user's own file: the link is his word
+    link.parent.mkdir()
+    shutil.copyfile(tokenizer, link.parent / "tok.json")
+    os.chown(beside, 0, 0)
+    link.symlink_to(beside)
+    os.lchown(link, uid, gid)
+    with pytest.raises(ChatError, match=rf"{planted} belongs to user nobody"):
+        read_tokenizer_config(link.parent / "tok.json")
+
+    os.chown(tmp_path / "tok.json", uid, gid)  # a tokenizer taken from that user comes with that user's template
+    os.chown(beside, uid, gid)
+    assert read_tokenizer_config(tmp_path / "tok.json")["chat_template"] == evil

@@ -90,6 +90,31 @@ def test_logs_escape_what_the_logs_hold_shown_and_followed(tmp_path):
     assert "[attempt-0001] later\\x1b" in followed.getvalue(), followed.getvalue()
 
 
+def test_logs_show_and_relay_a_planted_8_mib_line_cut_saying_so(tmp_path):
+    """Hostile audit 4 F4(c): `logs -f` relayed an 8 MiB line of another user's attempt log whole. A line is shown
+    and relayed cut to its first LOG_LINE_SHOWN bytes, saying how many were left out; the lines around it whole."""
+    run_dir = hostile_run(tmp_path)
+    attempt = run_dir / names.ATTEMPT_LOGS / "attempt-0001.log"
+    attempt.parent.mkdir()
+    shown_tail = f"before\n{'B' * (512 << 10)}\nafter\n"  # logs reads at most a file's last MiB
+    attempt.write_text(shown_tail)
+    out = io.StringIO()
+    assert views.logs(run_dir, lines=5, out=out) == 0
+    tail = out.getvalue()
+    assert len(tail) < 40_000 and f"[... {(512 << 10) - (16 << 10):,} more characters left out]" in tail
+    assert tail.endswith("\nafter\n") and "\nbefore\n" in tail, tail[-200:]
+    with open(attempt, "a") as f:
+        f.write(f"{'A' * (8 << 20)}\nlast\n")
+    followed = io.StringIO()
+    views._copy_new(attempt, len(shown_tail), "attempt-0001", followed)
+    relayed = followed.getvalue()
+    assert len(relayed) < 40_000, len(relayed)
+    left_out = (8 << 20) - (16 << 10)
+    assert relayed.splitlines() == [
+        f"[attempt-0001] {'A' * (16 << 10)} [... {left_out:,} more bytes left out]",
+        "[attempt-0001] last"], relayed[:200]
+
+
 def test_a_supervisor_named_by_its_pid_alone_is_not_running_and_never_signalled(tmp_path):
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # ours, and no supervisor of the run
     try:

@@ -197,3 +197,31 @@ def test_the_lineage_of_a_finished_run_is_read_from_its_remote_once_scratch_is_g
     assert line in shown.splitlines(), shown
     elsewhere = {**state, "remote_checkpoint": {"step": 4, "path": str(tmp_path / "base"), "verified": True}}
     assert _lineage_lines(cfg.run_dir, StateJson.from_dict(elsewhere)) == []  # not on the config's run.remote
+
+
+def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus):
+    """Hostile audit 4 F4(a): the `lineage:` line is read from another run's trainer_state.json (often another
+    user's); a 1 MB "init" path there made `minilmd status` print 1 MB. Each path is shown cut, saying how much was
+    left out; a real path is shown whole."""
+    from minilmd.daemon.views.status import _lineage_lines
+
+    config = write_config(tmp_path, corpus, name="sft")
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
+    own = cfg.checkpoint_dir / names.step_name(1)
+    own.mkdir(parents=True)
+    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
+    planted = "/evil/" + "B" * 1_000_000
+    init = {"kind": "checkpoint", "path": planted, "step": "7" * 100_000, "manifest_sha256": "ab" * 32}
+    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
+    [line] = _lineage_lines(cfg.run_dir)
+    assert len(line) < 1024 + 200, len(line)
+    assert line.startswith("  lineage: /evil/BBBB"), line[:80]
+    assert f"[... {1_000_006 - 1024:,} more characters left out] (step 7777" in line, line
+    assert "[... 99,976 more characters left out], sha256 abababababab)" in line, line
+    from minilmd.daemon.base.runstate import new_state
+
+    (cfg.run_dir / names.STATE).write_text(json.dumps(new_state("sft", cfg.run_dir, str(config))))
+    shown = cli("status", str(cfg.run_dir)).stdout
+    assert "more characters left out" in shown and len(shown) < 20_000, len(shown)

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
 from minilmd.backoff import STAGING_COPY_FIRST_S, STAGING_COPY_MAX_S, STAGING_COPY_RETRIES, exponential
-from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, parse_meta
+from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, owner_note, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
@@ -338,6 +338,8 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         from_copy(str(e))
         return final
     files = _listed_files(meta, source)
+    if owner := owner_note(source, meta):  # another user's corpus: said in the launch's log, never refused
+        log(f"staging: note: {owner}")
 
     scratch.mkdir(parents=True, exist_ok=True)
     scratchmod.ensure_held(scratch)  # the scratch claimed (owner, no link, nobody else can swap it), and still it

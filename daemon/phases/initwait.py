@@ -36,6 +36,7 @@ from minilmd.init_source import (
 )
 from minilmd.names import BEST, LATEST, step_name
 from minilmd.probes import bounded_probe
+from minilmd.untrusted import clipped
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -226,6 +227,11 @@ def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
             report.why if not report.phase else "")
 
 
+LINEAGE_PATH_SHOWN = 1024
+"""The longest path of the lineage shown whole: a longer one (a trainer_state.json's "init" may say anything: a
+planted megabyte printed a megabyte) is shown cut, saying how much was left out (untrusted.clipped)."""
+
+
 def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
     run.remote, once scratch is gone): each step's source, its step and fingerprint,
@@ -244,6 +250,7 @@ def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) ->
             break
         sha = init.get("manifest_sha256") or init.get("sha256") or ""
         via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
-        chain.append(f"{init.get('path')} (step {init.get('step', '-')}{via}, sha256 {sha[:12]})")
+        chain.append(f"{clipped(str(init.get('path')), LINEAGE_PATH_SHOWN)} (step "  # each is another user's word
+                     f"{clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]})")
         path = Path(init["path"]) if init.get("kind") == "checkpoint" and init.get("path") else None
     return chain

@@ -29,7 +29,11 @@ from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
-from minilmd.untrusted import Unreadable, printable
+from minilmd.untrusted import Unreadable, clipped, printable
+
+LOG_LINE_SHOWN = 16 << 10
+"""The longest log line `logs` shows (and `-f` relays) whole: a longer one (no line of ours is; one planted in
+another user's run directory was relayed whole, 8 MiB) is shown cut, saying how much was left out."""
 
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
@@ -246,6 +250,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir, state)
+    lines += _corpus_owner_lines(run_dir)
     if claims:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
@@ -300,19 +305,38 @@ def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
     lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
     descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
     from minilmd.bounded import bounded_probe
-    from minilmd.config import ConfigError
     from minilmd.daemon.phases.initwait import lineage
+
+    if (cfg := _own_config(run_dir)) is None:
+        return []
+    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+
+
+def _own_config(run_dir: Path):
+    """The run's run.toml, read as a predecessor's is (init_source.run_config_in: through its run directory's
+    descriptor), ours; None when it cannot be read (a link, a FIFO, another user's file)."""
+    from minilmd.config import ConfigError
     from minilmd.init_place import open_named
     from minilmd.init_source import run_config_in
     from minilmd.perms import own_uid
 
     try:
         with open_named(run_dir) as opened:
-            cfg = run_config_in(opened, (own_uid(),))
+            return run_config_in(opened, (own_uid(),))
     except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
-        return []
-    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
-    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+        return None
+
+
+def _corpus_owner_lines(run_dir: Path) -> list[str]:
+    """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said), read
+    in a bounded thread: a share that does not answer is left unsaid."""
+    from minilmd.bounded import bounded_probe
+    from minilmd.corpus_meta import owner_note
+
+    cfg = _own_config(run_dir)
+    note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
+    return [f"  note: {note}"] if note else []
 
 
 def _synced(remote: str | None, state: StateJson | None) -> Path | None:
@@ -346,7 +370,7 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
         lines, size = tail_lines(path, n)
     except Unreadable as e:
         return f"unreadable ({e.why})\n", 0
-    return "".join(printable(line) + "\n" for line in lines), size
+    return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
 
 
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
@@ -423,5 +447,5 @@ def _copy_new(path: Path, offset: int, label: str, out) -> int:
     except Unreadable:
         return offset  # said once by _tail; a file that becomes one again is followed from where it was
     for line in lines:
-        out.write(f"[{label}] {printable(line.decode(errors='replace'))}\n")
+        out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
     return offset

@@ -29,6 +29,7 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
 from minilmd.corpus.sources.jsonl import TEXT_LINE, json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
+from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 
@@ -215,27 +217,53 @@ def tokenizer_dir(tokenizer: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def _read_text(path: Path) -> str:
-    """A tokenizer's small text file, its links resolved first (a Hugging Face cache is links into its blobs) and
-    the file itself then read as untrusted (minilmd/untrusted.py: regular, bounded). Raises Unreadable."""
-    try:
-        return read_bytes(path.resolve(), max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
+def _read_text(path: Path, owners: tuple[int, ...], tokenizer: Path) -> str:
+    """A small text file beside a tokenizer, its links resolved first (a Hugging Face cache is links into its blobs)
+    and the file then read as untrusted (minilmd/untrusted.py: regular, bounded, never a blocking open), when it and
+    any link to it belong to one of `owners` (_owners_beside); else a ChatError naming its owner, before a byte of it
+    is parsed. Raises Unreadable."""
+    for st in (os.lstat(path), os.stat(path)):  # the link (when it is one), then what it names
+        if not owner_in(st, owners):
+            raise ChatError(
+                f"{path} belongs to {user_words(st.st_uid)}, neither you nor the owner of {tokenizer}: minilmd "
+                "renders no chat template another user put beside a tokenizer (a team or sticky directory). Ask that "
+                "user to remove it, or copy the tokenizer into a directory of yours and give it a template there "
+                "(`minilmd tokenizer template COPY --chat-template minimind`, or copy that file too once you have "
+                "read it: the copy is yours)")
+    try:  # the owner checked again on the file opened (it may have been swapped since)
+        return read_bytes(path.resolve(), max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners).decode("utf-8")
     except UnicodeDecodeError:
         raise Unreadable("not UTF-8", path, kind="not_utf8") from None
+
+
+def _owners_beside(tokenizer_file: Path) -> tuple[int, ...]:
+    """Whose files beside a tokenizer are read: the user's, root's and the tokenizer's owner's (a tokenizer taken
+    from another user comes with that user's template). A file another user put beside the user's own tokenizer,
+    in a team or sticky directory, is not: it would render every reply of the user's corpus."""
+    try:
+        theirs: tuple[int, ...] = (os.stat(tokenizer_file).st_uid,)
+    except OSError:
+        theirs = ()  # the tokenizer's own reader says what is wrong with it
+    return (own_uid(), 0, *theirs)
 
 
 def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> dict:
     """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
     resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
-    followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
+    followed, the user's own choice, but it and chat_template.jinja are read only when they are the user's or the
+    tokenizer owner's (_read_text); a checkpoint's or a corpus's files, which may be another user's,
     are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
     there is no template."""
     from minilmd.corpus.tokenizer_beside import without_record
 
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
+    file = Path(tokenizer) if Path(tokenizer) != folder else folder / TOKENIZER_FILE
+    owners = _owners_beside(file)
     try:  # whatever is there is read (a FIFO, a directory: unreadable, said), not taken for "no template"
-        config_text = _read_text(path) if path.exists() else None
+        config_text = _read_text(path, owners, file) if path.exists() else None
+    except ChatError:
+        raise
     except Unreadable as e:
         raise ChatError(f"{path}: unreadable ({e.why})") from None
     except (OSError, ValueError) as e:
@@ -244,9 +272,11 @@ def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> d
     template = None
     if (folder / CHAT_TEMPLATE_FILE).exists() and not not_its:
         try:
-            template = _read_text(folder / CHAT_TEMPLATE_FILE)
+            template = _read_text(folder / CHAT_TEMPLATE_FILE, owners, file)
         except Unreadable as e:
             raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
+        except OSError as e:
+            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.strerror})") from None
     try:
         return without_record(chat_config(None if not_its else config_text, template, folder,
                                           tokenizer_name=str(tokenizer), data_format=data_format))
