@@ -5,7 +5,8 @@ or a link at its name, was refused already: only the remote's own directory esca
 the place rule for it whole, as a team directory). Now the remote's own directory may still be one others write (a
 team-shared remote, by its owner's choice: place_rule's `team_root`) but must be root's, this user's or the owner a
 squashing share gives this user's files (remote_write.OWN_UIDS): refused at `--check`, at launch and by the sync
-before its first claim, naming its owner, with nothing synced there and scratch kept. The legitimate remotes (the
+before its first claim (a directory he makes while the run trains: the run ends failed, its last checkpoint kept
+in scratch), naming its owner, with nothing synced there. The legitimate remotes (the
 run's own, a team directory of root's holding it) stay usable.
 """
 from __future__ import annotations
@@ -20,7 +21,16 @@ from minilmd import names
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from second_user import as_teammate, second_user, shared, team  # noqa: F401 - fixtures
-from supervisor_helpers import cli, run_supervisor, write_config
+from supervisor_helpers import (
+    cli,
+    run_supervisor,
+    start_supervisor,
+    state,
+    step_of_state,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
 
@@ -82,3 +92,29 @@ def test_a_team_shared_remote_of_this_users_own_stays_usable(tmp_path, weights, 
     syncer = Syncer(local, str(remote), EXPECTED, claim=remote_claim.Claim(tmp_path / "run", "r"))
     without_blocking(syncer.sync_newest)
     assert sorted(os.listdir(remote)) == [names.LATEST, names.REMOTE_OWNER, "step-00000010"]
+
+
+@pytest.mark.slow
+def test_a_remote_he_makes_after_the_launchs_checks_gets_nothing_and_scratch_keeps_the_run(tmp_path, corpus, shared):
+    """His directory made while the run trains, before its first checkpoint (so before its first sync's claim): every
+    sync is refused, the run ends failed with its last checkpoint in scratch, said; the start after it is refused."""
+    remote, release = shared / "remote", tmp_path / "release"
+    config = write_config(tmp_path, corpus, run={"remote": str(remote)})
+    run_dir, scratch = tmp_path / "s" / "run", tmp_path / "s" / "scratch"
+    proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"5:{release}")
+    try:
+        wait_for(lambda: step_of_state(run_dir) >= 5 or proc.poll() is not None, timeout=120, what="step 5")
+        _made_by_him(shared, 0o777)
+        release.touch()
+        status = wait_or_kill(proc, timeout=240)
+    finally:
+        release.touch()
+        wait_or_kill(proc, timeout=60)
+    final = state(run_dir)
+    assert status == 1, (tmp_path / "supervisor.out").read_text()[-3000:]  # main: 0, its checkpoints in his directory
+    assert final["phase"] == "failed" and f"belongs to user {_his_name()}" in final["reason"], final
+    assert f"the checkpoint stays in {scratch / 'checkpoints'}" in final["reason"], final["reason"]
+    assert os.listdir(remote) == []
+    assert (scratch / "checkpoints" / names.step_name(30)).is_dir()  # the run's only copy, kept
+    assert run_supervisor(config, tmp_path) == 2  # the restart (systemd's): refused, final
+    assert os.listdir(remote) == [] and (scratch / "checkpoints" / names.step_name(30)).is_dir()
