@@ -39,3 +39,6 @@ class SupervisorState:
     finished trainer left nothing in scratch to sync (Ending._nothing_to_sync)."""
     ended: str = ""
     """How the run ended (protocol.ENDED_*), set as it goes done: state.json's outcome.ended (failed when not done)."""
+    resumes: bool = False
+    """The launch found a checkpoint of the run's own, in scratch or on run.remote (daemon/preflight.py launch): no
+    first start, though this machine's state.json is lost (daemon/phases/initwait.py at_start)."""

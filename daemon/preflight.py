@@ -192,14 +192,14 @@ def systemd_stop_note(cfg: RunConfig) -> str | None:
 
 
 def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
-           claim_remote: bool = False) -> RunConfig:
+           claim_remote: bool = False) -> tuple[RunConfig, bool]:
     """check(), then run.dir settled (made and judged in one walk: place_rule.settle_run_dir) and put in the config
     as its real path, then scratch claimed for this run; raises ConfigError (exit 2) if any refuses. Everything
     after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
     link planted on the way after check() cannot choose another run directory. The command (`minilmd run`) has
     given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). RunDirFull
     when run.dir's file system is full (said: the caller exits 73); NothingToDo when the run is done (said: exit 0,
-    nothing made)."""
+    nothing made). Returns the config and whether it resumes from a checkpoint of its own (`resumes`)."""
     said: list[str] = []  # where it starts: a run already done is no launch (daemon/jobs/rundone.py)
     cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
     if done := next((line for line in said if isinstance(line, Done)), None):
@@ -213,7 +213,15 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise ConfigError(e.problems, cfg.source) from None
     except OSError as e:
         raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
-    return cfg
+    return cfg, resumes(said)
+
+
+def resumes(start: list[str]) -> bool:
+    """Whether the launch's `start` (check_with_waits's) is from a checkpoint of the run's own, in scratch or on
+    run.remote: no first start (daemon/phases/initwait.py at_start), though a new machine lost state.json."""
+    from minilmd.daemon.jobs.resumefrom import Resumes
+
+    return any(isinstance(line, (Resumes, Done)) for line in start)
 
 
 class LaunchEnds(Exception):

@@ -83,7 +83,8 @@ class Supervisor(Ending):
     """One run directory's supervisor: `run()` takes the run lock, then ticks until a final phase."""
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
-                 infra: Infra | None = None, echo: bool = True, fresh: bool = False, claim_remote: bool = False):
+                 infra: Infra | None = None, echo: bool = True, fresh: bool = False, claim_remote: bool = False,
+                 resumes: bool = False):
         self.cfg = cfg
         self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
         self.claim_remote = claim_remote  # `run --claim-remote`: run.remote made this run's once its lock is held
@@ -95,7 +96,7 @@ class Supervisor(Ending):
         self.signals = Signals()
         self.notifier = Notifier()
         self.rng = random.Random()
-        self.loop = SupervisorState()  # the loop's own record beside state.json's (daemon/loopstate.py)
+        self.loop = SupervisorState(resumes=resumes)  # the loop's own record beside state.json's (loopstate.py)
         # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
@@ -132,7 +133,7 @@ class Supervisor(Ending):
             self.files.adopt_previous_state(self.cfg.run.remote)
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
-            start = initwait.at_start(self.cfg, resumes=self.state.remote_checkpoint is not None)
+            start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None)
             self.state.phase = check_start(first_phase(start.waits))  # the start's transition
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
@@ -473,7 +474,6 @@ class Supervisor(Ending):
             self._say(self.space.reason())
 
 
-
 HANDLERS: dict[Phase, Callable[[Supervisor], None]] = {
     Phase.WAITING_INIT: Supervisor._tick_waiting_init,
     Phase.WAITING_GPU: Supervisor._tick_waiting,
@@ -491,10 +491,10 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
     then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_claim.py)."""
     try:
-        cfg = preflight.launch(config_path, overrides, fresh, claim_remote)
+        cfg, resumes = preflight.launch(config_path, overrides, fresh, claim_remote)
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
     except preflight.LaunchEnds as e:  # said there: run.dir full (73), or the run already done (0)
         return e.exit_status
-    return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote).run()
+    return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote, resumes=resumes).run()

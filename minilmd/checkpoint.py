@@ -107,7 +107,7 @@ def manifest_problems(manifest: Any) -> list[str]:
     if not isinstance(files, dict) or not isinstance(manifest.get("step"), int):
         return [f"{MANIFEST}: needs an integer 'step' and a 'files' table"]
     problems = [f"{MANIFEST}: does not list {name}" for name in REQUIRED_FILES if name not in files]
-    return problems + file_entry_problems(files, MANIFEST)
+    return problems + contents.reference_pass_problems(manifest) + file_entry_problems(files, MANIFEST)
 
 
 # --- validation --------------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
     check_recorded(ckpt_dir, state, step, expected, opt_meta)
     shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
-    problems = contents.tensor_problems(scans, opt_meta, shapes, step)
+    problems = contents.tensor_problems(scans, opt_meta, shapes, step) + contents.pass_file_problems(manifest, scans)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state, manifest, manifest_sha256, scans, kept

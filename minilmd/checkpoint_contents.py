@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minilmd.names import MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE, is_step_name, step_of
+from minilmd.names import (
+    DPO_REFERENCE,
+    DPO_REFERENCE_PASS,
+    MANIFEST,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    OPTIMIZER_META,
+    REFERENCE_PASS,
+    TRAINER_STATE,
+    is_step_name,
+    step_of,
+)
 from minilmd.safetensors_scan import Scan, is_count
 from minilmd.untrusted import kind_of, printable
 
@@ -125,3 +136,48 @@ def optimizer_problems(scan: Scan, meta: dict, expected: dict[str, tuple[int, ..
         problems.append(f"{OPTIMIZER_FILE}: optimizer step {shown} ({k}, {len(wrong)} tensor(s)) disagrees with "
                         f"checkpoint step {step}")
     return problems
+
+
+def reference_pass(manifest: dict) -> tuple[int, int] | None:
+    """(pairs done, pairs in all) of the stopped DPO reference pass a step 0 was saved by (its manifest's
+    REFERENCE_PASS); None when its manifest says none (the sums complete, or no DPO run), or says it malformed
+    (reference_pass_problems refuses that manifest)."""
+    value = manifest.get(REFERENCE_PASS)
+    if not (isinstance(value, list) and len(value) == 2 and all(is_count(v) for v in value)
+            and value[0] < value[1]):
+        return None
+    return value[0], value[1]
+
+
+def reference_pass_problems(manifest: dict) -> list[str]:
+    """A manifest's REFERENCE_PASS, when it has one: [done, of], two counts, done below of, at step 0."""
+    if REFERENCE_PASS not in manifest:
+        return []
+    if reference_pass(manifest) is None or manifest.get("step") != 0:
+        return [f"{MANIFEST}: {REFERENCE_PASS} {printable(str(manifest[REFERENCE_PASS]))[:60]} is not [pairs done, "
+                f"pairs in all] of a step 0"]
+    return []
+
+
+def pass_file_problems(manifest: dict, scans: dict[str, Scan]) -> list[str]:
+    """The manifest says a reference pass stopped (REFERENCE_PASS) exactly when the reference file it lists holds
+    one (its DPO_REFERENCE_PASS tensor): the sync judges which step 0 is further by the manifest alone."""
+    says = REFERENCE_PASS in manifest
+    holds = DPO_REFERENCE in scans and DPO_REFERENCE_PASS in scans[DPO_REFERENCE].tensors
+    if says == holds:
+        return []
+    if says:
+        return [f"{MANIFEST} says a DPO reference pass stopped at {manifest[REFERENCE_PASS]}, and no {DPO_REFERENCE} "
+                f"it lists holds one"]
+    return [f"{DPO_REFERENCE} holds a stopped reference pass, and {MANIFEST} does not say {REFERENCE_PASS}"]
+
+
+def further_pass(newer: dict, held: dict) -> bool:
+    """Whether the step 0 whose manifest is `newer` carries a DPO reference pass further on than `held`'s: held's
+    pass stopped at some pairs, newer's went further over the same pairs, or ended (its sums complete)."""
+    was, now = reference_pass(held), reference_pass(newer)
+    if was is None or newer.get("step") != 0 or held.get("step") != 0:
+        return False
+    if now is None:
+        return REFERENCE_PASS not in newer  # complete, not malformed
+    return now[1] == was[1] and now[0] > was[0]

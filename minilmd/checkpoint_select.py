@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, validate
+from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, read_manifest, validate
+from minilmd.checkpoint_contents import reference_pass
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
 from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, RUN_DIR_ENV, deleting_name, step_of
 from minilmd.urls import is_url
@@ -100,9 +101,24 @@ def run_roots(run_dir: Path) -> RunRoots:
 
 def resume_order(roots: Iterable[str | os.PathLike]) -> list[tuple[int, Path]]:
     """(root index, checkpoint) of every checkpoint of the roots (list_checkpoints: a root's own, with a
-    manifest), in the order a resume tries them: the newest step first, on equal steps the earlier root (local)."""
+    manifest), in the order a resume tries them: the newest step first, on equal steps the earlier root (local);
+    but of two step 0s of a stopped DPO reference pass, the further on first (a run.remote's, synced from another
+    machine's later stop, over a scratch left behind: _pass_behind)."""
     candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
-    return [(i, p) for _, i, p in sorted(candidates, key=lambda c: (-c[0], c[1]))]
+    return [(i, p) for _, i, p in sorted(candidates, key=lambda c: (-c[0], _pass_behind(c[2]), c[1]))]
+
+
+def _pass_behind(path: Path) -> float:
+    """Pairs a step 0's stopped DPO reference pass has still to do (0: its sums complete, or no pass; the
+    manifest's REFERENCE_PASS, read as untrusted: one that cannot be read sorts last, and validation says why)."""
+    if step_of(path) != 0:
+        return 0
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:
+        return float("inf")
+    done = reference_pass(manifest) if isinstance(manifest, dict) else None
+    return 0 if done is None else done[1] - done[0]
 
 
 def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,

@@ -191,6 +191,11 @@ bound is every reader's, so that a checkpoint it accepts is read whole elsewhere
 lineage skipped a valid checkpoint's)."""
 DPO_REFERENCE = "dpo_reference.safetensors"
 """A DPO run's reference log-probability sums, in each of its checkpoints (trainer/loop/dpo_reference.py)."""
+DPO_REFERENCE_PASS = "pass"
+"""The tensor a stopped reference pass's file holds besides the sums: [pairs done, micro_batch_size]."""
+REFERENCE_PASS = "dpo_reference_pass"
+"""The manifest key of a step 0 saved by a stopped DPO reference pass: [pairs done, pairs in all] (absent: the sums
+are complete). The sync replaces a remote step 0 whose pass is behind it (daemon/jobs/sync_pass.py)."""
 DPO_REFERENCE_MAX_BYTES = 1 << 30
 """The largest reference file read: 4 bytes a document, so 134 million pairs, far more than any preference corpus."""
 TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own

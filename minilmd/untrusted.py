@@ -11,7 +11,9 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
 - `read_json` is the two together;
 - `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound
   (or its first bytes, of one being appended to), hashing it too through `Hashing`;
-  `sha256_regular` hashes one so.
+  `sha256_regular` hashes one so;
+- `dir_names` lists a directory such a user may fill, at most MAX_DIR_ENTRIES names read (scandir, lazily): one of
+  millions of entries is refused after that many, not read whole into memory over minutes.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON") and whose `kind` says the same for code
 ("not_regular", "owner", "too_big", ...: `Kind`), so that no caller decides by the words; a caller shows
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -36,6 +39,8 @@ DEFAULT_MAX_DEPTH = 64
 MAX_LINE_DEPTH = 100
 """The deepest nesting of arrays and objects a corpus line may have (a conversation needs 3): deeper is a bad line
 (minilmd/corpus/sources/jsonl.py, longdoc.py), never a RecursionError."""
+MAX_DIR_ENTRIES = 10_000
+"""The most entries `dir_names` reads of a directory: the ones minilmd looks into hold a handful."""
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
@@ -56,8 +61,9 @@ Kind = Literal["missing", "io", "link", "not_regular", "owner", "too_big", "wron
   `os_error`; a failing mount may be retried);
 - link: a symbolic link, never followed; not_regular: a directory, FIFO, socket or device, never opened;
 - owner: not owned by an owner the reader accepts;
-- too_big: over the reader's bound (or it grew past it while read); wrong_size: another size than its listing
-  says; changed: replaced between the look and the open, or changed while read (it may be being written now);
+- too_big: over the reader's bound (or it grew past it while read; a directory: of more entries); wrong_size:
+  another size than its listing says; changed: replaced between the look and the open, or changed while read (it
+  may be being written now);
 - not_utf8, too_deep, not_json, wrong_type: what the bytes say (loads);
 - invalid: what a reader elsewhere refuses for its own reasons (a record that disagrees with its file name)."""
 
@@ -231,6 +237,27 @@ def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None
         os.close(fd)
         raise Unreadable("replaced while being opened", path, kind="changed")
     return fd
+
+
+def dir_names(folder: str | os.PathLike | int, *, max_entries: int = MAX_DIR_ENTRIES) -> list[str]:
+    """The names in the directory `folder` (a path, or an open directory's descriptor), of at most max_entries
+    entries: past that Unreadable (kind "too_big", "holds over N entries"), never a listing cut short and taken for
+    whole; the entries are read lazily, so a directory of millions costs max_entries + 1 of them. Unreadable
+    (missing, io) when it cannot be listed; nothing is opened or followed but `folder` itself."""
+    try:
+        with os.scandir(folder if isinstance(folder, int) else os.fspath(folder)) as entries:
+            names = [entry.name for entry in itertools.islice(entries, max_entries + 1)]
+    except FileNotFoundError:
+        raise Unreadable("missing", _named(folder), missing=True) from None
+    except OSError as e:
+        raise Unreadable(_os_why(e), _named(folder), os_error=e) from None
+    if len(names) > max_entries:
+        raise Unreadable(f"holds over {max_entries:,} entries", _named(folder), kind="too_big")
+    return names
+
+
+def _named(folder: str | os.PathLike | int) -> str | os.PathLike:
+    return f"directory descriptor {folder}" if isinstance(folder, int) else folder
 
 
 def _os_why(e: OSError) -> str:

@@ -6,6 +6,7 @@ the pass and a stop waited for its end; its heartbeat now says how far it is, an
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +207,77 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
         (tmp_path / "supervisor.out").read_text()
     made = read_metrics(run_dir, "dpo_reference")
     assert [m["source"] for m in made] == ["computed"] and made[0]["resumed_at"] > 0, made
+
+
+def _kept_pairs(step_dir: Path) -> int:
+    """How far the stopped pass a step 0 holds got (its reference file's `pass` tensor: pairs done)."""
+    from safetensors.numpy import load
+
+    return int(load((step_dir / DPO_REFERENCE).read_bytes())["pass"][0])
+
+
+def _stopped_under_supervisor(config: Path, tmp_path: Path, beyond: int) -> None:
+    """A supervisor and its (slowed) real trainer on a new machine, stopped by `minilmd stop` once its reference
+    pass is past `beyond` pairs (on from a stopped pass it staged from the remote: past what that kept)."""
+    run_dir = run_paths(config)[0]
+    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
+    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
+    try:
+        past = lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > beyond
+        wait_for(lambda: sup.poll() is not None or past(), 300, f"the reference pass to pass {beyond} pairs")
+        assert past(), (tmp_path / "supervisor.out").read_text()
+        stopped = cli("stop", str(run_dir), timeout=300)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert sup.wait(120) == 0, (tmp_path / "supervisor.out").read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+
+
+@pytest.mark.slow  # three supervised starts of a run, two of them stopped in a (slowed) reference pass, and a fourth
+def test_a_pass_stopped_twice_each_time_on_a_new_machine_reaches_the_remote_and_finishes_bit_identical(
+        tmp_path, dpo_corpus):
+    """Found by a reviewer: the remote kept the first step 0 it was given (a sync does not copy a step the remote
+    holds), so a second stop of the pass saved its further progress in scratch only; a start on another machine
+    (a Slurm requeue onto another node, a reboot: /dev/shm empty) staged the first stop's and computed again all
+    that was done since, and a job preempted on a new node each time never got past it. The sync now puts a further
+    pass's step 0 in place of the remote's, whole, and the complete one in the end; nothing else there is touched."""
+    values = dict(data={"val_windows": 8},
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
+    config = write_config(tmp_path, dpo_corpus, name="moved", **values)
+    cfg = load_config(config)
+    remote, step0 = Path(cfg.run.remote), "step-00000000"
+    _stopped_under_supervisor(config, tmp_path, beyond=0)
+    first = _kept_pairs(remote / step0)
+    assert first == _kept_pairs(cfg.checkpoint_dir / step0)  # the first stop reached the remote, as before
+    teammates = {remote / "notes.txt": b"a teammate's notes", remote / "shared" / "data.bin": b"\x00data",
+                 remote / ".tmp-step-00000000-elsewhere-4242" / "manifest.json": b"{}"}
+    for path, data in teammates.items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+
+    shutil.rmtree(cfg.scratch_dir)  # a new machine: only the remote (and run.dir, on the shared file system) kept
+    _stopped_under_supervisor(config, tmp_path, beyond=first)
+    second = _kept_pairs(cfg.checkpoint_dir / step0)
+    assert second > first
+    assert _kept_pairs(remote / step0) == second  # before: still `first`, what a new machine then went on from
+    assert (remote / step0 / DPO_REFERENCE).read_bytes() == (cfg.checkpoint_dir / step0 / DPO_REFERENCE).read_bytes()
+
+    shutil.rmtree(cfg.scratch_dir)  # another new machine: the run goes on from the second stop, and ends
+    assert run_supervisor(config, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
+        (tmp_path / "supervisor.out").read_text()
+    made = read_metrics(cfg.run_dir, "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", second)], made
+    straight = write_config(tmp_path, dpo_corpus, name="straight", **values)
+    assert run_supervisor(straight, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
+        (tmp_path / "supervisor.out").read_text()
+    straight_last = Path(load_config(straight).run.remote) / "step-00000002"
+    for name in ("model.safetensors", "optimizer.safetensors", DPO_REFERENCE):
+        assert (remote / "step-00000002" / name).read_bytes() == (straight_last / name).read_bytes(), name
+    # the complete step 0 on the remote too, in place of the stopped pass: every sum, as every checkpoint carries
+    assert (remote / step0 / DPO_REFERENCE).read_bytes() == (straight_last / DPO_REFERENCE).read_bytes()
+    for path, data in teammates.items():
+        assert path.read_bytes() == data, path
+    assert sorted(p.name for p in remote.iterdir() if p.name.startswith(".tmp")) == \
+        [".tmp-step-00000000-elsewhere-4242"] and not (remote / "quarantine").exists()

@@ -40,10 +40,10 @@ MAY_REACH_THE_TRAINER = {CLI / "trainer.py", CLI / "bench.py"}
 (never at module level)."""
 CORPUS_COMMANDS = ("minilmd.cli.data", "minilmd.cli.tokenizer")
 """The command-line modules of `prepare`, `corpus ...` and `tokenizer ...`: they never reach the trainer."""
-CLI_MODULE_LEVEL = ("typer", "minilmd.cli", "minilmd.names", "minilmd.corpus.exits")
+CLI_MODULE_LEVEL = ("typer", "minilmd.cli", "minilmd.names", "minilmd.corpus.exits", "minilmd.corpus.cli_options")
 """What a command-line module may import at module level besides the stdlib (names.py: constants, `os` and `re`;
 corpus/exits.py: how the commands end, typer, the stdlib and protocol.py's exit statuses only, in a package whose
-__init__ imports nothing)."""
+__init__ imports nothing; corpus/cli_options.py, the shared options, typer only, there for the same reason)."""
 
 
 def pulls_in_torch(name: str) -> bool:

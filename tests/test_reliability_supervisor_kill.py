@@ -62,18 +62,21 @@ def test_supervisor_killed_while_staging_training_and_syncing_finishes_identical
         kill(procs[-1], faultfs, stall)
         assert list(cfg.scratch_dir.glob(".tmp-corpus-*")), "expected a half-done staging copy"
 
-        # 2. while training, at a random step. The trainers this kill and the next leave behind as orphans step
-        # slowly: the next supervisor must find them before they finish, also on a loaded machine
-        orphaned = {**env, "FAKE_STEP_S": "0.2"}
-        procs.append(start_supervisor(config, out, **orphaned))
+        # 2. while training, at a random step. The trainers this kill and the next leave behind as orphans hold
+        # (FAKE_HOLD) until the next supervisor has found them: a trainer that merely stepped slowly finished before
+        # it was found on a loaded machine (the next supervisor's start took 27 s there)
+        released = [tmp_path / "release-1", tmp_path / "release-2"]
         target = rng.randint(12, 40)
+        procs.append(start_supervisor(config, out, **env, FAKE_HOLD=f"{target}:{released[0]}"))
         wait_for(lambda: step_of_state(cfg.run_dir) >= target, 60, f"training to step {target}")
         orphan = state(cfg.run_dir)["child"]["pid"]
         kill(procs[-1])
 
-        # 3. while syncing: the copy of the weights to the remote hangs
-        procs.append(start_supervisor(config, out, **orphaned))
+        # 3. while syncing: the copy of the weights to the remote hangs. This trainer holds at step 100, past the
+        # first sync it stalls, until the last supervisor has found it
+        procs.append(start_supervisor(config, out, **env, FAKE_HOLD=f"100:{released[1]}"))
         wait_for(lambda: any(e == [orphan] for e in orphan_pids(cfg.run_dir)), 60, "the orphan to be found")
+        released[0].touch()  # the orphan goes on to the step boundary, where it saves and stops (SIGTERM)
         stall = faultfs.stall("remote/.tmp-step-*/model.safetensors", 600, op="write")
         wait_for(lambda: faultfs.hits("stall", "write"), 60, "a sync to reach the remote")
         time.sleep(rng.uniform(0, 0.3))
@@ -82,6 +85,8 @@ def test_supervisor_killed_while_staging_training_and_syncing_finishes_identical
 
         # 4. the last one runs to the end
         procs.append(start_supervisor(config, out, **env))
+        wait_for(lambda: len(orphan_pids(cfg.run_dir)) == 2, 60, "the second orphan to be found")
+        released[1].touch()
         assert procs[-1].wait(120) == 0
     finally:
         faultfs.clear()

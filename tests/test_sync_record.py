@@ -108,3 +108,29 @@ def test_with_run_dir_full_the_record_goes_to_scratch_and_back_into_run_dir_once
     filler.unlink()
     assert made.proves(".tmp-step-00000040-h-1", (1, 40))  # read back into run.dir, then scratch's copy removed
     assert remote_made.run_record(run_dir).exists() and not remote_made.scratch_record(local_root).exists()
+
+
+def test_a_sync_killed_between_its_mkdir_and_its_record_leaves_nothing_the_next_one_keeps(dirs, weights, tmp_path):
+    """The record holds the temporary directory's inode, so it is written after the mkdir: a supervisor SIGKILLed in
+    between (seen under load in test_reliability_supervisor_kill) left an empty `.tmp-step-...` on the remote that
+    no later sync removed ("no record of making"). Empty, or holding only this user's mark, it is removed; one that
+    holds anything is still left: a copy's files are proof only through the record."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    save(local, 10, weights)
+    cut = Syncer(local, str(remote), EXPECTED, run_dir=run_dir)
+    cut.sync_newest()
+    empty = sync_tmp_name("step-00000020", host_tag(), dead.pid)
+    held = sync_tmp_name("step-00000030", host_tag(), dead.pid)
+    for name in (empty, held):
+        cut.remote.makedirs(name)  # made, the kill before its record
+    (remote / held / "planted").write_bytes(b"not a sync's")
+    save(local, 40, weights)
+    logs: list[str] = []
+    assert Syncer(local, str(remote), EXPECTED, log=logs.append, run_dir=run_dir).sync_newest().step == 40
+    assert names(remote) == sorted(["LATEST", held, "step-00000010", "step-00000040"])
+    assert (remote / held / "planted").read_bytes() == b"not a sync's"
+    assert [m for m in logs if "no record of making" in m and held in m], logs

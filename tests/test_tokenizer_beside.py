@@ -6,6 +6,7 @@ record applies to the directory's tokenizer.json, or to its only tokenizer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -81,3 +82,23 @@ def test_template_says_why_it_cannot_look_at_the_tokenizer(tmp_path):
     refused = template(unlookable)
     assert refused.exit_code == 2 and "cannot be looked at (File name too long)" in refused.output, refused.output
     assert refused.exception is None or isinstance(refused.exception, SystemExit), refused.exception
+
+
+def test_a_directory_too_full_to_list_gives_an_unrecorded_config_to_no_tokenizer(tmp_path, tokenizer):
+    """owner_of listed the tokenizer's directory whole (os.listdir): one another user filled with millions of
+    entries held the command for minutes and its names in memory. Now at most untrusted.MAX_DIR_ENTRIES are read,
+    and past them the config is no tokenizer's, said with the way on."""
+    from minilmd.untrusted import MAX_DIR_ENTRIES
+
+    full = tmp_path / "full"
+    full.mkdir()
+    shutil.copyfile(tokenizer, full / "tok.json")  # its only .json: the config would be its own, were it all read
+    (full / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(MINIMIND_TEMPLATE)))
+    (full / "filler").touch()
+    for i in range(MAX_DIR_ENTRIES - 1):  # links of one file: the quickest names to make
+        os.link(full / "filler", full / f"filler{i}")
+    with pytest.raises(ChatError, match=rf"full cannot be listed \(holds over {MAX_DIR_ENTRIES:,} entries\).*"
+                                        r"--force` records its own"):
+        read_tokenizer_config(full / "tok.json")
+    (full / "tokenizer.json").symlink_to("tok.json")  # a directory's tokenizer.json is told without a listing
+    assert read_tokenizer_config(full / "tokenizer.json")["chat_template"] == MINIMIND_TEMPLATE

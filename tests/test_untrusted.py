@@ -260,3 +260,25 @@ def test_copy_regular_of_the_first_bytes_reads_no_more_whatever_the_file_is(tmp_
             copy_regular(tmp_path / name, io.BytesIO(), first=100)
         kinds.append(refused.value.kind)
     assert kinds == ["not_regular", "link"]
+
+
+def test_dir_names_lists_no_more_than_its_bound_and_never_a_cut_listing_as_whole(tmp_path):
+    folder = tmp_path / "filled"  # a directory another user may fill: millions of names cost a bound's worth
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"f{i}").touch()
+    os.symlink("/dev/zero", folder / "link")  # listed, never followed or opened
+    os.mkfifo(folder / "fifo")
+    assert sorted(untrusted.dir_names(folder, max_entries=5)) == ["f0", "f1", "f2", "fifo", "link"]
+    with pytest.raises(Unreadable, match=r"filled: holds over 4 entries") as refused:
+        untrusted.dir_names(folder, max_entries=4)
+    assert refused.value.kind == "too_big"
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(Unreadable, match="holds over 4 entries"):
+            untrusted.dir_names(fd, max_entries=4)
+    finally:
+        os.close(fd)
+    with pytest.raises(Unreadable) as missing:
+        untrusted.dir_names(tmp_path / "nowhere")
+    assert missing.value.missing

@@ -3,10 +3,13 @@ not only when the stage waited for it (daemon/phases/initwait.py at_start): syst
 `run --check`, the one other place that says it. A resume from the run's own checkpoint says it no more."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
+from minilmd import names
 from minilmd.config import load_config
-from supervisor_helpers import events, run_supervisor, write_config
+from supervisor_helpers import cli, events, run_supervisor, write_config
 
 pytestmark = pytest.mark.slow  # two fake runs in a row, and a resume
 
@@ -28,3 +31,34 @@ def test_a_stage_started_after_its_base_finished_logs_the_update_share_once(tmp_
     assert resumed == stage
     assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from its own step 4
     assert [e["message"] for e in events(run_dir) if e.get("event") == "update_share"] == said
+
+
+def test_a_resume_on_a_new_machine_that_lost_state_json_says_the_share_no_more(tmp_path, corpus):
+    """A new machine: the same run.dir (a shared home) whose state.json is gone, an empty scratch, the run's own
+    checkpoints on run.remote. Before, the start took the lost state.json for a first start: the share was logged
+    again (and a predecessor training again would have been waited for). Now the launch's look at run.remote, which
+    a new machine sees, says the run resumes."""
+    for log in ("b", "s", "s2"):
+        (tmp_path / log).mkdir()
+    base = write_config(tmp_path, corpus, name="pretrain", train={"max_steps": 8, "checkpoint_every": 4})
+    assert run_supervisor(base, tmp_path / "b") == 0
+    stage = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
+                         train={"max_steps": 4, "checkpoint_every": 2})
+    cfg = load_config(stage)
+    assert run_supervisor(stage, tmp_path / "s") == 0
+    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "update_share"]
+    assert len(said) == 1, said
+    (cfg.run_dir / names.STATE).unlink()  # the new machine has none, nor the old scratch
+    shutil.rmtree(cfg.scratch_dir)
+    assert write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
+                        train={"max_steps": 6, "checkpoint_every": 2}) == stage
+    base_state = load_config(base).run_dir / names.STATE
+    base_state.rename(base_state.with_name("aside"))  # the base not finished to look at: a first start would wait
+    checked = cli("run", "--check", str(stage))
+    assert checked.returncode == 0 and "resumes from step 4 (remote:" in checked.stdout, checked.stdout
+    assert "waits: init.from" not in checked.stdout, checked.stdout  # the launch does not wait: it resumes
+    base_state.with_name("aside").rename(base_state)
+    assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from the remote's step 4
+    fetched = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "fetch"]
+    assert any("fetched" in m and "step-00000004" in m for m in fetched), fetched
+    assert [e["message"] for e in events(cfg.run_dir) if e.get("event") == "update_share"] == said

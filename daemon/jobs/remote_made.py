@@ -15,7 +15,8 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   before the directory is published under its final name (never again a temporary of this run's);
 - a step directory: its manifest, read through the directory opened and checked to be the one judged, names that
   step (a step renamed to another step's name says its own; a directory without one is no sync's on a local
-  remote, where copies are renamed into place whole);
+  remote, where copies are renamed into place whole); one a further copy replaced (a stopped DPO reference pass's
+  step 0, moved out of its name by that copy's publish: daemon/jobs/sync_pass.py) names the step it stood at;
 - a pointer's temporary file (LATEST's, BEST's): a regular file holding at most one step name, what one holds.
 What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
 """
@@ -201,20 +202,21 @@ def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = 
              was: str | None = None) -> str | None:
     """Why `name` in root, as lstat `st` found it, may not be removed by a sync: None when it is proven this run's
     (see the module's docstring). `was`: the name it had when this run recorded it (what stood at `init`, moved to
-    a temporary name to be replaced)."""
+    a temporary name to be replaced: a step's, proven by its manifest as at its step name)."""
     identity = (st.st_dev, st.st_ino)
     if file:
         return _pointer_problem(root, name, identity)
-    if was is None and is_step_name(name):
-        return _step_problem(root, name, identity)
+    if is_step_name(was or name):
+        return _step_problem(root, name, identity, step_of(was or name))
     if made.proves(was or name, identity):
         return None
     return (f"a directory this run has no record of making there (not in {made.where()}: renamed there by another "
             f"user, or left by a sync before the record)")
 
 
-def _step_problem(root: Dir, name: str, identity: Identity) -> str | None:
-    """None when the directory `name` (the one judged: `identity`) holds a manifest that names its step."""
+def _step_problem(root: Dir, name: str, identity: Identity, step: int) -> str | None:
+    """None when the directory `name` (the one judged: `identity`) holds a manifest that names its step (`step`:
+    that of its name, or of the step name it had)."""
     try:
         with Dir.at(root, name) as opened:
             if opened.identity != identity:
@@ -227,8 +229,8 @@ def _step_problem(root: Dir, name: str, identity: Identity) -> str | None:
     except OSError as e:
         return f"a directory that cannot be looked at ({e.strerror or e})"
     said = manifest.get("step")
-    if said != step_of(name):
-        return f"a step directory whose {MANIFEST} says step {said!r}, not {step_of(name)} (renamed there?)"
+    if said != step:
+        return f"a step directory whose {MANIFEST} says step {said!r}, not {step} (renamed there?)"
     return None
 
 

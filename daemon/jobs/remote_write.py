@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import pathlib
 import pwd
@@ -41,6 +42,7 @@ from minilmd.names import (
     REMOTE_MARK,
     atomic_tmp_prefix,
     host_tag,
+    is_step_name,
     pointer_tmp_tag,
     quarantine_name,
 )
@@ -291,7 +293,10 @@ def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False
     if why := (why_foreign(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
         return why
     if why := remote_made.why_kept(root, name, st, made, file, was):
-        return why
+        cut_before_its_record = not (file or was is not None or is_step_name(name))
+        if not (cut_before_its_record and _remove_unrecorded(root, name, (st.st_dev, st.st_ino))):
+            return why
+        return None
     if file:
         if root.remove_file(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
             return None
@@ -299,6 +304,30 @@ def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False
     if root.remove_tree(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
         return None
     return "a directory not removed whole (another one moved there meanwhile, or a tree too deep): left"
+
+
+def _remove_unrecorded(root: Dir, name: str, identity: tuple[int, int]) -> bool:
+    """Remove the temporary directory `name` that a sync of this user made and was cut (SIGKILL) before it recorded
+    it: the record holds the directory's inode, so it is written after the mkdir, and before anything is copied
+    into it. Such a one is empty but for this user's REMOTE_MARK (not_made_here has judged it this user's): nothing
+    of anyone's is in it. The mark goes, then the name by rmdir, which leaves a directory anything was put in
+    meanwhile. False (left) for anything else: a copy's files are proof only through the record."""
+    try:
+        with Dir.at(root, name) as sub:
+            if sub.identity != identity:
+                return False
+            with os.scandir(sub.fd) as entries:
+                held = [e.name for e in itertools.islice(entries, 2)]
+            if held == [REMOTE_MARK]:
+                if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=sub.fd) != mark():
+                    return False
+                sub.remove_file(REMOTE_MARK)
+            elif held:
+                return False
+        root.remove_dir(name)
+    except (OSError, Unreadable):
+        return False
+    return True
 
 
 @contextlib.contextmanager

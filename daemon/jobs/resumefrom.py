@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 SCRATCH, REMOTE = "scratch", "remote"
 
 
+class Resumes(str):
+    """The line that says the launch resumes from a checkpoint of the run's own, in scratch or on run.remote: a
+    `str` for `run --check` to print, a type for the launch to find (daemon/preflight.py launch): such a start is
+    no first start, whatever this machine's state.json recorded or lost (daemon/phases/initwait.py at_start)."""
+
+
 @dataclass
 class Start:
     """Where the launch starts: `step` None is step 0."""
@@ -58,9 +64,9 @@ class Start:
         if self.step is None:
             return f"starts from step 0: {self.why}" if self.why else ""
         if self.where == SCRATCH:
-            return f"resumes from step {self.step} (scratch: {self.path})"
-        return (f"resumes from step {self.step} (remote: {self.path}; staging fetches it into scratch and verifies "
-                f"its weights there)")
+            return Resumes(f"resumes from step {self.step} (scratch: {self.path})")
+        return Resumes(f"resumes from step {self.step} (remote: {self.path}; staging fetches it into scratch and "
+                       f"verifies its weights there)")
 
 
 def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None, fresh: bool = False) -> list[str]:

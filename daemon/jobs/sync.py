@@ -8,7 +8,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 1. remove the `.tmp-*` an interrupted sync of this run left (its pid gone), proven by the run's record of what its
    syncs made (daemon/jobs/remote_made.py: a name proves nothing where others may rename); another's is left, said;
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
-   already holds intact is not copied again, nor is anything older than the remote's newest;
+   already holds intact is not copied again, nor is anything older than the remote's newest (but a step 0 of a
+   stopped DPO reference pass is replaced by a further one: daemon/jobs/sync_pass.py);
 3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
    and check sizes and sha256 against the manifest;
 4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
@@ -40,7 +41,7 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.base.worker import error_words
-from minilmd.daemon.jobs import basecopy, remote_claim, remote_made
+from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_pass
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
@@ -215,6 +216,7 @@ class Syncer(Fetcher):
 
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
+        sync_pass.sync_further_pass(self, scan)
         removed = self._retention(scan)
         name = step_name(step)
         if copied:
@@ -239,9 +241,11 @@ class Syncer(Fetcher):
         this run's, a pointer may still name: read)."""
         return scan[name][1] if name in scan else self.remote.intact(name)[1]
 
-    def _copy_up(self, local: Path, scan: Scan) -> int:
+    def _copy_up(self, local: Path, scan: Scan, replacing: bool = False) -> int:
         """Copy a local checkpoint to the remote and verify it there; the bytes copied. Once verified, it is in
-        `scan` as intact, with the manifest the check read (a local remote) or the one written (elsewhere)."""
+        `scan` as intact, with the manifest the check read (a local remote) or the one written (elsewhere).
+        `replacing`: the copy takes the place of the remote's step 0 of a stopped reference pass behind it
+        (sync_pass.py; a store that renames into place only)."""
         remote = self.remote
         manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
         name = local.name
@@ -266,15 +270,22 @@ class Syncer(Fetcher):
             with contextlib.suppress(OSError):  # the copy's own error is the one raised
                 remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
             raise
+        if replacing:  # in place of the remote's stopped reference pass, while it is still behind this copy
+            if not sync_pass.publish_further(remote, target, manifest):
+                with contextlib.suppress(OSError):
+                    remote.rm(target)  # this sync's verified copy, which has nowhere to go
+                raise SyncError(f"{remote.show(name)} changed while a further reference pass was copied: left as "
+                                f"it is")
+        elif remote.renames_into_place and name in remote.names():  # a damaged earlier copy: set it aside
+            try:
+                self._clear_for_copy(name)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    remote.rm(target)  # this sync's verified copy, which has nowhere to go
+                raise
         if remote.renames_into_place:
-            if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
-                try:
-                    self._clear_for_copy(name)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        remote.rm(target)  # this sync's verified copy, which has nowhere to go
-                    raise
-            remote.rename_dir(target, name)
+            if not replacing:
+                remote.rename_dir(target, name)
             # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
             # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
             if name not in remote.names():

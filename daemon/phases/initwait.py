@@ -67,7 +67,9 @@ class AtStart:
 
 def at_start(cfg: RunConfig, resumes: bool = False) -> AtStart:
     """Whether this run starts from another run's result that is not there yet, and, when it is there, what the
-    update share is: only at a first start (no checkpoint of its own, here or recorded on run.remote: `resumes`).
+    update share is: only at a first start (no checkpoint of its own in scratch; `resumes`: one the launch found on
+    run.remote, or one state.json records synced there; a new machine that lost state.json still finds the remote's,
+    so a resume there neither says the share again nor waits).
     Asked on shared storage in a bounded thread: an init.from that fails or does not answer is no predecessor to
     wait for here, and no share to say; staging waits for it in its own thread and `status` says so."""
     if not cfg.init.from_ or resumes or local_checkpoint_steps(cfg.checkpoint_dir):
@@ -76,9 +78,9 @@ def at_start(cfg: RunConfig, resumes: bool = False) -> AtStart:
     return found if answered and isinstance(found, AtStart) else AtStart()
 
 
-def must_wait(cfg: RunConfig) -> bool:
+def must_wait(cfg: RunConfig, resumes: bool = False) -> bool:
     """at_start's wait alone."""
-    return at_start(cfg).waits
+    return at_start(cfg, resumes).waits
 
 
 def _start_facts(cfg: RunConfig) -> AtStart:

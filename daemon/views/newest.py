@@ -12,7 +12,6 @@ untrusted files: metrics.jsonl from its end, a regular file only (minilmd/fsio.p
 """
 from __future__ import annotations
 
-import itertools
 import os
 import stat
 from pathlib import Path
@@ -21,12 +20,10 @@ from minilmd import names
 from minilmd.daemon.base.runstate import RunState, json_records, read_heartbeat
 from minilmd.daemon.base.statesections import LocalCheckpoint, StateJson
 from minilmd.fsio import tail_lines
-from minilmd.untrusted import Unreadable
+from minilmd.untrusted import Unreadable, dir_names
 
 METRICS_LINES = 400
 """How many of metrics.jsonl's last lines are read: the newest train, eval and checkpoint lines are among them."""
-MAX_ENTRIES = 10_000
-"""How many entries of a checkpoint root are looked at, at most (it holds a handful)."""
 
 
 def caught_up(run_dir: Path, state: StateJson) -> StateJson:
@@ -76,17 +73,21 @@ def newest_local(local: LocalCheckpoint | None) -> LocalCheckpoint | None:
 
 
 def _saved_steps(root: Path) -> list[int]:
-    """The steps of the complete checkpoint directories in root (a link is not one)."""
-    steps = []
+    """The steps of the complete checkpoint directories in root (a link is not one); none when root cannot be
+    listed, or holds more entries than untrusted.dir_names reads (a checkpoint root holds a handful)."""
     try:
-        with os.scandir(root) as entries:
-            for entry in itertools.islice(entries, MAX_ENTRIES):
-                if names.is_step_name(entry.name) and entry.is_dir(follow_symlinks=False) and _is_file(
-                        Path(entry.path) / names.MANIFEST):
-                    steps.append(names.step_of(entry.name))
-    except OSError:
+        listed = dir_names(root)
+    except Unreadable:
         return []
-    return steps
+    return [names.step_of(name) for name in listed
+            if names.is_step_name(name) and _is_dir(root / name) and _is_file(root / name / names.MANIFEST)]
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _is_file(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """The `minilmd` command line: the app, and the command groups registered on it, one module each.
 
 - data.py: `prepare`, `corpus`, `demo-corpus`; tokenizer.py: `tokenizer` (torch-free all the way down; their exits:
-  minilmd/corpus/exits.py, outside this package, which imports every group)
+  minilmd/corpus/exits.py, outside this package, which imports every group; the options several commands share,
+  `--group-share` and `--force`, each defined once: minilmd/corpus/cli_options.py, beside it for that reason)
 - trainer.py: `train`, `verify`, `sample`, `chat`, `export`; bench.py: `bench ...` (they run the trainer's code)
 - run.py: `run` (the supervisor, `run --check`); views.py: `status`, `forget`, `plot`, `logs`, `stop`
 

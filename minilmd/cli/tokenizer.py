@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.corpus.cli_options import force_option, group_share_option
 from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, io_error_exit, out_dir_of, out_error_exit
 from minilmd.names import TOKENIZER_FILE
 
@@ -24,11 +25,8 @@ def tokenizer_train_command(
                                       "with a chat template, for prepare --format chat: minimind (MiniMind's "
                                       "ChatML, think block included) or FILE (a Jinja template, or a "
                                       "tokenizer_config.json whose chat_template is taken)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --out (and, with --chat-template, the "
-                               "tokenizer_config.json beside it)."),
-    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
-                                     "users may write: use it anyway (the files are still written at the directory "
-                                     "opened once). Without it such a directory is refused."),
+    force: bool = force_option("an existing --out (and, with --chat-template, the tokenizer_config.json beside it)"),
+    group_share: bool = group_share_option(),
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
@@ -184,10 +182,8 @@ def tokenizer_template_command(
     out: str = typer.Option("", "--out", help="Where to write the tokenizer.json (a name ending in .json; anything "
                             "else is a directory to hold it), the tokenizer_config.json beside it. Default: "
                             "TOKENIZER's own, left as it is: only the tokenizer_config.json is written."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --out, or tokenizer_config.json beside "
-                               "it."),
-    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
-                                     "users may write: use it anyway (as tokenizer train --group-share)."),
+    force: bool = force_option("an existing --out, or the tokenizer_config.json beside it"),
+    group_share: bool = group_share_option(),
 ) -> None:
     """Give an existing tokenizer a chat template, for prepare --format chat: its vocabulary unchanged (the same
     tokenizer.json, byte for byte), so a model pretrained with it can be fine-tuned on a chat corpus prepared with it.

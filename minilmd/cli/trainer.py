@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.corpus.cli_options import force_option, group_share_option
 from minilmd.corpus.exits import EXIT_CONFIG, interruptible
 
 commands = typer.Typer()
@@ -177,13 +178,10 @@ def export(
     share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
-    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
-                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
-                                     "directory is refused (they could swap what the export writes there); with it "
-                                     "the export is still written 0700 and published through the directory opened "
-                                     "once, and a killed export's copy there is left for you to remove."),
-    force: bool = typer.Option(False, "--force", help="minimind: replace an existing --out FILE.pth (an hf or "
-                               "peft --out must be new or an empty directory)."),
+    group_share: bool = group_share_option(more="The export's copy is still written 0700, and a killed export's "
+                                                "copy there is left for you to remove."),
+    force: bool = force_option("an existing --out FILE.pth (--format minimind; an hf or peft --out must be new or "
+                               "an empty directory)"),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.corpus.cli_options import group_share_option
+
 RUN_HELP = "The run directory, or the run config file that names it (its run.dir)."
 
 commands = typer.Typer()
@@ -53,9 +55,7 @@ def plot_command(
                             "never written through)."),
     x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
     title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
-    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
-                                     "users may write: use it anyway (the file is still written at the directory "
-                                     "opened once). Without it such a directory is refused."),
+    group_share: bool = group_share_option(),
 ) -> None:
     """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
     failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd\\[plot]'.

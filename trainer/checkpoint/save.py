@@ -168,14 +168,14 @@ def _maybe_kill(point: str, step: int) -> None:
 
 def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,
          tokenizer: Tokenizer = None, param_names: list[str] | None = None,
-         extra: dict[str, bytes] | None = None) -> Path:
+         extra: dict[str, bytes] | None = None, notes: dict | None = None) -> Path:
     """Write checkpoint `step` under `root` with the full atomic protocol; returns its directory.
 
     `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
     `optimizer_state` is optimizer.state_dict(); `trainer_state` is JSON-able (its "step", if any, must be
     `step`); `tokenizer` the tokenizer's files to write in (Tokenizer); `param_names[i]` the name of optimizer
     parameter i; `extra` more files by name (a DPO run's reference sums: trainer/loop/dpo_reference.py), listed and
-    hashed as the rest.
+    hashed as the rest; `notes` more keys of the manifest (a stopped DPO reference pass's REFERENCE_PASS).
     ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
         raise ScratchFull(root, step, needs, _free_bytes(root))
     try:
         _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer,
-                          extra)
+                          extra, notes or {})
     except OSError as e:
         if e.errno not in DISK_FULL_ERRNOS:
             raise
@@ -205,7 +205,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
 
 def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state: dict, opt_tensors: dict,
                       opt_meta: dict, trainer_state: dict, tokenizer: dict[str, bytes],
-                      extra: dict[str, bytes]) -> None:
+                      extra: dict[str, bytes], notes: dict) -> None:
     tmp.mkdir()
     files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, model_state)}
     _maybe_kill("after_model", step)
@@ -216,7 +216,7 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     for name, data in (*tokenizer.items(), *extra.items()):
         files[name] = _write_bytes(tmp / name, data)
     _maybe_kill("before_manifest", step)
-    manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
+    manifest = {**notes, "format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     _maybe_kill("before_rename", step)
     # An existing `final` is a leftover without a valid manifest (a valid one would have been resumed from).
@@ -361,6 +361,8 @@ class AsyncCheckpointer:
         self.last_wait_s: float = 0.0
         self.extra: dict[str, bytes] = {}
         """Files written into every checkpoint besides the usual ones (a DPO run's reference sums)."""
+        self.notes: dict = {}
+        """Keys written into every checkpoint's manifest besides the usual ones (a stopped reference pass's)."""
 
     def save(self, step: int, model, optimizer, trainer_state: dict, best: bool = False) -> float:
         """Snapshot now, write in the background (then, with `best`, point BEST at it). Returns the seconds the
@@ -384,7 +386,8 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
-                                  tokenizer=self.tokenizer, param_names=param_names, extra=self.extra)
+                                  tokenizer=self.tokenizer, param_names=param_names, extra=self.extra,
+                                  notes=self.notes)
             if best:
                 mark_best(self.root, self.last_path.name)
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there

@@ -46,7 +46,7 @@ from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog
-from minilmd.names import DPO_REFERENCE, HEARTBEAT_REFERENCE
+from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_PASS, HEARTBEAT_REFERENCE
 from minilmd.plan.pairs import PairRows, PairSampler, check_pairs_fit, validation_pairs
 from minilmd.plan.sampler_base import Batch
 from minilmd.probes import DPO_WITHOUT_INIT
@@ -258,7 +258,7 @@ safetensors writes several in no fixed order: the file's bytes (its sha256 in ev
 run to the next. A file written before the record has `data_fingerprint` alone as its key."""
 
 
-PASS_KEY = "pass"
+PASS_KEY = DPO_REFERENCE_PASS
 """The tensor a stopped pass's reference file holds besides the sums: [pairs done, micro_batch_size] (KeptPass). A
 minilmd that does not know it refuses such a file (its tensors are not one per document of each split) rather than
 train on sums half of which are 0."""

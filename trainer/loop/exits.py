@@ -61,6 +61,7 @@ class StoppedInPass(Exception):
         super().__init__(f"{signal_name or 'stop'} received during the DPO reference pass ({done:,}/{total:,} pairs); "
                          f"the pairs done are saved at step 0: the next start goes on from there")
         self.kept: dict[str, bytes] = {}
+        self.done, self.total = done, total
 
 
 def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:

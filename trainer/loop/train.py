@@ -57,7 +57,7 @@ from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
+from minilmd.names import FAULT, HEARTBEAT_EXITING, REFERENCE_PASS, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
@@ -126,6 +126,7 @@ class Trainer:
             self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
         except exits.StoppedInPass as stopped:
             self.checkpointer.extra = stopped.kept
+            self.checkpointer.notes = {REFERENCE_PASS: [stopped.done, stopped.total]}  # the sync's measure of it
             self.saves.finish(self.step)
             raise
         if self.preference.seconds is not None:  # computed now: kept with the run from here on
