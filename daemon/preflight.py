@@ -10,14 +10,13 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 (`check_with_waits`).
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
-so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
-to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
-fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote
-lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, that run.remote is this
-run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py), that no other
-supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or
-the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
-(daemon/jobs/resumefrom.py).
+so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe to lease
+in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can fit in the
+device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other user can rearrange
+it, is no other user's directory, and holds no other user's LATEST, BEST or init, that run.remote is this run's (not
+another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py), that no other supervisor owns the run
+(its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or the remote's newest, by its
+metadata) was trained with this config's model, corpus and tokenizer (daemon/jobs/resumefrom.py).
 Torch-free.
 """
 from __future__ import annotations
@@ -141,9 +140,9 @@ another user's owner.json was said twice."""
 
 
 def remote_place_problems(cfg: RunConfig) -> list[str]:
-    """A local run.remote under a directory another user owns or can rearrange (dirfd's rule,
-    remote_write.root_refused): final, at `--check` and at start, not a sync refused at every try. A remote that
-    does not answer now: no problem (sync waits)."""
+    """A local run.remote under a directory another user owns or can rearrange, or itself a directory another
+    user made first (dirfd's rule, remote_write.root_refused): final, at `--check` and at start, not a sync
+    refused at every try. A remote that does not answer now: no problem (sync waits)."""
     root = local_remote_root(cfg.run.remote)
     if root is None:
         return []

@@ -6,8 +6,11 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   user's alone: perms.private_group; a sticky one of root's or ours is fine, like /tmp); a link on the way refused,
   or followed when root's or ours (`own_links`). Opt-ins: `group_share` waives target's own directory (a team
   directory, touched only through its descriptor), `team_above` lets the directories above be group-writable
-  (still root's or ours): a run.remote's. A judgement by path alone is a moment's: a group member who may write a
-  team directory above the target can rename a directory on the way and put his own there right after it.
+  (still root's or ours): a run.remote's; `team_root`, a run.remote's too, waives only the mode of target's own
+  directory (a team-shared remote), never its owner: a directory another user made first at run.remote's name is his
+  to take away (chmod 700) with the run's only checkpoints in it, so it is refused, naming him. A judgement by
+  path alone is a moment's: a group member who may write a team directory above the target can rename a directory
+  on the way and put his own there right after it.
 - `open_walked(path, ...)` therefore opens the directory component by component from "/" (openat, no link
   followed by the kernel), each directory judged again by the same rule on what its descriptor holds (fstat): a
   directory swapped in after place_problem passed is one of another owner, or a link now, and refused
@@ -64,16 +67,17 @@ def _link_target(path: Path) -> str:
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
                   own_links: bool = False, group_share: bool = False, team_above: bool = False,
-                  links: int = 0, owners: Set[int] = frozenset()) -> str | None:
+                  team_root: bool = False, links: int = 0, owners: Set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
     `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
     owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
-    run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
-    Dir.owners; a squashing share's), for a directory that no one but its owner may write (sticky or not: only a
-    sticky directory of root's or ours is trusted). None: the path stays where it is."""
+    run.remote; still root's or ours, not world-writable unless sticky). `team_root`: the last directory checked may
+    be written by others, but is root's, ours or `owners'` (a run.remote's own directory). `owners`: more uids
+    counted as ours (as Dir.owners; a squashing share's), for a directory that no one but its owner may write
+    (sticky or not: only a sticky directory of root's or ours is trusted). None: the path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -91,12 +95,15 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
-                                     group_share=group_share, team_above=team_above, links=links + 1, owners=owners)
+                                     group_share=group_share, team_above=team_above, team_root=team_root,
+                                     links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
             return None  # the caller says that a file is in the way
-        if group_share and above == chain[-1]:
+        if (group_share or team_root) and above == chain[-1]:
+            if team_root and (problem := _owner_problem(st, where, label, what, owners)):
+                return problem
             continue
         if problem := _dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners):
             return problem
@@ -178,15 +185,28 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
     return None
 
 
+def _owner_problem(st: os.stat_result, where: str, label: str, what: str, owners: Set[int]) -> str | None:
+    """`team_root`'s rule for the target's own directory, whatever its mode: root's, ours or `owners'`. Its owner
+    may chmod 700, rename or empty it at will: what minilmd puts there (a run.remote's only copies of the
+    checkpoints, once scratch is given back) would be his to take away."""
+    if owned_by_me_or_root(st, also=owners):
+        return None
+    owner = user_words(st.st_uid)
+    return (f"{where} belongs to {owner}, not to you: its owner may take away {what} at will (chmod 700, rename or "
+            f"empty it), so minilmd puts nothing there; have {owner} remove it (it is not yours to remove), or "
+            f"choose another {label.removeprefix('the directory of ')}")
+
+
 def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, group_share: bool = False,
-                team_above: bool = False, owners: Set[int] = frozenset()) -> int:
+                team_above: bool = False, team_root: bool = False, owners: Set[int] = frozenset()) -> int:
     """A descriptor (O_RDONLY|O_DIRECTORY) of the existing directory at `path`, reached by walk_to (nothing made):
     from "/" one component at a time with openat, a link followed by the walk only when root's, ours or `owners'`
     (never a realpath of the path first: a link planted after a judgement by path would choose the directory),
     each directory judged on its descriptor by place_problem's rule (`group_share` waives the last, `team_above` as
-    there). PlaceRefused for a component that is another's link or a file now, or that fails the rule;
-    FileNotFoundError when one is missing."""
-    fd, _ = walk_to(path, label, what, advice, None, group_share=group_share, team_above=team_above, owners=owners)
+    there, `team_root` judges only the last one's owner). PlaceRefused for a component that is another's link or a
+    file now, or that fails the rule; FileNotFoundError when one is missing."""
+    fd, _ = walk_to(path, label, what, advice, None, group_share=group_share, team_above=team_above,
+                    team_root=team_root, owners=owners)
     return fd
 
 
@@ -195,13 +215,14 @@ MAX_LINKS = 40
 
 
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
-            group_share: bool = False, team_above: bool = False, owners: Set[int] = frozenset(),
-            exact_mode: bool = False, made: list[Path] | None = None) -> tuple[int, Path]:
+            group_share: bool = False, team_above: bool = False, team_root: bool = False,
+            owners: Set[int] = frozenset(), exact_mode: bool = False,
+            made: list[Path] | None = None) -> tuple[int, Path]:
     """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
     the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
     parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
-    `team_above` and `owners` as there): (an O_RDONLY descriptor of it, its real path). A link on the way is
-    followed by the walk itself, and only when it is root's, ours or `owners'` (in a directory already judged: no
+    `team_above`, `team_root` and `owners` as there): (an O_RDONLY descriptor of it, its real path). A link on the
+    way is followed by the walk itself, and only when it is root's, ours or `owners'` (in a directory already judged: no
     one else could have put it there); another's is refused. So the path is judged and resolved in one look: no
     link planted after a judgement by path leads a later resolve() or mkdir(parents=True) elsewhere, and nothing
     is made past a refusal. `exact_mode`: each directory made gets `mode` itself, whatever the umask (fchmod on it
@@ -219,7 +240,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
 
     def judged(fd: int, here: Path) -> tuple[int, Path]:
         return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
-                       team_above=team_above, owners=owners)
+                       team_above=team_above, team_root=team_root, owners=owners)
 
     def step(name: str) -> None:
         """One component: the walk restarted at "/", up one, or down into `name` (a link's target pending)."""
@@ -307,12 +328,16 @@ def _readlink_at(fd: int, name: str) -> str:
 
 
 def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str, advice: str, last: bool, *,
-            group_share: bool, team_above: bool, owners: Set[int]) -> tuple[int, Path]:
+            group_share: bool, team_above: bool, team_root: bool, owners: Set[int]) -> tuple[int, Path]:
     """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not)."""
     where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
     st = os.fstat(fd)
-    problem = None if group_share and last else _dir_rule_problem(st, here, where, what, advice, team_above=team_above,
-                                                                  owners=owners, acl_at=fd)
+    if last and team_root:
+        problem = _owner_problem(st, where, label, what, owners)
+    elif last and group_share:
+        problem = None
+    else:
+        problem = _dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd)
     if problem:
         os.close(fd)
         raise PlaceRefused(f"{problem} (found so when opened)")

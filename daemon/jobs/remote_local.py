@@ -75,11 +75,11 @@ class LocalRemote(Publishing, Remote):
 
     # --- the root's descriptor -------------------------------------------------------------------------------------
     def _root(self) -> Dir:
-        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way
-        but one of root's or this user's, no directory above it that another user could rearrange; the root itself
-        may be a team directory others write): every write, rename and removal starts at this descriptor, so a link
-        swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or the
-        one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
+        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way but
+        one of root's or this user's, no directory above it that another user could rearrange; the root itself may be a
+        team directory others write, never another user's): every write, rename and removal starts at this descriptor,
+        so a link swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or
+        the one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
         ValueError) when the rule refuses it, an OSError when it is not there."""
         with self._opening:
             if self._dir is not None and _answers(self._dir):

@@ -189,7 +189,9 @@ def given_owner(root: Dir) -> int:
 def open_root(root: str) -> Dir:
     """A local remote's root opened and checked by dirfd's rule (Dir.open: no link on the way but one of root's or
     this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
-    others write, by its owner's choice: `group_share`, and so may the directories above it, group-writable ones
+    others write, by its owner's choice, but it must be root's, this user's or OWN_UIDS' (`team_root`: a directory
+    another user made first at its name is his to chmod 700 with the run's only checkpoints in it), and so may the
+    directories above it, group-writable ones
     of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
     2775 /nfs/team), for LocalRemote._root. The directories above it that a sync made (LocalRemote._make_root) are, on a
     squashing share, the owner the share gives this user's new files (OWN_UIDS), not this user's: where the rule
@@ -197,11 +199,11 @@ def open_root(root: str) -> Dir:
     counting it as this user's (a directory of it above the root only when no one but its owner may write it:
     place_rule). PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError when it is not there."""
     try:
-        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
+        opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
     except PlaceRefused:
         if (where := _learning_place(root)) is None or not learn_own_uid(where):
             raise
-        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
+        opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
     return opened
 

@@ -192,9 +192,10 @@ def export(
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
     exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
-    rearrange, without --group-share; a .pth already there without --force; a directory not empty), 74 the export
-    could not be written (the message says why: a full disk or quota with the room left, permission denied, a
-    read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
+    rearrange, without --group-share; a .pth already there without --force; a directory not empty, or another
+    user's), 74 the export could not be written (the message says why: a full disk or quota with the room left,
+    permission denied, a read-only or failing file system) or the checkpoint could not be read (whose place it is
+    when the permission is missing), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
     from minilmd import perms
 
     if share_problem := perms.problem(share, "--share"):
@@ -243,3 +244,9 @@ def export(
         except ExportError as e:
             typer.echo(f"minilmd export: {e}", err=True)
             raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a link, a live export's)
+        except OSError as e:  # what the writing side did not turn into ExportNotWritten: a read of the checkpoint
+            from minilmd.trainer.model.export_paths import not_read
+
+            failed = not_read(checkpoint, e)  # its run.remote chmod 700 by the directory's owner: EACCES
+            typer.echo(f"minilmd export: {failed}", err=True)
+            raise typer.Exit(failed.exit_status) from None

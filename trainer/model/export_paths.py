@@ -111,6 +111,48 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     return ExportNotWritten(f"{out}: the export could not be written: {what}; nothing was left behind; {todo}")
 
 
+class CheckpointNotRead(ExportError):
+    """A checkpoint place that could not be read (no permission, EIO on a share): 74, EX_IOERR, nothing written."""
+
+    exit_status = EXIT_IO
+
+
+def not_read(checkpoint: str | Path, e: OSError) -> CheckpointNotRead:
+    """What a read error of the checkpoint (or of the run's scratch or run.remote it stands for) means, in one line:
+    the place, what the system said and, when the permission is missing, whose that place is (a run.remote another
+    user owns is his to chmod 700: `_owner_words`)."""
+    where = f" ({e.filename})" if e.filename else ""
+    owner = _owner_words(e.filename) if e.errno in (errno.EACCES, errno.EPERM) and e.filename else ""
+    todo = ("have its owner give you read permission back, or export another copy of the checkpoint" if owner
+            else "fix the disk, the share or its permissions, then export again")
+    return CheckpointNotRead(f"{checkpoint}: the checkpoint could not be read: {e.strerror or e}{where}{owner}; "
+                             f"nothing was written; {todo}")
+
+
+def _owner_words(path: str | os.PathLike) -> str:
+    """"; X belongs to user mal (uid 1002)": the nearest place on the way to `path` that can be looked at (the
+    file itself, or the directory that lets no one through), when it is not this user's; "" when it is."""
+    here = Path(os.path.abspath(path))
+    for place in [here, *here.parents]:
+        try:
+            st = os.lstat(place)
+        except OSError:
+            continue
+        return "" if perms.owned_by_me(st) else f": {place} belongs to {perms.user_words(st.st_uid)}"
+    return ""
+
+
+def foreign_out_dir(out: Path, st: os.stat_result) -> str:
+    """Why an existing --out directory (as lstat saw it) is not this export's to replace ("" when it is this
+    user's): another user's, made first. An export replaces only an empty directory of the user's own: publishing
+    would delete another's (in a sticky directory the rename fails anyway: EPERM, "not permitted", said before
+    without whose it is)."""
+    if perms.owned_by_me(st):
+        return ""
+    return (f"{out}: a directory of {perms.user_words(st.st_uid)}, made before this export: an export replaces only "
+            f"an empty directory of yours, never another user's; choose a new --out, or have its owner remove it")
+
+
 OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "
               "team directory anyway (docs/operations.md)")
 class ExportCopy:
@@ -157,6 +199,8 @@ class ExportCopy:
         if st is None:
             return None
         if stat.S_ISDIR(st.st_mode):
+            if theirs := foreign_out_dir(self.out, st):
+                raise OutRefused(f"{theirs}; nothing was published")
             with Dir.at(self.parent, self.out.name) as there:
                 if not _not_empty(there):
                     return there.identity
@@ -270,9 +314,13 @@ def checked_out(out: str | Path, group_share: bool = False) -> Path:
 
 
 def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
-    """checked_out's --out for an export directory: an existing one that is not an empty directory is refused
-    (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
+    """checked_out's --out for an export directory: an existing one that is not an empty directory, or another
+    user's (foreign_out_dir), is refused (ExportCopy.publish_dir looks again, through the directory of --out, when
+    it publishes)."""
     out_dir = checked_out(out_dir, group_share)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        if stat.S_ISDIR((st := os.lstat(out_dir)).st_mode) and (theirs := foreign_out_dir(out_dir, st)):
+            raise OutRefused(f"{theirs}; nothing was written")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise OutRefused(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
