@@ -30,7 +30,8 @@ def refusal(call) -> Unreadable:
 
 def test_a_tokenizer_file_not_utf8_is_not_utf8(tmp_path):
     (tmp_path / "tokenizer_config.json").write_bytes(b"\xff{}")
-    assert refusal(lambda: chat._read_text(tmp_path / "tokenizer_config.json")).kind == "not_utf8"
+    assert refusal(lambda: chat._read_text(tmp_path / "tokenizer_config.json", (os.getuid(),),
+                                           tmp_path / "tokenizer.json")).kind == "not_utf8"
 
 
 def test_a_predecessor_whose_run_directory_cannot_be_looked_at_is_io(tmp_path):
