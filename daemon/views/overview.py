@@ -62,7 +62,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:
             return {**base, "phase": "not started", "running": False}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
-    from minilmd.daemon.views.liveness import supervisor_alive
+    from minilmd.daemon.views.liveness import supervisor_alive, trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
@@ -95,6 +95,9 @@ def row(entry: registry.Entry, t: float) -> dict:
         and state.phase == Phase.WAITING_INIT else None,
         "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
         "caught_up": bool(changed_sections(written, state)),  # the step is the trainer's, newer than state.json's
+        # a killed supervisor's trainer that trains on (the phase is then no word of a dead one: see _cells)
+        "trainer_alone": (trainer_alone(entry.run_dir, state, alive) or []) if state.phase not in FINAL_PHASES
+        else [],
     }
 
 
@@ -149,7 +152,7 @@ def _cells(r: dict) -> list[str]:
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
-        phase += " (not running)"
+        phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
         phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):
