@@ -53,8 +53,8 @@ __all__ = [  # the config's public face: the schema (config_sections.py) with it
     "DPO_DEFAULTS", "DPO_LORA_DEFAULTS", "Duration", "EarlyStopSection", "EvalSection", "ExtraCheck", "GpuSection",
     "InitSection", "keep_recorded_schedule", "KEPT_ON_RESUME", "load_config", "LogSection", "LORA_TARGETS",
     "given_sets", "LoraSection", "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "PATH_KEYS", "recorded_copy",
-    "RestartSection", "RunConfig", "RunSection", "SECTIONS", "SFT_DEFAULTS", "stage_defaults", "SyncSection",
-    "toml_key", "TrainSection",
+    "RestartSection", "RunConfig", "RunSection", "SECTIONS", "SFT_DEFAULTS", "SFT_LORA_DEFAULTS", "stage_defaults",
+    "SyncSection", "toml_key", "TrainSection",
 ]
 
 
@@ -72,6 +72,10 @@ SFT_DEFAULTS: dict[str, Any] = {"data.mode": "bucketed", "train.lr": 1e-5, "trai
 """What a run on a chat corpus uses where its config does not say otherwise: the SFT seed's method (dynamic padding
 with length bucketing) and schedule (lr 1e-5, cosine down to 1e-6; ../shared/seeds, section 7)."""
 
+SFT_LORA_DEFAULTS: dict[str, Any] = {**SFT_DEFAULTS, "train.lr": 1e-4}
+"""A LoRA run's on a chat corpus: SFT's, at MiniMind's own LoRA rate (trainer/train_lora.py's --learning_rate 1e-4):
+adapters that start at zero move less per step than the full model, which SFT's 1e-5 is for (as for DPO, below)."""
+
 DPO_DEFAULTS: dict[str, Any] = {"train.lr": 1e-5}
 """What a full DPO run (a preference corpus, `prepare --format dpo`) uses where its config does not say otherwise:
 a rate that learns in a short run without collapsing the chosen replies' log-probabilities (the sweep of
@@ -86,7 +90,7 @@ def stage_defaults(data_format: str, lora: bool) -> tuple[str, dict[str, Any]]:
     """(the stage's name, its defaults) of a run on a corpus of `data_format` ("text", "chat", "dpo"): the one table
     of what a stage changes of the schema's defaults (those of a text corpus, pretraining's)."""
     if data_format == "chat":
-        return "SFT", SFT_DEFAULTS
+        return ("LoRA SFT", SFT_LORA_DEFAULTS) if lora else ("SFT", SFT_DEFAULTS)
     if data_format == "dpo":
         return ("LoRA DPO", DPO_LORA_DEFAULTS) if lora else ("DPO", DPO_DEFAULTS)
     return "pretraining", {}

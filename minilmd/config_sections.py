@@ -152,8 +152,9 @@ class TrainSection:
     """Micro-batches accumulated per optimizer step. Global batch = micro_batch_size * grad_accum * world_size."""
     lr: float = 5e-4
     """Peak learning rate: pretraining's default here; a chat or preference corpus's stage has its own where the
-    config leaves this out (minilmd/config.py, stage_defaults: SFT 1e-5, DPO 1e-5, LoRA DPO 3e-4), and a resumed run
-    keeps the one its checkpoints record. 0: a sanity run whose weights do not move (`run --check` warns)."""
+    config leaves this out (minilmd/config.py, stage_defaults: SFT 1e-5, LoRA SFT 1e-4, DPO 1e-5, LoRA DPO 3e-4),
+    and a resumed run keeps the one its checkpoints record. 0: a sanity run whose weights do not move (`run --check`
+    warns)."""
     min_lr_ratio: float = 0.1
     """The cosine schedule ends at lr * min_lr_ratio."""
     warmup_steps: int = 0

@@ -72,7 +72,8 @@ def _short(sha: object) -> str:
 def _vocabularies_differ(checkpoint: Path, corpus: Path) -> str:
     """How the two directories' tokenizer.json map ids to other text ("3 of 6400 ids differ: id 300 is 'ab' in
     the checkpoint's, 'cd' in the corpus's"), "" when they map every id alike or either cannot be read."""
-    mine, yours = _vocabulary(checkpoint), _vocabulary(corpus)
+    mine_raw, yours_raw = (read_named(folder, TOKENIZER_FILE, TOKENIZER_MAX_BYTES) for folder in (checkpoint, corpus))
+    mine, yours = _vocabulary(mine_raw), _vocabulary(yours_raw)
     if mine is None or yours is None or mine == yours:
         return ""
     if len(mine) != len(yours):
@@ -80,14 +81,35 @@ def _vocabularies_differ(checkpoint: Path, corpus: Path) -> str:
     differ = sorted(i for i in mine.keys() | yours.keys() if mine.get(i) != yours.get(i))
     first = differ[0]
     return (f"{len(differ)} of {len(mine)} ids stand for other text: id {first} is "
-            f"{printable(repr(mine.get(first)))} in the checkpoint's, {printable(repr(yours.get(first)))} in the "
-            f"corpus's")
+            f"{_shown(mine_raw, mine.get(first), first)} in the checkpoint's, "
+            f"{_shown(yours_raw, yours.get(first), first)} in the corpus's")
 
 
-def _vocabulary(folder: Path) -> dict[int, str] | None:
-    """{id: token} of the tokenizer.json in `folder` (its model.vocab and added_tokens), None when it cannot be
-    read (read_named's rules) or holds no vocabulary."""
-    raw = read_named(folder, TOKENIZER_FILE, TOKENIZER_MAX_BYTES)
+def _shown(raw: bytes | None, token: str | None, token_id: int) -> str:
+    """A vocabulary entry as the user reads it: the text its tokenizer decodes the id to (a byte-level BPE spells
+    '与' as 'ä¸İ'), with the entry itself beside when they differ; escaped (the tokenizer may be another user's)."""
+    decoded = _decoded(raw, token_id)
+    if decoded is None or decoded == token:
+        return printable(repr(token))
+    return f"{printable(repr(decoded))} (token {printable(repr(token))})"
+
+
+def _decoded(raw: bytes | None, token_id: int) -> str | None:
+    """The tokenizer.json `raw`'s decode of one id (special tokens kept), None where the tokenizers library cannot
+    load or decode it. Imported here, on the refusal's path alone: the supervisor's launch check runs this."""
+    if raw is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(raw.decode("utf-8")).decode([token_id], skip_special_tokens=False)
+    except Exception:  # noqa: BLE001 - malformed JSON, a model the library refuses: Rust raises plain Exception
+        return None
+
+
+def _vocabulary(raw: bytes | None) -> dict[int, str] | None:
+    """{id: token} of a tokenizer.json's bytes (its model.vocab and added_tokens), None when there are none (it
+    could not be read: read_named's rules), they do not parse or hold no vocabulary."""
     try:
         parsed = loads(raw) if raw is not None else None
     except ValueError:

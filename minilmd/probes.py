@@ -308,9 +308,11 @@ def stage_notes(cfg: RunConfig) -> list[str]:
 
 def init_from_notes(cfg: RunConfig) -> list[str]:
     """stage_notes' notes of init.from's checkpoint (init_notes: another tokenizer or chat template than the
-    corpus's...), for the supervisor once it has staged that checkpoint (daemon/jobs/stagingworker.py): a
+    corpus's, a DPO stage on a text corpus...) and of a [dpo] beta its corpus ignores, for the supervisor once it
+    has staged that checkpoint (daemon/jobs/stagingworker.py): a
     predecessor still training at `run --check` had none to compare, and a launch without `--check` says none."""
-    return _bounded_init_notes(cfg, _corpus_meta(cfg))
+    meta = _corpus_meta(cfg)
+    return dpo_beta_ignored(cfg, data_format_of(meta) if meta is not None else "") + _bounded_init_notes(cfg, meta)
 
 
 def _corpus_meta(cfg: RunConfig) -> dict | None:
@@ -335,11 +337,7 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
     rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
-    notes = []
-    if data_format != "dpo" and cfg.is_set("dpo.beta") and cfg.dpo.beta != DpoSection.beta:  # a default copied
-        notes.append(f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so "
-                     f"this run trains {stage_defaults(data_format, False)[0]}, not DPO (a preference corpus is one of "
-                     f"`minilmd prepare --format dpo`)")
+    notes = dpo_beta_ignored(cfg, data_format)
     if data_format == "dpo" and cfg.is_set("data.mode") and cfg.data.mode != "bucketed":
         notes.append(f"data.mode = {cfg.data.mode!r} has no effect on a preference corpus: its pairs are "
                      f"length-bucketed, both sides in one micro-batch padded to its longest row")
@@ -347,6 +345,32 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
         notes.append("data.doc_mask = true has no effect on a preference corpus: each row holds one side of one pair, "
                      "a single document")
     return notes
+
+
+PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo`"
+
+
+def dpo_beta_ignored(cfg: RunConfig, data_format: str) -> list[str]:
+    """[dpo] beta other than its default on a corpus that is not a preference one (a DPO config pointed at another
+    corpus trains that corpus's stage); at its default it is no choice (a copy of deploy/example.toml)."""
+    if data_format in ("", "dpo") or not cfg.is_set("dpo.beta") or cfg.dpo.beta == DpoSection.beta:
+        return []
+    return [f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run "
+            f"trains {stage_defaults(data_format, False)[0]}, not DPO ({PREFERENCE_CORPUS})"]
+
+
+def dpo_on_text_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:
+    """A DPO stage pointed at a text corpus (walk 4 #3): [dpo] beta written in the config at its default (other
+    values: ignored_settings), init.from's checkpoint fine-tuned on conversations (it holds a chat template, which a
+    text corpus's checkpoints never do) and the corpus plain text. A copy of deploy/example.toml (beta = 0.1 written
+    out) for pretraining, or for more pretraining from a pretraining checkpoint, says nothing; an SFT stage on a chat
+    corpus neither."""
+    if (meta is None or data_format_of(meta) != "text" or not cfg.is_set("dpo.beta")
+            or cfg.dpo.beta != DpoSection.beta or not os.path.lexists(source_path / TOKENIZER_CONFIG)):
+        return []
+    return [f"[dpo] is set but {cfg.data.prepared} is a text corpus: this stage trains init.from's model (fine-tuned "
+            f"on conversations: {source_path} holds a chat template) as a plain language model, not DPO "
+            f"({PREFERENCE_CORPUS})"]
 
 
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
@@ -370,6 +394,7 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
                      f"starts from the SFT stage's model")
+    notes += dpo_on_text_after_sft(cfg, meta, source.path)
     return notes + (init_tokenizer.notes(spec, cfg.data.prepared, source, state, meta) if meta is not None else [])
 
 

@@ -135,6 +135,28 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus, chat_c
     assert "has no effect" not in said, said
 
 
+def test_a_dpo_stage_pointed_at_a_text_corpus_after_sft_is_said_and_a_copy_of_the_example_is_not(
+        tmp_path, corpus, chat_corpus):
+    """Walk 4 #3: dpo.toml with data.prepared a pretraining corpus (`[dpo] beta = 0.1`, the default, init.from the
+    SFT stage) passed `--check` with "OK" and no word; the supervisor says it too once it has staged init.from."""
+    from minilmd.probes import init_from_notes
+
+    config = write_config(tmp_path, corpus, name="dpotext", dpo={"beta": 0.1},
+                          init={"from": str(tmp_path / "nfs-sft")})
+    ckpt = _source_root(tmp_path, config, corpus[0], step=100, total=100, template=False) / "step-00000100"
+    shutil.copy(chat_corpus[0] / "tokenizer_config.json", ckpt)  # fine-tuned on conversations: the SFT stage's
+    note = (f"note: [dpo] is set but {corpus[0]} is a text corpus: this stage trains init.from's model (fine-tuned on "
+            f"conversations: {ckpt} holds a chat template) as a plain language model, not DPO (a preference corpus "
+            f"is one of `minilmd prepare --format dpo`)")
+    assert note in _check(config), _check(config)
+    assert [n for n in init_from_notes(load_config(config)) if "[dpo] is set" in n] == [note[len("note: "):]]
+    unset = write_config(tmp_path, corpus, name="no-dpo", init={"from": str(tmp_path / "nfs-sft")})
+    assert "[dpo]" not in _check(unset)  # no [dpo] written: more training of that model on text, as it says
+    (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: a copy of deploy/example.toml
+    assert "[dpo]" not in _check(config)
+    assert "[dpo]" not in _check(write_config(tmp_path, corpus, name="pretrain", dpo={"beta": 0.1}))
+
+
 def test_a_third_users_chat_template_in_init_froms_checkpoint_is_not_read(tmp_path, dpo_corpus):
     """The checkpoint's tokenizer_config.json is read as init_place reads the source: a file of the source's owner
     or ours. On main a third user's file there (another template) was read and compared."""

@@ -15,6 +15,8 @@ from minilmd.config import (
     DPO_DEFAULTS,
     DPO_LORA_DEFAULTS,
     SFT_DEFAULTS,
+    SFT_LORA_DEFAULTS,
+    apply_stage_defaults,
     keep_recorded_schedule,
     load_config,
 )
@@ -53,6 +55,29 @@ def test_a_preference_run_that_leaves_lr_out_runs_at_the_dpo_default_and_the_pla
     assert as_trained(set_here).train.lr == 2e-6 and lr_line(set_here).startswith("lr 2e-06 (set in the config)")
     sft = load_config(without_lr(write_config(tmp_path, chat_corpus, name="sft")))
     assert lr_line(sft).startswith(f"lr {SFT_DEFAULTS['train.lr']:g} (SFT default; set train.lr to change)")
+
+
+def test_a_lora_run_on_a_chat_corpus_runs_at_the_lora_sft_default_which_check_the_plan_and_trainer_say(
+        tmp_path, chat_corpus):
+    """Walk 4 #1: a LoRA stage on an SFT corpus ran at the full model's SFT rate (1e-5), its adapters barely moved;
+    it has a row of its own (MiniMind's train_lora.py's 1e-4), bucketed and cosine to a tenth as SFT."""
+    from trainer.loop.resume import start_lines
+
+    lora_lr = SFT_LORA_DEFAULTS["train.lr"]
+    cfg = load_config(without_lr(write_config(tmp_path, chat_corpus, name="lora", lora={"rank": 4},
+                                              init={"from": str(tmp_path / "base")})))
+    assert lora_lr == 1e-4 and as_trained(cfg).train.lr == lora_lr and planned(cfg).lr == lora_lr
+    assert as_trained(cfg).data.mode == "bucketed"
+    assert lr_line(cfg).startswith(f"lr {lora_lr:g} (LoRA SFT default; set train.lr to change), cosine down to "
+                                   f"{lora_lr / 10:g}")
+    applied = apply_stage_defaults(cfg, "chat")  # as the trainer applies them: the config its checkpoints record
+    assert applied["train.lr"] == lora_lr and cfg.train.lr == lora_lr
+    said = start_lines(cfg, 1000, 10, "cpu x 1", (0, 8), 8, "chat", applied)
+    assert f"chat corpus, LoRA SFT defaults: data.mode = 'bucketed', train.lr = {lora_lr!r}" in said[-1]
+    # a LoRA SFT run begun at the old default (1e-5) goes on at it
+    assert keep_recorded_schedule(cfg, {"train": {"lr": 1e-5, "min_lr_ratio": 0.1}}) == {
+        "train.lr": f"train.lr = 1e-05 kept from the checkpoint (a fresh start would use {lora_lr!r})"}
+    assert cfg.train.lr == 1e-5
 
 
 def test_a_resume_keeps_the_recorded_rates_the_config_leaves_to_a_default_and_a_set_one_wins(tmp_path, dpo_corpus):

@@ -54,6 +54,42 @@ def _checkpoint_of(tmp_path: Path, config: Path, corpus: Path) -> Path:
     return ckpt.parent
 
 
+def test_the_ids_that_differ_are_shown_as_their_tokenizers_decode_them(tmp_path, chat_corpus):
+    """Walk 4 #6: a byte-level BPE spells text in its byte alphabet ("id 278 is 'ä¸į' in the checkpoint's"): the
+    message shows each side's decode of the id, escaped, with the raw token beside."""
+    from tokenizers import Tokenizer
+
+    from minilmd.init_kinds import InitSource
+    from minilmd.init_tokenizer import mismatch
+
+    tok = Tokenizer.from_file(str(chat_corpus[0] / TOKENIZER_FILE))
+    vocab = tok.get_vocab(with_added_tokens=False)
+    whole = sorted(i for t, i in vocab.items() if not t.isascii() and (text := tok.decode([i])) != t
+                   and "\ufffd" not in text and not text.isascii())[:2]  # each a whole character, spelt otherwise
+    assert len(whole) == 2
+
+    def swap(tokenizer: dict) -> dict:
+        v = tokenizer["model"]["vocab"]
+        a, b = (next(t for t, i in v.items() if i == n) for n in whole)
+        v[a], v[b] = v[b], v[a]
+        return tokenizer
+
+    other = _with_tokenizer(chat_corpus[0], tmp_path / "other", swap)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(chat_corpus[0] / TOKENIZER_FILE, ckpt / TOKENIZER_FILE)
+    state = {"config": {"model": {"vocab_size": chat_corpus[1]}}, "fingerprints": {"tokenizer": "a" * 64}}
+    meta = json.loads((other / CORPUS_META).read_text(encoding="utf-8"))
+    refused = mismatch("x", str(other), InitSource("checkpoint", ckpt), state, meta)
+    first, second = whole
+    text_of = {i: tok.decode([i]) for i in whole}
+    token_of = {i: tok.id_to_token(i) for i in whole}
+    assert refused is not None and (
+        f"2 of {chat_corpus[1]} ids stand for other text: id {first} is {text_of[first]!r} (token "
+        f"{token_of[first]!r}) in the checkpoint's, {text_of[second]!r} (token {token_of[second]!r}) in the "
+        f"corpus's") in refused, refused
+
+
 @pytest.mark.slow  # three processes: run --check, run, train
 def test_a_corpus_whose_tokenizer_gives_ids_other_text_is_refused_by_check_launch_and_train(tmp_path, chat_corpus):
     other = _with_tokenizer(chat_corpus[0], tmp_path / "share" / "sft-other", _swap_two_ids)

@@ -160,6 +160,25 @@ def test_status_without_a_run_dir_lists_the_registered_runs(tmp_path):
     assert cli("forget", "solo").returncode == 1
 
 
+def _hint(rows: list[dict]) -> str:
+    out = io.StringIO()
+    overview._vanished_hint(rows, out)
+    return out.getvalue().strip()
+
+
+def test_the_gone_runs_hint_is_bounded_and_is_what_the_docs_quote():
+    """Walk 4 #5: operations.md showed `minilmd forget NAME` where the walk's overview said `minilmd forget RUN_DIR`
+    (its gone runs shared a name), in one line naming all 29. The docs quote both forms as the code prints them."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    quoted = [line for line in doc.splitlines() if line.startswith("run directories gone:")]
+    unique = _hint([{"run": "demo", "phase": "done", "run_dir": "/tmp/demo-watch/run"},
+                    {"run": "old", "phase": "vanished", "run_dir": "/tmp/demo-old/run"}])
+    shared = _hint([{"run": "demo", "phase": "vanished", "run_dir": f"/tmp/demo-{i}/run"} for i in range(1, 30)])
+    assert quoted == [unique, shared], (quoted, unique, shared)
+    assert "`minilmd forget NAME`" in unique and "/tmp/demo-4/run" not in shared and "and 26 more" in shared
+    assert len(_hint([{"run": f"r{i}", "phase": "vanished", "run_dir": f"/d/{i}"} for i in range(29)])) < 120
+
+
 def test_forget_by_name_never_removes_a_run_whose_directory_still_exists(tmp_path, monkeypatch):
     """Found by a new user: three demos (every demo run is named `demo`), two of them deleted; the overview said
     `minilmd forget NAME`, and `minilmd forget demo` removed all three entries, the one training now too. By name it

@@ -37,6 +37,10 @@ def test_a_config_minilmd_wrote_is_its_tokenizers_alone(tmp_path, tokenizer):
     with pytest.raises(ChatError, match=r"tokB.json: no chat template .*tokenizer_config.json is tok.json's \(it "
                                         r"records it\), not tokB.json's"):
         read_tokenizer_config(tk / "tokB.json")
+    with pytest.raises(ChatError) as said:  # walk 4 #2: the way it names is refused there without --out
+        read_tokenizer_config(tk / "tokB.json")
+    assert (f"`minilmd tokenizer template {tk / 'tokB.json'} --chat-template minimind` gives it one (add `--out DIR`, "
+            "a directory of its own, where another tokenizer's tokenizer_config.json is beside it)") in str(said.value)
 
     shutil.copyfile(tokenizer, tk / "tokT.json")
     refused = template(tk / "tokT.json")

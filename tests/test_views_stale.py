@@ -10,14 +10,16 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from minilmd import names
+from minilmd import names, procs
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state, read_heartbeat
+from minilmd.daemon.child.orphans import record_launch
 from minilmd.daemon.host import registry
 from minilmd.daemon.views import overview
 from minilmd.daemon.views import status as views
@@ -129,6 +131,38 @@ def test_status_all_json_rows_take_the_step_plain_status_shows(tmp_path, monkeyp
     header, row_line = out.getvalue().splitlines()[:2]  # the STEP cell alone: RUN_DIR holds pytest's base (3169...)
     step_cell = row_line[header.index("STEP"):header.index("LOSS")].strip()
     assert step_cell == "253/3,000", out.getvalue()
+
+
+def test_a_killed_supervisors_trainer_that_trains_on_is_said_in_the_first_line_and_the_overview(tmp_path,
+                                                                                                 monkeypatch):
+    """Walk 4 #7: status said "not running (last seen ...)" first and `status --all` "training (not running)" while
+    the same screen said the trainer still ran. The trainer here is a real process carrying the run's directory and
+    launch id (trainer.json records it), as the orphan hunt finds one."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    run_dir, _ = killed_run(tmp_path)
+    registry.register("tiny", run_dir, tmp_path / "tiny.toml")
+    launch_id = "ab" * 16
+    trainer = subprocess.Popen(["sleep", "600"], env={**os.environ, names.RUN_DIR_ENV: str(run_dir.resolve()),
+                                                      names.LAUNCH_ID_ENV: launch_id})
+    try:
+        record_launch(run_dir, 1, launch_id, trainer.pid, procs.process_start_ticks(trainer.pid))
+        head = status_text(run_dir).splitlines()[0]
+        assert "supervisor not running (killed or crashed, last seen " in head and (
+            f"in training) but its trainer is (pid {trainer.pid}): `minilmd run` again stops that trainer (it saves "
+            f"first) and resumes") in head, head
+        assert f"trainer still running without its supervisor: pid {trainer.pid}" in status_text(run_dir)
+        out = io.StringIO()
+        assert overview.status_all(out=out) == 0
+        assert "training (trainer without supervisor)" in out.getvalue() and "not running" not in out.getvalue(), \
+            out.getvalue()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert "not running (last seen" in status_text(run_dir).splitlines()[0]  # gone too: nothing trains
+    out = io.StringIO()
+    assert overview.status_all(out=out) == 0
+    assert "training (not running)" in out.getvalue(), out.getvalue()
 
 
 def test_status_names_the_checkpoint_stop_names_when_only_scratch_has_it(tmp_path):

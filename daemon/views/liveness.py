@@ -36,20 +36,28 @@ def load(run_dir: Path) -> tuple[dict | None, str]:
         return None, "" if e.missing else e.why
 
 
-def orphan_lines(run_dir: Path, state: StateJson, alive: bool) -> list[str]:
-    """After a supervisor was killed: whether the trainer it ran still runs (daemon/child/orphans.py, read only: the
-    processes of ours that carry this run's launch id), with the step its heartbeat says."""
+def trainer_alone(run_dir: Path, state: StateJson, alive: bool) -> list[int] | None:
+    """After a supervisor was killed: the pids of the trainer it ran that still run (daemon/child/orphans.py, read
+    only: the processes of ours that carry this run's launch id); None where nothing is looked at (a supervisor
+    alive, a run that ended cleanly, another user's run: the orphan hunt sees only our own processes)."""
     if alive or state.outcome is not None:
-        return []
+        return None
     try:
         ours = owned_by_me(os.lstat(run_dir))
     except OSError:
         ours = False
     if not ours:
-        return []  # the orphan hunt sees only our own processes: of another user's run it could say nothing true
+        return None
     from minilmd.daemon.child.orphans import find_orphans
 
-    pids = find_orphans(run_dir)
+    return find_orphans(run_dir)
+
+
+def orphan_lines(run_dir: Path, state: StateJson, pids: list[int] | None) -> list[str]:
+    """Whether the trainer a killed supervisor ran still runs (`pids`: trainer_alone's), with the step its
+    heartbeat says."""
+    if pids is None:
+        return []
     if not pids:
         return ["  no trainer of this run is running"] if state.child else []
     beat = read_heartbeat(run_dir)

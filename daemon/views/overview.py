@@ -45,6 +45,8 @@ GROUP_ABOVE = 20
 """Another user with more runs than this shows as one line in the table, not a row each: root's overview reads every
 user's entries, and one user's thousand (up to the registry's per-user cap) would bury everyone else's. --json
 still lists every row; the reader's own runs are never grouped."""
+GONE_NAMED = 3
+"""How many runs whose directory is gone the hint under the table names; it says how many more."""
 
 
 def row(entry: registry.Entry, t: float) -> dict:
@@ -60,7 +62,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:
             return {**base, "phase": "not started", "running": False}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
-    from minilmd.daemon.views.liveness import supervisor_alive
+    from minilmd.daemon.views.liveness import supervisor_alive, trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
@@ -93,6 +95,9 @@ def row(entry: registry.Entry, t: float) -> dict:
         and state.phase == Phase.WAITING_INIT else None,
         "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
         "caught_up": bool(changed_sections(written, state)),  # the step is the trainer's, newer than state.json's
+        # a killed supervisor's trainer that trains on (the phase is then no word of a dead one: see _cells)
+        "trainer_alone": (trainer_alone(entry.run_dir, state, alive) or []) if state.phase not in FINAL_PHASES
+        else [],
     }
 
 
@@ -147,7 +152,7 @@ def _cells(r: dict) -> list[str]:
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
-        phase += " (not running)"
+        phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
         phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):
@@ -212,17 +217,19 @@ def status_all(as_json: bool = False, out=None) -> int:
 
 def _vanished_hint(rows: list[dict], out) -> None:
     """Which runs' directories are gone, and how to forget them: by name, or by run directory when a name is shared
-    (every demo is `demo`: the name alone would not say which)."""
+    (every demo is `demo`: the name alone would not say which); the first GONE_NAMED of them, and how many more (a
+    shared machine's registry held 29: one line naming them all was no hint)."""
     vanished = [r for r in rows if r["phase"] == "vanished"]
     if not vanished:
         return
     shared = Counter(r["run"] for r in rows)
-    if any(shared[r["run"]] > 1 for r in vanished):
-        said = ", ".join(f"{r['run']} ({printable(r['run_dir'])})" for r in vanished)
-        print(f"run directories gone: {said}: `minilmd forget RUN_DIR` removes them from this list", file=out)
-    else:
-        print(f"run directories gone: {', '.join(r['run'] for r in vanished)}: `minilmd forget NAME` removes them "
-              f"from this list", file=out)
+    by_dir = any(shared[r["run"]] > 1 for r in vanished)
+    said = ", ".join(printable(r["run"]) + (f" ({printable(r['run_dir'])})" if by_dir else "")
+                     for r in vanished[:GONE_NAMED])
+    if len(vanished) > GONE_NAMED:
+        said += f" and {len(vanished) - GONE_NAMED} more (PHASE vanished above)"
+    how = "`minilmd forget RUN_DIR`" if by_dir else "`minilmd forget NAME`"
+    print(f"run directories gone: {said}: {how} removes them from this list", file=out)
 
 
 def grouped(rows: list[dict], reader: int) -> tuple[list[dict], list[str]]:

@@ -22,7 +22,7 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
-from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
+from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_dir_of, run_problem
@@ -50,10 +50,11 @@ def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
     return _is_a_run(Path(run_dir), command)
 
 
-def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list[str]:
-    """A few human lines from state.json (read tolerantly: `StateJson.from_dict`)."""
+def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None) -> list[str]:
+    """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
+    a killed supervisor left training (liveness.trainer_alone)."""
     t = t or time.time()
-    lines = [_head_line(state, alive, t)]
+    lines = [_head_line(state, alive, t, alone)]
     if state.reason:
         lines.append(f"  why: {_why(state)}")
     if state.slurm:
@@ -98,9 +99,10 @@ def _why(state: StateJson) -> str:
     return state.reason
 
 
-def _head_line(state: StateJson, alive: bool, t: float) -> str:
+def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None = None) -> str:
     """The run, its phase and for how long (a `done` one by how it ended: `stopped`, `early-stopped`, as `status
-    --all` shows it), and whether its supervisor runs (or how it ended)."""
+    --all` shows it), and whether its supervisor runs (or how it ended; of a killed one, whether the trainer it
+    left, `alone`'s pids, trains on: "not running" alone read as nothing training)."""
     from minilmd.daemon.views.overview import shown_phase
 
     since = state.since
@@ -114,6 +116,10 @@ def _head_line(state: StateJson, alive: bool, t: float) -> str:
     if outcome:
         return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"
     # its phase is only what a dead supervisor last wrote: never "training for ..." of a run nothing trains
+    if alone:
+        return run + (f"supervisor not running (killed or crashed, last seen {fmt_time(state.updated)} in "
+                      f"{state.phase or '?'}) but its trainer is (pid {', '.join(map(str, alone))}): `minilmd run` "
+                      f"again stops that trainer (it saves first) and resumes")
     return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}, the supervisor did not "
                   f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
 
@@ -249,8 +255,9 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir, state)
-    lines += _corpus_owner_lines(run_dir)
+    alone = trainer_alone(run_dir, state, alive)  # a killed supervisor's trainer, still training
+    lines = summary_lines(state, alive, alone=alone) + orphan_lines(run_dir, state, alone)
+    lines += _lineage_lines(run_dir, state) + _corpus_owner_lines(run_dir)
     if claims:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it

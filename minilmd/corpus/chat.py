@@ -330,8 +330,9 @@ def chat_config(config_text: str | None, template: str | None, folder: Path,
         raise ChatError(f"{who}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
                         f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format {data_format} renders conversations "
                         f"with the tokenizer's own template. `minilmd tokenizer template {who} --chat-template "
-                        "minimind` gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
-                        "`tokenizer train --chat-template` would train another vocabulary")
+                        f"minimind` gives it one (add `--out DIR`, a directory of its own, where another tokenizer's "
+                        f"{TOKENIZER_CONFIG} is beside it), its vocabulary unchanged (a model trained with it can be "
+                        "fine-tuned); `tokenizer train --chat-template` would train another vocabulary")
     return {**config, "chat_template": source}
 
 
