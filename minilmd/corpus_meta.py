@@ -135,7 +135,7 @@ def listed_files(meta: dict, where: str) -> dict[str, dict]:
         raise CorpusError(f"{where}: meta.json lists no files (key \"files\")")
     for rel, entry in files.items():
         p = PurePosixPath(rel)
-        if p.is_absolute() or ".." in p.parts or rel == META:
+        if p.is_absolute() or ".." in p.parts or rel == META or "\0" in rel:  # a NUL: no file's name (ValueError)
             raise CorpusError(f"{where}: meta.json lists an unsafe file name {rel!r}")
         if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
                 and isinstance(entry.get("sha256"), str)):

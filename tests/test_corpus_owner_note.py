@@ -80,3 +80,20 @@ def test_a_run_on_another_users_corpus_says_so_in_its_log_and_finishes(tmp_path,
     assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
     log = (load_config(config).run_dir / names.SUPERVISOR_LOG).read_text()
     assert f"staging: note: data.prepared {theirs} belongs to user nobody (uid {uid})" in log, log[-3000:]
+
+
+def test_a_nul_byte_in_a_name_meta_json_lists_is_an_unsafe_name_not_a_traceback(tmp_path, corpus):
+    """Review: a name with a NUL byte in meta.json made os.lstat raise ValueError: `status` and `run --check` printed
+    a thread's traceback and said the corpus "did not answer within 5 s (stalled)"; staging failed the same way."""
+    from minilmd.corpus_meta import CorpusError, listed_files, owner_note
+
+    own = tmp_path / "prep"
+    shutil.copytree(corpus[0], own)
+    meta = json.loads((own / "meta.json").read_text())
+    meta["files"]["train/a\u0000b.bin"] = {"size": 1, "sha256": "0" * 64}
+    (own / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CorpusError, match="unsafe file name"):
+        listed_files(meta, str(own))
+    assert owner_note(str(own)) == ""  # all of it this user's: nothing to say, and no ValueError
+    checked = cli("run", "--check", str(write_config(tmp_path, (own, corpus[1]), name="nul")))
+    assert "Traceback" not in checked.stdout + checked.stderr and "stalled" not in checked.stdout, checked.stdout

@@ -225,3 +225,21 @@ def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus
     (cfg.run_dir / names.STATE).write_text(json.dumps(new_state("sft", cfg.run_dir, str(config))))
     shown = cli("status", str(cfg.run_dir)).stdout
     assert "more characters left out" in shown and len(shown) < 20_000, len(shown)
+
+
+def test_a_lineage_path_that_is_not_a_string_ends_the_chain_without_a_traceback(tmp_path, corpus):
+    """Review: a checkpoint's trainer_state.json whose "init" path is a number (another user's word) raised
+    TypeError in Path() while the line was built: `status` showed a traceback."""
+    from minilmd.daemon.views.status import _lineage_lines
+
+    config = write_config(tmp_path, corpus, name="sft")
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
+    own = cfg.checkpoint_dir / names.step_name(1)
+    own.mkdir(parents=True)
+    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
+    init = {"kind": "checkpoint", "path": 5, "step": 3, "manifest_sha256": "ab" * 32}
+    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
+    [line] = _lineage_lines(cfg.run_dir)
+    assert line.startswith("  lineage: 5 (step 3"), line

@@ -212,8 +212,12 @@ class Syncer(Fetcher):
 
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
-        sync_pass.sync_further_pass(self, scan)
         removed = self._retention(scan)
+        try:
+            sync_pass.sync_further_pass(self, scan)
+        except Exception as e:  # noqa: BLE001 - the newest step is copied and LATEST names it: this sync did its work
+            self.log(f"sync: the further DPO reference pass in {self.local_root / sync_pass.PASS_STEP} not copied "
+                     f"over the remote's: {error_words(e)} (tried again at the next sync)")
         name = step_name(step)
         if copied:
             self.log(f"sync: {name} copied to {self.remote.show(name)} and verified "

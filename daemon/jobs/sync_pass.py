@@ -21,7 +21,7 @@ from typing import Protocol
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_contents import further_pass, reference_pass
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
-from minilmd.names import step_name
+from minilmd.names import step_name, step_of
 
 PASS_STEP = step_name(0)
 """The step a stopped reference pass saves (the run's first checkpoint)."""
@@ -49,8 +49,8 @@ def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
     is further on (`scan`: the sync's look at the remote). Raises as the sync's copy does (SyncError: retried)."""
     remote, local = syncer.remote, syncer.local_root / PASS_STEP
     held = _held_pass(syncer, scan)
-    if held is None or not local.is_dir():
-        return
+    if held is None or not local.is_dir() or any(step_of(n) > 0 for n in scan):
+        return  # a later step on the remote carries the whole reference: nothing resumes from step 0 any more
     try:
         newer = ck.read_manifest(local)
     except ck.CheckpointError:
