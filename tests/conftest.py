@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 import signal_backstop
 from chat_helpers import (
@@ -365,13 +366,30 @@ def measured_seconds() -> dict[str, float]:
     return seconds
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook renames the grouped tests (@name)
 def pytest_collection_modifyitems(config, items):
     """The tests marked slow run first, the longest first (slow_durations.txt), then the fast ones in collection
     order (a stable sort). `make test` runs pytest-xdist with --dist loadgroup, which hands the tests out in this
-    order, a few at a time to the worker that has finished, so the long ones start together at once and the short
-    ones fill the gaps at the end, instead of a worker starting a test of minutes while the others have nothing
-    left to run. (The default --dist load gave each worker a fixed third of the slow tier, a block of modules in
-    collection order, at the start: 3 minutes of the run had one worker busy, the other two idle.)"""
+    order, a few at a time, to the worker that has finished: the long ones start together at once and the short
+    ones fill the gaps at the end. (The default --dist load gave each worker one block of a third of the slow tier
+    in collection order at the start, whatever its blocks' lengths.)"""
     seconds = measured_seconds()
     items.sort(key=lambda item: -seconds.get(item.nodeid, UNMEASURED_S) if item.get_closest_marker("slow") else 1)
+
+
+SAME_WORKER = {"tests/test_gpu_check.py::test_the_dry_run_": "gpu-check-dry-run"}
+"""Tests (by the start of their id) that --dist loadgroup hands to one worker together: a module fixture is set up
+once per worker that runs a test of its module, and test_gpu_check's dry_run costs minutes. pytest-xdist's own
+xdist_group mark does nothing under pytest 9.2 (it renames item._nodeid, which pytest no longer reads)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadgroup":
+        return SameWorkerGroups(config, log)
+    return None
+
+
+class SameWorkerGroups(LoadGroupScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        return next((group for start, group in SAME_WORKER.items() if nodeid.startswith(start)), None) or \
+            super()._split_scope(nodeid)

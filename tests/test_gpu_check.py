@@ -27,16 +27,13 @@ def gpu_check(tmp_path, *args: str, env: dict | None = None) -> tuple[subprocess
     return done, rows
 
 
-DRY_RUN_WORKER = pytest.mark.xdist_group("gpu-check-dry-run")
-"""The tests that read dry_run, on one pytest-xdist worker (`make test`'s --dist loadgroup): each worker that ran
-one would run the whole dry run again (a module fixture is set up once per worker), minutes of CPU each."""
-
-
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> SimpleNamespace:
     """The dry run of every part under a --budget (each part runs with its share, MINILMD_GPU_CHECK_PART_S), once
     for the tests that read it: a part runs in a process of its own whatever ran before it, so its row here is the
-    row an `--only` run of it gives. (done, rows, work): the process, summary.json's rows by part, the directory."""
+    row an `--only` run of it gives. (done, rows, work): the process, summary.json's rows by part, the directory.
+    The tests that read it (test_the_dry_run_*) run on one pytest-xdist worker (conftest.SAME_WORKER): each worker
+    that ran one would run the whole dry run again, minutes of CPU."""
     work = tmp_path_factory.mktemp("gpu-check-dry-run")
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(work), "--budget", "1800"],
                           capture_output=True, text=True, timeout=1900)
@@ -45,7 +42,6 @@ def dry_run(tmp_path_factory) -> SimpleNamespace:
 
 
 @pytest.mark.slow
-@DRY_RUN_WORKER
 def test_the_dry_run_takes_each_parts_gpu_branch_with_cuda_faked(dry_run):
     done, rows = dry_run.done, dry_run.rows
     versions, admission, attention, minimind = (rows[n] for n in ("1 versions", "2 admission", "3 attention",
@@ -208,7 +204,6 @@ def test_the_dpo_side_by_side_runs_minimind_in_a_copy_and_reads_its_first_loss(t
 
 
 @pytest.mark.slow
-@DRY_RUN_WORKER
 def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_the_reference(dry_run):
     done, rows, tmp_path = dry_run.done, dry_run.rows, dry_run.work
     dpo = rows["9 dpo"]
@@ -228,7 +223,6 @@ def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_
 
 
 @pytest.mark.slow
-@DRY_RUN_WORKER
 def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(dry_run):
     # under a --budget: each part runs with its share (MINILMD_GPU_CHECK_PART_S), none is left unstarted
     done, rows, tmp_path = dry_run.done, dry_run.rows, dry_run.work
