@@ -21,8 +21,8 @@ demo-dpo:
 # about 14 CPU-s). TEST_WORKERS=0 runs the suite in this one process, serially.
 TEST_WORKERS ?= 3
 # Tests handed out a few at a time, in the order tests/conftest.py sorts them (the slow tier first, the longest
-# first), to the worker that has finished; tests marked xdist_group("name") all go to one worker (a module fixture
-# that costs minutes, set up once). The default --dist load gave each worker a third of the slow tier in one block.
+# first), to the worker that has finished; the tests conftest.SAME_WORKER groups all go to one worker (a module
+# fixture of minutes, set up once). The default --dist load gave each worker a third of the slow tier in one block.
 DIST = --dist loadgroup --no-loadscope-reorder
 # Bytecode caches on for the tests, whatever the environment says (PYTHONDONTWRITEBYTECODE is set on some
 # machines): without them every `minilmd` subprocess a test starts compiles the package again (0.58 s of CPU against
