@@ -20,6 +20,10 @@ demo-dpo:
 # with 4, about 45 CPU-s each; on 6 CPU-bound modules 4 workers cost 9 CPU-s more than 2 (a worker's collection is
 # about 14 CPU-s). TEST_WORKERS=0 runs the suite in this one process, serially.
 TEST_WORKERS ?= 3
+# Tests handed out a few at a time, in the order tests/conftest.py sorts them (the slow tier first, the longest
+# first), to the worker that has finished; the tests conftest.SAME_WORKER groups all go to one worker (a module
+# fixture of minutes, set up once). The default --dist load gave each worker a third of the slow tier in one block.
+DIST = --dist loadgroup --no-loadscope-reorder
 # Bytecode caches on for the tests, whatever the environment says (PYTHONDONTWRITEBYTECODE is set on some
 # machines): without them every `minilmd` subprocess a test starts compiles the package again (0.58 s of CPU against
 # 0.12 s measured for `import minilmd.cli.views, minilmd.daemon.supervisor`), and every worker rewrites the asserts
@@ -27,10 +31,10 @@ TEST_WORKERS ?= 3
 PYTEST = env -u PYTHONDONTWRITEBYTECODE "$$py" -m pytest
 
 test:
-	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) $(DIST) $(PYTEST_ARGS)
 
 test-fast:
-	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) $(DIST) -m "not slow" $(PYTEST_ARGS)
 
 # ruff (lint; import order with `ruff check --fix`) and mypy over minilmd, daemon/ and trainer/ (scripts/typecheck.sh).
 lint:

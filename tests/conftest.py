@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 import signal_backstop  # before any module of the code: it replaces os.kill & co. for them to bind (it checks)
 from chat_helpers import (
@@ -339,9 +341,55 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
 
 
-# --- the slow tier first ---------------------------------------------------------------------------------------------
+# --- the slow tier first, the longest first ---------------------------------------------------------------------
+SLOW_DURATIONS = Path(__file__).with_name("slow_durations.txt")
+"""Seconds per slow test: the setup, call and teardown lines of pytest's --durations report. Only their order
+matters (measured on a loaded machine, slower than CI in about the same proportions). To measure them again:
+  make test PYTEST_ARGS="-m slow --durations=0" | grep -E '^ *[0-9.]+s (setup|call|teardown) ' >durations.txt
+and move durations.txt here."""
+UNMEASURED_S = 5.0
+"""What a slow test missing from slow_durations.txt (a new one) counts as: about the median there (4.7 s)."""
+DURATION_LINE = re.compile(r"\s*([\d.]+)s (?:setup|call|teardown) +(\S.*)")
+
+
+def measured_seconds() -> dict[str, float]:
+    """Seconds per test id (setup, call and teardown summed) from SLOW_DURATIONS; an xdist_group's suffix (@name,
+    added to the ids under --dist loadgroup) dropped. A test missing there counts as UNMEASURED_S, a line naming no
+    test any more is ignored."""
+    seconds: dict[str, float] = {}
+    for line in SLOW_DURATIONS.read_text(encoding="utf-8").splitlines():
+        if found := DURATION_LINE.fullmatch(line):
+            nodeid = found[2].rstrip()
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                nodeid = nodeid[:nodeid.rfind("@")]
+            seconds[nodeid] = seconds.get(nodeid, 0.0) + float(found[1])
+    return seconds
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests marked slow run first, each tier in its collection order (a stable sort). pytest-xdist hands tests
-    out in this order, so its workers start on the long ones together and the fast ones fill the gaps at the
-    end, instead of a worker starting a test of minutes while the other has nothing left to run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The tests marked slow run first, the longest first (slow_durations.txt), then the fast ones in collection
+    order (a stable sort). `make test` runs pytest-xdist with --dist loadgroup, which hands the tests out in this
+    order, a few at a time, to the worker that has finished: the long ones start together at once and the short
+    ones fill the gaps at the end. (The default --dist load gave each worker one block of a third of the slow tier
+    in collection order at the start, whatever its blocks' lengths.)"""
+    seconds = measured_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid, UNMEASURED_S) if item.get_closest_marker("slow") else 1)
+
+
+SAME_WORKER = {"tests/test_gpu_check.py::test_the_dry_run_": "gpu-check-dry-run"}
+"""Tests (by the start of their id) that --dist loadgroup hands to one worker together: a module fixture is set up
+once per worker that runs a test of its module, and test_gpu_check's dry_run costs minutes. pytest-xdist's own
+xdist_group mark does nothing under pytest 9.2 (it renames item._nodeid, which pytest no longer reads)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadgroup":
+        return SameWorkerGroups(config, log)
+    return None
+
+
+class SameWorkerGroups(LoadGroupScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        return next((group for start, group in SAME_WORKER.items() if nodeid.startswith(start)), None) or \
+            super()._split_scope(nodeid)

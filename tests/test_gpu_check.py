@@ -31,7 +31,9 @@ def gpu_check(tmp_path, *args: str, env: dict | None = None) -> tuple[subprocess
 def dry_run(tmp_path_factory) -> SimpleNamespace:
     """The dry run of every part under a --budget (each part runs with its share, MINILMD_GPU_CHECK_PART_S), once
     for the tests that read it: a part runs in a process of its own whatever ran before it, so its row here is the
-    row an `--only` run of it gives. (done, rows, work): the process, summary.json's rows by part, the directory."""
+    row an `--only` run of it gives. (done, rows, work): the process, summary.json's rows by part, the directory.
+    The tests that read it (test_the_dry_run_*) run on one pytest-xdist worker (conftest.SAME_WORKER): each worker
+    that ran one would run the whole dry run again, minutes of CPU."""
     work = tmp_path_factory.mktemp("gpu-check-dry-run")
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(work), "--budget", "1800"],
                           capture_output=True, text=True, timeout=1900)
