@@ -44,9 +44,8 @@ def corpora() -> tuple[tuple[Path, int], tuple[Path, int]]:
         read_conversations,
         write_jsonl,
     )
-    from conftest import as_ordered, in_order, vocab_of
     from data_helpers import demo_slice
-    from fixture_cache import built_once
+    from fixture_cache import as_ordered, built_once, in_order, vocab_of
 
     demo = [str(p) for p in as_ordered(built_once("demo-jsonl", lambda out: in_order(out, demo_slice(out, 300))))]
     chat = as_ordered(built_once("chat-jsonl", lambda out: in_order(out, chatterbot_slice(out))))

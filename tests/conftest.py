@@ -50,7 +50,7 @@ from chat_helpers import (
 )
 from data_helpers import demo_slice, small_tokenizer
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
-from fixture_cache import built_once, tree_digest
+from fixture_cache import as_ordered, built_once, in_order, tree_digest, vocab_of
 from minilmd.config import load_config
 from minilmd.names import SYSTEM_REGISTRY_ENV
 from reliability_helpers import undisturbed_fake_weights

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -95,3 +96,16 @@ def built_once(name: str, build: Callable[[Path], object]) -> Path:
         (work / "digest").write_text(tree_digest(work / "data"))
         os.rename(work, final)
         return final / "data"
+
+
+def in_order(root: Path, paths: list) -> None:
+    """Keeps the order a builder returned its files in (tokenizer training and prepare read them in that order)."""
+    (root / "order.txt").write_text("\n".join(Path(p).name for p in paths), encoding="utf-8")
+
+
+def as_ordered(root: Path) -> list[Path]:
+    return [root / name for name in (root / "order.txt").read_text(encoding="utf-8").splitlines()]
+
+
+def vocab_of(corpus: Path) -> int:
+    return int(json.loads((corpus / "meta.json").read_text(encoding="utf-8"))["vocab_size"])
