@@ -18,7 +18,9 @@ its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag) is 
 by every rank: the sums so far and how far the pass got (KeptPass: the pairs done, in the pass's fixed order, and
 the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept, which the Trainer saves) and the trainer
 exits 75; the next start resumes that checkpoint and goes on from there (the same batches: the same sums, bit for
-bit), then saves step 0 again with every sum.
+bit), then saves step 0 again with every sum. The pass saves that step 0 the same way every train.checkpoint_every
+(a steps value: every 5 min, saving.PASS_SAVE_EVERY_S), agreed by every rank as the stop is: a kill (SIGKILL, OOM,
+a hang's) loses the pass since its last save, not all of it.
 
 The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
 metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
