@@ -6,6 +6,7 @@ the pass and a stop waited for its end; its heartbeat now says how far it is, an
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -327,3 +328,34 @@ def test_a_pass_killed_after_a_periodic_save_goes_on_from_it_and_the_run_ends_bi
     for step in ("step-00000000", "step-00000002"):
         for name in ("model.safetensors", "optimizer.safetensors", DPO_REFERENCE):
             assert (ckpt_dir / step / name).read_bytes() == (straight_ckpt / step / name).read_bytes(), (step, name)
+
+
+@pytest.mark.slow  # a supervisor and its real trainer, SIGKILLed in its (slowed) reference pass, restarted
+def test_periodic_saves_of_the_pass_reach_the_remote_and_a_killed_trainer_restarts_from_the_newest(
+        tmp_path, small_dpo_corpus):
+    """Under the supervisor: each periodic save of the pass is synced, a further one in place of the remote's
+    (daemon/jobs/sync_pass.py); a trainer SIGKILLed (the OOM killer) restarts from the newest save, not from 0."""
+    config = write_config(tmp_path, small_dpo_corpus, name="supkill", data={"val_windows": 8},
+                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": "1s"},
+                          restart={"max_restarts": 2})
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
+    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
+    try:
+        wait_for(lambda: sup.poll() is not None or _pass_saved(remote), 300, "a periodic save on the remote")
+        first = _pass_saved(remote)
+        assert first, (tmp_path / "supervisor.out").read_text()
+        wait_for(lambda: sup.poll() is not None or (_pass_saved(remote) or 0) > first, 300, "a further one there")
+        assert (_pass_saved(remote) or 0) > first, (tmp_path / "supervisor.out").read_text()
+        os.kill(state(cfg.run_dir)["child"]["pid"], signal.SIGKILL)
+        kept = _pass_saved(cfg.checkpoint_dir)
+        assert kept and kept >= first
+        assert sup.wait(300) == EXIT_DONE, (tmp_path / "supervisor.out").read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    made = read_metrics(cfg.run_dir, "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", kept)], made
+    assert _pass_saved(remote) is None and (remote / "step-00000000" / MANIFEST).exists()  # complete in the end

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import compile_cache, names
-from minilmd.checkpoint import CheckpointInvalid, read_manifest
-from minilmd.checkpoint_contents import reference_pass
+from minilmd.checkpoint import saved_pass
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
@@ -52,7 +51,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
     saved = _newest_mark(cfg) != before  # a newer step, or step 0 saved again by a stop during a resumed DPO pass
-    lost = "" if saved else orphan_loss(beat, launched, newest, stopped, _pass_kept(cfg) if newest == 0 else None)
+    lost = "" if saved else orphan_loss(beat, launched, newest, stopped, _step0_pass(cfg) if newest == 0 else None)
     emit("orphan", f"orphaned trainer processes {pids} are gone" + (f"; {lost}" if lost else ""),
          **({"lost": lost} if lost else {}))
 
@@ -69,13 +68,8 @@ def _newest_mark(cfg) -> tuple[int, int] | None:
         return step, 0
 
 
-def _pass_kept(cfg) -> int | None:
-    """The pairs of the DPO reference pass the local step 0 holds (its manifest's REFERENCE_PASS: saved by a stop or
-    periodically, trainer/loop/dpo_reference.py); None when it holds none (or cannot be read)."""
-    try:
-        return (reference_pass(read_manifest(Path(cfg.checkpoint_dir) / names.step_name(0))) or (None,))[0]
-    except (CheckpointInvalid, OSError):
-        return None
+def _step0_pass(cfg) -> int | None:
+    return saved_pass(Path(cfg.checkpoint_dir) / names.step_name(0))
 
 
 def orphan_loss(beat: Heartbeat | None, launched: float | None, newest: int, stopped: float,
