@@ -450,16 +450,20 @@ def test_a_background_write_carries_the_files_and_notes_of_its_own_save_call(tmp
     save_pass) while the previous save may still be written: that write must keep what its own call was given (before:
     it read them when it ran, so a step 0 could carry a later pass's files under an earlier pass's notes)."""
     import threading
+    import time
 
-    gate, written = threading.Event(), []
-    real_save = ckpt_io.save
+    gate = threading.Event()
 
-    def held_save(root, step, *args, **kwargs):  # the writer thread, held until the caller has moved on
-        assert gate.wait(30), "never released"
-        written.append((kwargs["extra"], kwargs["notes"]))
-        return real_save(root, step, *args, **kwargs)
+    class HeldClock:  # the writer thread's first read of the clock waits until the caller has moved on
+        def __getattr__(self, name):
+            return getattr(time, name)
 
-    monkeypatch.setattr(ckpt_io, "save", held_save)
+        def perf_counter(self) -> float:
+            if threading.current_thread() is not threading.main_thread():
+                assert gate.wait(30), "never released"
+            return time.perf_counter()
+
+    monkeypatch.setattr(ckpt_io, "time", HeldClock())
     model = torch.nn.Linear(4, 4)
     saver = ckpt_io.AsyncCheckpointer(tmp_path, keep=None)
     saver.extra, saver.notes = {"a.bin": b"first"}, {"n": 1}
@@ -467,4 +471,5 @@ def test_a_background_write_carries_the_files_and_notes_of_its_own_save_call(tmp
     saver.extra, saver.notes = {"a.bin": b"second"}, {"n": 2}  # set for the next save while this one is written
     gate.set()
     saver.wait()
-    assert written == [({"a.bin": b"first"}, {"n": 1})]
+    step0 = tmp_path / "step-00000000"
+    assert (step0 / "a.bin").read_bytes() == b"first" and json.loads((step0 / "manifest.json").read_text())["n"] == 1
