@@ -359,3 +359,18 @@ def test_periodic_saves_of_the_pass_reach_the_remote_and_a_killed_trainer_restar
     made = read_metrics(cfg.run_dir, "dpo_reference")
     assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", kept)], made
     assert _pass_saved(remote) is None and (remote / "step-00000000" / MANIFEST).exists()  # complete in the end
+
+
+def test_the_pass_saves_every_checkpoint_every_or_every_5_minutes_when_it_counts_steps(tmp_path, dpo_corpus):
+    """A duration counts from the last save (or the pass's start); steps, which the pass takes none of, stand for the
+    key's default duration."""
+    from minilmd.trainer.loop.saving import PASS_SAVE_EVERY_S, Saves
+
+    assert PASS_SAVE_EVERY_S == 300.0
+    for every, not_yet, due in ((2, 200, 301), ("2m", 60, 121)):
+        cfg = load_config(write_config(tmp_path, dpo_corpus, name=f"every{every}", train={"checkpoint_every": every}))
+        saves = Saves(cfg, None, None, None, None, None)  # type: ignore[arg-type]  # pass_due reads the config alone
+        saves.last_time = time.monotonic() - not_yet
+        assert not saves.pass_due(), every
+        saves.last_time = time.monotonic() - due
+        assert saves.pass_due(), every
