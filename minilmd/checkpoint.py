@@ -118,6 +118,15 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> dict:
     return _read_manifest(Path(ckpt_dir))[0]
 
 
+def saved_pass(ckpt_dir: str | os.PathLike) -> int | None:
+    """The pairs of a DPO reference pass a step 0 holds so far (its manifest's REFERENCE_PASS: saved periodically or
+    by a stop, trainer/loop/dpo_reference.py); None when it holds none (its sums complete), or cannot be read."""
+    try:
+        return (contents.reference_pass(read_manifest(ckpt_dir)) or (None,))[0]
+    except (CheckpointInvalid, OSError):
+        return None
+
+
 def _read_manifest(ckpt_dir: Path) -> tuple[Any, str]:
     """(read_manifest's answer, the sha256 of the bytes it was parsed from: what init.from's record names)."""
     try:

@@ -443,3 +443,33 @@ def test_a_resume_reads_the_files_a_run_carries_once_as_the_manifest_lists_them(
     (dpo / DPO_REFERENCE).write_bytes(b"SUMS")  # the size the manifest lists, other bytes
     with pytest.raises(ck.CheckpointInvalid, match=f"{DPO_REFERENCE}: sha256 mismatch"):
         read_checkpoint(dpo)
+
+
+def test_a_background_write_carries_the_files_and_notes_of_its_own_save_call(tmp_path, monkeypatch):
+    """DPO's reference pass sets new extra files and manifest notes for each periodic save (trainer/loop/saving.py
+    save_pass) while the previous save may still be written: that write must keep what its own call was given (before:
+    it read them when it ran, so a step 0 could carry a later pass's files under an earlier pass's notes)."""
+    import threading
+    import time
+
+    gate = threading.Event()
+
+    class HeldClock:  # the writer thread's first read of the clock waits until the caller has moved on
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def perf_counter(self) -> float:
+            if threading.current_thread() is not threading.main_thread():
+                assert gate.wait(30), "never released"
+            return time.perf_counter()
+
+    monkeypatch.setattr(ckpt_io, "time", HeldClock())
+    model = torch.nn.Linear(4, 4)
+    saver = ckpt_io.AsyncCheckpointer(tmp_path, keep=None)
+    saver.extra, saver.notes = {"a.bin": b"first"}, {"n": 1}
+    saver.save(0, model, torch.optim.AdamW(model.parameters()), {"step": 0})
+    saver.extra, saver.notes = {"a.bin": b"second"}, {"n": 2}  # set for the next save while this one is written
+    gate.set()
+    saver.wait()
+    step0 = tmp_path / "step-00000000"
+    assert (step0 / "a.bin").read_bytes() == b"first" and json.loads((step0 / "manifest.json").read_text())["n"] == 1

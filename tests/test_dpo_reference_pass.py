@@ -5,6 +5,8 @@ the pass now refreshes the heartbeat, and a long pass prints its progress. Found
 the pass and a stop waited for its end; its heartbeat now says how far it is, and a stop ends it between batches."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import signal
@@ -21,7 +23,7 @@ from minilmd.daemon.base.runstate import Heartbeat, RunState, read_heartbeat
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.child.trainerwatch import STARTUP_GRACE_S
 from minilmd.daemon.views.status import summary_lines
-from minilmd.names import ATTEMPT_LOGS, DPO_REFERENCE, STATE, TRAINER_CMD_ENV
+from minilmd.names import ATTEMPT_LOGS, DPO_REFERENCE, MANIFEST, REFERENCE_PASS, STATE, TRAINER_CMD_ENV
 from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
 from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
@@ -283,3 +285,94 @@ def test_a_pass_stopped_twice_each_time_on_a_new_machine_reaches_the_remote_and_
         assert path.read_bytes() == data, path
     assert sorted(p.name for p in remote.iterdir() if p.name.startswith(".tmp")) == \
         [".tmp-step-00000000-elsewhere-4242"] and not (remote / "quarantine").exists()
+
+
+def _pass_saved(ckpt_dir: Path) -> int | None:
+    """The pairs done of the stopped pass step 0 holds, by its manifest (None: no step 0, or its sums complete)."""
+    try:
+        return json.loads((ckpt_dir / "step-00000000" / MANIFEST).read_text()).get(REFERENCE_PASS, [None])[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.slow  # a trainer in a real process, SIGKILLed in its (slowed) reference pass after a periodic save
+def test_a_pass_killed_after_a_periodic_save_goes_on_from_it_and_the_run_ends_bit_identical(tmp_path, dpo_corpus):
+    """Found by a new user: a pass at 568/2,439 pairs killed with kill -9 started again from 0 (only a stop saved
+    it); a run OOM-killed or hang-killed in an hours-long pass never got past it. The pass now saves step 0 with the
+    sums so far every train.checkpoint_every, as a stop does; a kill loses the pass since that save only, and the
+    resumed run ends with the weights, optimizer state and reference of an undisturbed run, byte for byte."""
+    values = dict(data={"val_windows": 8},
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": "1s"})
+    config = write_config(tmp_path, dpo_corpus, name="killref", **values)
+    run_dir, ckpt_dir = run_paths(config)
+    cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()) as proc:
+        try:
+            while proc.poll() is None and not _pass_saved(ckpt_dir):
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGKILL)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, out  # killed, not ended: on before, the pass saved nothing until done
+    kept = _pass_saved(ckpt_dir)  # the newest save before the kill (another may have landed since the look)
+    total = json.loads((ckpt_dir / "step-00000000" / MANIFEST).read_text())[REFERENCE_PASS][1]
+    assert kept is not None and 0 < kept < total, out
+    assert f"saving {ckpt_dir / 'step-00000000'}" in out and not read_metrics(run_dir, "dpo_reference"), out
+    again = train_in_process(config)  # the real trainer: the pass goes on from the periodic save, then trains
+    assert again.returncode == EXIT_DONE, again.stderr
+    made = read_metrics(run_dir, "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", kept)], made
+    assert _pass_saved(ckpt_dir) is None  # step 0 now holds every sum
+    straight = write_config(tmp_path, dpo_corpus, name="straight", **values)
+    assert train_in_process(straight).returncode == EXIT_DONE
+    straight_ckpt = run_paths(straight)[1]
+    for step in ("step-00000000", "step-00000002"):
+        for name in ("model.safetensors", "optimizer.safetensors", DPO_REFERENCE):
+            assert (ckpt_dir / step / name).read_bytes() == (straight_ckpt / step / name).read_bytes(), (step, name)
+
+
+@pytest.mark.slow  # a supervisor and its real trainer, SIGKILLed in its (slowed) reference pass, restarted
+def test_periodic_saves_of_the_pass_reach_the_remote_and_a_killed_trainer_restarts_from_the_newest(
+        tmp_path, small_dpo_corpus):
+    """Under the supervisor: each periodic save of the pass is synced, a further one in place of the remote's
+    (daemon/jobs/sync_pass.py); a trainer SIGKILLed (the OOM killer) restarts from the newest save, not from 0."""
+    config = write_config(tmp_path, small_dpo_corpus, name="supkill", data={"val_windows": 8},
+                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": "1s"},
+                          restart={"max_restarts": 2})
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
+    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
+    try:
+        wait_for(lambda: sup.poll() is not None or _pass_saved(remote), 300, "a periodic save on the remote")
+        first = _pass_saved(remote)
+        assert first, (tmp_path / "supervisor.out").read_text()
+        wait_for(lambda: sup.poll() is not None or (_pass_saved(remote) or 0) > first, 300, "a further one there")
+        assert (_pass_saved(remote) or 0) > first, (tmp_path / "supervisor.out").read_text()
+        os.kill(state(cfg.run_dir)["child"]["pid"], signal.SIGKILL)
+        kept = _pass_saved(cfg.checkpoint_dir)
+        assert kept and kept >= first
+        assert sup.wait(300) == EXIT_DONE, (tmp_path / "supervisor.out").read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    made = read_metrics(cfg.run_dir, "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", kept)], made
+    assert _pass_saved(remote) is None and (remote / "step-00000000" / MANIFEST).exists()  # complete in the end
+
+
+def test_the_pass_saves_every_checkpoint_every_or_every_5_minutes_when_it_counts_steps(tmp_path, dpo_corpus):
+    """A duration counts from the last save (or the pass's start); steps, which the pass takes none of, stand for the
+    key's default duration."""
+    from minilmd.trainer.loop.saving import PASS_SAVE_EVERY_S, Saves
+
+    assert PASS_SAVE_EVERY_S == 300.0
+    for every, not_yet, due in ((2, 200, 301), ("2m", 60, 121)):
+        cfg = load_config(write_config(tmp_path, dpo_corpus, name=f"every{every}", train={"checkpoint_every": every}))
+        saves = Saves(cfg, None, None, None, None, None)  # type: ignore[arg-type]  # pass_due reads the config alone
+        saves.last_time = time.monotonic() - not_yet
+        assert not saves.pass_due(), every
+        saves.last_time = time.monotonic() - due
+        assert saves.pass_due(), every

@@ -137,3 +137,14 @@ def test_what_an_orphan_stopped_without_a_save_lost_is_read_from_its_own_last_he
     assert orphan_loss(Heartbeat(999.0, 0, "reference", "5/3000"), launched, -1, stopped) == ""  # an earlier one's
     assert orphan_loss(None, launched, -1, stopped) == "" and \
         orphan_loss(Heartbeat(1040.0, 3, ""), None, -1, stopped) == ""
+
+
+def test_what_an_orphan_in_its_reference_pass_lost_counts_from_the_pass_step_0_holds():
+    """The DPO reference pass saves step 0 with the sums so far every train.checkpoint_every: an orphan killed at
+    the grace loses the pass since that save (before: the message said all of it was lost, computed again)."""
+    launched, stopped = 1000.0, 1041.4
+    beat = Heartbeat(1040.0, 0, "reference", "1200/3000")
+    assert orphan_loss(beat, launched, 0, stopped, kept=800) == \
+        "it had run 41s: its DPO reference pass since the 800 pairs saved at step 0 (to 1,200/3,000) is lost, the " \
+        "next attempt goes on from 800"
+    assert orphan_loss(beat, launched, 0, stopped, kept=1200) == ""  # saved at its last batch: nothing lost

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import compile_cache, names
+from minilmd.checkpoint import saved_pass
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
@@ -50,7 +51,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
     saved = _newest_mark(cfg) != before  # a newer step, or step 0 saved again by a stop during a resumed DPO pass
-    lost = "" if saved else orphan_loss(beat, launched, newest, stopped)
+    lost = "" if saved else orphan_loss(beat, launched, newest, stopped, _step0_pass(cfg) if newest == 0 else None)
     emit("orphan", f"orphaned trainer processes {pids} are gone" + (f"; {lost}" if lost else ""),
          **({"lost": lost} if lost else {}))
 
@@ -67,17 +68,27 @@ def _newest_mark(cfg) -> tuple[int, int] | None:
         return step, 0
 
 
-def orphan_loss(beat: Heartbeat | None, launched: float | None, newest: int, stopped: float) -> str:
+def _step0_pass(cfg) -> int | None:
+    return saved_pass(Path(cfg.checkpoint_dir) / names.step_name(0))
+
+
+def orphan_loss(beat: Heartbeat | None, launched: float | None, newest: int, stopped: float,
+                kept: int | None = None) -> str:
     """What an orphan stopped (at `stopped`) without a new checkpoint lost, from its last heartbeat (only one it
-    beat since its launch, `launched`: trainer.json's time) and the newest checkpoint before its stop; "" when
-    nothing is known lost (no beat of its own, or its step is the newest checkpoint's and it was neither compiling
-    nor computing its DPO reference)."""
+    beat since its launch, `launched`: trainer.json's time) and the newest checkpoint before its stop (a step 0 of
+    a DPO reference pass saved so far: `kept` pairs); "" when nothing is known lost (no beat of its own, or its step
+    is the newest checkpoint's and it was neither compiling nor computing its DPO reference past what is saved)."""
     if beat is None or launched is None or beat.mtime < launched:
         return ""
     ran = f"it had run {max(0.0, stopped - launched):.0f}s and saved no checkpoint"
     if (ref := beat.reference_pass()) is not None:
-        return (f"{ran}: its DPO reference pass ({ref[0]:,}/{ref[1]:,} pairs) is lost, the next attempt computes "
-                f"it again")
+        if kept is None:
+            return (f"{ran}: its DPO reference pass ({ref[0]:,}/{ref[1]:,} pairs) is lost, the next attempt "
+                    f"computes it again")
+        if ref[0] <= kept:
+            return ""
+        return (f"it had run {max(0.0, stopped - launched):.0f}s: its DPO reference pass since the {kept:,} pairs "
+                f"saved at step 0 (to {ref[0]:,}/{ref[1]:,}) is lost, the next attempt goes on from {kept:,}")
     if beat.phase == names.HEARTBEAT_COMPILING:
         return f"{ran}: it was compiling its first step (at step {beat.step}), the next attempt compiles again"
     if beat.step is not None and beat.step > max(newest, 0):

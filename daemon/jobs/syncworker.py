@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.backoff import SYNC_RETRY_FIRST_S, exponential
+from minilmd.checkpoint import saved_pass
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
@@ -78,6 +79,9 @@ class SyncWorker:
         self.syncer: Syncer | None = None
         self.worker: Worker | None = None
         self.next_at = 0.0
+        self.pass_sent: int | None = None
+        """The pairs of the DPO reference pass step 0 held at the last periodic sync begun (the pass saves it
+        periodically, trainer/loop/dpo_reference.py): one saved further on is synced too, though no newer step."""
         self.failures = 0
         self.failing_since: float | None = None  # the first of `failures` failed syncs in a row
         self.final_tries = 0
@@ -135,7 +139,9 @@ class SyncWorker:
         if periodic and now() >= self.next_at:
             newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
             remote = self._remote_step()
-            if newest is not None and (remote is None or newest > remote):
+            kept = saved_pass(self.cfg.checkpoint_dir / names.step_name(0)) if newest == 0 else None
+            if newest is not None and (remote is None or newest > remote or kept not in (None, self.pass_sent)):
+                self.pass_sent = kept  # a DPO reference pass saved further on: the Syncer puts it in place there
                 self._start("periodic sync")
             else:
                 self.next_at = now() + min(self.cfg.sync.every_s, 30.0)

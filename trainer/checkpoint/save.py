@@ -373,7 +373,8 @@ class AsyncCheckpointer:
         self.last_wait_s = time.perf_counter() - t0
         args = (step, snapshot_model(model, self._buffers, self.state_of), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
-                optimizer_param_names(model, optimizer), best)
+                optimizer_param_names(model, optimizer), best, (self.extra, self.notes))  # as they are now: the
+        # caller may set others for its next save while this one is written (a DPO reference pass's periodic saves)
         if self.background:
             self._thread = threading.Thread(target=self._write, args=args, name=f"checkpoint-{step}")
             self._thread.start()
@@ -382,12 +383,11 @@ class AsyncCheckpointer:
             self.wait()
         return time.perf_counter() - t0
 
-    def _write(self, step, model_state, optimizer_state, trainer_state, param_names, best=False) -> None:
+    def _write(self, step, model_state, optimizer_state, trainer_state, param_names, best, files) -> None:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
-                                  tokenizer=self.tokenizer, param_names=param_names, extra=self.extra,
-                                  notes=self.notes)
+                                  tokenizer=self.tokenizer, param_names=param_names, extra=files[0], notes=files[1])
             if best:
                 mark_best(self.root, self.last_path.name)
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there

@@ -18,7 +18,9 @@ its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag) is 
 by every rank: the sums so far and how far the pass got (KeptPass: the pairs done, in the pass's fixed order, and
 the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept, which the Trainer saves) and the trainer
 exits 75; the next start resumes that checkpoint and goes on from there (the same batches: the same sums, bit for
-bit), then saves step 0 again with every sum.
+bit), then saves step 0 again with every sum. The pass saves that step 0 the same way every train.checkpoint_every
+(a steps value: every 5 min, saving.PASS_SAVE_EVERY_S), agreed by every rank as the stop is: a kill (SIGKILL, OOM,
+a hang's) loses the pass since its last save, not all of it.
 
 The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
 metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
@@ -59,13 +61,14 @@ from minilmd.trainer.model.loss import chunk_rows_for
 if TYPE_CHECKING:
     from minilmd.trainer.loop.distributed import Dist
     from minilmd.trainer.loop.parts import Found
+    from minilmd.trainer.loop.saving import Saves
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
 
 class ReferenceHost(Protocol):
     """What the reference pass uses of the run (the Trainer, trainer/loop/train.py): the model as the run starts from
     it, where it runs and with what autocast (the training step's own), the ranks, the metrics log (a heartbeat per
-    batch), the step it is at and its stop flag (checked between batches)."""
+    batch), the step it is at, its stop flag and its saves (both asked between batches)."""
 
     @property
     def model(self) -> MiniMindForCausalLM: ...
@@ -81,6 +84,8 @@ class ReferenceHost(Protocol):
     def step(self) -> int: ...
     @property
     def stop(self) -> StopFlag: ...
+    @property
+    def saves(self) -> Saves: ...
 
 
 class Preference:
@@ -164,11 +169,15 @@ class Preference:
             sums = {name: value.copy() for name, value in kept.sums.items()}
         self.resumed_at = kept.done if kept is not None else 0
         progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main, done=self.resumed_at)
+
+        def kept_now() -> dict[str, bytes]:  # the reference file of the pass so far, as a save or a stop keeps it
+            return {DPO_REFERENCE: reference_bytes(sums, record, KeptPass(sums, progress.done, mb))}
+
         try:
-            self.compute(host, self.rows, progress, sums["train"], min(self.resumed_at, self.rows.n_pairs))
-            self.compute(host, self.val, progress, sums["val"], max(0, self.resumed_at - self.rows.n_pairs))
+            self.compute(host, self.rows, progress, sums["train"], min(self.resumed_at, self.rows.n_pairs), kept_now)
+            self.compute(host, self.val, progress, sums["val"], max(0, self.resumed_at - self.rows.n_pairs), kept_now)
         except StoppedInPass as stopped:
-            stopped.kept = {DPO_REFERENCE: reference_bytes(sums, record, KeptPass(sums, progress.done, mb))}
+            stopped.kept = kept_now()
             raise
         self.seconds = progress.elapsed()
         return sums
@@ -180,12 +189,14 @@ class Preference:
 
     @torch.no_grad()
     def compute(self, host: ReferenceHost, rows: PairRows, progress: PassProgress, out: np.ndarray,
-                first: int = 0) -> None:
+                first: int, kept_now: Callable[[], dict[str, bytes]]) -> None:
         """Into `out`, the model's log-probability sum over each document's targets, in batches of micro_batch_size
         pairs of similar length (each padded to its width class, as the training micro-batches are), from the
         `first` pair of their order on (those before it were computed by a pass a stop cut short: the batches are
         the same, so are the sums). Each batch refreshes the heartbeat (rate-limited): a pass longer than
-        restart.hang_timeout is not a hang; a stop is acted on after it (StoppedInPass)."""
+        restart.hang_timeout is not a hang; a stop is acted on after it (StoppedInPass), and a save of the pass so
+        far (`kept_now`: its reference file) when one is due (Saves.pass_due: rank 0's clock, agreed by every rank as
+        the stop is), so that a kill (SIGKILL, OOM, a hang's) loses the pass since that save only."""
         model, device, autocast = host.model, host.device, host.autocast
         chunk_rows = chunk_rows_for(self.cfg.train.seq_len)  # the training step's (objective.build_objective)
         order = np.argsort(rows.lengths, kind="stable")
@@ -202,8 +213,11 @@ class Preference:
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
                 progress.advance(len(pairs))
                 host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=progress.note())
-                if agree(host.dist, host.stop.requested, False)[0]:  # every rank leaves at the same batch
+                stop, save_due = agree(host.dist, host.stop.requested, host.saves.pass_due())  # the same batch
+                if stop:
                     raise StoppedInPass(host.stop.signal_name, progress.done, progress.total)
+                if save_due and progress.done < progress.total:  # at the end: the complete one, saved next
+                    host.saves.save_pass(host.step, kept_now(), progress.done, progress.total)
         finally:
             model.train(was_training)
 

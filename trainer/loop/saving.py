@@ -1,9 +1,10 @@
 """The run's checkpoints as the training loop asks for them (the Trainer's `saves`, trainer/loop/train.py).
 
 When one is due (train.checkpoint_every_steps, or checkpoint_every_s: a duration only changes when saves happen,
-never what the run computes), writing one (rank 0 snapshots the weights to CPU and writes them in a background
-thread, AsyncCheckpointer, which also prunes when unsupervised; the other ranks wait at a barrier: their weights are
-the same), keeping the best one (BEST) and finishing before an exit. What was saved last lives here alone.
+never what the run computes; during DPO's reference pass, before any step, checkpoint_every_s, or PASS_SAVE_EVERY_S
+for a checkpoint_every in steps: `pass_due`), writing one (rank 0 snapshots the weights to CPU and writes them in a
+background thread, AsyncCheckpointer, which also prunes when unsupervised; the other ranks wait at a barrier: their
+weights are the same), keeping the best one (BEST) and finishing before an exit. What was saved last lives here alone.
 """
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ import torch
 import torch.distributed as torch_dist
 
 from minilmd.config import RunConfig
+from minilmd.config_sections import TrainSection, parse_duration
 from minilmd.metrics import MetricsLog
-from minilmd.names import step_name
+from minilmd.names import REFERENCE_PASS, step_name
 from minilmd.trainer.checkpoint.save import AsyncCheckpointer, mark_best
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.guards import LossGuard
+
+PASS_SAVE_EVERY_S = parse_duration(TrainSection.checkpoint_every)
+"""How often DPO's reference pass saves its sums so far when train.checkpoint_every counts steps: the key's default
+duration (5m), as the pass takes no step (and its batches run at another pace than the training steps)."""
 
 
 class Saves:
@@ -49,6 +55,25 @@ class Saves:
         if steps is not None:
             return step % steps == 0
         return seconds is not None and time.monotonic() - self.last_time >= seconds
+
+    def pass_due(self) -> bool:
+        """Whether to save the DPO reference pass so far (trainer/loop/dpo_reference.py), asked between two of its
+        batches: checkpoint_every_s after the last save (or the start), or PASS_SAVE_EVERY_S when checkpoint_every
+        counts steps (the pass takes none): a kill then loses at most that much of the pass."""
+        every = self.cfg.train.checkpoint_every_s
+        return time.monotonic() - self.last_time >= (PASS_SAVE_EVERY_S if every is None else every)
+
+    def save_pass(self, step: int, kept: dict[str, bytes], done: int, total: int) -> None:
+        """Step `step` (0) with the reference pass so far: `kept` (its reference file: the sums done, how far it got)
+        and the manifest's REFERENCE_PASS [done, total] (the sync's measure of it, daemon/jobs/sync_pass.py). The
+        periodic save and the stop's alike; the complete pass's files clear the note (`pass_complete`)."""
+        self.checkpointer.extra = kept
+        self.checkpointer.notes = {REFERENCE_PASS: [done, total]}
+        self.save(step)
+
+    def pass_complete(self, files: dict[str, bytes]) -> None:
+        """The reference pass is done: every checkpoint from here on carries `files` (its sums) and no pass note."""
+        self.checkpointer.extra, self.checkpointer.notes = files, {}
 
     def save(self, step: int, best: bool = False) -> None:
         """Checkpoint `step` (with `best`, BEST then names it); returns once rank 0 holds a CPU copy."""

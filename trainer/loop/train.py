@@ -57,7 +57,7 @@ from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.names import FAULT, HEARTBEAT_EXITING, REFERENCE_PASS, RUN_DIR_ENV
+from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
@@ -118,17 +118,18 @@ class Trainer:
 
     def start_reference(self, found: Found | None) -> None:
         """DPO's reference (trainer/loop/dpo_reference.py): read back from the checkpoint resumed, or computed now
-        (or the rest of a pass a stop cut short) and then saved at step 0 (replacing the step 0 of that pass: the
-        same weights, the whole of the sums). A stop during the pass saves step 0 with the sums computed so far and
-        how far it got, so the next start goes on from there; StoppedInPass then ends the run (exit 75)."""
+        (or the rest of a pass a stop or a kill cut short) and then saved at step 0 (replacing the step 0 of that
+        pass: the same weights, the whole of the sums). The pass saves step 0 with the sums computed so far and how
+        far it got every checkpoint_every (Saves.pass_due), and at a stop, so the next start goes on from there;
+        StoppedInPass then ends the run (exit 75)."""
         assert self.preference is not None
         try:
-            self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
+            self.val_batches, files = self.preference.start(self, found)
         except exits.StoppedInPass as stopped:
-            self.checkpointer.extra = stopped.kept
-            self.checkpointer.notes = {REFERENCE_PASS: [stopped.done, stopped.total]}  # the sync's measure of it
+            self.saves.save_pass(self.step, stopped.kept, stopped.done, stopped.total)
             self.saves.finish(self.step)
             raise
+        self.saves.pass_complete(files)
         if self.preference.seconds is not None:  # computed now: kept with the run from here on
             self.save()
 
