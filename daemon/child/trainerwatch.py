@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import compile_cache, names
-from minilmd.checkpoint import saved_pass
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
@@ -69,6 +68,8 @@ def _newest_mark(cfg) -> tuple[int, int] | None:
 
 
 def _step0_pass(cfg) -> int | None:
+    from minilmd.checkpoint import saved_pass  # numpy and safetensors: not before staging (tests/test_import_budget.py)
+
     return saved_pass(Path(cfg.checkpoint_dir) / names.step_name(0))
 
 

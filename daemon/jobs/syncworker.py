@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.backoff import SYNC_RETRY_FIRST_S, exponential
-from minilmd.checkpoint import saved_pass
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
@@ -139,6 +138,8 @@ class SyncWorker:
         if periodic and now() >= self.next_at:
             newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
             remote = self._remote_step()
+            from minilmd.checkpoint import saved_pass  # numpy and safetensors: not before staging (import budget)
+
             kept = saved_pass(self.cfg.checkpoint_dir / names.step_name(0)) if newest == 0 else None
             if newest is not None and (remote is None or newest > remote or kept not in (None, self.pass_sent)):
                 self.pass_sent = kept  # a DPO reference pass saved further on: the Syncer puts it in place there

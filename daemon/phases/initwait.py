@@ -252,6 +252,8 @@ def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) ->
         via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
         chain.append(f"{clipped(str(init.get('path')), LINEAGE_PATH_SHOWN)} (step "  # each is another user's word
                      f"{clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]})")
-        found = init.get("path")  # a checkpoint's word: a path only when it is a string
-        path = Path(found) if init.get("kind") == "checkpoint" and isinstance(found, str) and found else None
+        said_path = init.get("path")  # a checkpoint's word: a path only when it is a string
+        path = None
+        if init.get("kind") == "checkpoint" and isinstance(said_path, str) and said_path:
+            path = Path(said_path)
     return chain
