@@ -28,6 +28,17 @@ def reboot(local: Path) -> None:
     shutil.rmtree(local.parent)
 
 
+def synced_once(dirs, weights, tmp_path) -> tuple[Path, Path, Path, int]:
+    """(scratch, remote, run.dir, a pid no process has now) with step 10 saved in scratch, not synced yet."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    save(local, 10, weights)
+    return local, remote, run_dir, dead.pid
+
+
 @pytest.mark.slow
 def test_the_half_copy_of_a_sync_cut_by_a_reboot_is_removed_by_the_next_sync(dirs, weights, tmp_path):
     """The run's record of what its syncs made is in run.dir, which a reboot leaves. On main it was in scratch: the
@@ -52,18 +63,13 @@ def test_the_half_copy_of_a_sync_cut_by_a_reboot_is_removed_by_the_next_sync(dir
 def test_an_older_minilmds_record_in_scratch_is_read_once_into_run_dir(dirs, weights, tmp_path):
     """A run upgraded mid-run: the half copy its older sync recorded in scratch is still removed after a reboot
     (read into run.dir's record the first time that is read, then removed from scratch: written only in run.dir)."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    save(local, 10, weights)
+    local, remote, run_dir, dead = synced_once(dirs, weights, tmp_path)
     older = Syncer(local, str(remote), EXPECTED)  # an older minilmd's sync: its record in scratch
     older.sync_newest()
-    before = remote / older.remote.make_tmp(sync_tmp_name("step-00000020", host_tag(), dead.pid))
+    before = remote / older.remote.make_tmp(sync_tmp_name("step-00000020", host_tag(), dead))
     assert remote_made.scratch_record(local).is_file()
     upgraded = Syncer(local, str(remote), EXPECTED, run_dir=run_dir)  # killed during its copy too
-    after = remote / upgraded.remote.make_tmp(sync_tmp_name("step-00000030", host_tag(), dead.pid))
+    after = remote / upgraded.remote.make_tmp(sync_tmp_name("step-00000030", host_tag(), dead))
     assert not remote_made.scratch_record(local).exists()
     assert remote_made.run_record(run_dir).is_file()
     for half in (before, after):
@@ -115,16 +121,11 @@ def test_a_sync_killed_between_its_mkdir_and_its_record_leaves_nothing_the_next_
     between (seen under load in test_reliability_supervisor_kill) left an empty `.tmp-step-...` on the remote that
     no later sync removed ("no record of making"). Empty, or holding only this user's mark, it is removed; one that
     holds anything is still left: a copy's files are proof only through the record."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    save(local, 10, weights)
+    local, remote, run_dir, dead = synced_once(dirs, weights, tmp_path)
     cut = Syncer(local, str(remote), EXPECTED, run_dir=run_dir)
     cut.sync_newest()
-    empty = sync_tmp_name("step-00000020", host_tag(), dead.pid)
-    held = sync_tmp_name("step-00000030", host_tag(), dead.pid)
+    empty = sync_tmp_name("step-00000020", host_tag(), dead)
+    held = sync_tmp_name("step-00000030", host_tag(), dead)
     for name in (empty, held):
         cut.remote.makedirs(name)  # made, the kill before its record
     (remote / held / "planted").write_bytes(b"not a sync's")

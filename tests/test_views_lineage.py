@@ -205,16 +205,9 @@ def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus
     left out; a real path is shown whole."""
     from minilmd.daemon.views.status import _lineage_lines
 
-    config = write_config(tmp_path, corpus, name="sft")
-    cfg = load_config(config)
-    cfg.run_dir.mkdir(parents=True)
-    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
-    own = cfg.checkpoint_dir / names.step_name(1)
-    own.mkdir(parents=True)
-    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
     planted = "/evil/" + "B" * 1_000_000
     init = {"kind": "checkpoint", "path": planted, "step": "7" * 100_000, "manifest_sha256": "ab" * 32}
-    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
+    config, cfg = _a_run_whose_step_1_records(init, tmp_path, corpus)
     [line] = _lineage_lines(cfg.run_dir)
     assert len(line) < 1024 + 200, len(line)
     assert line.startswith("  lineage: /evil/BBBB"), line[:80]
@@ -232,6 +225,15 @@ def test_a_lineage_path_that_is_not_a_string_ends_the_chain_without_a_traceback(
     TypeError in Path() while the line was built: `status` showed a traceback."""
     from minilmd.daemon.views.status import _lineage_lines
 
+    init = {"kind": "checkpoint", "path": 5, "step": 3, "manifest_sha256": "ab" * 32}
+    _, cfg = _a_run_whose_step_1_records(init, tmp_path, corpus)
+    [line] = _lineage_lines(cfg.run_dir)
+    assert line.startswith("  lineage: 5 (step 3"), line
+
+
+def _a_run_whose_step_1_records(init: dict, tmp_path, corpus):
+    """(config, its RunConfig): a run directory whose only checkpoint, step 1, records `init` as what it started
+    from (another run's word, in its trainer_state.json)."""
     config = write_config(tmp_path, corpus, name="sft")
     cfg = load_config(config)
     cfg.run_dir.mkdir(parents=True)
@@ -239,7 +241,5 @@ def test_a_lineage_path_that_is_not_a_string_ends_the_chain_without_a_traceback(
     own = cfg.checkpoint_dir / names.step_name(1)
     own.mkdir(parents=True)
     (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
-    init = {"kind": "checkpoint", "path": 5, "step": 3, "manifest_sha256": "ab" * 32}
     (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
-    [line] = _lineage_lines(cfg.run_dir)
-    assert line.startswith("  lineage: 5 (step 3"), line
+    return config, cfg
