@@ -337,7 +337,7 @@ class Supervisor(Ending):
                 raise
             self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
             return
-        self.loop.child.newest_at_launch = newest
+        trainerwatch.launched(self.loop.child, self.cfg, newest)
         self._restarted()  # the earlier trainer's rate is no ETA for this one
         self.state.child = trainerwatch.child_info(self.loop.child, command)  # its saves past `newest` reset the streak
         self._go(Phase.STARTING, f"attempt {self.loop.attempt}: trainer pid {self.loop.child.pid} "
@@ -371,7 +371,7 @@ class Supervisor(Ending):
         if left := child.kill_rest():  # torchrun's workers outlive an agent killed alone: never beside the next one
             self.events.emit("kill", f"attempt {child.attempt}'s trainer pid {child.pid} ended, its processes {left} "
                                      f"had not: SIGKILL", pids=left)
-        made_progress = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1) > child.newest_at_launch
+        made_progress = trainerwatch.made_progress(self.cfg, child)
         step = self.state.progress.step
         self.events.emit("child_exit", f"attempt {child.attempt} (pid {child.pid}) ended: {death.cause} "
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)

@@ -122,6 +122,7 @@ class Child:
     started: float
     start_ticks: int | None
     newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
+    step0_at_launch: tuple[int, int] | None = None  # (0, inode) of step 0 when it was the newest at launch
     cgroup_oom: dict[Path, int] = field(default_factory=dict)  # each oom counter file seen: its value then
     killed_for_hang: bool = False
     hang_detail: str = ""

@@ -67,6 +67,23 @@ def _newest_mark(cfg) -> tuple[int, int] | None:
         return step, 0
 
 
+def launched(child: Child, cfg: RunConfig, newest: int) -> None:
+    """Record what a launched trainer's progress is judged against at its end (`made_progress`)."""
+    child.newest_at_launch = newest
+    child.step0_at_launch = _newest_mark(cfg) if newest == 0 else None
+
+
+def made_progress(cfg: RunConfig, child: Child) -> bool:
+    """Whether an ended trainer saved a newer checkpoint than the newest at its launch, or saved step 0 again (a
+    DPO reference pass saved further on, periodically or by a stop: a new directory): a run killed over and over
+    during a long pass (OOM, a hang) makes only that progress, and must not run out of `restart.no_progress_limit`
+    for it."""
+    newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1)
+    if newest > child.newest_at_launch:
+        return True
+    return newest == 0 and child.step0_at_launch is not None and _newest_mark(cfg) != child.step0_at_launch
+
+
 def _step0_pass(cfg) -> int | None:
     from minilmd.checkpoint import saved_pass  # numpy and safetensors: not before staging (tests/test_import_budget.py)
 
