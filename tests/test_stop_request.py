@@ -110,7 +110,10 @@ def test_an_automatic_restart_honours_the_request_and_a_start_by_hand_clears_it(
     trains to the end."""
     config = write_config(tmp_path, corpus, name="hand", train={"max_steps": 40, "checkpoint_every": 5})
     run_dir = tmp_path / "hand" / "run"
-    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    # held at step 6 until stop's SIGTERM (FAKE_HOLD_STOPS; no release file): under load the orphan trained to the
+    # budget's end before the stop reached it, and the start by hand found the run done, no trainer to launch
+    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05",
+                            FAKE_HOLD=f"6:{tmp_path / 'never'}", FAKE_HOLD_STOPS="1")
     try:
         wait_until(lambda: step_of_state(run_dir) >= 6, 120, "the first supervisor's trainer to train")
     finally:
