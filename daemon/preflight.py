@@ -26,7 +26,7 @@ import os
 from minilmd import names, perms, place_rule, protocol, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
-from minilmd.daemon.base import knobs
+from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
@@ -204,6 +204,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
+        if cleared := stoprequest.clear_at_a_done_start(cfg.run_dir, os.environ):
+            print(f"minilmd run: {cleared}", flush=True)
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)

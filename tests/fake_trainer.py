@@ -11,7 +11,8 @@ last, atomic rename, LATEST), saves and exits 75 on SIGTERM, exits 0 at the budg
 each step: a run interrupted anywhere and resumed ends with the same value as an undisturbed one.
 
 Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_HOLD=STEP:PATH holds the run after STEP steps until
-PATH exists; FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
+PATH exists (with FAKE_HOLD_STOPS=1 a SIGTERM ends the hold too: the trainer then saves and exits 75, as a live one
+does); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
 a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a
 trainer that resumed from a checkpoint (step > 0) beats "STEP compiling" before its first step until PATH exists (a
@@ -160,8 +161,9 @@ def _hold(step: int, heartbeat) -> None:
     """FAKE_HOLD=STEP:PATH: once STEP steps are taken, wait (beating, as a live trainer does) until PATH exists, so
     that a test looks at a run that is surely still training, however loaded the machine."""
     at, _, release = os.environ.get("FAKE_HOLD", "").partition(":")
+    stops = os.environ.get("FAKE_HOLD_STOPS") == "1"
     if at and step == int(at):
-        while not os.path.exists(release):
+        while not os.path.exists(release) and not (stops and STOP["requested"]):
             _beat(heartbeat, str(step))
             time.sleep(0.05)
 

@@ -106,8 +106,14 @@ def test_bench_step_given_few_seconds_runs_the_trainers_two_modes_and_says_what_
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith("GPU-CHECK-RESULT "))
         return json.loads(line[len("GPU-CHECK-RESULT "):])
 
+    # the largest share that leaves the other two modes out whatever the machine's speed (gpu_check_train's rule:
+    # they run when the part's seconds left, less PartClock's 5 s margin, hold their plan + 30 s; some of the share
+    # is always gone by then): the trainer's two modes get all the rest, not the few seconds a share of 40 s left
+    # them on a loaded machine (cut at the part's time there: exit 124, the row fail)
+    _, plan = load_scripts()
+    share = plan.OPTIONAL_S["bench step's other modes"] + 30 + 5
     assert part("0 corpus", "600")["status"] == "ok"
-    short = part("4 bench step", "40")
+    short = part("4 bench step", str(int(share)))
     assert short["status"] == "ok", short
     assert short["figures"].startswith("3 timed steps a mode: loop / bench step tok/s ")  # the planned steps
     assert " | eager in model " in short["figures"]

@@ -68,14 +68,19 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
     assert source.is_dir()
     watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config))
     watcher.start()
+    # held before its last step until the faults are cleared: a trainer that reached its end while the remote still
+    # failed would end the run on a last sync that fails (exit 1, for a restart to sync again), however long the
+    # test's own steps take under load; the waits below ask for no step past the hold
+    release, held_at = tmp_path / "release", 149
     with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
-                                 MINILMD_SYNC_STALLED_AFTER="1") as sup:
+                                 MINILMD_SYNC_STALLED_AFTER="1", FAKE_HOLD=f"{held_at}:{release}") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         stall = faultfs.stall("remote*", 600, op="*")
         wait_for(lambda: state(cfg.run_dir).get("sync", {}).get("state") == "stalled", 60, "the sync shown stalled")
         step_at_stall = step_of_state(cfg.run_dir)
         assert "sync: stalled" in status_text(cfg.run_dir)
-        wait_for(lambda: step_of_state(cfg.run_dir) >= step_at_stall + 15, 60, "training going on under the stall")
+        wait_for(lambda: step_of_state(cfg.run_dir) >= min(step_at_stall + 15, held_at), 60,
+                 "training going on under the stall")
         # the held operation now fails: EIO from the remote, and every later sync fails too
         faultfs.add_rule("*", "remote*", "error", errno=errno.EIO)
         faultfs.remove(stall)
@@ -85,9 +90,11 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
                         "status to show the sync failed")
         assert "Input/output error" in text, text
         step_at_failure = step_of_state(cfg.run_dir)
-        wait_for(lambda: step_of_state(cfg.run_dir) >= step_at_failure + 10, 60, "training going on under EIO")
+        wait_for(lambda: step_of_state(cfg.run_dir) >= min(step_at_failure + 10, held_at), 60,
+                 "training going on under EIO")
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []
         faultfs.clear()
+        release.touch()
         assert wait_or_kill(sup) == 0
     assert watcher.stop() == [] and watcher.checks > 0
     remote = faultfs.backing / "remote"

@@ -110,7 +110,10 @@ def test_an_automatic_restart_honours_the_request_and_a_start_by_hand_clears_it(
     trains to the end."""
     config = write_config(tmp_path, corpus, name="hand", train={"max_steps": 40, "checkpoint_every": 5})
     run_dir = tmp_path / "hand" / "run"
-    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    # held at step 6 until stop's SIGTERM (FAKE_HOLD_STOPS; no release file): under load the orphan trained to the
+    # budget's end before the stop reached it, and the start by hand found the run done, no trainer to launch
+    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05",
+                            FAKE_HOLD=f"6:{tmp_path / 'never'}", FAKE_HOLD_STOPS="1")
     try:
         wait_until(lambda: step_of_state(run_dir) >= 6, 120, "the first supervisor's trainer to train")
     finally:
@@ -298,10 +301,16 @@ def test_status_says_a_stop_request_is_left_until_a_start_by_hand_clears_it(tmp_
     clears it."""
     config = write_config(tmp_path, corpus, name="st", train={"max_steps": 40, "checkpoint_every": 5})
     run_dir = tmp_path / "st" / "run"
-    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    release = tmp_path / "release"  # held at step 2 until the stop is under way: the run cannot reach its end first
+    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05", FAKE_HOLD=f"2:{release}")
     try:
         wait_until(lambda: step_of_state(run_dir) >= 2, 120, "the trainer to train")
-        stopped = stop(run_dir)
+        stopping = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "stop", str(run_dir)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
+        wait_until(lambda: state(run_dir).get("phase") == "stopping", 120, "the supervisor to be stopping")
+        release.touch()
+        out, err = stopping.communicate(timeout=300)
+        stopped = subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)
         assert stopped.returncode == protocol.STOP_DONE, stopped.stdout + stopped.stderr
         # said at the stop itself, not only by a later `status`
         assert (f"stop request left at {run_dir / names.STOP_REQUEST}: an automatic restart" in stopped.stdout
@@ -321,6 +330,24 @@ def test_status_says_a_stop_request_is_left_until_a_start_by_hand_clears_it(tmp_
     assert "systemd" not in shown, shown  # this supervisor did not run under systemd
 
     assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0  # by hand: clears it
+    assert "stop requested" not in status(run_dir)
+
+
+@pytest.mark.slow
+def test_a_start_by_hand_of_a_run_already_done_clears_a_stop_request(tmp_path, corpus):
+    """A `stop` whose supervisor reached the budget's end leaves its request; a start by hand then finds the run
+    done and ends before any supervisor (preflight's NothingToDo). It left the request, while `status` said "a start
+    by hand clears it"; now that start clears it too."""
+    config = write_config(tmp_path, corpus, name="dn", train={"max_steps": 5, "checkpoint_every": 5})
+    run_dir = tmp_path / "dn" / "run"
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0
+    stoprequest.leave(run_dir, os.getuid())  # what that stop left
+    assert "stop requested" in status(run_dir)
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", str(config)], capture_output=True, text=True,
+                          timeout=120, env=env_for())
+    assert done.returncode == protocol.SUPERVISOR_DONE, done.stdout + done.stderr
+    assert "cleared, this start is no launcher's automatic restart" in done.stdout, done.stdout
+    assert not (run_dir / names.STOP_REQUEST).exists()
     assert "stop requested" not in status(run_dir)
 
 

@@ -126,6 +126,27 @@ def clear(run_dir: Path) -> str | None:
         return None
 
 
+def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | None:
+    """A start by hand of a run already done (preflight's NothingToDo: no supervisor, no lock) clears the request too,
+    as `status` promises ("a start by hand clears it"): a `stop` whose supervisor ended the run at its budget's end
+    left one. run_dir is walked as `leave` walks it (no link followed); an automatic restart leaves the request (it
+    is honoured, and the run is done anyway). What was done, in words for the start's output; None when nothing."""
+    if automatic_restart(environ) is not None:
+        return None
+    request, problem = read(run_dir)
+    if request is None or problem:
+        return None
+    try:
+        with Dir.open(run_dir, "run.dir", owners={own_uid()}) as where:
+            st = where.lstat(names.STOP_REQUEST)
+            if st is None or not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
+                return None
+            where.remove_file(names.STOP_REQUEST, (st.st_dev, st.st_ino))
+    except (OSError, ValueError) as e:  # PlaceRefused is a ValueError
+        return f"{request.words()}: left ({printable(str(e))})"
+    return f"{request.words()}: cleared, this start is no launcher's automatic restart"
+
+
 def automatic_restart(environ: Mapping[str, str]) -> str | None:
     """How this `minilmd run` was started when a launcher started it by itself, in words; None for any other start.
     The tmux window sets AUTO_RESTART_ENV on its restarts only; a Slurm job requeued (by itself after a preemption,
