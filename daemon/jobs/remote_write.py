@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import pathlib
 import pwd
@@ -47,7 +46,7 @@ from minilmd.names import (
     quarantine_name,
 )
 from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in
-from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
+from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OWN_UIDS = LearntOwners()
@@ -316,8 +315,7 @@ def _remove_unrecorded(root: Dir, name: str, identity: tuple[int, int]) -> bool:
         with Dir.at(root, name) as sub:
             if sub.identity != identity:
                 return False
-            with os.scandir(sub.fd) as entries:
-                held = [e.name for e in itertools.islice(entries, 2)]
+            held = dir_names(sub.fd, max_entries=1)  # Unreadable past one: left
             if held == [REMOTE_MARK]:
                 if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=sub.fd) != mark():
                     return False

@@ -361,15 +361,21 @@ class Syncer(Fetcher):
             return
         if name not in scan or scan[name][1]:
             local = self.local_root / name
-            try:
-                ck.validate(local, self.expected)
-            except ck.CheckpointError as e:
-                self.log(f"sync: BEST {local} not copied: {'; '.join(e.problems[:3])}")
+            if self._copy_valid(local, scan, f"sync: BEST {local} not copied") is None:
                 return
-            self.copying = local
-            self._copy_up(local, scan)
             self.log(f"sync: BEST {name} copied to {remote.show(name)} and verified")
         remote.write_latest(name, BEST)
+
+    def _copy_valid(self, local: Path, scan: Scan, not_copied: str, replacing: bool = False) -> int | None:
+        """_copy_up of a checkpoint besides the newest, once it validates: the bytes copied; None when it does not
+        validate, said after `not_copied` (the caller's words for it)."""
+        try:
+            ck.validate(local, self.expected)
+        except ck.CheckpointError as e:
+            self.log(f"{not_copied}: {'; '.join(e.problems[:3])}")
+            return None
+        self.copying = local
+        return self._copy_up(local, scan, replacing=replacing)
 
     def _point_latest(self, name: str, scan: Scan, verify: bool) -> None:
         """Point the remote LATEST at `name` unless it already names a newer intact checkpoint (by `scan`)."""

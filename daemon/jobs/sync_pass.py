@@ -31,8 +31,6 @@ class Syncer(Protocol):
     """What of daemon/jobs/sync.py's Syncer this module uses (named here: sync.py imports this module)."""
 
     local_root: Path
-    expected: ck.Expectation | None
-    copying: Path | None
 
     @property
     def remote(self) -> RemoteStore: ...
@@ -41,7 +39,7 @@ class Syncer(Protocol):
 
     def _once(self, key: tuple[str, str], msg: str) -> None: ...
 
-    def _copy_up(self, local: Path, scan: Scan, replacing: bool = False) -> int: ...
+    def _copy_valid(self, local: Path, scan: Scan, not_copied: str, replacing: bool = False) -> int | None: ...
 
 
 def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
@@ -62,13 +60,10 @@ def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
                                            f"given first ({_words(held)}): {remote.url} has no rename to put a "
                                            f"further one in its place whole")
         return
-    try:
-        ck.validate(local, syncer.expected)
-    except ck.CheckpointError as e:
-        syncer.log(f"sync: {local} not copied over the remote's stopped reference pass: {'; '.join(e.problems[:3])}")
+    nbytes = syncer._copy_valid(local, scan, f"sync: {local} not copied over the remote's stopped reference pass",
+                                replacing=True)
+    if nbytes is None:
         return
-    syncer.copying = local
-    nbytes = syncer._copy_up(local, scan, replacing=True)
     copied = scan[PASS_STEP][0] or {}
     syncer.log(f"sync: {PASS_STEP} ({_words(copied)}) copied to {remote.show(PASS_STEP)} in place of the stopped "
                f"reference pass there ({_words(held)}) and verified ({nbytes / 1e6:,.1f} MB)")
