@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -182,21 +183,10 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
     config = write_config(tmp_path, dpo_corpus, name="opstop", data={"val_windows": 8},
                           train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
     run_dir, ckpt_dir = run_paths(config)
-    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
-    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
-    try:
-        named = lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > 0
-        wait_for(lambda: sup.poll() is not None or named(), 300, "the supervisor's state to name the reference pass")
-        assert named(), (tmp_path / "supervisor.out").read_text()  # not ended first, the pass never named
-        shown = cli("status", str(run_dir)).stdout
-        assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown), shown
-        stopped = cli("stop", str(run_dir), timeout=300)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert sup.wait(120) == 0, (tmp_path / "supervisor.out").read_text()
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
+    shown: list[str] = []
+    _stopped_under_supervisor(config, tmp_path, beyond=0,
+                              while_in_pass=lambda: shown.append(cli("status", str(run_dir)).stdout))
+    assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown[0]), shown
     log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
     assert "SIGTERM received during the DPO reference pass" in log and "saved at step 0" in log, log
     assert not read_metrics(run_dir, "dpo_reference") and [p.name for p in ckpt_dir.glob("step-*")] == \
@@ -218,16 +208,19 @@ def _kept_pairs(step_dir: Path) -> int:
     return int(load((step_dir / DPO_REFERENCE).read_bytes())["pass"][0])
 
 
-def _stopped_under_supervisor(config: Path, tmp_path: Path, beyond: int) -> None:
+def _stopped_under_supervisor(config: Path, tmp_path: Path, beyond: int,
+                              while_in_pass: Callable[[], object] = lambda: None) -> None:
     """A supervisor and its (slowed) real trainer on a new machine, stopped by `minilmd stop` once its reference
-    pass is past `beyond` pairs (on from a stopped pass it staged from the remote: past what that kept)."""
+    pass is past `beyond` pairs (on from a stopped pass it staged from the remote: past what that kept), after
+    `while_in_pass()` (a look at the run while the supervisor's state names the pass)."""
     run_dir = run_paths(config)[0]
     slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
     sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
     try:
         past = lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > beyond
         wait_for(lambda: sup.poll() is not None or past(), 300, f"the reference pass to pass {beyond} pairs")
-        assert past(), (tmp_path / "supervisor.out").read_text()
+        assert past(), (tmp_path / "supervisor.out").read_text()  # not ended first, the pass never named
+        while_in_pass()
         stopped = cli("stop", str(run_dir), timeout=300)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert sup.wait(120) == 0, (tmp_path / "supervisor.out").read_text()
