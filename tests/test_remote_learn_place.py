@@ -116,6 +116,8 @@ def test_no_file_is_made_in_another_users_directory_at_run_remotes_name(tmp_path
         fresh_process(monkeypatch)  # a remote not made yet below his directory: the nearest one there is his
         below = remote_write.root_refused(str(root / "run1"))
         assert below is not None and "belongs to" in below, below
+        with pytest.raises(SyncError, match="belongs to"):  # main: run1 made in his directory first, then refused
+            without_blocking(Syncer(local, str(root / "run1"), EXPECTED).sync_newest)
         checked = cli("run", "--check", str(write_config(tmp_path, corpus, run={"remote": str(root)})))
         said = checked.stdout + checked.stderr
         assert checked.returncode == 2 and "belongs to" in said and "Traceback" not in said, said
