@@ -240,9 +240,10 @@ def _learning_place(root: str) -> Dir | None:
         opened = Dir(os.open(there, DIR_FLAGS), pathlib.Path(there))
     except OSError:
         return None
-    st = os.fstat(opened.fd)
-    if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not st.st_mode & 0o022:
-        return opened
+    with contextlib.suppress(OSError):
+        st = os.fstat(opened.fd)
+        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not st.st_mode & 0o022:
+            return opened
     opened.close()
     return None
 
