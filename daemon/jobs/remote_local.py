@@ -26,7 +26,7 @@ from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
-from minilmd.dirfd import Dir
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import LATEST
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
 from minilmd.urls import open_fs
@@ -273,11 +273,17 @@ class LocalRemote(Publishing, Remote):
     def _make_root(self) -> None:
         """The root made when missing, with the directories above it that are not there, unless the nearest one
         that is there is an unmounted share's mount point (`unmounted_above`): the "durable" copy would be on the
-        local disk under it. The sync fails then, is retried, and says so, until the share is back."""
-        if not os.path.isdir(self.root) and (stub := unmounted_above(self.root)):
-            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not there "
-                                                  f"and {stub} is an empty directory, not a mount point (its share "
-                                                  f"not mounted?): nothing is made below it")
+        local disk under it. The sync fails then, is retried, and says so, until the share is back. Nothing is made
+        below a directory dirfd's rule refuses (remote_write.root_refused judges those that are there: another
+        user's, one others may rearrange): PlaceRefused, as the root's open would say after (before, the root was
+        made in his directory first)."""
+        if not os.path.isdir(self.root):
+            if stub := unmounted_above(self.root):
+                raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not "
+                                                      f"there and {stub} is an empty directory, not a mount point (its "
+                                                      f"share not mounted?): nothing is made below it")
+            if refused := remote_write.root_refused(self.root):
+                raise PlaceRefused(refused)
         try:
             os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
         except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there

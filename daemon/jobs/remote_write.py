@@ -159,13 +159,14 @@ def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
 
 
 def learn_own_uid(root: str) -> bool:
-    """Learn (OWN_UIDS) the owner the share gives this process's new files (given_owner), the directory `root`
-    opened by path without following a link: whether an owner not known before was learnt. Nothing learnt when it
-    cannot be opened or written."""
-    with contextlib.suppress(OSError):
-        with Dir(os.open(root, DIR_FLAGS), pathlib.Path(root)) as opened:
-            return OWN_UIDS.learn(given_owner(opened))
-    return False
+    """Learn (OWN_UIDS) the owner the share gives this process's new files (given_owner) in the root once dirfd's
+    rule accepts it (open_root: where a sync writes anyway; before that only in a place _learning_place allows):
+    whether an owner not known before was learnt. Nothing learnt, nor written, where the rule refuses the root,
+    or it cannot be opened or written: never in another user's directory (before: in any root opened by path)."""
+    known = len(OWN_UIDS)
+    with contextlib.suppress(OSError, PlaceRefused), open_root(root) as opened:
+        OWN_UIDS.learn(given_owner(opened))
+    return len(OWN_UIDS) > known
 
 
 def given_owner(root: Dir) -> int:
@@ -200,7 +201,12 @@ def open_root(root: str) -> Dir:
     try:
         opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
     except PlaceRefused:
-        if (where := _learning_place(root)) is None or not learn_own_uid(where):
+        if (where := _learning_place(root)) is None:
+            raise
+        learnt = False
+        with where, contextlib.suppress(OSError):
+            learnt = OWN_UIDS.learn(given_owner(where))
+        if not learnt:
             raise
         opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
@@ -219,24 +225,27 @@ def squash_uids() -> set[int]:
     return found
 
 
-def _learning_place(root: str) -> str | None:
-    """Where open_root may learn the owner the share gives new files after a refusal, None where it must not: only
-    where a directory on the way has an owner neither root nor in OWN_UIDS (_foreign_owner); in the root itself
-    once it is there (the sync writes there anyway), or, before the first sync made it, in the nearest directory
-    above it only when that is that owner's, a squash uid (nobody), and writable by its owner alone: never in
-    another user's or a shared directory (/tmp, a team's)."""
-    if (uid := _foreign_owner(root)) is None:
+def _learning_place(root: str) -> Dir | None:
+    """Where open_root may learn the owner the share gives new files after a refusal, opened (None where it must
+    not): only where a directory on the way has an owner neither root nor in OWN_UIDS that is a squash uid
+    (_foreign_owner, squash_uids: nobody), in the root once it is there, or, before the first sync made it, in the
+    nearest directory above it; and that directory, judged on its descriptor (nothing swapped in after a look),
+    this user's or that owner's and writable by its owner alone. Never another user's directory, nor one others
+    may write (/tmp, a team's, nobody's 2775): before, the root was written into whoever owned it, and only then
+    refused."""
+    if (uid := _foreign_owner(root)) is None or uid not in squash_uids():
         return None
     there = _nearest_there(root)
     try:
-        st = os.lstat(there)
+        opened = Dir(os.open(there, DIR_FLAGS), pathlib.Path(there))
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode):
-        return None
-    if there == os.path.abspath(root):
-        return there
-    return there if owner_in(st, (uid,)) and uid in squash_uids() and not st.st_mode & 0o022 else None
+    with contextlib.suppress(OSError):
+        st = os.fstat(opened.fd)
+        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not st.st_mode & 0o022:
+            return opened
+    opened.close()
+    return None
 
 
 def _foreign_owner(root: str) -> int | None:
