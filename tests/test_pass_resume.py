@@ -88,3 +88,16 @@ def test_run_check_names_the_step_0_staging_takes_with_its_pairs(tmp_path, corpu
     assert pass_resume.fetch_further(Syncer(cfg.checkpoint_dir, str(remote), EXPECTED), cfg.checkpoint_dir)
     assert resumefrom.find(cfg, str(remote)).line() == \
         f"resumes from step 0 (scratch: {cfg.checkpoint_dir / STEP0}, reference pass 300/{PAIRS} pairs)"
+
+
+@pytest.mark.slow  # five checkpoints saved, synced and fetched
+def test_on_an_object_store_the_further_of_scratch_and_the_kept_first_stop_is_resumed(tmp_path, weights):
+    """A store without rename keeps the first stop's step 0 (tests/test_sync_pass.py): a start whose scratch kept a
+    further stop goes on from scratch's, and one whose scratch is behind that first stop takes the store's."""
+    url, scratch = f"memory://pass-resume-{tmp_path.name}", tmp_path / "shm" / "checkpoints"
+    synced_elsewhere(tmp_path, url, weights, 300, 400)  # the store keeps 300
+    save_pass(scratch, weights, 500)
+    assert pass_resume.fetch_further(Syncer(scratch, url, EXPECTED), scratch) is None and done(scratch) == 500
+    save_pass(scratch, weights, 100)
+    taken = pass_resume.fetch_further(Syncer(scratch, url, EXPECTED), scratch)
+    assert taken is not None and done(scratch) == 300 and ck.validate(scratch / STEP0, EXPECTED)
