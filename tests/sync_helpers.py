@@ -3,15 +3,19 @@ model's weights (the fixture `weights`), checkpoints of it saved at a step, the 
 scratch and remote (the fixture `dirs`), a file damaged in place, and a remote whose sizes lag."""
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from safetensors.numpy import save as save_tensors
 
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.names import DPO_REFERENCE, REFERENCE_PASS
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -37,6 +41,22 @@ def save(root: Path, step: int, weights, data: str = DATA) -> Path:
     state = {"step": step, "tokens_seen": step * 64, "epoch": 0, "config": cfg,
              "fingerprints": {"data": data, "tokenizer": TOK}}
     return ckpt_io.save(root, step, weights[0], weights[1], state)
+
+
+PAIRS = 761
+"""The pairs of the reference pass save_pass's step 0s stopped in."""
+
+
+def save_pass(root: Path, weights, done: int | None, notes: dict | None = None) -> Path:
+    """Step 0 as the trainer saves it with the reference pass `done` pairs on (None: the sums complete)."""
+    sums = {"train": np.full(4, -1.5, dtype=np.float32), "val": np.full(2, -2.5, dtype=np.float32)}
+    if done is not None:
+        sums["pass"] = np.array([done, 1], dtype=np.int64)
+    if notes is None:
+        notes = {} if done is None else {REFERENCE_PASS: [done, PAIRS]}
+    state = json.loads(json.dumps(ck.validate(save(root / "proto", 0, weights))))  # a valid trainer_state
+    return ckpt_io.save(root, 0, weights[0], weights[1], state, extra={DPO_REFERENCE: save_tensors(sums)},
+                        notes=notes)
 
 
 def corrupt(path: Path) -> None:

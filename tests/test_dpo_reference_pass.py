@@ -237,7 +237,10 @@ def test_a_pass_stopped_twice_each_time_on_a_new_machine_reaches_the_remote_and_
     holds), so a second stop of the pass saved its further progress in scratch only; a start on another machine
     (a Slurm requeue onto another node, a reboot: /dev/shm empty) staged the first stop's and computed again all
     that was done since, and a job preempted on a new node each time never got past it. The sync now puts a further
-    pass's step 0 in place of the remote's, whole, and the complete one in the end; nothing else there is touched."""
+    pass's step 0 in place of the remote's, whole, and the complete one in the end; nothing else there is touched.
+    Then the first machine comes back to the scratch it kept, at the first stop: a start resumed from scratch's
+    step 0 and computed again the pairs done since; it now fetches the remote's further one in its place, and
+    `run --check` says so (daemon/jobs/pass_resume.py)."""
     values = dict(data={"val_windows": 8},
                   train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
     config = write_config(tmp_path, dpo_corpus, name="moved", **values)
@@ -246,6 +249,8 @@ def test_a_pass_stopped_twice_each_time_on_a_new_machine_reaches_the_remote_and_
     _stopped_under_supervisor(config, tmp_path, beyond=0)
     first = _kept_pairs(remote / step0)
     assert first == _kept_pairs(cfg.checkpoint_dir / step0)  # the first stop reached the remote, as before
+    kept_scratch = tmp_path / "first-machine-scratch"  # its local disk, kept: the machine comes back later
+    shutil.copytree(cfg.scratch_dir, kept_scratch, symlinks=True)
     teammates = {remote / "notes.txt": b"a teammate's notes", remote / "shared" / "data.bin": b"\x00data",
                  remote / ".tmp-step-00000000-elsewhere-4242" / "manifest.json": b"{}"}
     for path, data in teammates.items():
@@ -259,11 +264,20 @@ def test_a_pass_stopped_twice_each_time_on_a_new_machine_reaches_the_remote_and_
     assert _kept_pairs(remote / step0) == second  # before: still `first`, what a new machine then went on from
     assert (remote / step0 / DPO_REFERENCE).read_bytes() == (cfg.checkpoint_dir / step0 / DPO_REFERENCE).read_bytes()
 
-    shutil.rmtree(cfg.scratch_dir)  # another new machine: the run goes on from the second stop, and ends
+    # the first machine back (a reboot into its local disk, a requeue onto its node), its scratch at the first stop:
+    # the run goes on from the remote's second (before: from its own first, the pairs since computed again), and ends
+    shutil.rmtree(cfg.scratch_dir)
+    shutil.copytree(kept_scratch, cfg.scratch_dir, symlinks=True)
+    checked = cli("run", "--check", str(config), timeout=120)
+    total = json.loads((remote / step0 / MANIFEST).read_text())[REFERENCE_PASS][1]
+    assert f"resumes from step 0 (remote: {remote / step0}: run.remote's step 0 is further on (reference pass " \
+           f"{second:,}/{total:,} pairs) than scratch's (reference pass {first:,}/{total:,} pairs)" in checked.stdout, \
+        checked.stdout + checked.stderr
     assert run_supervisor(config, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
         (tmp_path / "supervisor.out").read_text()
     made = read_metrics(cfg.run_dir, "dpo_reference")
     assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", second)], made
+    assert [e for e in events(cfg.run_dir) if e["event"] == "fetch" and "further on" in e["message"]]
     straight = write_config(tmp_path, dpo_corpus, name="straight", **values)
     assert run_supervisor(straight, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
         (tmp_path / "supervisor.out").read_text()

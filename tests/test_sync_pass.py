@@ -8,9 +8,7 @@ from __future__ import annotations
 import errno
 import json
 
-import numpy as np
 import pytest
-from safetensors.numpy import save as save_tensors
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_contents import further_pass
@@ -18,23 +16,9 @@ from minilmd.checkpoint_select import find_latest
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
 from minilmd.names import DPO_REFERENCE, MANIFEST, REFERENCE_PASS
-from minilmd.trainer.checkpoint import save as ckpt_io
-from sync_helpers import EXPECTED, dirs, names, save, weights  # noqa: F401  (fixtures)
+from sync_helpers import EXPECTED, PAIRS, dirs, names, save, save_pass, weights  # noqa: F401  (fixtures)
 
-PAIRS = 761
 STEP0 = "step-00000000"
-
-
-def save_pass(root, weights, done: int | None, notes: dict | None = None):
-    """Step 0 as the trainer saves it with the reference pass `done` pairs on (None: the sums complete)."""
-    sums = {"train": np.full(4, -1.5, dtype=np.float32), "val": np.full(2, -2.5, dtype=np.float32)}
-    if done is not None:
-        sums["pass"] = np.array([done, 1], dtype=np.int64)
-    if notes is None:
-        notes = {} if done is None else {REFERENCE_PASS: [done, PAIRS]}
-    state = json.loads(json.dumps(ck.validate(save(root / "proto", 0, weights))))  # a valid trainer_state
-    return ckpt_io.save(root, 0, weights[0], weights[1], state, extra={DPO_REFERENCE: save_tensors(sums)},
-                        notes=notes)
 
 
 def remote_done(remote) -> int | None:

@@ -122,15 +122,20 @@ class Fetcher:
         except Unreadable as e:
             raise ck.CheckpointInvalid(where, f"{TRAINER_STATE}: {e.why}") from None
 
-    def _fetch_one(self, name: str, local_root: Path) -> tuple[Path | None, bool]:
+    def _fetch_one(self, name: str, local_root: Path,
+                   only_if: Callable[[dict], bool] | None = None) -> tuple[Path | None, bool]:
         """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
-        whether it was set aside as invalid; not when it has no manifest yet)."""
+        whether it was set aside as invalid; not when it has no manifest yet). `only_if`: the manifest (the one whose
+        bytes the download is checked against and writes) must pass it, else nothing is fetched. A checkpoint of
+        that name in local_root is replaced whole (publish_dir)."""
         remote = self.remote
         listed = remote.read_manifest(name)
         if listed.manifest is None:
             if listed.problems:
                 self._set_aside_remote(name, listed.problems)
             return None, bool(listed.problems)
+        if only_if is not None and not only_if(listed.manifest):
+            return None, False
         final = local_root / name
         tmp = local_root / fetch_tmp_name(name, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,7 +2,9 @@
 newest valid checkpoint in scratch, as the trainer's resume finds it (minilmd/checkpoint_select.py find_latest, with
 nothing moved), or, when scratch holds none, the newest one on run.remote that staging's fetch would bring back
 (daemon/jobs/fetch.py peek_latest: its manifest and trainer_state.json read as the fetch reads them, bounded and from
-the root's descriptor; no weights fetched, those the fetch checks). Each is checked against what the run expects of
+the root's descriptor; no weights fetched, those the fetch checks); or the remote's step 0 of a DPO run when it is
+further on in the reference pass than scratch's stopped one, which staging fetches in its place (the one rule of both:
+daemon/jobs/pass_resume.py). Each is checked against what the run expects of
 its checkpoints (minilmd/checkpoint.py Expectation: the model, the kernels, the corpus and its tokenizer), the rule
 validation itself applies.
 
@@ -58,15 +60,23 @@ class Start:
     """The refusal (`refusal`'s words) when the checkpoint it would resume from is of another model or corpus."""
     changes: list[str] = field(default_factory=list)
     """The batch stream settings the config changes against that checkpoint's (minilmd/batch_stream.py)."""
+    reference: str = ""
+    """A step 0 saved by a stopped DPO reference pass: how far (`reference pass 1,200/3,000 pairs`)."""
+    over_scratch: str = ""
+    """The remote's step 0 taken over scratch's, further on (daemon/jobs/pass_resume.py FurtherPass.words)."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
         if self.step is None:
             return f"starts from step 0: {self.why}" if self.why else ""
+        reference = f", {self.reference}" if self.reference else ""
         if self.where == SCRATCH:
-            return Resumes(f"resumes from step {self.step} (scratch: {self.path})")
-        return Resumes(f"resumes from step {self.step} (remote: {self.path}; staging fetches it into scratch and "
-                       f"verifies its weights there)")
+            return Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
+        if self.over_scratch:
+            return Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch}; staging "
+                           f"fetches it in place of scratch's and verifies its weights there)")
+        return Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
+                       f"scratch and verifies its weights there)")
 
 
 def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None, fresh: bool = False) -> list[str]:
@@ -96,8 +106,8 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
 
 def find(cfg: RunConfig, remote_root: str | None) -> Start:
     """Where the launch would start (module docstring)."""
-    if local_checkpoint_steps(cfg.checkpoint_dir):  # staging fetches nothing then: the trainer resumes from scratch
-        return _in_scratch(cfg)
+    if local_checkpoint_steps(cfg.checkpoint_dir):  # the trainer resumes from scratch, but for a further DPO
+        return _pass_on_remote(cfg) or _in_scratch(cfg)  # reference pass on the remote, which staging fetches
     if not cfg.run.remote:
         return Start(why=f"scratch holds no checkpoint ({cfg.checkpoint_dir}), and there is no run.remote")
     listed = _lists_steps(remote_root) if remote_root is not None else True
@@ -119,7 +129,43 @@ def _in_scratch(cfg: RunConfig) -> Start:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:
         return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
-    return _judged(cfg, Start(names.step_of(path), SCRATCH, str(path), passed_by=passed), recorded_config(path))
+    start = Start(names.step_of(path), SCRATCH, str(path), passed_by=passed, reference=_reference(path))
+    return _judged(cfg, start, recorded_config(path))
+
+
+def _reference(path: Path) -> str:
+    """How far the stopped DPO reference pass a step 0 in scratch was saved by got; "" for any other."""
+    from minilmd.checkpoint import CheckpointError, read_manifest
+    from minilmd.checkpoint_contents import pass_words, reference_pass
+
+    try:
+        manifest = read_manifest(path) if names.step_of(path) == 0 else None
+    except CheckpointError:
+        return ""
+    return pass_words(manifest) if isinstance(manifest, dict) and reference_pass(manifest) else ""
+
+
+def _pass_on_remote(cfg: RunConfig) -> Start | None:
+    """The remote's step 0 when staging takes it over scratch's, further on in a DPO reference pass: the one rule
+    of both (daemon/jobs/pass_resume.py further_on_remote); None when the start resumes from scratch."""
+    from minilmd.daemon.jobs import pass_resume
+
+    if not cfg.run.remote or pass_resume.scratch_pass(cfg.checkpoint_dir) is None:
+        return None  # no look at the remote, and nothing imported for it, for any other start
+    syncer = _syncer(cfg)
+    further = pass_resume.further_on_remote(syncer, cfg.checkpoint_dir)
+    if further is None:
+        return None
+    recorded = bounded_probe(syncer.recorded_config, pass_resume.PASS_STEP)[1]  # None when it does not answer now
+    start = Start(0, REMOTE, syncer.remote.show(pass_resume.PASS_STEP), over_scratch=further.words())
+    return _judged(cfg, start, recorded)
+
+
+def _syncer(cfg: RunConfig):
+    """A Syncer to look at the remote as the fetch does (no claim: `run --check` takes nothing from it)."""
+    from minilmd.daemon.jobs.sync import Syncer
+
+    return Syncer(cfg.checkpoint_dir, cfg.run.remote, expectation(cfg), run_dir=cfg.run_dir if cfg.run.dir else None)
 
 
 def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
@@ -136,9 +182,7 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
 def _on_remote(cfg: RunConfig) -> Start:
     """The fetch's choice, looked at in a thread for SHARED_STORAGE_PROBE_S at most: a remote that stalls or fails
     now is staging's to wait for (daemon/jobs/remotewait.py says so), no refusal."""
-    from minilmd.daemon.jobs.sync import Syncer
-
-    syncer = Syncer(cfg.checkpoint_dir, cfg.run.remote, expectation(cfg), run_dir=cfg.run_dir if cfg.run.dir else None)
+    syncer = _syncer(cfg)
     answered, found, _ = bounded_probe(_peek, syncer)
     if not answered:
         return Start()
@@ -149,8 +193,13 @@ def _on_remote(cfg: RunConfig) -> Start:
         why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
             f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
         return Start(why="" if outcome == "failed" else why, passed_by=passed)
+    from minilmd.checkpoint_contents import pass_words, reference_pass
+
     recorded = bounded_probe(syncer.recorded_config, value)[1]  # None when it does not answer now
-    return _judged(cfg, Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed), recorded)
+    held = bounded_probe(lambda: syncer.remote.read_manifest(value).manifest)[1] if names.step_of(value) == 0 else None
+    start = Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed,
+                  reference=pass_words(held) if isinstance(held, dict) and reference_pass(held) else "")
+    return _judged(cfg, start, recorded)
 
 
 def _peek(syncer) -> tuple[str, object, list[str]]:

@@ -79,6 +79,8 @@ class StagingWorker:
         """What the run's records say of its remote, read once per staging (a fetch retried reads them no more)."""
         self.from_step_0 = ""
         """Why the last fetch leaves the trainer to start from step 0 (set by the thread; said once staged)."""
+        self.fetched_why = ""
+        """Why scratch's step 0 was fetched over (daemon/jobs/pass_resume.py; set by the thread)."""
         self.infra = infra
         self.state = state
         self.emit = emit
@@ -206,7 +208,8 @@ class StagingWorker:
             staging.state, staging.error = StagingState.DONE, None
         if fetched:
             # a sign of the remote's step for a later start (remotewait), on this remote
-            self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}",
+            self.emit("fetch", f"{self.fetched_why or 'scratch held no checkpoint'}: fetched {fetched} from "
+                               f"{self.cfg.run.remote}",
                       step=step_of(Path(fetched)), remote=self.cfg.run.remote)
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
             self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
@@ -421,11 +424,17 @@ class StagingWorker:
         if not self.cfg.run.remote:
             return None, None, None
         from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+        from minilmd.daemon.jobs import pass_resume
 
         expected = self.infra.expectation(self.cfg, staged)
-        if local_checkpoint_steps(self.cfg.checkpoint_dir):
-            return expected, None, None
-        self.fetch_started = now()
+        self.fetch_started, self.fetched_why = now(), ""
+        if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only for a further DPO reference pass
+            try:
+                taken = pass_resume.fetch_further(self.syncer_for(expected), self.cfg.checkpoint_dir)
+            finally:
+                self.fetch_started = 0.0
+            self.fetched_why = taken[1].words() if taken else ""
+            return expected, taken[0] if taken else None, None
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0 = ""
         try:

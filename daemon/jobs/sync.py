@@ -471,10 +471,24 @@ class Syncer(Fetcher):
         """Bring the newest remote checkpoint that validates into local_root (default: this syncer's) and return
         its local path; None when the remote holds none. A damaged remote checkpoint is quarantined (local paths)
         or skipped, and LATEST repointed. CheckpointMismatch (a checkpoint of another run) is raised as is."""
+        return self._fetching(self._fetch_latest, Path(local_root) if local_root is not None else self.local_root)
+
+    def fetch_step(self, name: str, local_root: Path, only_if: Callable[[dict], bool]) -> Path | None:
+        """Bring remote checkpoint `name` into local_root, in place of one there by that name, as the fetch brings
+        any (downloaded, hashed, validated; set aside when invalid), when its manifest passes `only_if`; its local
+        path, or None (daemon/jobs/pass_resume.py: a further reference pass's step 0 over scratch's)."""
+        def one(root: Path) -> Path | None:
+            final = self._fetch_one(name, root, only_if)[0]
+            if final is not None:
+                self.log(f"sync: fetched {self.remote.show(name)} to {final}")
+            return final
+        return self._fetching(one, local_root)
+
+    def _fetching(self, fetch: Callable[[Path], Path | None], local_root: Path) -> Path | None:
         try:
             if why := self._claim_refused():
                 raise SyncError(f"fetch from {self.remote_url} refused: {why}")
-            return self._fetch_latest(Path(local_root) if local_root is not None else self.local_root)
+            return fetch(local_root)
         except (SyncError, ck.CheckpointMismatch):
             raise
         except Exception as e:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from minilmd import checkpoint as ck
-from minilmd.checkpoint_contents import further_pass, reference_pass
+from minilmd.checkpoint_contents import further_pass, pass_words, reference_pass
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.names import step_name, step_of
 
@@ -57,7 +57,7 @@ def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
         return
     if not remote.renames_into_place:
         syncer._once(("pass", remote.url), f"sync: {remote.show(PASS_STEP)} keeps the DPO reference pass it was "
-                                           f"given first ({_words(held)}): {remote.url} has no rename to put a "
+                                           f"given first ({pass_words(held)}): {remote.url} has no rename to put a "
                                            f"further one in its place whole")
         return
     nbytes = syncer._copy_valid(local, scan, f"sync: {local} not copied over the remote's stopped reference pass",
@@ -65,8 +65,8 @@ def sync_further_pass(syncer: Syncer, scan: Scan) -> None:
     if nbytes is None:
         return
     copied = scan[PASS_STEP][0] or {}
-    syncer.log(f"sync: {PASS_STEP} ({_words(copied)}) copied to {remote.show(PASS_STEP)} in place of the stopped "
-               f"reference pass there ({_words(held)}) and verified ({nbytes / 1e6:,.1f} MB)")
+    syncer.log(f"sync: {PASS_STEP} ({pass_words(copied)}) copied to {remote.show(PASS_STEP)} in place of the stopped "
+               f"reference pass there ({pass_words(held)}) and verified ({nbytes / 1e6:,.1f} MB)")
 
 
 def _held_pass(syncer: Syncer, scan: Scan) -> dict | None:
@@ -88,10 +88,4 @@ def publish_further(remote: RemoteStore, target: str, copied: dict) -> bool:
 
 def _behind(held: dict | None, copied: dict) -> bool:
     return held is not None and further_pass(copied, held)
-
-
-def _words(manifest: dict) -> str:
-    """`reference pass 1,200/2,446 pairs`, or `reference complete`."""
-    done = reference_pass(manifest)
-    return "reference complete" if done is None else f"reference pass {done[0]:,}/{done[1]:,} pairs"
 

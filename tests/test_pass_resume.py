@@ -1,0 +1,103 @@
+"""A machine that comes back to a scratch it kept (a reboot into a local disk's scratch, a Slurm job requeued onto a
+node it ran on earlier) holding an older stop of a DPO run's reference pass than the one another machine synced to
+run.remote meanwhile (daemon/jobs/pass_resume.py). Found by a reviewer: a start resumed from scratch whenever it held a
+checkpoint, so it went on from its own 100 pairs and computed again the 200 done elsewhere, and `run --check` named
+scratch's step 0. Now staging fetches the remote's further step 0 in its place, verified as any fetched step, and
+`run --check` names it, with the pairs, by the same rule; scratch's stays when it is as far or further, or the remote
+holds a later step. The end-to-end case, real processes stopped on two machines: tests/test_dpo_reference_pass.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint as ck
+from minilmd.config import load_config
+from minilmd.daemon.jobs import pass_resume, resumefrom
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.names import DPO_REFERENCE, MANIFEST, REFERENCE_PASS
+from supervisor_helpers import write_config
+from sync_helpers import EXPECTED, PAIRS, corrupt, save, save_pass, weights  # noqa: F401  (fixtures)
+
+STEP0 = "step-00000000"
+
+
+def done(root: Path) -> int | None:
+    return json.loads((root / STEP0 / MANIFEST).read_text()).get(REFERENCE_PASS, [None])[0]
+
+
+def synced_elsewhere(tmp_path: Path, remote: str, weights, *steps: int | None) -> None:
+    """Another machine's stops of the pass (`steps`: pairs done, None for the complete one), each synced."""
+    other = tmp_path / "elsewhere"
+    syncer = Syncer(other, remote, EXPECTED)
+    for pairs in steps:
+        save_pass(other, weights, pairs)
+        syncer.sync_newest()
+
+
+@pytest.mark.slow  # six checkpoints saved, synced and fetched
+def test_staging_takes_the_remotes_further_pass_over_scratchs_and_keeps_one_as_far_or_further(tmp_path, weights):
+    scratch, remote = tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+    synced_elsewhere(tmp_path, str(remote), weights, 300)
+    save_pass(scratch, weights, 100)  # the kept scratch: an older stop
+    logs: list[str] = []
+    taken = pass_resume.fetch_further(Syncer(scratch, str(remote), EXPECTED, log=logs.append), scratch)
+    assert taken is not None and taken[0] == scratch / STEP0, logs  # before: scratch's 100 resumed
+    assert done(scratch) == 300 and ck.validate(scratch / STEP0, EXPECTED)
+    assert (scratch / STEP0 / DPO_REFERENCE).read_bytes() == (remote / STEP0 / DPO_REFERENCE).read_bytes()
+    assert taken[1].words() == (f"run.remote's step 0 is further on (reference pass 300/{PAIRS} pairs) than "
+                                f"scratch's (reference pass 100/{PAIRS} pairs)")
+    assert not [p for p in scratch.iterdir() if p.name.startswith(".tmp")]
+    assert pass_resume.fetch_further(Syncer(scratch, str(remote), EXPECTED), scratch) is None  # as far: stays
+    save_pass(scratch, weights, 500)
+    assert pass_resume.fetch_further(Syncer(scratch, str(remote), EXPECTED), scratch) is None  # further: stays
+    assert done(scratch) == 500
+    save_pass(scratch, weights, 100)  # behind, but the remote has trained on (a later step): scratch's, as ever
+    synced_elsewhere(tmp_path, str(remote), weights, None)
+    save(tmp_path / "elsewhere", 2, weights)
+    Syncer(tmp_path / "elsewhere", str(remote), EXPECTED).sync_newest()
+    assert pass_resume.further_on_remote(Syncer(scratch, str(remote), EXPECTED), scratch) is None
+
+
+@pytest.mark.slow  # three checkpoints saved, synced and fetched
+def test_a_remote_further_pass_that_does_not_validate_leaves_scratchs(tmp_path, weights):
+    scratch, remote = tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+    synced_elsewhere(tmp_path, str(remote), weights, 300)
+    corrupt(remote / STEP0 / DPO_REFERENCE)  # same size: only the download's hash sees it
+    save_pass(scratch, weights, 100)
+    logs: list[str] = []
+    assert pass_resume.fetch_further(Syncer(scratch, str(remote), EXPECTED, log=logs.append), scratch) is None
+    assert done(scratch) == 100 and ck.validate(scratch / STEP0, EXPECTED)
+    assert [m for m in logs if "is invalid" in m and "moved to" in m], logs  # set aside, as any fetch does
+
+
+@pytest.mark.slow  # three checkpoints saved and synced
+def test_run_check_names_the_step_0_staging_takes_with_its_pairs(tmp_path, corpus, weights, monkeypatch):
+    """`run --check`'s line and staging's fetch, by the one rule (pass_resume.further_on_remote)."""
+    cfg = load_config(write_config(tmp_path, corpus, name="back"))
+    monkeypatch.setattr(resumefrom, "expectation", lambda cfg: EXPECTED)  # the tiny model these checkpoints hold
+    remote = Path(cfg.run.remote)
+    synced_elsewhere(tmp_path, str(remote), weights, 300)
+    save_pass(cfg.checkpoint_dir, weights, 100)
+    start = resumefrom.find(cfg, str(remote))
+    assert start.line() == (  # before: `resumes from step 0 (scratch: ...)`, 200 pairs behind
+        f"resumes from step 0 (remote: {remote / STEP0}: run.remote's step 0 is further on (reference pass "
+        f"300/{PAIRS} pairs) than scratch's (reference pass 100/{PAIRS} pairs); staging fetches it in place of "
+        f"scratch's and verifies its weights there)")
+    assert pass_resume.fetch_further(Syncer(cfg.checkpoint_dir, str(remote), EXPECTED), cfg.checkpoint_dir)
+    assert resumefrom.find(cfg, str(remote)).line() == \
+        f"resumes from step 0 (scratch: {cfg.checkpoint_dir / STEP0}, reference pass 300/{PAIRS} pairs)"
+
+
+@pytest.mark.slow  # five checkpoints saved, synced and fetched
+def test_on_an_object_store_the_further_of_scratch_and_the_kept_first_stop_is_resumed(tmp_path, weights):
+    """A store without rename keeps the first stop's step 0 (tests/test_sync_pass.py): a start whose scratch kept a
+    further stop goes on from scratch's, and one whose scratch is behind that first stop takes the store's."""
+    url, scratch = f"memory://pass-resume-{tmp_path.name}", tmp_path / "shm" / "checkpoints"
+    synced_elsewhere(tmp_path, url, weights, 300, 400)  # the store keeps 300
+    save_pass(scratch, weights, 500)
+    assert pass_resume.fetch_further(Syncer(scratch, url, EXPECTED), scratch) is None and done(scratch) == 500
+    save_pass(scratch, weights, 100)
+    taken = pass_resume.fetch_further(Syncer(scratch, url, EXPECTED), scratch)
+    assert taken is not None and done(scratch) == 300 and ck.validate(scratch / STEP0, EXPECTED)
