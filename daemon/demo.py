@@ -27,6 +27,7 @@ from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
 from minilmd.place_rule import walk_to
+from minilmd.untrusted import holds_any
 
 MODEL_LINES = """\
 hidden_size = 128
@@ -219,7 +220,7 @@ def not_the_demos(parent: Dir, name: str, st: os.stat_result) -> str:
         with Dir.at(parent, name) as there:
             if there.identity != (st.st_dev, st.st_ino):
                 return "was replaced while it was looked at"
-            if not os.listdir(there.fd) or _marker(there) == MARKER_TEXT:
+            if not holds_any(there.fd) or _marker(there) == MARKER_TEXT:
                 return ""
     except OSError as e:
         return f"cannot be looked at ({e.strerror or e})"

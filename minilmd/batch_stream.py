@@ -22,7 +22,7 @@ from typing import Any
 from minilmd.config import KEPT_ON_RESUME, RunConfig, stage_defaults
 from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES, is_step_name, step_of
 from minilmd.perms import own_uid
-from minilmd.untrusted import Unreadable, printable, read_json
+from minilmd.untrusted import Unreadable, listed, printable, read_json
 
 STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.mode",
                "train.lr", "train.min_lr_ratio", "train.warmup_steps", "train.max_steps", "train.max_tokens",
@@ -116,7 +116,7 @@ def newest_recorded(checkpoint_dir: Path) -> tuple[int, Any] | None:
     """(step, the config it records) of the newest checkpoint in scratch whose trainer_state.json reads, the one a
     resume would take but for damage the trainer's validation finds; None when scratch holds none."""
     try:
-        steps = sorted((n for n in (p.name for p in checkpoint_dir.iterdir()) if is_step_name(n)), reverse=True)
+        steps = sorted((n for n in listed(checkpoint_dir) if is_step_name(n)), reverse=True)
     except OSError:
         return None
     for name in steps:

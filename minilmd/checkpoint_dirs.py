@@ -24,7 +24,7 @@ from minilmd.names import (
     tmp_owner_pid,
 )
 from minilmd.perms import owned_by_me
-from minilmd.untrusted import Unreadable, printable, read_bytes
+from minilmd.untrusted import Unreadable, listed, printable, read_bytes
 
 
 class PointerError(ValueError):
@@ -77,14 +77,17 @@ def list_checkpoints(root: str | os.PathLike, passed_by: dict[str, str] | None =
     """Step directories holding a manifest, oldest first. Temporary and manifest-less ones do not exist here, nor
     does an entry by a step name that is not the root's own (not_the_roots: a symbolic link, another user's
     directory): in a root others can write, a planted step-99999999 would otherwise be its newest checkpoint, the
-    one resumed, exported or sampled. Those are put in `passed_by` (name: why) when given, for the caller to say."""
+    one resumed, exported or sampled. Those are put in `passed_by` (name: why) when given, for the caller to say.
+    A root of more entries than untrusted.listed reads (a remote's, filled by someone) raises its TooManyEntries,
+    an OSError as an unreadable root's: never listed whole, nor taken for one holding none."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = []
-    for p in root.iterdir():
-        if not is_step_name(p.name):
+    for name in listed(root):
+        if not is_step_name(name):
             continue
+        p = root / name
         if why := not_the_roots(p):
             if passed_by is not None:
                 passed_by[p.name] = why

@@ -19,6 +19,7 @@ from minilmd.checkpoint_select import RunDirUnusable, is_run_dir, resume_order, 
 from minilmd.config import load_config
 from minilmd.corpus_meta import corpus_train_tokens, read_meta
 from minilmd.names import MANIFEST, is_step_name, step_of
+from minilmd.untrusted import listed
 
 
 def verify_report(path: str | os.PathLike, expected: Expectation | None = None) -> dict:
@@ -97,10 +98,11 @@ def report_lines(report: dict) -> list[str]:
 
 
 def _step_dirs(root: Path) -> list[Path]:
-    """The step directories of a root, oldest first (a link or one without a manifest too: verified, they fail)."""
+    """The step directories of a root, oldest first (a link or one without a manifest too: verified, they fail).
+    A root of more entries than untrusted.listed reads is refused (TooManyEntries, an OSError), not listed whole."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if is_step_name(p.name) and p.is_dir()), key=step_of)
+    return sorted((root / n for n in listed(root) if is_step_name(n) and (root / n).is_dir()), key=step_of)
 
 
 def _checked(step_dir: Path, expected: Expectation | None) -> dict[str, Any]:

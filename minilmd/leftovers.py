@@ -23,6 +23,7 @@ from pathlib import Path
 from minilmd.dirfd import Dir
 from minilmd.perms import owned_by_me
 from minilmd.procs import process_alive, process_start_ticks
+from minilmd.untrusted import listed
 
 Say = Callable[[str], None]
 Maker = tuple[str | None, int, int | None]
@@ -133,13 +134,14 @@ def sweep(parent: Path | Dir, match: Callable[[str], Maker | None], words: Words
     by `clear`; returns those removed. `skip`: this process's own temporary name, never looked at. A live maker's
     is left, and `on_running(path, pid)` told (an export refuses; prepare says it). `out`: what the makers write,
     for the messages. `only_dirs_and_links`: anything else by such a name is another writer's, passed by unsaid (a
-    checkpoint root, where a save makes directories and fsio its files). An unlistable parent: nothing found.
+    checkpoint root, where a save makes directories and fsio its files). An unlistable parent, or one of more
+    entries than untrusted.listed reads (one others filled): nothing found.
     `parent` a Dir (the directory opened once and checked): everything through its descriptor (`clear`'s `at`),
     whatever its path leads to by now; its path only names the leftovers in messages."""
     at = parent if isinstance(parent, Dir) else None
     folder = parent.path if isinstance(parent, Dir) else parent
     try:
-        names = sorted(os.listdir(parent.fd if isinstance(parent, Dir) else parent))
+        names = sorted(listed(parent.fd if isinstance(parent, Dir) else parent))
     except OSError:
         return []
     removed = []

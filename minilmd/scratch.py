@@ -46,7 +46,7 @@ from minilmd.names import (
     default_scratch,
 )
 from minilmd.perms import own_uid, owned_by_me, user_words
-from minilmd.untrusted import Unreadable, read_json
+from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
 
 PRIVATE = 0o700
 
@@ -158,11 +158,14 @@ def _ancestry_problem(label: str, scratch: Path) -> str | None:
 
 
 def _foreign_entries(scratch: Path) -> list[str]:
-    """What a scratch without a marker holds (names, sorted), besides a marker being written by a racing claim."""
+    """What a scratch without a marker holds (names, sorted), besides a marker being written by a racing claim; for
+    one of more entries than untrusted.listed reads, that alone: never read whole, whatever filled it."""
     try:
-        names = os.listdir(scratch)
+        names = listed(scratch)
     except FileNotFoundError:
         return []
+    except TooManyEntries as e:
+        return [str(e.strerror)]
     return sorted(n for n in names if not n.startswith(atomic_tmp_prefix(SCRATCH_OWNER)))
 
 
@@ -467,7 +470,7 @@ def holds_checkpoints(scratch: Path) -> bool:
     if not stat.S_ISDIR(st.st_mode):
         return True
     try:
-        return bool(os.listdir(root))
+        return holds_any(root)
     except OSError:
         return True  # not known to be empty: kept
 

@@ -36,7 +36,7 @@ from enum import Enum
 
 from minilmd.fsio import atomic_write_text
 from minilmd.names import STAGED_CORPUS_SOURCE, STAGED_RECORD_MAX_BYTES
-from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
+from minilmd.untrusted import Unreadable, file_kind, holds_any, printable, read_bytes
 from minilmd.urls import is_local_fs, is_url
 
 
@@ -87,8 +87,7 @@ def look(root: str | os.PathLike, expected: str, fs=None) -> Look:
     try:
         if not stat.S_ISDIR(os.stat(path).st_mode):  # followed: the place as the config names it
             return _gone_or_not_a_directory(path)
-        with os.scandir(path) as entries:
-            holds = next(entries, None) is not None
+        holds = holds_any(path)
     except (FileNotFoundError, NotADirectoryError):
         return _gone_or_not_a_directory(path)
     except OSError as e:
@@ -159,8 +158,7 @@ def gone_or_typo(path: str | os.PathLike) -> str:
     parent = os.path.dirname(child)
     while parent != child:
         try:
-            with os.scandir(parent) as entries:
-                holds = next(entries, None) is not None
+            holds = holds_any(parent)
         except (FileNotFoundError, NotADirectoryError):
             if os.path.islink(parent):  # a link on the way that leads nowhere now: its share gone
                 return ""

@@ -13,7 +13,9 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
   (or its first bytes, of one being appended to), hashing it too through `Hashing`;
   `sha256_regular` hashes one so;
 - `dir_names` lists a directory such a user may fill, at most MAX_DIR_ENTRIES names read (scandir, lazily): one of
-  millions of entries is refused after that many, not read whole into memory over minutes.
+  millions of entries is refused after that many, not read whole into memory over minutes; `listed` is the same
+  for a caller that handles an unreadable directory as an OSError (too many entries: TooManyEntries), `holds_any`
+  asks whether one is empty, one entry read. tests/test_listing_audit.py holds every other listing to a review.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON") and whose `kind` says the same for code
 ("not_regular", "owner", "too_big", ...: `Kind`), so that no caller decides by the words; a caller shows
@@ -248,13 +250,39 @@ def dir_names(folder: str | os.PathLike | int, *, max_entries: int = MAX_DIR_ENT
     try:
         with os.scandir(folder if isinstance(folder, int) else os.fspath(folder)) as entries:
             names = [entry.name for entry in itertools.islice(entries, max_entries + 1)]
-    except FileNotFoundError:
-        raise Unreadable("missing", _named(folder), missing=True) from None
+    except FileNotFoundError as e:
+        raise Unreadable("missing", _named(folder), os_error=e, kind="missing") from None
     except OSError as e:
         raise Unreadable(_os_why(e), _named(folder), os_error=e) from None
     if len(names) > max_entries:
         raise Unreadable(f"holds over {max_entries:,} entries", _named(folder), kind="too_big")
     return names
+
+
+class TooManyEntries(OSError):
+    """A directory of more entries than its lister reads (`listed`): refused like one that cannot be read."""
+
+
+def listed(folder: str | os.PathLike | int, *, max_entries: int = MAX_DIR_ENTRIES) -> list[str]:
+    """`dir_names` for a caller that takes a directory it cannot list as os.listdir's OSError (a root on a failing
+    mount: "nothing found", "try again", "cannot be examined"): the very OSError the listing raised
+    (FileNotFoundError, NotADirectoryError, EIO...), and TooManyEntries (EOVERFLOW, "holds over N entries") for one
+    of more than max_entries entries, which that caller then handles as it handles an unreadable one."""
+    try:
+        return dir_names(folder, max_entries=max_entries)
+    except Unreadable as e:
+        if e.os_error is not None:
+            raise e.os_error from None
+        raise TooManyEntries(errno.EOVERFLOW, e.why, os.fspath(_named(folder))) from None
+
+
+def holds_any(folder: str | os.PathLike | int) -> bool:
+    """Whether a directory holds any entry at all, one entry read at most; OSError as `listed`'s."""
+    try:
+        listed(folder, max_entries=0)
+    except TooManyEntries:
+        return True
+    return False
 
 
 def _named(folder: str | os.PathLike | int) -> str | os.PathLike:

@@ -1,9 +1,12 @@
-"""What the audits of calls (test_one_way_to_signal, test_shared_write_audit, test_one_way_to_start_python) need to
-see a call under any spelling: the full name a module's local name stands for, and the program words of a command.
+"""What the audits of calls (test_one_way_to_signal, test_shared_write_audit, test_listing_audit,
+test_one_way_to_start_python) need to see a call under any spelling: the full name a module's local name stands for,
+and the program words of a command.
 
 - `qualified_names(module)`: {local name: "os.kill"} for `import os as o` (o -> "os"), `from os import kill as k`
   (k -> "os.kill"), `from os import *` (every public name of os), with the C modules behind a stdlib module named
   as the module itself (`from posix import kill` is os.kill, `from _signal import pthread_kill` signal's).
+- `assigned_aliases(module, watched)`: qualified_names and `ls = os.listdir`, `o = open`; `qualified(expr,
+  aliases)`: the full name a call's function is reached by, getattr's too (the audits of writes and of listings).
 - `dynamic_lookups(module, modules)`: `getattr(os, "kill")`, `getattr(os, name)` (any name not spelled out),
   `os.__dict__["kill"]`, `vars(os)[name]`: a function of a watched module fetched by a string.
 - `command_words(node, constants)`: the program names of a command given as an argv (list or tuple) or a shell
@@ -97,23 +100,57 @@ def dynamic_lookups(module: ast.Module, watched: set[str], names: dict[str, str]
     """(line, module, name or None when not spelled out) of each function of a `watched` module fetched by a string:
     getattr(os, "kill"), getattr(os, name), os.__dict__["kill"], vars(os)[name]."""
     names = qualified_names(module) if names is None else names
-    found = []
+    return [(node.lineno, *found) for node in nodes(module) if (found := dynamic_lookup(node, watched, names))]
+
+
+def dynamic_lookup(node: ast.AST, watched: set[str], names: dict[str, str]) -> tuple[str, str | None] | None:
+    """(module, name or None) when `node` fetches a function of a `watched` module by a string (dynamic_lookups)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+            and len(node.args) > 1 and (of := dotted(node.args[0], names)) in watched:
+        return of, _literal(node.args[1])
+    if isinstance(node, ast.Subscript):
+        value = node.value
+        if isinstance(value, ast.Attribute) and value.attr == "__dict__":
+            of = dotted(value.value, names)
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "vars" \
+                and value.args:
+            of = dotted(value.args[0], names)
+        else:
+            return None
+        if of in watched:
+            return of, _literal(node.slice)
+    return None
+
+
+def assigned_aliases(module: ast.Module, watched: set[str], builtins: set[str] = frozenset()) -> dict[str, str]:
+    """qualified_names plus each local name assigned a watched module's function (`ls = os.listdir`: ls ->
+    "os.listdir") or one of `builtins` (`o = open`: o -> "open"), in any function of the module."""
+    aliases = dict(qualified_names(module))
     for node in nodes(module):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
-                and len(node.args) > 1 and (of := dotted(node.args[0], names)) in watched:
-            found.append((node.lineno, of, _literal(node.args[1])))
-        elif isinstance(node, ast.Subscript):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
             value = node.value
-            if isinstance(value, ast.Attribute) and value.attr == "__dict__":
-                of = dotted(value.value, names)
-            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "vars" \
-                    and value.args:
-                of = dotted(value.args[0], names)
-            else:
-                continue
-            if of in watched:
-                found.append((node.lineno, of, _literal(node.slice)))
-    return found
+            name = value.id if isinstance(value, ast.Name) and value.id in builtins else dotted(value, aliases)
+            if name and (name in builtins or name.rpartition(".")[0] in watched):
+                aliases.update({t.id: name for t in node.targets if isinstance(t, ast.Name)})
+    return aliases
+
+
+def qualified(expr: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The dotted name an imported module's function is reached by ("os.rename"), `getattr(os, "unlink")` read as
+    "os.unlink" (a name not spelled out as "os.<getattr>"), or None for anything else (a method of an object, a
+    local name); a bare name that is not imported stays itself ("open")."""
+    if isinstance(expr, ast.Name):
+        return aliases.get(expr.id, expr.id)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
+            and len(expr.args) > 1 and (of := dotted(expr.args[0], aliases)):
+        name = expr.args[1]
+        return f"{of}.{name.value if isinstance(name, ast.Constant) else '<getattr>'}"
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
+        if isinstance(expr.value, ast.Name) and expr.value.id not in aliases:
+            return None  # a method of a local object: p.mkdir()
+        base = qualified(expr.value, aliases)
+        return f"{base}.{expr.attr}" if base else None
+    return None
 
 
 def _literal(node: ast.expr) -> str | None:

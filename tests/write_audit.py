@@ -10,6 +10,7 @@ import os
 from collections import Counter
 
 import audit_calls
+import audit_sites
 import source_tree
 
 ROOT = source_tree.REPO
@@ -60,13 +61,7 @@ class _Names:
     r "os.rename"; and its module-level constants (flags = os.O_WRONLY | os.O_CREAT) for os.open's flags."""
 
     def __init__(self, module: ast.Module) -> None:
-        self.aliases: dict[str, str] = dict(audit_calls.qualified_names(module))  # function-level and star imports
-        for node in audit_calls.nodes(module):  # `o = open`: a writer renamed
-            if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
-                name = "open" if isinstance(node.value, ast.Name) and node.value.id == "open" else \
-                    audit_calls.dotted(node.value, self.aliases)
-                if name and (name == "open" or name.rpartition(".")[0] in WRITING_MODULES):
-                    self.aliases.update({t.id: name for t in node.targets if isinstance(t, ast.Name)})
+        self.aliases = audit_calls.assigned_aliases(module, WRITING_MODULES, {"open"})  # `o = open`: a writer renamed
         self.constants = {target.id: node.value for node in module.body if isinstance(node, ast.Assign)
                           for target in node.targets if isinstance(target, ast.Name)}
         self.strings = _fixed_strings(module)
@@ -89,20 +84,7 @@ class _Names:
         return None
 
     def qualified(self, expr: ast.expr) -> str | None:
-        """The dotted name an imported module's function is called by ("os.rename"), or None for anything else
-        (a method of an object, a local name); a bare name that is not imported stays itself ("open")."""
-        if isinstance(expr, ast.Name):
-            return self.aliases.get(expr.id, expr.id)
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
-                and len(expr.args) > 1 and (of := audit_calls.dotted(expr.args[0], self.aliases)):
-            name = expr.args[1]  # getattr(os, "unlink"); a name not spelled out is counted as whatever writes
-            return f"{of}.{name.value if isinstance(name, ast.Constant) else '<getattr>'}"
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
-            if isinstance(expr.value, ast.Name) and expr.value.id not in self.aliases:
-                return None  # a method of a local object: p.mkdir()
-            base = self.qualified(expr.value)
-            return f"{base}.{expr.attr}" if base else None
-        return None
+        return audit_calls.qualified(expr, self.aliases)
 
     def creates(self, flags: ast.expr, seen: frozenset = frozenset()) -> bool:
         """Whether os.open's flags write (WRITE_FLAGS: O_CREAT, and O_WRONLY, O_RDWR, O_TRUNC or O_APPEND, which
@@ -235,66 +217,26 @@ def _by_descriptor(call: ast.Call) -> bool:
                for k in call.keywords)
 
 
-class _Sites(ast.NodeVisitor):
+class _Sites(audit_sites.Scoped):
     def __init__(self, module: ast.Module, descriptors_are_the_rule: bool = False) -> None:
+        super().__init__()
         self.names = _Names(module)
         self.descriptors_are_the_rule = descriptors_are_the_rule
         self.constants = audit_calls.string_constants(module)
-        self.where: list[str] = []
-        self.methods: list[set[str]] = []
-        self.found: Counter = Counter()
         self.visit(module)
 
-    def _scope(self, node) -> None:
-        self.where.append(node.name)
-        self.generic_visit(node)
-        self.where.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = _scope
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.methods.append({f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))})
-        self._scope(node)
-        self.methods.pop()
-
-    def _own_method(self, call: ast.Call) -> bool:
-        """`self.open(...)` in a class that defines open: a method of the project, whose own calls are read where it
-        is defined (Remote.open), not a library's."""
-        fn = call.func
-        return bool(self.methods) and isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and \
-            fn.value.id == "self" and fn.attr in self.methods[-1]
-
     def visit_Call(self, node: ast.Call) -> None:
-        kind = None if self._own_method(node) else _kind(node, self.names)
+        kind = None if self.own_method(node.func) else _kind(node, self.names)
         if kind and _by_descriptor(node):
             kind = None if self.descriptors_are_the_rule else f"{kind}@dir_fd"
         if FILE_COMMANDS & set(audit_calls.command_of(node, self.names.aliases, self.constants)):
             kind = "a file command"  # rm, mv, cp... run as a program
         if kind:
-            self.found[(".".join(self.where) or "<module>", kind)] += 1
+            self.count(kind)
         self.generic_visit(node)
 
 
 @functools.cache
 def sites() -> dict[str, Counter]:
     """{module: Counter((function, call))} of every by-path write in the project, the helper aside."""
-    found = {}
-    for path in source_tree.audited_files():
-        name = path.relative_to(ROOT).as_posix()
-        if name == THE_HELPER:
-            continue
-        visitor = _Sites(source_tree.tree(path), name in DIR_FD_HOMES)
-        if visitor.found:
-            found[name] = visitor.found
-    return found
-
-
-def differences(found: dict[str, Counter], reviewed: dict) -> list[str]:
-    """Each (module, function, call) whose count differs from its review: a new site, or a stale review."""
-    problems = []
-    for module in sorted(set(found) | set(reviewed)):
-        have, allowed = found.get(module, Counter()), reviewed.get(module, ("", "", {}))[2]
-        for key in sorted(set(have) | set(allowed)):
-            if have[key] != allowed.get(key, 0):
-                problems.append(f"{module}: {key[0]}: {key[1]} x{have[key]} (reviewed: {allowed.get(key, 0)})")
-    return problems
+    return audit_sites.sites(lambda name, module: _Sites(module, name in DIR_FD_HOMES).found, skip=THE_HELPER)

@@ -28,7 +28,7 @@ from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import LATEST
-from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
+from minilmd.untrusted import Unreadable, file_kind, holds_any, open_regular, printable, read_bytes
 from minilmd.urls import open_fs
 
 
@@ -42,7 +42,7 @@ def unmounted_above(root: str) -> str:
     while above != parent and not os.path.lexists(above):
         parent, above = above, os.path.dirname(above)
     try:
-        empty = os.path.isdir(above) and not os.listdir(above)
+        empty = os.path.isdir(above) and not holds_any(above)
     except OSError:
         return ""
     return above if empty and not os.path.ismount(above) else ""

@@ -41,7 +41,7 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.perms import own_uid
-from minilmd.untrusted import Unreadable, loads, open_regular, read_bytes
+from minilmd.untrusted import Unreadable, listed, loads, open_regular, read_bytes
 
 SCRATCH_RECORD = ".remote-made.json"
 """The end of the record's name in scratch, beside the local checkpoint root (`scratch_record`)."""
@@ -188,9 +188,9 @@ def made_new(root: Dir, name: str) -> Identity:
     """The identity of the directory `name` a sync has just made in root: it must hold no file nor directory but
     this user's mark (another of this user's directories renamed there since the mkdir, a checkpoint, would be
     recorded as this sync's temporary otherwise; a link someone planted in it is refused by the copy's own writes,
-    never followed). OSError (EEXIST) when it does."""
+    never followed). OSError (EEXIST) when it does, TooManyEntries when it holds more than untrusted.listed reads."""
     with Dir.at(root, name) as made:
-        held = [n for n in os.listdir(made.fd) if n != REMOTE_MARK
+        held = [n for n in listed(made.fd) if n != REMOTE_MARK
                 and not stat.S_ISLNK(os.stat(n, dir_fd=made.fd, follow_symlinks=False).st_mode)]
         if held:
             raise FileExistsError(f"{root.path / name} is not the empty directory just made (it holds "

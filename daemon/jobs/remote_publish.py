@@ -23,7 +23,7 @@ from minilmd.daemon.jobs.remote_write import NotOurs, in_root
 from minilmd.dirfd import Dir
 from minilmd.dirtree import fsync_tree
 from minilmd.names import kept_name
-from minilmd.untrusted import Unreadable
+from minilmd.untrusted import Unreadable, holds_any
 
 
 class LeftAside(OSError):
@@ -256,7 +256,7 @@ def _nothing_at(root: Dir, name: str) -> bool:
     """Whether `name` in root is missing or an empty directory (a rename claim's: dirfd's fallback on NFS)."""
     try:
         with Dir.at(root, name) as there:
-            return not os.listdir(there.fd)
+            return not holds_any(there.fd)
     except FileNotFoundError:
         return True
     except OSError:

@@ -17,7 +17,6 @@ Torch-free; numpy and fsspec are imported only where there is a checkpoint to re
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
+from minilmd.untrusted import listed
 from minilmd.urls import is_url
 
 if TYPE_CHECKING:
@@ -110,10 +110,10 @@ def find(cfg: RunConfig, remote_root: str | None) -> Start:
         return _pass_on_remote(cfg) or _in_scratch(cfg)  # reference pass on the remote, which staging fetches
     if not cfg.run.remote:
         return Start(why=f"scratch holds no checkpoint ({cfg.checkpoint_dir}), and there is no run.remote")
-    listed = _lists_steps(remote_root) if remote_root is not None else True
-    if listed is None:  # not there, or it does not answer now: daemon/jobs/remotewait.py says what the start does
+    holds_steps = _lists_steps(remote_root) if remote_root is not None else True
+    if holds_steps is None:  # not there, or it does not answer now: daemon/jobs/remotewait.py says what the start does
         return Start()
-    if not listed:
+    if not holds_steps:
         return Start(why=f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint")
     return _on_remote(cfg)
 
@@ -221,9 +221,10 @@ def _peek(syncer) -> tuple[str, object, list[str]]:
 
 def _lists_steps(root: str) -> bool | None:
     """Whether a local remote's root names a step directory: a look before anything that reads checkpoints is
-    imported. None when it cannot be listed now (not there, EIO, stalled)."""
-    answered, listed, _ = bounded_probe(os.listdir, root)
-    return any(names.is_step_name(n) for n in listed) if answered else None
+    imported. None when it cannot be listed now (not there, EIO, stalled, more entries than untrusted.listed
+    reads: someone filled it)."""
+    answered, found, _ = bounded_probe(listed, root)
+    return any(names.is_step_name(n) for n in found) if answered else None
 
 
 def expectation(cfg: RunConfig) -> Expectation:

@@ -29,7 +29,7 @@ from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
-from minilmd.untrusted import Unreadable, clipped, printable
+from minilmd.untrusted import Unreadable, clipped, listed, printable
 
 LOG_LINE_SHOWN = 16 << 10
 """The longest log line `logs` shows (and `-f` relays) whole: a longer one (no line of ours is; one planted in
@@ -365,8 +365,8 @@ def _attempt_logs(run_dir: Path) -> list[Path]:
     try:
         if not stat.S_ISDIR(os.lstat(folder).st_mode):
             return []
-        return sorted(p for p in folder.iterdir() if names.is_attempt_log(p.name))
-    except OSError:  # gone meanwhile, unreadable: no logs to show
+        return sorted(folder / n for n in listed(folder) if names.is_attempt_log(n))
+    except OSError:  # gone meanwhile, unreadable, more entries than untrusted.listed reads: no logs to show
         return []
 
 

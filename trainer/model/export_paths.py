@@ -35,6 +35,7 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.protocol import EXIT_CONFIG, EXIT_IO
+from minilmd.untrusted import holds_any
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -209,7 +210,7 @@ class ExportCopy:
 
 def _not_empty(there: Dir) -> str:
     """Dir.publish's `foreign` for the empty --out an export replaces: why it may not be deleted ("" when empty)."""
-    return "it is no longer empty" if os.listdir(there.fd) else ""
+    return "it is no longer empty" if holds_any(there.fd) else ""
 
 
 @contextlib.contextmanager
@@ -321,7 +322,7 @@ def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         if stat.S_ISDIR((st := os.lstat(out_dir)).st_mode) and (theirs := foreign_out_dir(out_dir, st)):
             raise OutRefused(f"{theirs}; nothing was written")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and (not out_dir.is_dir() or holds_any(out_dir)):
         raise OutRefused(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
 

@@ -74,7 +74,7 @@ from minilmd.names import (
     prepare_tmp_name,
 )
 from minilmd.perms import others_can_rearrange, owned_by_me
-from minilmd.untrusted import sha256_regular
+from minilmd.untrusted import listed, sha256_regular
 
 STALE_PARTS = DOC_LENGTHS + ".append-*.npy"  # a killed append's part, in a split directory
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
@@ -173,7 +173,7 @@ def _remove_stale_parts(splits: dict[str, Dir]) -> None:
     """Leftovers of an append that was killed (its temporary doc_lengths.npy), removed under the lock: only a
     regular file of this user's, by its name in the split's descriptor."""
     for split_dir in splits.values():
-        for name in os.listdir(split_dir.fd):
+        for name in listed(split_dir.fd):  # TooManyEntries (an OSError) past its bound
             if fnmatch.fnmatchcase(name, STALE_PARTS):
                 st = split_dir.lstat(name)
                 if st is not None and stat.S_ISREG(st.st_mode) and owned_by_me(st):

@@ -75,7 +75,7 @@ from minilmd.names import (
     prepare_tmp_name,
 )
 from minilmd.perms import owned_by_me, user_words
-from minilmd.untrusted import Unreadable, printable, read_bytes
+from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, printable, read_bytes
 
 _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
 
@@ -188,7 +188,7 @@ def _replaceable_at(parent: Dir, out: Path, force: bool, group_share: bool) -> I
 def _not_made_here(opened: Dir, name: str) -> str:
     """Why the corpus `opened` (this user's, a prepared corpus holding only its own files) is not proven to be
     the one prepare published as `name` ("" when it is, or it is empty: nothing of it to lose)."""
-    if not any(opened.inside.iterdir()):
+    if not holds_any(opened.inside):
         return ""
     return made_here(_read_meta(opened.inside) or {}, opened.identity, name)
 
@@ -224,10 +224,17 @@ def _check_replaceable(out: Path) -> None:
 def _foreign_content(out: Path, st: os.stat_result) -> str:
     """Why the directory at `out` (lstat or fstat `st`) is not replaceable ("" when it is). Its own files must be
     regular files (a `tokens.bin` that is a directory of someone's files is not the corpus's) and its split
-    directories real directories, not links."""
+    directories real directories, not links. One of more entries than untrusted.listed reads is no corpus."""
     if not owned_by_me(st):
         return f"a directory of another user, {user_words(st.st_uid)}"
-    entries = sorted(p.name for p in out.iterdir())
+    try:
+        return _foreign_entries(out, sorted(listed(out)))
+    except TooManyEntries as e:
+        return f"a directory that {e.strerror}"
+
+
+def _foreign_entries(out: Path, entries: list[str]) -> str:
+    """_foreign_content's look at the names `out` holds (at most untrusted.listed's bound)."""
     if not entries:
         return ""
     meta = _read_meta(out)
@@ -239,8 +246,8 @@ def _foreign_content(out: Path, st: os.stat_result) -> str:
         if (out / split).is_symlink() or not (out / split).exists():
             foreign += [split] if (out / split).is_symlink() else []
         elif (out / split).is_dir():
-            foreign += [f"{split}/{p.name}" for p in sorted((out / split).iterdir())
-                        if p.name not in SPLIT_FILES or not _regular(p)]
+            foreign += [f"{split}/{name}" for name in sorted(listed(out / split))
+                        if name not in SPLIT_FILES or not _regular(out / split / name)]
         else:
             foreign.append(split)
     if foreign:

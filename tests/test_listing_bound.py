@@ -1,0 +1,112 @@
+"""A directory another user may fill is listed to a bound (minilmd/untrusted.py MAX_DIR_ENTRIES, the real one:
+10,000), never read whole: each test fills a real directory with one entry more than the bound and shows what its
+reader does then, a refusal with the count said or the handling of a directory it cannot read, where the code
+before read every entry and took the result for the whole listing (tests/test_listing_audit.py holds every other
+listing to a review).
+
+Checked on the code before: with checkpoint_dirs.py, resumefrom.py, scratch.py and leftovers.py as they were, the
+crowded remote root listed its step (no refusal), the crowded scratch was refused only as "holds files (f00000,
+..., f00004 and 9996 more)" after all of it was read, the sweep removed the dead writer's directory and status
+listed the whole logs directory; a crowded checkpoint root in scratch was, and stays, one that holds checkpoints.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from minilmd import scratch as scratchmod
+from minilmd.checkpoint_dirs import clean_stale_tmp, list_checkpoints, local_checkpoint_steps
+from minilmd.daemon.jobs.resumefrom import _lists_steps
+from minilmd.daemon.views.status import _attempt_logs
+from minilmd.names import ATTEMPT_LOGS, MANIFEST, save_tmp_name
+from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
+
+BOUND = f"holds over {MAX_DIR_ENTRIES:,} entries"
+
+
+def crowd(folder: Path, n: int = MAX_DIR_ENTRIES + 1) -> Path:
+    """`folder` made and filled with n empty files f00000... (what anyone who can write it may put there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        os.close(os.open(folder / f"f{i:05d}", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))
+    return folder
+
+
+def uncrowd(folder: Path) -> None:
+    for name in os.listdir(folder):
+        if name.startswith("f"):
+            os.unlink(folder / name)
+
+
+def test_a_remote_checkpoint_root_past_the_bound_is_refused_as_an_unreadable_root(tmp_path):
+    root = tmp_path / "remote" / "run"
+    (root / "step-00000001").mkdir(parents=True)
+    (root / "step-00000001" / MANIFEST).write_text("{}")
+    crowd(root)
+    with pytest.raises(TooManyEntries, match=BOUND) as refused:
+        list_checkpoints(root)
+    assert isinstance(refused.value, OSError) and str(root) in str(refused.value)
+    assert local_checkpoint_steps(root) == []  # as a root that cannot be read: none known, no crash
+    assert _lists_steps(str(root)) is None  # the resume's look: "cannot be listed now", never "holds none"
+    uncrowd(root)
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000001"]
+    assert _lists_steps(str(root)) is True
+
+
+def test_a_scratch_past_the_bound_is_refused_saying_so(tmp_path):
+    scratch, run_dir = tmp_path / "scratch", tmp_path / "run"
+    scratch.mkdir(mode=0o700)
+    crowd(scratch)
+    (problem,) = scratchmod.problems(scratch, run_dir, False)
+    assert f"run.scratch {scratch} already holds files ({BOUND}) and no owner.json" in problem, problem
+    uncrowd(scratch)
+    assert scratchmod.problems(scratch, run_dir, False) == []
+
+
+def test_a_scratch_checkpoint_root_past_the_bound_is_kept_as_holding_checkpoints(tmp_path):
+    scratch = tmp_path / "scratch"
+    crowd(scratch / scratchmod.CHECKPOINTS)
+    assert scratchmod.holds_checkpoints(scratch)
+
+
+def test_the_leftover_sweep_of_a_root_past_the_bound_finds_nothing(tmp_path):
+    """A dead writer's temporary directory in a crowded root is not found (an unlistable parent's rule): left, and
+    removed by a later sweep once the root is listable."""
+    root = tmp_path / "root"
+    dead = root / save_tmp_name(3, 2 ** 22 + 1)  # above any pid_max: no such process
+    dead.mkdir(parents=True)
+    crowd(root)
+    said: list[str] = []
+    assert clean_stale_tmp(root, said.append) == [] and dead.is_dir()
+    uncrowd(root)
+    assert clean_stale_tmp(root, said.append) == [dead] and not dead.exists()
+
+
+def test_status_shows_no_attempt_logs_of_a_logs_directory_past_the_bound(tmp_path):
+    logs = crowd(tmp_path / "run" / ATTEMPT_LOGS)
+    (logs / "attempt-0001.log").write_text("a line\n")
+    assert _attempt_logs(tmp_path / "run") == []
+    uncrowd(logs)
+    assert _attempt_logs(tmp_path / "run") == [logs / "attempt-0001.log"]
+
+
+def test_listed_raises_what_listing_raised_and_holds_any_reads_one_entry(tmp_path):
+    """`listed` is dir_names for a caller of os.listdir's errors: the same OSError (missing, not a directory), and
+    TooManyEntries past its bound; `holds_any` is whether one entry is there, whatever the bound."""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError):
+        listed(tmp_path / "nowhere")
+    with pytest.raises(NotADirectoryError):
+        listed(tmp_path / "file")
+    with pytest.raises(TooManyEntries, match="holds over 0 entries"):
+        listed(tmp_path, max_entries=0)
+    assert listed(tmp_path) == ["file"] and holds_any(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert not holds_any(tmp_path / "empty")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert "file" in listed(fd) and holds_any(fd)
+    finally:
+        os.close(fd)
