@@ -7,7 +7,11 @@ the code whose numbers are the reference: the fixture was first written by main 
 parts); `python tests/trainer_bit_identity.py --out PATH` writes them to PATH (the trainer's own lines go to
 stdout). The corpora are synthetic token ids from a
 seeded numpy generator (no tokenizer training decides them), one thread, a fresh process: the digests depend only
-on the code, the torch build and the CPU's kernels, which the fixture records beside them.
+on the code, the torch build and the CPU's kernels, which the fixture records beside them. MKL, which does the
+matrix products, picks its code path by the CPU model, not by the capability torch reports: an AVX512 machine with
+AMX (Sapphire Rapids) gave other digests than the AVX512 one the fixture was first written on, for main's code and
+the code that wrote the fixture alike (measured 2026-12-05). So the script pins MKL's path (MKL_CBWR, its
+Conditional Numerical Reproducibility, set before torch loads MKL), and the fixture is of that path.
 
 The runs: packed pretraining (with validations, so early stop's state and the validation loss take part), the same
 stopped at step 3 by a stop request and resumed by a new Trainer (the resume path), packed with data.doc_mask,
@@ -19,12 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import torch
+MKL_PATH = "AVX2"
+"""The MKL code path the digests are of (MKL_CBWR): one every machine that runs torch's AVX2 or AVX512 kernels has."""
+if __name__ == "__main__":  # only the script's own process: the test's worker keeps MKL's default path
+    os.environ["MKL_CBWR"] = MKL_PATH
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -132,11 +142,24 @@ def all_runs(tmp: Path) -> dict[str, dict]:
 
 
 def where() -> dict:
-    """What the digests depend on besides the code: the torch build and the CPU kernels it dispatches to."""
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    """What the digests depend on besides the code: the torch build, the CPU kernels it dispatches to, MKL's pinned
+    path and the CPU's maker (MKL's paths are Intel's; another maker's CPU is not promised the same numbers)."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mkl_cbwr": MKL_PATH, "cpu_vendor": _cpu_vendor()}
+
+
+def _cpu_vendor() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")),
+                "unknown")
 
 
 def main(argv: list[str]) -> None:
+    if os.environ.get("MKL_CBWR") != MKL_PATH:
+        raise SystemExit(f"MKL_CBWR is {os.environ.get('MKL_CBWR')!r}, not {MKL_PATH!r}: run this file as a script")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         result = {"where": where(), "runs": all_runs(Path(tmp))}
