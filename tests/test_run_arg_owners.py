@@ -153,3 +153,20 @@ def test_forget_keeps_the_entry_of_a_run_whose_supervisor_holds_its_lock(tmp_pat
     out = io.StringIO()
     assert overview.forget(str(run), out=out) == 0, out.getvalue()  # no longer running: forgotten
     assert registry.entries() == []
+
+
+def test_a_run_directory_swapped_for_a_link_after_it_was_named_is_never_signalled_for(tmp_path):
+    """The views name a run by its real path (runarg.real_path), then signal through procs.scope_of, after waits
+    (the orphan hunt comes after the supervisor's end): whoever owns a directory on the way (his own run directory,
+    which root's `stop` was asked to stop) could swap it for a link to her run meanwhile. scope_of refuses a path
+    that is not real (every caller passes the real one), so nothing of hers is looked for, let alone signalled."""
+    from minilmd import procs
+    from minilmd.daemon.child import orphans
+
+    his, hers = ended_run(tmp_path / "his" / "run"), ended_run(tmp_path / "hers" / "run")
+    assert procs.scope_of(his).run_dir == his  # named: its real path
+    his.rename(his.with_name("moved"))
+    his.symlink_to(hers)
+    with pytest.raises(procs.Refused, match="changed since it was named; nothing signalled"):
+        procs.scope_of(his)
+    assert orphans.recorded_launch(his) is None and orphans.find_orphans(his) == []
