@@ -170,9 +170,10 @@ def owner_note(prepared: str | None, meta: dict | None = None, key: str = "data.
     """One line naming the owner of a local prepared corpus when its directory, its meta.json or a file it lists
     is not this user's ("data.prepared /x belongs to user mal2 (uid 1002) ..."): another user's corpus is trained
     on by design (docs/failure-modes.md), but said, by `run --check`, the launch log and `status`, since a corpus in
-    a team directory can be replaced by a teammate. "" when all are this user's, for a URL, and for what cannot be
-    looked at (the checks say that). `meta`: meta.json as already read (None: read here)."""
-    from minilmd.perms import owned_by_me, owner_in, user_words
+    a team directory can be replaced by a teammate. "" when all are this user's or root's (root's files are trusted
+    by every other rule too), for a URL, and for what cannot be looked at (the checks say that). `meta`: meta.json
+    as already read (None: read here)."""
+    from minilmd.perms import owned_by_me, owned_by_me_or_root, owner_in, user_words
     from minilmd.urls import is_url
 
     if not prepared or is_url(prepared):
@@ -193,9 +194,9 @@ def owner_note(prepared: str | None, meta: dict | None = None, key: str = "data.
             st = os.lstat(root / rel)
         except OSError:
             continue
-        if not owned_by_me(st) and not owner_in(st, (top.st_uid,)):
+        if not owned_by_me_or_root(st) and not owner_in(st, (top.st_uid,)):
             others.setdefault(st.st_uid, rel)
-    if owned_by_me(top) and not others:
+    if owned_by_me_or_root(top) and not others:  # root's (an admin's shared corpus under /data) is trusted as ours
         return ""
     said = [f"{key} {prepared} " + ("is yours" if owned_by_me(top) else f"belongs to {user_words(top.st_uid)}")]
     said += [f"its {rel} belongs to {user_words(uid)}" for uid, rel in others.items()]

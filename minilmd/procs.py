@@ -37,6 +37,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.perms import owner_in, signal_uid, user_words
+from minilmd.untrusted import printable
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -118,8 +119,16 @@ class RunScope:
 
 def scope_of(run_dir: str | os.PathLike) -> RunScope:
     """The run directory and its owner, when the caller may signal the run's processes: it is the owner, or root.
-    Refused (naming the owner) for another user's run directory; OSError when it cannot be looked at."""
-    resolved = Path(run_dir).resolve()
+    Refused (naming the owner) for another user's run directory; OSError when it cannot be looked at. Refused too
+    when a link is on the way: every caller passes the run directory's real path (the supervisor's settled run.dir,
+    the views' daemon/views/runarg.py real_path), so a link there now was put there since, by whoever owns a
+    directory on the way (his own run directory, swapped for a link to hers while root's `stop` of his run ran),
+    and would choose whose processes are signalled."""
+    given = Path(os.path.abspath(run_dir))
+    resolved = given.resolve()
+    if resolved != given:
+        raise Refused(f"{printable(run_dir)}: a symbolic link on the way now leads to {printable(resolved)}: the run "
+                      f"directory changed since it was named; nothing signalled")
     owner = os.stat(resolved).st_uid
     me = signal_uid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
     if me not in (0, owner):

@@ -89,8 +89,9 @@ def read(run_dir: Path, owner: int | None = None) -> tuple[StopRequest | None, s
 def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
     """What `minilmd status` says of a request left in run_dir (it stays after the stop it was left by, until a start
     by hand): None when there is none. `systemd_unit`: the unit the run's supervisor ran as (state.json), whose
-    restarts do not read the request."""
-    request, problem = read(run_dir)
+    restarts do not read the request. Judged as the run's supervisor judges it (the run directory's owner's or
+    root's is honoured), not by the reader: root's `status` of a user's run called her own request not honoured."""
+    request, problem = read(run_dir, _run_owner(run_dir))
     if problem:
         return f"  {problem}: not honoured"
     if request is None:
@@ -104,13 +105,23 @@ def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
 
 def as_json(run_dir: Path, owner: int | None = None) -> dict | None:
     """The request as `status --json` and `status --all --json` give it ("stop_request"): None when there is none;
-    {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why)."""
-    request, problem = read(run_dir, owner)
+    {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why). `owner`: the
+    run's (None: the run directory's owner, as its supervisor judges the request)."""
+    request, problem = read(run_dir, _run_owner(run_dir) if owner is None else owner)
     if problem:
         return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
     if request is None:
         return None
     return {"path": str(request.path), "time": request.time, "by": request.by}
+
+
+def _run_owner(run_dir: Path) -> int | None:
+    """The owner of the run directory, whose (or root's) request its supervisor honours; None (the reader: read's
+    default) when it cannot be looked at."""
+    try:
+        return os.stat(run_dir).st_uid
+    except OSError:
+        return None
 
 
 def clear(run_dir: Path) -> str | None:

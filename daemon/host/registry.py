@@ -331,14 +331,15 @@ class Forgotten:
     """Entries named by the target's name whose run directory still exists: kept (only its path forgets it)."""
 
 
-def forget(target: str) -> Forgotten:
+def forget(target: str, as_dir: str | None = None) -> Forgotten:
     """Remove this user's entries of the run named target, or of the run directory target. By name, only the
     entries whose run directory is gone: a name is not unique (every demo is `demo`), and one of them may be a run
     that is training now; those are kept, and returned, so that the caller says so (`minilmd forget RUN_DIR` removes
     one). Only files found in the registry directories are touched, never a path made from a name; only those the
-    user owns (root's forget removes anyone's)."""
+    user owns (root's forget removes anyone's). `as_dir`: the real path of the run directory target names, reached
+    by the caller under runarg's link rule (daemon/views/runarg.py real_path; never a resolve() here, which followed
+    another user's link to a third user's live run)."""
     uid = own_uid()
-    as_dir = str(Path(target).resolve()) if ("/" in target or Path(target).exists()) else None
     found = _all_entries(uid, [])
     by_dir = {(e.uid, str(e.run_dir)) for e in found if str(e.run_dir) == as_dir}
     by_name = {(e.uid, str(e.run_dir)): e for e in found if e.name == target and (e.uid, str(e.run_dir)) not in by_dir}

@@ -17,7 +17,9 @@ Nor does one user's flood of entries: another user with more than GROUP_ABOVE ru
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -256,9 +258,27 @@ def _notes(notes: list[str], out) -> None:
 
 def forget(target: str, out=None) -> int:
     """Exit 0 when something was forgotten, 1 when no entry of yours matched, or only runs that still exist did
-    (kept, and said why)."""
+    (kept, and said why), or the run directory named is running (its entry kept: a live run stays listed); 2 when
+    another user's link leads to the run directory named (runarg's rule: root's forget through a user's link took
+    a third user's live run off the list). The run directory and its owner are said first when it is not ours."""
+    from minilmd.daemon.views.runarg import RunProblem, not_yours_line, real_path
+
     out = out or sys.stdout
-    done = registry.forget(target)
+    as_dir = None
+    if "/" in target or Path(target).exists():
+        try:
+            as_dir = real_path(Path(target), "forget")
+        except RunProblem as e:
+            print(e, file=sys.stderr)
+            return e.exit
+        if (running := _lock_holder(as_dir)) is not None:
+            print(f"kept {printable(as_dir)}: its supervisor (pid {running}) holds the run's lock: a running run "
+                  f"stays listed (`minilmd stop` it first)", file=out)
+            return 1
+        with contextlib.suppress(OSError):  # gone (what forget is for): no one's to name
+            if whose := not_yours_line(as_dir, os.stat(as_dir).st_uid, "forgetting its entries"):
+                print(whose, file=out, flush=True)
+    done = registry.forget(target, None if as_dir is None else str(as_dir))
     for entry in done.kept:
         print(f"kept {printable(target)} at {printable(entry.run_dir)}: its run directory still exists (a name may "
               f"be shared; `minilmd forget {printable(entry.run_dir)}` forgets that one)", file=out)
@@ -269,7 +289,18 @@ def forget(target: str, out=None) -> int:
         return 1
     for path in done.removed:
         print(f"forgot {printable(target)}: removed {printable(path)}", file=out)
-    still = Path(target)
-    if still.is_dir() and (still / names.STATE).exists():
+    if as_dir is not None and as_dir.is_dir() and (as_dir / names.STATE).exists():
         print(f"  {printable(target)} still exists: it is listed again when its supervisor starts", file=out)
     return 0
+
+
+def _lock_holder(run_dir: Path) -> int | None:
+    """The pid of the supervisor holding run_dir's lock (daemon/host/lock.py), None when none does (or no lock can
+    be read there: a run directory gone is what forget is for)."""
+    from minilmd.daemon.host.lock import lock_holder
+
+    try:
+        holder = lock_holder(run_dir)
+    except OSError:
+        return None
+    return holder.pid if holder is not None and holder.pid else None

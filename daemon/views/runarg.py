@@ -1,10 +1,17 @@
-"""The run `minilmd status`, `logs`, `stop` and `plot` are given: a run directory, or the config file that names one.
+"""The run `minilmd status`, `logs`, `stop`, `plot` and `forget` are given: a run directory, or the config file that
+names one.
 
-One rule for the three commands (daemon/views/status.py, stop.py): a config file is read as an untrusted config
-(minilmd/config.py `load_config(untrusted=True)`: bounded, no link followed, never blocking) and its `run.dir`
-resolved as `minilmd run` resolves it (relative to the config's directory); a directory must hold a run's files.
-A directory this user may not look into (another user's run under the default `run.share = "private"`) is
-answered by its owner, from its own lstat, as `stop` answers any other user's run: exit 1, the owner named.
+One rule for these commands (daemon/views/status.py, stop.py, overview.py `forget`), run.dir's own place rule
+(minilmd/place_rule.py) as far as the argument goes: a symbolic link on the way is followed only when it is root's
+or the caller's, and a config file is read only when it is the caller's or root's (as an untrusted config,
+minilmd/config.py: bounded, no link followed, never blocking), its `run.dir` resolved as `minilmd run` resolves it
+(relative to the config's directory) and judged by the same rule. Another user's link or config chooses whose run
+the command reaches: root's `minilmd stop` of a user's link to a third user's run stopped hers, and left root's
+stop request in her run directory. So it is refused (exit 2, nothing signalled, nothing written), naming the link
+or the config, its owner and the run directory it leads to, which the caller may then name itself. A directory must
+hold a run's files. A directory this user may not look into (another user's run under the default
+`run.share = "private"`) is answered by its owner, from its own lstat, as `stop` answers any other user's run:
+exit 1, the owner named. Every path said here is escaped (minilmd/untrusted.py `printable`): others name them.
 """
 from __future__ import annotations
 
@@ -14,11 +21,15 @@ import sys
 from pathlib import Path
 
 from minilmd import names
+from minilmd.untrusted import printable
 
 NOT_A_RUN = 2
-"""Exit status: no run directory there (nor a config naming one), as protocol.STOP_NOT_A_RUN."""
+"""Exit status: no run directory there (nor a config naming one), as protocol.STOP_NOT_A_RUN; also another user's
+link or config on the way to one (refused)."""
 CANNOT_READ = 1
 """Exit status: a directory this user may not look into (another user's private run), as protocol.STOP_FAILED."""
+MAX_LINKS = 40
+"""The links followed on the way to one run (the kernel's own limit for a path): a loop of links ends there."""
 
 
 class RunProblem(Exception):
@@ -32,15 +43,18 @@ class RunProblem(Exception):
 
 
 def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
-    """The run directory `arg` names (itself, or a config file's run.dir); RunProblem when it is none."""
+    """The real path of the run directory `arg` names (itself, or a config file's run.dir), every link on the way
+    root's or the caller's; RunProblem when it is none, or when another user's link or config leads there."""
     path = Path(arg)
+    real = real_path(path, command)
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except FileNotFoundError:
-        raise RunProblem(f"{path}: no such file or directory", NOT_A_RUN, path) from None
+        raise RunProblem(f"{printable(path)}: no such file or directory", NOT_A_RUN, real) from None
     except OSError as e:
-        raise RunProblem(f"{path}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
-    run_dir = path if stat.S_ISDIR(st.st_mode) else _config_run_dir(path, st)
+        raise RunProblem(f"{printable(path)}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
+    run_dir = real if stat.S_ISDIR(st.st_mode) else real_path(_config_run_dir(path, real, st, command), command,
+                                                             named_by=path)
     problem = run_problem(run_dir, command)
     if problem:
         raise problem
@@ -56,42 +70,106 @@ def resolve_run(arg: str | os.PathLike, command: str = "status") -> tuple[Path |
         return None, e.exit
 
 
-def _config_run_dir(path: Path, st: os.stat_result) -> Path:
-    """run.dir of the config file `path` (read untrusted: its owner's or ours, a regular file, bounded). A config
-    that no launch would accept still names its run when its run.dir is there and is a run: a user editing the
-    config of a running run for its next restart may `stop`, `status` or `logs` it, told on stderr what the next
-    launch will refuse."""
-    from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_bytes
-    from minilmd.perms import own_uid
+def real_path(path: Path, command: str, named_by: Path | None = None) -> Path:
+    """`path` with every link on the way followed, each only when it is root's or the caller's (place_rule's rule
+    for run.dir); what is missing kept as given (the caller says so). RunProblem (exit 2) for another user's link,
+    naming it, its owner and where it leads (`named_by`: the config whose run.dir `path` is, for that message). By
+    path, one look: the views read and signal by the path returned."""
+    from minilmd.perms import owned_by_me_or_root
+
+    pending = list(reversed((Path(path) if path.is_absolute() else Path.cwd() / path).parts))
+    real, links = Path("/"), 0
+    while pending:
+        name = pending.pop()
+        if name == "/":
+            real = Path("/")
+            continue
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = real.parent
+            continue
+        try:
+            st = os.lstat(real / name)
+        except OSError:  # missing, or not to be looked at: as given from here, said by the caller
+            return Path(real / name, *reversed(pending))
+        if not stat.S_ISLNK(st.st_mode):
+            real = real / name
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise RunProblem(f"{printable(path)}: more than {MAX_LINKS} symbolic links on the way (a loop at "
+                             f"{printable(real / name)}?)", NOT_A_RUN)
+        if not owned_by_me_or_root(st):
+            raise RunProblem(_foreign(path, real / name, st.st_uid, "a symbolic link", command, None, named_by),
+                             NOT_A_RUN)
+        pending.extend(reversed(Path(os.readlink(real / name)).parts))
+    return real
+
+
+def _foreign(arg: Path, what_path: Path, owner: int, what: str, command: str, leads_to: Path | None = None,
+             named_by: Path | None = None) -> str:
+    """The refusal of another user's link or config on the way from `arg`: it, its owner, the run it leads to."""
+    from minilmd.perms import own_uid, user_words
+
+    try:
+        leads_to = Path(os.path.realpath(arg if leads_to is None else leads_to))  # for the words only: never used
+        whose = f" of {user_words(os.stat(leads_to).st_uid)}"
+    except (OSError, ValueError):
+        whose = " (which cannot be looked at)"
+    via = "" if what_path == arg else f" (on the way from {printable(arg)})"
+    via += f" (run.dir of {printable(named_by)})" if named_by is not None else ""
+    me = own_uid()
+    not_whose = "not root's" if me == 0 else f"neither yours, {user_words(me)}, nor root's"
+    return (f"minilmd {command}: {printable(what_path)}{via} is {what} of {user_words(owner)}, {not_whose}: it "
+            f"leads to the run directory {printable(leads_to)}{whose}, but whoever owns it chooses which run that "
+            f"is, so minilmd follows no other user's link or config to a run; refused: nothing signalled, nothing "
+            f"written. Give the run directory itself if it is the run you mean "
+            f"(`minilmd {command} {printable(leads_to)}`)")
+
+
+def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str) -> Path:
+    """run.dir of the config file `path` (at `real`; read untrusted: ours or root's, a regular file, bounded; another
+    user's is read only to name the run it leads to in its refusal). A config that no launch would accept still
+    names its run when its run.dir is there and is a run: a user editing the config of a running run for its next
+    restart may `stop`, `status` or `logs` it, told on stderr what the next launch will refuse."""
+    from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_bytes, named_run_dir
+    from minilmd.perms import own_uid, owned_by_me_or_root
     from minilmd.untrusted import Unreadable, read_bytes
 
     if not stat.S_ISREG(st.st_mode):
-        raise RunProblem(f"{path}: neither a run directory nor a run config file", NOT_A_RUN)
+        raise RunProblem(f"{printable(path)}: neither a run directory nor a run config file", NOT_A_RUN)
+    trusted = owned_by_me_or_root(st)
     try:
-        data = read_bytes(path, max_bytes=MAX_CONFIG_BYTES, owner=(own_uid(), st.st_uid))
+        data = read_bytes(real, max_bytes=MAX_CONFIG_BYTES, owner=(own_uid(), 0) if trusted else st.st_uid)
     except Unreadable as e:
-        raise RunProblem(f"{path}: cannot be read ({e.why})", NOT_A_RUN) from None
+        raise RunProblem(f"{printable(path)}: cannot be read ({printable(e.why)})", NOT_A_RUN) from None
+    if not trusted:
+        named = named_run_dir(data, path)
+        raise RunProblem(_foreign(path, path, st.st_uid, "a run config", command, named) if named is not None else
+                         f"{printable(path)}: a run config of another user's naming no run.dir: refused", NOT_A_RUN)
     try:
         config = config_from_bytes(data, path)
     except ConfigError as e:
-        return _run_dir_despite(path, data, e.problems)
+        return _run_dir_despite(path, data, e.problems, command)
     if not config.run.dir:
-        raise RunProblem(f"{path}: a config without run.dir names no run directory", NOT_A_RUN)
+        raise RunProblem(f"{printable(path)}: a config without run.dir names no run directory", NOT_A_RUN)
     return config.run_dir  # absolute: config_from_bytes resolved it against the config's directory, as for `run`
 
 
-def _run_dir_despite(path: Path, data: bytes, problems: list[str]) -> Path:
+def _run_dir_despite(path: Path, data: bytes, problems: list[str], command: str) -> Path:
     """The run directory an invalid config's run.dir names, when that is a run (a warning on stderr lists what the
     next launch will refuse); else RunProblem with the config's problems."""
     from minilmd.config import named_run_dir
 
     run_dir = named_run_dir(data, path)
-    problem = run_problem(run_dir) if run_dir is not None else None
+    problem = run_problem(real_path(run_dir, command, named_by=path)) if run_dir is not None else None
+    said = printable("; ".join(problems))
     if run_dir is None or (problem is not None and problem.exit == NOT_A_RUN):  # another user's: said by its owner
-        raise RunProblem(f"{path}: not a run directory, and not a run config that names one: {'; '.join(problems)}",
+        raise RunProblem(f"{printable(path)}: not a run directory, and not a run config that names one: {said}",
                          NOT_A_RUN)
-    print(f"{path}: warning: the next launch of this config will refuse it ({len(problems)} problem(s)): "
-          f"{'; '.join(problems)}", file=sys.stderr)
+    print(f"{printable(path)}: warning: the next launch of this config will refuse it ({len(problems)} problem(s)): "
+          f"{said}", file=sys.stderr)
     return run_dir
 
 
@@ -99,17 +177,27 @@ def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
     """Why run_dir is not a run directory this user can read (None: it is one)."""
     try:
         if not run_dir.exists():
-            return RunProblem(f"{run_dir}: no such directory", NOT_A_RUN, run_dir)
+            return RunProblem(f"{printable(run_dir)}: no such directory", NOT_A_RUN, run_dir)
         if not run_dir.is_dir():
-            return RunProblem(f"{run_dir}: not a directory", NOT_A_RUN)
+            return RunProblem(f"{printable(run_dir)}: not a directory", NOT_A_RUN)
         found = any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
     except OSError as e:  # a directory we may not look into: whose it is says why
         return _unreadable(run_dir, e, command)
     if not found:
-        return RunProblem(f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
-                          f"{names.LOCK}); give the run.dir of a run config, or the config itself, e.g. "
-                          f"`minilmd {command} /path/to/run`", NOT_A_RUN, run_dir)
+        return RunProblem(f"{printable(run_dir)}: not a minilmd run directory (no {names.STATE}, "
+                          f"{names.RUN_CONFIG_COPY} or {names.LOCK}); give the run.dir of a run config, or the config "
+                          f"itself, e.g. `minilmd {command} /path/to/run`", NOT_A_RUN, run_dir)
     return None
+
+
+def not_yours_line(run_dir: Path, owner: int, doing: str) -> str | None:
+    """What `stop` and `forget` say before they act on a run of another user's (root's on a user's run): the run
+    directory and its owner, so that no one acts on a run without being told whose it is. None for the caller's."""
+    from minilmd.perms import own_uid, user_words
+
+    if owner == own_uid():
+        return None
+    return f"{printable(run_dir)}: a run directory of {user_words(owner)}, not yours, {user_words(own_uid())}: {doing}"
 
 
 def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
@@ -122,9 +210,10 @@ def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
     except OSError:
         owner = None
     me = own_uid()
+    shown = printable(run_dir)
     if owner is None or owner == me:
-        return RunProblem(f"{run_dir}: cannot be read ({why})", CANNOT_READ)
+        return RunProblem(f"{shown}: cannot be read ({why})", CANNOT_READ)
     then = ("nothing signalled; " if command == "stop" else "") + f"{user_words(owner)} can `minilmd {command}` it"
-    return RunProblem(f"{run_dir}: a directory of {user_words(owner)}, not yours, {user_words(me)}, that only "
+    return RunProblem(f"{shown}: a directory of {user_words(owner)}, not yours, {user_words(me)}, that only "
                       f"its owner may read ({why}; a run's default run.share = \"private\" makes it so): {then}",
                       CANNOT_READ)

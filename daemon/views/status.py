@@ -25,7 +25,7 @@ from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
-from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_dir_of, run_problem
+from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, real_path, resolve_run, run_dir_of, run_problem
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
@@ -250,10 +250,11 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
                     else {}, alive, unreadable, out)
         return 0
     if unreadable:
-        print(f"{run_dir}: {names.STATE} unreadable ({unreadable})", file=out)
+        print(f"{printable(run_dir)}: {names.STATE} unreadable ({unreadable})", file=out)
         return 0
     if state is None:
-        print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
+        print(f"{printable(run_dir)}: no state.json yet (the supervisor has not started here, or is just "
+              f"starting)", file=out)
         return 0
     alone = trainer_alone(run_dir, state, alive)  # a killed supervisor's trainer, still training
     lines = summary_lines(state, alive, alone=alone) + orphan_lines(run_dir, state, alone)
@@ -399,23 +400,27 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
         try:
             while run_problem(run_dir):
                 time.sleep(poll_s)
+            run_dir = real_path(run_dir, "logs")  # a link on the way that came with it: the same rule
         except KeyboardInterrupt:
             return NOT_A_RUN
+        except RunProblem as late:
+            print(late, file=sys.stderr)
+            return late.exit
     sup_path = run_dir / names.SUPERVISOR_LOG
     text, sup_off = _tail(sup_path, lines)
-    out.write(f"==> {sup_path} <==\n{text}")
+    out.write(f"==> {printable(sup_path)} <==\n{text}")
     attempts = _attempt_logs(run_dir)
     current = attempts[-1] if attempts else None
     cur_off = 0
     if current:
         text, cur_off = _tail(current, lines)
-        out.write(f"==> {current} <==\n{text}")
+        out.write(f"==> {printable(current)} <==\n{text}")
     out.flush()
     if not follow:
         return 0
     if ended := _ended(run_dir):
-        print(f"{run_dir}: {ended}: following its logs until it starts again (Ctrl-C to quit)", file=sys.stderr,
-              flush=True)
+        print(f"{printable(run_dir)}: {ended}: following its logs until it starts again (Ctrl-C to quit)",
+              file=sys.stderr, flush=True)
     try:
         while True:
             ended_before = _ended(run_dir)  # before the last lines: an end's own lines are copied below
@@ -427,10 +432,10 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
                 if current:
                     cur_off = _copy_new(current, cur_off, current.stem, out)
                 current, cur_off = attempts[-1], 0
-                out.write(f"==> {current} (new attempt) <==\n")
+                out.write(f"==> {printable(current)} (new attempt) <==\n")
             out.flush()
             if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
-                print(f"{run_dir}: {ended_before}", file=sys.stderr, flush=True)
+                print(f"{printable(run_dir)}: {ended_before}", file=sys.stderr, flush=True)
                 return 0
             ended = ended_before
             time.sleep(poll_s)

@@ -21,7 +21,7 @@ from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.newest import newest_local
-from minilmd.daemon.views.runarg import resolve_run
+from minilmd.daemon.views.runarg import not_yours_line, resolve_run
 from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
@@ -42,11 +42,14 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     try:
         scope = procs.scope_of(run_dir)
     except (procs.Refused, OSError) as e:
-        print(str(e), file=out)
+        print(printable(str(e)), file=out)
         return protocol.STOP_FAILED
+    if whose := not_yours_line(scope.run_dir, scope.owner, "stopping it"):  # root on a user's run: said first
+        print(whose, file=out, flush=True)
+    shown = printable(run_dir)  # another user's config or directory name may hold escapes
     raw, unreadable = load(run_dir)
     if unreadable:
-        print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
+        print(f"{shown}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
     # before the lock is looked at: a supervisor that takes it later reads it. None for a run that ended for good:
     # no launcher starts it by itself, and a request would only linger until the next start
@@ -55,12 +58,12 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     try:
         live = _live_supervisor(run_dir)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
-        print(f"{run_dir}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
+        print(f"{shown}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
               f"nothing signalled", file=out)
         return protocol.STOP_FAILED
     if live is None:
         outcome = state.outcome
-        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
+        print(f"{shown}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if restart_may_follow:
             _pending_restart_words(request, state.supervisor, out)
@@ -90,7 +93,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     last_phase = None
     while process_alive(pid, ticks):
         if timeout and time.monotonic() - started > timeout:
-            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
+            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
             return protocol.STOP_FAILED
         state = _reread(run_dir, state)
         if state.phase != last_phase:
@@ -112,15 +115,15 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
         return stoprequest.leave(scope.run_dir, scope.owner)
     except (OSError, PlaceRefused) as e:
         why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
-        print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
-              f"start the run", file=out)
+        print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a launcher's restart still "
+              f"to come would start the run", file=out)
         return None
 
 
 def _request_left_words(request: Path, out) -> None:
     """The request outlives the supervisor just signalled: say so, and what clears it (`status` shows it too)."""
-    print(f"  stop request left at {request}: an automatic restart (the tmux window's, a Slurm requeue) will not "
-          f"start the run; a start by hand (`minilmd run`, the tmux launcher, sbatch) clears it", file=out,
+    print(f"  stop request left at {printable(request)}: an automatic restart (the tmux window's, a Slurm requeue) "
+          f"will not start the run; a start by hand (`minilmd run`, the tmux launcher, sbatch) clears it", file=out,
           flush=True)
 
 
@@ -130,8 +133,8 @@ def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> N
     unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`"
     if request is not None:
         print(f"  no supervisor is running; the launcher's pending restart will not start the run (the tmux window's "
-              f"restart, a Slurm requeue): stop request left at {request}; a start by hand (`minilmd run`, the tmux "
-              f"launcher, sbatch) clears it", file=out)
+              f"restart, a Slurm requeue): stop request left at {printable(request)}; a start by hand (`minilmd "
+              f"run`, the tmux launcher, sbatch) clears it", file=out)
     if last.systemd_unit:  # only a run state.json says ran under systemd: never a tmux or Slurm run's
         print(f"  its supervisor ran under systemd, whose restart of it does not read the request (it cannot be told "
               f"from a start): stop that unit: {unit}", file=out)
@@ -191,7 +194,8 @@ def _stop_orphans_within(run_dir: Path, timeout: float, grace: float, out) -> in
     helper = hand_over_kill(launch, max(0.0, grace - (time.monotonic() - started)))
     print(f"  trainer process(es) {left} still saving after {timeout:.0f}s: not waited for any longer (exit "
           f"{protocol.STOP_FAILED}); the stop goes on: helper pid {helper} SIGKILLs them {grace:.0f}s after the "
-          f"SIGTERM if they have not exited by then (`minilmd status {run_dir}` shows them meanwhile)", file=out)
+          f"SIGTERM if they have not exited by then (`minilmd status {printable(run_dir)}` shows them meanwhile)",
+          file=out)
     return protocol.STOP_FAILED
 
 

@@ -1,0 +1,172 @@
+"""Which run a view's argument reaches (daemon/views/runarg.py): a link on the way followed only when it is root's or
+the caller's, a config file read only when it is the caller's or root's (run.dir's own place rule). Another user's
+link or config chose whose run root's `minilmd stop` signalled (hostile5 F1, F2): refused, exit 2, naming it, its
+owner and the run directory it leads to. Paths that others name reach the terminal escaped (F3). A running run's
+registry entry stays (F2). The real second users' version, with a live supervisor: tests/test_run_arg_users.py.
+
+Root is needed to give a link or a config to another uid (lchown); the attacker's uid needs no passwd entry.
+"""
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names, protocol
+from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.host import registry
+from minilmd.daemon.views import overview
+from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
+from minilmd.fsio import atomic_write_json
+
+OTHER = 64123
+"""Another user's uid (tests/test_stop_proof.py's attacker): no passwd entry needed to own a file."""
+ESCAPES = "\x1b]0;OWNED-TITLE\x07\x1b[2J"
+"""What another user's directory name or config may hold: OSC 0 retitles root's terminal, ESC[2J clears it."""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: gives a link or a config to another uid")
+
+
+def ended_run(run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True)
+    st = new_state("tiny", run_dir, "tiny.toml")
+    st.update(phase="done", supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
+              outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "the run finished"})
+    atomic_write_json(run_dir / names.STATE, st)
+    (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
+    return run_dir
+
+
+def theirs_link(at: Path, to: Path, uid: int = OTHER) -> Path:
+    at.symlink_to(to)
+    os.lchown(at, uid, uid)
+    return at
+
+
+def theirs_config(at: Path, run_dir: Path, uid: int = OTHER) -> Path:
+    at.write_text(f'[run]\nname = "x"\ndir = "{run_dir}"\n')
+    os.chown(at, uid, uid)
+    return at
+
+
+@needs_root
+def test_another_users_link_or_config_to_a_run_is_refused_by_every_view_naming_it_and_where_it_leads(
+        tmp_path, capsys):
+    run = ended_run(tmp_path / "hers" / "run")
+    (tmp_path / "his").mkdir()
+    link = theirs_link(tmp_path / "his" / "run", run)
+    config = theirs_config(tmp_path / "his" / "run.toml", run)
+    through = theirs_link(tmp_path / "his" / "dir", run.parent)  # a link on the way, not the last component
+    for arg, what in ((link, "a symbolic link"), (config, "a run config"), (through / "run", "a symbolic link")):
+        for view in (views.status, views.logs, views_stop.stop):
+            out = io.StringIO()
+            assert view(arg, out=out) == 2, (view, arg)
+            said = capsys.readouterr().err
+            assert f"is {what} of uid {OTHER}, not root's" in said and f"leads to the run directory {run}" in said, said
+            assert "nothing signalled, nothing written" in said and f"{run}`" in said, said
+            assert out.getvalue() == ""
+    assert not (run / names.STOP_REQUEST).exists()
+    out = io.StringIO()
+    assert overview.forget(str(link), out=out) == 2
+    assert f"is a symbolic link of uid {OTHER}" in capsys.readouterr().err
+
+
+@needs_root
+def test_links_and_configs_of_root_and_the_caller_are_followed_as_before(tmp_path, capsys):
+    run = ended_run(tmp_path / "mine" / "run")
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\nname = "x"\ndir = "{link}"\n')  # run.dir through the caller's own link too
+    for arg in (link, config, run):
+        out = io.StringIO()
+        assert views.status(arg, out=out) == 0, capsys.readouterr().err
+        assert f"({run})" in out.getvalue() and "not running (ended" in out.getvalue(), out.getvalue()
+        out = io.StringIO()
+        assert views_stop.stop(arg, out=out) == protocol.STOP_DONE
+        assert "not yours" not in out.getvalue() and "not running" in out.getvalue(), out.getvalue()
+
+
+@needs_root
+def test_a_config_of_the_caller_naming_a_run_dir_through_another_users_link_is_refused(tmp_path, capsys):
+    run = ended_run(tmp_path / "hers" / "run")
+    (tmp_path / "his").mkdir()
+    link = theirs_link(tmp_path / "his" / "run", run)
+    config = tmp_path / "mine.toml"
+    config.write_text(f'[run]\nname = "x"\ndir = "{link}"\n')
+    assert views_stop.stop(config, out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert f"{link} (run.dir of {config}) is a symbolic link of uid {OTHER}, not root's" in said, said
+
+
+def test_paths_others_name_reach_the_terminal_escaped(tmp_path, capsys):
+    """hostile5 F3: a run directory named with escape sequences (another user's config or directory name)."""
+    run = ended_run(tmp_path / f"run{ESCAPES}")
+    (run / "logs").mkdir()
+    (run / "logs" / f"attempt-0001{ESCAPES}.log").write_text("a trainer's line\n")
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[run]\nname = "x"\ndir = "{tmp_path}/run\\u001b]0;OWNED-TITLE\\u0007\\u001b[2J"\n')
+    said = []
+    for view in (views_stop.stop, views.logs, views.status):
+        for arg in (run, config):
+            out = io.StringIO()
+            assert view(arg, out=out) == 0
+            said += [out.getvalue(), capsys.readouterr().err]
+    (run / names.STATE).unlink()
+    os.mkfifo(run / names.STATE)  # status says it is unreadable, naming the run directory
+    out = io.StringIO()
+    assert views.status(run, out=out) == 0
+    assert "unreadable" in out.getvalue(), out.getvalue()
+    said.append(out.getvalue())
+    missing = tmp_path / "gone.toml"
+    missing.write_text(f'[run]\nname = "x"\ndir = "{tmp_path}/gone\\u001b[2J"\n')
+    assert views.status(missing, out=io.StringIO()) == 2
+    said.append(capsys.readouterr().err)
+    joined = "".join(said)
+    assert "\x1b" not in joined and "\x07" not in joined, joined
+    assert "\\x1b]0;OWNED-TITLE\\x07" in joined and "not running" in joined and "==> " in joined, joined
+
+
+def test_forget_keeps_the_entry_of_a_run_whose_supervisor_holds_its_lock(tmp_path, monkeypatch):
+    """hostile5 F2: `forget RUN_DIR` of a running run took it off `status --all` until its next start."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    run = ended_run(tmp_path / "run")
+    registry.register("tiny", run, tmp_path / "tiny.toml")
+    fd = os.open(run / names.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a supervisor's lock: held, its body naming the holder
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": 1.0}).encode())
+        out = io.StringIO()
+        assert overview.forget(str(run), out=out) == 1
+        assert f"kept {run}: its supervisor (pid {os.getpid()}) holds the run's lock" in out.getvalue()
+        assert [e.run_dir for e in registry.entries()] == [run.resolve()]
+    finally:
+        os.close(fd)
+    out = io.StringIO()
+    assert overview.forget(str(run), out=out) == 0, out.getvalue()  # no longer running: forgotten
+    assert registry.entries() == []
+
+
+def test_a_run_directory_swapped_for_a_link_after_it_was_named_is_never_signalled_for(tmp_path):
+    """The views name a run by its real path (runarg.real_path), then signal through procs.scope_of, after waits
+    (the orphan hunt comes after the supervisor's end): whoever owns a directory on the way (his own run directory,
+    which root's `stop` was asked to stop) could swap it for a link to her run meanwhile. scope_of refuses a path
+    that is not real (every caller passes the real one), so nothing of hers is looked for, let alone signalled."""
+    from minilmd import procs
+    from minilmd.daemon.child import orphans
+
+    his, hers = ended_run(tmp_path / "his" / "run"), ended_run(tmp_path / "hers" / "run")
+    assert procs.scope_of(his).run_dir == his  # named: its real path
+    his.rename(his.with_name("moved"))
+    his.symlink_to(hers)
+    with pytest.raises(procs.Refused, match="changed since it was named; nothing signalled"):
+        procs.scope_of(his)
+    assert orphans.recorded_launch(his) is None and orphans.find_orphans(his) == []
