@@ -75,6 +75,7 @@ def _file_system(e: OSError, where: str | os.PathLike) -> str:
             path = os.path.dirname(path)
     else:
         return ""
+    path = os.path.realpath(path)  # a link on the way leads to the file system written to
     mount = path
     while mount != os.sep:  # up to where another device begins: its mount point
         try:
