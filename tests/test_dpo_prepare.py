@@ -99,7 +99,8 @@ def test_bad_pairs_are_all_named_at_once_and_nothing_is_written(tmp_path, chat_t
     good = {"chosen": [u("你好"), a("你好！")], "rejected": [u("你好"), a("走开")]}
     bad = [
         ({"chosen": [u("问一"), a("答")], "rejected": [u("问二"), a("答")]}, "dpo_prompt_differs"),
-        ({"conversations": [u("q"), a("a")]}, "missing_chosen_rejected"),
+        ({"conversations": [u("q"), a("a")]}, "chat_line"),  # another format's line, named as one
+        ({"prompt": "q", "chosen": [u("q"), a("a")]}, "missing_chosen_rejected"),
         ({"chosen": [u("q"), a("a")], "rejected": [u("q")]}, "no_assistant_turn"),
         ({"chosen": [u("q"), a("a"), u("and?")], "rejected": [u("q"), a("b")]}, "dpo_no_final_reply"),
         ({"chosen": [u("q"), a("a")], "rejected": [u("q"), {"role": "robot", "content": "x"}]}, "unknown_role"),

@@ -224,7 +224,7 @@ def test_prepare_help_and_its_formats_entry_list_every_exit_status_it_returns():
     returned = {0}
     for failure in (InputError("a bad line"), SourceReadError("EIO"), ValueError("bad argument"),
                     OSError(28, "No space left on device"), KeyboardInterrupt()):
-        with pytest.raises(typer.Exit) as ended, prepare_exits("prepare", "nothing written"):
+        with pytest.raises(typer.Exit) as ended, prepare_exits("prepare", "nothing written", "out"):
             raise failure
         returned.add(ended.value.exit_code)
     assert returned == {0, 2, 65, 74, 130}

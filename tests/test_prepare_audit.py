@@ -54,7 +54,7 @@ def test_a_write_error_on_the_output_is_one_line_exit_74_and_a_rerun_works(tmp_p
             "--val-fraction", "0.1"]
     failed = subprocess.run(argv, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit(50_000))
     assert failed.returncode == 74, failed.stderr
-    assert "error: prepare: File too large" in failed.stderr and "nothing written" in failed.stderr
+    assert f"prepare: cannot write in {out}: File too large" in failed.stderr and "nothing written" in failed.stderr
     assert "Traceback" not in failed.stderr
     assert no_leftovers(out)
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)

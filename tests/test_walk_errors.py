@@ -120,3 +120,5 @@ def test_demo_corpus_on_a_full_file_system_exits_74(full_fs):
     done = _demo_corpus(full_fs / "out")
     assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr
     assert f"cannot write in {full_fs / 'out'}: No space left on device" in done.stderr, done.stderr
+    # which file system, and why freeing bytes would not help: its inodes are what is used up
+    assert f"(the file system mounted at {full_fs} has no inode left for a new file; " in done.stderr, done.stderr

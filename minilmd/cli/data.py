@@ -63,14 +63,14 @@ def prepare_command(
             raise data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
                                               "meta.json): leave out --tokenizer, --format and --drop-scripts"))
 
-        with prepare_exits("prepare --append", "the corpus is its last complete version"):
+        with prepare_exits("prepare --append", "the corpus is its last complete version", out):
             append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line,
                       group_share=group_share)
         typer.echo(f"appended to {out}")
         return
     if not tokenizer:
         raise data_error_exit(ValueError("--tokenizer is required (except with --append)"))
-    with prepare_exits("prepare", "nothing written"):
+    with prepare_exits("prepare", "nothing written", out):
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
                 data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts),

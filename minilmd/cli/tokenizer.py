@@ -38,7 +38,7 @@ def tokenizer_train_command(
     from pathlib import Path
 
     from minilmd.corpus.chat_templates import OUT_ADVICE, ChatTemplateError, checked_config, write_beside
-    from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
+    from minilmd.corpus.sources.jsonl import InputError, tokenizer_hint
     from minilmd.corpus.tokenizer_beside import found_beside
     from minilmd.corpus.tokenizer_train import TokenizerError
     from minilmd.dirfd import PlaceRefused, place_problem
@@ -77,8 +77,7 @@ def tokenizer_train_command(
         except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
             typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
             raise typer.Exit(1) from None
-    bad.log_skipped(lambda line: typer.echo(line, err=True),
-                    TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else "")  # named as prepare names them
+    bad.log_skipped(lambda line: typer.echo(line, err=True), tokenizer_hint(bad))  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is None and (found := found_beside(Path(out))):  # not this one's: prepare will say so too
         typer.echo(f"tokenizer train: note: {found}; `minilmd tokenizer template {out} --chat-template minimind "

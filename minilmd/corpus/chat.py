@@ -37,7 +37,8 @@ from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
-from minilmd.corpus.sources.jsonl import TEXT_LINE, json_lines, loads_bounded
+from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
+from minilmd.corpus.sources.line_shape import other_format
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
 from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.protocol import SPECIAL_TOKENS
@@ -71,9 +72,10 @@ class TurnError(ChatError):
 def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
     The messages hold only the keys of MESSAGE_KEYS."""
-    if isinstance(obj, dict) and "conversations" not in obj and "text" in obj:
-        return None, (TEXT_LINE, 'a "conversations" key expected, found "text": text data')
     if not isinstance(obj, dict) or "conversations" not in obj:
+        other = other_format(obj, "chat")  # a text line, a preference pair: --format text, dpo
+        if other:
+            return None, other
         what = 'an object without "conversations"' if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
         return None, ("missing_conversations", f"line is {what}")
     conv = obj["conversations"]
@@ -132,8 +134,9 @@ def has_special_text(messages: list[dict]) -> bool:
 
 def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
     """Whether a JSONL file's first line that is a JSON object (within its first probe_bytes) is a conversation
-    ({"conversations": [...]} without "text") or a preference pair ({"chosen": ..., "rejected": ...}): what
-    `corpus report` refuses to count as text for a run's budget."""
+    ({"conversations": [...]} or {"messages": [...]} without "text") or a preference pair ({"chosen": ...,
+    "rejected": ...}), as line_shape.py tells them: what `corpus report` refuses to count as text for a run's
+    budget."""
     from minilmd.corpus.sources.jsonl import LongLine, Source
 
     src = Source(path)
@@ -146,9 +149,8 @@ def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
                     obj = loads_bounded(line)
                 except ValueError:
                     continue
-                if isinstance(obj, dict):
-                    chat = "conversations" in obj or ("chosen" in obj and "rejected" in obj)
-                    return chat and "text" not in obj
+                if isinstance(obj, dict):  # a chat line or a pair, told as every reader tells them
+                    return "text" not in obj and other_format(obj, "text") is not None
             return False
         return False
     finally:

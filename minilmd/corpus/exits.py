@@ -55,8 +55,45 @@ def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -
     or a directory others can rearrange is a PlaceRefused instead (exit 2), said before this."""
     todo = OUT_WHAT_TO_DO.get(e.errno or 0, "fix the disk or the share, then run it again")
     todo = getattr(e, "what_to_do", todo)  # dirfd.NameHeld: another user's name in a sticky directory
-    typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}; {kept}; {todo}", err=True)
+    typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}{_file_system(e, where)}; {kept}; {todo}",
+               err=True)
     return typer.Exit(EXIT_IO)
+
+
+def _file_system(e: OSError, where: str | os.PathLike) -> str:
+    """Which file system `where` is on (its mount point; with the room left there on a full disk), for a write
+    that failed for want of space or of a working disk: a permission is the directory's, said as it is."""
+    if e.errno in (errno.EACCES, errno.EPERM) or getattr(e, "what_to_do", None):
+        return ""
+    said = str(where)
+    path = os.getcwd() if said.startswith(". (") else os.path.abspath(said)  # out_dir_of's ". (CWD)"
+    for _ in range(path.count(os.sep) + 1):  # the nearest directory there is: --out itself may not be made yet
+        try:
+            st = os.stat(path)
+            break
+        except OSError:
+            path = os.path.dirname(path)
+    else:
+        return ""
+    path = os.path.realpath(path)  # a link on the way leads to the file system written to
+    mount = path
+    while mount != os.sep:  # up to where another device begins: its mount point
+        try:
+            if os.stat(os.path.dirname(mount)).st_dev != st.st_dev:
+                break
+        except OSError:
+            break
+        mount = os.path.dirname(mount)
+    if e.errno != errno.ENOSPC:
+        return f" (on the file system mounted at {mount})"
+    try:
+        vfs = os.statvfs(path)
+    except OSError:
+        return f" (the file system mounted at {mount} is full)"
+    free = f"{vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
+    if vfs.f_files and not vfs.f_favail:  # ENOSPC of inodes, with bytes to spare: freeing bytes would not help
+        return f" (the file system mounted at {mount} has no inode left for a new file; {free})"
+    return f" (the file system mounted at {mount}: {free} now, with what was written removed)"
 
 
 def out_dir_of(out: str | os.PathLike) -> str:
@@ -85,17 +122,20 @@ def interruptible(said: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def prepare_exits(what: str, kept: str) -> Iterator[None]:
+def prepare_exits(what: str, kept: str, out: str | os.PathLike) -> Iterator[None]:
     """A prepare's failure as its exit status, said in one line: bad input or arguments (every ValueError: InputError,
-    CorpusError, TokenizerError) by data_error_exit, a read or write that failed 74, interrupted 130; `kept` says
-    what is left of the output (the cleanup ran as the error unwound through it)."""
+    CorpusError, TokenizerError) by data_error_exit, interrupted 130, and 74 for a source that failed while read
+    (SourceReadError, naming it) or a write that failed: out_error_exit's words, naming `out` (the corpus
+    directory as typed, never a temporary name inside it) and its file system (a full disk: the room left; the
+    OSError of a write has no file name to say); `kept` says what is left of the output (the cleanup ran as the
+    error unwound through it)."""
     with interruptible(f"{what}: interrupted, {kept}"):
         try:
             yield
         except ValueError as e:
             raise data_error_exit(e) from None
-        except OSError as e:
-            raise io_error_exit(e, what, kept) from None
+        except OSError as e:  # the sources' reads are SourceReadError: a write, beside --out or in its directory
+            raise out_error_exit(e, what, out, kept) from None
 
 
 def data_error_exit(e: Exception) -> typer.Exit:

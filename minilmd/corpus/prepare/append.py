@@ -244,9 +244,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
         hold_for_test()  # holding the lock, its temporary directory made (tests/test_prepare_append_leftovers.py)
         opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
-        found.chat_advice = (f"{root} is a text corpus and this looks like chat data (\"conversations\" or "
-                             f"\"messages\" in place of \"text\"): prepare it into a corpus of its own with --format "
-                             f"chat")
+        found.appending_to = (str(root), corpus.data_format)  # format_hint: a corpus of their own
         encode_all(opened, found, tok, opts, progress)
         found.bad.publish(tmp_dir, parent, root.name)
         found.check_bad_lines()

@@ -18,7 +18,8 @@ import numpy as np
 
 from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
-from minilmd.corpus.sources.jsonl import CHAT_ADVICE, CHAT_LINE, TEXT_ADVICE, TEXT_LINE, InputError, Source
+from minilmd.corpus.sources.jsonl import InputError, Source
+from minilmd.corpus.sources.line_shape import advice, json_document_advice, mostly_other_format
 from minilmd.corpus.sources.longdoc import LineVerdict
 from minilmd.corpus_meta import CorpusError
 from minilmd.names import (
@@ -145,7 +146,7 @@ class Collector:
         self.val_keys: list[np.ndarray] = []
         self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
         self.bad = BadLines(tmp / SPOOL)  # every bad line, named (badlines.py)
-        self.chat_advice = CHAT_ADVICE  # format_hint's; an append into a text corpus says its own
+        self.appending_to: tuple[str, str] | tuple[()] = ()  # an append's corpus and its format (format_hint)
         self.special_examples: list[str] = []
         self.special_docs = 0
         self.text_bytes = 0
@@ -189,15 +190,18 @@ class Collector:
             raise self.bad.error(self.format_hint())
 
     def format_hint(self) -> str:
-        """Advice said once when most lines read were chat data given to a text corpus's reader (CHAT_LINE), or
-        text given to a chat corpus's (TEXT_LINE): that the input is in another format than the one prepared, not
-        thousands of lines to mend ("" otherwise)."""
+        """Advice said once ("" for none): a source that is one JSON array, not JSON lines (most of its lines bad);
+        most lines read another format's than the one prepared (line_shape.py: chat data given to a text corpus's
+        reader, text to a chat corpus's, pairs to either, ...): the input is in another format, not thousands of
+        lines to mend."""
+        arrays = [s["path"] for src, s in zip(self.opened, self.sources, strict=True)
+                  if src.json_array and 2 * s["bad_lines"] > s["lines"] - s["blank_lines"]]
         read = sum(s["lines"] - s["blank_lines"] for s in self.sources)
-        for kind, advice in ((CHAT_LINE, self.chat_advice), (TEXT_LINE, TEXT_ADVICE)):
-            found = self.bad.counts.get(kind, 0)
-            if found and 2 * found > read:
-                return advice
-        return ""
+        other = mostly_other_format(self.bad.counts, read)
+        said = [json_document_advice(arrays)] if arrays else []
+        if other:
+            said.append(advice(other, *self.appending_to))
+        return "\n".join(said)
 
     def take(self, src_idx: int, kind: str, result) -> None:
         """One result, in input order: a block ("block"), a piece of a long document ("piece"), the long line

@@ -28,6 +28,7 @@ from minilmd.corpus.chat import ParsedChatBlock, TurnError, check_conversation, 
 from minilmd.corpus.chat_spans import BlockSpans
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.prepare.chat_encode import COUNTS, ChatBlockEncoder, encoded_block
+from minilmd.corpus.sources.line_shape import other_format
 
 SIDES = ("chosen", "rejected")
 
@@ -35,6 +36,9 @@ SIDES = ("chosen", "rejected")
 def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, str] | None]:
     """((chosen, rejected), None) for a good line's JSON value, (None, (reason, detail)) for a bad one."""
     if not isinstance(obj, dict) or not all(side in obj for side in SIDES):
+        other = other_format(obj, "dpo")  # a chat line, a text line: --format chat, text
+        if other:
+            return None, other
         what = f"an object with keys {sorted(obj)[:5]}" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
         return None, ("missing_chosen_rejected", f'line is {what}; a preference pair has "chosen" and "rejected"')
     sides = []

@@ -37,6 +37,7 @@ class BadLineTally:
         self.counts: dict[str, int] = {}
         self.first: list[str] = []
         self.total = 0
+        self.json_documents: list[str] = []  # sources that are one JSON array, not JSON lines (line_shape.py)
 
     def add(self, source: str, line: int, reason: str, detail: str) -> str:
         """Count one bad line; its text (`file:line: reason (detail)`, made printable)."""

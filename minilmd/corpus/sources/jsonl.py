@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
+from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, json_document_advice, other_format
 from minilmd.untrusted import MAX_LINE_DEPTH, too_deep
 
 BAD_LINE_POLICIES = ("error", "skip")
@@ -36,6 +37,10 @@ def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
     if too_deep(s, max_depth):
         raise JSONTooDeep(f"nested deeper than {max_depth} arrays and objects")
     return json.loads(s)
+
+
+BOM = b"\xef\xbb\xbf"
+"""UTF-8's byte order mark: taken at the very start of a source (Source.items), a bad line anywhere else."""
 
 
 class SourceReadError(InputError):
@@ -111,24 +116,20 @@ def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, obje
         yield lineno, obj, None
 
 
-CHAT_KEYS = ("conversations", "messages")
-"""What a line of chat data holds in place of "text" (MiniMind's "conversations", the OpenAI style's "messages"): a
-text reader names such a line a `chat_line`, so that chat data given as text is told for what it is."""
-CHAT_LINE = "chat_line"
-CHAT_ADVICE = 'this looks like chat data ("conversations" or "messages" in place of "text"): use --format chat'
-TEXT_LINE = "text_line"
-"""The other way round: a line with "text" and no "conversations", given to a chat reader (`prepare --format chat`)."""
-TEXT_ADVICE = 'this looks like a text corpus ({"text": ...} lines): use --format text'
+CHAT_LINE, TEXT_LINE, DPO_LINE = LINE_OF["chat"], LINE_OF["text"], LINE_OF["dpo"]
+"""Lines of another format than the reader's (line_shape.py): chat data or preference pairs given as text, text
+given to `prepare --format chat`, ..."""
+CHAT_ADVICE, TEXT_ADVICE, DPO_ADVICE = ADVICE[CHAT_LINE], ADVICE[TEXT_LINE], ADVICE[DPO_LINE]
 
 
 def _without_text(obj: object) -> tuple[str, str]:
     """The reason and detail of a line that is not an object with "text": the key expected and what the line
-    holds instead (its first keys), a line of chat data told as one (CHAT_LINE)."""
+    holds instead (its first keys), a line of another format told as one (line_shape.other_format)."""
     if not isinstance(obj, dict):
         return "missing_text", f"line is a JSON {type(obj).__name__}"
-    chat = [key for key in CHAT_KEYS if key in obj]
-    if chat:
-        return CHAT_LINE, f'a "text" key expected, found "{chat[0]}": chat data'
+    other = other_format(obj, "text")
+    if other:
+        return other
     keys = ", ".join(json.dumps(key, ensure_ascii=False)[:40] for key in list(obj)[:5]) + (", ..." * (len(obj) > 5))
     return "missing_text", f'line is an object without "text" ({f"its keys: {keys}" if obj else "no key at all"})'
 
@@ -171,6 +172,7 @@ class Source:
         from minilmd.urls import is_local_fs
 
         self.path = path
+        self.json_array = False  # the file begins with "[": one JSON document, not JSON lines (line_shape.py)
         try:
             self.fs, self.fs_path = fsspec.core.url_to_fs(path)
             if is_local_fs(self.fs):
@@ -205,11 +207,14 @@ class Source:
         final newline."""
         line = 1
         carry = b""
+        at_start = True
         try:
             while True:
                 data = self.stream.read(block_bytes)
                 if not data:
                     break
+                if at_start:
+                    data, at_start = self._first_bytes(data, block_bytes), False
                 data = carry + data
                 cut = data.rfind(b"\n")
                 blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
@@ -226,6 +231,19 @@ class Source:
             raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry:
             yield line, carry
+
+    def _first_bytes(self, data: bytes, block_bytes: int) -> bytes:
+        """The file's first bytes read, without a UTF-8 byte order mark (an editor's on Windows; only there: one
+        further on is a bad line); notes whether the file begins with "[" (json_array)."""
+        while len(data) < len(BOM) and BOM.startswith(data):  # a short read: the BOM may go on
+            more = self.stream.read(block_bytes)
+            if not more:
+                break
+            data += more
+        if data.startswith(BOM):
+            data = data[len(BOM):]
+        self.json_array = data.lstrip()[:1] == b"["
+        return data
 
     def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
         """As items(), with a long line joined into one block of its own (held whole: for benchmarks and tests)."""
@@ -284,10 +302,12 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iter
     documents = 0
     for path in sources:
         src = Source(path)
+        read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
         try:
             for item in src.items():
                 parsed = parse_long_line(item, TRAIN_TEXT_CHARS) if isinstance(item, LongLine) else parse_block(
                     item[1], item[0])
+                read += parsed.n_lines - parsed.blank
                 for line, reason, detail in parsed.bad:
                     bad.add(path, line, reason, detail)
                 if bad.total and on_bad_line == "error":
@@ -296,11 +316,22 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iter
                 yield from parsed.texts
         finally:
             src.close()
-    hint = TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else ""
+        if src.json_array and 2 * (bad.total - bad_before) > read:
+            bad.json_documents.append(path)
+    hint = tokenizer_hint(bad)
     if bad.total and on_bad_line == "error":
         raise bad.error(hint)
     if not documents:
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)" + f"; {hint}" * bool(hint))
+
+
+def tokenizer_hint(bad: BadLineTally) -> str:
+    """What tokenizer train says once after its bad lines: a JSON document given for JSON lines, chat data or
+    preference pairs given for text (TOKENIZER_CHAT_ADVICE)."""
+    said = [json_document_advice(bad.json_documents)] if bad.json_documents else []
+    if CHAT_LINE in bad.counts or DPO_LINE in bad.counts:
+        said.append(TOKENIZER_CHAT_ADVICE)
+    return "\n".join(said)
 
 
 def parse_long_line(long: LongLine, max_chars: int | None = None) -> ParsedBlock:
