@@ -33,6 +33,7 @@ from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.docattention import document_mask
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from resume_helpers import attempt_here
 from supervisor_helpers import BASELINE
 from supervisor_helpers import write_config as supervised_config
 from trainer_corpus import TINY_MODEL, write_config
@@ -207,9 +208,9 @@ def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_settin
     killed = supervised_config(tmp_path, corpus, "killed", remote=False, **masked)
     code, out = run_train(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out
-    code, out = run_train(killed, "data.doc_mask=false")
+    code, out = attempt_here(killed, "data.doc_mask=false")
     assert code == EXIT_CONFIG and "saved with data.doc_mask = true, the run has false" in out, out
-    code, out = run_train(killed)
+    code, out = attempt_here(killed)
     assert code == EXIT_DONE and "resumed from" in out, out
     mine = load_config(killed).checkpoint_dir / final.name
     assert_same_weights_and_optimizer(final, mine)
