@@ -9,9 +9,9 @@ stop the test's process is refused here.
 What the trainer sets for its whole process, as it should in a process of its own, is given back after it, so that
 no test sees another's: os.environ (the cuBLAS workspace, the compile caches, the fault spec), the working
 directory, the umask, every signal handler (its stop flag's SIGTERM and SIGINT), faulthandler (on, writing to the
-command's stderr, and registered on SIGUSR1), torch's threads, its deterministic flags and its RNG, Python's and
-NumPy's RNGs. Its stdout and stderr are captured at the file descriptors (faulthandler needs a real one) and
-returned as subprocess.run's are.
+command's stderr, and registered on SIGUSR1), torch's threads, its deterministic flags, its attention backends'
+switches and its RNG, Python's and NumPy's RNGs. Its stdout and stderr are captured at the file descriptors
+(faulthandler needs a real one) and returned as subprocess.run's are.
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ from minilmd.names import FAULT_ENV
 from minilmd.trainer.loop.faults import parse_faults
 from trainer_corpus import child_env, train_cmd
 
+SDPA_BACKENDS = ("flash_sdp", "mem_efficient_sdp", "math_sdp", "cudnn_sdp")
+"""torch's process-wide switches of the attention backends, which a run with a forced kernel sets (the CPU's SDPA
+reads them too): torch.backends.cuda.<name>_enabled() and enable_<name>()."""
 OWN_PROCESS_FAULTS = {"sigkill", "sigbus", "hang"}
 """Injected faults that end or stop the process they fire in: only a trainer of its own may take them."""
 
@@ -130,6 +133,7 @@ def _process_state_restored() -> Iterator[None]:
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    sdpa = {name: getattr(torch.backends.cuda, f"{name}_enabled")() for name in SDPA_BACKENDS}
     rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
     running = set(threading.enumerate())
     freeze = gc.freeze  # the trainer freezes what lives after its first step (train.py): in the test's process
@@ -151,6 +155,8 @@ def _process_state_restored() -> Iterator[None]:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        for name, enabled in sdpa.items():
+            getattr(torch.backends.cuda, f"enable_{name}")(enabled)
         torch.set_rng_state(rng[0])
         random.setstate(rng[1])
         np.random.set_state(rng[2])

@@ -125,3 +125,23 @@ def logged_run(where: Path, steps: int) -> Path:
         {"kind": "train", "step": s, "tokens_seen": s * 128, "loss": 5.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0,
          "tok_s": 500.0, "time": 1000.0 + s}) + "\n" for s in range(1, steps + 1)))
     return run_dir
+
+
+def run_whose_step_1_records(tmp: Path, corpus: tuple[Path, int], init: dict, name: str = "s",
+                             remote: bool = True):
+    """(config, its RunConfig): a run directory, its config copied in as a launch leaves it, whose only checkpoint,
+    step 1, records `init` as what it started from (another run's word, in its trainer_state.json)."""
+    import shutil
+
+    from minilmd import names
+    from minilmd.config import load_config
+
+    config = write_config(tmp, corpus, name=name, remote=remote)
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
+    own = cfg.checkpoint_dir / names.step_name(1)
+    own.mkdir(parents=True)
+    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
+    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
+    return config, cfg

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.docattention import document_mask
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from resume_helpers import attempt, attempt_here
 from supervisor_helpers import BASELINE
 from supervisor_helpers import write_config as supervised_config
 from trainer_corpus import TINY_MODEL, write_config
@@ -192,24 +192,16 @@ def test_checkpoint_records_the_setting_and_refuses_the_other(tmp_path, corpus):
         ck.check_expectation(path, state, Expectation(model=plain.cfg.model_dict(), doc_mask=True))
 
 
-def run_train(config: Path, *sets: str, **env) -> tuple[int, str]:
-    clean = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, ck.KILL_ENV)}
-    args = [a for s in sets for a in ("--set", s)]
-    proc = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config), *args], capture_output=True,
-                          text=True, timeout=300, env={**clean, "OMP_NUM_THREADS": "1", **env})
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 @pytest.mark.slow
 def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_setting(tmp_path, corpus, undisturbed):
     masked = {"data": {"mode": "packed", "doc_mask": True}, **BASELINE}
     final = undisturbed("packed", doc_mask=True).checkpoint  # shared with test_docmask_run.py
     killed = supervised_config(tmp_path, corpus, "killed", remote=False, **masked)
-    code, out = run_train(killed, **{FAULT_ENV: "sigkill@10"})
+    code, out = attempt(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out
-    code, out = run_train(killed, "data.doc_mask=false")
+    code, out = attempt_here(killed, "data.doc_mask=false")
     assert code == EXIT_CONFIG and "saved with data.doc_mask = true, the run has false" in out, out
-    code, out = run_train(killed)
+    code, out = attempt_here(killed)
     assert code == EXIT_DONE and "resumed from" in out, out
     mine = load_config(killed).checkpoint_dir / final.name
     assert_same_weights_and_optimizer(final, mine)

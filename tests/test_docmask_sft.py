@@ -112,29 +112,20 @@ def test_padding_free_and_static_padding_give_the_same_loss_and_gradients(tmp_pa
 @pytest.mark.slow
 def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_corpus, undisturbed):
     import json
-    import os
     import signal
-    import subprocess
-    import sys
 
-    from minilmd import checkpoint as ck
     from minilmd.names import FAULT_ENV, METRICS
     from minilmd.protocol import EXIT_DONE
+    from resume_helpers import attempt, attempt_here
     from supervisor_helpers import BASELINE
     from supervisor_helpers import write_config as supervised_config
-
-    def run_train(config, **env):
-        clean = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, ck.KILL_ENV)}
-        p = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], capture_output=True,
-                           text=True, timeout=300, env={**clean, "OMP_NUM_THREADS": "1", **env})
-        return p.returncode, p.stdout + p.stderr
 
     padding_free = {"data": {"mode": "packed", "doc_mask": True}, **BASELINE}
     final = undisturbed("packed", doc_mask=True, chat=True).checkpoint  # shared with test_docmask_run.py
     killed = supervised_config(tmp_path, chat_corpus, "killed", remote=False, **padding_free)
-    code, out = run_train(killed, **{FAULT_ENV: "sigkill@10"})
+    code, out = attempt(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out
-    code, out = run_train(killed)
+    code, out = attempt_here(killed)  # nothing kills this one: in the test's process
     assert code == EXIT_DONE and "resumed from" in out and "packed rows" in out, out
     mine = load_config(killed).checkpoint_dir / final.name
     assert_same_weights_and_optimizer(final, mine)

@@ -94,12 +94,12 @@ def _manifest_files(ckpt):
     return json.loads((ckpt / "manifest.json").read_text(encoding="utf-8"))["files"]
 
 
-@pytest.mark.slow  # a 300-step SFT run, then a 60-step DPO run and a 40-step LoRA DPO run from it, in real processes
+@pytest.mark.slow  # a 100-step SFT run, then a 60-step DPO run and a 40-step LoRA DPO run from it, in real processes
 def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_its_reference(
         tmp_path, chat_corpus, dpo_corpus):
     assert chat_corpus[1] == dpo_corpus[1]  # one tokenizer, one vocabulary
     sft = write_config(tmp_path, chat_corpus, name="sft", train={"seq_len": 128, "micro_batch_size": 8,
-                                                                 "grad_accum": 1, "lr": 3e-3, "max_steps": 300,
+                                                                 "grad_accum": 1, "lr": 3e-3, "max_steps": 100,
                                                                  "checkpoint_every": 1000, "log_every": 50})
     assert train_in_process(sft).returncode == EXIT_DONE
     config = write_config(tmp_path, dpo_corpus, name="dpo", init={"from": str(run_paths(sft)[1])},
@@ -114,7 +114,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     assert lines[0]["loss"] == pytest.approx(LN2, abs=1e-5) and lines[0]["reward_margin"] == pytest.approx(0, abs=1e-5)
     evals = read_metrics(run_dir, "eval")
     assert [e["step"] for e in evals] == [20, 40, 60]
-    assert evals[-1]["val_reward_accuracy"] >= 0.7, evals  # 0.875 measured
+    assert evals[-1]["val_reward_accuracy"] >= 0.7, evals  # 0.92 measured
     assert evals[-1]["val_loss"] < LN2 - 0.1 and evals[-1]["val_reward_margin"] > 0
     made = read_metrics(run_dir, "dpo_reference")
     assert len(made) == 1 and made[0]["source"] == "computed" and made[0]["seconds"] > 0
@@ -145,7 +145,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     assert train_in_process(lora).returncode == EXIT_DONE
     lora_dir, lora_ckpts = run_paths(lora)
     assert read_metrics(lora_dir, "train")[0]["loss"] == pytest.approx(LN2, abs=1e-5)
-    assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.906 measured
+    assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.92 measured
     final = lora_ckpts / "step-00000040"
     assert DPO_REFERENCE in _manifest_files(final)
     assert all("lora_" in k for k in load_file(final / "model.safetensors"))  # the adapters alone

@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from in_process import train_in_process
+from in_process import SDPA_BACKENDS, train_in_process
 from minilmd.names import CUBLAS_WORKSPACE_ENV, FAULT_ENV
 from minilmd.protocol import EXIT_DONE
 from trainer_corpus import read_metrics, run_paths, write_config
@@ -20,12 +20,14 @@ def process_wide() -> dict:
     return {"environ": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(os.umask(0o022)),
             "handlers": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)},
             "faulthandler": faulthandler.is_enabled(), "threads": torch.get_num_threads(),
-            "rng": torch.get_rng_state(), "gc_frozen": gc.get_freeze_count()}
+            "rng": torch.get_rng_state(), "gc_frozen": gc.get_freeze_count(),
+            "sdpa": [getattr(torch.backends.cuda, f"{name}_enabled")() for name in SDPA_BACKENDS]}
 
 
 @pytest.mark.slow
 def test_a_run_here_trains_and_gives_back_the_process_wide_settings(tmp_path, corpus):
-    config = write_config(tmp_path, corpus, train={"max_steps": 2, "checkpoint_every": 2})
+    # a forced kernel: the run switches the other attention backends off for its process
+    config = write_config(tmp_path, corpus, model={"attention": "math"}, train={"max_steps": 2, "checkpoint_every": 2})
     os.environ.pop(CUBLAS_WORKSPACE_ENV, None)  # the trainer sets it (trainer/loop/determinism.py)
     before = process_wide()
     done = train_in_process(config)

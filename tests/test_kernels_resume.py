@@ -1,7 +1,8 @@
-"""The kernels a run trains with, through real `minilmd train` processes on the CPU: recorded in every checkpoint
-(trainer_state "kernels", the config's train.deterministic), kept by a resume with model.attention = "auto",
-refused with the reason when a resume forces another attention kernel or flips train.deterministic; nothing lost
-(trainer/model/attention_choice.py, trainer/loop/determinism.py, minilmd/checkpoint.py)."""
+"""The kernels a run trains with, through `minilmd train` on the CPU (killed in a process of its own, the rest in the
+test's): recorded in every checkpoint (trainer_state "kernels", the config's train.deterministic), kept by a resume
+with model.attention = "auto", refused with the reason when a resume forces another attention kernel or flips
+train.deterministic; nothing lost (trainer/model/attention_choice.py, trainer/loop/determinism.py,
+minilmd/checkpoint.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from minilmd.checkpoint_select import find_latest
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, TRAINER_STATE
 from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
-from resume_helpers import attempt
+from resume_helpers import attempt, attempt_here
 
 pytestmark = pytest.mark.slow
 
@@ -40,19 +41,19 @@ def test_a_forced_kernel_is_kept_on_resume_and_a_change_is_refused(tmp_path, und
     assert saved is not None and kernels_of(saved)[0]["attention"] == "math"
 
     other = straight.config_like(tmp_path, "forced", model={"attention": "flash"}, train=train)
-    code, out = attempt(other)
+    code, out = attempt_here(other)
     assert code == EXIT_CONFIG, out
     assert "trained with attention kernel 'math' (forced), the run forces model.attention = 'flash'" in out
 
     flipped = straight.config_like(tmp_path, "forced", model={"attention": "math"},
                                    train={**train, "deterministic": False})
-    code, out = attempt(flipped)
+    code, out = attempt_here(flipped)
     assert code == EXIT_CONFIG, out
     assert "saved with train.deterministic = true, the run has false" in out
     assert saved.is_dir()  # refused, nothing moved or lost
 
     auto = straight.config_like(tmp_path, "forced", train=train)
-    code, out = attempt(auto)
+    code, out = attempt_here(auto)
     assert code == EXIT_DONE, out
     assert "resumed from" in out and "attention kernel math (forced)" in out
     assert kernels_of(cfg.checkpoint_dir / "step-00000008")[0]["attention"] == "math"

@@ -31,7 +31,7 @@ from minilmd.fsio import atomic_write_json
 from minilmd.init_source import InitSourceError, predecessor_outcome, resolve
 from minilmd.plan.update_share import base_rows
 from second_user import chown_tree, teammate  # noqa: F401 - teammate: a fixture
-from supervisor_helpers import write_config
+from supervisor_helpers import run_whose_step_1_records, write_config
 
 pytestmark = pytest.mark.root
 
@@ -143,26 +143,13 @@ def _her_checkpoint(where: Path, uid: int, planted_by: int) -> Path:
     return step
 
 
-def _started_from(tmp: Path, corpus, step: Path) -> Path:
-    """A run of ours whose newest checkpoint records init.from = `step`; returns its run directory."""
-    config = write_config(tmp, corpus, name="mine", remote=False)
-    cfg = load_config(config)
-    cfg.run_dir.mkdir(parents=True)
-    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
-    own = cfg.checkpoint_dir / names.step_name(1)
-    own.mkdir(parents=True)
-    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
-    init = {"kind": "checkpoint", "path": str(step), "step": 5, "manifest_sha256": "ab" * 32}
-    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
-    return cfg.run_dir
-
-
 @pytest.mark.parametrize("planted_by", ["her", "a third uid"])
 def test_the_lineage_reads_her_checkpoints_trainer_state_not_one_a_third_uid_planted(
         tmp_path, corpus, teammate, planted_by):
     (uid, _), where = teammate
     step = _her_checkpoint(where, uid, uid if planted_by == "her" else THIRD_UID)
-    run_dir = _started_from(tmp_path, corpus, step)
+    init = {"kind": "checkpoint", "path": str(step), "step": 5, "manifest_sha256": "ab" * 32}
+    run_dir = run_whose_step_1_records(tmp_path, corpus, init, name="mine", remote=False)[1].run_dir
     hers = f"{step} (step 5, sha256 abababababab)"
     chain = [hers, "/planted.pth (step -, sha256 cdcdcdcdcdcd)"] if planted_by == "her" else [hers]
     assert initwait.lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir) == chain

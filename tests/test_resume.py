@@ -1,4 +1,5 @@
-"""Bit-exact resume: real `minilmd train` processes, real SIGKILL at several points, resumed to the end.
+"""Bit-exact resume: real `minilmd train` processes, real SIGKILL at several points, resumed to the end (in the
+test's own process: nothing kills that one).
 
 Packed mode: one chain of attempts, each killed somewhere else: inside a save after the weights file, between the
 rename and LATEST, between two steps (MINILMD_FAULT), and at a random moment from outside. Padded mode: one kill
@@ -27,7 +28,7 @@ from minilmd import checkpoint_dirs, checkpoint_select, scratch
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, QUARANTINE
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE
-from resume_helpers import attempt, heartbeat_step, losses_by_step, start
+from resume_helpers import attempt, attempt_here, heartbeat_step, losses_by_step, start
 from supervisor_helpers import BASELINE, write_config
 from trainer_corpus import ONE_LAYER_MODEL, synthetic_prepared
 from waiting import wait_until
@@ -68,7 +69,7 @@ def test_a_kill_between_the_last_save_and_its_prune_is_pruned_when_the_finished_
     assert code == -signal.SIGKILL, out
     names = [f"step-{s:08d}" for s in (STEPS - 8, STEPS - 4, STEPS)]
     assert [d.name for d in checkpoint_dirs.list_checkpoints(ckpt_dir)] == names
-    code, out = attempt(config)
+    code, out = attempt_here(config)
     assert code == EXIT_DONE and "resumed from" in out, out
     assert [d.name for d in checkpoint_dirs.list_checkpoints(ckpt_dir)] == names[1:]
 
@@ -88,7 +89,7 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mo
     if mode == "packed":
         code, out, target = kill_at_random(killed, random.Random(seed))
         assert code in (-signal.SIGKILL, EXIT_DONE), f"random kill (seed {seed}, step {target}):\n{out}"
-    code, out = attempt(killed)
+    code, out = attempt_here(killed)
     assert code == EXIT_DONE, out
     assert "resumed from" in out
 
@@ -123,14 +124,14 @@ def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus, undist
 
     hidden = ONE_LAYER_MODEL["hidden_size"]
     wider = straight.config_like(tmp_path, "run", model={"hidden_size": 2 * hidden})
-    code, out = attempt(wider)
+    code, out = attempt_here(wider)
     assert code == EXIT_CONFIG, out
     assert f"model.hidden_size: checkpoint {hidden}, run {2 * hidden}" in out
 
     prepared, vocab = corpus  # same tokenizer, other documents
     other = synthetic_prepared(tmp_path / "other-corpus", prepared / "tokenizer.json", vocab)
     moved = write_config(tmp_path, (other, vocab), "run", remote=False, **BASELINE)
-    code, out = attempt(moved)
+    code, out = attempt_here(moved)
     assert code == EXIT_DATA, out
     assert "data fingerprint differs" in out
     assert ckpt.is_dir() and not (ckpt.parent / QUARANTINE).exists()  # refused, nothing moved or lost

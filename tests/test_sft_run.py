@@ -2,10 +2,10 @@
 
 One chain of attempts on the real chat corpus (chatterbot-corpus's dialogs, `prepare --format chat`: conftest's
 chat_corpus), the config leaving data.mode and the rates to the SFT defaults and the budget in epochs: SIGKILL
-inside a save (after the weights file), then the init source deleted, then SIGKILL from outside at a random
-moment, then to the end. The final weights and optimizer state must be bit-identical to an undisturbed run's,
-every logged loss identical at its step, and every checkpoint must record the source's fingerprint (the resumes
-never read init.from again: it is gone).
+inside a save (after the weights file), then the init source deleted, then SIGKILL from outside at a random moment
+(those in processes of their own), then to the end (in the test's process, as the undisturbed run). The final
+weights and optimizer state must be bit-identical to an undisturbed run's, every logged loss identical at its step,
+and every checkpoint must record the source's fingerprint (the resumes never read init.from again: it is gone).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DONE
-from resume_helpers import attempt, heartbeat_step, losses_by_step, start
+from resume_helpers import attempt, attempt_here, heartbeat_step, losses_by_step, start
 from trainer_corpus import write_config
 from waiting import wait_until
 from weights_helpers import save_checkpoint, tiny_model
@@ -55,7 +55,7 @@ def test_bucketed_sft_killed_anywhere_resumes_bit_identical(tmp_path, chat_corpu
     shutil.copytree(source.parent, doomed)
     straight, killed = sft_config(tmp_path, chat, "straight", source.parent), sft_config(tmp_path, chat, "killed",
                                                                                         doomed)
-    code, out = attempt(straight)
+    code, out = attempt_here(straight)
     assert code == EXIT_DONE, out
     assert "SFT defaults: data.mode = 'bucketed', train.lr = 1e-05" in out and "initialised from" in out
 
@@ -77,7 +77,7 @@ def test_bucketed_sft_killed_anywhere_resumes_bit_identical(tmp_path, chat_corpu
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode in (-signal.SIGKILL, EXIT_DONE), f"random kill (seed {seed}, step {target}):\n{out}"
     assert "initialised from" not in out
-    code, out = attempt(killed)
+    code, out = attempt_here(killed)
     assert code == EXIT_DONE, out
     assert "resumed from" in out and "initialised from" not in out
 

@@ -4,6 +4,7 @@ not only when the stage waited for it (daemon/phases/initwait.py at_start): syst
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,23 +15,37 @@ from supervisor_helpers import cli, events, run_supervisor, write_config
 pytestmark = pytest.mark.slow  # two fake runs in a row, and a resume
 
 
-def test_a_stage_started_after_its_base_finished_logs_the_update_share_once(tmp_path, corpus):
+def _stage(tmp_path, corpus, base: Path, steps: int) -> Path:
+    return write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
+                        train={"max_steps": steps, "checkpoint_every": 2})
+
+
+def _shares_said(run_dir: Path) -> list[str]:
+    return [e["message"] for e in events(run_dir) if e.get("event") == "update_share"]
+
+
+def _a_stage_run_after_its_base(tmp_path, corpus) -> tuple[Path, Path, list[str]]:
+    """(the base's config, the stage's, what the stage's first start logged as its update share): a base of 8
+    steps run to its end, then a stage of 4 steps from it run to its end; logs under tmp_path/b, s (s2 for a
+    resume)."""
     for log in ("b", "s", "s2"):
         (tmp_path / log).mkdir()
     base = write_config(tmp_path, corpus, name="pretrain", train={"max_steps": 8, "checkpoint_every": 4})
     assert run_supervisor(base, tmp_path / "b") == 0
-    stage = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
-                         train={"max_steps": 4, "checkpoint_every": 2})
-    run_dir = load_config(stage).run_dir
+    stage = _stage(tmp_path, corpus, base, 4)
     assert run_supervisor(stage, tmp_path / "s") == 0
-    said = [e["message"] for e in events(run_dir) if e.get("event") == "update_share"]
-    assert len(said) == 1 and "WARNING: update share: this run trains" in said[0], said  # 4 steps on 8: 50 %
+    said = _shares_said(load_config(stage).run_dir)
+    assert len(said) == 1, said
+    return base, stage, said
+
+
+def test_a_stage_started_after_its_base_finished_logs_the_update_share_once(tmp_path, corpus):
+    base, stage, said = _a_stage_run_after_its_base(tmp_path, corpus)
+    assert "WARNING: update share: this run trains" in said[0], said  # 4 steps on 8: 50 %
     assert "pretrain" in said[0], said
-    resumed = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
-                           train={"max_steps": 6, "checkpoint_every": 2})
-    assert resumed == stage
+    assert _stage(tmp_path, corpus, base, 6) == stage
     assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from its own step 4
-    assert [e["message"] for e in events(run_dir) if e.get("event") == "update_share"] == said
+    assert _shares_said(load_config(stage).run_dir) == said
 
 
 def test_a_resume_on_a_new_machine_that_lost_state_json_says_the_share_no_more(tmp_path, corpus):
@@ -38,20 +53,11 @@ def test_a_resume_on_a_new_machine_that_lost_state_json_says_the_share_no_more(t
     checkpoints on run.remote. Before, the start took the lost state.json for a first start: the share was logged
     again (and a predecessor training again would have been waited for). Now the launch's look at run.remote, which
     a new machine sees, says the run resumes."""
-    for log in ("b", "s", "s2"):
-        (tmp_path / log).mkdir()
-    base = write_config(tmp_path, corpus, name="pretrain", train={"max_steps": 8, "checkpoint_every": 4})
-    assert run_supervisor(base, tmp_path / "b") == 0
-    stage = write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
-                         train={"max_steps": 4, "checkpoint_every": 2})
+    base, stage, said = _a_stage_run_after_its_base(tmp_path, corpus)
     cfg = load_config(stage)
-    assert run_supervisor(stage, tmp_path / "s") == 0
-    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "update_share"]
-    assert len(said) == 1, said
     (cfg.run_dir / names.STATE).unlink()  # the new machine has none, nor the old scratch
     shutil.rmtree(cfg.scratch_dir)
-    assert write_config(tmp_path, corpus, name="sft", init={"from": str(base)},
-                        train={"max_steps": 6, "checkpoint_every": 2}) == stage
+    assert _stage(tmp_path, corpus, base, 6) == stage
     base_state = load_config(base).run_dir / names.STATE
     base_state.rename(base_state.with_name("aside"))  # the base not finished to look at: a first start would wait
     checked = cli("run", "--check", str(stage))
@@ -61,4 +67,4 @@ def test_a_resume_on_a_new_machine_that_lost_state_json_says_the_share_no_more(t
     assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from the remote's step 4
     fetched = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "fetch"]
     assert any("fetched" in m and "step-00000004" in m for m in fetched), fetched
-    assert [e["message"] for e in events(cfg.run_dir) if e.get("event") == "update_share"] == said
+    assert _shares_said(cfg.run_dir) == said

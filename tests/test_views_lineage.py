@@ -22,7 +22,7 @@ from minilmd.config import load_config
 from minilmd.daemon.base import timeline
 from minilmd.daemon.views import curves
 from minilmd.daemon.views.fitwatch import fit_lines
-from supervisor_helpers import cli, env_for, run_supervisor, write_config
+from supervisor_helpers import cli, env_for, run_supervisor, run_whose_step_1_records, write_config
 
 
 @pytest.mark.slow
@@ -207,7 +207,7 @@ def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus
 
     planted = "/evil/" + "B" * 1_000_000
     init = {"kind": "checkpoint", "path": planted, "step": "7" * 100_000, "manifest_sha256": "ab" * 32}
-    config, cfg = _a_run_whose_step_1_records(init, tmp_path, corpus)
+    config, cfg = run_whose_step_1_records(tmp_path, corpus, init, name="sft")
     [line] = _lineage_lines(cfg.run_dir)
     assert len(line) < 1024 + 200, len(line)
     assert line.startswith("  lineage: /evil/BBBB"), line[:80]
@@ -226,20 +226,7 @@ def test_a_lineage_path_that_is_not_a_string_ends_the_chain_without_a_traceback(
     from minilmd.daemon.views.status import _lineage_lines
 
     init = {"kind": "checkpoint", "path": 5, "step": 3, "manifest_sha256": "ab" * 32}
-    _, cfg = _a_run_whose_step_1_records(init, tmp_path, corpus)
+    _, cfg = run_whose_step_1_records(tmp_path, corpus, init, name="sft")
     [line] = _lineage_lines(cfg.run_dir)
     assert line.startswith("  lineage: 5 (step 3"), line
 
-
-def _a_run_whose_step_1_records(init: dict, tmp_path, corpus):
-    """(config, its RunConfig): a run directory whose only checkpoint, step 1, records `init` as what it started
-    from (another run's word, in its trainer_state.json)."""
-    config = write_config(tmp_path, corpus, name="sft")
-    cfg = load_config(config)
-    cfg.run_dir.mkdir(parents=True)
-    shutil.copyfile(config, cfg.run_dir / names.RUN_CONFIG_COPY)
-    own = cfg.checkpoint_dir / names.step_name(1)
-    own.mkdir(parents=True)
-    (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
-    (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
-    return config, cfg
