@@ -18,10 +18,11 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
-from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate
+from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
@@ -252,8 +253,8 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable})", file=out)
         return 0
-    if state is None:
-        print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
+    if state is None:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
+        print("\n".join(printable(line) for line in no_state_lines(Path(run_dir))), file=out)
         return 0
     alone = trainer_alone(run_dir, state, alive)  # a killed supervisor's trainer, still training
     lines = summary_lines(state, alive, alone=alone) + orphan_lines(run_dir, state, alone)
@@ -301,8 +302,10 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
     there were any."""
     left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
     state = {**raw, **caught_up} if raw is not None else None
+    end = ended_in_events(Path(run_dir), state_owners(run_dir)) if raw is None and not unreadable else None
     print(json.dumps({"running": alive, "state": state, "caught_up": bool(caught_up), "stop_request": left,
-                      **({"unreadable": unreadable} if unreadable else {})},
+                      **({"unreadable": unreadable} if unreadable else {}),
+                      **({"ended_in_events": end.to_dict()} if end else {})},
                      indent=2, sort_keys=True), file=out)
 
 
