@@ -94,3 +94,16 @@ def test_events_of_another_user_or_behind_a_link_are_not_read(tmp_path):
     os.chown(run_dir / names.EVENTS, 65534, 65534)  # nobody's file in our run directory: not the supervisor's
     assert ended_in_events(run_dir, os.getuid()) is None
     assert "no state.json yet" in _status(run_dir)
+
+
+@pytest.mark.slow
+def test_run_check_notes_a_run_dir_whose_file_system_is_nearly_full(tmp_path, corpus, small_tmpfs):
+    disk = small_tmpfs("16k")  # the launch there exits 73 (above); --check said OK without a word
+    nearly_full = cli("run", str(write_config(tmp_path, corpus, name="full", run={"dir": str(disk / "run")})),
+                      "--check")
+    assert nearly_full.returncode == 0, nearly_full.stdout + nearly_full.stderr
+    said = nearly_full.stdout + nearly_full.stderr
+    assert f"run.dir {disk / 'run'}: its file system has " in said and "free, under the 4 MiB" in said, said
+    assert not (disk / "run").exists()  # --check makes nothing
+    roomy = cli("run", str(write_config(tmp_path, corpus, name="roomy")), "--check")
+    assert roomy.returncode == 0 and "its file system has" not in roomy.stdout + roomy.stderr, roomy.stdout
