@@ -67,6 +67,7 @@ class Ending:
             return
         if self.loop.child is not None and self.loop.child.poll() is None:
             self.loop.child.stop_sent = now()
+            self.loop.child.stop_mark = trainerwatch.newest_mark(self.cfg)  # a save since: said at a second signal
             if not (self.slurm and self.slurm.stop_step(self.loop.child.command)):  # srun: its step is signalled
                 self.loop.child.signal_group(signal.SIGTERM)
             reason += f"; SIGTERM sent to trainer pid {self.loop.child.pid}"
@@ -82,7 +83,7 @@ class Ending:
                     trainerwatch.report_unreaped(child, self.events.emit)
                 elif now() - (child.stop_sent or now()) > patience:
                     self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
-                    child.kill()
+                    child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM")
                 return
             self._on_child_end(rc)
         if self.staging.running:

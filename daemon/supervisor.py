@@ -208,8 +208,7 @@ class Supervisor(Ending):
             self.notifier.stopping()
             self._enter_stopping("stop requested")
         elif self.signals.stop > 1 and (child := self.loop.child) and child.poll() is None and child.killed_at is None:
-            self.events.emit("signal", "second stop signal: killing the trainer now, without its save")
-            child.kill()
+            trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit)
 
     def _stop_request_at_start(self) -> None:
         """`minilmd stop`'s request left while no supervisor ran (daemon/base/stoprequest.py): a launcher's automatic

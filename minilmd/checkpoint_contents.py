@@ -5,6 +5,7 @@ returns the problems it finds, one line each, and raises nothing: validation tur
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd.names import (
     DPO_REFERENCE,
@@ -18,8 +19,10 @@ from minilmd.names import (
     is_step_name,
     step_of,
 )
-from minilmd.safetensors_scan import Scan, is_count
-from minilmd.untrusted import kind_of, printable
+from minilmd.untrusted import is_count, kind_of, printable
+
+if TYPE_CHECKING:  # numpy behind it: `minilmd status` reads a manifest's reference pass (reference_pass) without
+    from minilmd.safetensors_scan import Scan
 
 
 def structure_problems(state: dict, opt_meta: dict) -> list[str]:

@@ -22,7 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 from minilmd import dirfd, perms
@@ -299,11 +299,11 @@ TAIL_BLOCK = 64 * 1024
 a big log cost one small read and a whole window few."""
 
 
-def open_regular_or_none(path: str | os.PathLike) -> int | None:
-    """A descriptor of the regular file at path (untrusted.open_regular), None when there is none; Unreadable when
-    it is not one. The caller closes it."""
+def open_regular_or_none(path: str | os.PathLike, owner: int | Collection[int] | None = None) -> int | None:
+    """A descriptor of the regular file at path (untrusted.open_regular: of `owner` when given), None when there is
+    none; Unreadable when it is not one. The caller closes it."""
     try:
-        return open_regular(path)
+        return open_regular(path, owner=owner)
     except Unreadable as e:
         if e.missing:
             return None
@@ -321,12 +321,13 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[list[str], int]:
+def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES,
+               owner: int | Collection[int] | None = None) -> tuple[list[str], int]:
     """(the last n lines of a file, the file's size when read): read backwards from the end in blocks, at most
     max_bytes, so memory stays bounded however large the log. Fewer lines when the file has fewer (or they do not
     fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file; Unreadable for one
-    that is not a regular file (never opened) or that fails while read (kind "io")."""
-    fd = open_regular_or_none(path)
+    that is not a regular file (never opened), not `owner`'s when given, or that fails while read (kind "io")."""
+    fd = open_regular_or_none(path, owner)
     if fd is None:
         return [], 0
     try:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from minilmd.untrusted import Unreadable, kind_of, loads, open_regular, printable, size_text
+from minilmd.untrusted import Unreadable, is_count, kind_of, loads, open_regular, printable, size_text
 
 _MAX_HEADER = 64 << 20
 _READ_CHUNK = 16 << 20
@@ -61,10 +61,6 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
     if 8 + n + expected_start != size:
         raise ValueError(f"{name}: tensors end at byte {8 + n + expected_start}, file has {size}")
     return entries, 8 + n
-
-
-def is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _entry_problem(e: Any) -> str | None:

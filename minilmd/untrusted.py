@@ -34,7 +34,7 @@ import re
 import stat
 import unicodedata
 from collections.abc import Collection
-from typing import Literal
+from typing import Any, Literal
 
 from minilmd.perms import owner_in
 
@@ -319,6 +319,11 @@ def too_deep(text: str, max_depth: int) -> bool:
         if level > max_depth:
             return True
     return False
+
+
+def is_count(v: Any) -> bool:
+    """A JSON value that is a count: an int (not a bool) of 0 or more."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def kind_of(value) -> str:

@@ -12,8 +12,9 @@ each step: a run interrupted anywhere and resumed ends with the same value as an
 
 Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_HOLD=STEP:PATH holds the run after STEP steps until
 PATH exists (with FAKE_HOLD_STOPS=1 a SIGTERM ends the hold too: the trainer then saves and exits 75, as a live one
-does); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
-train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
+does); FAKE_STOP_HOLD=before:PATH or after:PATH holds a stop's save before or after it until PATH exists;
+FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while train.micro_batch_size is above this (a GPU too small for
+the micro-batch); FAKE_COMPILE_S: before its first step,
 a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a
 trainer that resumed from a checkpoint (step > 0) beats "STEP compiling" before its first step until PATH exists (a
 restart's compile, held for a test to look at). FAKE_REFERENCE=PATH: a trainer starting at step 0 beats "0 reference
@@ -168,6 +169,18 @@ def _hold(step: int, heartbeat) -> None:
             time.sleep(0.05)
 
 
+def _stop_hold(when: str) -> None:
+    """FAKE_STOP_HOLD=WHEN:PATH: a stop's save held, WHEN "before" it (a save that takes long) or "after" it (a
+    trainer slow to exit once saved), until PATH exists; PATH.holding is made when the hold begins, for a test to
+    wait on (then a second stop signal finds the trainer there)."""
+    at, _, release = os.environ.get("FAKE_STOP_HOLD", "").partition(":")
+    if at != when:
+        return
+    Path(release + ".holding").touch()
+    while not os.path.exists(release):
+        time.sleep(0.05)
+
+
 def _hold_resumed(step: int, heartbeat) -> None:
     """FAKE_HOLD_RESUMED=PATH: a resumed trainer (step > 0) compiling, until PATH exists, before it logs a step."""
     release = os.environ.get("FAKE_HOLD_RESUMED")
@@ -288,14 +301,18 @@ def main(argv: list[str]) -> int:
                                       "total_steps": total, "time": time.time(), "micro_batch_size": mb,
                                       "grad_accum": accum}) + "\n")
         due = (every_steps and step % every_steps == 0) or (every_s and time.monotonic() - last_save >= every_s)
-        if STOP["requested"] or due or step == total:
+        stopping = STOP["requested"] and step < total  # read once: a SIGTERM between two reads saved, not stopped
+        if stopping:
+            _stop_hold("before")
+        if stopping or due or step == total:
             # like the real trainer: under a supervisor (MINILMD_RUN_DIR set) the supervisor prunes scratch
             keep = sys.maxsize if os.environ.get(names.RUN_DIR_ENV) else cfg.train.keep_local
             path = save(ckpt_root, step, weights, cfg, prints, keep)
             last_save = time.monotonic()
             metrics.write(json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": str(path),
                                       "time": time.time()}) + "\n")
-        if STOP["requested"] and step < total:
+        if stopping:
+            _stop_hold("after")
             print(f"stopped at step {step}", flush=True)
             return protocol.EXIT_STOPPED
     print(f"done at step {step}: weights {weights}", flush=True)

@@ -195,6 +195,9 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
     assert (remote / "step-00000000" / DPO_REFERENCE).read_bytes() == \
         (ckpt_dir / "step-00000000" / DPO_REFERENCE).read_bytes()
     assert "before its first checkpoint" not in (tmp_path / "supervisor.out").read_text()
+    kept = json.loads((ckpt_dir / "step-00000000" / MANIFEST).read_text())[REFERENCE_PASS]
+    stopped = cli("status", str(run_dir)).stdout  # before: "step 0" alone, as if nothing of the pass was kept
+    assert f"  step 0 (DPO reference pass {kept[0]:,}/{kept[1]:,} pairs saved)" in stopped, stopped
     assert run_supervisor(config, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
         (tmp_path / "supervisor.out").read_text()
     made = read_metrics(run_dir, "dpo_reference")

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.child.trainerwatch import _newest_mark
+from minilmd.daemon.child.trainerwatch import newest_mark
 
 
 class Cfg:
@@ -29,11 +29,11 @@ def _save(root: Path, step: int) -> None:
 
 def test_step_zero_saved_again_reads_as_saved_and_left_alone_does_not(tmp_path):
     cfg = Cfg(tmp_path)
-    assert _newest_mark(cfg) is None
+    assert newest_mark(cfg) is None
     _save(tmp_path, 0)
-    before = _newest_mark(cfg)
-    assert _newest_mark(cfg) == before  # nothing saved since
+    before = newest_mark(cfg)
+    assert newest_mark(cfg) == before  # nothing saved since
     _save(tmp_path, 0)
-    assert _newest_mark(cfg) != before and _newest_mark(cfg)[0] == 0
+    assert newest_mark(cfg) != before and newest_mark(cfg)[0] == 0
     _save(tmp_path, 10)
-    assert _newest_mark(cfg)[0] == 10
+    assert newest_mark(cfg)[0] == 10

@@ -58,8 +58,9 @@ CAUSES: dict[Cause, str] = {
     Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
     Cause.SIGBUS: "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
     Cause.OOM_KILL: "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
-    Cause.KILLED: "SIGKILL from outside with no OOM record (a kill -9, an injected fault, or an OOM kill whose record "
-                  "could not be read: the detail says which records were read)",
+    Cause.KILLED: "SIGKILL with no OOM record: the supervisor's own (the detail says why), or from outside (a kill "
+                  "-9, an injected fault, or an OOM kill whose record could not be read: the detail says which records "
+                  "were read)",
     Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
     Cause.SIGNAL: "killed by another signal",
     Cause.CRASH: "exited with an error (traceback in the attempt log)",
@@ -127,7 +128,9 @@ class Child:
     killed_for_hang: bool = False
     hang_detail: str = ""
     stop_sent: float | None = None
+    stop_mark: tuple[int, int] | None = None  # the newest checkpoint (step, inode) when stop_sent was: a save since
     killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
+    killed_by: str = ""  # who sent that SIGKILL, the supervisor ("by the supervisor on ..."): its death says so
     reap_reported: bool = False  # the loop said once that the kernel has not let it go yet
     run_dir: Path | None = None
     launch_id: str = ""  # MINILMD_LAUNCH_ID: every process of this launch carries it, in the group or not
@@ -173,11 +176,13 @@ class Child:
                     f"restart.hang_timeout {hang_timeout:.0f}s)")
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
 
-    def kill(self, launch: list[tuple[int, int]] | None = None) -> None:
+    def kill(self, launch: list[tuple[int, int]] | None = None, why: str = "by the supervisor") -> None:
         """SIGKILL to the whole group and to the rest of the launch (`launch`: launch_pids' answer when the caller
-        has it); the caller polls for the end (it may come late: uninterruptible I/O)."""
+        has it); the caller polls for the end (it may come late: uninterruptible I/O). `why` is said in its death
+        ("killed by the supervisor on a second stop signal"): not a SIGKILL from outside."""
         if self.killed_at is None:
             self.killed_at = time.time()
+            self.killed_by = why
         self.signal_group(signal.SIGKILL)
         self.kill_rest(launch)
 
@@ -217,7 +222,7 @@ class Child:
             rc = wait_bounded(self.popen, grace, while_waiting)
             if rc is not None:
                 return rc
-        self.kill()
+        self.kill(why=f"by the supervisor, {grace:.0f}s after its SIGTERM" if grace > 0 else "by the supervisor")
         return wait_bounded(self.popen, reap_s, while_waiting)
 
 
@@ -337,6 +342,8 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
     in_log = _kernel_log_oom(child.pid)
     if in_log:
         return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+    if child.killed_by:  # the supervisor's own SIGKILL, no OOM kill before it
+        return Death(Cause.KILLED, rc, f"killed {child.killed_by} (SIGKILL)", fault)
     injected = _injected(run_dir, child.started, "sigkill")
     if injected:
         return Death(Cause.KILLED, rc, "killed by SIGKILL" + injected, fault)

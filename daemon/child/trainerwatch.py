@@ -42,20 +42,20 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
         return
     grace = save_grace(cfg)
     beat, launched = read_heartbeat(run_dir), orphans.launched_at(run_dir)  # what it is doing, before its SIGTERM
-    newest, before, stopped = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1), _newest_mark(cfg), now()
+    newest, before, stopped = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1), newest_mark(cfg), now()
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
     left = orphans.find_orphans(run_dir)
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
-    saved = _newest_mark(cfg) != before  # a newer step, or step 0 saved again by a stop during a resumed DPO pass
+    saved = newest_mark(cfg) != before  # a newer step, or step 0 saved again by a stop during a resumed DPO pass
     lost = "" if saved else orphan_loss(beat, launched, newest, stopped, _step0_pass(cfg) if newest == 0 else None)
     emit("orphan", f"orphaned trainer processes {pids} are gone" + (f"; {lost}" if lost else ""),
          **({"lost": lost} if lost else {}))
 
 
-def _newest_mark(cfg) -> tuple[int, int] | None:
+def newest_mark(cfg) -> tuple[int, int] | None:
     """The newest local checkpoint as (step, inode of its directory): a save publishes a new directory, so a step
     saved again (step 0 of a DPO reference pass stopped twice) reads as saved, which its number alone did not."""
     step = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
@@ -70,7 +70,7 @@ def _newest_mark(cfg) -> tuple[int, int] | None:
 def launched(child: Child, cfg: RunConfig, newest: int) -> None:
     """Record what a launched trainer's progress is judged against at its end (`made_progress`)."""
     child.newest_at_launch = newest
-    child.step0_at_launch = _newest_mark(cfg) if newest == 0 else None
+    child.step0_at_launch = newest_mark(cfg) if newest == 0 else None
 
 
 def made_progress(cfg: RunConfig, child: Child) -> bool:
@@ -81,7 +81,7 @@ def made_progress(cfg: RunConfig, child: Child) -> bool:
     newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1)
     if newest > child.newest_at_launch:
         return True
-    return newest == 0 and child.step0_at_launch is not None and _newest_mark(cfg) != child.step0_at_launch
+    return newest == 0 and child.step0_at_launch is not None and newest_mark(cfg) != child.step0_at_launch
 
 
 def _step0_pass(cfg) -> int | None:
@@ -170,6 +170,25 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     child.killed_for_hang = True
     child.hang_detail = f"{detail}; {dumped}"
     child.kill(launch)
+
+
+def kill_on_second_stop(cfg: RunConfig, child: Child, emit) -> None:
+    """A second SIGTERM/SIGINT while the trainer saves on the first: SIGKILL now, and say what scratch shows of
+    that save: a checkpoint published since the first signal (`child.stop_mark`, the newest then) is kept, and the
+    run resumes from it; otherwise its save, if it had not finished, is lost. Looked at once the SIGKILL is sent:
+    a save said lost does not land after the words (short of a rename already in the kernel)."""
+    child.kill(why="by the supervisor on a second stop signal")
+    mark = newest_mark(cfg)
+    newest = f"step {mark[0]}" if mark is not None else "none"
+    if child.stop_sent is None:
+        said = f"its save, if it had not finished, is lost (the newest checkpoint in scratch: {newest})"
+    elif mark != child.stop_mark and mark is not None:
+        said = f"a checkpoint was saved since the first signal ({newest}, the newest in scratch): a start resumes " \
+               f"from it"
+    else:
+        said = (f"no checkpoint was saved since the first signal: its save, if it had not finished, is lost (the "
+                f"newest checkpoint in scratch: {newest})")
+    emit("signal", f"second stop signal: killed the trainer (pid {child.pid}) now; {said}")
 
 
 def report_unreaped(child: Child, emit) -> None:

@@ -21,13 +21,18 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, is_disk_full, now
 from minilmd.daemon.base.states import FINAL_PHASES
-from minilmd.untrusted import file_kind
+from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0
 """state.json is rewritten at most this often between transitions (the trainer's progress)."""
 RESERVE_BYTES = 256 * 1024
 """Size of the reserve file the supervisor keeps in run.dir and deletes when run.dir is full: room for the final
 state.json and the last events, so that `minilmd status` says what happened."""
+
+
+ROOM_NOTED_BELOW = 4 << 20
+"""`run --check` notes a run.dir whose file system has less free than this (room_note): the reserve, state.json,
+events.jsonl, supervisor.log and the first lines of metrics.jsonl and the trainers' logs fit in it, with room over."""
 
 
 RESERVE_OPEN = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -170,3 +175,30 @@ class RunDirWatch:
         """Before the final state.json and exit event: a full run.dir gives them the reserve's room."""
         if self.full:
             release_reserve(self.run_dir)
+
+
+def room_note(run_dir: Path) -> str | None:
+    """A `run --check` note when run.dir's file system (of its nearest existing directory: --check makes nothing)
+    has less than ROOM_NOTED_BELOW free: a launch there stops with exit 73 once it is full, before training when it
+    is full at once. Asked in a bounded thread: a mount that does not answer is left unsaid."""
+    from minilmd.bounded import bounded_probe
+
+    answered, free, _ = bounded_probe(_free_bytes, run_dir)
+    if not answered or free is None or free >= ROOM_NOTED_BELOW:
+        return None
+    return (f"run.dir {run_dir}: its file system has {size_text(free)} free, under the {size_text(ROOM_NOTED_BELOW)} "
+            f"the run's own files there need (state.json, events.jsonl, supervisor.log, metrics.jsonl, the "
+            f"trainers' logs, a {size_text(RESERVE_BYTES)} reserve): a run whose run.dir is full stops (exit "
+            f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final), at once when it is full at the start; free space there, or "
+            f"set run.dir on another file system")
+
+
+def _free_bytes(path: Path) -> int | None:
+    """The bytes free to this user in the file system of path, or of its nearest existing parent."""
+    for place in (path, *path.parents):
+        try:
+            st = os.statvfs(place)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        return st.f_bavail * st.f_frsize
+    return None

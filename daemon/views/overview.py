@@ -9,6 +9,8 @@ successful sync's age, restarts; "(stop requested)" after the phase while `minil
 (daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same rows as a list
 (the request: "stop_request"). With no supervisor alive, the row is of state.json caught up with what its trainer
 wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when that moved it).
+A run without state.json is "not started", or "failed (exit N)" when its supervisor gave up before it could write
+one (its events.jsonl records that end: daemon/views/lastwords.py; a line after the table gives the reason).
 Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
@@ -32,6 +34,7 @@ from minilmd.daemon.base.runstate import reference_pass_rate
 from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
+from minilmd.daemon.views.lastwords import no_state_row
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
@@ -61,8 +64,8 @@ def row(entry: registry.Entry, t: float) -> dict:
     try:  # another user's file (root's overview reads everyone's): the hardened reader, its owner checked first
         raw = read_json(entry.run_dir / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=entry.uid)
     except Unreadable as e:
-        if e.missing:
-            return {**base, "phase": "not started", "running": False}
+        if e.missing:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
+            return {**base, **no_state_row(entry.run_dir, entry.uid)}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
     from minilmd.daemon.views.liveness import supervisor_alive, trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
@@ -155,6 +158,8 @@ def _cells(r: dict) -> list[str]:
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
         phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
+    elif r.get("events_exit") is not None:
+        phase += f" (exit {r['events_exit']})"  # no state.json: its events.jsonl's end (lastwords.py)
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
         phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):
@@ -212,6 +217,9 @@ def status_all(as_json: bool = False, out=None) -> int:
     for r in rows:
         if r.get("predecessor"):
             print(f"{printable(r['run'])}: waiting for init.from: {printable(r['predecessor'])}", file=out)
+        if r.get("events_exit") is not None:
+            print(printable(f"{r['run']}: {r['phase']} (exit {r['events_exit']}): {r.get('reason')} (no "
+                            f"{names.STATE}: from its {names.EVENTS})"), file=out)
     _vanished_hint(rows, out)
     _notes(scan.notes, out)
     return 0

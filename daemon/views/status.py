@@ -18,14 +18,16 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
-from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate
+from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, real_path, resolve_run, run_dir_of, run_problem
+from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
@@ -50,9 +52,11 @@ def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
     return _is_a_run(Path(run_dir), command)
 
 
-def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None) -> list[str]:
+def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None,
+                  saved_pass: str = "") -> list[str]:
     """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
-    a killed supervisor left training (liveness.trainer_alone)."""
+    a killed supervisor left training (liveness.trainer_alone); `saved_pass`: what a stopped DPO reference pass
+    kept at step 0 (savedpass.py), said on the step line when no pass runs."""
     t = t or time.time()
     lines = [_head_line(state, alive, t, alone)]
     if state.reason:
@@ -61,7 +65,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
         from minilmd.daemon.slurm.job import status_line
 
         lines.append(status_line(state.slurm))
-    lines += _progress_lines(state.progress, alive)
+    lines += _progress_lines(state.progress, alive, saved_pass)
     if state.child and alive:
         lines.append(_trainer_line(state.child, state, t))
     if (w := state.init_wait) and state.phase == Phase.WAITING_INIT:
@@ -124,11 +128,13 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
                   f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
 
 
-def _progress_lines(p: Progress, alive: bool) -> list[str]:
+def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]:
     if p.step is None:
         return []
     total = p.total_steps
     parts = [f"step {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
+    if saved_pass and not (alive and p.reference_pass):  # a pass running says how far it is, below
+        parts[0] += saved_pass
     if p.loss is not None:
         parts.append(f"loss {p.loss:.4f}")
     if p.val_loss is not None:
@@ -252,12 +258,12 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if unreadable:
         print(f"{printable(run_dir)}: {names.STATE} unreadable ({unreadable})", file=out)
         return 0
-    if state is None:
-        print(f"{printable(run_dir)}: no state.json yet (the supervisor has not started here, or is just "
-              f"starting)", file=out)
+    if state is None:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
+        print("\n".join(printable(line) for line in no_state_lines(Path(run_dir))), file=out)
         return 0
     alone = trainer_alone(run_dir, state, alive)  # a killed supervisor's trainer, still training
-    lines = summary_lines(state, alive, alone=alone) + orphan_lines(run_dir, state, alone)
+    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(Path(run_dir), state))
+    lines += orphan_lines(run_dir, state, alone)
     lines += _lineage_lines(run_dir, state) + _corpus_owner_lines(run_dir)
     if claims:
         lines.insert(1, claims)
@@ -302,8 +308,10 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
     there were any."""
     left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
     state = {**raw, **caught_up} if raw is not None else None
+    end = ended_in_events(Path(run_dir), state_owners(run_dir)) if raw is None and not unreadable else None
     print(json.dumps({"running": alive, "state": state, "caught_up": bool(caught_up), "stop_request": left,
-                      **({"unreadable": unreadable} if unreadable else {})},
+                      **({"unreadable": unreadable} if unreadable else {}),
+                      **({"ended_in_events": end.to_dict()} if end else {})},
                      indent=2, sort_keys=True), file=out)
 
 

@@ -112,9 +112,11 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
     memory_fit), train on some preference pairs nothing (train.seq_len cuts
     their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
-    than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), keep its checkpoints only in
+    than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), fill run.dir's file system
+    (under 4 MiB free: daemon/phases/rundirwatch.py room_note), keep its checkpoints only in
     scratch (no run.remote), take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
     from minilmd.daemon.host.gpu import cpu_fallback
+    from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
 
@@ -123,6 +125,7 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
     notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec
+    notes += [full] if (full := room_note(cfg.run_dir)) else []  # run.dir's file system nearly full: exit 73 soon
     if claim_remote:
         from minilmd.daemon.jobs.remote_claim import check_note
 

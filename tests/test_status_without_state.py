@@ -1,0 +1,109 @@
+"""`minilmd status` of a run whose supervisor ended before it could write state.json (daemon/views/lastwords.py).
+
+Observed before (user walk 5): a run.dir on a filesystem already full at launch; `minilmd run` exited 73 saying
+"run.dir ... is full (state.json: No space left on device) ...", and events.jsonl held the `gave_up`, but
+`minilmd status RUN_DIR` said "no state.json yet (the supervisor has not started here, or is just starting)" and
+the overview listed the run "not started". docs/failure-modes.md promises "`status` says failed, exit 73".
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+
+from minilmd import names, protocol
+from minilmd.config import load_config
+from minilmd.daemon.views.lastwords import ended_in_events
+from minilmd.daemon.views.status import status
+from supervisor_helpers import cli, start_supervisor, wait_or_kill, write_config
+
+
+@pytest.mark.slow
+def test_a_run_dir_full_at_launch_is_failed_exit_73_in_status_and_the_overview(tmp_path, corpus, small_tmpfs):
+    disk = small_tmpfs("16k")  # room for run.toml and a few events, none for state.json
+    config = write_config(tmp_path, corpus, run={"dir": str(disk / "run")})
+    cfg = load_config(config)
+    out = tmp_path / "sup.out"
+    rc = wait_or_kill(start_supervisor(config, out), 120)
+    said = out.read_text()
+    assert rc == protocol.SUPERVISOR_RUN_DIR_FULL, said
+    assert not (cfg.run_dir / names.STATE).exists(), said  # the case: no state.json, its end in events.jsonl
+    one = cli("status", str(cfg.run_dir)).stdout
+    assert f"{cfg.run_dir}: failed (exit 73): stopped because run.dir is full" in one, one
+    assert "no state.json yet" not in one and "events.jsonl" in one, one
+    table = cli("status").stdout
+    row = next(line for line in table.splitlines() if line.startswith("s "))
+    assert "failed (exit 73)" in row and "not started" not in row, table
+    assert "s: failed (exit 73): stopped because run.dir is full" in table, table
+    as_json = json.loads(cli("status", "--json", str(cfg.run_dir)).stdout)
+    assert as_json["state"] is None and as_json["ended_in_events"]["exit"] == 73, as_json
+
+
+def _events(run_dir, *records) -> None:
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / names.RUN_CONFIG_COPY).touch()  # a run directory (daemon/views/runarg.py), as a supervisor leaves it
+    with open(run_dir / names.EVENTS, "a") as f:
+        f.writelines((json.dumps(r) if isinstance(r, dict) else r) + "\n" for r in records)
+
+
+START = {"event": "start", "message": "supervisor pid 1 owns it", "pid": 1, "time": 1.0}
+GAVE_UP = {"event": "gave_up", "exit": 73, "message": "stopping -> failed: stopped because run.dir is full (x)",
+           "new": "failed", "old": "stopping", "time": 2.0, "transition": "gave_up"}
+
+
+def _status(run_dir) -> str:
+    out = io.StringIO()
+    assert status(run_dir, out=out) == 0
+    return out.getvalue()
+
+
+def test_the_end_counts_only_for_the_last_supervisor_and_a_torn_line_is_passed_by(tmp_path):
+    run_dir = tmp_path / "run"
+    _events(run_dir, START, '{"event": "info", "mess', GAVE_UP)
+    end = ended_in_events(run_dir, os.getuid())
+    assert end is not None and end.words() == "failed (exit 73): stopped because run.dir is full (x)"
+    assert "failed (exit 73): stopped because run.dir is full (x)" in _status(run_dir)
+    _events(run_dir, START)  # started again since, no state.json yet: not ended by its predecessor's words
+    assert ended_in_events(run_dir, os.getuid()) is None
+    assert "no state.json yet" in _status(run_dir)
+
+
+def test_an_end_without_an_exit_status_is_no_end_and_the_exit_event_gives_one(tmp_path):
+    run_dir = tmp_path / "run"
+    _events(run_dir, START, {**GAVE_UP, "exit": "73"})  # a wrongly typed exit: not read as one
+    assert ended_in_events(run_dir, os.getuid()) is None
+    _events(run_dir, {"event": "exit", "exit": 73, "message": "supervisor exits with status 73 (failed)"})
+    end = ended_in_events(run_dir, os.getuid())
+    assert end is not None and end.exit == 73
+
+
+def test_events_of_another_user_or_behind_a_link_are_not_read(tmp_path):
+    run_dir = tmp_path / "run"
+    _events(tmp_path / "elsewhere", START, GAVE_UP)
+    run_dir.mkdir()
+    (run_dir / names.RUN_CONFIG_COPY).touch()
+    os.symlink(tmp_path / "elsewhere" / names.EVENTS, run_dir / names.EVENTS)
+    assert ended_in_events(run_dir, os.getuid()) is None
+    assert "no state.json yet" in _status(run_dir)
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.unlink(run_dir / names.EVENTS)
+    _events(run_dir, START, GAVE_UP)
+    os.chown(run_dir / names.EVENTS, 65534, 65534)  # nobody's file in our run directory: not the supervisor's
+    assert ended_in_events(run_dir, os.getuid()) is None
+    assert "no state.json yet" in _status(run_dir)
+
+
+@pytest.mark.slow
+def test_run_check_notes_a_run_dir_whose_file_system_is_nearly_full(tmp_path, corpus, small_tmpfs):
+    disk = small_tmpfs("16k")  # the launch there exits 73 (above); --check said OK without a word
+    nearly_full = cli("run", str(write_config(tmp_path, corpus, name="full", run={"dir": str(disk / "run")})),
+                      "--check")
+    assert nearly_full.returncode == 0, nearly_full.stdout + nearly_full.stderr
+    said = nearly_full.stdout + nearly_full.stderr
+    assert f"run.dir {disk / 'run'}: its file system has " in said and "free, under the 4 MiB" in said, said
+    assert not (disk / "run").exists()  # --check makes nothing
+    roomy = cli("run", str(write_config(tmp_path, corpus, name="roomy")), "--check")
+    assert roomy.returncode == 0 and "its file system has" not in roomy.stdout + roomy.stderr, roomy.stdout
