@@ -2,7 +2,7 @@
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that another user could redirect (run.dir,
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
-is empty or too small for one micro-batch (rowcount.too_few_rows), a preference corpus most of whose replies
+is empty or whose train split holds no micro-batch (rowcount.too_few_rows), a preference corpus most of whose replies
 train.seq_len cuts away (rowcount.pairs_fit), an init.from
 that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
 than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
