@@ -19,6 +19,7 @@ mistyped path is told from a share gone by minilmd/path_checks.py. Torch-free.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -344,9 +345,9 @@ def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
 
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
-    """The settings written in the config that the corpus's stage does not use: [dpo] beta off a preference corpus
-    (a DPO config pointed at another corpus trains that corpus's stage; beta at its default is no choice, as in a
-    copy of deploy/example.toml, which writes every key out), data.mode and data.doc_mask on one (its
+    """The settings written in the config that the corpus's stage does not use: [dpo] off a preference corpus
+    (a DPO config pointed at another corpus trains that corpus's stage: dpo_beta_ignored), data.mode and
+    data.doc_mask on one (its
     rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
@@ -364,12 +365,18 @@ PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo
 
 
 def dpo_beta_ignored(cfg: RunConfig, data_format: str) -> list[str]:
-    """[dpo] beta other than its default on a corpus that is not a preference one (a DPO config pointed at another
-    corpus trains that corpus's stage); at its default it is no choice (a copy of deploy/example.toml)."""
-    if data_format in ("", "dpo") or not cfg.is_set("dpo.beta") or cfg.dpo.beta == DpoSection.beta:
+    """[dpo] written in the config (or --set) on a chat corpus, whatever its values: a DPO config pointed at the SFT
+    corpus trains SFT (user5 #4: the docs' dpo.toml writes beta = 0.1, the default, which said nothing); on a text
+    corpus a beta other than its default, since a pretraining copy of deploy/example.toml (which writes every key
+    out) is no mistake (a DPO stage on text after SFT: dpo_on_text_after_sft)."""
+    written = [key for key in (f"dpo.{f.name}" for f in dataclasses.fields(DpoSection)) if cfg.is_set(key)]
+    if data_format in ("", "dpo") or not written or (data_format != "chat" and cfg.dpo.beta == DpoSection.beta):
         return []
-    return [f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run "
-            f"trains {stage_defaults(data_format, False)[0]}, not DPO ({PREFERENCE_CORPUS})"]
+    values = ", ".join(f"{key[len('dpo.'):]} = {getattr(cfg.dpo, key[len('dpo.'):])!r}" for key in written)
+    stage = stage_defaults(data_format, False)[0]
+    return [f"[dpo] {values} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run trains "
+            f"{stage}, not DPO ({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat"
+                                                         else "")]
 
 
 def dpo_on_text_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:
