@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from minilmd.init_kinds import (
     InitSourceUnreachable,
     untrusted_failure,
 )
+from minilmd.init_model import model_mismatch
 from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
@@ -382,9 +384,11 @@ def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
             for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
 
 
-def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list[str]:
+def model_problems(spec: str, run_model: dict, checkpoint: str = "best",
+                   written: Callable[[str], bool] = lambda key: True) -> list[str]:
     """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch): a
-    checkpoint of a LoRA run (adapter_source), another model config."""
+    checkpoint of a LoRA run (adapter_source), another model config (init_model.model_mismatch; `written`: which
+    model keys the run's config sets)."""
     source = resolve(spec, checkpoint)
     saved = source_model(source)
     if saved is None:
@@ -394,8 +398,8 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list
 
     if (lora := saved_lora(source_state(source))) is not None:
         return [f"{source.path} is a checkpoint of {adapter_source(lora_text(lora))}"]
-    diff = model_differences(saved, run_model)
-    return [f"{source.path} holds another model config: " + ", ".join(diff)] if diff else []
+    mismatch = model_mismatch(saved, run_model, written)
+    return [f"{source.path} holds {mismatch}"] if mismatch else []
 
 
 def adapter_source(lora: str) -> str:

@@ -34,12 +34,12 @@ from minilmd.config_sections import DpoSection
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, owner_note, read_corpus_meta
 from minilmd.dirfd import run_dir_problem
+from minilmd.init_model import model_mismatch
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
     InitSourceUnreachable,
     adapter_source,
-    model_differences,
     model_problems,
     predecessor,
     predecessor_outcome,
@@ -271,11 +271,10 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
 
                 lora = adapter_source(lora_text(pred.lora))
                 return [f"init.from = {cfg.init.from_!r}: run {pred.name} is {lora}"], None
-            diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
-            return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains another model config: "
-                    + ", ".join(diff)] if diff else [], None
+            mismatch = model_mismatch(pred.model, cfg.model_dict(), cfg.is_set)  # its final checkpoint's: then
+            return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains {mismatch}"] if mismatch else [], None
         problems = [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
-                                                                                       cfg.init.checkpoint)]
+                                                                                       cfg.init.checkpoint, cfg.is_set)]
         return problems + _tokenizer_problems(cfg), None
     except InitSourceUnreachable as e:
         return [], str(e)
