@@ -337,17 +337,17 @@ def recorded_copy(path: str | os.PathLike) -> str:
     if not absolute_paths(raw, Path(os.path.abspath(path)).parent):
         return text
     return (f"# {os.path.abspath(path)} as this run started from it, its relative paths made absolute against its "
-            f"directory\n" + "".join(f"\n[{section}]\n" + "".join(f"{key} = {_toml_value(value)}\n"
+            f"directory\n" + "".join(f"\n[{section}]\n" + "".join(f"{key} = {toml_value(value)}\n"
                                                                     for key, value in body.items())
                                      for section, body in raw.items()))
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     """A TOML literal of a config value (a string, a bool, a number or a list of them: the schema's types)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

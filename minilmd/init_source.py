@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +38,9 @@ from minilmd.init_kinds import (
     InitSourceUnreachable,
     untrusted_failure,
 )
+from minilmd.init_model import model_mismatch
 from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
-from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
+from minilmd.names import BEST, LATEST, MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
 from minilmd.names import INIT_PTH as STAGED_PTH
 from minilmd.names import INIT_RECORD as STAGED_RECORD
@@ -333,6 +335,11 @@ def _from_root(root, checkpoint: str, owners: tuple[int, ...]) -> InitSource:
         except InitSourceError as e:
             raise InitSourceError(f"{e} (init.checkpoint = \"last\" takes its LATEST instead)") from None
     if root.lstat(LATEST) is None:
+        if root.lstat(MODEL_FILE) is not None:  # looked at, never read: whose ever it is, it is no source
+            raise InitSourceError(f"a directory with {MODEL_FILE} but without {MANIFEST}: an export (`minilmd "
+                                  f"export --format hf`, for transformers), not a checkpoint; init.from takes a "
+                                  f"checkpoint, its root or run, or a MiniMind .pth (`minilmd export CHECKPOINT "
+                                  f"--format minimind [--merge] --out model.pth`)")
         raise InitSourceError(f"a directory without {MANIFEST} (not a checkpoint) and without LATEST (not a "
                               "checkpoint root)")
     return _pointed(root, LATEST, owners)
@@ -377,9 +384,11 @@ def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
             for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
 
 
-def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list[str]:
+def model_problems(spec: str, run_model: dict, checkpoint: str = "best",
+                   written: Callable[[str], bool] = lambda key: True) -> list[str]:
     """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch): a
-    checkpoint of a LoRA run (adapter_source), another model config."""
+    checkpoint of a LoRA run (adapter_source), another model config (init_model.model_mismatch; `written`: which
+    model keys the run's config sets)."""
     source = resolve(spec, checkpoint)
     saved = source_model(source)
     if saved is None:
@@ -389,8 +398,8 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list
 
     if (lora := saved_lora(source_state(source))) is not None:
         return [f"{source.path} is a checkpoint of {adapter_source(lora_text(lora))}"]
-    diff = model_differences(saved, run_model)
-    return [f"{source.path} holds another model config: " + ", ".join(diff)] if diff else []
+    mismatch = model_mismatch(saved, run_model, written)
+    return [f"{source.path} holds {mismatch}"] if mismatch else []
 
 
 def adapter_source(lora: str) -> str:
@@ -399,7 +408,8 @@ def adapter_source(lora: str) -> str:
     `run --check` and the launch (probes.py, before anything is staged) refuse it by."""
     return (f"a LoRA run ([lora] {lora}): its checkpoints hold adapters on its base, not a model "
             f"to start from, with or without [lora] here; `minilmd export CHECKPOINT --format minimind --merge --out "
-            f"merged.pth` (or --format hf --merge) merges it, and init.from = that merged model starts from it")
+            f"merged.pth` merges it into a MiniMind .pth, and init.from = that .pth starts from it (init.from takes "
+            f"no --format hf export)")
 
 
 def fingerprint(source: InitSource, model: dict | None = None) -> dict:

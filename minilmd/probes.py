@@ -2,7 +2,8 @@
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that another user could redirect (run.dir,
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
-is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
+is empty or whose train split holds no micro-batch (rowcount.too_few_rows), a preference corpus most of whose replies
+train.seq_len cuts away (rowcount.pairs_fit), an init.from
 that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
 than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
@@ -17,6 +18,8 @@ mistyped path is told from a share gone by minilmd/path_checks.py. Torch-free.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -26,17 +29,17 @@ from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.bounded import shared_storage_check
 from minilmd.checkpoint_dirs import list_checkpoints, read_latest
-from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
+from minilmd.config import ExtraCheck, RunConfig, apply_stage_defaults, config_from_dict, load_config, stage_defaults
 from minilmd.config_sections import DpoSection
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, owner_note, read_corpus_meta
 from minilmd.dirfd import run_dir_problem
+from minilmd.init_model import model_mismatch
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
     InitSourceUnreachable,
     adapter_source,
-    model_differences,
     model_problems,
     predecessor,
     predecessor_outcome,
@@ -58,7 +61,7 @@ from minilmd.path_checks import (
     remote_problems,
     textfile_problems,
 )
-from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
+from minilmd.rowcount import kind_of_rows, pairs_fit, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
 from minilmd.urls import is_url, protocol_of
@@ -195,10 +198,8 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
         p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
-    train_tokens = meta_value(meta, "splits", "train", "tokens")
-    if not unread and _cuts_windows(cfg, data_format_of(meta)) and isinstance(train_tokens, int) and \
-            (too_small := packed_too_small(train_tokens, cfg.train.seq_len)):
-        p.append(f"data.prepared = {prepared!r}: {too_small}")
+    if not unread and (too_few := _too_few_rows(cfg, meta)):
+        p.append(f"data.prepared = {prepared!r}: {too_few}")
     if not unread and data_format_of(meta) == "dpo" and (cut := pairs_fit(meta, cfg.train.seq_len)[0]):
         p.append(f"data.prepared = {prepared!r}: {cut}")
     return p, ""
@@ -216,10 +217,23 @@ def pairs_cut_warning(cfg: RunConfig) -> str:
     return pairs_fit(meta, cfg.train.seq_len)[1]
 
 
-def _cuts_windows(cfg: RunConfig, data_format: str) -> bool:
-    """The run cuts packed windows of seq_len tokens from the train stream (rowcount.kind_of_rows "windows"), not a
-    preference corpus's pairs (plan/epoch.py)."""
-    return data_format != "dpo" and kind_of_rows(cfg.data.mode, cfg.data.doc_mask, data_format == "chat") == "windows"
+def _too_few_rows(cfg: RunConfig, meta: dict) -> str:
+    """rowcount.too_few_rows (the samplers' refusal, exit 65 from the trainer) of the run as trained (its corpus's
+    stage defaults applied: an SFT run's rows are bucketed) on the train split meta.json counts: no packed window,
+    fewer documents, conversations or pairs than one bucket of train.micro_batch_size. "" when it holds a
+    micro-batch, or meta.json does not count the split."""
+    documents, tokens = (meta_value(meta, "splits", "train", key) for key in ("documents", "tokens"))
+    data_format = data_format_of(meta)
+    trained = copy.deepcopy(cfg)
+    apply_stage_defaults(trained, data_format)
+    chat = data_format == "chat"
+    kind = "pairs" if data_format == "dpo" else kind_of_rows(trained.data.mode, trained.data.doc_mask, chat)
+    if not isinstance(tokens, int) or not kind or (kind != "windows" and not isinstance(documents, int)):
+        return ""
+    unit = "pairs" if kind == "pairs" else "conversations" if chat else "documents"
+    items = (documents or 0) // 2 if kind == "pairs" else documents or 0
+    return too_few_rows(kind, items=items, tokens=tokens, seq_len=trained.train.seq_len,
+                        micro_batch_size=trained.train.micro_batch_size, unit=unit)
 
 
 def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
@@ -257,11 +271,10 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
 
                 lora = adapter_source(lora_text(pred.lora))
                 return [f"init.from = {cfg.init.from_!r}: run {pred.name} is {lora}"], None
-            diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
-            return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains another model config: "
-                    + ", ".join(diff)] if diff else [], None
+            mismatch = model_mismatch(pred.model, cfg.model_dict(), cfg.is_set)  # its final checkpoint's: then
+            return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains {mismatch}"] if mismatch else [], None
         problems = [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
-                                                                                       cfg.init.checkpoint)]
+                                                                                       cfg.init.checkpoint, cfg.is_set)]
         return problems + _tokenizer_problems(cfg), None
     except InitSourceUnreachable as e:
         return [], str(e)
@@ -331,9 +344,9 @@ def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
 
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
-    """The settings written in the config that the corpus's stage does not use: [dpo] beta off a preference corpus
-    (a DPO config pointed at another corpus trains that corpus's stage; beta at its default is no choice, as in a
-    copy of deploy/example.toml, which writes every key out), data.mode and data.doc_mask on one (its
+    """The settings written in the config that the corpus's stage does not use: [dpo] off a preference corpus
+    (a DPO config pointed at another corpus trains that corpus's stage: dpo_beta_ignored), data.mode and
+    data.doc_mask on one (its
     rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
@@ -351,12 +364,18 @@ PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo
 
 
 def dpo_beta_ignored(cfg: RunConfig, data_format: str) -> list[str]:
-    """[dpo] beta other than its default on a corpus that is not a preference one (a DPO config pointed at another
-    corpus trains that corpus's stage); at its default it is no choice (a copy of deploy/example.toml)."""
-    if data_format in ("", "dpo") or not cfg.is_set("dpo.beta") or cfg.dpo.beta == DpoSection.beta:
+    """[dpo] written in the config (or --set) on a chat corpus, whatever its values: a DPO config pointed at the SFT
+    corpus trains SFT (user5 #4: the docs' dpo.toml writes beta = 0.1, the default, which said nothing); on a text
+    corpus a beta other than its default, since a pretraining copy of deploy/example.toml (which writes every key
+    out) is no mistake (a DPO stage on text after SFT: dpo_on_text_after_sft)."""
+    written = [key for key in (f"dpo.{f.name}" for f in dataclasses.fields(DpoSection)) if cfg.is_set(key)]
+    if data_format in ("", "dpo") or not written or (data_format != "chat" and cfg.dpo.beta == DpoSection.beta):
         return []
-    return [f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run "
-            f"trains {stage_defaults(data_format, False)[0]}, not DPO ({PREFERENCE_CORPUS})"]
+    values = ", ".join(f"{key[len('dpo.'):]} = {getattr(cfg.dpo, key[len('dpo.'):])!r}" for key in written)
+    stage = stage_defaults(data_format, False)[0]
+    return [f"[dpo] {values} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run trains "
+            f"{stage}, not DPO ({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat"
+                                                         else "")]
 
 
 def dpo_on_text_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:

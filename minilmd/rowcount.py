@@ -34,6 +34,25 @@ def packed_too_small(n_tokens: int, seq_len: int) -> str:
             f"{2 * seq_len - 1:,} (lower train.seq_len or prepare a larger corpus)")
 
 
+def too_few_rows(kind: str, *, items: int, tokens: int, seq_len: int, micro_batch_size: int, unit: str) -> str:
+    """Why one epoch of a train split of `items` (documents, conversations or pairs: `unit`) and `tokens` holds no
+    micro-batch of rows of `kind` (plan/samplers.row_kind), "" when it holds one: the samplers' refusal
+    (minilmd/plan/) and the config check's (minilmd/probes.py: `run --check` and the launch), one rule. A bucket
+    (bucketed, pairs) is one micro-batch of like length and an epoch leaves the last partial one out, so it needs
+    train.micro_batch_size items; one document a row (padded) or packed conversations need one (a micro-batch larger
+    than the epoch repeats its rows); packed windows, one window."""
+    if kind == "windows":
+        return packed_too_small(tokens, seq_len)
+    if items <= 0:
+        return f"the train split has no {unit}"
+    if kind in ("bucketed", "pairs") and items < micro_batch_size:
+        return (f"the train split has {items:,} {unit}, fewer than one micro-batch of train.micro_batch_size = "
+                f"{micro_batch_size:,} (an epoch is whole micro-batches of {unit} of like length): set "
+                f"train.micro_batch_size <= {items:,} (train.grad_accum keeps the global batch), or prepare a larger "
+                f"corpus")
+    return ""
+
+
 def full_buckets(n_docs: int, bucket: int) -> int:
     """Rows of one epoch of bucketed mode: the documents of the full buckets (n_docs % bucket sit each epoch out)."""
     return n_docs - n_docs % bucket

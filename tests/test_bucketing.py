@@ -115,5 +115,5 @@ def test_validation_bucketed_uses_the_padded_documents_in_tight_batches():
 
 def test_bucketed_mode_refuses_a_corpus_smaller_than_one_bucket():
     tokens, starts, mask = chat_like(3)
-    with pytest.raises(DataError, match="fewer than one bucket"):
+    with pytest.raises(DataError, match="fewer than one micro-batch"):
         BucketedSampler(tokens, starts, 64, seed=0, micro_batch_size=4, loss_mask=mask)

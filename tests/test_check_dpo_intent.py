@@ -119,13 +119,20 @@ def test_a_corpus_of_another_tokenizer_or_chat_template_than_init_froms_checkpoi
             f"sha256 eeeeeeeeeeee") in said, said
 
 
-def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus, chat_corpus):
+def test_settings_the_corpus_stage_ignores_are_said(tmp_path, corpus, dpo_corpus, chat_corpus):
     said = _check(write_config(tmp_path, chat_corpus, name="sft", dpo={"beta": 0.2}))
     assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
             f"DPO") in said, said
     assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="plain-sft"))
-    # deploy/example.toml writes every key out, beta = 0.1 (the default) too: a pretraining copy of it is no mistake
-    assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="example-sft", dpo={"beta": 0.1}))
+    # user5 #4: the docs' dpo.toml (beta = 0.1, the default) pointed at the SFT corpus by a typo said nothing
+    said = _check(write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1}))
+    assert (f"note: [dpo] beta = 0.1 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
+            f"DPO (a preference corpus is one of `minilmd prepare --format dpo`); leave [dpo] out of an SFT "
+            f"config") in said, said
+    # deploy/example.toml writes every key out, beta = 0.1 too: a pretraining copy of it is no mistake
+    assert "[dpo]" not in _check(write_config(tmp_path, corpus, name="example-pretrain", dpo={"beta": 0.1}))
+    assert "[dpo] beta = 0.2 has no effect" in _check(write_config(tmp_path, corpus, name="beta-text",
+                                                                   dpo={"beta": 0.2}))
     for mode in ("packed", "padded"):
         said = _check(_dpo(tmp_path, dpo_corpus, name=mode, data={"mode": mode}))
         assert f"note: data.mode = '{mode}' has no effect on a preference corpus" in said, said

@@ -60,7 +60,7 @@ def test_only_a_clear_impossibility_is_refused_and_near_the_limit_is_a_note():
     need = micro_batch_need(cfg, "text", on_gpu=True)
     assert judge(cfg, need, Offer(need.total * 2, "a card")) == (None, None)
     refused, near = judge(cfg, need, Offer(int(need.total / 1.5), "a card"))
-    assert refused is None and near is not None and "close to the" in near, near
+    assert refused is None and near is not None and "more than the" in near, near  # 1.5 x the offer
     offer = Offer(need.total // 4, "a card")
     refused, near = judge(cfg, need, offer)
     assert near is None and refused is not None and "over 2 x the" in refused and "of a card: it cannot fit" in refused
@@ -69,6 +69,22 @@ def test_only_a_clear_impossibility_is_refused_and_near_the_limit_is_a_note():
     assert micro * accum == 64 * 3 and micro < 64, refused  # the global batch kept
     cfg.override("train.micro_batch_size", micro)
     assert micro_batch_need(cfg, "text", on_gpu=True).total <= offer.bytes  # what it suggests fits
+
+
+def test_the_note_says_over_or_close_and_on_the_cpu_no_cuda_oom_retry_but_the_way_out():
+    """user5 #9: 30.2 GiB against a host's 23.5 GiB read "close to", and a CPU run was promised a CUDA OOM retry."""
+    cfg = _tiny()
+    cfg.override("train.micro_batch_size", 64)
+    for on_gpu in (True, False):
+        need = micro_batch_need(cfg, "text", on_gpu=on_gpu)
+        over = judge(cfg, need, Offer(int(need.total / 1.2), "a device"))[1]
+        close = judge(cfg, need, Offer(int(need.total * 1.1), "a device"))[1]
+        assert over is not None and "more than the" in over and "close to" not in over, over
+        assert close is not None and "close to the" in close and "more than" not in close, close
+        for note in (over, close):
+            assert ("after a CUDA OOM halves the micro-batch" in note) == on_gpu, note
+            assert ("Set train.micro_batch_size = " in note) == (not on_gpu), note  # a CPU run's way out, at once
+    assert "the kernel's OOM killer ends the run" in judge(cfg, need, Offer(int(need.total / 1.2), "host"))[1]
 
 
 def test_a_dpo_micro_batch_counts_two_rows_a_pair_and_the_cpu_counts_its_validation_set():

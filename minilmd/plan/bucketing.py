@@ -37,7 +37,7 @@ import numpy as np
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.rowcount import full_buckets
+from minilmd.rowcount import full_buckets, too_few_rows
 
 _STREAM_BUCKETS = 2
 
@@ -193,9 +193,10 @@ class BucketedSampler(PaddedSampler):
         if micro_batch_size < 1:
             raise DataError(f"bucketed mode needs a micro-batch of at least 1 row, got {micro_batch_size}")
         lengths = DocumentRows(tokens, doc_starts, seq_len).lengths
-        if len(lengths) < micro_batch_size:
-            raise DataError(f"the train split has {len(lengths)} documents, fewer than one bucket of "
-                            f"train.micro_batch_size = {micro_batch_size}")
+        unit = "conversations" if loss_mask is not None else "documents"
+        if too_few := too_few_rows("bucketed", items=len(lengths), tokens=0, seq_len=seq_len,
+                                   micro_batch_size=micro_batch_size, unit=unit):
+            raise DataError(too_few)  # run --check's refusal too (minilmd/probes.py): one rule
         self.bucket = micro_batch_size
         super().__init__(tokens, doc_starts, seq_len, seed, loss_mask, order=_BucketOrder(lengths, seed,
                                                                                           micro_batch_size))

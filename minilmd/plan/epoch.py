@@ -40,9 +40,11 @@ class Epoch:
     unit: str
     seq_len: int
 
-    def samples(self, rows: int) -> int:
-        """Documents (conversations) that `rows` rows train: epochs times the documents of one."""
-        return round(rows * self.documents / self.rows) if self.rows else 0
+    def samples(self, rows: int) -> int | None:
+        """Documents (conversations) that `rows` rows train: epochs times the documents of one. None for an epoch
+        of no rows (too few for one micro-batch: the config check refuses the run, rowcount.too_few_rows), not a
+        share of 0 that would hide the update-share warning of the largest micro-batches."""
+        return round(rows * self.documents / self.rows) if self.rows else None
 
     def row_holds(self) -> str:
         """What one row holds, for the figures that count rows."""

@@ -20,8 +20,9 @@ The estimate is first order, and says what it counts (Need.parts):
     holds, and as many of [eval] probe's, as int64 tensors as the micro-batch's.
 It leaves out the allocator's fragmentation, torch.compile's workspace and the CUDA context: close to the limit it
 is no proof either way, so the rule is lenient. Only an estimate over OVER_FACTOR times what the device offers is
-refused (a clear impossibility); one over NEAR_SHARE of it is a note (the supervisor's OOM retry, which halves the
-micro-batch and keeps the global batch, handles the rest). What the device offers: the card's total memory where
+refused (a clear impossibility); one over NEAR_SHARE of it is a note (on a card the supervisor's CUDA OOM retry,
+which halves the micro-batch and keeps the global batch, handles the rest; on the CPU nothing halves it, so the note
+gives the way out). What the device offers: the card's total memory where
 the run trains on CUDA (the supervisor waits for a free card), the host's total memory on the CPU (host_offer):
 what cannot change between two starts of the run, so that a refusal is as final as its exit 2. What the host has
 available now (host_available: another user may hold most of it for a while) is a note only (available_note),
@@ -170,9 +171,14 @@ def judge(cfg: RunConfig, need: Need, offer: Offer) -> tuple[str | None, str | N
                 f"over {OVER_FACTOR:g} x the {_gib(offer.bytes)} of {offer.what}: it cannot fit. "
                 f"{way_out(cfg, need, offer)}"), None
     if total > NEAR_SHARE * offer.bytes:
-        return None, (f"train.micro_batch_size = {t.micro_batch_size:,} needs {figures}, close to the "
-                      f"{_gib(offer.bytes)} of {offer.what} (a first-order estimate): if it does not fit, the "
-                      f"supervisor's retry after a CUDA OOM halves the micro-batch and keeps the global batch")
+        near = "more than" if total > offer.bytes else "close to"
+        if need.on_gpu:
+            then = "the supervisor's retry after a CUDA OOM halves the micro-batch and keeps the global batch"
+        else:  # the kernel's OOM killer ends a CPU run, which restarts as it was: nothing halves its micro-batch
+            then = ("the kernel's OOM killer ends the run and its restarts run out of memory the same way (only a "
+                    "CUDA OOM halves the micro-batch). " + way_out(cfg, need, offer))
+        return None, (f"train.micro_batch_size = {t.micro_batch_size:,} needs {figures}, {near} the "
+                      f"{_gib(offer.bytes)} of {offer.what} (a first-order estimate): if it does not fit, {then}")
     return None, None
 
 

@@ -19,7 +19,7 @@ from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, _BucketOrder
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
 from minilmd.plan.samplers import _STREAM_VALIDATION, VAL_SEED
-from minilmd.rowcount import pairs_fit
+from minilmd.rowcount import pairs_fit, too_few_rows
 
 
 class PairRows:
@@ -82,9 +82,9 @@ class PairSampler(BucketedSampler):
         if micro_batch_size < 1:
             raise DataError(f"DPO needs a micro-batch of at least 1 pair, got {micro_batch_size}")
         rows = PairRows(tokens, doc_starts, seq_len, loss_mask)
-        if rows.n_pairs < micro_batch_size:
-            raise DataError(f"the train split has {rows.n_pairs} pairs, fewer than one micro-batch of "
-                            f"train.micro_batch_size = {micro_batch_size}")
+        if too_few := too_few_rows("pairs", items=rows.n_pairs, tokens=0, seq_len=seq_len,
+                                   micro_batch_size=micro_batch_size, unit="pairs"):
+            raise DataError(too_few)  # run --check's refusal too (minilmd/probes.py): one rule
         self.docs = rows  # type: ignore[assignment]  # PairRows: the methods of DocumentRows the sampler calls
         self.pairs = rows
         self.bucket = micro_batch_size

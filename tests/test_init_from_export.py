@@ -1,0 +1,42 @@
+"""init.from and exports (user5 #3): the message refusing a LoRA run as init.from said `--format hf --merge` (as
+well as `--format minimind --merge`) makes a model to start from, but init.from refused that directory as "a
+directory without manifest.json (not a checkpoint) and without LATEST (not a checkpoint root)". The advice names
+the .pth alone now, and an export directory is refused as what it is. Nothing of it is read: its names are only
+looked at (lstat, relative to the directory's descriptor)."""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from minilmd.cli import app
+from minilmd.init_source import InitSourceError, adapter_source, resolve
+from minilmd.protocol import SUPERVISOR_CONFIG
+from trainer_corpus import write_config
+
+
+def _hf_export(where):
+    where.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        (where / name).write_bytes(b"{}")
+    return where
+
+
+def test_the_lora_advice_names_only_what_init_from_takes():
+    said = adapter_source("rank = 4")
+    assert "--format minimind --merge --out merged.pth" in said and "init.from = that .pth" in said, said
+    assert "--format hf --merge" not in said and "(or --format hf" not in said, said
+
+
+def test_an_hf_export_as_init_from_is_refused_as_an_export_at_check(tmp_path, corpus):
+    export = _hf_export(tmp_path / "exp" / "merged-hf")
+    with pytest.raises(InitSourceError, match="an export .*not a checkpoint; init.from takes a checkpoint"):
+        resolve(str(export), "best")
+    config = write_config(tmp_path, corpus, name="from-hf", init={"from": str(export)})
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == SUPERVISOR_CONFIG, said
+    assert "with model.safetensors but without manifest.json: an export (`minilmd export --format hf`" in said, said
+    assert "--format minimind [--merge] --out model.pth" in said, said
+    (export / "model.safetensors").unlink()  # any other directory: as before
+    with pytest.raises(InitSourceError, match="without LATEST"):
+        resolve(str(export), "best")
