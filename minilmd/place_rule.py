@@ -19,7 +19,9 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
   GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
   after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
-  Torch-free.
+- `real_path(path, owners)` follows the links of a path by the same link rule (`link_followed`) and judges nothing
+  else, makes nothing: the path-based look daemon/views/runarg.py uses to find the run a view is given.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
         if stat.S_ISLNK(st.st_mode):
-            if own_links and owned_by_me_or_root(st, also=owners) and links < 8:
+            if own_links and link_followed(st, owners) and links < 8:
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
@@ -211,7 +213,63 @@ def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, 
 
 
 MAX_LINKS = 40
-"""The links walk_to follows on one walk (the kernel's own limit for a path): a loop of links ends there."""
+"""The links walk_to and real_path follow on one walk (the kernel's own limit for a path): a loop ends there."""
+
+
+def link_followed(st: os.stat_result, owners: Set[int] = frozenset()) -> bool:
+    """The one link rule of both walks: a link (`st`, its lstat) is followed only when it is root's, ours or
+    `owners'`: anyone else's chooses where the path leads."""
+    return owned_by_me_or_root(st, also=owners)
+
+
+class ForeignLink(PlaceRefused):
+    """real_path met a link link_followed refuses: `link` (its path, the links before it followed), `owner`."""
+
+    def __init__(self, link: Path, owner: int):
+        super().__init__(f"{link} is a symbolic link of {user_words(owner)}")
+        self.link = link
+        self.owner = owner
+
+
+class TooManyLinks(PlaceRefused):
+    """real_path met more than MAX_LINKS links: a loop."""
+
+
+def real_path(path: str | os.PathLike, owners: Set[int] = frozenset()) -> Path:
+    """`path` with every link on the way followed by link_followed's rule (ForeignLink for another's), by path and
+    nothing made: what is missing (or cannot be looked at) is kept as given from there, for the caller to say. For
+    reading another user's run (daemon/views/runarg.py): unlike walk_to, no directory on the way is judged (her
+    run under her home is hers to arrange) and the last component may be a file (a run config). ".." after a link
+    goes up from where the link led, as the kernel does. TooManyLinks for a loop."""
+    given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
+    pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
+    real, links = Path("/"), 0
+    while pending:
+        name = pending.pop()
+        if name == "/":
+            real = Path("/")
+        elif name == "..":
+            real = real.parent
+        elif name not in ("", "."):
+            try:
+                st = os.lstat(real / name)
+            except OSError:  # missing, or not to be looked at: as given from here, said by the caller
+                return Path(real / name, *reversed(pending))
+            if not stat.S_ISLNK(st.st_mode):
+                real = real / name
+                continue
+            links += 1
+            if links > MAX_LINKS:
+                raise TooManyLinks(f"more than {MAX_LINKS} symbolic links on the way (a loop at {real / name}?)")
+            if not link_followed(st, owners):
+                raise ForeignLink(real / name, st.st_uid)
+            try:
+                target = os.readlink(real / name)
+            except OSError:  # removed or replaced since the lstat: looked at again (the count bounds the looks)
+                pending.append(name)
+                continue
+            pending.extend(reversed(Path(target).parts))  # "/..." restarts
+    return real
 
 
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
@@ -267,7 +325,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         if count > MAX_LINKS:
             raise PlaceRefused(f"{label} {path}: more than {MAX_LINKS} symbolic links on the way (a loop at "
                                f"{here / name}?); {advice}")
-        if not owned_by_me_or_root(st, also=owners):
+        if not link_followed(st, owners):
             raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user_words(st.st_uid)} (to "
                                f"{_readlink_at(fd, name)}): minilmd follows no link of another user's on the way to "
                                f"{what}; {advice}")

@@ -95,6 +95,10 @@ class Refused(Exception):
     """A run directory of another user: none of its processes is the caller's to signal."""
 
 
+class LinkOnTheWay(Refused):
+    """A symbolic link on a run directory's path that was real when it was named: nothing is proven the run's."""
+
+
 @dataclass(frozen=True)
 class RunScope:
     """A run directory (resolved) and its owner, whose processes alone may be signalled for it."""
@@ -127,14 +131,35 @@ def scope_of(run_dir: str | os.PathLike) -> RunScope:
     given = Path(os.path.abspath(run_dir))
     resolved = given.resolve()
     if resolved != given:
-        raise Refused(f"{printable(run_dir)}: a symbolic link on the way now leads to {printable(resolved)}: the run "
-                      f"directory changed since it was named; nothing signalled")
+        raise LinkOnTheWay(f"{printable(run_dir)}: a symbolic link on the way now leads to {printable(resolved)}: the "
+                           f"run directory changed since it was named; nothing signalled")
     owner = os.stat(resolved).st_uid
     me = signal_uid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
     if me not in (0, owner):
         raise Refused(f"{run_dir}: a run directory of {user_words(owner)}, not yours, {user_words(me)}: nothing "
                       f"signalled; {user_words(owner)} stops that run (`minilmd stop {run_dir}`)")
     return RunScope(resolved, owner)
+
+
+_LINKS_SAID: set[str] = set()
+"""The run directories whose link on the way scope_or_none said already (once each, per process)."""
+
+def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
+    """scope_of for the supervisor's and the orphan hunt's own checks, None when it refuses or cannot look. A link on
+    the way is said once (an admin's compat link put on a running run's path, a /data migration): from then on no
+    process can be proven the run's, so the trainer's rest and its orphans are left alone, and that should not go
+    unsaid: a line on stderr. Another user's run directory (not ours, nor are we root) is the views' to say."""
+    try:
+        return scope_of(run_dir)
+    except LinkOnTheWay as e:
+        if str(run_dir) not in _LINKS_SAID:
+            _LINKS_SAID.add(str(run_dir))
+            said = (f"{e}: the run directory's path now has a symbolic link on it, so no process can be proven to "
+                    f"be this run's (its trainer's rest, its orphans): none is signalled")
+            print(said, file=sys.stderr, flush=True)  # the supervisor's log (journal, tmux window, Slurm output)
+        return None
+    except (Refused, OSError):
+        return None
 
 
 # --- the one sending place ---------------------------------------------------------------------------------------

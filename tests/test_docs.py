@@ -145,3 +145,23 @@ def test_the_readme_picture_is_made_by_a_script_the_docs_name():
     assert os.access(script, os.X_OK) and subprocess.run(["bash", "-n", str(script)]).returncode == 0
     body = script.read_text(encoding="utf-8")
     assert "-m minilmd.daemon.demo" in body and 'plot "$work/demo/run" --out "$root/docs/img/demo-curves.png"' in body
+
+
+RUN_ARG_COMMANDS = ("status", "logs", "stop", "plot", "forget")
+"""The commands whose run argument daemon/views/runarg.py resolves: exit 2 refuses a third user's link or config."""
+
+
+def test_the_help_of_each_run_argument_command_lists_the_refusal_of_a_third_users_link():
+    """Their --help listed "2 not a run" (forget: "0 forgotten, 1 no such run of yours") after the refusal came,
+    which docs/operations.md describes (review 6, finding 4)."""
+    from minilmd.daemon.views.runarg import NOT_A_RUN
+
+    root = typer.main.get_command(app)
+    operations = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    assert "refused, exit 2, nothing signalled, nothing written" in operations
+    for name in RUN_ARG_COMMANDS:
+        said = " ".join((root.commands[name].help or "").split())
+        assert f"{NOT_A_RUN} " in said.split("Exit status:", 1)[-1], (name, said)
+        assert "a third user's link" in said and "(refused)" in said, (name, said)
+    forget = " ".join((root.commands["forget"].help or "").split())
+    assert "1 nothing forgotten" in forget and "running: kept" in forget, forget

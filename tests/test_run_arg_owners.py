@@ -1,7 +1,7 @@
-"""Which run a view's argument reaches (daemon/views/runarg.py): a link on the way followed only when it is root's or
-the caller's, a config file read only when it is the caller's or root's (run.dir's own place rule). Another user's
-link or config chose whose run root's `minilmd stop` signalled (hostile5 F1, F2): refused, exit 2, naming it, its
-owner and the run directory it leads to. Paths that others name reach the terminal escaped (F3). A running run's
+"""Which run a view's argument reaches (daemon/views/runarg.py): a link on the way followed, a config file read, only
+when it is the caller's, root's or the run directory's owner's (run.dir's link rule, place_rule.link_followed). A third
+user's link or config chose whose run root's `minilmd stop` signalled (hostile5 F1, F2): refused, exit 2, naming it,
+its owner and the run directory it leads to. Paths that others name reach the terminal escaped (F3). A running run's
 registry entry stays (F2). The real second users' version, with a live supervisor: tests/test_run_arg_users.py.
 
 Root is needed to give a link or a config to another uid (lchown); the attacker's uid needs no passwd entry.
@@ -28,6 +28,8 @@ from minilmd.fsio import atomic_write_json
 
 OTHER = 64123
 """Another user's uid (tests/test_stop_proof.py's attacker): no passwd entry needed to own a file."""
+THIRD = 64124
+"""A third user's uid: the owner of a run directory the attacker's link or config leads to."""
 ESCAPES = "\x1b]0;OWNED-TITLE\x07\x1b[2J"
 """What another user's directory name or config may hold: OSC 0 retitles root's terminal, ESC[2J clears it."""
 
@@ -163,6 +165,7 @@ def test_a_run_directory_swapped_for_a_link_after_it_was_named_is_never_signalle
     from minilmd import procs
     from minilmd.daemon.child import orphans
 
+    tmp_path = tmp_path.resolve()  # real: scope_of refuses any link on the way, a symlinked TMPDIR's too
     his, hers = ended_run(tmp_path / "his" / "run"), ended_run(tmp_path / "hers" / "run")
     assert procs.scope_of(his).run_dir == his  # named: its real path
     his.rename(his.with_name("moved"))
@@ -170,3 +173,145 @@ def test_a_run_directory_swapped_for_a_link_after_it_was_named_is_never_signalle
     with pytest.raises(procs.Refused, match="changed since it was named; nothing signalled"):
         procs.scope_of(his)
     assert orphans.recorded_launch(his) is None and orphans.find_orphans(his) == []
+
+
+def theirs_run(run_dir: Path, uid: int = OTHER) -> Path:
+    """An ended run directory of `uid`'s, every file in it his."""
+    ended_run(run_dir)
+    for path in (run_dir, *run_dir.rglob("*")):
+        os.lchown(path, uid, uid)
+    return run_dir
+
+
+@needs_root
+def test_a_users_own_link_or_config_to_her_own_run_is_followed_for_root(tmp_path, capsys):
+    """Review 6 finding 1: root's `minilmd status current`, where nobody's `current` leads to her own run, was
+    refused as if it were a third user's link (and a teammate reading her run.share = "group" run through her
+    config). A link or config of the run directory's own owner chooses among her own runs only: followed."""
+    run = theirs_run(tmp_path / "her" / "runs" / "r1")
+    link = theirs_link(tmp_path / "her" / "current", run)
+    config = theirs_config(tmp_path / "her" / "r1.toml", run)
+    through = theirs_link(tmp_path / "her" / "latest", run.parent)  # hers on the way, not the last component
+    linked_config = theirs_config(tmp_path / "her" / "via.toml", through / "r1")  # her config through her link
+    for arg in (link, config, through / "r1", linked_config):
+        out = io.StringIO()
+        assert views.status(arg, out=out) == 0, capsys.readouterr().err
+        assert f"({run})" in out.getvalue() and "not running (ended" in out.getvalue(), out.getvalue()
+        out = io.StringIO()
+        assert views.logs(arg, out=out) == 0 and "the supervisor's line" in out.getvalue(), out.getvalue()
+        out = io.StringIO()
+        assert views_stop.stop(arg, out=out) == protocol.STOP_DONE, capsys.readouterr().err
+        assert f"{run}: a run directory of uid {OTHER}, not yours" in out.getvalue(), out.getvalue()
+    said = capsys.readouterr().err  # the tiny configs' own problems said as warnings: nothing refused
+    assert "refused" not in said and "Traceback" not in said, said
+    assert not (run / names.STOP_REQUEST).exists()
+
+
+@needs_root
+def test_a_users_link_or_config_to_a_third_users_run_is_still_refused_even_past_her_own_links(tmp_path, capsys):
+    """The other side of finding 1 (hostile5 F1): his link or config leads to her run, or his link leads through
+    her own link to her run: he chose which run it is, refused, naming his link or config."""
+    run = theirs_run(tmp_path / "her" / "run", THIRD)
+    hers = theirs_link(tmp_path / "her" / "current", run, THIRD)
+    his_link = theirs_link(tmp_path / "his-current", hers)  # his link to her link to her run
+    his_config = theirs_config(tmp_path / "his.toml", hers)
+    for arg, what, named in ((his_link, "a symbolic link", his_link), (his_config, "a run config", his_config)):
+        for view in (views.status, views.logs, views_stop.stop):
+            assert view(arg, out=io.StringIO()) == 2, (view, arg)
+            said = capsys.readouterr().err
+            assert f"{named} is {what} of uid {OTHER}, not root's" in said, said
+            assert f"leads to the run directory {run} of uid {THIRD}" in said, said
+    mine = theirs_link(tmp_path / "her" / "mine", his_link, THIRD)  # hers, but through his link: his choice
+    assert views.status(mine, out=io.StringIO()) == 2
+    assert f"{his_link} (on the way from {mine}) is a symbolic link of uid {OTHER}" in capsys.readouterr().err
+    assert overview.forget(str(his_link), out=io.StringIO()) == 2
+    assert f"{his_link} is a symbolic link of uid {OTHER}" in capsys.readouterr().err
+
+
+def test_forget_name_forgets_the_gone_runs_of_that_name_though_a_directory_here_of_that_name_runs(
+        tmp_path, monkeypatch):
+    """Review 6 finding 6: `cd ~/runs; minilmd forget demo` while ./demo trains kept everything (exit 1): the
+    directory here of that name was taken as the target alone. Now that one is kept and the gone ones forgotten."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    gone, live = ended_run(tmp_path / "old" / "demo"), ended_run(tmp_path / "runs" / "demo")
+    registry.register("demo", gone, tmp_path / "demo.toml")
+    registry.register("demo", live, tmp_path / "demo.toml")
+    (gone / names.STATE).unlink()
+    (gone / names.SUPERVISOR_LOG).unlink()
+    gone.rmdir()
+    monkeypatch.chdir(live.parent)
+    fd = os.open(live / names.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": 1.0}).encode())
+        out = io.StringIO()
+        assert overview.forget("demo", out=out) == 0, out.getvalue()
+        assert f"kept {live.resolve()}: its supervisor (pid {os.getpid()})" in out.getvalue(), out.getvalue()
+        assert "forgot demo: removed" in out.getvalue() and "still exists" not in out.getvalue(), out.getvalue()
+        assert [e.run_dir for e in registry.entries()] == [live.resolve()]
+        assert overview.forget("demo", out=io.StringIO()) == 1  # nothing gone left: the live one stays
+        assert [e.run_dir for e in registry.entries()] == [live.resolve()]
+    finally:
+        os.close(fd)
+
+
+@needs_root
+def test_forget_says_by_case_whose_entries_of_another_users_run_it_removes(tmp_path):
+    """Review 6 finding 7: a user's forget of another user's run directory said "forgetting its entries", though it
+    removes only the user's own (root's removes anyone's). The words of a real non-root uid, from a forked child."""
+    from minilmd.daemon.views.runarg import not_yours_line
+
+    def said_as(uid: int) -> str:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: that uid for real, then the line it would print
+            try:
+                os.setresuid(uid, uid, uid) if uid else None
+                os.write(write, (not_yours_line(tmp_path, THIRD, overview._forgetting()) or "").encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            text = f.read()
+        os.waitpid(pid, 0)
+        return text
+
+    assert said_as(OTHER).endswith("forgetting only your own entries of it (its owner's stay)"), said_as(OTHER)
+    assert said_as(0).endswith("forgetting its entries"), said_as(0)
+
+
+def test_a_link_removed_between_its_lstat_and_its_readlink_is_no_traceback(tmp_path, monkeypatch, capsys):
+    """Review 6 finding 8: os.readlink after the lstat, outside any try: a link removed in between raised an
+    OSError out of status, stop and forget. The removal happens for real, at the readlink."""
+    run = ended_run(tmp_path / "run")
+    link = tmp_path / "current"
+    link.symlink_to(run)
+    real_readlink = os.readlink
+
+    def removed_first(path, *args, **kwargs):
+        if Path(path) == link and link.is_symlink():
+            link.unlink()
+        return real_readlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "readlink", removed_first)
+    assert views.status(link, out=io.StringIO()) == 2
+    assert f"{link}: no such file or directory" in capsys.readouterr().err
+    link.symlink_to(run)
+    assert overview.forget(str(link), out=io.StringIO()) == 1  # gone: nothing of that path registered
+
+
+def test_the_supervisors_process_checks_say_once_that_a_link_is_on_the_run_dirs_path_now(tmp_path, capsys):
+    """Review 6 finding 9: a link put on a running run's path (an admin's compat link, a /data migration) made the
+    supervisor's kill_rest and orphan hunt find nothing, unsaid. Now said once, on its log (stderr)."""
+    from minilmd.daemon.child import orphans
+
+    tmp_path = tmp_path.resolve()
+    run = ended_run(tmp_path / "data" / "run")
+    (tmp_path / "data").rename(tmp_path / "data2")
+    (tmp_path / "data").symlink_to(tmp_path / "data2")  # ours (or root's): a compat link after a migration
+    assert orphans.recorded_launch(run) is None and orphans.find_orphans(run) == []
+    assert orphans.launched_at(run) is None
+    said = capsys.readouterr().err
+    assert said.count("a symbolic link on the way now leads to") == 1, said
+    assert "no process can be proven to be this run's" in said and "none is signalled" in said, said

@@ -5,8 +5,8 @@ run. Before, root's `minilmd stop` through either SIGTERMed her supervisor and l
 directory (her automatic restart blocked), naming neither her run nor her; root's `minilmd forget` through the link
 removed her live run's registry entry. Now the run argument's rule (daemon/views/runarg.py) refuses both, exit 2,
 naming his link or config, him, and her run directory; root acting on her run by its own path is told whose it is
-first; root's `status` of her run honours her own stop request as her supervisor does, and a corpus of root's is
-nobody's foreign corpus."""
+first; her own link and config to her own run are followed for root (review 6); root's `status` of her run
+honours her own stop request as her supervisor does, and a corpus of root's is nobody's foreign corpus."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from minilmd import names, protocol
-from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
+from second_user import as_user, second_user, shared, user_python  # noqa: F401  (shared: the fixture)
 from stop_victim import ATTACKER, CLI, as_attacker, stop_as, victim  # noqa: F401  (victim: the fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -53,6 +53,15 @@ def test_roots_stop_and_forget_through_another_users_link_or_config_leave_her_li
     done = as_root(env, "forget", str(her.run_dir))  # by its own path: a running run stays listed
     assert done.returncode == 1 and f"kept {her.run_dir}: its supervisor (pid {her.supervisor.pid})" in done.stdout
     assert sorted(os.listdir(registry_dir)) == entries
+    her.assert_alive()
+
+    current, her_config = shared / "hers-links" / "current", shared / "hers-links" / "run.toml"
+    subprocess.run(as_user(["sh", "-c", f"mkdir {current.parent} && ln -s {her.run_dir} {current} && "
+                            f"printf '[run]\\nname = \"x\"\\ndir = \"{her.run_dir}\"\\n' > {her_config}"]),
+                   check=True, timeout=60)
+    for arg in (current, her_config):  # her own link and config to her own run: followed for root (review 6, 1)
+        done = as_root(env, "status", str(arg))
+        assert done.returncode == 0 and str(her.run_dir) in done.stdout, done
     her.assert_alive()
 
     done = stop_as(None, her.run_dir, her.env)  # she stops her own run: her stop request stays in her run dir

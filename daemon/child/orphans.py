@@ -53,9 +53,8 @@ def _read_record(scope: procs.RunScope) -> dict | None:
 def recorded_launch(run_dir: Path) -> procs.Launch | None:
     """The trainer launch trainer.json records, when the caller may signal this run's processes (its own run, or
     root); None otherwise."""
-    try:
-        scope = procs.scope_of(run_dir)
-    except (procs.Refused, OSError):
+    scope = procs.scope_or_none(run_dir)  # None: not ours (nor root), or a link on it now (said once)
+    if scope is None:
         return None
     record = _read_record(scope)
     if record is None:
@@ -68,10 +67,8 @@ def recorded_launch(run_dir: Path) -> procs.Launch | None:
 def launched_at(run_dir: Path) -> float | None:
     """When the trainer trainer.json records was launched (its record's time: written again once it runs), for
     saying what stopping it loses; None when the record is not one this caller may act on."""
-    try:
-        record = _read_record(procs.scope_of(run_dir))
-    except (procs.Refused, OSError):
-        return None
+    scope = procs.scope_or_none(run_dir)
+    record = _read_record(scope) if scope is not None else None
     when = record.get("time") if record is not None else None
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
 

@@ -197,10 +197,8 @@ class Child:
         """This launch as minilmd/procs.py proves its processes: the run directory, the launch id, the trainer."""
         if self.run_dir is None or not self.launch_id:
             return None
-        try:
-            return procs.Launch(procs.scope_of(self.run_dir), self.launch_id, self.pid, self.start_ticks)
-        except (procs.Refused, OSError):  # a run directory not ours (and we are not root): none is ours to signal
-            return None
+        scope = procs.scope_or_none(self.run_dir)  # None: not ours (nor root), or a link on it now (said once)
+        return procs.Launch(scope, self.launch_id, self.pid, self.start_ticks) if scope is not None else None
 
     def kill_rest(self, launch: list[tuple[int, int]] | None = None) -> list[int]:
         """SIGKILL each process of this launch that is still alive (a torchrun worker whose agent was killed, or

@@ -65,3 +65,13 @@ def orphan_lines(run_dir: Path, state: StateJson, pids: list[int] | None) -> lis
             else "no heartbeat step")
     return [f"  trainer still running without its supervisor: pid {', '.join(map(str, pids))} ({said}); "
             f"`minilmd stop {run_dir}` stops it (it saves first)"]
+
+
+def lock_supervisor(run_dir: Path):
+    """The holder of the run lock (daemon/host/lock.py LockInfo: pid, host, launch id), None when no process holds
+    it: for `stop` (whom to signal) and `forget` (a running run stays listed). Never state.json's pid: anyone who can
+    write the run directory writes that. OSError when the lock cannot be opened."""
+    from minilmd.daemon.host.lock import lock_holder
+
+    holder = lock_holder(run_dir)
+    return holder if holder is not None and holder.pid else None

@@ -267,13 +267,16 @@ def _notes(notes: list[str], out) -> None:
 def forget(target: str, out=None) -> int:
     """Exit 0 when something was forgotten, 1 when no entry of yours matched, or only runs that still exist did
     (kept, and said why), or the run directory named is running (its entry kept: a live run stays listed); 2 when
-    another user's link leads to the run directory named (runarg's rule: root's forget through a user's link took
-    a third user's live run off the list). The run directory and its owner are said first when it is not ours."""
+    a third user's link leads to the run directory named (runarg's rule: root's forget through a user's link took
+    a third user's live run off the list). The run directory and its owner are said first when it is not ours. A
+    bare NAME that is also a directory here is that run directory too; when it is running, only it is kept: the
+    gone runs of that name are still forgotten (`cd ~/runs; minilmd forget demo` while ./demo trains)."""
     from minilmd.daemon.views.runarg import RunProblem, not_yours_line, real_path
 
     out = out or sys.stdout
-    as_dir = None
-    if "/" in target or Path(target).exists():
+    as_dir = running_dir = None
+    by_name = "/" not in target
+    if not by_name or Path(target).exists():
         try:
             as_dir = real_path(Path(target), "forget")
         except RunProblem as e:
@@ -282,14 +285,17 @@ def forget(target: str, out=None) -> int:
         if (running := _lock_holder(as_dir)) is not None:
             print(f"kept {printable(as_dir)}: its supervisor (pid {running}) holds the run's lock: a running run "
                   f"stays listed (`minilmd stop` it first)", file=out)
-            return 1
+            if not by_name:
+                return 1
+            as_dir, running_dir = None, as_dir  # by name: the gone runs of that name are still forgotten
         with contextlib.suppress(OSError):  # gone (what forget is for): no one's to name
-            if whose := not_yours_line(as_dir, os.stat(as_dir).st_uid, "forgetting its entries"):
+            if as_dir is not None and (whose := not_yours_line(as_dir, os.stat(as_dir).st_uid, _forgetting())):
                 print(whose, file=out, flush=True)
     done = registry.forget(target, None if as_dir is None else str(as_dir))
     for entry in done.kept:
-        print(f"kept {printable(target)} at {printable(entry.run_dir)}: its run directory still exists (a name may "
-              f"be shared; `minilmd forget {printable(entry.run_dir)}` forgets that one)", file=out)
+        if entry.run_dir != running_dir:  # that one said above
+            print(f"kept {printable(target)} at {printable(entry.run_dir)}: its run directory still exists (a name "
+                  f"may be shared; `minilmd forget {printable(entry.run_dir)}` forgets that one)", file=out)
     if not done.removed:
         if not done.kept:
             print(f"minilmd forget: no registered run of yours named {target!r} (see `minilmd status --all`)",
@@ -302,13 +308,20 @@ def forget(target: str, out=None) -> int:
     return 0
 
 
+def _forgetting() -> str:
+    """What forget does with another user's run directory's entries: root removes anyone's, a user only his own."""
+    from minilmd.perms import own_uid
+
+    return "forgetting its entries" if own_uid() == 0 else "forgetting only your own entries of it (its owner's stay)"
+
+
 def _lock_holder(run_dir: Path) -> int | None:
-    """The pid of the supervisor holding run_dir's lock (daemon/host/lock.py), None when none does (or no lock can
-    be read there: a run directory gone is what forget is for)."""
-    from minilmd.daemon.host.lock import lock_holder
+    """The pid of the supervisor holding run_dir's lock, None when none does (or no lock can be read there: a run
+    directory gone is what forget is for)."""
+    from minilmd.daemon.views.liveness import lock_supervisor
 
     try:
-        holder = lock_holder(run_dir)
+        holder = lock_supervisor(run_dir)
     except OSError:
         return None
-    return holder.pid if holder is not None and holder.pid else None
+    return holder.pid if holder is not None else None

@@ -1,35 +1,37 @@
 """The run `minilmd status`, `logs`, `stop`, `plot` and `forget` are given: a run directory, or the config file that
 names one.
 
-One rule for these commands (daemon/views/status.py, stop.py, overview.py `forget`), run.dir's own place rule
-(minilmd/place_rule.py) as far as the argument goes: a symbolic link on the way is followed only when it is root's
-or the caller's, and a config file is read only when it is the caller's or root's (as an untrusted config,
-minilmd/config.py: bounded, no link followed, never blocking), its `run.dir` resolved as `minilmd run` resolves it
-(relative to the config's directory) and judged by the same rule. Another user's link or config chooses whose run
-the command reaches: root's `minilmd stop` of a user's link to a third user's run stopped hers, and left root's
-stop request in her run directory. So it is refused (exit 2, nothing signalled, nothing written), naming the link
-or the config, its owner and the run directory it leads to, which the caller may then name itself. A directory must
-hold a run's files. A directory this user may not look into (another user's run under the default
-`run.share = "private"`) is answered by its owner, from its own lstat, as `stop` answers any other user's run:
-exit 1, the owner named. Every path said here is escaped (minilmd/untrusted.py `printable`): others name them.
+One rule for these commands (daemon/views/status.py, stop.py, overview.py `forget`): a symbolic link on the way is
+followed, and a config file read (as an untrusted config, minilmd/config.py: bounded, no link followed, never
+blocking), only when it is the caller's, root's, or the run directory's owner's (it is then her own pointer to her
+own run: root's `status current`, where nobody's `current` leads to her run; a teammate reading a run.share = "group"
+run through its owner's config). The links are followed by place_rule.real_path's walk (place_rule.link_followed:
+run.dir's link rule, nothing else of its place rule: the directories on the way are the run owner's to arrange); a
+config's `run.dir` is resolved as `minilmd run` resolves it (relative to the config's directory) and walked the
+same way. A third user's link or config chooses whose run the command reaches: root's `minilmd stop` of a user's
+link to a third user's run stopped hers, and left root's stop request in her run directory. So it is refused (exit
+2, nothing signalled, nothing written), naming the link or the config, its owner and the run directory it leads to,
+which the caller may then name itself. A directory must hold a run's files. A directory this user may not look into
+(another user's run under the default `run.share = "private"`) is answered by its owner, from its own lstat, as
+`stop` answers any other user's run: exit 1, the owner named. Every path said here is escaped
+(minilmd/untrusted.py `printable`): others name them.
 """
 from __future__ import annotations
 
 import os
 import stat
 import sys
+from collections.abc import Callable, Set
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, place_rule
 from minilmd.untrusted import printable
 
 NOT_A_RUN = 2
-"""Exit status: no run directory there (nor a config naming one), as protocol.STOP_NOT_A_RUN; also another user's
+"""Exit status: no run directory there (nor a config naming one), as protocol.STOP_NOT_A_RUN; also a third user's
 link or config on the way to one (refused)."""
 CANNOT_READ = 1
 """Exit status: a directory this user may not look into (another user's private run), as protocol.STOP_FAILED."""
-MAX_LINKS = 40
-"""The links followed on the way to one run (the kernel's own limit for a path): a loop of links ends there."""
 
 
 class RunProblem(Exception):
@@ -42,19 +44,20 @@ class RunProblem(Exception):
         self.run_dir = run_dir
 
 
+class Foreign(RunProblem):
+    """Another user's link or config on the way (`owner`): followed only when it leads to a run directory of his."""
+
+    def __init__(self, message: str, owner: int):
+        super().__init__(message, NOT_A_RUN)
+        self.owner = owner
+
+
 def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
-    """The real path of the run directory `arg` names (itself, or a config file's run.dir), every link on the way
-    root's or the caller's; RunProblem when it is none, or when another user's link or config leads there."""
+    """The real path of the run directory `arg` names (itself, or a config file's run.dir), every link and config
+    on the way the caller's, root's or the run directory's owner's; RunProblem when it is none, or when a third
+    user's link or config leads there."""
     path = Path(arg)
-    real = real_path(path, command)
-    try:
-        st = os.stat(real)
-    except FileNotFoundError:
-        raise RunProblem(f"{printable(path)}: no such file or directory", NOT_A_RUN, real) from None
-    except OSError as e:
-        raise RunProblem(f"{printable(path)}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
-    run_dir = real if stat.S_ISDIR(st.st_mode) else real_path(_config_run_dir(path, real, st, command), command,
-                                                             named_by=path)
+    run_dir = _by_owner_rule(lambda owners: _named_run_dir(path, command, owners))
     problem = run_problem(run_dir, command)
     if problem:
         raise problem
@@ -70,46 +73,68 @@ def resolve_run(arg: str | os.PathLike, command: str = "status") -> tuple[Path |
         return None, e.exit
 
 
-def real_path(path: Path, command: str, named_by: Path | None = None) -> Path:
-    """`path` with every link on the way followed, each only when it is root's or the caller's (place_rule's rule
-    for run.dir); what is missing kept as given (the caller says so). RunProblem (exit 2) for another user's link,
-    naming it, its owner and where it leads (`named_by`: the config whose run.dir `path` is, for that message). By
-    path, one look: the views read and signal by the path returned."""
-    from minilmd.perms import owned_by_me_or_root
+def real_path(path: Path, command: str) -> Path:
+    """`path` with every link on the way followed, each only when it is the caller's, root's or the owner's of where
+    it leads (forget's gone run directory, `logs -f`'s awaited one); Foreign (exit 2) for a third user's link."""
+    return _by_owner_rule(lambda owners: _walk(path, command, owners))
 
-    pending = list(reversed((Path(path) if path.is_absolute() else Path.cwd() / path).parts))
-    real, links = Path("/"), 0
-    while pending:
-        name = pending.pop()
-        if name == "/":
-            real = Path("/")
-            continue
-        if name in ("", "."):
-            continue
-        if name == "..":
-            real = real.parent
-            continue
+
+def _by_owner_rule(resolve: Callable[[Set[int]], Path]) -> Path:
+    """`resolve(owners)`'s path, followed past other users' links and configs only when they are the owner's of
+    where it leads: tried with no other owner first, then with each other owner met on the way added; kept when
+    every one of them owns the place reached, else refused naming the first link or config of another owner (he
+    chose which run it is, even past her own links). Nothing reached (missing, not a run): the first refused."""
+    refusals: dict[int, Foreign] = {}
+    while True:
         try:
-            st = os.lstat(real / name)
-        except OSError:  # missing, or not to be looked at: as given from here, said by the caller
-            return Path(real / name, *reversed(pending))
-        if not stat.S_ISLNK(st.st_mode):
-            real = real / name
-            continue
-        links += 1
-        if links > MAX_LINKS:
-            raise RunProblem(f"{printable(path)}: more than {MAX_LINKS} symbolic links on the way (a loop at "
-                             f"{printable(real / name)}?)", NOT_A_RUN)
-        if not owned_by_me_or_root(st):
-            raise RunProblem(_foreign(path, real / name, st.st_uid, "a symbolic link", command, None, named_by),
-                             NOT_A_RUN)
-        pending.extend(reversed(Path(os.readlink(real / name)).parts))
-    return real
+            found = resolve(frozenset(refusals))
+            break
+        except Foreign as e:
+            if e.owner in refusals or len(refusals) > place_rule.MAX_LINKS:
+                raise
+            refusals[e.owner] = e
+        except RunProblem:
+            if refusals:
+                raise next(iter(refusals.values())) from None
+            raise
+    if refusals:
+        try:
+            owner = os.lstat(found).st_uid  # a real path: its own owner, no link's
+        except OSError:
+            owner = None
+        if wrong := [e for uid, e in refusals.items() if uid != owner]:
+            raise wrong[0]
+    return found
+
+
+def _named_run_dir(path: Path, command: str, owners: Set[int]) -> Path:
+    """The run directory `path` names (itself or a config's run.dir), walked by `owners`' links too, unjudged."""
+    real = _walk(path, command, owners)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        raise RunProblem(f"{printable(path)}: no such file or directory", NOT_A_RUN, real) from None
+    except OSError as e:
+        raise RunProblem(f"{printable(path)}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
+    if stat.S_ISDIR(st.st_mode):
+        return real
+    return _walk(_config_run_dir(path, real, st, command, owners), command, owners, named_by=path)
+
+
+def _walk(path: Path, command: str, owners: Set[int], named_by: Path | None = None) -> Path:
+    """place_rule.real_path as a RunProblem: another's link (`named_by`: the config whose run.dir `path` is, for
+    that message) or a loop. By path, one look: the views read and signal by the path returned."""
+    try:
+        return place_rule.real_path(path, owners)
+    except place_rule.ForeignLink as e:
+        raise Foreign(_foreign(path, e.link, e.owner, "a symbolic link", command, None, named_by), e.owner) from None
+    except place_rule.TooManyLinks as e:
+        raise RunProblem(f"{printable(path)}: {printable(str(e))}", NOT_A_RUN) from None
 
 
 def _foreign(arg: Path, what_path: Path, owner: int, what: str, command: str, leads_to: Path | None = None,
              named_by: Path | None = None) -> str:
-    """The refusal of another user's link or config on the way from `arg`: it, its owner, the run it leads to."""
+    """The refusal of a third user's link or config on the way from `arg`: it, its owner, the run it leads to."""
     from minilmd.perms import own_uid, user_words
 
     try:
@@ -122,48 +147,49 @@ def _foreign(arg: Path, what_path: Path, owner: int, what: str, command: str, le
     me = own_uid()
     not_whose = "not root's" if me == 0 else f"neither yours, {user_words(me)}, nor root's"
     return (f"minilmd {command}: {printable(what_path)}{via} is {what} of {user_words(owner)}, {not_whose}: it "
-            f"leads to the run directory {printable(leads_to)}{whose}, but whoever owns it chooses which run that "
-            f"is, so minilmd follows no other user's link or config to a run; refused: nothing signalled, nothing "
-            f"written. Give the run directory itself if it is the run you mean "
+            f"leads to the run directory {printable(leads_to)}{whose}; whoever owns a link or config chooses which "
+            f"run it leads to, so minilmd follows another user's only to that user's own run directory; refused: "
+            f"nothing signalled, nothing written. Give the run directory itself if it is the run you mean "
             f"(`minilmd {command} {printable(leads_to)}`)")
 
 
-def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str) -> Path:
-    """run.dir of the config file `path` (at `real`; read untrusted: ours or root's, a regular file, bounded; another
-    user's is read only to name the run it leads to in its refusal). A config that no launch would accept still
-    names its run when its run.dir is there and is a run: a user editing the config of a running run for its next
-    restart may `stop`, `status` or `logs` it, told on stderr what the next launch will refuse."""
+def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str, owners: Set[int]) -> Path:
+    """run.dir of the config file `path` (at `real`; read untrusted: the caller's, root's or `owners'`, a regular
+    file, bounded; another user's is read only to name the run it leads to, for _by_owner_rule). A config that no
+    launch would accept still names its run when its run.dir is there and is a run: a user editing the config of a
+    running run for its next restart may `stop`, `status` or `logs` it, told on stderr what the next launch will
+    refuse."""
     from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_bytes, named_run_dir
     from minilmd.perms import own_uid, owned_by_me_or_root
     from minilmd.untrusted import Unreadable, read_bytes
 
     if not stat.S_ISREG(st.st_mode):
         raise RunProblem(f"{printable(path)}: neither a run directory nor a run config file", NOT_A_RUN)
-    trusted = owned_by_me_or_root(st)
+    trusted = owned_by_me_or_root(st, also=owners)
     try:
-        data = read_bytes(real, max_bytes=MAX_CONFIG_BYTES, owner=(own_uid(), 0) if trusted else st.st_uid)
+        data = read_bytes(real, max_bytes=MAX_CONFIG_BYTES, owner=(own_uid(), 0, *owners) if trusted else st.st_uid)
     except Unreadable as e:
         raise RunProblem(f"{printable(path)}: cannot be read ({printable(e.why)})", NOT_A_RUN) from None
     if not trusted:
         named = named_run_dir(data, path)
-        raise RunProblem(_foreign(path, path, st.st_uid, "a run config", command, named) if named is not None else
-                         f"{printable(path)}: a run config of another user's naming no run.dir: refused", NOT_A_RUN)
+        raise Foreign(_foreign(path, path, st.st_uid, "a run config", command, named), st.st_uid) if named is not None \
+            else RunProblem(f"{printable(path)}: a run config of another user's naming no run.dir: refused", NOT_A_RUN)
     try:
         config = config_from_bytes(data, path)
     except ConfigError as e:
-        return _run_dir_despite(path, data, e.problems, command)
+        return _run_dir_despite(path, data, e.problems, command, owners)
     if not config.run.dir:
         raise RunProblem(f"{printable(path)}: a config without run.dir names no run directory", NOT_A_RUN)
     return config.run_dir  # absolute: config_from_bytes resolved it against the config's directory, as for `run`
 
 
-def _run_dir_despite(path: Path, data: bytes, problems: list[str], command: str) -> Path:
+def _run_dir_despite(path: Path, data: bytes, problems: list[str], command: str, owners: Set[int]) -> Path:
     """The run directory an invalid config's run.dir names, when that is a run (a warning on stderr lists what the
     next launch will refuse); else RunProblem with the config's problems."""
     from minilmd.config import named_run_dir
 
     run_dir = named_run_dir(data, path)
-    problem = run_problem(real_path(run_dir, command, named_by=path)) if run_dir is not None else None
+    problem = run_problem(_walk(run_dir, command, owners, named_by=path)) if run_dir is not None else None
     said = printable("; ".join(problems))
     if run_dir is None or (problem is not None and problem.exit == NOT_A_RUN):  # another user's: said by its owner
         raise RunProblem(f"{printable(path)}: not a run directory, and not a run config that names one: {said}",

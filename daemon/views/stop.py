@@ -19,7 +19,7 @@ from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
-from minilmd.daemon.views.liveness import load
+from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import not_yours_line, resolve_run
 from minilmd.daemon.views.status import _error_context
@@ -56,7 +56,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     restart_may_follow = protocol.restart_may_follow(raw or {})
     request = _leave_request(scope, out) if restart_may_follow else None
     try:
-        live = _live_supervisor(run_dir)
+        live = lock_supervisor(run_dir)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
         print(f"{shown}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
               f"nothing signalled", file=out)
@@ -147,16 +147,6 @@ def _reread(run_dir: Path, state: StateJson) -> StateJson:
     """state.json again; the last one read while there is none (or it cannot be read)."""
     raw, _ = load(run_dir)
     return StateJson.from_dict(raw) if raw else state
-
-
-def _live_supervisor(run_dir: Path):
-    """The holder of the run lock (daemon/host/lock.py LockInfo: pid, host, launch id), None when no process holds
-    it. Never state.json's pid: anyone who can write the run directory writes that. OSError when the lock cannot be
-    opened."""
-    from minilmd.daemon.host.lock import lock_holder
-
-    holder = lock_holder(run_dir)
-    return holder if holder is not None and holder.pid else None
 
 
 def _stop_orphans(run_dir: Path, out, timeout: float = 0.0) -> int:

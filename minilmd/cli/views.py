@@ -26,7 +26,8 @@ def status_command(
     """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
     restarts, last error. With no run directory, or --all: every registered run you may see.
 
-    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config)."""
+    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config),
+    or a third user's link or config on the way to one (refused)."""
     if all_ or run_dir is None:
         from minilmd.daemon.views.overview import status_all
 
@@ -41,7 +42,12 @@ def forget_command(
     run: str = typer.Argument(..., help="A run's name or its run directory, as `minilmd status --all` lists it."),
 ) -> None:
     """Remove a run from the registry that `minilmd status --all` lists (a vanished run directory, say); the run
-    directory itself is not touched. Exit status: 0 forgotten, 1 no such run of yours."""
+    directory itself is not touched. A NAME that is also a directory here forgets that run directory too, unless it
+    is running (kept; the gone runs of that name are still forgotten).
+
+    Exit status: 0 forgotten, 1 nothing forgotten (no such run of yours, only runs whose directory still exists, or
+    the run directory named is running: kept), 2 a third user's link on the way to the run directory named
+    (refused)."""
     from minilmd.daemon.views.overview import forget
 
     raise typer.Exit(forget(run))
@@ -61,7 +67,8 @@ def plot_command(
     failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd\\[plot]'.
 
     Exit status: 0 written, 1 matplotlib missing or another user's private run, 2 bad arguments, not a run
-    directory (nor a config naming one, read as `status` reads it), or an --out in a directory others can rearrange
+    directory (nor a config naming one, read as `status` reads it), a third user's link or config on the way to one
+    (refused), or an --out in a directory others can rearrange
     (without --group-share), 74 the write failed; nothing is written but the whole picture."""
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
     from minilmd.corpus.exits import out_dir_of, out_error_exit
@@ -107,7 +114,7 @@ def logs_command(
     """The supervisor's events and the current attempt's trainer output.
 
     Exit status: 0 shown (followed to the run's end), 1 another user's run directory you may not read, 2 not a run
-    directory (nor a config), 130 Ctrl-C."""
+    directory (nor a config), or a third user's link or config on the way to one (refused), 130 Ctrl-C."""
     from minilmd.daemon.views.status import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
@@ -120,9 +127,12 @@ def stop_command(
 ) -> None:
     """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0.
 
+    A link or a run config on the way to the run directory is followed only when it is yours, root's or the run
+    directory's owner's; a third user's chooses whose run it is: refused, nothing signalled, nothing written.
+
     Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor or run directory), 2 not a run
-    directory (nor a config), 3 stopped but the newest checkpoint is only in scratch (the last sync failed; its path
-    is printed)."""
+    directory (nor a config), or a third user's link or config on the way to one (refused), 3 stopped but the
+    newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
     from minilmd.daemon.views.stop import stop
 
     raise typer.Exit(stop(run_dir, timeout))
