@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import bounded
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
 from minilmd.daemon.jobs import pass_resume, resumefrom
@@ -21,6 +22,14 @@ from supervisor_helpers import write_config
 from sync_helpers import EXPECTED, PAIRS, corrupt, save, save_pass, weights  # noqa: F401  (fixtures)
 
 STEP0 = "step-00000000"
+
+
+@pytest.fixture(autouse=True)
+def remote_looks_wait_long(monkeypatch):
+    """The looks at the remote (further_on_remote, run --check's) wait for it SHARED_STORAGE_PROBE_S (5 s) at most:
+    on two cores under load a local one could take that long, and the start would be said to resume from scratch's.
+    What these tests show is the choice once the remote answers: the bound is raised out of load's reach."""
+    monkeypatch.setattr(bounded, "SHARED_STORAGE_PROBE_S", 600.0)
 
 
 def done(root: Path) -> int | None:
@@ -101,3 +110,36 @@ def test_on_an_object_store_the_further_of_scratch_and_the_kept_first_stop_is_re
     save_pass(scratch, weights, 100)
     taken = pass_resume.fetch_further(Syncer(scratch, url, EXPECTED), scratch)
     assert taken is not None and done(scratch) == 300 and ck.validate(scratch / STEP0, EXPECTED)
+
+
+@pytest.mark.slow  # two checkpoints saved and synced
+def test_run_check_says_how_far_the_pass_of_the_remotes_step_0_got_and_only_of_a_step_0(tmp_path, corpus, weights,
+                                                                                       monkeypatch):
+    """An empty scratch: the start fetches the remote's newest. Its pass's words come from the one test of a
+    stopped pass's step 0 (pass_resume.stopped_pass), as scratch's do."""
+    cfg = load_config(write_config(tmp_path, corpus, name="fresh"))
+    monkeypatch.setattr(resumefrom, "expectation", lambda cfg: EXPECTED)
+    remote = Path(cfg.run.remote)
+    synced_elsewhere(tmp_path, str(remote), weights, 300)
+    assert resumefrom.find(cfg, str(remote)).line() == (
+        f"resumes from step 0 (remote: {remote / STEP0}, reference pass 300/{PAIRS} pairs; staging fetches it into "
+        f"scratch and verifies its weights there)")
+    save(tmp_path / "elsewhere", 2, weights)
+    Syncer(tmp_path / "elsewhere", str(remote), EXPECTED).sync_newest()
+    assert resumefrom.find(cfg, str(remote)).line() == (
+        f"resumes from step 2 (remote: {remote / 'step-00000002'}; staging fetches it into scratch and verifies its "
+        f"weights there)")
+
+
+def test_only_a_step_0_is_read_for_a_stopped_pass():
+    def never() -> dict:
+        raise AssertionError("read")
+
+    def unreadable() -> dict:
+        raise ck.CheckpointInvalid(STEP0, "manifest.json: not valid JSON")
+
+    stopped = {"step": 0, REFERENCE_PASS: [300, PAIRS]}
+    assert pass_resume.stopped_pass(0, lambda: stopped) == stopped
+    assert pass_resume.stopped_pass(2, never) is None and pass_resume.stopped_pass(None, never) is None
+    assert pass_resume.stopped_pass(0, lambda: {"step": 0}) is None  # its pass complete
+    assert pass_resume.stopped_pass(0, unreadable) is None

@@ -2,14 +2,23 @@
 `error: prepare: No space left on device; nothing written` with no path at all (the OSError of a write carries no
 file name); the commands that said their directory (tokenizer train, demo-corpus) did not say which file system was
 full. Now every one ends through minilmd/corpus/exits.py `out_error_exit`: exit 74, the output as typed, the file
-system's mount point and the room left there. Real tmpfs mounts (root; skipped elsewhere)."""
+system's mount point and the room left there. Real tmpfs mounts (root; skipped elsewhere). Any other error (EIO,
+ESTALE: a share that may have stopped answering) is said without a look at the file system, and the look at a full
+one is bounded: faultfs mounts (tests/faultfs.py)."""
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
+import threading
+
+import pytest
 
 from data_helpers import no_leftovers, read_texts, write_jsonl
 from filling import fill_leaving
+from minilmd import bounded
+from minilmd.corpus.exits import out_error_exit
 
 CLI = [sys.executable, "-m", "minilmd.cli"]
 
@@ -40,3 +49,46 @@ def test_tokenizer_train_on_a_full_disk_names_the_file_system_too(small_tmpfs, d
     assert f"tokenizer train: cannot write in {disk}: No space left on device (the file system mounted at {disk}" \
            in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_an_io_error_is_said_without_a_look_at_the_file_system(faultfs, capsys):
+    """Found by a reviewer: on EIO or ESTALE the error path stat'ed each parent up to the mount point and resolved
+    the path, unbounded: on a hard NFS mount that stopped answering, the command hung in its own error message
+    instead of exiting 74. Every operation on this mount fails (EIO) and is recorded: none is made."""
+    faultfs.add_rule("*", "*", "error", errno=errno.EIO)
+    out = faultfs.root / "corpus"
+    ended = out_error_exit(OSError(errno.EIO, os.strerror(errno.EIO)), "prepare", out, "nothing written")
+    assert faultfs.hits() == []  # before: a getattr of the mount for each level looked at
+    assert ended.exit_code == 74
+    assert capsys.readouterr().err == (f"prepare: cannot write in {out}: {os.strerror(errno.EIO)}; nothing written; "
+                                       f"fix the disk or the share, then run it again\n")
+
+
+def test_a_full_disk_on_a_share_that_stalls_is_said_without_its_file_system(faultfs, capsys, monkeypatch):
+    """The look at a full disk's file system is bounded (minilmd/bounded.py): a share whose every operation stalls
+    (until the test's end) leaves the file system unnamed, never the error unsaid."""
+    monkeypatch.setattr(bounded, "SHARED_STORAGE_PROBE_S", 0.1)
+    faultfs.stall("*", 600, op="*")
+    out, ended = faultfs.root / "corpus", []
+    said = threading.Thread(target=lambda: ended.append(out_error_exit(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "prepare", out, "nothing written")), daemon=True)
+    said.start()
+    said.join(timeout=120)  # before: no end while the share stalls (600 s)
+    assert ended and ended[0].exit_code == 74
+    assert capsys.readouterr().err == (f"prepare: cannot write in {out}: {os.strerror(errno.ENOSPC)}; nothing "
+                                       f"written; free some space there (or choose another directory), then run it "
+                                       f"again\n")
+
+
+@pytest.mark.parametrize("error, head, tail", [
+    (errno.ENOSPC, "(the file system mounted at", " MB free now, with what was written removed); nothing written"),
+    (errno.EDQUOT, "(on the file system mounted at", "); nothing written")])
+def test_a_full_disk_or_quota_still_names_the_file_system(tmp_path, capsys, error, head, tail):
+    out = tmp_path / "not-made-yet" / "corpus"  # the nearest directory there is tells the file system
+    mount = tmp_path.resolve()
+    while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:
+        mount = mount.parent
+    ended = out_error_exit(OSError(error, os.strerror(error)), "prepare", out, "nothing written")
+    said = capsys.readouterr().err
+    assert ended.exit_code == 74
+    assert f"prepare: cannot write in {out}: {os.strerror(error)} {head} {mount}" in said and tail in said, said

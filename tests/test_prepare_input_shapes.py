@@ -26,6 +26,7 @@ from minilmd.corpus.sources.jsonl import (
     InputError,
     Source,
     iter_texts,
+    json_document,
     parse_block,
 )
 
@@ -159,3 +160,49 @@ def test_a_stray_array_line_in_json_lines_is_a_bad_line_not_a_json_document(tmp_
     _prepare("text", [src], tmp_path / "out", tokenizer, chat_tokenizer, on_bad_line="skip", log=said.append)
     assert any(f"{src}:1: missing text" in line for line in said), said
     assert not any("JSON document" in line for line in said), said
+
+
+def test_json_lines_whose_lines_are_arrays_of_strings_get_no_jq_advice(tmp_path, tokenizer, chat_tokenizer):
+    """Found by a reviewer: any file beginning with "[" was said to be one JSON array, with `jq -c '.[]'`, which
+    makes lines of bare strings of these: still bad lines. Line 1 is valid JSON, a list of no object: JSON lines."""
+    src = tmp_path / "arrays.jsonl"
+    src.write_text("".join(json.dumps(["hello", f"world {i}"]) + "\n" for i in range(20)), encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        _prepare("text", [src], tmp_path / "out", tokenizer, chat_tokenizer)
+    assert "20 bad lines" in str(e.value) and "JSON document" not in str(e.value), str(e.value)
+    with pytest.raises(InputError) as e:
+        list(iter_texts([str(src)]))
+    assert "JSON document" not in str(e.value) and "jq" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("first, whole, one_document", [
+    (b"[", True, True),  # a pretty-printed array
+    (b'[{"text": "a"},', True, True),  # one object a line
+    (b'[{"text": "a"}, {"text": "b"}]', True, True),  # the whole array on one line
+    (b'["hello", "world 1"]', True, False),  # JSON lines whose lines are arrays of strings
+    (b"[1, 2]", True, False),
+    (b"[]", True, False),
+    (b'{"text": "a"}', True, False),
+    (b'[ {"text": "a very long', False, True),  # a line longer than a block: its first element
+    (b'["a very long', False, False),
+])
+def test_a_file_is_one_json_document_of_records_by_its_first_line(first, whole, one_document):
+    assert json_document(first, whole) is one_document
+
+
+@pytest.mark.parametrize("lines, one_document", [
+    (['\n', '[{"text": "a"}, {"text": "b"}', "]"], True),
+    (['["a", "b"]', '["c", "d"]'], False),
+    ([json.dumps([{"text": "x" * 100}] * 3)], True),
+    ([json.dumps(["x" * 100] * 3)], False),
+])
+def test_the_first_line_is_judged_in_short_blocks_and_when_longer_than_one(tmp_path, lines, one_document):
+    src = tmp_path / "in.json"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for block_bytes in (2, 16, 1 << 20):  # blank lines alone in the first blocks; a line longer than a block
+        s = Source(str(src))
+        try:
+            list(s.blocks(block_bytes))
+        finally:
+            s.close()
+        assert s.json_array is one_document, block_bytes

@@ -15,6 +15,7 @@ scratch has a checkpoint to go on from). Torch-free.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,14 +47,26 @@ class FurtherPass:
 def scratch_pass(checkpoint_dir: Path) -> dict | None:
     """The manifest of scratch's step 0 when it is scratch's one checkpoint and saved by a stopped reference pass
     (read bounded, as validation reads it); else None."""
-    from minilmd.checkpoint import CheckpointError, read_manifest  # numpy: only where a checkpoint is read
+    from minilmd.checkpoint import read_manifest  # numpy: only where a checkpoint is read
 
     if local_checkpoint_steps(checkpoint_dir) != [0]:
         return None
+    return stopped_pass(0, lambda: read_manifest(checkpoint_dir / PASS_STEP))
+
+
+def stopped_pass(step: int | None, read: Callable[[], object]) -> dict | None:
+    """The manifest of a checkpoint at `step` when it is a step 0 saved by a stopped reference pass, read by `read`
+    (scratch's or the remote's: only at step 0); else None, also for a manifest that cannot be read (the trainer's
+    validation or the fetch says why). The one test of `scratch_pass`, and of `run --check`'s words for the step
+    a start resumes (daemon/jobs/resumefrom.py)."""
+    from minilmd.checkpoint import CheckpointError
+
+    if step != 0:
+        return None
     try:
-        manifest = read_manifest(checkpoint_dir / PASS_STEP)
+        manifest = read()
     except CheckpointError:
-        return None  # the trainer's validation says why, and finds what else there is
+        return None
     return manifest if isinstance(manifest, dict) and reference_pass(manifest) is not None else None
 
 

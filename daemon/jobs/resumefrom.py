@@ -135,14 +135,12 @@ def _in_scratch(cfg: RunConfig) -> Start:
 
 def _reference(path: Path) -> str:
     """How far the stopped DPO reference pass a step 0 in scratch was saved by got; "" for any other."""
-    from minilmd.checkpoint import CheckpointError, read_manifest
-    from minilmd.checkpoint_contents import pass_words, reference_pass
+    from minilmd.checkpoint import read_manifest
+    from minilmd.checkpoint_contents import pass_words
+    from minilmd.daemon.jobs.pass_resume import stopped_pass
 
-    try:
-        manifest = read_manifest(path) if names.step_of(path) == 0 else None
-    except CheckpointError:
-        return ""
-    return pass_words(manifest) if isinstance(manifest, dict) and reference_pass(manifest) else ""
+    held = stopped_pass(names.step_of(path), lambda: read_manifest(path))
+    return pass_words(held) if held is not None else ""
 
 
 def _pass_on_remote(cfg: RunConfig) -> Start | None:
@@ -193,12 +191,13 @@ def _on_remote(cfg: RunConfig) -> Start:
         why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
             f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
         return Start(why="" if outcome == "failed" else why, passed_by=passed)
-    from minilmd.checkpoint_contents import pass_words, reference_pass
+    from minilmd.checkpoint_contents import pass_words
+    from minilmd.daemon.jobs.pass_resume import stopped_pass
 
     recorded = bounded_probe(syncer.recorded_config, value)[1]  # None when it does not answer now
-    held = bounded_probe(lambda: syncer.remote.read_manifest(value).manifest)[1] if names.step_of(value) == 0 else None
+    held = bounded_probe(stopped_pass, names.step_of(value), lambda: syncer.remote.read_manifest(value).manifest)[1]
     start = Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed,
-                  reference=pass_words(held) if isinstance(held, dict) and reference_pass(held) else "")
+                  reference=pass_words(held) if held is not None else "")
     return _judged(cfg, start, recorded)
 
 

@@ -61,12 +61,22 @@ def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -
 
 
 def _file_system(e: OSError, where: str | os.PathLike) -> str:
-    """Which file system `where` is on (its mount point; with the room left there on a full disk), for a write
-    that failed for want of space or of a working disk: a permission is the directory's, said as it is."""
-    if e.errno in (errno.EACCES, errno.EPERM) or getattr(e, "what_to_do", None):
+    """Which file system `where` is on and the room left there, for a write that failed for want of space (ENOSPC;
+    EDQUOT: the mount alone, the quota being the user's): the errors where freeing space helps and the disk still
+    answers. Any other is said without a look at the file system: on EIO or ESTALE (a hard NFS mount that stopped
+    answering) each stat could hang the error path itself. The look is bounded all the same (SHARED_STORAGE_PROBE_S:
+    minilmd/bounded.py); a file system that does not answer in time is not named."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT) or getattr(e, "what_to_do", None):
         return ""
-    said = str(where)
-    path = os.getcwd() if said.startswith(". (") else os.path.abspath(said)  # out_dir_of's ". (CWD)"
+    from minilmd.bounded import bounded_probe
+
+    answered, said, _ = bounded_probe(_room, e.errno, str(where))
+    return said if answered else ""
+
+
+def _room(error: int, where: str) -> str:
+    """_file_system's look (in bounded_probe's thread): the mount point of `where`, with the room left on ENOSPC."""
+    path = os.getcwd() if where.startswith(". (") else os.path.abspath(where)  # out_dir_of's ". (CWD)"
     for _ in range(path.count(os.sep) + 1):  # the nearest directory there is: --out itself may not be made yet
         try:
             st = os.stat(path)
@@ -84,7 +94,7 @@ def _file_system(e: OSError, where: str | os.PathLike) -> str:
         except OSError:
             break
         mount = os.path.dirname(mount)
-    if e.errno != errno.ENOSPC:
+    if error != errno.ENOSPC:
         return f" (on the file system mounted at {mount})"
     try:
         vfs = os.statvfs(path)
@@ -126,8 +136,8 @@ def prepare_exits(what: str, kept: str, out: str | os.PathLike) -> Iterator[None
     """A prepare's failure as its exit status, said in one line: bad input or arguments (every ValueError: InputError,
     CorpusError, TokenizerError) by data_error_exit, interrupted 130, and 74 for a source that failed while read
     (SourceReadError, naming it) or a write that failed: out_error_exit's words, naming `out` (the corpus
-    directory as typed, never a temporary name inside it) and its file system (a full disk: the room left; the
-    OSError of a write has no file name to say); `kept` says what is left of the output (the cleanup ran as the
+    directory as typed, never a temporary name inside it) and, on a full disk, its file system and the room left
+    (the OSError of a write has no file name to say); `kept` says what is left of the output (the cleanup ran as the
     error unwound through it)."""
     with interruptible(f"{what}: interrupted, {kept}"):
         try:

@@ -172,7 +172,8 @@ class Source:
         from minilmd.urls import is_local_fs
 
         self.path = path
-        self.json_array = False  # the file begins with "[": one JSON document, not JSON lines (line_shape.py)
+        self.json_array = False  # one JSON document of records, not JSON lines (json_document: line_shape.py's advice)
+        self._first_line_seen = False  # json_array is judged by the first non-blank line, once
         try:
             self.fs, self.fs_path = fsspec.core.url_to_fs(path)
             if is_local_fs(self.fs):
@@ -219,9 +220,11 @@ class Source:
                 cut = data.rfind(b"\n")
                 blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
                 if blob:
+                    self._judge_first_line(blob, whole=True)
                     yield line, blob
                     line += blob.count(b"\n")
                 if len(carry) >= block_bytes:  # a line longer than a block: stream it
+                    self._judge_first_line(carry, whole=False)
                     long = LongLine(line, carry, self.stream, block_bytes)
                     yield long
                     long.drain()
@@ -230,11 +233,20 @@ class Source:
         except (OSError, EOFError) as e:
             raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry:
+            self._judge_first_line(carry, whole=True)
             yield line, carry
+
+    def _judge_first_line(self, data: bytes, whole: bool) -> None:
+        """json_array, by the first non-blank line: `data` is whole lines (`whole`) or the beginning of one line
+        longer than a block."""
+        if self._first_line_seen or not (data := data.lstrip()):
+            return
+        self._first_line_seen = True
+        self.json_array = json_document(data.split(b"\n", 1)[0] if whole else data, whole)
 
     def _first_bytes(self, data: bytes, block_bytes: int) -> bytes:
         """The file's first bytes read, without a UTF-8 byte order mark (an editor's on Windows; only there: one
-        further on is a bad line); notes whether the file begins with "[" (json_array)."""
+        further on is a bad line)."""
         while len(data) < len(BOM) and BOM.startswith(data):  # a short read: the BOM may go on
             more = self.stream.read(block_bytes)
             if not more:
@@ -242,7 +254,6 @@ class Source:
             data += more
         if data.startswith(BOM):
             data = data[len(BOM):]
-        self.json_array = data.lstrip()[:1] == b"["
         return data
 
     def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
@@ -257,6 +268,23 @@ class Source:
         if self.stream is not self.raw:
             self.stream.close()
         self.raw.close()
+
+
+def json_document(first: bytes, whole: bool) -> bool:
+    """Whether a file whose first non-blank line is `first` (`whole`: all of it; else the beginning of a line longer
+    than a block) is one JSON document of records, an array that `jq -c '.[]'` makes JSON lines of: its first line
+    is not JSON by itself (the `[` of a pretty-printed array, or `[{...},` of one written an object a line) or is a
+    list of objects (the whole array on one line). Not JSON lines whose lines are arrays of strings or numbers: jq
+    would make lines of bare values of them, still bad lines."""
+    if not first.startswith(b"["):
+        return False
+    if not whole:  # too long to parse here: an array whose first element is an object
+        return first[1:].lstrip()[:1] == b"{"
+    try:
+        value = loads_bounded(first)
+    except ValueError:
+        return True
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
 
 
 def open_regular(path: str):

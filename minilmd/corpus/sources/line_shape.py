@@ -69,8 +69,8 @@ def mostly_other_format(counts: dict[str, int], lines_read: int) -> str:
 
 
 def json_document_advice(paths: list[str]) -> str:
-    """What to say of sources that begin with "[": each is one JSON document (an array), not JSON lines, whose
-    lines no reader takes ("" for none)."""
+    """What to say of sources that are each one JSON document (an array: jsonl.py json_document), not JSON lines,
+    whose lines no reader takes ("" for none)."""
     said = []
     for path in paths:
         where = PurePath(path)
