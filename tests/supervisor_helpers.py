@@ -5,10 +5,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import trainer_corpus
+from minilmd import names
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.child.process import TRAINER_CMD_ENV
+from minilmd.fsio import atomic_write_json
 from minilmd.names import FAULT_ENV
 from trainer_corpus import ONE_LAYER_MODEL
 from waiting import wait_until
@@ -145,3 +149,14 @@ def run_whose_step_1_records(tmp: Path, corpus: tuple[Path, int], init: dict, na
     (own / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
     (own / names.TRAINER_STATE).write_text(json.dumps({"step": 1, "init": init}))
     return config, cfg
+
+
+def ended_run(run_dir: Path) -> Path:
+    """A run directory whose supervisor (a pid long gone) ended `done`: what the views read, no process behind it."""
+    run_dir.mkdir(parents=True)
+    st = new_state("tiny", run_dir, "tiny.toml")
+    st.update(phase="done", supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
+              outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "the run finished"})
+    atomic_write_json(run_dir / names.STATE, st)
+    (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
+    return run_dir

@@ -13,18 +13,16 @@ import io
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from minilmd import names, protocol
-from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import registry
 from minilmd.daemon.views import overview
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
-from minilmd.fsio import atomic_write_json
+from supervisor_helpers import ended_run
 
 OTHER = 64123
 """Another user's uid (tests/test_stop_proof.py's attacker): no passwd entry needed to own a file."""
@@ -34,16 +32,6 @@ ESCAPES = "\x1b]0;OWNED-TITLE\x07\x1b[2J"
 """What another user's directory name or config may hold: OSC 0 retitles root's terminal, ESC[2J clears it."""
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: gives a link or a config to another uid")
-
-
-def ended_run(run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True)
-    st = new_state("tiny", run_dir, "tiny.toml")
-    st.update(phase="done", supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
-              outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "the run finished"})
-    atomic_write_json(run_dir / names.STATE, st)
-    (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
-    return run_dir
 
 
 def theirs_link(at: Path, to: Path, uid: int = OTHER) -> Path:

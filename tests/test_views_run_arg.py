@@ -10,30 +10,17 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from minilmd import names
-from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import runarg
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
-from minilmd.fsio import atomic_write_json
 from second_user import shared_dir, user_python
+from supervisor_helpers import ended_run
 
 CONFIG = '[run]\nname = "tiny"\ndir = "runs/tiny"\n\n[data]\nprepared = "corpus"\n\n[train]\nmax_steps = 30\n'
-
-
-def ended_run(run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True)
-    st = new_state("tiny", run_dir, "tiny.toml")
-    st.update(phase="done", supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
-              outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "the run finished"})
-    atomic_write_json(run_dir / names.STATE, st)
-    (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
-    return run_dir
 
 
 def test_status_logs_and_stop_accept_the_config_file_and_find_its_run_dir_beside_it(tmp_path, monkeypatch):
