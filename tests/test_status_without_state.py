@@ -34,7 +34,8 @@ def test_a_run_dir_full_at_launch_is_failed_exit_73_in_status_and_the_overview(t
     assert f"{cfg.run_dir}: failed (exit 73): stopped because run.dir is full" in one, one
     assert "no state.json yet" not in one and "events.jsonl" in one, one
     table = cli("status").stdout
-    row = next(line for line in table.splitlines() if line.startswith("s "))
+    # this worker's other runs named "s" share the registry: the row is the one of this run's directory
+    row = next(line for line in table.splitlines() if line.rstrip().endswith(str(cfg.run_dir)))
     assert "failed (exit 73)" in row and "not started" not in row, table
     assert "s: failed (exit 73): stopped because run.dir is full" in table, table
     as_json = json.loads(cli("status", "--json", str(cfg.run_dir)).stdout)
