@@ -175,6 +175,26 @@ def test_json_lines_whose_lines_are_arrays_of_strings_get_no_jq_advice(tmp_path,
     assert "JSON document" not in str(e.value) and "jq" not in str(e.value), str(e.value)
 
 
+def test_json_lines_whose_lines_are_message_lists_get_no_jq_advice(tmp_path, tokenizer, chat_tokenizer):
+    """Found by a reviewer (review 7 #2): chat data written a message list a line (`[{"role": ..}, {"role": ..}]`)
+    was said to be one JSON document, with `jq -c '.[]'`, which would split every conversation into lone messages:
+    still bad lines. Lines 1 and 2 are each JSON by themselves: JSON lines."""
+    src = tmp_path / "msgs.jsonl"
+    src.write_text("".join(json.dumps(line["conversations"], ensure_ascii=False) + "\n" for line in _lines("chat", 20)),
+                   encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        _prepare("chat", [src], tmp_path / "out", tokenizer, chat_tokenizer)
+    assert "20 bad lines" in str(e.value) and "JSON document" not in str(e.value), str(e.value)
+    with pytest.raises(InputError) as e:
+        list(iter_texts([str(src)]))
+    assert "JSON document" not in str(e.value) and "jq" not in str(e.value), str(e.value)
+    one = tmp_path / "one.json"  # the same records on one line, alone: one document still
+    one.write_text(json.dumps(_lines("text", 3), ensure_ascii=False) + "\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        list(iter_texts([str(one)]))
+    assert f"{one} is one JSON document (an array), not JSON lines" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("first, whole, one_document", [
     (b"[", True, True),  # a pretty-printed array
     (b'[{"text": "a"},', True, True),  # one object a line
@@ -190,11 +210,29 @@ def test_a_file_is_one_json_document_of_records_by_its_first_line(first, whole, 
     assert json_document(first, whole) is one_document
 
 
+MESSAGES = b'[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]'
+
+
+@pytest.mark.parametrize("first, second, one_document", [
+    ((MESSAGES, True), (MESSAGES, True), False),  # a message list a line: JSON lines
+    ((MESSAGES, True), (b'[{"role": "user", "content": "a very long', False), False),
+    ((MESSAGES, True), None, True),  # the whole array on its only line
+    ((b'[{"text": "a very long', False), (MESSAGES, True), False),
+    ((b'[{"text": "a very long', False), (b'{"text": "b"},', True), True),  # a document, an object a line
+    ((b'[{"text": "a very long', False), (b'{"text": "a very long', False), True),
+    ((b'[{"text": "a"},', True), (b'{"text": "b"}', True), True),  # its first line is not JSON by itself
+    ((b"[", True), (b'{"text": "b"}', True), True),
+])
+def test_the_second_line_tells_json_lines_from_a_document_on_one_line(first, second, one_document):
+    assert json_document(*first, second) is one_document
+
+
 @pytest.mark.parametrize("lines, one_document", [
     (['\n', '[{"text": "a"}, {"text": "b"}', "]"], True),
     (['["a", "b"]', '["c", "d"]'], False),
     ([json.dumps([{"text": "x" * 100}] * 3)], True),
     ([json.dumps(["x" * 100] * 3)], False),
+    ([json.dumps([{"role": "user", "content": "x" * 40}] * 2)] * 2, False),  # a message list a line
 ])
 def test_the_first_line_is_judged_in_short_blocks_and_when_longer_than_one(tmp_path, lines, one_document):
     src = tmp_path / "in.json"

@@ -216,6 +216,27 @@ def test_a_users_link_or_config_to_a_third_users_run_is_still_refused_even_past_
     assert f"{his_link} is a symbolic link of uid {OTHER}" in capsys.readouterr().err
 
 
+@needs_root
+def test_another_users_link_or_config_to_a_run_not_made_yet_is_refused_saying_it_does_not_exist(tmp_path, capsys):
+    """Review 7 #6: root's `status` of nobody's config whose run.dir is not made yet (a stage not started) said
+    "leads to the run directory X (which cannot be looked at); whoever owns a link or config chooses which run it
+    leads to": it blamed the config. The truth: X does not exist (yet). Still refused (exit 2): no owner of X
+    proves it the run's."""
+    tmp_path = tmp_path.resolve()  # the words name the real path
+    (tmp_path / "his").mkdir()
+    future = tmp_path / "his" / "runs" / "r1"
+    config = theirs_config(tmp_path / "his" / "r1.toml", future)
+    link = theirs_link(tmp_path / "his" / "current", future)
+    for arg, what in ((config, "a run config"), (link, "a symbolic link")):
+        for view in (views.status, views.logs, views_stop.stop):
+            assert view(arg, out=io.StringIO()) == 2, (view, arg)
+            said = capsys.readouterr().err
+            assert (f"{arg} is {what} of uid {OTHER}, not root's: it leads to {future}, which does not exist (yet); "
+                    f"whose run will be there cannot be told") in said, said
+            assert "refused: nothing signalled, nothing written" in said and "cannot be looked at" not in said, said
+    assert not future.exists()
+
+
 def test_forget_name_forgets_the_gone_runs_of_that_name_though_a_directory_here_of_that_name_runs(
         tmp_path, monkeypatch):
     """Review 6 finding 6: `cd ~/runs; minilmd forget demo` while ./demo trains kept everything (exit 1): the

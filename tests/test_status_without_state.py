@@ -7,14 +7,18 @@ the overview listed the run "not started". docs/failure-modes.md promises "`stat
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import socket
 
 import pytest
 
 from minilmd import names, protocol
 from minilmd.config import load_config
+from minilmd.daemon.host import registry
+from minilmd.daemon.views import overview
 from minilmd.daemon.views.lastwords import ended_in_events
 from minilmd.daemon.views.status import status
 from supervisor_helpers import cli, start_supervisor, wait_or_kill, write_config
@@ -78,6 +82,36 @@ def test_an_end_without_an_exit_status_is_no_end_and_the_exit_event_gives_one(tm
     _events(run_dir, {"event": "exit", "exit": 73, "message": "supervisor exits with status 73 (failed)"})
     end = ended_in_events(run_dir, os.getuid())
     assert end is not None and end.exit == 73
+
+
+def test_a_supervisor_holding_the_lock_before_its_start_event_is_starting_not_its_predecessors_failure(
+        tmp_path, monkeypatch):
+    """Review 7 #7: a new supervisor writes its "start" event only after the lock, its adopt notes, the remote's
+    take-over and the orphan hunt (daemon/supervisor.py); meanwhile `status` and the overview showed its
+    predecessor's "failed (exit 73)" while it ran. The lock is looked at first: its holder is starting."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    run_dir = tmp_path / "run"
+    _events(run_dir, START, GAVE_UP)  # the predecessor's end, exit 73, no state.json
+    registry.register("s", run_dir, tmp_path / "s.toml")
+    fd = os.open(run_dir / names.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the new supervisor's lock, its body naming it; no "start" event yet
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": 1.0}).encode())
+        one = _status(run_dir)
+        assert f"{run_dir}: starting (supervisor pid {os.getpid()}); no state.json yet" in one, one
+        assert "failed" not in one, one
+        as_json = io.StringIO()
+        assert status(run_dir, as_json=True, out=as_json) == 0
+        said = json.loads(as_json.getvalue())
+        assert said["running"] and said["starting_pid"] == os.getpid() and "ended_in_events" not in said, said
+        table = io.StringIO()
+        assert overview.status_all(out=table) == 0
+        row = next(line for line in table.getvalue().splitlines() if line.startswith("s "))
+        assert f"starting (supervisor pid {os.getpid()})" in row and "failed" not in row, table.getvalue()
+    finally:
+        os.close(fd)
+    assert "failed (exit 73): stopped because run.dir is full (x)" in _status(run_dir)  # the lock let go: its end
 
 
 def test_events_of_another_user_or_behind_a_link_are_not_read(tmp_path):

@@ -72,6 +72,35 @@ def test_another_users_private_run_is_refused_naming_its_owner_exit_1():
         shutil.rmtree(place)
 
 
+@pytest.mark.root
+def test_another_users_link_into_a_directory_the_caller_may_not_look_into_is_refused_saying_so():
+    """Review 7 #6: as nobody, a link of another uid's into that uid's 0700 directory was refused with "leads to the
+    run directory X (which cannot be looked at); whoever owns a link or config chooses which run it leads to",
+    blaming the link. Now what is true: X cannot be looked at (Permission denied), so whose run it is cannot be
+    told. Still refused, exit 2: the link is not followed."""
+    other = 64123  # no passwd entry needed to own a file
+    place = shared_dir()
+    try:
+        closed = place / "closed"
+        run_dir = ended_run(closed / "run")
+        for path in (closed, *closed.rglob("*")):
+            os.lchown(path, other, other)
+        closed.chmod(0o700)
+        link = place / "current"
+        link.symlink_to(run_dir)
+        os.lchown(link, other, other)
+        code = "import sys\nfrom minilmd.daemon.views import status\nsys.exit(status.status(sys.argv[1]))\n"
+        done = subprocess.run(user_python(code, str(link)), capture_output=True, text=True, timeout=60, cwd="/")
+        said = done.stdout + done.stderr
+        assert done.returncode == 2, said
+        assert f"{link} is a symbolic link of uid {other}, neither yours, user nobody (uid " in said, said
+        assert (f"nor root's: it leads to {run_dir}, which cannot be looked at (Permission denied); whose run is "
+                f"there cannot be told") in said, said
+        assert "refused: nothing signalled, nothing written" in said, said
+    finally:
+        shutil.rmtree(place)
+
+
 def test_the_cli_help_of_each_view_says_a_config_file_is_taken_too():
     for command in ("status", "logs", "stop"):
         done = subprocess.run([sys.executable, "-m", "minilmd.cli", command, "--help"], capture_output=True,

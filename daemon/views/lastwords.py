@@ -5,19 +5,25 @@ overview "not started" of a run that had failed, exit 73, saying why.
 
 events.jsonl is read as state.json is: a regular file of the run directory's owner (or ours), no link followed,
 only its last EVENTS_TAIL_BYTES, each line parsed with a bounded depth; what it says is shown escaped by the views.
-Only the events after the last supervisor's "start" count: a supervisor started since (just starting, no state.json
-yet) is not ended by its predecessor's words. Torch-free, light imports.
+Only the events after the last supervisor's "start" count, and none while a supervisor holds the run lock: a new
+supervisor writes its "start" event only after the lock, its adopt notes, the remote's take-over and the orphan hunt
+(daemon/supervisor.py), and until then it is shown "starting (supervisor pid N)", not ended by its predecessor's
+words. Torch-free, light imports.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd import names, protocol
 from minilmd.daemon.base.states import Phase
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
+
+if TYPE_CHECKING:
+    from minilmd.daemon.host.lock import LockInfo
 
 EVENTS_TAIL_BYTES = 256 << 10
 """The most of events.jsonl's end that is read: a supervisor's last events are a few lines, a few KB."""
@@ -73,15 +79,37 @@ def ended_in_events(run_dir: Path, owner: int | Collection[int]) -> EventsEnd | 
                      float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None)
 
 
+def starting_supervisor(run_dir: Path) -> LockInfo | None:
+    """The supervisor holding the run lock of a run without state.json (daemon/views/liveness.py lock_supervisor:
+    its pid, host): one starting, whose "start" event is not written yet; None when no process holds the lock, or
+    the lock cannot be looked at."""
+    from minilmd.daemon.views.liveness import lock_supervisor
+
+    try:
+        return lock_supervisor(run_dir)
+    except OSError:
+        return None
+
+
+def _starting_words(holder: LockInfo) -> str:
+    import socket
+
+    where = f" on {holder.host}" if holder.host and holder.host != socket.gethostname() else ""
+    return f"starting (supervisor pid {holder.pid}{where})"
+
+
 def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def no_state_lines(run_dir: Path) -> list[str]:
     """What `minilmd status RUN_DIR` says of a run directory without state.json (not escaped: printable() them):
-    how its last supervisor ended when events.jsonl records it, else that none has started (or is starting)."""
+    that a supervisor holding the run lock is starting; else how its last supervisor ended when events.jsonl
+    records it, else that none has started (or is just starting)."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
+    if (holder := starting_supervisor(run_dir)) is not None:
+        return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir, state_owners(run_dir))
     if end is None:
         return [f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)"]
@@ -92,9 +120,12 @@ def no_state_lines(run_dir: Path) -> list[str]:
 
 
 def no_state_row(run_dir: Path, owner: int) -> dict:
-    """The overview's row (daemon/views/overview.py) of a registered run directory without state.json: "failed"
-    with "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else
-    "not started"."""
+    """The overview's row (daemon/views/overview.py) of a registered run directory without state.json: "starting",
+    running, with "starting (supervisor pid N)" to show, while a supervisor holds its run lock; else "failed" with
+    "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else "not
+    started"."""
+    if (holder := starting_supervisor(run_dir)) is not None:
+        return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
     end = ended_in_events(run_dir, owner)
     if end is None:
         return {"phase": "not started", "running": False}

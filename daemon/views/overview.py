@@ -9,8 +9,9 @@ successful sync's age, restarts; "(stop requested)" after the phase while `minil
 (daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same rows as a list
 (the request: "stop_request"). With no supervisor alive, the row is of state.json caught up with what its trainer
 wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when that moved it).
-A run without state.json is "not started", or "failed (exit N)" when its supervisor gave up before it could write
-one (its events.jsonl records that end: daemon/views/lastwords.py; a line after the table gives the reason).
+A run without state.json is "starting (supervisor pid N)" while a supervisor holds its run lock, else "not started",
+or "failed (exit N)" when its supervisor gave up before it could write one (its events.jsonl records that end:
+daemon/views/lastwords.py; a line after the table gives the reason).
 Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
@@ -160,6 +161,8 @@ def _cells(r: dict) -> list[str]:
         phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("events_exit") is not None:
         phase += f" (exit {r['events_exit']})"  # no state.json: its events.jsonl's end (lastwords.py)
+    elif r.get("starting"):
+        phase = printable(r["starting"])[:PHASE_WIDTH]  # no state.json: a supervisor holds the lock (lastwords.py)
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
         phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):

@@ -11,7 +11,8 @@ config's `run.dir` is resolved as `minilmd run` resolves it (relative to the con
 same way. A third user's link or config chooses whose run the command reaches: root's `minilmd stop` of a user's
 link to a third user's run stopped hers, and left root's stop request in her run directory. So it is refused (exit
 2, nothing signalled, nothing written), naming the link or the config, its owner and the run directory it leads to,
-which the caller may then name itself. A directory must hold a run's files. A directory this user may not look into
+which the caller may then name itself; where that does not exist (yet) or cannot be looked at, that is said (no owner
+of it proves the link or config the run's). A directory must hold a run's files. A directory this user may not look into
 (another user's run under the default `run.share = "private"`) is answered by its owner, from its own lstat, as
 `stop` answers any other user's run: exit 1, the owner named. Every path said here is escaped
 (minilmd/untrusted.py `printable`): others name them.
@@ -134,23 +135,30 @@ def _walk(path: Path, command: str, owners: Set[int], named_by: Path | None = No
 
 def _foreign(arg: Path, what_path: Path, owner: int, what: str, command: str, leads_to: Path | None = None,
              named_by: Path | None = None) -> str:
-    """The refusal of a third user's link or config on the way from `arg`: it, its owner, the run it leads to."""
+    """The refusal of a third user's link or config on the way from `arg`: it, its owner, where it leads (whose run
+    directory, or that it does not exist yet or cannot be looked at: then no owner proves it the run's)."""
     from minilmd.perms import own_uid, user_words
 
+    rule = "minilmd follows another user's link or config only to that user's own run directory"
+    target = arg if leads_to is None else leads_to
     try:
-        leads_to = Path(os.path.realpath(arg if leads_to is None else leads_to))  # for the words only: never used
-        whose = f" of {user_words(os.stat(leads_to).st_uid)}"
-    except (OSError, ValueError):
-        whose = " (which cannot be looked at)"
+        target = Path(os.path.realpath(target))  # for the words only: never used
+        where = f"leads to the run directory {printable(target)} of {user_words(os.stat(target).st_uid)}"
+        why = f"whoever owns a link or config chooses which run it leads to, so {rule}"
+    except FileNotFoundError:
+        where = f"leads to {printable(target)}, which does not exist (yet)"
+        why = f"whose run will be there cannot be told, and {rule}"
+    except (OSError, ValueError) as e:
+        said = printable(str(getattr(e, "strerror", None) or e))
+        where = f"leads to {printable(target)}, which cannot be looked at ({said})"
+        why = f"whose run is there cannot be told, and {rule}"
     via = "" if what_path == arg else f" (on the way from {printable(arg)})"
     via += f" (run.dir of {printable(named_by)})" if named_by is not None else ""
     me = own_uid()
     not_whose = "not root's" if me == 0 else f"neither yours, {user_words(me)}, nor root's"
     return (f"minilmd {command}: {printable(what_path)}{via} is {what} of {user_words(owner)}, {not_whose}: it "
-            f"leads to the run directory {printable(leads_to)}{whose}; whoever owns a link or config chooses which "
-            f"run it leads to, so minilmd follows another user's only to that user's own run directory; refused: "
-            f"nothing signalled, nothing written. Give the run directory itself if it is the run you mean "
-            f"(`minilmd {command} {printable(leads_to)}`)")
+            f"{where}; {why}; refused: nothing signalled, nothing written. Give the run directory itself if it is "
+            f"the run you mean (`minilmd {command} {printable(target)}`)")
 
 
 def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str, owners: Set[int]) -> Path:

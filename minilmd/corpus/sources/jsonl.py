@@ -172,8 +172,7 @@ class Source:
         from minilmd.urls import is_local_fs
 
         self.path = path
-        self.json_array = False  # one JSON document of records, not JSON lines (json_document: line_shape.py's advice)
-        self._first_line_seen = False  # json_array is judged by the first non-blank line, once
+        self._head: list[tuple[bytes, bool]] = []  # the first two non-blank lines (or beginnings): json_array's
         try:
             self.fs, self.fs_path = fsspec.core.url_to_fs(path)
             if is_local_fs(self.fs):
@@ -193,6 +192,15 @@ class Source:
             self.raw.close()
             hint = " (pip install zstandard)" if codec == "zstd" else ""
             raise InputError(f"{path}: {codec} compression is not available{hint}")
+
+    @property
+    def json_array(self) -> bool:
+        """One JSON document of records, not JSON lines (json_document: line_shape.py's advice), by the first two
+        non-blank lines read."""
+        if not self._head:
+            return False
+        (first, whole), second = self._head[0], self._head[1] if len(self._head) > 1 else None
+        return json_document(first, whole, second)
 
     @property
     def position(self) -> int:
@@ -220,11 +228,11 @@ class Source:
                 cut = data.rfind(b"\n")
                 blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
                 if blob:
-                    self._judge_first_line(blob, whole=True)
+                    self._keep_head(blob, whole=True)
                     yield line, blob
                     line += blob.count(b"\n")
                 if len(carry) >= block_bytes:  # a line longer than a block: stream it
-                    self._judge_first_line(carry, whole=False)
+                    self._keep_head(carry, whole=False)
                     long = LongLine(line, carry, self.stream, block_bytes)
                     yield long
                     long.drain()
@@ -233,16 +241,19 @@ class Source:
         except (OSError, EOFError) as e:
             raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry:
-            self._judge_first_line(carry, whole=True)
+            self._keep_head(carry, whole=True)
             yield line, carry
 
-    def _judge_first_line(self, data: bytes, whole: bool) -> None:
-        """json_array, by the first non-blank line: `data` is whole lines (`whole`) or the beginning of one line
-        longer than a block."""
-        if self._first_line_seen or not (data := data.lstrip()):
-            return
-        self._first_line_seen = True
-        self.json_array = json_document(data.split(b"\n", 1)[0] if whole else data, whole)
+    def _keep_head(self, data: bytes, whole: bool) -> None:
+        """The first two non-blank lines, for json_array: `data` is whole lines (`whole`) or the beginning of one
+        line longer than a block."""
+        start = 0
+        while len(self._head) < 2 and start < len(data):
+            end = data.find(b"\n", start) if whole else -1
+            end = len(data) if end < 0 else end
+            if line := data[start:end].strip():
+                self._head.append((line, whole))
+            start = end + 1
 
     def _first_bytes(self, data: bytes, block_bytes: int) -> bytes:
         """The file's first bytes read, without a UTF-8 byte order mark (an editor's on Windows; only there: one
@@ -270,21 +281,40 @@ class Source:
         self.raw.close()
 
 
-def json_document(first: bytes, whole: bool) -> bool:
+def json_document(first: bytes, whole: bool, second: tuple[bytes, bool] | None = None) -> bool:
     """Whether a file whose first non-blank line is `first` (`whole`: all of it; else the beginning of a line longer
-    than a block) is one JSON document of records, an array that `jq -c '.[]'` makes JSON lines of: its first line
-    is not JSON by itself (the `[` of a pretty-printed array, or `[{...},` of one written an object a line) or is a
-    list of objects (the whole array on one line). Not JSON lines whose lines are arrays of strings or numbers: jq
-    would make lines of bare values of them, still bad lines."""
+    than a block) and whose second is `second` (the same; None: there is none) is one JSON document of records, an
+    array that `jq -c '.[]'` makes JSON lines of: its first line is not JSON by itself (the `[` of a pretty-printed
+    array, or `[{...},` of one written an object a line), or is a list of objects (the whole array on one line) and
+    is the only line. When the first line and the second are each JSON by themselves, it is JSON lines (a message
+    list a line, say), which jq would split into lone messages. Not JSON lines whose lines are arrays of strings or
+    numbers either: jq would make lines of bare values of them, still bad lines. A line too long to parse here is
+    judged by its beginning: a first line by its first element (an object), a second by its `[` (a list a line, as
+    the first; a document's next object begins with `{`)."""
     if not first.startswith(b"["):
         return False
     if not whole:  # too long to parse here: an array whose first element is an object
-        return first[1:].lstrip()[:1] == b"{"
+        return first[1:].lstrip()[:1] == b"{" and not _json_by_itself(second)
     try:
         value = loads_bounded(first)
     except ValueError:
         return True
-    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+    records = isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+    return records and not _json_by_itself(second)
+
+
+def _json_by_itself(line: tuple[bytes, bool] | None) -> bool:
+    """Whether a non-blank line (json_document's `second`) is a JSON value on its own."""
+    if line is None:
+        return False
+    text, whole = line
+    if not whole:
+        return text[:1] == b"["
+    try:
+        loads_bounded(text)
+    except ValueError:
+        return False
+    return True
 
 
 def open_regular(path: str):
