@@ -321,9 +321,9 @@ def stage_notes(cfg: RunConfig) -> list[str]:
 
 def init_from_notes(cfg: RunConfig) -> list[str]:
     """stage_notes' notes of init.from's checkpoint (init_notes: another tokenizer or chat template than the
-    corpus's, a DPO stage on a text or chat corpus...) and of a [dpo] beta its corpus ignores, for the supervisor once it
-    has staged that checkpoint (daemon/jobs/stagingworker.py): a
-    predecessor still training at `run --check` had none to compare, and a launch without `--check` says none."""
+    corpus's, a DPO stage on a text or chat corpus...) and of a [dpo] beta its corpus ignores, for the supervisor
+    once it has staged that checkpoint (daemon/jobs/stagingworker.py): a predecessor still training at `run --check`
+    had none to compare, and a launch without `--check` says none."""
     meta = _corpus_meta(cfg)
     return dpo_beta_ignored(cfg, data_format_of(meta) if meta is not None else "") + _bounded_init_notes(cfg, meta)
 
