@@ -375,15 +375,6 @@ def source_model(source: InitSource) -> dict | None:
     return model
 
 
-def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
-    """`model.KEY: source X, run Y` for every field of the weights that differs (not the kernel: KERNEL_KEYS)."""
-    from minilmd.config_sections import weights_config
-
-    source_cfg, run_cfg = weights_config(source_cfg), weights_config(run_cfg)
-    return [f"model.{k}: source {source_cfg.get(k)!r}, run {run_cfg.get(k)!r}"
-            for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
-
-
 def model_problems(spec: str, run_model: dict, checkpoint: str = "best",
                    written: Callable[[str], bool] = lambda key: True) -> list[str]:
     """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch): a
