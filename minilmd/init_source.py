@@ -40,7 +40,7 @@ from minilmd.init_kinds import (
 )
 from minilmd.init_model import model_mismatch
 from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
-from minilmd.names import BEST, LATEST, MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
+from minilmd.names import BEST, HF_CONFIG, LATEST, MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
 from minilmd.names import INIT_PTH as STAGED_PTH
 from minilmd.names import INIT_RECORD as STAGED_RECORD
@@ -335,7 +335,7 @@ def _from_root(root, checkpoint: str, owners: tuple[int, ...]) -> InitSource:
         except InitSourceError as e:
             raise InitSourceError(f"{e} (init.checkpoint = \"last\" takes its LATEST instead)") from None
     if root.lstat(LATEST) is None:
-        if root.lstat(MODEL_FILE) is not None:  # looked at, never read: whose ever it is, it is no source
+        if root.lstat(MODEL_FILE) is not None and root.lstat(HF_CONFIG) is not None:  # the hf layout, looked at
             raise InitSourceError(f"a directory with {MODEL_FILE} but without {MANIFEST}: an export (`minilmd "
                                   f"export --format hf`, for transformers), not a checkpoint; init.from takes a "
                                   f"checkpoint, its root or run, or a MiniMind .pth (`minilmd export CHECKPOINT "
@@ -373,15 +373,6 @@ def source_model(source: InitSource) -> dict | None:
     if not isinstance(model, dict):
         raise InitSourceError(f"{source.path / TRAINER_STATE}: config.model is not a table")
     return model
-
-
-def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
-    """`model.KEY: source X, run Y` for every field of the weights that differs (not the kernel: KERNEL_KEYS)."""
-    from minilmd.config_sections import weights_config
-
-    source_cfg, run_cfg = weights_config(source_cfg), weights_config(run_cfg)
-    return [f"model.{k}: source {source_cfg.get(k)!r}, run {run_cfg.get(k)!r}"
-            for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
 
 
 def model_problems(spec: str, run_model: dict, checkpoint: str = "best",

@@ -180,6 +180,7 @@ init.from's fingerprint and staging, a base copy): a dozen entries of ~150 bytes
 One bound, so that a manifest one reader accepts no other refuses (init.from staged a copy that the trainer's
 validation then refused, when staging read up to 16 MiB)."""
 MODEL_FILE = "model.safetensors"
+HF_CONFIG = "config.json"  # beside MODEL_FILE in an `export --format hf` directory (transformers' layout)
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"

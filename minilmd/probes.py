@@ -321,9 +321,9 @@ def stage_notes(cfg: RunConfig) -> list[str]:
 
 def init_from_notes(cfg: RunConfig) -> list[str]:
     """stage_notes' notes of init.from's checkpoint (init_notes: another tokenizer or chat template than the
-    corpus's, a DPO stage on a text corpus...) and of a [dpo] beta its corpus ignores, for the supervisor once it
-    has staged that checkpoint (daemon/jobs/stagingworker.py): a
-    predecessor still training at `run --check` had none to compare, and a launch without `--check` says none."""
+    corpus's, a DPO stage on a text or chat corpus...) and of a [dpo] beta its corpus ignores, for the supervisor
+    once it has staged that checkpoint (daemon/jobs/stagingworker.py): a predecessor still training at `run --check`
+    had none to compare, and a launch without `--check` says none."""
     meta = _corpus_meta(cfg)
     return dpo_beta_ignored(cfg, data_format_of(meta) if meta is not None else "") + _bounded_init_notes(cfg, meta)
 
@@ -363,33 +363,41 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
 PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo`"
 
 
+def _dpo_written(cfg: RunConfig) -> dict[str, Any]:
+    """The [dpo] settings written in the config (or --set): name, value."""
+    return {f.name: getattr(cfg.dpo, f.name) for f in dataclasses.fields(DpoSection) if cfg.is_set(f"dpo.{f.name}")}
+
+
 def dpo_beta_ignored(cfg: RunConfig, data_format: str) -> list[str]:
-    """[dpo] written in the config (or --set) on a chat corpus, whatever its values: a DPO config pointed at the SFT
-    corpus trains SFT (user5 #4: the docs' dpo.toml writes beta = 0.1, the default, which said nothing); on a text
-    corpus a beta other than its default, since a pretraining copy of deploy/example.toml (which writes every key
-    out) is no mistake (a DPO stage on text after SFT: dpo_on_text_after_sft)."""
-    written = [key for key in (f"dpo.{f.name}" for f in dataclasses.fields(DpoSection)) if cfg.is_set(key)]
-    if data_format in ("", "dpo") or not written or (data_format != "chat" and cfg.dpo.beta == DpoSection.beta):
+    """[dpo] written in the config (or --set) with a value other than its default on a text or chat corpus: a DPO
+    config pointed at another corpus trains that corpus's stage. At its defaults [dpo] is noted only after an SFT
+    checkpoint (dpo_after_sft; one rule for both corpus kinds): a copy of deploy/example.toml (which writes every key
+    out, beta = 0.1 too) for pretraining or SFT is no mistake."""
+    written = _dpo_written(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(DpoSection)}
+    if data_format in ("", "dpo") or all(value == defaults[name] for name, value in written.items()):
         return []
-    values = ", ".join(f"{key[len('dpo.'):]} = {getattr(cfg.dpo, key[len('dpo.'):])!r}" for key in written)
+    values = ", ".join(f"{name} = {value!r}" for name, value in written.items())
     stage = stage_defaults(data_format, False)[0]
     return [f"[dpo] {values} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run trains "
             f"{stage}, not DPO ({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat"
                                                          else "")]
 
 
-def dpo_on_text_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:
-    """A DPO stage pointed at a text corpus (walk 4 #3): [dpo] beta written in the config at its default (other
-    values: ignored_settings), init.from's checkpoint fine-tuned on conversations (it holds a chat template, which a
-    text corpus's checkpoints never do) and the corpus plain text. A copy of deploy/example.toml (beta = 0.1 written
-    out) for pretraining, or for more pretraining from a pretraining checkpoint, says nothing; an SFT stage on a chat
-    corpus neither."""
-    if (meta is None or data_format_of(meta) != "text" or not cfg.is_set("dpo.beta")
-            or cfg.dpo.beta != DpoSection.beta or not os.path.lexists(source_path / TOKENIZER_CONFIG)):
+def dpo_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:
+    """A DPO stage pointed at a text or chat corpus (walk 4 #3, user5 #4): [dpo] written in the config at its
+    defaults (other values: dpo_beta_ignored) and init.from's checkpoint fine-tuned on conversations (it holds a chat
+    template, which a text corpus's checkpoints never do): the stage after SFT is DPO. A copy of deploy/example.toml
+    (beta = 0.1 written out) for pretraining, or for SFT or more pretraining from a pretraining checkpoint, says
+    nothing."""
+    data_format = data_format_of(meta) if meta is not None else ""
+    if (data_format not in ("text", "chat") or not _dpo_written(cfg) or dpo_beta_ignored(cfg, data_format)
+            or not os.path.lexists(source_path / TOKENIZER_CONFIG)):
         return []
-    return [f"[dpo] is set but {cfg.data.prepared} is a text corpus: this stage trains init.from's model (fine-tuned "
-            f"on conversations: {source_path} holds a chat template) as a plain language model, not DPO "
-            f"({PREFERENCE_CORPUS})"]
+    trains = "as a plain language model" if data_format == "text" else "with SFT again"
+    return [f"[dpo] is set but {cfg.data.prepared} is a {data_format} corpus: this stage trains init.from's model "
+            f"(fine-tuned on conversations: {source_path} holds a chat template) {trains}, not DPO "
+            f"({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat" else "")]
 
 
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
@@ -413,7 +421,7 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
                      f"starts from the SFT stage's model")
-    notes += dpo_on_text_after_sft(cfg, meta, source.path)
+    notes += dpo_after_sft(cfg, meta, source.path)
     return notes + (init_tokenizer.notes(spec, cfg.data.prepared, source, state, meta) if meta is not None else [])
 
 

@@ -124,11 +124,6 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, corpus, dpo_corpus
     assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
             f"DPO") in said, said
     assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="plain-sft"))
-    # user5 #4: the docs' dpo.toml (beta = 0.1, the default) pointed at the SFT corpus by a typo said nothing
-    said = _check(write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1}))
-    assert (f"note: [dpo] beta = 0.1 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
-            f"DPO (a preference corpus is one of `minilmd prepare --format dpo`); leave [dpo] out of an SFT "
-            f"config") in said, said
     # deploy/example.toml writes every key out, beta = 0.1 too: a pretraining copy of it is no mistake
     assert "[dpo]" not in _check(write_config(tmp_path, corpus, name="example-pretrain", dpo={"beta": 0.1}))
     assert "[dpo] beta = 0.2 has no effect" in _check(write_config(tmp_path, corpus, name="beta-text",
@@ -176,3 +171,22 @@ def test_a_third_users_chat_template_in_init_froms_checkpoint_is_not_read(tmp_pa
     root = _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, template=template.replace("\n", " ", 1))
     os.chown(root / "step-00000100" / "tokenizer_config.json", 54321, 54321)
     assert "another chat template" not in _check(config)
+
+
+def test_dpo_at_its_defaults_on_a_chat_corpus_is_said_after_sft_and_a_copy_of_the_example_for_sft_is_not(
+        tmp_path, chat_corpus):
+    """One rule for text and chat corpora. user5 #4: the docs' dpo.toml (beta = 0.1, the default; init.from the SFT
+    stage) pointed at the SFT corpus by a typo said nothing. Review 7 #3: then every SFT config copied from
+    deploy/example.toml (which writes beta = 0.1 out) was told to leave [dpo] out."""
+    example_sft = write_config(tmp_path, chat_corpus, name="example-sft", dpo={"beta": 0.1})
+    assert "[dpo]" not in _check(example_sft)  # SFT from scratch, a copy of the example
+    config = write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1},
+                          init={"from": str(tmp_path / "nfs-sft")})
+    ckpt = _source_root(tmp_path, config, chat_corpus[0], step=100, total=100) / "step-00000100"  # the SFT stage's
+    said = _check(config)
+    assert (f"note: [dpo] is set but {chat_corpus[0]} is a chat corpus: this stage trains init.from's model "
+            f"(fine-tuned on conversations: {ckpt} holds a chat template) with SFT again, not DPO (a preference "
+            f"corpus is one of `minilmd prepare --format dpo`); leave [dpo] out of an SFT config") in said, said
+    assert "has no effect" not in said, said  # said once
+    (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: SFT, a copy of the example
+    assert "[dpo]" not in _check(config)

@@ -40,3 +40,18 @@ def test_an_hf_export_as_init_from_is_refused_as_an_export_at_check(tmp_path, co
     (export / "model.safetensors").unlink()  # any other directory: as before
     with pytest.raises(InitSourceError, match="without LATEST"):
         resolve(str(export), "best")
+
+
+def test_a_directory_with_model_safetensors_alone_is_no_export_but_a_directory_without_a_manifest(tmp_path):
+    """review 7 #5: "an export" was decided from model.safetensors alone, so a damaged checkpoint (its manifest.json
+    lost, or copied by hand without it) was called an `export --format hf`. The hf layout has config.json too."""
+    damaged = tmp_path / "step-00000100"
+    damaged.mkdir()
+    for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
+        (damaged / name).write_bytes(b"{}")
+    with pytest.raises(InitSourceError, match="without LATEST") as refused:
+        resolve(str(damaged), "best")
+    assert "export" not in str(refused.value), refused.value
+    (damaged / "config.json").write_bytes(b"{}")  # now the hf layout
+    with pytest.raises(InitSourceError, match="an export"):
+        resolve(str(damaged), "best")

@@ -78,3 +78,47 @@ def test_a_written_value_is_not_called_a_default_and_a_checkpoint_says_the_same(
                               f"(default),"), problem
     for key, value in TINY_MODEL.items():
         assert f"\n      {key} = {toml_value(value)}" in problem, problem
+
+
+def test_a_pth_of_another_model_is_refused_by_the_trainer_in_the_same_words(tmp_path, corpus):
+    """review 7 #4: the LoRA and hf refusals steer to a .pth (`export --format minimind`), whose model `--check`
+    cannot read; the trainer then refused it as "model.hidden_size: source 64, run 768", no "(default)" mark and no
+    [model] lines to paste (init_source.model_differences, gone). Now init_model.model_mismatch's words, pasted, fit."""
+    import pytest
+    import torch
+
+    from minilmd.config import ConfigError
+    from minilmd.model_shapes import expected_state_shapes
+    from minilmd.trainer.checkpoint.init_weights import load_init
+
+    source = load_config(write_config(tmp_path, corpus, name="pre")).model_dict()  # TINY_MODEL, the corpus's vocab
+    pth = tmp_path / "pre.pth"
+    torch.save({k: torch.zeros(shape) for k, shape in expected_state_shapes(source).items()}, pth)
+    stage = _without_model(write_config(tmp_path, corpus, name="sft", init={"from": str(pth)}), corpus[1])
+    with pytest.raises(ConfigError) as refused:
+        load_init(load_config(stage))
+    said = str(refused.value)
+    assert ("its tensors' shapes are of another model config: model.hidden_size: source 64, run 768 (default), "
+            in said), said
+    assert "[model] is not inherited from init.from" in said and "\n      hidden_size = 64" in said, said
+    _pasted(stage, said)
+    weights, record = load_init(load_config(stage))  # the lines pasted: the .pth loads
+    assert record["kind"] == "minimind" and weights.keys() == expected_state_shapes(source).keys()
+
+
+def test_a_checkpoint_of_another_model_is_refused_by_the_trainer_in_the_same_words(tmp_path, corpus):
+    """The trainer's own refusal of a checkpoint (`minilmd train` alone, or a source replaced after `--check`) said
+    "saved by a different model config: model.hidden_size: source 64, run 768" (checkpoint_expect's words)."""
+    import pytest
+
+    from minilmd.config import ConfigError
+    from minilmd.trainer.checkpoint.init_weights import load_init
+    from weights_helpers import save_checkpoint, tiny_model
+
+    ckpt = save_checkpoint(tmp_path / "pre" / "checkpoints", tiny_model(vocab_size=corpus[1]), step=1)
+    stage = _without_model(write_config(tmp_path, corpus, name="sft", init={"from": str(ckpt)}), corpus[1])
+    with pytest.raises(ConfigError) as refused:
+        load_init(load_config(stage))
+    said = str(refused.value)
+    assert f"{ckpt} holds another model config: model.hidden_size: source 64, run 768 (default), " in said, said
+    assert "[model] is not inherited from init.from" in said and "\n      hidden_size = 64" in said, said

@@ -175,3 +175,19 @@ def test_on_a_card_too_small_the_trainer_ends_as_a_cuda_oom_the_supervisor_retri
     fault = (tmp_path / "fault.json").read_text()
     assert "cuda_oom" in fault and said in fault, fault
     assert isinstance(too_big([said], cfg, on_gpu=False), ConfigError)
+
+
+def test_at_a_micro_batch_of_1_the_note_says_nothing_halves_it_and_never_that_it_cannot_fit():
+    """review 7 #1: at 1, a CPU estimate at 90 % of the host read "Not even a micro-batch of 1 fits" (way_out tried
+    only smaller sizes), and a card's estimate over its memory was promised the OOM retry's halving, which has
+    nothing to halve at 1 (daemon/child/policy.py)."""
+    cfg = _tiny()
+    cfg.override("train.micro_batch_size", 1)
+    for on_gpu in (True, False):
+        need = micro_batch_need(cfg, "text", on_gpu=on_gpu)
+        for offer in (Offer(int(need.total / 0.9), "a device"), Offer(int(need.total / 1.5), "a device")):
+            refused, note = judge(cfg, need, offer)
+            assert refused is None and note is not None, (refused, note)
+            assert "nothing halves a micro-batch of 1" in note, note
+            assert "halves the micro-batch" not in note and "Not even a micro-batch" not in note, note
+            assert "a smaller model, a shorter train.seq_len, or a device with more memory" in note, note

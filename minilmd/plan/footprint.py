@@ -22,9 +22,10 @@ It leaves out the allocator's fragmentation, torch.compile's workspace and the C
 is no proof either way, so the rule is lenient. Only an estimate over OVER_FACTOR times what the device offers is
 refused (a clear impossibility); one over NEAR_SHARE of it is a note (on a card the supervisor's CUDA OOM retry,
 which halves the micro-batch and keeps the global batch, handles the rest; on the CPU nothing halves it, so the note
-gives the way out). What the device offers: the card's total memory where
-the run trains on CUDA (the supervisor waits for a free card), the host's total memory on the CPU (host_offer):
-what cannot change between two starts of the run, so that a refusal is as final as its exit 2. What the host has
+gives the way out; at a micro-batch of 1 nothing halves it on either, and the note says so). What the device
+offers: the card's total memory where the run trains on CUDA (the supervisor waits for a free card), the host's
+total memory on the CPU (host_offer): what cannot change between two starts of the run, so that a refusal is as
+final as its exit 2. What the host has
 available now (host_available: another user may hold most of it for a while) is a note only (available_note),
 at every start: a restart while the memory is briefly taken must not end a run that finishes unattended.
 Torch-free, numpy-free.
@@ -172,7 +173,11 @@ def judge(cfg: RunConfig, need: Need, offer: Offer) -> tuple[str | None, str | N
                 f"{way_out(cfg, need, offer)}"), None
     if total > NEAR_SHARE * offer.bytes:
         near = "more than" if total > offer.bytes else "close to"
-        if need.on_gpu:
+        if t.micro_batch_size == 1:  # the OOM retry has nothing to halve, and way_out no smaller micro-batch
+            then = ("nothing halves a micro-batch of 1 (" + ("a CUDA OOM restarts it as it was" if need.on_gpu else
+                    "the kernel's OOM killer ends the run and its restarts run out of memory the same way") +
+                    "): a smaller model, a shorter train.seq_len, or a device with more memory")
+        elif need.on_gpu:
             then = "the supervisor's retry after a CUDA OOM halves the micro-batch and keeps the global batch"
         else:  # the kernel's OOM killer ends a CPU run, which restarts as it was: nothing halves its micro-batch
             then = ("the kernel's OOM killer ends the run and its restarts run out of memory the same way (only a "

@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
+from minilmd.init_model import model_mismatch
 from minilmd.init_pth import InitSourceTooBig, read_pth
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
     adapter_source,
     fingerprint,
-    model_differences,
     resolve,
+    source_model,
 )
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
 
@@ -106,11 +107,23 @@ def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged_record: dict 
     except CheckpointMismatch as e:
         if e.differences and e.differences[0][0] == "[lora]":  # the expectation has no [lora]: a LoRA run's
             raise _refuse(cfg, f"names a checkpoint of {adapter_source(e.differences[0][1])}") from None
+        if e.kind == "model" and (mismatch := _recorded_mismatch(cfg, source)):
+            raise _refuse(cfg, f"{source.path} holds {mismatch}") from None
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:
         if staged:  # it verified when staged: scratch damaged since, a data error (staged again), not the config
             raise _damaged(source.path, f"damaged: {'; '.join(e.problems)}") from None
         raise _refuse(cfg, f"the checkpoint is invalid: {'; '.join(e.problems)}") from None
+
+
+def _recorded_mismatch(cfg: RunConfig, source: InitSource) -> str:
+    """The checkpoint's recorded [model] against the run's in `run --check`'s words (init_model.model_mismatch);
+    "" where it cannot be read or does not differ."""
+    try:
+        saved = source_model(source)
+    except ValueError:
+        return ""
+    return model_mismatch(saved, cfg.model_dict(), cfg.is_set) if saved is not None else ""
 
 
 def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
@@ -130,20 +143,23 @@ def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
     expected = expected_state_shapes(cfg.model)
     got = {k: tuple(v.shape) for k, v in state.items()}
     if got != expected:
-        raise _refuse(cfg, "its tensors do not fit this run's model: " + _shape_mismatch(got, expected, cfg))
+        raise _refuse(cfg, _shape_mismatch(got, expected, cfg))
     return {k: v.to(torch.float32).contiguous() for k, v in state.items()}
 
 
 def _shape_mismatch(got: dict, expected: dict, cfg: RunConfig) -> str:
-    """The model fields the .pth's shapes imply where they differ from the run's, else the tensors that differ."""
+    """Why a .pth's tensors (shapes `got`) cannot load into the run's model: the model fields their shapes imply where
+    they differ from the run's, in `run --check`'s words (the run's defaults marked, the [model] lines to paste:
+    init_model.model_mismatch), else the tensors that differ."""
     implied = implied_model(got)
     run = cfg.model_dict() | {"intermediate_size": cfg.model.ffn_size}
-    diff = model_differences({k: v for k, v in implied.items()}, {k: run[k] for k in implied})
-    if diff:
-        return ", ".join(diff)
+    mismatch = model_mismatch(implied, {k: run[k] for k in implied}, cfg.is_set)
+    if mismatch:
+        return f"its tensors' shapes are of {mismatch}"
     missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
     wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-    return f"missing {missing[:4]}, unexpected {extra[:4]}, other shapes {wrong[:4]}"
+    return (f"its tensors do not fit this run's model: missing {missing[:4]}, unexpected {extra[:4]}, other shapes "
+            f"{wrong[:4]}")
 
 
 def implied_model(shapes: dict[str, tuple]) -> dict:
@@ -156,4 +172,9 @@ def implied_model(shapes: dict[str, tuple]) -> dict:
     gate = shapes.get("model.layers.0.mlp.gate_proj.weight")
     if gate:
         out["intermediate_size"] = gate[0]
+    head_dim = (shapes.get("model.layers.0.self_attn.q_norm.weight") or (0,))[0]  # the heads, so that the [model]
+    for key, proj in (("num_attention_heads", "q_proj"), ("num_key_value_heads", "k_proj")):  # lines pasted fit
+        rows = (shapes.get(f"model.layers.0.self_attn.{proj}.weight") or (0,))[0]
+        if head_dim and rows and rows % head_dim == 0:
+            out[key] = rows // head_dim
     return out

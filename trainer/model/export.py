@@ -46,6 +46,7 @@ from minilmd.checkpoint import Validated, saved_lora
 from minilmd.fsio import out_taken
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
+    HF_CONFIG,
     MANIFEST,
     MODEL_FILE,
     TOKENIZER_CONFIG,
@@ -486,7 +487,7 @@ def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict 
     perms.settle_new_file(tmp / MODEL_FILE)  # safetensors makes it 0600 whatever --share says
     max_len = as_model_section(model_cfg).max_position_embeddings
     files = {
-        "config.json": hf_config(model_cfg, dtype),
+        HF_CONFIG: hf_config(model_cfg, dtype),
         "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
         TOKENIZER_CONFIG: {**_tokenizer_config(max_len), **({"chat_template": chat["chat_template"]} if chat else {})},
         "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
