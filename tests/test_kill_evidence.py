@@ -49,13 +49,37 @@ def test_with_no_readable_record_it_says_it_cannot_be_told(tmp_path, monkeypatch
     assert death.cause == "killed" and "cannot be told" in death.detail and "probably" not in death.detail, death
 
 
+NOW = "$(cut -d' ' -f1 /proc/uptime)"
+"""The kernel log's clock when the fake dmesg runs (after the child died): seconds since boot, as printk stamps."""
+WRITE_PID_AND_DIE = "import os, signal; open({!r}, 'w').write(str(os.getpid())); os.kill(os.getpid(), signal.SIGKILL)"
+"""The child writes its pid (which the fake kernel log then names) and is "OOM-killed"."""
+
+
 def test_a_kernel_log_record_of_the_pid_is_an_oom_kill(tmp_path, monkeypatch):
-    # the record names the pid the child will have: the child writes its pid, waits, then is "OOM-killed"
+    pid_file = tmp_path / "pid"
+    fake_dmesg(tmp_path, monkeypatch, f"echo \"[{NOW}] Out of memory: Killed process $(cat {pid_file}) (python)\"")
+    death, child = killed(tmp_path, WRITE_PID_AND_DIE.format(str(pid_file)))
+    assert death.cause == "oom_kill" and f"kernel log names pid {child.pid}" in death.detail, death
+
+
+def test_a_record_of_an_earlier_process_of_the_same_pid_is_not_this_deaths(tmp_path, monkeypatch):
+    """Pids are used again (32768 of them by default) and the kernel log keeps every OOM kill since boot: the clean-
+    clone CI's second Ctrl-C test was called OOM-killed by the record of another test's child of the same pid, 23
+    minutes older. Only a record stamped after the child's start is of it."""
+    pid_file = tmp_path / "pid"
+    fake_dmesg(tmp_path, monkeypatch, f"echo \"[    1.000000] Out of memory: Killed process $(cat {pid_file}) "
+                                      f"(python)\"; echo \"[{NOW}] eth0: link up\"")
+    death, child = killed(tmp_path, WRITE_PID_AND_DIE.format(str(pid_file)))
+    assert death.cause == "killed", death
+    assert f"the kernel log holds no OOM record of pid {child.pid}" in death.detail, death.detail
+
+
+def test_records_without_a_time_cannot_tell(tmp_path, monkeypatch):
+    """A kernel log printed without times (printk.time=0) cannot place a record after the start: not evidence."""
     pid_file = tmp_path / "pid"
     fake_dmesg(tmp_path, monkeypatch, f"echo \"Out of memory: Killed process $(cat {pid_file}) (python)\"")
-    death, child = killed(tmp_path, f"import os, signal; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-                                    "os.kill(os.getpid(), signal.SIGKILL)")
-    assert death.cause == "oom_kill" and f"kernel log names pid {child.pid}" in death.detail, death
+    death, _ = killed(tmp_path, WRITE_PID_AND_DIE.format(str(pid_file)))
+    assert death.cause == "killed" and "cannot be told" in death.detail, death
 
 
 @pytest.mark.parametrize("kind,code,cause", [

@@ -337,7 +337,7 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
         if after is not None:
             stayed.append(f"{after} ({counter})")
     counter_words = f"the memory cgroup's oom_kill counter stayed at {', '.join(stayed)}" if stayed else ""
-    in_log = _kernel_log_oom(child.pid)
+    in_log = _kernel_log_oom(child.pid, child.started)
     if in_log:
         return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
     if child.killed_by:  # the supervisor's own SIGKILL, no OOM kill before it
@@ -463,15 +463,28 @@ def _oom_kills_after(before: dict[Path, int]) -> dict[Path, int | None]:
         time.sleep(0.05)
 
 
-def _kernel_log_oom(pid: int) -> bool | None:
-    """Whether the kernel log records the OOM killer taking `pid`; None when it cannot be read (dmesg missing, or
-    refused: kernel.dmesg_restrict)."""
+KERNEL_LOG_SLACK_S = 5.0
+"""How long before the child's start a kernel log record still counts as of it: printk's clock and CLOCK_MONOTONIC
+agree to far less, and no pid is handed out again within it."""
+_STAMP = re.compile(r"\[\s*(\d+(?:\.\d+)?)\]")
+
+
+def _kernel_log_oom(pid: int, started: float) -> bool | None:
+    """Whether the kernel log records the OOM killer taking `pid` since the child started (`started`: its wall-clock
+    start); None when it cannot be read (dmesg missing, or refused: kernel.dmesg_restrict) or its records carry no
+    time. Only records stamped after the start count: a pid is used again, and the log keeps an OOM kill of an
+    earlier process of the same pid for as long as the machine runs (the CI's second Ctrl-C test was called OOM-killed
+    by the record of another test's child of that pid, 23 minutes older)."""
     try:
         done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
         return None
-    out = done.stdout
-    return re.search(rf"Killed process {pid}\b", out) is not None or \
-        re.search(rf"oom-kill:.*pid={pid}\b", out) is not None
+    since = time.monotonic() - (time.time() - started) - KERNEL_LOG_SLACK_S  # the start, in the log's seconds
+    named = re.compile(rf"Killed process {pid}\b|oom-kill:.*pid={pid}\b")
+    lines = done.stdout.splitlines()
+    stamped = [(float(m[1]), line) for line in lines if (m := _STAMP.match(line))]
+    if lines and not stamped:
+        return None
+    return any(at >= since and named.search(line) for at, line in stamped)
