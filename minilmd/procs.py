@@ -144,6 +144,7 @@ def scope_of(run_dir: str | os.PathLike) -> RunScope:
 _LINKS_SAID: set[str] = set()
 """The run directories whose link on the way scope_or_none said already (once each, per process)."""
 
+
 def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
     """scope_of for the supervisor's and the orphan hunt's own checks, None when it refuses or cannot look. A link on
     the way is said once (an admin's compat link put on a running run's path, a /data migration): from then on no

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import names, protocol
 from minilmd.daemon.base.states import Phase
+from minilmd.daemon.views.liveness import lock_supervisor_or_none
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 EVENTS_TAIL_BYTES = 256 << 10
 """The most of events.jsonl's end that is read: a supervisor's last events are a few lines, a few KB."""
 EVENTS_TAIL_LINES = 200
+"""The most of its last lines read: a supervisor writes a handful after its "start"."""
 REASON_SHOWN = 4 << 10
 """The longest reason shown (ours are a few hundred characters; a longer one was not written by a supervisor)."""
 
@@ -79,18 +81,6 @@ def ended_in_events(run_dir: Path, owner: int | Collection[int]) -> EventsEnd | 
                      float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None)
 
 
-def starting_supervisor(run_dir: Path) -> LockInfo | None:
-    """The supervisor holding the run lock of a run without state.json (daemon/views/liveness.py lock_supervisor:
-    its pid, host): one starting, whose "start" event is not written yet; None when no process holds the lock, or
-    the lock cannot be looked at."""
-    from minilmd.daemon.views.liveness import lock_supervisor
-
-    try:
-        return lock_supervisor(run_dir)
-    except OSError:
-        return None
-
-
 def _starting_words(holder: LockInfo) -> str:
     import socket
 
@@ -108,7 +98,7 @@ def no_state_lines(run_dir: Path) -> list[str]:
     records it, else that none has started (or is just starting)."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
-    if (holder := starting_supervisor(run_dir)) is not None:
+    if (holder := lock_supervisor_or_none(run_dir)) is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir, state_owners(run_dir))
     if end is None:
@@ -124,7 +114,7 @@ def no_state_row(run_dir: Path, owner: int) -> dict:
     running, with "starting (supervisor pid N)" to show, while a supervisor holds its run lock; else "failed" with
     "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else "not
     started"."""
-    if (holder := starting_supervisor(run_dir)) is not None:
+    if (holder := lock_supervisor_or_none(run_dir)) is not None:
         return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
     end = ended_in_events(run_dir, owner)
     if end is None:

@@ -75,3 +75,12 @@ def lock_supervisor(run_dir: Path):
 
     holder = lock_holder(run_dir)
     return holder if holder is not None and holder.pid else None
+
+
+def lock_supervisor_or_none(run_dir: Path):
+    """lock_supervisor, None also where the lock cannot be opened: a run directory without state.json (lastwords.py:
+    one starting) and one `forget` is given (gone is what it is for)."""
+    try:
+        return lock_supervisor(run_dir)
+    except OSError:
+        return None

@@ -274,6 +274,7 @@ def forget(target: str, out=None) -> int:
     a third user's live run off the list). The run directory and its owner are said first when it is not ours. A
     bare NAME that is also a directory here is that run directory too; when it is running, only it is kept: the
     gone runs of that name are still forgotten (`cd ~/runs; minilmd forget demo` while ./demo trains)."""
+    from minilmd.daemon.views.liveness import lock_supervisor_or_none
     from minilmd.daemon.views.runarg import RunProblem, not_yours_line, real_path
 
     out = out or sys.stdout
@@ -285,8 +286,8 @@ def forget(target: str, out=None) -> int:
         except RunProblem as e:
             print(e, file=sys.stderr)
             return e.exit
-        if (running := _lock_holder(as_dir)) is not None:
-            print(f"kept {printable(as_dir)}: its supervisor (pid {running}) holds the run's lock: a running run "
+        if (holder := lock_supervisor_or_none(as_dir)) is not None:
+            print(f"kept {printable(as_dir)}: its supervisor (pid {holder.pid}) holds the run's lock: a running run "
                   f"stays listed (`minilmd stop` it first)", file=out)
             if not by_name:
                 return 1
@@ -316,15 +317,3 @@ def _forgetting() -> str:
     from minilmd.perms import own_uid
 
     return "forgetting its entries" if own_uid() == 0 else "forgetting only your own entries of it (its owner's stay)"
-
-
-def _lock_holder(run_dir: Path) -> int | None:
-    """The pid of the supervisor holding run_dir's lock, None when none does (or no lock can be read there: a run
-    directory gone is what forget is for)."""
-    from minilmd.daemon.views.liveness import lock_supervisor
-
-    try:
-        holder = lock_supervisor(run_dir)
-    except OSError:
-        return None
-    return holder.pid if holder is not None else None

@@ -22,8 +22,8 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_ow
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
-from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines, starting_supervisor
-from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive, trainer_alone
+from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
+from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, real_path, resolve_run, run_dir_of, run_problem
@@ -308,7 +308,7 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
     there were any."""
     left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
     state = {**raw, **caught_up} if raw is not None else None
-    starting = starting_supervisor(Path(run_dir)) if raw is None and not unreadable else None
+    starting = lock_supervisor_or_none(Path(run_dir)) if raw is None and not unreadable else None
     end = ended_in_events(Path(run_dir), state_owners(run_dir)) if raw is None and not unreadable and not starting \
         else None
     print(json.dumps({"running": alive or starting is not None, "state": state, "caught_up": bool(caught_up),
