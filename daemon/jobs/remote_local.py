@@ -29,7 +29,17 @@ from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
 from minilmd.names import LATEST
 from minilmd.place_rule import walk_to
-from minilmd.untrusted import Unreadable, file_kind, holds_any, open_regular, printable, read_bytes
+from minilmd.untrusted import (
+    MAX_DIR_ENTRIES,
+    TooManyEntries,
+    Unreadable,
+    file_kind,
+    holds_any,
+    listed,
+    open_regular,
+    printable,
+    read_bytes,
+)
 from minilmd.urls import open_fs
 
 
@@ -55,6 +65,13 @@ def _nearest_there(root: str) -> str:
     while not os.path.lexists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path
+
+
+class RootCrowded(TooManyEntries):
+    """A local remote's root of more entries than a sync lists: said in its words alone (no errno, no repr)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _answers(held: Dir) -> bool:
@@ -130,6 +147,20 @@ class LocalRemote(Publishing, Remote):
             self.close()
 
     # --- reading, as untrusted -------------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """The root's names, sorted, of a root of MAX_DIR_ENTRIES entries at most (untrusted.listed, read lazily):
+        one others filled past that is never read whole, nor taken for a whole listing (a step past the bound
+        unseen would be synced again, or pruned around): RootCrowded, an OSError, which fails the sync or the
+        fetch as one that cannot be read now, retried, saying so. [] when the root is not there."""
+        try:
+            return sorted(listed(self.root))
+        except FileNotFoundError:
+            return []
+        except TooManyEntries:
+            raise RootCrowded(errno.EOVERFLOW, f"run.remote holds more than {MAX_DIR_ENTRIES:,} entries: {self.root} "
+                                               f"not listed past that (filled by someone? remove what is not this "
+                                               f"run's)", self.root) from None
+
     def steps(self) -> Steps:
         """Step directory names, oldest first, of this user's real directories only (remote_write.why_foreign): another
         user's entry or a link by a step name is no checkpoint of this run's, whatever its name and manifest say.
