@@ -151,10 +151,11 @@ class LocalRemote(Publishing, Remote):
         """The root's names, sorted, of a root of MAX_DIR_ENTRIES entries at most (untrusted.listed, read lazily):
         one others filled past that is never read whole, nor taken for a whole listing (a step past the bound
         unseen would be synced again, or pruned around): RootCrowded, an OSError, which fails the sync or the
-        fetch as one that cannot be read now, retried, saying so. [] when the root is not there."""
+        fetch as one that cannot be read now, retried, saying so. [] when the root is not there, or no directory
+        (what fsspec's ls found there: no step; the fetch's own look says what the root is)."""
         try:
             return sorted(listed(self.root))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         except TooManyEntries:
             raise RootCrowded(errno.EOVERFLOW, f"run.remote holds more than {MAX_DIR_ENTRIES:,} entries: {self.root} "
