@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, procs
 from minilmd.config import RunConfig, recorded_copy
 from minilmd.daemon.base.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
 from minilmd.daemon.base.states import SyncState
@@ -29,6 +29,9 @@ class RunFiles:
         if config_path.resolve() != copy.resolve():
             atomic_write_text(copy, recorded_copy(config_path))  # its relative paths made absolute
         self.events = EventLog(run_dir, echo=echo)
+        # a link the process checks meet on the run's path (minilmd/procs.py scope_or_none: the supervisor's loop) is
+        # an event too, which status and logs show later
+        procs.tell_links_to(lambda said: self.events.emit("link", said))
         self.metrics = MetricsTail(run_dir / names.METRICS)
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
         self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
@@ -78,4 +81,5 @@ class RunFiles:
             self.textfile.close(phase)  # first: a textfile it cannot write is in the final state.json
         self.state.save()
         self.events.emit("exit", f"supervisor exits with status {exit_status} ({phase})", exit=exit_status)
+        procs.tell_links_to(None)
         self.events.close()

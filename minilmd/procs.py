@@ -26,6 +26,7 @@ Linux only, as all of minilmd. Torch-free, standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -143,13 +144,23 @@ def scope_of(run_dir: str | os.PathLike) -> RunScope:
 
 _LINKS_SAID: set[str] = set()
 """The run directories whose link on the way scope_or_none said already (once each, per process)."""
+_links_told: list[Callable[[str], None]] = []
+"""Where scope_or_none also tells what it says of a link (tell_links_to): the supervisor's event writer."""
+
+
+def tell_links_to(listener: Callable[[str], None] | None) -> None:
+    """What scope_or_none says of a link on a run directory's path also goes to `listener` (None: stderr alone): the
+    supervisor gives its run's one event writer (daemon/runfiles.py), so that `status` and `logs` show it later, not
+    only the terminal or journal that had the supervisor's stderr then. One per process: a supervisor runs one run."""
+    _links_told[:] = [listener] if listener is not None else []
 
 
 def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
     """scope_of for the supervisor's and the orphan hunt's own checks, None when it refuses or cannot look. A link on
     the way is said once (an admin's compat link put on a running run's path, a /data migration): from then on no
     process can be proven the run's, so the trainer's rest and its orphans are left alone, and that should not go
-    unsaid: a line on stderr. Another user's run directory (not ours, nor are we root) is the views' to say."""
+    unsaid: a line on stderr, and an event of the run's when a supervisor asks (tell_links_to). Another user's run
+    directory (not ours, nor are we root) is the views' to say."""
     try:
         return scope_of(run_dir)
     except LinkOnTheWay as e:
@@ -158,6 +169,9 @@ def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
             said = (f"{e}: the run directory's path now has a symbolic link on it, so no process can be proven to "
                     f"be this run's (its trainer's rest, its orphans): none is signalled")
             print(said, file=sys.stderr, flush=True)  # the supervisor's log (journal, tmux window, Slurm output)
+            for tell in _links_told:
+                with contextlib.suppress(OSError):  # an event that cannot be written must not end the process check
+                    tell(said)
         return None
     except (Refused, OSError):
         return None

@@ -12,6 +12,7 @@ listed the whole logs directory; a crowded checkpoint root in scratch was, and s
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from minilmd.daemon.jobs.resumefrom import _lists_steps
 from minilmd.daemon.views.status import _attempt_logs
 from minilmd.names import ATTEMPT_LOGS, MANIFEST, save_tmp_name
 from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
+from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 
 BOUND = f"holds over {MAX_DIR_ENTRIES:,} entries"
 
@@ -110,3 +112,25 @@ def test_listed_raises_what_listing_raised_and_holds_any_reads_one_entry(tmp_pat
         assert "file" in listed(fd) and holds_any(fd)
     finally:
         os.close(fd)
+
+
+def test_a_sync_and_a_fetch_of_a_remote_root_past_the_bound_say_so_and_go_on_once_it_is_listable(tmp_path, weights):
+    """A local run.remote filled past the bound by someone: the sync and the fetch list its root through the bounded
+    lister (LocalRemote.names), fail as for a root that cannot be read now (retried: the SyncError the sync worker and
+    staging retry) and say what it is, the bound and the directory. Before, the root was read whole through fsspec's
+    ls, whatever it held."""
+    from minilmd.daemon.jobs.sync import Syncer, SyncError
+
+    local, remote = tmp_path / "scratch", tmp_path / "remote"
+    save(local, 10, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    assert syncer.sync_newest().step == 10
+    crowd(remote)
+    save(local, 20, weights)
+    said = f"run.remote holds more than {MAX_DIR_ENTRIES:,} entries: {remote} not listed past that"
+    with pytest.raises(SyncError, match=re.escape(said)):
+        syncer.sync_newest()
+    with pytest.raises(SyncError, match=re.escape(said)):
+        Syncer(tmp_path / "elsewhere", str(remote), EXPECTED).fetch_latest()
+    uncrowd(remote)
+    assert syncer.sync_newest().step == 20  # the retry once the root is listable again

@@ -64,8 +64,9 @@ def test_an_io_error_is_said_without_a_look_at_the_file_system(faultfs, capsys):
     ended = out_error_exit(OSError(errno.EIO, os.strerror(errno.EIO)), "prepare", out, "nothing written")
     assert faultfs.hits() == []  # before: a getattr of the mount for each level looked at
     assert ended.exit_code == 74
-    assert capsys.readouterr().err == (f"prepare: cannot write in {out}: {os.strerror(errno.EIO)}; nothing written; "
-                                       f"fix the disk or the share, then run it again\n")
+    assert capsys.readouterr().err == (f"prepare: the disk (or share) under {out} failed while it was written to "
+                                       f"({os.strerror(errno.EIO)}); nothing written; fix the disk or the share (the "
+                                       f"system log says more), then run it again\n")
 
 
 def test_a_full_disk_on_a_share_that_stalls_is_said_without_its_file_system(faultfs, capsys, monkeypatch):

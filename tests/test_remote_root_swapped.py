@@ -166,3 +166,43 @@ def test_a_directory_above_the_root_swapped_after_the_check_is_refused_at_the_op
         Syncer(local, str(run1), EXPECTED).sync_newest()
     theirs = team / "alice" if swapped_in == "his directory" else his
     assert list((theirs / "run1").iterdir()) == []
+
+
+@pytest.mark.parametrize("swapped_in", ["a link to his directory", "his directory"])
+def test_a_missing_directory_on_the_way_swapped_after_it_was_made_leads_nothing_into_his_place(tmp_path, monkeypatch,
+                                                                                             swapped_in):
+    """A remote not there yet below a team directory (2775, of a group of others': dirfd's team_above) is made by
+    the first sync. A group member renames the directory the sync has just made there away and puts a link to his
+    own directory (or that directory itself) in its place, before the sync makes the next one in it. On main the
+    place was judged by path, then made by path (os.makedirs), through whatever stood there by then: the remote's
+    directories were made in his directory, and only the open after refused it. Now the walk makes each directory
+    at its parent's descriptor, judged as reached, and opens it without following a link: refused, naming what it
+    found, nothing made in his directory. The swap is made certain by a hook at the first mkdir."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the swapped-in link and directory belong to another uid")
+    team, his = tmp_path / "nfs-team", tmp_path / "his"
+    (team / "bob").mkdir(parents=True)  # a team directory in use: not an unmounted share's empty stub
+    his.mkdir()
+    os.chown(team, -1, 4242)  # a group of others': its members may rename what is in it
+    team.chmod(0o2775)
+    os.chown(his, 4242, 4242)
+    his.chmod(0o777)
+    root = team / "alice" / "run1"
+    real_mkdir, made = os.mkdir, []
+
+    def swapped_after_the_first_mkdir(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if not made:
+            made.append(path)
+            os.rename(team / "alice", team / "alice.away")
+            if swapped_in == "his directory":
+                os.rename(his, team / "alice")
+            else:
+                os.symlink(his, team / "alice")
+                os.lchown(team / "alice", 4242, 4242)
+
+    monkeypatch.setattr(os, "mkdir", swapped_after_the_first_mkdir)
+    with pytest.raises(PlaceRefused, match="symbolic link of .*uid 4242|belongs to .*uid 4242"):
+        open_remote(str(root)).makedirs()
+    theirs = team / "alice" if swapped_in == "his directory" else his
+    assert made and os.listdir(theirs) == []  # nothing made through his link nor in his directory

@@ -22,7 +22,7 @@ from minilmd.daemon.host import registry
 from minilmd.daemon.views import overview
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
-from supervisor_helpers import ended_run
+from supervisor_helpers import cli, ended_run, write_config
 
 OTHER = 64123
 """Another user's uid (tests/test_stop_proof.py's attacker): no passwd entry needed to own a file."""
@@ -324,3 +324,33 @@ def test_the_supervisors_process_checks_say_once_that_a_link_is_on_the_run_dirs_
     said = capsys.readouterr().err
     assert said.count("a symbolic link on the way now leads to") == 1, said
     assert "no process can be proven to be this run's" in said and "none is signalled" in said, said
+
+
+def test_a_link_the_supervisors_checks_meet_is_an_event_that_logs_shows_later(tmp_path, corpus, capsys):
+    """The same link met by a supervisor's process checks (its orphan hunt, daemon/child/orphans.py): said once on
+    stderr, which only the terminal or journal of the moment had, and now an event of the run's too, through its
+    one event writer (daemon/runfiles.py RunFiles: events.jsonl and supervisor.log), which `logs` shows later."""
+    from minilmd.config import load_config
+    from minilmd.daemon.child import orphans
+    from minilmd.daemon.runfiles import RunFiles
+
+    tmp_path = tmp_path.resolve()
+    (tmp_path / "data").mkdir()
+    config = write_config(tmp_path / "data", corpus)
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    files = RunFiles(cfg, cfg.run_dir, config, echo=False)
+    try:
+        (tmp_path / "data").rename(tmp_path / "data2")
+        (tmp_path / "data").symlink_to(tmp_path / "data2")  # ours: a compat link after a migration
+        assert orphans.find_orphans(cfg.run_dir) == [] and orphans.find_orphans(cfg.run_dir) == []
+    finally:
+        files.close(0, "done", "done")
+    said = capsys.readouterr().err
+    assert said.count("a symbolic link on the way now leads to") == 1, said
+    real = tmp_path / "data2" / cfg.run_dir.relative_to(tmp_path / "data")
+    events = [json.loads(line) for line in (real / names.EVENTS).read_text().splitlines()]
+    linked = [e["message"] for e in events if e["event"] == "link"]
+    assert len(linked) == 1 and "no process can be proven to be this run's" in linked[0], events
+    logs = cli("logs", str(real))
+    assert "[link] " in logs.stdout and "a symbolic link on the way now leads to" in logs.stdout, logs

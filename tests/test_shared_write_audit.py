@@ -40,9 +40,8 @@ RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user
            "config, written by name (not through dirfd); held to the place rule at run --check, the launch and "
            "minilmd train (place_rule.run_dir_problem; made and resolved in one walk: place_rule.settle_run_dir), so "
            "no other user can rearrange it or a directory above it")
-REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
-          "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
-          "objects (fsspec, not a local path: no links, no renames)")
+REMOTE = ("a store's objects (fsspec, not a local path: no links, no renames); a local run.remote is made by the place "
+          "rule's walk (LocalRemote._make_root: place_rule.walk_to) and written at its checked descriptor")
 DEMO_DIR = ("the demo's own directory, judged by run.dir's place rule before anything is made in it (daemon/demo.py "
             "fresh_start: it and every directory above root's or this user's, none another user can rearrange, a "
             "link on the way only root's or ours); an earlier one removed only when it holds the demo's marker, "
@@ -129,7 +128,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("staged_whole", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
         ("Remote.get", "open"): 1, ("Remote.put", "open"): 1}),
-    "daemon/jobs/remote_local.py": ("gap", REMOTE, {("LocalRemote._make_root", "os.makedirs"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,

@@ -26,9 +26,20 @@ from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
-from minilmd.dirfd import Dir, PlaceRefused
+from minilmd.dirfd import Dir
 from minilmd.names import LATEST
-from minilmd.untrusted import Unreadable, file_kind, holds_any, open_regular, printable, read_bytes
+from minilmd.place_rule import walk_to
+from minilmd.untrusted import (
+    MAX_DIR_ENTRIES,
+    TooManyEntries,
+    Unreadable,
+    file_kind,
+    holds_any,
+    listed,
+    open_regular,
+    printable,
+    read_bytes,
+)
 from minilmd.urls import open_fs
 
 
@@ -46,6 +57,21 @@ def unmounted_above(root: str) -> str:
     except OSError:
         return ""
     return above if empty and not os.path.ismount(above) else ""
+
+
+def _nearest_there(root: str) -> str:
+    """`root`, or the nearest entry on the way to it that is there (no link followed to find it)."""
+    path = os.path.normpath(root)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+class RootCrowded(TooManyEntries):
+    """A local remote's root of more entries than a sync lists: said in its words alone (no errno, no repr)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _answers(held: Dir) -> bool:
@@ -121,6 +147,21 @@ class LocalRemote(Publishing, Remote):
             self.close()
 
     # --- reading, as untrusted -------------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """The root's names, sorted, of a root of MAX_DIR_ENTRIES entries at most (untrusted.listed, read lazily):
+        one others filled past that is never read whole, nor taken for a whole listing (a step past the bound
+        unseen would be synced again, or pruned around): RootCrowded, an OSError, which fails the sync or the
+        fetch as one that cannot be read now, retried, saying so. [] when the root is not there, or no directory
+        (what fsspec's ls found there: no step; the fetch's own look says what the root is)."""
+        try:
+            return sorted(listed(self.root))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except TooManyEntries:
+            raise RootCrowded(errno.EOVERFLOW, f"run.remote holds more than {MAX_DIR_ENTRIES:,} entries: {self.root} "
+                                               f"not listed past that (filled by someone? remove what is not this "
+                                               f"run's)", self.root) from None
+
     def steps(self) -> Steps:
         """Step directory names, oldest first, of this user's real directories only (remote_write.why_foreign): another
         user's entry or a link by a step name is no checkpoint of this run's, whatever its name and manifest say.
@@ -273,23 +314,29 @@ class LocalRemote(Publishing, Remote):
     def _make_root(self) -> None:
         """The root made when missing, with the directories above it that are not there, unless the nearest one
         that is there is an unmounted share's mount point (`unmounted_above`): the "durable" copy would be on the
-        local disk under it. The sync fails then, is retried, and says so, until the share is back. Nothing is made
-        below a directory dirfd's rule refuses (remote_write.root_refused judges those that are there: another
-        user's, one others may rearrange): PlaceRefused, as the root's open would say after (before, the root was
-        made in his directory first)."""
-        if not os.path.isdir(self.root):
-            if stub := unmounted_above(self.root):
-                raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not "
-                                                      f"there and {stub} is an empty directory, not a mount point (its "
-                                                      f"share not mounted?): nothing is made below it")
-            if refused := remote_write.root_refused(self.root):
-                raise PlaceRefused(refused)
-        try:
-            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
-        except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
-            from minilmd.shared_place import look
+        local disk under it. The sync fails then, is retried, and says so, until the share is back. Made by
+        construction, never by path: walked from "/" through descriptors (place_rule.walk_to), each directory judged
+        by open_root's rule on what its descriptor holds as it is reached, each missing one made (mkdirat) in its
+        parent already judged, then opened without following a link. So nothing is made below a directory the rule
+        refuses (another user's, one others may rearrange), nor in the place of one a group member of a team
+        directory on the way swapped for a link or his own directory after a look: PlaceRefused, naming what was
+        found (before, the place was judged by path and then made by path, os.makedirs, through whatever stood there
+        by then). The owner a squashing share gives what is made is learnt as open_root learns it."""
+        if os.path.isdir(self.root):
+            return
+        if stub := unmounted_above(self.root):
+            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not "
+                                                  f"there and {stub} is an empty directory, not a mount point (its "
+                                                  f"share not mounted?): nothing is made below it")
+        if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
+            from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
 
-            raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
+            where = "" if there == os.path.normpath(self.root) else f": {there}"
+            raise FileExistsError(errno.EEXIST, f"{self.url}{where} is {look(there, LATEST)}")
+        what, advice = f"what minilmd makes in {self.root}", "choose a directory only you (and root) can change"
+        remote_write.owner_learnt(self.root, lambda: os.close(walk_to(
+            self.root, "run.remote", what, advice, 0o777, team_root=True, team_above=True,
+            owners=remote_write.OWN_UIDS)[0]))
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
                  kept: Callable[[str], str | None] = lambda name: None) -> str:

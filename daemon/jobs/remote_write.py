@@ -30,6 +30,7 @@ import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from minilmd import perms
 from minilmd.daemon.jobs import remote_made
@@ -198,8 +199,21 @@ def open_root(root: str) -> Dir:
     refuses one for an owner that may be that one (`_learning_place`), it is learnt and the rule asked again
     counting it as this user's (a directory of it above the root only when no one but its owner may write it:
     place_rule). PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError when it is not there."""
+    opened = owner_learnt(root, lambda: Dir.open(root, "run.remote", team_root=True, team_above=True,
+                                                   owners=OWN_UIDS))
+    opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
+    return opened
+
+
+Found = TypeVar("Found")
+
+
+def owner_learnt(root: str, act: Callable[[], Found]) -> Found:
+    """act() (open_root's open, LocalRemote._make_root's walk), asked once more where the rule refused it for a
+    directory of the owner a squashing share gives this user's new files and that owner could be learnt
+    (_learning_place); the refusal as it came otherwise."""
     try:
-        opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
+        return act()
     except PlaceRefused:
         if (where := _learning_place(root)) is None:
             raise
@@ -208,9 +222,7 @@ def open_root(root: str) -> Dir:
             learnt = OWN_UIDS.learn(given_owner(where))
         if not learnt:
             raise
-        opened = Dir.open(root, "run.remote", team_root=True, team_above=True, owners=OWN_UIDS)
-    opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
-    return opened
+    return act()
 
 
 SQUASH_NAMES = ("nobody", "nfsnobody")

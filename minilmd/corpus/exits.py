@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import signal
+import stat
 from collections.abc import Iterator
 
 import typer
@@ -41,23 +42,65 @@ IO_WHAT_TO_DO = {
 OUT_WHAT_TO_DO = {
     errno.EACCES: "choose a directory you may write, or have its owner let you",
     errno.EPERM: "choose a directory you may write, or have its owner let you",
-    errno.EROFS: "it is on a read-only file system: choose another directory",
+    errno.EROFS: "choose a directory on a file system mounted read-write",
     errno.ENOSPC: "free some space there (or choose another directory), then run it again",
     errno.EDQUOT: "free some space there (or choose another directory), then run it again",
+    errno.EIO: "fix the disk or the share (the system log says more), then run it again",
+    errno.ENAMETOOLONG: "choose a shorter path (or name) for the output",
 }
-"""What to do when an output cannot be written there, by errno; anything else (EIO): fix the disk or the share."""
+"""What to do when an output cannot be written there, by errno; anything else: fix the disk or the share."""
 
 
 def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -> typer.Exit:
-    """The one way a command that writes an output (demo-corpus, plot, tokenizer train and template) ends when the
-    write fails: exit 74, the message naming the directory the user typed (`where`), never the temporary name the
-    error may carry, what the system said, what is left (`kept`) and what to do (OUT_WHAT_TO_DO). A file in the way
-    or a directory others can rearrange is a PlaceRefused instead (exit 2), said before this."""
+    """The one way a command that writes an output (prepare, demo-corpus, plot, tokenizer train and template) ends
+    when the write fails: exit 74, the message naming the directory the user typed (`where`), never the temporary
+    name the error may carry, what failed in words of what it is (`_what_failed`: a permission with whose directory
+    it is, a read-only file system, a disk that failed, a name too long, a full disk or quota with its file system),
+    what is left (`kept`) and what to do (OUT_WHAT_TO_DO). A file in the way or a directory others can rearrange is a
+    PlaceRefused instead (exit 2), said before this."""
     todo = OUT_WHAT_TO_DO.get(e.errno or 0, "fix the disk or the share, then run it again")
     todo = getattr(e, "what_to_do", todo)  # dirfd.NameHeld: another user's name in a sticky directory
-    typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}{_file_system(e, where)}; {kept}; {todo}",
-               err=True)
+    typer.echo(f"{tool}: {_what_failed(e, where)}; {kept}; {todo}", err=True)
     return typer.Exit(EXIT_IO)
+
+
+def _what_failed(e: OSError, where: str | os.PathLike) -> str:
+    """What went wrong writing in `where`, by what it is: before, every error was "cannot write in WHERE: <what the
+    system said>", a disk that failed and a read-only mount worded as a permission the user could fix."""
+    said = e.strerror or str(e)
+    if e.errno == errno.EROFS:
+        return f"cannot write in {where}: it is on a read-only file system ({said})"
+    if e.errno == errno.EIO:
+        return f"the disk (or share) under {where} failed while it was written to ({said})"
+    if e.errno == errno.ENAMETOOLONG:
+        return f"cannot write in {where}: a name there is too long for its file system ({said})"
+    if e.errno in (errno.EACCES, errno.EPERM) and not getattr(e, "what_to_do", None):
+        return f"cannot write in {where}: {said}{_whose(e, where)}"
+    return f"cannot write in {where}: {said}{_file_system(e, where)}"
+
+
+def _whose(e: OSError, where: str | os.PathLike) -> str:
+    """" (the directory D belongs to user X (uid N), mode M)": the nearest directory there is of the one refused (the
+    error's file name, else `where`), looked at in a bounded probe; "" when it cannot be."""
+    from minilmd.bounded import bounded_probe
+
+    answered, said, _ = bounded_probe(_owner_of, str(e.filename or where))
+    return said if answered else ""
+
+
+def _owner_of(path: str) -> str:
+    from minilmd.perms import user_words
+
+    path = os.path.abspath(path)
+    for _ in range(path.count(os.sep) + 1):  # the nearest directory there is: the refused one may not be made yet
+        try:
+            st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                return f" (the directory {path} belongs to {user_words(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o})"
+        except OSError:
+            pass
+        path = os.path.dirname(path)
+    return ""
 
 
 def _file_system(e: OSError, where: str | os.PathLike) -> str:
