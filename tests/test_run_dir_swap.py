@@ -165,3 +165,24 @@ def test_forget_keeps_a_running_run_whose_directory_a_stopped_one_replaced_after
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_logs_shows_the_logs_of_the_run_directory_judged_under_its_name(tmp_path, swap_after_judgement):
+    from minilmd.daemon.views import logs as views_logs
+
+    tmp_path = tmp_path.resolve()
+    judged, substitute = tmp_path / "run", tmp_path / "other"
+    for run_dir, name in ((judged, "judged"), (substitute, "substitute")):
+        write_run(run_dir, name, judged)
+        (run_dir / names.SUPERVISOR_LOG).write_text(f"the {name} supervisor's line\n")
+        (run_dir / names.ATTEMPT_LOGS).mkdir()
+        (run_dir / names.ATTEMPT_LOGS / "attempt-0001.log").write_text(f"the {name} trainer's line\n")
+    swap_after_judgement(judged, substitute)
+    out = io.StringIO()
+    assert views_logs.logs(judged, out=out) == 0
+    said = out.getvalue()
+    assert "substitute" in (judged / names.STATE).read_text()  # the swap did happen
+    assert "the judged supervisor's line" in said and "the judged trainer's line" in said, said
+    assert "substitute" not in said and "/proc/" not in said, said
+    assert f"==> {judged / names.SUPERVISOR_LOG} <==" in said, said
+    assert f"==> {judged / names.ATTEMPT_LOGS / 'attempt-0001.log'} <==" in said, said

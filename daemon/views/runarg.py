@@ -22,7 +22,7 @@ descriptor holds), never by the path again: whoever can rename a directory above
 directory's members) could move it aside and put another run directory there between the judgement and a read. A
 write or a signal (`stop`'s request, walked by the place rule; the supervisor's proof, its environment naming the
 path) is done only while the path still leads to the directory judged (`moved`). `run_dir_of` gives only the path
-(`logs`, `plot`: they read by path). A directory this user may not look into
+(`plot`: it reads by path). A directory this user may not look into
 (another user's run under the default `run.share = "private"`) is answered by its owner, from its own lstat, as
 `stop` answers any other user's run: exit 1, the owner named. Every path said here is escaped
 (minilmd/untrusted.py `printable`): others name them.
@@ -96,7 +96,7 @@ def open_run(arg: str | os.PathLike, command: str = "status") -> Dir:
 
 def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
     """The real path of the run directory `arg` names (open_run's, for a command that reads no file of it here:
-    `plot` hands it on, `logs` reads its logs by path)."""
+    `plot` hands it on)."""
     with open_run(arg, command) as run:
         return run.path
 

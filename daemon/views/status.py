@@ -1,6 +1,8 @@
-"""`minilmd status`, `minilmd logs`: the operator's view of a run directory (`minilmd stop`: daemon/views/stop.py).
+"""`minilmd status`: the operator's view of a run directory (`minilmd logs`: daemon/views/logs.py; `minilmd stop`:
+daemon/views/stop.py).
 
-Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
+Everything here reads files the supervisor and the trainer wrote (state.json, metrics.jsonl, the heartbeat), through
+the descriptor of the run directory daemon/views/runarg.py judged (open_run), and works
 whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
 Each function returns the command's exit status (0 fine, 2 not a run directory; `stop` has more:
 protocol.STOP_*). What these files say is escaped before it reaches the terminal (minilmd/untrusted.py `printable`):
@@ -11,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -24,19 +25,15 @@ from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, Spac
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
+from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
-from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, opened_run, real_path, run_dir_of, run_problem
+from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
-from minilmd.fsio import new_lines, tail_lines
-from minilmd.untrusted import Unreadable, clipped, listed, printable
-
-LOG_LINE_SHOWN = 16 << 10
-"""The longest log line `logs` shows (and `-f` relays) whole: a longer one (no line of ours is; one planted in
-another user's run directory was relayed whole, 8 MiB) is shown cut, saying how much was left out."""
+from minilmd.untrusted import printable
 
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
@@ -386,107 +383,3 @@ def _synced(remote: str | None, state: StateJson | None) -> Path | None:
     if synced is None or not remote or is_url(remote) or not names_remote(synced.path, remote):
         return None
     return Path(synced.path)
-
-
-def _attempt_logs(run_dir: Path) -> list[Path]:
-    """The attempt logs of a run, from its logs/ directory itself: a link there (to another place's files) is not
-    followed, as each log is opened without following one (tail_lines)."""
-    folder = run_dir / names.ATTEMPT_LOGS
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return []
-        return sorted(folder / n for n in listed(folder) if names.is_attempt_log(n))
-    except OSError:  # gone meanwhile, unreadable, more entries than untrusted.listed reads: no logs to show
-        return []
-
-
-def _tail(path: Path, n: int) -> tuple[str, int]:
-    """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    minilmd/fsio.py tail_lines); a file that is not one is "unreadable (why)"."""
-    try:
-        lines, size = tail_lines(path, n)
-    except Unreadable as e:
-        return f"unreadable ({e.why})\n", 0
-    return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
-
-
-def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
-         poll_s: float = 0.3) -> int:
-    """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
-    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one,
-    until the run it followed running ends (exit 0) or Ctrl-C (EXIT_INTERRUPTED). A run already ended is said and
-    followed until it starts again (the tmux launcher starts `logs -f` beside `run`)."""
-    out = out or sys.stdout
-    try:
-        run_dir = run_dir_of(run_dir, "logs")  # a run directory, or a config file naming one
-    except RunProblem as problem:
-        if not (follow and problem.exit == NOT_A_RUN and problem.run_dir):
-            print(problem, file=sys.stderr)
-            return problem.exit
-        # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
-        print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)
-        run_dir = problem.run_dir
-        try:
-            while run_problem(run_dir):
-                time.sleep(poll_s)
-            run_dir = real_path(run_dir, "logs")  # a link on the way that came with it: the same rule
-        except KeyboardInterrupt:
-            return NOT_A_RUN
-        except RunProblem as late:
-            print(late, file=sys.stderr)
-            return late.exit
-    sup_path = run_dir / names.SUPERVISOR_LOG
-    text, sup_off = _tail(sup_path, lines)
-    out.write(f"==> {printable(sup_path)} <==\n{text}")
-    attempts = _attempt_logs(run_dir)
-    current = attempts[-1] if attempts else None
-    cur_off = 0
-    if current:
-        text, cur_off = _tail(current, lines)
-        out.write(f"==> {printable(current)} <==\n{text}")
-    out.flush()
-    if not follow:
-        return 0
-    if ended := _ended(run_dir):
-        print(f"{printable(run_dir)}: {ended}: following its logs until it starts again (Ctrl-C to quit)",
-              file=sys.stderr, flush=True)
-    try:
-        while True:
-            ended_before = _ended(run_dir)  # before the last lines: an end's own lines are copied below
-            sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
-            if current:
-                cur_off = _copy_new(current, cur_off, current.stem, out)
-            attempts = _attempt_logs(run_dir)
-            if attempts and attempts[-1] != current:
-                if current:
-                    cur_off = _copy_new(current, cur_off, current.stem, out)
-                current, cur_off = attempts[-1], 0
-                out.write(f"==> {printable(current)} (new attempt) <==\n")
-            out.flush()
-            if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
-                print(f"{printable(run_dir)}: {ended_before}", file=sys.stderr, flush=True)
-                return 0
-            ended = ended_before
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        return protocol.EXIT_INTERRUPTED
-
-
-def _ended(run_dir: Path) -> str:
-    """"the run has ended (PHASE, exit N)" once its supervisor recorded how it ended and no longer runs; "" while
-    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it)."""
-    raw, _ = load(run_dir)
-    state = StateJson.from_dict(raw) if raw is not None else None
-    if state is None or state.outcome is None or supervisor_alive(state):
-        return ""
-    return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
-
-
-def _copy_new(path: Path, offset: int, label: str, out) -> int:
-    try:
-        lines, offset = new_lines(path, offset)
-    except Unreadable:
-        return offset  # said once by _tail; a file that becomes one again is followed from where it was
-    for line in lines:
-        out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
-    return offset

@@ -115,7 +115,7 @@ def logs_command(
 
     Exit status: 0 shown (followed to the run's end), 1 another user's run directory you may not read, 2 not a run
     directory (nor a config), or a third user's link or config on the way to one (refused), 130 Ctrl-C."""
-    from minilmd.daemon.views.status import logs
+    from minilmd.daemon.views.logs import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
 
