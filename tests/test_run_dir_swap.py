@@ -186,3 +186,23 @@ def test_logs_shows_the_logs_of_the_run_directory_judged_under_its_name(tmp_path
     assert "substitute" not in said and "/proc/" not in said, said
     assert f"==> {judged / names.SUPERVISOR_LOG} <==" in said, said
     assert f"==> {judged / names.ATTEMPT_LOGS / 'attempt-0001.log'} <==" in said, said
+
+
+def test_plot_draws_the_run_directory_judged(tmp_path, swap_after_judgement):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    tmp_path = tmp_path.resolve()
+    judged, substitute = tmp_path / "run", tmp_path / "other"
+    for run_dir, name, steps in ((judged, "judged", 30), (substitute, "substitute", 7)):
+        write_run(run_dir, name, judged)
+        lines = [{"kind": "train", "step": s, "loss": 5.0 - s / 20, "time": 1000.0 + s} for s in range(1, steps + 1)]
+        (run_dir / names.METRICS).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    swap_after_judgement(judged, substitute)
+    result = CliRunner().invoke(app, ["plot", str(judged), "--out", str(tmp_path / "p.png")])
+    assert "substitute" in (judged / names.STATE).read_text()  # the swap did happen
+    assert result.exit_code == 0, result.output
+    assert "judged" in result.output and "substitute" not in result.output, result.output
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -101,10 +101,10 @@ def load_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict:
     return read_json(names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=owners, dir_fd=dir_fd)
 
 
-def read_state(run_dir: str | os.PathLike) -> dict | None:
-    """state.json of run_dir, None when there is none or it is not one (`load_state` says why)."""
+def read_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict | None:
+    """state.json of run_dir, None when there is none or it is not one (`load_state` says why; `dir_fd` its)."""
     try:
-        return load_state(run_dir)
+        return load_state(run_dir, dir_fd)
     except Unreadable:
         return None
 

@@ -21,8 +21,8 @@ overview.py `forget`, lastwords.py, liveness.py; a reader that takes a path is g
 descriptor holds), never by the path again: whoever can rename a directory above the run directory (its owner, a team
 directory's members) could move it aside and put another run directory there between the judgement and a read. A
 write or a signal (`stop`'s request, walked by the place rule; the supervisor's proof, its environment naming the
-path) is done only while the path still leads to the directory judged (`moved`). `run_dir_of` gives only the path
-(`plot`: it reads by path). A directory this user may not look into
+path) is done only while the path still leads to the directory judged (`moved`). `plot` holds each run it is given
+open the same way while it reads them. A directory this user may not look into
 (another user's run under the default `run.share = "private"`) is answered by its owner, from its own lstat, as
 `stop` answers any other user's run: exit 1, the owner named. Every path said here is escaped
 (minilmd/untrusted.py `printable`): others name them.
@@ -92,22 +92,6 @@ def open_run(arg: str | os.PathLike, command: str = "status") -> Dir:
         run.close()
         raise problem
     return run
-
-
-def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
-    """The real path of the run directory `arg` names (open_run's, for a command that reads no file of it here:
-    `plot` hands it on)."""
-    with open_run(arg, command) as run:
-        return run.path
-
-
-def resolve_run(arg: str | os.PathLike, command: str = "status") -> tuple[Path | None, int]:
-    """(the run directory, 0), or (None, the exit status) once why it is none has been said on stderr."""
-    try:
-        return run_dir_of(arg, command), 0
-    except RunProblem as e:
-        print(e, file=sys.stderr)
-        return None, e.exit
 
 
 def opened_run(arg: str | os.PathLike, command: str = "status") -> tuple[Dir | None, int]:

@@ -38,7 +38,7 @@ from minilmd.untrusted import printable
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
     """Whether run_dir is a run directory this user can read (daemon/views/runarg.py); if not, says why on
-    stderr. A command that also takes a config file calls runarg.resolve_run instead."""
+    stderr. A command that also takes a config file calls runarg.opened_run instead."""
     problem = run_problem(run_dir, command)
     if problem:
         print(problem, file=sys.stderr)
