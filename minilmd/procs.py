@@ -33,7 +33,7 @@ import signal
 import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
@@ -102,10 +102,13 @@ class LinkOnTheWay(Refused):
 
 @dataclass(frozen=True)
 class RunScope:
-    """A run directory (resolved) and its owner, whose processes alone may be signalled for it."""
+    """A run directory (resolved) and its owner, whose processes alone may be signalled for it; `dir_fd`: the run
+    directory a view judged (daemon/views/runarg.py open_run), whose lock and trainer record are looked at through
+    it, never through what run_dir names now (the processes' environment is compared with run_dir, by path)."""
 
     run_dir: Path
     owner: int
+    dir_fd: int | None = field(default=None, compare=False)
 
     def owns(self, pid: int) -> bool:
         """Every uid of the process is the run directory's owner (kill(2) checks the real and saved ones)."""
@@ -129,17 +132,34 @@ def scope_of(run_dir: str | os.PathLike) -> RunScope:
     the views' daemon/views/runarg.py real_path), so a link there now was put there since, by whoever owns a
     directory on the way (his own run directory, swapped for a link to hers while root's `stop` of his run ran),
     and would choose whose processes are signalled."""
+    resolved = _no_link_on_the_way(run_dir)
+    return _scope(resolved, os.stat(resolved).st_uid, run_dir)
+
+
+def scope_at(run_dir: Path, dir_fd: int, moved: str | None) -> RunScope:
+    """scope_of for the run directory a view judged and holds open (`dir_fd`; run_dir its real path): its owner the
+    descriptor's. Refused when `moved` says run_dir no longer names it (daemon/views/runarg.py moved): the proofs
+    compare a process's environment with run_dir, which leads to another directory now."""
+    if moved:
+        raise Refused(f"{printable(run_dir)}: {moved}")
+    return _scope(_no_link_on_the_way(run_dir), os.fstat(dir_fd).st_uid, run_dir, dir_fd)
+
+
+def _no_link_on_the_way(run_dir: str | os.PathLike) -> Path:
     given = Path(os.path.abspath(run_dir))
     resolved = given.resolve()
     if resolved != given:
         raise LinkOnTheWay(f"{printable(run_dir)}: a symbolic link on the way now leads to {printable(resolved)}: the "
                            f"run directory changed since it was named; nothing signalled")
-    owner = os.stat(resolved).st_uid
+    return resolved
+
+
+def _scope(resolved: Path, owner: int, run_dir: str | os.PathLike, dir_fd: int | None = None) -> RunScope:
     me = signal_uid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
     if me not in (0, owner):
         raise Refused(f"{run_dir}: a run directory of {user_words(owner)}, not yours, {user_words(me)}: nothing "
                       f"signalled; {user_words(owner)} stops that run (`minilmd stop {run_dir}`)")
-    return RunScope(resolved, owner)
+    return RunScope(resolved, owner, dir_fd)
 
 
 _LINKS_SAID: set[str] = set()
@@ -357,7 +377,8 @@ def _why_not_supervisor(scope: RunScope, pid: int, launch_id: str | None) -> str
     if why is not None:
         return why
     try:
-        lock = os.stat(scope.run_dir / names.LOCK, follow_symlinks=False)
+        lock = os.stat(scope.run_dir / names.LOCK if scope.dir_fd is None else names.LOCK, dir_fd=scope.dir_fd,
+                       follow_symlinks=False)
     except OSError as e:
         return f"the run's {names.LOCK} cannot be looked at ({e.strerror or e})"
     if not stat.S_ISREG(lock.st_mode) or not owner_in(lock, (scope.owner,)):

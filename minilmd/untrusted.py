@@ -383,10 +383,12 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, expect: type
 
 
 def read_json(path: str | os.PathLike, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH,
-              expect: type | tuple[type, ...] | None = dict, owner: int | Collection[int] | None = None):
-    """read_bytes then loads: the JSON value of a file another user, run or machine may have written."""
-    return loads(read_bytes(path, max_bytes=max_bytes, owner=owner), max_depth=max_depth, expect=expect,
-                 path=path)
+              expect: type | tuple[type, ...] | None = dict, owner: int | Collection[int] | None = None,
+              dir_fd: int | None = None):
+    """read_bytes then loads: the JSON value of a file another user, run or machine may have written (`path` a
+    name in the open directory `dir_fd` when given)."""
+    return loads(read_bytes(path, max_bytes=max_bytes, owner=owner, dir_fd=dir_fd), max_depth=max_depth,
+                 expect=expect, path=path)
 
 
 def printable(text: str | os.PathLike | None, lines: bool = False) -> str:

@@ -153,7 +153,7 @@ def test_the_places_others_may_fill_list_only_through_the_bounded_lister():
                    "minilmd/corpus/prepare/append.py", "minilmd/corpus/prepare/pipeline.py",
                    "daemon/jobs/remote_made.py", "daemon/jobs/remote_local.py", "daemon/jobs/remote_publish.py",
                    "minilmd/checkpoint_dirs.py", "minilmd/checkpoint_verify.py", "minilmd/batch_stream.py",
-                   "daemon/views/status.py", "trainer/model/export_paths.py", "minilmd/shared_place.py",
-                   "daemon/demo.py"):
+                   "daemon/views/status.py", "daemon/views/logs.py", "trainer/model/export_paths.py",
+                   "minilmd/shared_place.py", "daemon/demo.py"):
         assert set(found.get(module, {})) <= set(REVIEWED.get(module, ("", "", {}))[2]), module
     assert set(found["minilmd/scratch.py"]) == {("tree_bytes", "os.walk")}

@@ -20,7 +20,7 @@ import pytest
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import clean_stale_tmp, list_checkpoints, local_checkpoint_steps
 from minilmd.daemon.jobs.resumefrom import _lists_steps
-from minilmd.daemon.views.status import _attempt_logs
+from minilmd.daemon.views.logs import _attempt_logs
 from minilmd.names import ATTEMPT_LOGS, MANIFEST, save_tmp_name
 from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture

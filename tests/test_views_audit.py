@@ -21,6 +21,7 @@ import pytest
 from faults_fixtures import faultfs  # noqa: F401  (the fixture)
 from minilmd import names, protocol
 from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.views import logs as views_logs
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
@@ -85,7 +86,7 @@ def test_logs_escape_what_the_logs_hold_shown_and_followed(tmp_path):
     with open(attempt, "a") as f:
         f.write("later" + ESCAPES + "\n")
     followed = io.StringIO()
-    views._copy_new(attempt, len(("trainer" + ESCAPES + "\n").encode()), "attempt-0001", followed)
+    views_logs._copy_new(attempt, len(("trainer" + ESCAPES + "\n").encode()), "attempt-0001", followed)
     assert_escaped(followed.getvalue())
     assert "[attempt-0001] later\\x1b" in followed.getvalue(), followed.getvalue()
 
@@ -106,7 +107,7 @@ def test_logs_show_and_relay_a_planted_8_mib_line_cut_saying_so(tmp_path):
     with open(attempt, "a") as f:
         f.write(f"{'A' * (8 << 20)}\nlast\n")
     followed = io.StringIO()
-    views._copy_new(attempt, len(shown_tail), "attempt-0001", followed)
+    views_logs._copy_new(attempt, len(shown_tail), "attempt-0001", followed)
     relayed = followed.getvalue()
     assert len(relayed) < 40_000, len(relayed)
     left_out = (8 << 20) - (16 << 10)

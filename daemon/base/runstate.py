@@ -79,26 +79,32 @@ def supervisor_runs_here(sup: SupervisorInfo) -> bool:
 
 # --- state.json ------------------------------------------------------------------------------------------------
 
-def state_owners(run_dir: str | os.PathLike) -> tuple[int, ...]:
+def state_owners(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[int, ...]:
     """Whose state.json of run_dir is read: the run directory's owner's (its supervisor runs as that user), or
-    our own. Anyone else's file there is another user's doing, never the supervisor's."""
+    our own. Anyone else's file there is another user's doing, never the supervisor's. `dir_fd`: the run directory
+    opened (a view's, daemon/views/runarg.py open_run): its owner, not the owner of what its path leads to now."""
     try:
-        owner = os.lstat(run_dir).st_uid
+        owner = os.fstat(dir_fd).st_uid if dir_fd is not None else os.lstat(run_dir).st_uid
     except OSError:
         return (own_uid(),)
     return tuple(sorted({owner, own_uid()}))
 
 
-def load_state(run_dir: str | os.PathLike) -> dict:
+def load_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict:
     """state.json of run_dir through the hardened reader (minilmd/untrusted.py: a regular file of its owner, at most
-    names.STATE_MAX_BYTES, a JSON object of bounded depth). Raises Unreadable (`missing` when there is none)."""
-    return read_json(Path(run_dir) / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=state_owners(run_dir))
+    names.STATE_MAX_BYTES, a JSON object of bounded depth). Raises Unreadable (`missing` when there is none).
+    `dir_fd`: the run directory opened (the views': daemon/views/runarg.py open_run), read through it, not by
+    run_dir's path (then only for words)."""
+    owners = state_owners(run_dir, dir_fd)
+    if dir_fd is None:
+        return read_json(Path(run_dir) / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=owners)
+    return read_json(names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=owners, dir_fd=dir_fd)
 
 
-def read_state(run_dir: str | os.PathLike) -> dict | None:
-    """state.json of run_dir, None when there is none or it is not one (`load_state` says why)."""
+def read_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict | None:
+    """state.json of run_dir, None when there is none or it is not one (`load_state` says why; `dir_fd` its)."""
     try:
-        return load_state(run_dir)
+        return load_state(run_dir, dir_fd)
     except Unreadable:
         return None
 

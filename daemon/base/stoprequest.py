@@ -35,7 +35,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
-from minilmd.dirfd import Dir
+from minilmd.dirfd import Dir, Identity, PlaceRefused
 from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, signal_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
@@ -56,24 +56,31 @@ class StopRequest:
         return f"minilmd stop at {fmt_time(self.time)}" + (f" by {self.by}" if self.by else "")
 
 
-def leave(run_dir: Path, owner: int) -> Path:
+def leave(run_dir: Path, owner: int, judged: Identity | None = None) -> Path:
     """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
-    OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change."""
+    OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change, or
+    when the directory the walk reaches is not `judged` ((device, inode): the one `stop` judged and read, moved
+    aside since and another put in its place): never written into what stands there now."""
     body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid()}
     with Dir.open(run_dir, "run.dir", owners={owner}) as where:
+        if judged is not None and where.identity != judged:
+            raise PlaceRefused(f"{printable(run_dir)}: not the run directory judged a moment ago (moved or replaced "
+                               f"since): nothing written there")
         where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
                            file_mode() if own_uid() == owner else 0o644)
         os.fsync(where.fd)  # a requeue after a node's reboot still finds it
     return run_dir / names.STOP_REQUEST
 
 
-def read(run_dir: Path, owner: int | None = None) -> tuple[StopRequest | None, str | None]:
+def read(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) -> tuple[StopRequest | None, str | None]:
     """(the request, None); (None, None) when there is none; (None, why) for a file there that is no request of
     this user's or root's (a link, another user's, a FIFO): it is not honoured, nor removed. `owner`: the run's
-    owner when another reads it (root's `status --all`): a request of that user's or root's."""
+    owner when another reads it (root's `status --all`): a request of that user's or root's. `dir_fd`: the run
+    directory a view judged (daemon/views/runarg.py open_run), read through it (run_dir then names it in words)."""
     path = run_dir / names.STOP_REQUEST
     try:
-        body = read_json(path, max_bytes=names.STOP_REQUEST_MAX_BYTES, owner={own_uid() if owner is None else owner, 0})
+        body = read_json(path if dir_fd is None else names.STOP_REQUEST, max_bytes=names.STOP_REQUEST_MAX_BYTES,
+                         owner={own_uid() if owner is None else owner, 0}, dir_fd=dir_fd)
     except Unreadable as e:
         if e.kind == "missing":
             return None, None
@@ -86,12 +93,13 @@ def read(run_dir: Path, owner: int | None = None) -> tuple[StopRequest | None, s
     return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by), None
 
 
-def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
+def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None) -> str | None:
     """What `minilmd status` says of a request left in run_dir (it stays after the stop it was left by, until a start
     by hand): None when there is none. `systemd_unit`: the unit the run's supervisor ran as (state.json), whose
     restarts do not read the request. Judged as the run's supervisor judges it (the run directory's owner's or
-    root's is honoured), not by the reader: root's `status` of a user's run called her own request not honoured."""
-    request, problem = read(run_dir, _run_owner(run_dir))
+    root's is honoured), not by the reader: root's `status` of a user's run called her own request not honoured.
+    `dir_fd`: read's."""
+    request, problem = read(run_dir, _run_owner(run_dir, dir_fd), dir_fd)
     if problem:
         return f"  {problem}: not honoured"
     if request is None:
@@ -103,11 +111,11 @@ def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
             f"requeue{unit}; a start by hand clears it)")
 
 
-def as_json(run_dir: Path, owner: int | None = None) -> dict | None:
+def as_json(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) -> dict | None:
     """The request as `status --json` and `status --all --json` give it ("stop_request"): None when there is none;
     {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why). `owner`: the
-    run's (None: the run directory's owner, as its supervisor judges the request)."""
-    request, problem = read(run_dir, _run_owner(run_dir) if owner is None else owner)
+    run's (None: the run directory's owner, as its supervisor judges the request). `dir_fd`: read's."""
+    request, problem = read(run_dir, _run_owner(run_dir, dir_fd) if owner is None else owner, dir_fd)
     if problem:
         return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
     if request is None:
@@ -115,11 +123,11 @@ def as_json(run_dir: Path, owner: int | None = None) -> dict | None:
     return {"path": str(request.path), "time": request.time, "by": request.by}
 
 
-def _run_owner(run_dir: Path) -> int | None:
-    """The owner of the run directory, whose (or root's) request its supervisor honours; None (the reader: read's
-    default) when it cannot be looked at."""
+def _run_owner(run_dir: Path, dir_fd: int | None = None) -> int | None:
+    """The owner of the run directory (the one open at `dir_fd` when given), whose (or root's) request its
+    supervisor honours; None (the reader: read's default) when it cannot be looked at."""
     try:
-        return os.stat(run_dir).st_uid
+        return os.fstat(dir_fd).st_uid if dir_fd is not None else os.stat(run_dir).st_uid
     except OSError:
         return None
 

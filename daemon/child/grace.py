@@ -42,12 +42,23 @@ def save_grace(cfg: RunConfig) -> float:
     return cfg.restart.hang_timeout_s
 
 
-def orphan_save_grace(run_dir: Path) -> float:
+def orphan_save_grace(run_dir: Path, dir_fd: int | None = None) -> float:
     """save_grace of the run's config copy, for a trainer whose supervisor is gone (`minilmd stop`): the grace that
     supervisor would have given. The copy is read as the other views read it (load_config's untrusted read: bounded,
-    no link followed); DEFAULT_SAVE_GRACE_S when it cannot be read."""
+    no link followed; through `dir_fd`, the run directory `stop` judged, when given); DEFAULT_SAVE_GRACE_S when it
+    cannot be read."""
     try:
-        return save_grace(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True))
+        if dir_fd is None:
+            return save_grace(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True))
+        from minilmd.config import MAX_CONFIG_BYTES, config_from_bytes
+        from minilmd.perms import own_uid
+        from minilmd.untrusted import Unreadable, read_bytes
+
+        try:
+            data = read_bytes(names.RUN_CONFIG_COPY, max_bytes=MAX_CONFIG_BYTES, owner=own_uid(), dir_fd=dir_fd)
+        except Unreadable:
+            return DEFAULT_SAVE_GRACE_S
+        return save_grace(config_from_bytes(data, run_dir / names.RUN_CONFIG_COPY))
     except (ConfigError, OSError):
         return DEFAULT_SAVE_GRACE_S
 

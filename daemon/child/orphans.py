@@ -19,6 +19,9 @@ from minilmd.fsio import atomic_write_json
 from minilmd.perms import signal_uid
 from minilmd.untrusted import Unreadable, read_json
 
+Run = Path | procs.RunScope
+"""A run directory by its path, or the scope of one a view judged and holds open (procs.scope_at: its trainer
+record read through its descriptor)."""
 REAP_S = 10.0
 """After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
 
@@ -39,8 +42,8 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
 def _read_record(scope: procs.RunScope) -> dict | None:
     """trainer.json if it names a trainer the run directory's owner launched on this host, else None."""
     try:  # a regular file of the owner's only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
-        record = read_json(scope.run_dir / names.TRAINER_RECORD, max_bytes=names.TRAINER_RECORD_MAX_BYTES,
-                           owner=scope.owner)
+        record = read_json(scope.run_dir / names.TRAINER_RECORD if scope.dir_fd is None else names.TRAINER_RECORD,
+                           max_bytes=names.TRAINER_RECORD_MAX_BYTES, owner=scope.owner, dir_fd=scope.dir_fd)
     except Unreadable:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
@@ -50,10 +53,11 @@ def _read_record(scope: procs.RunScope) -> dict | None:
     return record
 
 
-def recorded_launch(run_dir: Path) -> procs.Launch | None:
+def recorded_launch(run_dir: Run) -> procs.Launch | None:
     """The trainer launch trainer.json records, when the caller may signal this run's processes (its own run, or
     root); None otherwise."""
-    scope = procs.scope_or_none(run_dir)  # None: not ours (nor root), or a link on it now (said once)
+    # None: not ours (nor root), or a link on it now (said once)
+    scope = run_dir if isinstance(run_dir, procs.RunScope) else procs.scope_or_none(run_dir)
     if scope is None:
         return None
     record = _read_record(scope)
@@ -73,20 +77,20 @@ def launched_at(run_dir: Path) -> float | None:
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
 
 
-def _orphans(run_dir: Path) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
+def _orphans(run_dir: Run) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
     """The recorded launch and (pid, start ticks) of each of its live processes: the owner's, carrying this run's
     directory and the recorded launch id, started no earlier than the trainer."""
     launch = recorded_launch(run_dir)
     return launch, launch.processes() if launch is not None else []
 
 
-def find_orphans(run_dir: Path) -> list[int]:
+def find_orphans(run_dir: Run) -> list[int]:
     """Pids of live processes of the trainer this run launched last (trainer.json), other than us: the trainer and
     what it started. Never another user's process, nor one that merely carries MINILMD_RUN_DIR=<run dir>."""
     return [pid for pid, _ in _orphans(run_dir)[1]]
 
 
-def terminate_orphans(run_dir: Path, grace: float, while_waiting=None) -> list[int]:
+def terminate_orphans(run_dir: Run, grace: float, while_waiting=None) -> list[int]:
     """SIGTERM each process of find_orphans(run_dir) (the trainer saves and exits), then SIGKILL what is left after
     grace, and whatever of the trainer's appeared meanwhile. They are not our children (their parent died), so we
     poll /proc instead of waiting. Each process is signalled by itself, through a pidfd opened and checked against
@@ -101,7 +105,7 @@ def terminate_orphans(run_dir: Path, grace: float, while_waiting=None) -> list[i
     return [pid for pid, _ in alive]
 
 
-def sigterm_orphans(run_dir: Path) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
+def sigterm_orphans(run_dir: Run) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
     """terminate_orphans' first half, for `minilmd stop --timeout` (which may not wait the whole grace): SIGTERM
     each orphan; the recorded launch and (pid, start ticks) of each."""
     launch, alive = _orphans(run_dir)

@@ -140,12 +140,13 @@ class RunLock:
         self.release()
 
 
-def lock_holder(run_dir: str | os.PathLike) -> LockInfo | None:
+def lock_holder(run_dir: str | os.PathLike, dir_fd: int | None = None) -> LockInfo | None:
     """Who owns the run right now (a live supervisor), or None. Never takes the lock for longer than a probe, and
-    never creates the run directory: `minilmd status` and `minilmd stop` use it on directories that may not be runs."""
-    path = Path(run_dir) / LOCK
+    never creates the run directory: `minilmd status` and `minilmd stop` use it on directories that may not be runs.
+    `dir_fd`: the run directory opened (the views': daemon/views/runarg.py open_run), the lock opened through it."""
+    path = Path(run_dir) / LOCK if dir_fd is None else LOCK
     try:
-        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP):
             return None  # no lock, or a symlink that no supervisor of ours made

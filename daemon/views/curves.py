@@ -216,24 +216,27 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 != x0 else float(y1)
 
 
-def run_name(run_dir: Path) -> str:
-    """The run's name in its state.json (read as daemon/base/runstate.py reads it), else its directory's name."""
-    name = (read_state(run_dir) or {}).get("run")
+def run_name(run_dir: Path, dir_fd: int | None = None) -> str:
+    """The run's name in its state.json (read as daemon/base/runstate.py reads it; through `dir_fd`, the run
+    directory judged, when given), else its directory's name."""
+    name = (read_state(run_dir, dir_fd) or {}).get("run")
     return name if isinstance(name, str) and name else run_dir.name
 
 
-def load(run_dir: str | os.PathLike) -> Curves:
-    """The curves of the run in run_dir (its metrics.jsonl and events.jsonl; either may be missing)."""
+def load(run_dir: str | os.PathLike, dir_fd: int | None = None) -> Curves:
+    """The curves of the run in run_dir (its metrics.jsonl and events.jsonl; either may be missing). `dir_fd`: the
+    run directory judged (daemon/views/runarg.py open_run), its files read through it; run_dir then only names it."""
     run_dir = Path(run_dir)
+    reading = run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}")  # the directory the descriptor holds
     problems: list[str] = []
-    current = read_timeline(run_dir, problems)
+    current = read_timeline(reading, problems)
     metrics = current.records
     raw_train = [r for r in metrics if r.get("kind") == "train"]
-    curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train), logged=raw_train,
+    curves = Curves(run_dir, run_name(run_dir, dir_fd), train=last_per_step(raw_train), logged=raw_train,
                     evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
     curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
     curves.earlier = timeline.Timeline([], current.earlier_step, current.fresh_since)
-    events = timeline.events_since_fresh(numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems,
+    events = timeline.events_since_fresh(numbers_only(read_jsonl(reading / names.EVENTS, problems=problems,
                                                                          key="event")))
     curves.unreadable = problems
     curves.restarts = _restarts(curves, events, [r for r in metrics if r.get("kind") == "checkpoint"])

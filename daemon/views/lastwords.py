@@ -92,15 +92,17 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def no_state_lines(run_dir: Path) -> list[str]:
+def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     """What `minilmd status RUN_DIR` says of a run directory without state.json (not escaped: printable() them):
     that a supervisor holding the run lock is starting; else how its last supervisor ended when events.jsonl
-    records it, else that none has started (or is just starting)."""
+    records it, else that none has started (or is just starting). `dir_fd`: the run directory judged
+    (runarg.open_run), its lock and events.jsonl read through it; run_dir then only names it."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
-    if (holder := lock_supervisor_or_none(run_dir)) is not None:
+    if (holder := lock_supervisor_or_none(run_dir, dir_fd)) is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
-    end = ended_in_events(run_dir, state_owners(run_dir))
+    end = ended_in_events(run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}"),
+                          state_owners(run_dir, dir_fd))
     if end is None:
         return [f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)"]
     at = f" at {fmt_time(end.time)}" if end.time is not None else ""

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from minilmd import names, protocol
@@ -36,6 +37,7 @@ from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.daemon.views.lastwords import no_state_row
+from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
@@ -274,27 +276,56 @@ def forget(target: str, out=None) -> int:
     a third user's live run off the list). The run directory and its owner are said first when it is not ours. A
     bare NAME that is also a directory here is that run directory too; when it is running, only it is kept: the
     gone runs of that name are still forgotten (`cd ~/runs; minilmd forget demo` while ./demo trains)."""
-    from minilmd.daemon.views.liveness import lock_supervisor_or_none
-    from minilmd.daemon.views.runarg import RunProblem, not_yours_line, real_path
+    from minilmd.daemon.views.runarg import RunProblem, real_path
 
     out = out or sys.stdout
-    as_dir = running_dir = None
-    by_name = "/" not in target
-    if not by_name or Path(target).exists():
+    as_dir = None
+    if "/" in target or Path(target).exists():
         try:
             as_dir = real_path(Path(target), "forget")
         except RunProblem as e:
             print(e, file=sys.stderr)
             return e.exit
-        if (holder := lock_supervisor_or_none(as_dir)) is not None:
+    with _opened(as_dir) as run:
+        return _forget(target, as_dir, run, out)
+
+
+@contextlib.contextmanager
+def _opened(as_dir: Path | None) -> Iterator[Dir | None]:
+    """The run directory forget is given, opened once (runarg's JUDGED_DIR: no link followed), its lock and owner
+    read through that descriptor; None when there is none (gone: what forget is for) or it is no directory."""
+    from minilmd.daemon.views.runarg import JUDGED_DIR
+
+    try:
+        run = Dir(os.open(as_dir, JUDGED_DIR), as_dir) if as_dir is not None else None
+    except OSError:
+        run = None
+    try:
+        yield run
+    finally:
+        if run is not None:
+            run.close()
+
+
+def _forget(target: str, as_dir: Path | None, run: Dir | None, out) -> int:
+    """forget, `as_dir` the run directory named (its real path; None by a bare name no directory here has), open in
+    `run` (None when it is gone)."""
+    from minilmd.daemon.views import liveness
+    from minilmd.daemon.views.runarg import not_yours_line
+
+    running_dir = None
+    by_name = "/" not in target
+    if as_dir is not None:
+        holder = liveness.lock_supervisor_or_none(as_dir, run.fd) if run is not None else None
+        if holder is not None:
             print(f"kept {printable(as_dir)}: its supervisor (pid {holder.pid}) holds the run's lock: a running run "
                   f"stays listed (`minilmd stop` it first)", file=out)
             if not by_name:
                 return 1
             as_dir, running_dir = None, as_dir  # by name: the gone runs of that name are still forgotten
-        with contextlib.suppress(OSError):  # gone (what forget is for): no one's to name
-            if as_dir is not None and (whose := not_yours_line(as_dir, os.stat(as_dir).st_uid, _forgetting())):
-                print(whose, file=out, flush=True)
+        if run is not None and as_dir is not None and (  # gone (what forget is for): no one's to name
+                whose := not_yours_line(as_dir, os.fstat(run.fd).st_uid, _forgetting())):
+            print(whose, file=out, flush=True)
     done = registry.forget(target, None if as_dir is None else str(as_dir))
     for entry in done.kept:
         if entry.run_dir != running_dir:  # that one said above
@@ -307,9 +338,19 @@ def forget(target: str, out=None) -> int:
         return 1
     for path in done.removed:
         print(f"forgot {printable(target)}: removed {printable(path)}", file=out)
-    if as_dir is not None and as_dir.is_dir() and (as_dir / names.STATE).exists():
+    if as_dir is not None and run is not None and _holds(run, names.STATE):
         print(f"  {printable(target)} still exists: it is listed again when its supervisor starts", file=out)
     return 0
+
+
+def _holds(run: Dir, name: str) -> bool:
+    """Whether the directory open in `run` holds `name` (looked at through its descriptor, a link there followed
+    as Path.exists follows one)."""
+    try:
+        os.stat(name, dir_fd=run.fd)
+        return True
+    except OSError:
+        return False
 
 
 def _forgetting() -> str:

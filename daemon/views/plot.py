@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.views import curves as curves_mod
-from minilmd.dirfd import PlaceRefused, place_problem
+from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.fsio import write_out_bytes
 from minilmd.metrics import REWARDS, number
 
@@ -81,12 +81,13 @@ def _pyplot():
     return plt
 
 
-def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str = "step",
+def plot(run_dirs: Sequence[str | os.PathLike | Dir], out: str | os.PathLike, x: str = "step",
          smoothing: float | None = None, title: str | None = None, dpi: int = 100, *,
          group_share: bool = False) -> PlotSummary:
     """Draw the runs' curves into out (.png or .svg, by its suffix) and say what was drawn. smoothing: the EMA's
     weight of a new point; None: auto_smoothing's. PlaceRefused (nothing written) when out's directory is not a
-    place for it (the module's docstring); `group_share`: a team directory, used anyway."""
+    place for it (the module's docstring); `group_share`: a team directory, used anyway. A run given as a Dir (the
+    `minilmd plot` command's: daemon/views/runarg.py open_run) is read through its descriptor, named by its path."""
     if x not in X_AXES:
         raise ValueError(f"--x {x!r}: use one of {', '.join(X_AXES)}")
     out = Path(out)
@@ -95,7 +96,7 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
     if problem := place_problem("--out", out, "the picture", OUT_ADVICE, own_links=True, group_share=group_share):
         raise PlaceRefused(problem)  # said before the runs are read; judged again when the directory is opened
     plt = _pyplot()
-    runs = [curves_mod.load(d) for d in run_dirs]
+    runs = [curves_mod.load(d.path, d.fd) if isinstance(d, Dir) else curves_mod.load(d) for d in run_dirs]
     dpo = any(_has_rewards(run) for run in runs)
     fig, axes = plt.subplots(3 if dpo else 2, 2, figsize=(11, 10 if dpo else 7), sharex=True)
     loss_ax, lr_ax, toks_ax, grad_ax = axes.flat[:4]

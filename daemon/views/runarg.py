@@ -12,13 +12,24 @@ same way. A third user's link or config chooses whose run the command reaches: r
 link to a third user's run stopped hers, and left root's stop request in her run directory. So it is refused (exit
 2, nothing signalled, nothing written), naming the link or the config, its owner and the run directory it leads to,
 which the caller may then name itself; where that does not exist (yet) or cannot be looked at, that is said (no owner
-of it proves the link or config the run's). A directory must hold a run's files. A directory this user may not look into
+of it proves the link or config the run's). A directory must hold a run's files.
+
+What is judged is handed on as one descriptor (`open_run`: the directory opened O_PATH, O_DIRECTORY, O_NOFOLLOW, a
+dirfd.Dir whose `path` is its real path, for words and for the processes' proofs; its run files looked at through
+it; its owner the descriptor's, `owner_of`). The views read everything of the run through it (status.py, stop.py,
+overview.py `forget`, lastwords.py, liveness.py; a reader that takes a path is given `Dir.inside`, the directory the
+descriptor holds), never by the path again: whoever can rename a directory above the run directory (its owner, a team
+directory's members) could move it aside and put another run directory there between the judgement and a read. A
+write or a signal (`stop`'s request, walked by the place rule; the supervisor's proof, its environment naming the
+path) is done only while the path still leads to the directory judged (`moved`). `plot` holds each run it is given
+open the same way while it reads them. A directory this user may not look into
 (another user's run under the default `run.share = "private"`) is answered by its owner, from its own lstat, as
 `stop` answers any other user's run: exit 1, the owner named. Every path said here is escaped
 (minilmd/untrusted.py `printable`): others name them.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -26,6 +37,7 @@ from collections.abc import Callable, Set
 from pathlib import Path
 
 from minilmd import names, place_rule
+from minilmd.dirfd import Dir
 from minilmd.untrusted import printable
 
 NOT_A_RUN = 2
@@ -33,6 +45,12 @@ NOT_A_RUN = 2
 link or config on the way to one (refused)."""
 CANNOT_READ = 1
 """Exit status: a directory this user may not look into (another user's private run), as protocol.STOP_FAILED."""
+
+JUDGED_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""How the run directory is opened to be judged and read: no link followed (a real path's last name is none: one
+now was put there since), search permission enough (a 0711 run directory), as the lookups by path were."""
+MOVED = "no longer the run directory named a moment ago: moved or replaced since (by whoever can rename a directory " \
+        "above it); nothing signalled, nothing written"
 
 
 class RunProblem(Exception):
@@ -53,25 +71,53 @@ class Foreign(RunProblem):
         self.owner = owner
 
 
-def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
-    """The real path of the run directory `arg` names (itself, or a config file's run.dir), every link and config
-    on the way the caller's, root's or the run directory's owner's; RunProblem when it is none, or when a third
-    user's link or config leads there."""
+def open_run(arg: str | os.PathLike, command: str = "status") -> Dir:
+    """The run directory `arg` names (itself, or a config file's run.dir), opened once and judged on that
+    descriptor (a Dir: `path` its real path, for words and the processes' proofs; `fd` an O_PATH descriptor): every
+    link and config on the way the caller's, root's or the run directory's owner's, the directory itself opened
+    without following a link, its run files looked at through it. RunProblem when it is none, or when a third
+    user's link or config leads there. The caller closes it."""
     path = Path(arg)
     run_dir = _by_owner_rule(lambda owners: _named_run_dir(path, command, owners))
-    problem = run_problem(run_dir, command)
-    if problem:
-        raise problem
-    return run_dir
-
-
-def resolve_run(arg: str | os.PathLike, command: str = "status") -> tuple[Path | None, int]:
-    """(the run directory, 0), or (None, the exit status) once why it is none has been said on stderr."""
     try:
-        return run_dir_of(arg, command), 0
+        run = Dir(os.open(run_dir, JUDGED_DIR), run_dir)
+    except OSError:  # gone, a link or a file swapped in since, not ours to look at: said as by path
+        raise run_problem(run_dir, command) or RunProblem(f"{printable(run_dir)}: {MOVED}", NOT_A_RUN) from None
+    try:
+        problem = run_problem(run_dir, command, run.fd)
+    except BaseException:
+        run.close()
+        raise
+    if problem:
+        run.close()
+        raise problem
+    return run
+
+
+def opened_run(arg: str | os.PathLike, command: str = "status") -> tuple[Dir | None, int]:
+    """(open_run's Dir, 0), or (None, the exit status) once why it is none has been said on stderr."""
+    try:
+        return open_run(arg, command), 0
     except RunProblem as e:
         print(e, file=sys.stderr)
         return None, e.exit
+
+
+def owner_of(run: Dir) -> int:
+    """The owner of the run directory judged: its descriptor's, never what its name leads to now."""
+    return os.fstat(run.fd).st_uid
+
+
+def moved(run: Dir) -> str | None:
+    """Why run.path no longer names the directory judged (renamed aside and another put there, by whoever can
+    rename a directory above it), in words; None while it does. What is signalled is proven by path (the
+    processes' environment names it) and a stop request is written where the place rule walks to by path: both are
+    refused then, never done to what stands there now."""
+    try:
+        now = os.stat(run.path)
+    except OSError as e:
+        return f"{MOVED} ({printable(e.strerror or str(e))} there now)"
+    return None if (now.st_dev, now.st_ino) == run.identity else f"{MOVED} (another directory there now)"
 
 
 def real_path(path: Path, command: str) -> Path:
@@ -124,7 +170,7 @@ def _named_run_dir(path: Path, command: str, owners: Set[int]) -> Path:
 
 def _walk(path: Path, command: str, owners: Set[int], named_by: Path | None = None) -> Path:
     """place_rule.real_path as a RunProblem: another's link (`named_by`: the config whose run.dir `path` is, for
-    that message) or a loop. By path, one look: the views read and signal by the path returned."""
+    that message) or a loop. By path: open_run opens what it returns once, and judges that."""
     try:
         return place_rule.real_path(path, owners)
     except place_rule.ForeignLink as e:
@@ -207,14 +253,15 @@ def _run_dir_despite(path: Path, data: bytes, problems: list[str], command: str,
     return run_dir
 
 
-def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
-    """Why run_dir is not a run directory this user can read (None: it is one)."""
+def run_problem(run_dir: Path, command: str = "status", dir_fd: int | None = None) -> RunProblem | None:
+    """Why run_dir is not a run directory this user can read (None: it is one); `dir_fd`: the directory opened
+    (open_run), whose run files are looked at through it, not by path."""
     try:
-        if not run_dir.exists():
+        if dir_fd is None and not run_dir.exists():
             return RunProblem(f"{printable(run_dir)}: no such directory", NOT_A_RUN, run_dir)
-        if not run_dir.is_dir():
+        if dir_fd is None and not run_dir.is_dir():
             return RunProblem(f"{printable(run_dir)}: not a directory", NOT_A_RUN)
-        found = any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
+        found = any(_there(run_dir, name, dir_fd) for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
     except OSError as e:  # a directory we may not look into: whose it is says why
         return _unreadable(run_dir, e, command)
     if not found:
@@ -222,6 +269,21 @@ def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
                           f"{names.RUN_CONFIG_COPY} or {names.LOCK}); give the run.dir of a run config, or the config "
                           f"itself, e.g. `minilmd {command} /path/to/run`", NOT_A_RUN, run_dir)
     return None
+
+
+def _there(run_dir: Path, name: str, dir_fd: int | None) -> bool:
+    """Whether `name` is in the run directory (a link there followed, as Path.exists follows one: looked at only)."""
+    if dir_fd is None:
+        return (run_dir / name).exists()
+    try:
+        os.stat(name, dir_fd=dir_fd)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return False
+        raise
 
 
 def not_yours_line(run_dir: Path, owner: int, doing: str) -> str | None:

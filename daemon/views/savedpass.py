@@ -16,9 +16,10 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 
-def saved_pass_words(run_dir: Path, state: StateJson) -> str:
+def saved_pass_words(run_dir: Path, state: StateJson, dir_fd: int | None = None) -> str:
     """" (DPO reference pass 408/2,490 pairs saved)" when the run is at step 0 and its newest local checkpoint is a
-    step 0 whose manifest says a stopped pass; "" otherwise (no pass, its sums complete, or it cannot be read)."""
+    step 0 whose manifest says a stopped pass; "" otherwise (no pass, its sums complete, or it cannot be read).
+    `dir_fd`: the run directory judged (runarg.open_run), whose owner's manifest is read."""
     local = state.local_checkpoint
     if state.progress.step != 0 or local is None or local.step != 0 or not local.path:
         return ""
@@ -27,7 +28,7 @@ def saved_pass_words(run_dir: Path, state: StateJson) -> str:
         return ""
     try:
         manifest = loads(read_bytes(step0 / names.MANIFEST, max_bytes=names.MANIFEST_MAX_BYTES,
-                                    owner=state_owners(run_dir)), expect=dict)
+                                    owner=state_owners(run_dir, dir_fd)), expect=dict)
     except (Unreadable, OSError, ValueError):
         return ""
     saved = reference_pass(manifest) if manifest.get("step") == 0 else None

@@ -1,6 +1,8 @@
-"""`minilmd status`, `minilmd logs`: the operator's view of a run directory (`minilmd stop`: daemon/views/stop.py).
+"""`minilmd status`: the operator's view of a run directory (`minilmd logs`: daemon/views/logs.py; `minilmd stop`:
+daemon/views/stop.py).
 
-Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
+Everything here reads files the supervisor and the trainer wrote (state.json, metrics.jsonl, the heartbeat), through
+the descriptor of the run directory daemon/views/runarg.py judged (open_run), and works
 whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
 Each function returns the command's exit status (0 fine, 2 not a run directory; `stop` has more:
 protocol.STOP_*). What these files say is escaped before it reaches the terminal (minilmd/untrusted.py `printable`):
@@ -11,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -24,23 +25,20 @@ from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, Spac
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
+from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
-from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, real_path, resolve_run, run_dir_of, run_problem
+from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
+from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
-from minilmd.fsio import new_lines, tail_lines
-from minilmd.untrusted import Unreadable, clipped, listed, printable
-
-LOG_LINE_SHOWN = 16 << 10
-"""The longest log line `logs` shows (and `-f` relays) whole: a longer one (no line of ours is; one planted in
-another user's run directory was relayed whole, 8 MiB) is shown cut, saying how much was left out."""
+from minilmd.untrusted import printable
 
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
     """Whether run_dir is a run directory this user can read (daemon/views/runarg.py); if not, says why on
-    stderr. A command that also takes a config file calls runarg.resolve_run instead."""
+    stderr. A command that also takes a config file calls runarg.opened_run instead."""
     problem = run_problem(run_dir, command)
     if problem:
         print(problem, file=sys.stderr)
@@ -240,77 +238,92 @@ def _error_context(state: StateJson, t: float) -> str:
 
 
 def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:
+    """The run directory judged (runarg.open_run), every file of it read through its descriptor: a directory put
+    at its path meanwhile (by whoever can rename one above it) is never what is shown under its name."""
     out = out or sys.stdout
-    found, refused = resolve_run(run_dir)  # a run directory, or a config file naming one
+    found, refused = opened_run(run_dir)  # a run directory, or a config file naming one
     if found is None:
         return refused
-    run_dir = found
-    raw, unreadable = load(run_dir)
+    with found as run:
+        return _status(run, as_json, out)
+
+
+def _status(run: Dir, as_json: bool, out) -> int:
+    """status of the run directory open in `run`: `run_dir` (its real path) names it, the readers that take a path
+    are given `inside` (/proc/self/fd/N: its names looked up in the directory the descriptor holds)."""
+    run_dir, inside = run.path, run.inside
+    raw, unreadable = load(run_dir, run.fd)
     written = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(written)
     # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
-    state = current(run_dir, written, alive) if written is not None else None
-    state, claims = _as_read(Path(run_dir), state) if state is not None else (None, None)
+    state = current(inside, written, alive) if written is not None else None
+    state, claims = _as_read(run, state) if state is not None else (None, None)
     if as_json:
-        _print_json(run_dir, raw, changed_sections(written, state) if written is not None and state is not None
+        _print_json(run, raw, changed_sections(written, state) if written is not None and state is not None
                     else {}, alive, unreadable, out)
         return 0
     if unreadable:
         print(f"{printable(run_dir)}: {names.STATE} unreadable ({unreadable})", file=out)
         return 0
     if state is None:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
-        print("\n".join(printable(line) for line in no_state_lines(Path(run_dir))), file=out)
+        print("\n".join(printable(line) for line in no_state_lines(run_dir, run.fd)), file=out)
         return 0
-    alone = trainer_alone(run_dir, state, alive)  # a killed supervisor's trainer, still training
-    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(Path(run_dir), state))
-    lines += orphan_lines(run_dir, state, alone)
-    lines += _lineage_lines(run_dir, state) + _corpus_owner_lines(run_dir)
+    alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
+    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd))
+    lines += orphan_lines(run_dir, state, alone, inside)
+    lines += _lineage_lines(run, state) + _corpus_owner_lines(run)
     if claims:
         lines.insert(1, claims)
-    if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
+    if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit, run.fd):  # `minilmd stop` left it
         lines.insert(1, request)
     from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
 
-    metrics = read_timeline(run_dir, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
-    lines += fit_lines(run_dir, metrics.records)
-    lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
+    metrics = read_timeline(inside, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
+    lines += fit_lines(inside, metrics.records)
+    lines += reproducibility_lines(inside, state)  # daemon/views/reproducible.py
     after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
     if earlier := earlier_words(metrics):
         lines.insert(after_step, f"  {earlier}: status and plot show the current one only")
-    if spark := sparkline_line(run_dir, upto=state.progress.step):  # the step line's moment
+    if spark := sparkline_line(inside, upto=state.progress.step):  # the step line's moment
         lines.insert(after_step, spark)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
 
 
-def _as_read(run_dir: Path, state: StateJson) -> tuple[StateJson, str | None]:
+def _as_read(run: Dir, state: StateJson) -> tuple[StateJson, str | None]:
     """state as shown for the directory status read: when its state.json names another run directory (a run dir
     copied or moved here, or a state.json someone planted: another user's made `status` print the victim's run name
     and path), the run is this directory, named by it, and a line says what the file claims."""
-    claimed = state.run_dir
-    if not claimed or _same_dir(Path(claimed), run_dir):
+    claimed, run_dir = state.run_dir, run.path
+    if not claimed or _same_dir(Path(claimed), run):
         return state, None
     shown = dataclasses.replace(state, run=run_dir.name, run_dir=str(run_dir))
     return shown, (f"  its state.json names run {state.run or '?'} in {claimed}, another directory (moved or copied "
                    f"here, or not this run's): shown as what this directory holds")
 
 
-def _same_dir(claimed: Path, run_dir: Path) -> bool:
+def _same_dir(claimed: Path, run: Dir) -> bool:
+    """Whether state.json's claim leads to the directory read (its descriptor's: never the path's, which another
+    directory may stand at by now)."""
     try:
-        return claimed == run_dir or os.path.samefile(claimed, run_dir)  # a stat each, nothing opened
+        if claimed != run.path:
+            st = os.stat(claimed)  # a stat, nothing opened
+            return (st.st_dev, st.st_ino) == run.identity
+        return True
     except (OSError, ValueError):  # gone, unreachable, a NUL in the claim
         return False
 
 
-def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out) -> None:
+def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out) -> None:
     """`status --json`: state.json as read, with the sections the trainer's own files moved on since laid over it
     (`caught_up`, from newest.changed_sections: the facts plain status shows, in the file's shape), and whether
     there were any."""
-    left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
+    run_dir = run.path
+    left = stoprequest.as_json(run_dir, dir_fd=run.fd)  # `minilmd stop` left it: an automatic restart will not start it
     state = {**raw, **caught_up} if raw is not None else None
-    starting = lock_supervisor_or_none(Path(run_dir)) if raw is None and not unreadable else None
-    end = ended_in_events(Path(run_dir), state_owners(run_dir)) if raw is None and not unreadable and not starting \
-        else None
+    starting = lock_supervisor_or_none(run_dir, run.fd) if raw is None and not unreadable else None
+    end = ended_in_events(run.inside, state_owners(run_dir, run.fd)) if raw is None and not unreadable and \
+        not starting else None
     print(json.dumps({"running": alive or starting is not None, "state": state, "caught_up": bool(caught_up),
                       "stop_request": left, **({"unreadable": unreadable} if unreadable else {}),
                       **({"starting_pid": starting.pid} if starting else {}),
@@ -318,7 +331,7 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
                      indent=2, sort_keys=True), file=out)
 
 
-def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
+def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:
     """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
     the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
     lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
@@ -326,34 +339,36 @@ def _lineage_lines(run_dir: Path, state: StateJson | None = None) -> list[str]:
     from minilmd.bounded import bounded_probe
     from minilmd.daemon.phases.initwait import lineage
 
-    if (cfg := _own_config(run_dir)) is None:
+    if (cfg := _own_config(run)) is None:
         return []
     answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
     return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 
 
-def _own_config(run_dir: Path):
+def _own_config(run: Dir | Path):
     """The run's run.toml, read as a predecessor's is (init_source.run_config_in: through its run directory's
-    descriptor), ours; None when it cannot be read (a link, a FIFO, another user's file)."""
+    descriptor, the one judged), ours; None when it cannot be read (a link, a FIFO, another user's file)."""
     from minilmd.config import ConfigError
     from minilmd.init_place import open_named
     from minilmd.init_source import run_config_in
     from minilmd.perms import own_uid
 
     try:
-        with open_named(run_dir) as opened:
+        if isinstance(run, Dir):
+            return run_config_in(run, (own_uid(),))
+        with open_named(run) as opened:
             return run_config_in(opened, (own_uid(),))
     except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
         return None
 
 
-def _corpus_owner_lines(run_dir: Path) -> list[str]:
+def _corpus_owner_lines(run: Dir | Path) -> list[str]:
     """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said), read
     in a bounded thread: a share that does not answer is left unsaid."""
     from minilmd.bounded import bounded_probe
     from minilmd.corpus_meta import owner_note
 
-    cfg = _own_config(run_dir)
+    cfg = _own_config(run)
     note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
     return [f"  note: {note}"] if note else []
 
@@ -368,107 +383,3 @@ def _synced(remote: str | None, state: StateJson | None) -> Path | None:
     if synced is None or not remote or is_url(remote) or not names_remote(synced.path, remote):
         return None
     return Path(synced.path)
-
-
-def _attempt_logs(run_dir: Path) -> list[Path]:
-    """The attempt logs of a run, from its logs/ directory itself: a link there (to another place's files) is not
-    followed, as each log is opened without following one (tail_lines)."""
-    folder = run_dir / names.ATTEMPT_LOGS
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return []
-        return sorted(folder / n for n in listed(folder) if names.is_attempt_log(n))
-    except OSError:  # gone meanwhile, unreadable, more entries than untrusted.listed reads: no logs to show
-        return []
-
-
-def _tail(path: Path, n: int) -> tuple[str, int]:
-    """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    minilmd/fsio.py tail_lines); a file that is not one is "unreadable (why)"."""
-    try:
-        lines, size = tail_lines(path, n)
-    except Unreadable as e:
-        return f"unreadable ({e.why})\n", 0
-    return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
-
-
-def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
-         poll_s: float = 0.3) -> int:
-    """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
-    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one,
-    until the run it followed running ends (exit 0) or Ctrl-C (EXIT_INTERRUPTED). A run already ended is said and
-    followed until it starts again (the tmux launcher starts `logs -f` beside `run`)."""
-    out = out or sys.stdout
-    try:
-        run_dir = run_dir_of(run_dir, "logs")  # a run directory, or a config file naming one
-    except RunProblem as problem:
-        if not (follow and problem.exit == NOT_A_RUN and problem.run_dir):
-            print(problem, file=sys.stderr)
-            return problem.exit
-        # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
-        print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)
-        run_dir = problem.run_dir
-        try:
-            while run_problem(run_dir):
-                time.sleep(poll_s)
-            run_dir = real_path(run_dir, "logs")  # a link on the way that came with it: the same rule
-        except KeyboardInterrupt:
-            return NOT_A_RUN
-        except RunProblem as late:
-            print(late, file=sys.stderr)
-            return late.exit
-    sup_path = run_dir / names.SUPERVISOR_LOG
-    text, sup_off = _tail(sup_path, lines)
-    out.write(f"==> {printable(sup_path)} <==\n{text}")
-    attempts = _attempt_logs(run_dir)
-    current = attempts[-1] if attempts else None
-    cur_off = 0
-    if current:
-        text, cur_off = _tail(current, lines)
-        out.write(f"==> {printable(current)} <==\n{text}")
-    out.flush()
-    if not follow:
-        return 0
-    if ended := _ended(run_dir):
-        print(f"{printable(run_dir)}: {ended}: following its logs until it starts again (Ctrl-C to quit)",
-              file=sys.stderr, flush=True)
-    try:
-        while True:
-            ended_before = _ended(run_dir)  # before the last lines: an end's own lines are copied below
-            sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
-            if current:
-                cur_off = _copy_new(current, cur_off, current.stem, out)
-            attempts = _attempt_logs(run_dir)
-            if attempts and attempts[-1] != current:
-                if current:
-                    cur_off = _copy_new(current, cur_off, current.stem, out)
-                current, cur_off = attempts[-1], 0
-                out.write(f"==> {printable(current)} (new attempt) <==\n")
-            out.flush()
-            if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
-                print(f"{printable(run_dir)}: {ended_before}", file=sys.stderr, flush=True)
-                return 0
-            ended = ended_before
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        return protocol.EXIT_INTERRUPTED
-
-
-def _ended(run_dir: Path) -> str:
-    """"the run has ended (PHASE, exit N)" once its supervisor recorded how it ended and no longer runs; "" while
-    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it)."""
-    raw, _ = load(run_dir)
-    state = StateJson.from_dict(raw) if raw is not None else None
-    if state is None or state.outcome is None or supervisor_alive(state):
-        return ""
-    return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
-
-
-def _copy_new(path: Path, offset: int, label: str, out) -> int:
-    try:
-        lines, offset = new_lines(path, offset)
-    except Unreadable:
-        return offset  # said once by _tail; a file that becomes one again is followed from where it was
-    for line in lines:
-        out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
-    return offset

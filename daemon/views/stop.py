@@ -21,9 +21,9 @@ from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
-from minilmd.daemon.views.runarg import not_yours_line, resolve_run
+from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
 from minilmd.daemon.views.status import _error_context
-from minilmd.dirfd import PlaceRefused
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.untrusted import printable
 
 
@@ -35,28 +35,36 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     signalled (minilmd/procs.py): the supervisor that holds the run's lock and carries its identity, or the trainer
     it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
     out = out or sys.stdout
-    found, refused = resolve_run(run_dir, "stop")  # a run directory, or a config file naming one
+    found, refused = opened_run(run_dir, "stop")  # a run directory, or a config file naming one
     if found is None:
         return refused  # protocol.STOP_NOT_A_RUN, or STOP_FAILED for another user's directory we cannot read
-    run_dir = found
+    with found as run:
+        return _stop(run, timeout, out)
+
+
+def _stop(run: Dir, timeout: float, out) -> int:
+    """stop of the run directory judged (runarg.open_run): everything of it read through its descriptor; what is
+    written (the stop request) and signalled (proven by the processes' environment, which names the path) only
+    while its path still leads to it (runarg.moved)."""
+    run_dir = run.path
     try:
-        scope = procs.scope_of(run_dir)
+        scope = procs.scope_at(run_dir, run.fd, moved(run))
     except (procs.Refused, OSError) as e:
         print(printable(str(e)), file=out)
         return protocol.STOP_FAILED
     if whose := not_yours_line(scope.run_dir, scope.owner, "stopping it"):  # root on a user's run: said first
         print(whose, file=out, flush=True)
     shown = printable(run_dir)  # another user's config or directory name may hold escapes
-    raw, unreadable = load(run_dir)
+    raw, unreadable = load(run_dir, run.fd)
     if unreadable:
         print(f"{shown}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
     # before the lock is looked at: a supervisor that takes it later reads it. None for a run that ended for good:
     # no launcher starts it by itself, and a request would only linger until the next start
     restart_may_follow = protocol.restart_may_follow(raw or {})
-    request = _leave_request(scope, out) if restart_may_follow else None
+    request = _leave_request(scope, run, out) if restart_may_follow else None
     try:
-        live = lock_supervisor(run_dir)
+        live = lock_supervisor(run_dir, run.fd)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
         print(f"{shown}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
               f"nothing signalled", file=out)
@@ -67,11 +75,11 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if restart_may_follow:
             _pending_restart_words(request, state.supervisor, out)
-        if _stop_orphans(run_dir, out, timeout) != protocol.STOP_DONE:
+        if _stop_orphans(scope, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
     if not restart_may_follow:  # started again since that end: its SIGTERM is a stop (a Slurm job tells by it)
-        request = _leave_request(scope, out)
+        request = _leave_request(scope, run, out)
     if live.host and live.host != socket.gethostname():
         print(f"supervisor pid {live.pid} runs on {printable(live.host)}, not on this host: not signalled; run "
               f"`minilmd stop` there", file=out)
@@ -95,24 +103,24 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         if timeout and time.monotonic() - started > timeout:
             print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
             return protocol.STOP_FAILED
-        state = _reread(run_dir, state)
+        state = _reread(run, state)
         if state.phase != last_phase:
             last_phase = state.phase
             print(f"  {printable(last_phase)}" + (f": {printable(state.reason)}" if state.reason else ""), file=out,
                   flush=True)
         time.sleep(0.2)
-    state = _reread(run_dir, state)
+    state = _reread(run, state)
     outcome = state.outcome
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
           f"({printable(outcome.reason) if outcome else None})", file=out)
     return _checkpoint_report(state, out, always=True)
 
 
-def _leave_request(scope: procs.RunScope, out) -> Path | None:
-    """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py); None when it could not
-    be written (said)."""
+def _leave_request(scope: procs.RunScope, run: Dir, out) -> Path | None:
+    """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py), in the run directory
+    judged only; None when it could not be written (said)."""
     try:
-        return stoprequest.leave(scope.run_dir, scope.owner)
+        return stoprequest.leave(scope.run_dir, scope.owner, run.identity)
     except (OSError, PlaceRefused) as e:
         why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
         print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a launcher's restart still "
@@ -143,40 +151,42 @@ def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> N
               "run)", file=out)
 
 
-def _reread(run_dir: Path, state: StateJson) -> StateJson:
-    """state.json again; the last one read while there is none (or it cannot be read)."""
-    raw, _ = load(run_dir)
+def _reread(run: Dir, state: StateJson) -> StateJson:
+    """state.json again (through the run directory's descriptor); the last one read while there is none (or it
+    cannot be read)."""
+    raw, _ = load(run.path, run.fd)
     return StateJson.from_dict(raw) if raw else state
 
 
-def _stop_orphans(run_dir: Path, out, timeout: float = 0.0) -> int:
+def _stop_orphans(scope: procs.RunScope, out, timeout: float = 0.0) -> int:
     """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
     SIGTERM and exits; SIGKILL after the grace its supervisor would have given, daemon/child/grace.py). Only the
-    trainer this run recorded, never another process. A --timeout shorter than the grace ends the wait there (exit
-    1): the SIGKILL at the grace is left to a detached helper (daemon/child/orphans.py hand_over_kill)."""
+    trainer this run recorded (its trainer.json read through `scope`'s descriptor), never another process. A
+    --timeout shorter than the grace ends the wait there (exit 1): the SIGKILL at the grace is left to a detached
+    helper (daemon/child/orphans.py hand_over_kill)."""
     from minilmd.daemon.child.grace import orphan_save_grace
     from minilmd.daemon.child.orphans import find_orphans, terminate_orphans
 
-    pids = find_orphans(run_dir)
+    pids = find_orphans(scope)
     if not pids:
         return protocol.STOP_DONE
-    grace = orphan_save_grace(run_dir)
+    grace = orphan_save_grace(scope.run_dir, scope.dir_fd)
     print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
           f"{grace:.0f}s", file=out, flush=True)
     if timeout and timeout < grace:
-        return _stop_orphans_within(run_dir, timeout, grace, out)
-    terminate_orphans(run_dir, grace=grace)
-    left = find_orphans(run_dir)
+        return _stop_orphans_within(scope, timeout, grace, out)
+    terminate_orphans(scope, grace=grace)
+    left = find_orphans(scope)
     print(f"  still running: {left}" if left else "  stopped", file=out)
     return protocol.STOP_FAILED if left else protocol.STOP_DONE
 
 
-def _stop_orphans_within(run_dir: Path, timeout: float, grace: float, out) -> int:
+def _stop_orphans_within(scope: procs.RunScope, timeout: float, grace: float, out) -> int:
     """SIGTERM the orphans and wait `timeout` only; what still saves then is killed at the grace by the helper."""
     from minilmd.daemon.child.orphans import hand_over_kill, sigterm_orphans, wait_orphans
 
     started = time.monotonic()
-    launch, alive = sigterm_orphans(run_dir)
+    launch, alive = sigterm_orphans(scope)
     left = wait_orphans(alive, timeout)
     if launch is None or not left:
         print("  stopped", file=out)
@@ -184,7 +194,7 @@ def _stop_orphans_within(run_dir: Path, timeout: float, grace: float, out) -> in
     helper = hand_over_kill(launch, max(0.0, grace - (time.monotonic() - started)))
     print(f"  trainer process(es) {left} still saving after {timeout:.0f}s: not waited for any longer (exit "
           f"{protocol.STOP_FAILED}); the stop goes on: helper pid {helper} SIGKILLs them {grace:.0f}s after the "
-          f"SIGTERM if they have not exited by then (`minilmd status {printable(run_dir)}` shows them meanwhile)",
+          f"SIGTERM if they have not exited by then (`minilmd status {printable(scope.run_dir)}` shows them meanwhile)",
           file=out)
     return protocol.STOP_FAILED
 

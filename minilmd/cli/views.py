@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from minilmd.corpus.cli_options import group_share_option
@@ -73,27 +75,29 @@ def plot_command(
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
     from minilmd.corpus.exits import out_dir_of, out_error_exit
     from minilmd.daemon.views.plot import PlotUnavailable, plot
-    from minilmd.daemon.views.runarg import resolve_run
+    from minilmd.daemon.views.runarg import opened_run
     from minilmd.dirfd import PlaceRefused
     from minilmd.untrusted import printable
 
-    found = [resolve_run(d, "plot") for d in run_dirs]  # each a run directory, or a config naming one (said)
-    if refused := next((code for run_dir, code in found if run_dir is None), 0):
-        raise typer.Exit(refused)
-    runs = [run_dir for run_dir, _ in found if run_dir is not None]
-    try:
-        summary = plot(runs, out, x=x, title=title or None, group_share=group_share)
-    except PlotUnavailable as e:
-        typer.echo(f"minilmd plot: {e}", err=True)
-        raise typer.Exit(1) from None
-    except PlaceRefused as e:
-        typer.echo(f"minilmd plot: {e}; nothing written", err=True)
-        raise typer.Exit(2) from None
-    except OSError as e:
-        raise out_error_exit(e, "minilmd plot", out_dir_of(out), f"nothing written ({out} is as it was)") from None
-    except ValueError as e:
-        typer.echo(f"minilmd plot: {e}", err=True)
-        raise typer.Exit(2) from None
+    with contextlib.ExitStack() as held:
+        # each a run directory, or a config naming one (said), judged and held open: its files read through it
+        found = [opened_run(d, "plot") for d in run_dirs]
+        runs = [held.enter_context(run) for run, _ in found if run is not None]
+        if refused := next((code for run, code in found if run is None), 0):
+            raise typer.Exit(refused)
+        try:
+            summary = plot(runs, out, x=x, title=title or None, group_share=group_share)
+        except PlotUnavailable as e:
+            typer.echo(f"minilmd plot: {e}", err=True)
+            raise typer.Exit(1) from None
+        except PlaceRefused as e:
+            typer.echo(f"minilmd plot: {e}; nothing written", err=True)
+            raise typer.Exit(2) from None
+        except OSError as e:
+            raise out_error_exit(e, "minilmd plot", out_dir_of(out), f"nothing written ({out} is as it was)") from None
+        except ValueError as e:
+            typer.echo(f"minilmd plot: {e}", err=True)
+            raise typer.Exit(2) from None
     for problem in summary.unreadable:
         typer.echo(f"minilmd plot: {printable(problem)}", err=True)
     for left_out in summary.not_drawn:  # another timeline in the run.dir: the current lineage alone is drawn
@@ -115,7 +119,7 @@ def logs_command(
 
     Exit status: 0 shown (followed to the run's end), 1 another user's run directory you may not read, 2 not a run
     directory (nor a config), or a third user's link or config on the way to one (refused), 130 Ctrl-C."""
-    from minilmd.daemon.views.status import logs
+    from minilmd.daemon.views.logs import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
 
