@@ -60,7 +60,7 @@ class _Named(str):
 
 def _dims(size) -> Shape:
     if not isinstance(size, tuple) or not all(type(d) is int and d >= 0 for d in size):
-        raise NotReadHere("not a plain state dict: a tensor of no shape of sizes")
+        raise NotReadHere("not a plain state dict: a tensor whose size is no tuple of sizes")
     return Shape(size)
 
 
