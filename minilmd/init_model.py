@@ -3,13 +3,19 @@ inherited from init.from: a stage after a pretraining of a non-default model tha
 sft.toml example does) runs the defaults, and was refused as "model.hidden_size: source 64, run 768", 768 being a
 default the user never wrote. The refusal now says which of the run's values are defaults and gives the source's
 values as the [model] lines to add. `run --check` and the launch (minilmd/probes.py) say it, for a run still
-training (its config) and for a checkpoint (init_source.model_problems)."""
+training (its config), for a checkpoint (init_source.model_problems) and for a MiniMind .pth (its tensors' shapes,
+`shapes_mismatch`: read torch-free by minilmd/pth_shapes.py there, by torch in the trainer)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from minilmd.config import toml_value
-from minilmd.config_sections import weights_config
+from minilmd.config_sections import ModelSection, weights_config
+from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
+
+HEAD_NOT_TIED = f"{TIED_HEAD_KEY} differs from {EMBED_KEY}; minilmd's model ties them"
+"""Why a .pth whose head is not its embedding cannot start this run (the trainer by value, `run --check` by shape)."""
 
 
 def model_mismatch(source: dict, run: dict, written: Callable[[str], bool]) -> str:
@@ -31,3 +37,42 @@ def model_mismatch(source: dict, run: dict, written: Callable[[str], bool]) -> s
     lines = "".join(f"\n      {k} = {toml_value(source[k])}" for k in known)
     return (f"another model config: {said}; [model] is not inherited from init.from: set the source's values in "
             f"this config's [model]:\n      [model]{lines}")
+
+
+def shapes_mismatch(got: dict[str, tuple[int, ...]], model: dict | ModelSection,
+                    written: Callable[[str], bool]) -> str:
+    """"" when a MiniMind state dict of tensors of these shapes (lm_head.weight, the tied head, left out) loads into
+    `model` (the run's [model]); else why not: the model fields their shapes imply where they differ from the
+    run's, in `model_mismatch`'s words ("its tensors' shapes are of another model config: ..."), else the tensors
+    that differ. The one rule of the trainer (trainer/checkpoint/init_weights.py) and `run --check`."""
+    run_model = as_model_section(model)
+    expected = expected_state_shapes(run_model)
+    if got == expected:
+        return ""
+    implied = implied_model(got)
+    run = weights_config(dataclasses.asdict(run_model)) | {"intermediate_size": run_model.ffn_size}
+    mismatch = model_mismatch(implied, {k: run[k] for k in implied}, written)
+    if mismatch:
+        return f"its tensors' shapes are of {mismatch}"
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+    return (f"its tensors do not fit this run's model: missing {missing[:4]}, unexpected {extra[:4]}, other shapes "
+            f"{wrong[:4]}")
+
+
+def implied_model(shapes: dict[str, tuple[int, ...]]) -> dict:
+    """The model fields a MiniMind state dict's shapes say (those that can be read off them)."""
+    out = {}
+    if EMBED_KEY in shapes and len(shapes[EMBED_KEY]) == 2:
+        out["vocab_size"], out["hidden_size"] = shapes[EMBED_KEY]
+    layers = {int(k.split(".")[2]) for k in shapes if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    out["num_hidden_layers"] = len(layers)
+    gate = shapes.get("model.layers.0.mlp.gate_proj.weight")
+    if gate:
+        out["intermediate_size"] = gate[0]
+    head_dim = (shapes.get("model.layers.0.self_attn.q_norm.weight") or (0,))[0]  # the heads, so that the [model]
+    for key, proj in (("num_attention_heads", "q_proj"), ("num_key_value_heads", "k_proj")):  # lines pasted fit
+        rows = (shapes.get(f"model.layers.0.self_attn.{proj}.weight") or (0,))[0]
+        if head_dim and rows and rows % head_dim == 0:
+            out[key] = rows // head_dim
+    return out

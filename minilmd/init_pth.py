@@ -3,11 +3,14 @@ pinned (init_place.reopen: that very (device, inode) or none), through its descr
 directory's owner or ours (no link followed, never blocked on a FIFO), bounded by a state dict of the run's model
 (`pth_bound`), and hashed as read. The trainer unpickles those bytes, staging writes them to its copy: what was
 hashed is what is used, and a .pth swapped after the resolution, or its directory swapped by whoever can write
-above it, is not read. Torch-free.
+above it, is not read. `run --check` reads its tensors' shapes through the same descriptor, without torch
+(pth_problems, pth_note: minilmd/pth_shapes.py), and compares them with the run's [model] by the trainer's rule.
+Torch-free.
 """
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 from minilmd.init_kinds import InitSource, InitSourceError, untrusted_failure
 
@@ -45,19 +48,96 @@ def copy_pth(source: InitSource, model: dict | None, out) -> dict:
 
 def read_pth_into(source: InitSource, model: dict | None, sink) -> dict:
     """The .pth read once into `sink` (an untrusted.Hashing), bounded by `model`; its fingerprint record."""
-    from minilmd.init_place import Refused, owners_of, refusal, reopen
-    from minilmd.model_shapes import pth_bound
-    from minilmd.untrusted import Unreadable, copy_regular, size_text
+    from minilmd.init_place import owners_of, reopen
+    from minilmd.untrusted import Unreadable, copy_regular
 
-    bound = pth_bound(model) if model is not None else MAX_PTH_BYTES
+    bound = _bound(model)
     with reopen(source.path.parent, source.identity) as parent:  # a staged copy (no identity): this run's scratch
         owners = source.owners or owners_of(parent)
         try:
             copy_regular(source.path.name, sink, max_bytes=bound, dir_fd=parent.fd, owner=owners)
         except Unreadable as e:
-            if e.kind == "too_big":  # its size, looked at before a byte is read
-                limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
-                raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
-            found = refusal(parent, source.path.name, e, owners)  # a link, a FIFO, a third user's file: named
-            raise (InitSourceError(str(found)) if isinstance(found, Refused) else untrusted_failure(e)) from None
+            raise _refused(source, parent, e, owners, model, bound) from None
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}
+
+
+def pth_shapes_of(source: InitSource, model: dict) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of the .pth, read without torch (minilmd/pth_shapes.py: its zip's directory and data.pkl,
+    not its tensors) through the descriptor `read_pth` reads it by, refused as read_pth refuses one (no link, its
+    directory's owner's or ours, no larger than a .pth of the run's `model`); pth_shapes.NotReadHere for one that
+    reader does not read (the trainer does, with torch). Raises as `read_pth` does."""
+    import os
+
+    from minilmd.init_place import owners_of, reopen
+    from minilmd.pth_shapes import pth_shapes
+    from minilmd.untrusted import Unreadable, open_regular
+
+    bound = _bound(model)
+    with reopen(source.path.parent, source.identity) as parent:
+        owners = source.owners or owners_of(parent)
+        try:
+            fd = open_regular(source.path.name, owner=owners, dir_fd=parent.fd)
+        except Unreadable as e:
+            raise _refused(source, parent, e, owners, model, bound) from None
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(fd).st_size > bound:
+                raise _too_big(source, model, bound)
+            return pth_shapes(f)
+
+
+def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]) -> list[str]:
+    """What keeps the .pth from initialising a model of `model` (the run's [model]), in the trainer's words and by
+    its rule (init_model.shapes_mismatch; `written`: which model keys the run's config sets), found without torch:
+    its tensors of another model, a head other than its embedding. [] where its shapes fit, or are not read here
+    (`pth_note` says so). Raises as `read_pth` does."""
+    from minilmd.init_model import HEAD_NOT_TIED, shapes_mismatch
+    from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY
+    from minilmd.pth_shapes import NotReadHere
+
+    try:
+        shapes = pth_shapes_of(source, model)
+    except NotReadHere:
+        return []
+    head = shapes.pop(TIED_HEAD_KEY, None)
+    if head is not None and EMBED_KEY in shapes and head != shapes[EMBED_KEY]:  # by shape: the trainer by value
+        return [HEAD_NOT_TIED]
+    mismatch = shapes_mismatch(shapes, model, written)
+    return [mismatch] if mismatch else []
+
+
+def pth_note(source: InitSource, model: dict) -> str:
+    """Why the .pth's shapes are not compared with the run's model here (pth_shapes.NotReadHere: the legacy
+    torch.save format, a pickle of more than a state dict, a damaged zip), for `run --check`'s note; "" when they
+    are (or it cannot be read: the check says that)."""
+    from minilmd.pth_shapes import NotReadHere
+
+    try:
+        pth_shapes_of(source, model)
+    except NotReadHere as e:
+        return f"its tensors' shapes are not checked here: {e}; the trainer checks them at start"
+    except (ValueError, OSError):
+        pass
+    return ""
+
+
+def _bound(model: dict | None) -> int:
+    from minilmd.model_shapes import pth_bound
+
+    return pth_bound(model) if model is not None else MAX_PTH_BYTES
+
+
+def _refused(source: InitSource, parent, e, owners, model: dict | None, bound: int) -> Exception:
+    """An untrusted.Unreadable of the .pth in `parent` (an init_place Dir) as read_pth raises it."""
+    from minilmd.init_place import Refused, refusal
+
+    if e.kind == "too_big":  # its size, looked at before a byte is read
+        return _too_big(source, model, bound)
+    found = refusal(parent, source.path.name, e, owners)  # a link, a FIFO, a third user's file: named
+    return InitSourceError(str(found)) if isinstance(found, Refused) else untrusted_failure(e)
+
+
+def _too_big(source: InitSource, model: dict | None, bound: int) -> InitSourceTooBig:
+    from minilmd.untrusted import size_text
+
+    limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
+    return InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}")

@@ -379,8 +379,15 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best",
                    written: Callable[[str], bool] = lambda key: True) -> list[str]:
     """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch): a
     checkpoint of a LoRA run (adapter_source), another model config (init_model.model_mismatch; `written`: which
-    model keys the run's config sets)."""
+    model keys the run's config sets), a .pth of another model (its tensors' shapes: init_pth.pth_problems)."""
     source = resolve(spec, checkpoint)
+    if source.kind == "minimind":
+        from minilmd.init_pth import pth_problems
+
+        try:
+            return pth_problems(source, run_model, written)
+        except OSError as e:  # its directory moved since, the storage failing: as resolve decides
+            raise _unreadable(e) from None
     saved = source_model(source)
     if saved is None:
         return []

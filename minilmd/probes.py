@@ -8,7 +8,8 @@ that cannot initialise this model (minilmd/init_source.py) or was trained with a
 than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
 init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a tokenizer or chat
-template other than the corpus's; the supervisor says init.from's (init_from_notes) once it has staged its checkpoint.
+template other than the corpus's, a .pth whose shapes are not read here (init_pth.pth_note); the supervisor says
+init.from's (init_from_notes) once it has staged its checkpoint.
 
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
@@ -35,6 +36,7 @@ from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, owner_note, read_corpus_meta
 from minilmd.dirfd import run_dir_problem
 from minilmd.init_model import model_mismatch
+from minilmd.init_pth import pth_note
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
@@ -414,8 +416,9 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         state = source_state(source) if source.kind == "checkpoint" else None
     except (ValueError, OSError):  # InitSourceError, Unreadable: said by the checks, as a problem or a wait
         return []
-    if state is None:  # a .pth records nothing of how it was trained
-        return []
+    if state is None:  # a .pth records nothing of how it was trained; its shapes, where not read here, are noted
+        note = pth_note(source, cfg.model_dict()) if source.kind == "minimind" else ""
+        return [f"init.from = {spec!r}: {note}"] if note else []
     notes = [] if names_a_run or source.pointer is None else unfinished_source(spec, source)
     if meta is not None and data_format_of(meta) == "dpo" and not os.path.lexists(source.path / TOKENIZER_CONFIG):
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "

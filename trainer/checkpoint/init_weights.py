@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.init_model import model_mismatch
+from minilmd.init_model import HEAD_NOT_TIED, model_mismatch, shapes_mismatch
 from minilmd.init_pth import InitSourceTooBig, read_pth
 from minilmd.init_source import (
     InitSource,
@@ -24,7 +24,7 @@ from minilmd.init_source import (
     resolve,
     source_model,
 )
-from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
+from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY
 
 
 def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
@@ -139,42 +139,8 @@ def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
     state = dict(state)
     head = state.pop(TIED_HEAD_KEY, None)
     if head is not None and EMBED_KEY in state and not torch.equal(head, state[EMBED_KEY]):
-        raise _refuse(cfg, f"{TIED_HEAD_KEY} differs from {EMBED_KEY}; minilmd's model ties them")
-    expected = expected_state_shapes(cfg.model)
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if got != expected:
-        raise _refuse(cfg, _shape_mismatch(got, expected, cfg))
+        raise _refuse(cfg, HEAD_NOT_TIED)
+    mismatch = shapes_mismatch({k: tuple(v.shape) for k, v in state.items()}, cfg.model, cfg.is_set)
+    if mismatch:  # `run --check`'s rule and words, there of the shapes read without torch (minilmd/pth_shapes.py)
+        raise _refuse(cfg, mismatch)
     return {k: v.to(torch.float32).contiguous() for k, v in state.items()}
-
-
-def _shape_mismatch(got: dict, expected: dict, cfg: RunConfig) -> str:
-    """Why a .pth's tensors (shapes `got`) cannot load into the run's model: the model fields their shapes imply where
-    they differ from the run's, in `run --check`'s words (the run's defaults marked, the [model] lines to paste:
-    init_model.model_mismatch), else the tensors that differ."""
-    implied = implied_model(got)
-    run = cfg.model_dict() | {"intermediate_size": cfg.model.ffn_size}
-    mismatch = model_mismatch(implied, {k: run[k] for k in implied}, cfg.is_set)
-    if mismatch:
-        return f"its tensors' shapes are of {mismatch}"
-    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-    return (f"its tensors do not fit this run's model: missing {missing[:4]}, unexpected {extra[:4]}, other shapes "
-            f"{wrong[:4]}")
-
-
-def implied_model(shapes: dict[str, tuple]) -> dict:
-    """The model fields a MiniMind state dict's shapes say (those that can be read off them)."""
-    out = {}
-    if EMBED_KEY in shapes and len(shapes[EMBED_KEY]) == 2:
-        out["vocab_size"], out["hidden_size"] = shapes[EMBED_KEY]
-    layers = {int(k.split(".")[2]) for k in shapes if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
-    out["num_hidden_layers"] = len(layers)
-    gate = shapes.get("model.layers.0.mlp.gate_proj.weight")
-    if gate:
-        out["intermediate_size"] = gate[0]
-    head_dim = (shapes.get("model.layers.0.self_attn.q_norm.weight") or (0,))[0]  # the heads, so that the [model]
-    for key, proj in (("num_attention_heads", "q_proj"), ("num_key_value_heads", "k_proj")):  # lines pasted fit
-        rows = (shapes.get(f"model.layers.0.self_attn.{proj}.weight") or (0,))[0]
-        if head_dim and rows and rows % head_dim == 0:
-            out[key] = rows // head_dim
-    return out
