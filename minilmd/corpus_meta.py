@@ -148,6 +148,19 @@ def data_format_of(meta: dict) -> str:
     return meta.get("data_format", "text")
 
 
+CORPUS_SUMMARY = "corpus"
+"""trainer_state.json's key for `corpus_summary`."""
+
+
+def corpus_summary(meta: dict) -> dict:
+    """What a checkpoint records of the corpus it trained on, for counting its documents later (the update share of
+    a stage started from it, minilmd/plan/update_share.py): its data format and the train split's documents and
+    tokens. The config the checkpoint records names the staged copy in scratch, gone once the run has ended."""
+    train = meta_value(meta, "splits", "train") or {}
+    return {"data_format": data_format_of(meta),
+            "splits": {"train": {k: train[k] for k in ("documents", "tokens") if isinstance(train.get(k), int)}}}
+
+
 def data_fingerprint(meta: dict) -> str:
     """sha256 over the sorted (path, sha256) of the train/val files: same data, same fingerprint."""
     pairs = sorted((p, f["sha256"]) for p, f in meta.get("files", {}).items() if p.split("/")[0] in SPLITS)

@@ -41,7 +41,9 @@ def _a_stage_run_after_its_base(tmp_path, corpus) -> tuple[Path, Path, list[str]
 
 def test_a_stage_started_after_its_base_finished_logs_the_update_share_once(tmp_path, corpus):
     base, stage, said = _a_stage_run_after_its_base(tmp_path, corpus)
-    assert "WARNING: update share: this run trains" in said[0], said  # 4 steps on 8: 50 %
+    assert said[0].startswith("update share: this run trains"), said  # 4 steps on 8: 50 %, of a base from scratch
+    assert "its base was trained from scratch" in said[0], said
+    assert "rows its base" not in said[0], said  # in documents: the base recorded its corpus, its staged copy gone
     assert "pretrain" in said[0], said
     assert _stage(tmp_path, corpus, base, 6) == stage
     assert run_supervisor(stage, tmp_path / "s2") == 0  # the budget raised: it resumes from its own step 4

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
+from minilmd.corpus_meta import data_fingerprint
 from minilmd.plan.budget import planned
 from minilmd.plan.update_share import share_lines
 from trainer_corpus import write_config
@@ -69,6 +70,43 @@ def test_the_seeds_style_sft_is_the_24_percent_warning(tmp_path):
         "WARNING: update share: this run trains 439,680 sample updates (conversations: 439,680 rows, each one "
         f"conversation, in buckets of like length), 24.3 % of the 1,809,958 rows its base {base} trained"), lines
     assert "use [lora]" in lines[0]
+
+
+def _base_of(tmp_path: Path, data_format: str, documents: int, epochs: int, init_from: str = "") -> tuple[Path, dict]:
+    """A base checkpoint (an epoch budget, run to its end) whose recorded config names a corpus whose staged copy is
+    gone, as a trainer under a supervisor records it; (its path, the corpus summary it records)."""
+    gone = fake_corpus(tmp_path / f"gone-{data_format}", data_format, documents, documents * 120)
+    cfg = load_config(write_config(tmp_path, (gone, 512), name=f"base-{data_format}", init={"from": init_from},
+                                   train={"seq_len": 768, "micro_batch_size": 16, "grad_accum": 1, "max_steps": 0,
+                                          "max_epochs": epochs}, model={"max_position_embeddings": 768}))
+    rows = planned(cfg).rows
+    summary = json.loads((gone / "meta.json").read_text(encoding="utf-8"))
+    (gone / "meta.json").unlink()
+    state = {"step": rows // 16, "rows_seen": rows, "config": cfg.to_dict(), "corpus": summary}
+    return fake_checkpoint(tmp_path / f"base-{data_format}" / "step-00000001", state), summary
+
+
+def test_a_first_sft_of_a_base_trained_from_scratch_is_the_recipe_not_a_warning(tmp_path):
+    """The seed's own MiniMind recipe: its SFT took 1,809,958 of the 3,803,325 documents its pretraining trained
+    (48 %). The 24 % warning is of a style SFT on top of an SFT; a first SFT of a pretrained base says its share
+    without one, counted in the documents the base's checkpoint records though its staged corpus is gone."""
+    base, _ = _base_of(tmp_path, "text", 1_267_775, 3)
+    lines = share_lines(style_config(tmp_path, "chat", base=base))
+    assert len(lines) == 1 and lines[0].startswith("update share: this run trains 439,680 sample updates"), lines
+    assert "of its base" in lines[0] and "rows its base" not in lines[0], lines  # documents, not rows
+    assert "its base was trained from scratch" in lines[0] and "WARNING" not in lines[0], lines
+
+
+def test_a_fine_tune_of_a_fine_tune_is_warned_on_its_own_corpus_in_those_words(tmp_path):
+    base, summary = _base_of(tmp_path, "chat", 20_000, 1, init_from="/runs/pretrain")
+    cfg = style_config(tmp_path, "chat", base=base)
+    fingerprint = data_fingerprint(json.loads((Path(cfg.data.prepared) / "meta.json").read_text(encoding="utf-8")))
+    lines = share_lines(cfg)
+    assert len(lines) == 1 and lines[0].startswith("WARNING: update share:") and "on other data" in lines[0], lines
+    state = json.loads((base / "trainer_state.json").read_text(encoding="utf-8"))
+    (base / "trainer_state.json").write_text(json.dumps({**state, "fingerprints": {"data": fingerprint}}))
+    lines = share_lines(cfg)
+    assert "on its base's own corpus" in lines[0] and "other data" not in lines[0], lines
 
 
 def test_a_lora_run_is_not_told_to_use_lora(tmp_path):

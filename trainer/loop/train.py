@@ -56,6 +56,7 @@ from minilmd import compile_cache, perms
 from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
+from minilmd.corpus_meta import CORPUS_SUMMARY, corpus_summary
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
@@ -268,7 +269,7 @@ class Trainer:
         out = {"epoch": self.epoch_of(self.step), "config": self.cfg.to_dict(),
                "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
                "world_size": self.dist.world_size, "global_batch": self.global_batch, "total_steps": self.total_steps,
-               "kernels": self.kernels}
+               "kernels": self.kernels, CORPUS_SUMMARY: corpus_summary(self.corpus.meta)}
         for part in self.parts():
             out.update(part.state_dict())
         return out
