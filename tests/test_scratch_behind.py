@@ -4,7 +4,7 @@ start resumed from scratch's 2 whenever scratch held a checkpoint, computed step
 syncs put a second history over the remote's. Now the one rule of `run --check` and staging takes the remote's newer
 step (fetched beside scratch's, verified); scratch's newer unsynced steps stay; a remote that cannot be looked at
 leaves scratch's, said; a newer one of another corpus is refused. The end-to-end case, a real supervisor and
-trainer: tests/test_scratch_behind_run.py."""
+trainer: tests/test_scratch_behind_run.py; the staging worker's words for it: the last test here."""
 from __future__ import annotations
 
 import threading
@@ -130,3 +130,51 @@ def test_run_check_names_the_remotes_newer_step_and_the_remote_not_compared(tmp_
     monkeypatch.setattr(resumefrom, "_syncer", lambda cfg: Syncer(cfg.checkpoint_dir, cfg.run.remote, EXPECTED))
     synced_elsewhere(tmp_path, remote, weights, 7, data="e" * 64)
     assert "(step 7, on the remote " in resumefrom.find(cfg, str(remote)).refused
+
+
+class Infra:
+    """Staging's infra, as far as the fetch asks it: the run's expectation (the tiny model these checkpoints hold)."""
+
+    def expectation(self, cfg, staged):
+        return EXPECTED
+
+
+def test_staging_says_when_the_remote_was_not_compared_and_fetches_a_newer_one_saying_both_steps(tmp_path, corpus,
+                                                                                                 weights):
+    """The staging thread's fetch and the loop's words for it (daemon/jobs/stagingworker.py): an event naming both
+    steps for a newer one fetched, a `note` event for a remote not looked at; scratch's own resumed then."""
+    from minilmd import names, scratch
+    from minilmd.daemon.base.runstate import RunState, new_state
+    from minilmd.daemon.base.worker import Inbox
+    from minilmd.daemon.jobs.stagingworker import Staged, StagingWorker
+    from waiting import wait_until
+
+    cfg = load_config(write_config(tmp_path, corpus, name="back"))
+    cfg.run_dir.mkdir(parents=True)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # as the launch claims it
+    remote = Path(cfg.run.remote)
+    save(cfg.checkpoint_dir, 2, weights)
+    synced_elsewhere(tmp_path, remote, weights, 5)
+    emitted: list[tuple[str, str]] = []
+    run_state = RunState(cfg.run_dir / names.STATE, new_state("back", cfg.run_dir, "back.toml"))
+
+    def staged(failing: bool) -> Staged:
+        kind = Failing if failing else Syncer
+        emit = lambda event, message, **_: emitted.append((event, message))
+        staging = StagingWorker(cfg, Infra(), run_state, emit, Inbox(emit),
+                                lambda expected: kind(cfg.checkpoint_dir, str(remote), expected))
+        staging.awaiting_remote, staging.fetch_retry_at = cfg.scratch_dir / names.STAGED_CORPUS, 0.0  # fetch only
+        done = wait_until(lambda: staging.tick(), 120, "the fetch")
+        assert isinstance(done, Staged), done
+        return done
+
+    assert staged(failing=True).fetched is None
+    notes = [m for e, m in emitted if e == "note"]
+    assert len(notes) == 1 and notes[0].startswith(f"run.remote {remote} cannot be read (") and \
+        "not compared with scratch, and the start goes on from scratch's step 2" in notes[0]
+    emitted.clear()
+    assert staged(failing=False).fetched == cfg.checkpoint_dir / step_name(5)
+    assert [m for e, m in emitted if e == "fetch" and "newer" in m] == [
+        f"scratch held step 2; run.remote holds step 5, newer: fetched {cfg.checkpoint_dir / step_name(5)} from "
+        f"{remote}"]
+    assert not [m for e, m in emitted if e == "note"]
