@@ -49,7 +49,6 @@ class Fetcher:
         def _steps(self) -> list[str]: ...
 
     def _fetch_latest(self, local_root: Path) -> Path | None:
-        remote = self.remote
         local_root.mkdir(parents=True, exist_ok=True)
         skipped = []
         for name in reversed(self._steps()):
@@ -57,14 +56,20 @@ class Fetcher:
             if final is None:
                 skipped += [name] if set_aside else []
                 continue
-            if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
-                atomic_write_text(local_root / LATEST, name + "\n")
             if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
                 self._repoint_remote(name)
-            self.log(f"sync: fetched {remote.show(name)} to {final}")
-            self._fetch_best(name, local_root)
+            self._fetched(name, final, local_root)
             return final
         return None
+
+    def _fetched(self, name: str, final: Path, local_root: Path) -> None:
+        """Remote checkpoint `name`, fetched to `final`: the local LATEST names it when it is the newest there (a
+        scratch that holds older ones too: daemon/jobs/scratch_behind.py), said, and the remote's BEST comes along
+        (the next sync would otherwise point the remote BEST back at scratch's older one)."""
+        if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
+            atomic_write_text(local_root / LATEST, name + "\n")
+        self.log(f"sync: fetched {self.remote.show(name)} to {final}")
+        self._fetch_best(name, local_root)
 
     def peek_latest(self) -> tuple[str | None, list[str]]:
         """The checkpoint the fetch would bring back, told without fetching it (`run --check` and the launch,

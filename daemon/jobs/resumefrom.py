@@ -2,11 +2,12 @@
 newest valid checkpoint in scratch, as the trainer's resume finds it (minilmd/checkpoint_select.py find_latest, with
 nothing moved), or, when scratch holds none, the newest one on run.remote that staging's fetch would bring back
 (daemon/jobs/fetch.py peek_latest: its manifest and trainer_state.json read as the fetch reads them, bounded and from
-the root's descriptor; no weights fetched, those the fetch checks); or the remote's step 0 of a DPO run when it is
-further on in the reference pass than scratch's stopped one, which staging fetches in its place (the one rule of both:
-daemon/jobs/pass_resume.py). Each is checked against what the run expects of
-its checkpoints (minilmd/checkpoint.py Expectation: the model, the kernels, the corpus and its tokenizer), the rule
-validation itself applies.
+the root's descriptor; no weights fetched, those the fetch checks); or, when scratch is behind the remote (the
+remote's newest valid checkpoint a newer step than scratch's, or a DPO run's step 0 further on in its reference
+pass), that remote one, which staging fetches into scratch (the one rule of both: daemon/jobs/scratch_behind.py
+judge; a remote that cannot be looked at now leaves scratch's, said in a note). Each is checked against what the
+run expects of its checkpoints (minilmd/checkpoint.py Expectation: the model, the kernels, the corpus and its
+tokenizer), the rule validation itself applies.
 
 One trained with another model, corpus or tokenizer is refused here, exit 2, in the user's terms (`refusal`): which
 setting differs, what the checkpoints were trained with and what the config says, and the two ways on. Before, `run
@@ -63,7 +64,9 @@ class Start:
     reference: str = ""
     """A step 0 saved by a stopped DPO reference pass: how far (`reference pass 1,200/3,000 pairs`)."""
     over_scratch: str = ""
-    """The remote's step 0 taken over scratch's, further on (daemon/jobs/pass_resume.py FurtherPass.words)."""
+    """The remote's checkpoint taken over scratch's: why, and what staging does (scratch_behind.Taken.check_words)."""
+    unlooked: str = ""
+    """Why scratch's is resumed without the remote compared (scratch_behind.Verdict.unlooked)."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -73,8 +76,8 @@ class Start:
         if self.where == SCRATCH:
             return Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
         if self.over_scratch:
-            return Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch}; staging "
-                           f"fetches it in place of scratch's and verifies its weights there)")
+            return Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch} and verifies its "
+                           f"weights there)")
         return Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
                        f"scratch and verifies its weights there)")
 
@@ -99,6 +102,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}")
         said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
+        said += [f"note: {start.unlooked}"] if start.unlooked else []
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
@@ -106,8 +110,8 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
 
 def find(cfg: RunConfig, remote_root: str | None) -> Start:
     """Where the launch would start (module docstring)."""
-    if local_checkpoint_steps(cfg.checkpoint_dir):  # the trainer resumes from scratch, but for a further DPO
-        return _pass_on_remote(cfg) or _in_scratch(cfg)  # reference pass on the remote, which staging fetches
+    if local_checkpoint_steps(cfg.checkpoint_dir):  # the trainer resumes from scratch, but for a newer checkpoint on
+        return _over_scratch(cfg, _in_scratch(cfg))  # the remote, which staging fetches
     if not cfg.run.remote:
         return Start(why=f"scratch holds no checkpoint ({cfg.checkpoint_dir}), and there is no run.remote")
     holds_steps = _lists_steps(remote_root) if remote_root is not None else True
@@ -143,20 +147,22 @@ def _reference(path: Path) -> str:
     return pass_words(held) if held is not None else ""
 
 
-def _pass_on_remote(cfg: RunConfig) -> Start | None:
-    """The remote's step 0 when staging takes it over scratch's, further on in a DPO reference pass: the one rule
-    of both (daemon/jobs/pass_resume.py further_on_remote); None when the start resumes from scratch."""
-    from minilmd.daemon.jobs import pass_resume
+def _over_scratch(cfg: RunConfig, start: Start) -> Start:
+    """Scratch's `start`, or the remote's checkpoint staging takes over it: the one rule of both
+    (daemon/jobs/scratch_behind.py judge)."""
+    if not cfg.run.remote or start.refused:
+        return start
+    from minilmd.daemon.jobs import scratch_behind
 
-    if not cfg.run.remote or pass_resume.scratch_pass(cfg.checkpoint_dir) is None:
-        return None  # no look at the remote, and nothing imported for it, for any other start
     syncer = _syncer(cfg)
-    further = pass_resume.further_on_remote(syncer, cfg.checkpoint_dir)
-    if further is None:
-        return None
-    recorded = bounded_probe(syncer.recorded_config, pass_resume.PASS_STEP)[1]  # None when it does not answer now
-    start = Start(0, REMOTE, syncer.remote.show(pass_resume.PASS_STEP), over_scratch=further.words())
-    return _judged(cfg, start, recorded)
+    verdict = scratch_behind.judge(syncer, cfg.checkpoint_dir, start.step)
+    if verdict.refused is not None:
+        return Start(refused=refusal(verdict.refused, f"on the remote {cfg.run.remote}"))
+    if verdict.taken is None:
+        start.unlooked = verdict.unlooked
+        return start
+    taken = verdict.taken
+    return _remote_start(cfg, syncer, taken.name, start.passed_by + taken.passed, taken.check_words())
 
 
 def _syncer(cfg: RunConfig):
@@ -180,8 +186,10 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
 def _on_remote(cfg: RunConfig) -> Start:
     """The fetch's choice, looked at in a thread for SHARED_STORAGE_PROBE_S at most: a remote that stalls or fails
     now is staging's to wait for (daemon/jobs/remotewait.py says so), no refusal."""
+    from minilmd.daemon.jobs.scratch_behind import peek
+
     syncer = _syncer(cfg)
-    answered, found, _ = bounded_probe(_peek, syncer)
+    answered, found, _ = bounded_probe(peek, syncer)
     if not answered:
         return Start()
     outcome, value, passed = found
@@ -191,31 +199,20 @@ def _on_remote(cfg: RunConfig) -> Start:
         why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
             f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
         return Start(why="" if outcome == "failed" else why, passed_by=passed)
+    return _remote_start(cfg, syncer, value, passed)
+
+
+def _remote_start(cfg: RunConfig, syncer, name: str, passed: list[str], over_scratch: str = "") -> Start:
+    """The start from remote checkpoint `name` (staging fetches it), judged against the config it records (read as
+    the fetch reads it; None when it does not answer now)."""
     from minilmd.checkpoint_contents import pass_words
     from minilmd.daemon.jobs.pass_resume import stopped_pass
 
-    recorded = bounded_probe(syncer.recorded_config, value)[1]  # None when it does not answer now
-    held = bounded_probe(stopped_pass, names.step_of(value), lambda: syncer.remote.read_manifest(value).manifest)[1]
-    start = Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed,
-                  reference=pass_words(held) if held is not None else "")
+    recorded = bounded_probe(syncer.recorded_config, name)[1]
+    held = bounded_probe(stopped_pass, names.step_of(name), lambda: syncer.remote.read_manifest(name).manifest)[1]
+    start = Start(names.step_of(name), REMOTE, syncer.remote.show(name), passed_by=passed,
+                  reference=pass_words(held) if held is not None else "", over_scratch=over_scratch)
     return _judged(cfg, start, recorded)
-
-
-def _peek(syncer) -> tuple[str, object, list[str]]:
-    """("found", the step's name or None, passed by), ("refused", the CheckpointMismatch, []), or ("failed", why,
-    []) for an error other than an OSError (which bounded_probe takes as no answer): never raised out of the probe's
-    thread, where it would be lost."""
-    from minilmd.checkpoint import CheckpointMismatch
-
-    try:
-        name, passed = syncer.peek_latest()
-        return "found", name, passed
-    except CheckpointMismatch as e:
-        return "refused", e, []
-    except OSError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a store that cannot be opened: the sync and the fetch say so
-        return "failed", f"{type(e).__name__}: {e}", []
 
 
 def _lists_steps(root: str) -> bool | None:

@@ -1,6 +1,6 @@
 """The supervisor's side of staging: the corpus copy into scratch and, with a remote and an empty scratch, the fetch
-of the newest valid remote checkpoint, in a thread the loop polls; the fetch retried, with backoff, for as long as
-the remote cannot be read.
+of the newest valid remote checkpoint (or of a newer one than scratch's: daemon/jobs/scratch_behind.py), in a thread
+the loop polls; the fetch retried, with backoff, for as long as the remote cannot be read (scratch empty).
 
 The copy and the fetch themselves are daemon/jobs/staging.py and daemon/jobs/sync.py (blocking; a stalled NFS may hold
 them
@@ -80,7 +80,9 @@ class StagingWorker:
         self.from_step_0 = ""
         """Why the last fetch leaves the trainer to start from step 0 (set by the thread; said once staged)."""
         self.fetched_why = ""
-        """Why scratch's step 0 was fetched over (daemon/jobs/pass_resume.py; set by the thread)."""
+        """Why a checkpoint was fetched beside or over scratch's (daemon/jobs/scratch_behind.py; set by the thread)."""
+        self.unlooked = ""
+        """Why scratch's is resumed without the remote compared (scratch_behind.Verdict; set by the thread)."""
         self.infra = infra
         self.state = state
         self.emit = emit
@@ -206,6 +208,8 @@ class StagingWorker:
             self.awaiting_remote, self.fetch_failures = None, 0
             self.state.sync.state, self.state.sync.error = SyncState.IDLE, None
             staging.state, staging.error = StagingState.DONE, None
+        if self.unlooked:
+            self.emit("note", self.unlooked)
         if fetched:
             # a sign of the remote's step for a later start (remotewait), on this remote
             self.emit("fetch", f"{self.fetched_why or 'scratch held no checkpoint'}: fetched {fetched} from "
@@ -404,7 +408,7 @@ class StagingWorker:
 
     # --- in the thread ----------------------------------------------------------------------------------------------
     def _stage_job(self):
-        """Stage the corpus, then fetch a remote checkpoint when scratch holds none."""
+        """Stage the corpus, then fetch a remote checkpoint when scratch holds none, or an older one."""
         def progress(*args):
             self.reads.answer()  # a chunk copied from the source
             info = args[0] if len(args) == 1 else list(args)
@@ -424,17 +428,19 @@ class StagingWorker:
         if not self.cfg.run.remote:
             return None, None, None
         from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
-        from minilmd.daemon.jobs import pass_resume
+        from minilmd.daemon.jobs import scratch_behind
 
         expected = self.infra.expectation(self.cfg, staged)
-        self.fetch_started, self.fetched_why = now(), ""
-        if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only for a further DPO reference pass
+        self.fetch_started, self.fetched_why, self.unlooked = now(), "", ""
+        if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
-                taken = pass_resume.fetch_further(self.syncer_for(expected), self.cfg.checkpoint_dir)
+                verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
+                                                            expected)
             finally:
                 self.fetch_started = 0.0
-            self.fetched_why = taken[1].words() if taken else ""
-            return expected, taken[0] if taken else None, None
+            taken, self.unlooked = verdict.taken, verdict.unlooked
+            self.fetched_why = taken.words() if taken else ""
+            return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0 = ""
         try:

@@ -476,11 +476,12 @@ class Syncer(Fetcher):
     def fetch_step(self, name: str, local_root: Path, only_if: Callable[[dict], bool]) -> Path | None:
         """Bring remote checkpoint `name` into local_root, in place of one there by that name, as the fetch brings
         any (downloaded, hashed, validated; set aside when invalid), when its manifest passes `only_if`; its local
-        path, or None (daemon/jobs/pass_resume.py: a further reference pass's step 0 over scratch's)."""
+        path, or None (daemon/jobs/scratch_behind.py: a newer step than scratch's, or a further reference pass's
+        step 0 in place of scratch's)."""
         def one(root: Path) -> Path | None:
             final = self._fetch_one(name, root, only_if)[0]
             if final is not None:
-                self.log(f"sync: fetched {self.remote.show(name)} to {final}")
+                self._fetched(name, final, root)
             return final
         return self._fetching(one, local_root)
 
