@@ -136,6 +136,14 @@ def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
     return conf
 
 
+def _dies_with_us() -> list[str]:
+    """A prefix that has the kernel SIGTERM the daemon when the process that started it (the pytest worker) ends,
+    however it ends: a test run interrupted with Ctrl-C ends its xdist workers before the session fixture's teardown
+    can run `stop`, and munged, slurmctld and slurmd (each in a session of its own) went on after the suite."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
 def start(root: Path) -> Cluster | str:
     """A running one-node cluster under `root`, or why there is none."""
     began = time.monotonic()
@@ -152,7 +160,7 @@ def start(root: Path) -> Cluster | str:
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
     cluster = Cluster(root, write_conf(root, node, os.cpu_count() or 1, munge_socket), node)
-    munged = subprocess.Popen([_exe("munged"), "--foreground", "--force", f"--socket={munge_socket}",
+    munged = subprocess.Popen([*_dies_with_us(), _exe("munged"), "--foreground", "--force", f"--socket={munge_socket}",
                                f"--key-file={key}", f"--pid-file={root / 'munge' / 'munged.pid'}",
                                f"--log-file={root / 'munge' / 'munged.log'}",
                                f"--seed-file={root / 'munge' / 'munged.seed'}"],
@@ -161,8 +169,8 @@ def start(root: Path) -> Cluster | str:
     env = cluster.env()
     for name in ("slurmctld", "slurmd"):
         log = open(root / f"{name}.out", "ab")
-        proc = subprocess.Popen([_exe(name), "-D", "-f", str(cluster.conf)], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen([*_dies_with_us(), _exe(name), "-D", "-f", str(cluster.conf)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         cluster.procs.append(proc)
         time.sleep(0.5)
     deadline = time.monotonic() + START_TIMEOUT_S
