@@ -11,7 +11,8 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
-(daemon/host/gpu.py lock_dir_waits): one mkdir by anyone must not end a run for good. The checks the
+(daemon/host/gpu.py lock_dir_waits), and a default scratch root another user made first is never used: the launch
+makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good. The checks the
 supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
 fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
 user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from minilmd import names, perms, place_rule, protocol, scratch
+from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
@@ -211,6 +212,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
+    if not cfg.run.scratch and (moved := scratch_root.settle(cfg.run_dir)):
+        print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except scratch.ScratchRefused as e:
