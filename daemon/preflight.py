@@ -212,8 +212,12 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
-    if not cfg.run.scratch and (moved := scratch_root.settle(cfg.run_dir)):
-        print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+    try:
+        if not cfg.run.scratch and (moved := scratch_root.settle(cfg.run_dir)):
+            print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+    except OSError as e:  # the private root or its record could not be made (base or run.dir full, say)
+        raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
+                           f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except scratch.ScratchRefused as e:

@@ -103,7 +103,8 @@ def settle(run_dir: Path) -> str | None:
     """At launch, for a default scratch, before it is claimed: make the root this run would use (the recorded one,
     else the default) 0700 if it is missing; if someone else's stands there, make a private one (mkdtemp) and
     record it in run.dir. Returns what was done in words (for stdout and the run's events), None when the usual
-    root serves. An OSError other than a taken name (base missing, full) is left to the claim to say."""
+    root serves. An OSError of the usual root's mkdir (base missing) is left to the claim to say; one making the
+    private root or its record (base or run.dir full) is raised."""
     uid = own_uid()
     usual = root(run_dir, uid)
     try:
@@ -141,10 +142,10 @@ def in_use(run_dir: Path) -> str:
     return f"scratch in the private root {made}" + (f" (the default: {why})" if isinstance(why, str) else "")
 
 
-def check_note(scratch_dir: Path, is_default: bool) -> str:
-    """For `run --check`: a default scratch whose root someone else took, and what the launch does about it;
-    "" otherwise."""
-    if not is_default or not (why := taken(scratch_dir.parent)):
+def check_note(scratch_dir: Path, by_default: bool) -> str:
+    """For `run --check`: a default scratch (`by_default`: run.scratch unset, the one `settle` serves) whose root
+    someone else took, and what the launch does about it; "" otherwise."""
+    if not by_default or not (why := taken(scratch_dir.parent)):
         return ""
     return (f"the default scratch root is taken: {why}; the launch never uses it: it makes a private root "
             f"{base()}/minilmd-{own_uid()}-XXXXXXXX (0700, a random name) and records it in run.dir "

@@ -81,7 +81,7 @@ def test_another_run_directory_with_the_same_name_is_refused_and_the_first_run_i
 def test_another_users_directory_where_scratch_goes_is_refused(shared):
     base = shared.base
     # root made the directory where nobody's default scratch root goes (a careless or hostile other user)
-    (base / f"minilmd-{NOBODY.pw_uid}").mkdir(mode=0o777)
+    (base / f"minilmd-{NOBODY.pw_uid}").mkdir(mode=0o700)  # one she cannot even look into
     config = shared.config("nobody")
     for args in (("run", "--check", str(config)), ("run", str(config))):  # never used; the run goes on elsewhere
         out = shared.users.minilmd("nobody", *args)
