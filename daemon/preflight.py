@@ -10,24 +10,27 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 (`check_with_waits`).
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
-so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe to lease
-in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can fit in the
-device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other user can rearrange
-it, is no other user's directory, and holds no other user's LATEST, BEST or init, that run.remote is this run's (not
-another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py), that no other supervisor owns the run
-(its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or the remote's newest, by its
-metadata) was trained with this config's model, corpus and tokenizer (daemon/jobs/resumefrom.py).
+so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
+(daemon/host/gpu.py lock_dir_waits), and a default scratch root another user made first is never used: the launch
+makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good. The checks the
+supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
+fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
+user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
+run.remote is this run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py),
+that no other supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from
+(scratch's, or the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
+(daemon/jobs/resumefrom.py).
 Torch-free.
 """
 from __future__ import annotations
 
 import os
 
-from minilmd import names, perms, place_rule, protocol, scratch
+from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
-from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_problems
+from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_waits
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.rundone import Done
@@ -54,7 +57,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     (scratch|remote: ...)", "starts from step 0: ...") and a note per checkpoint it would pass by."""
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
-                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
+                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_waits(cfg, waits)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                        + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
                        + resume_problems(cfg, start, fresh) + memory_problems(cfg)
@@ -209,6 +212,12 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
+    try:
+        if not cfg.run.scratch and (moved := scratch_root.settle(cfg.run_dir)):
+            print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+    except OSError as e:  # the private root or its record could not be made (base or run.dir full, say)
+        raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
+                           f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except scratch.ScratchRefused as e:

@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import names, protocol, scratch_root
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
@@ -138,8 +138,9 @@ class Supervisor(Ending):
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
-            self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
-                             pid=os.getpid())
+            own_root = scratch_root.in_use(self.run_dir)  # another user took the default's name
+            self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})"
+                             + (f"; {own_root}" if own_root else ""), pid=os.getpid())
             start.say_share(self.events.emit)  # a first start from a finished base: what --check would have said
             if unit := sdnotify.own_unit():  # for `stop`: systemd's restart does not read a stop request
                 self.state.supervisor.systemd_unit, self.state.supervisor.systemd_user = unit

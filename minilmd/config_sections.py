@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
-from minilmd import scratch
+from minilmd import scratch_root
 from minilmd.names import CHECKPOINTS
 
 Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
@@ -415,12 +415,17 @@ class RunConfig:
 
     @property
     def scratch_dir(self) -> Path:
-        return Path(self.run.scratch) if self.run.scratch else scratch.default_path(self.run.name)
+        return Path(self.run.scratch) if self.run.scratch else self._default_scratch
 
     @property
     def scratch_is_default(self) -> bool:
         """The per-user default (also when written out): its root must be private to this user."""
-        return not self.run.scratch or Path(self.run.scratch) == scratch.default_path(self.run.name)
+        return not self.run.scratch or Path(self.run.scratch) == self._default_scratch
+
+    @property
+    def _default_scratch(self) -> Path:
+        """In the private root run.dir records when another user took the default's (minilmd/scratch_root.py)."""
+        return scratch_root.default_path(self.run.name, run_dir=self.run_dir if self.run.dir else None)
 
     @property
     def run_dir(self) -> Path:

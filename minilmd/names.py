@@ -46,6 +46,9 @@ RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when r
 STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
 STOP_REQUEST_MAX_BYTES = 4096
 """A stop request is one small JSON object (who asked, when)."""
+SCRATCH_ROOT_RECORD = "scratch-root.json"
+"""{root, because, since}: the private root of the run's default scratch, where another user had taken the default
+root's name (minilmd/scratch_root.py)."""
 REMOTE_MADE = "remote-made.json"  # what the run's syncs made on a local remote: all they may remove there
 REMOTE_MADE_MAX_BYTES = 1 << 20
 """The largest record of what the syncs made read (daemon/jobs/remote_made.py)."""

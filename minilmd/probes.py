@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minilmd import init_tokenizer, scratch
+from minilmd import init_tokenizer, scratch, scratch_root
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.bounded import shared_storage_check
@@ -87,6 +87,13 @@ def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: 
     return config_from_dict(raw, source, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
 
 
+def root_taken(cfg: RunConfig) -> bool:
+    """The default scratch's root is another user's (or a link, a file): the launch never uses it, and makes a
+    private root instead (minilmd/scratch_root.py settle), so it is no problem of the config's: `run --check` says
+    it as a note (scratch_root.check_note)."""
+    return bool(scratch_root.check_note(cfg.scratch_dir, not cfg.run.scratch))
+
+
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
@@ -96,7 +103,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     if cfg.run.dir:
         p += check_writable("run.dir", Path(cfg.run.dir))
         p += [why] if (why := run_dir_problem(cfg.run.dir)) else []  # no other user may redirect its files
-    if cfg.run.name or cfg.run.scratch:
+    if (cfg.run.name or cfg.run.scratch) and not (cfg.run.dir and root_taken(cfg)):
         p += check_writable("run.scratch", cfg.scratch_dir)
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)

@@ -5,7 +5,8 @@ another user made first, or a symbolic link put where scratch goes, would receiv
 launch. So:
 - the default `run.scratch` is `/dev/shm/minilmd-<uid>/<run.name>` (in a Slurm job `<$TMPDIR or /dev/shm>/minilmd-
   <uid>/<run.name>-slurm<job id>`): the per-user root and the scratch in it are created 0700, and each must be a
-  real directory (not a symbolic link) owned by this user;
+  real directory (not a symbolic link) owned by this user; where another user took the root's name first, the
+  launch makes a private root instead and records it in run.dir (minilmd/scratch_root.py), never a refusal;
 - a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
   owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
@@ -30,22 +31,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, run_owner
 from minilmd.dirfd import place_problem
-from minilmd.names import (
-    CHECKPOINTS,
-    SCRATCH_BASE,
-    SCRATCH_BASE_ENV,
-    SCRATCH_OWNER,
-    SLURM_JOB_ENV,
-    atomic_tmp_prefix,
-    default_scratch,
-)
+from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, atomic_tmp_prefix
 from minilmd.perms import own_uid, owned_by_me, user_words
+from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
 
 PRIVATE = 0o700
@@ -82,25 +75,6 @@ class Identity:
 _held: dict[str, Identity] = {}
 """Scratch paths this process has claimed, with what they were at the first claim: a later claim that finds another
 directory there is ScratchChanged. A scratch that is gone (a cleaner emptied /dev/shm) is made and claimed afresh."""
-
-
-def base(environ: Mapping[str, str] | None = None) -> str:
-    """Where the per-user roots go: /dev/shm, in a Slurm job the node's $TMPDIR if set (tests point it elsewhere);
-    read in `environ` (this process's environment when None)."""
-    env = os.environ if environ is None else environ
-    if env.get(SCRATCH_BASE_ENV):
-        return env[SCRATCH_BASE_ENV]
-    if env.get(SLURM_JOB_ENV) and env.get("TMPDIR"):
-        return env["TMPDIR"].rstrip("/") or SCRATCH_BASE
-    return SCRATCH_BASE
-
-
-def default_path(run_name: str, uid: int | None = None) -> Path:
-    """The default run.scratch of this user (or of `uid`); in a Slurm job one per job, `<run.name>-slurm<job id>`:
-    a node's scratch is the job's alone (daemon/slurm/job.py removes it once the remote holds the last checkpoint)."""
-    job = os.environ.get(SLURM_JOB_ENV, "")
-    name = f"{run_name}-slurm{job}" if job.isdigit() else run_name
-    return Path(default_scratch(own_uid() if uid is None else uid, name, base()))
 
 
 def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:

@@ -1,7 +1,7 @@
 """gpu.lock_dir is used only when no other user can rearrange it: root's or ours, and every directory above it
 root's or ours (sticky where others may write). Each attack below let the other user (nobody, a real Unix user
-through setpriv) unlink a lease, so that two runs took one GPU; now the lease is refused, and `run --check` and the
-launch end with exit 2 naming the directory instead of waiting for ever.
+through setpriv) unlink a lease, so that two runs took one GPU; now no lease is taken through it: every device is
+busy, saying why, and `run --check` says the run waits for it (never exit 2, which would end the run for good).
 """
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from fakes_nvml import FREE, FakeNvml
-from minilmd import protocol
-from minilmd.config import ConfigError, GpuSection
+from minilmd.config import GpuSection, load_config
 from minilmd.daemon import preflight
 from minilmd.daemon.host import leases
-from minilmd.daemon.host.gpu import GpuAdmission, open_nvml_or_reason
+from minilmd.daemon.host.gpu import GpuAdmission, lock_dir_waits, open_nvml_or_reason
 from second_user import sh_as_user as as_nobody
 from second_user import shared  # noqa: F401 - a fixture
 from supervisor_helpers import write_config
@@ -79,19 +78,19 @@ def test_the_admins_lock_dir_and_a_missing_one_under_safe_parents_are_accepted(s
     assert leases.lock_dir_problem(shared / "not-yet" / "locks") is None  # made at the first lease
 
 
-def test_run_check_and_the_launch_refuse_an_unsafe_lock_dir_with_exit_2(shared, tmp_path, corpus):
-    from minilmd.daemon.supervisor import run_supervisor
-
+def test_run_check_says_the_run_waits_for_an_unsafe_lock_dir_only_where_it_leases(shared, tmp_path, corpus):
+    """Not exit 2 (final for systemd and the tmux launcher: one mkdir by anyone ended every user's GPU run for
+    good, hostile audit 6 F4): a wait, said by `run --check`; tests/test_lock_dir_squat.py runs it to its end."""
     as_nobody("mkdir -m 1777 locks", shared)
     config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"},
                           gpu={"lock_dir": str(shared / "locks")})
-    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to user nobody"):
-        preflight.check(str(config))
-    assert run_supervisor(str(config)) == protocol.SUPERVISOR_CONFIG
-    assert not (tmp_path / "s" / "run").exists() or not any((tmp_path / "s" / "run").iterdir())
-    preflight.check(str(config), ["train.device=\"cpu\""])  # no GPU: no lease, no refusal
-    if isinstance(open_nvml_or_reason(), str):
-        preflight.check(str(config), ["train.device=\"auto\""])  # auto without NVML trains on the CPU
+    waits: list[str] = []
+    assert lock_dir_waits(load_config(config), waits) == []
+    assert len(waits) == 1 and waits[0].startswith("gpu.lock_dir: the lock directory ") and \
+        f"{shared / 'locks'} belongs to user nobody" in waits[0] and "the run waits in waiting_gpu" in waits[0], waits
+    for device in ("cpu",) + (("auto",) if isinstance(open_nvml_or_reason(), str) else ()):
+        cfg_waits = preflight.check_with_waits(str(config), [f"train.device=\"{device}\""])[1]
+        assert not any(w.startswith("gpu.lock_dir") for w in cfg_waits)  # no lease taken: nothing to wait for
 
 
 def test_a_missing_lock_dir_and_its_parents_made_under_the_private_policy_stay_reachable_by_every_user(shared):

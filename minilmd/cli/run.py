@@ -114,13 +114,16 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), fill run.dir's file system
     (under 4 MiB free: daemon/phases/rundirwatch.py room_note), keep its checkpoints only in
-    scratch (no run.remote), take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
+    scratch (no run.remote), make a private scratch root (another user took the default's: minilmd/scratch_root.py),
+    take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
     from minilmd.daemon.host.gpu import cpu_fallback
     from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
+    from minilmd.scratch_root import check_note as root_taken
 
-    notes = [why] if (why := cpu_fallback(cfg)) else []
+    notes = [taken] if (taken := root_taken(cfg.scratch_dir, not cfg.run.scratch)) else []
+    notes += [why] if (why := cpu_fallback(cfg)) else []
     notes += [near] if (near := memory_fit(cfg)[1]) else []  # a micro-batch close to the device's memory
     notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was

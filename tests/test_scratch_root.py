@@ -1,0 +1,86 @@
+"""minilmd/scratch_root.py on its own: which root a default scratch goes in, the private one a launch makes where the
+default root's name is taken (here by a file and by a link, which need no second user: tests/test_scratch_squat.py
+has another user's directory and whole runs), and that run.dir's record is believed only in its own form.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from minilmd import scratch_root
+from minilmd.names import SCRATCH_BASE_ENV, SCRATCH_ROOT_RECORD
+
+UID = os.geteuid()
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch) -> Path:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)
+    monkeypatch.setenv(SCRATCH_BASE_ENV, str(shm))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    return shm
+
+
+@pytest.mark.parametrize("taken_by", ["file", "link"])
+def test_a_taken_default_root_gets_a_private_root_that_every_later_start_finds(base, tmp_path, taken_by):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    default = base / f"minilmd-{UID}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if taken_by == "file":
+        default.write_text("")
+    else:
+        default.symlink_to(elsewhere)
+    assert scratch_root.check_note(default / "r", by_default=True).startswith("the default scratch root is taken: ")
+    assert scratch_root.check_note(default / "r", by_default=False) == ""  # run.scratch set by hand: its own rules
+    said = scratch_root.settle(run_dir)
+    own = scratch_root.recorded(run_dir)
+    assert said and own is not None and f"this run's scratch root is {own}" in said
+    assert own.parent == base and own.is_dir() and not own.is_symlink() and (own.stat().st_mode & 0o777) == 0o700
+    assert scratch_root.default_path("r", run_dir=run_dir) == own / "r"
+    assert scratch_root.default_path("r") == default / "r"  # without a run.dir: the plain default
+    assert scratch_root.settle(run_dir) is None and scratch_root.recorded(run_dir) == own  # the next start: the same
+    assert list(elsewhere.iterdir()) == []  # nothing made through the link
+    assert "scratch in the private root" in scratch_root.in_use(run_dir)
+
+
+def test_a_free_default_root_is_made_private_and_no_record_is_written(base, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert scratch_root.settle(run_dir) is None
+    default = base / f"minilmd-{UID}"
+    assert default.is_dir() and (default.stat().st_mode & 0o777) == 0o700
+    assert not (run_dir / SCRATCH_ROOT_RECORD).exists() and scratch_root.in_use(run_dir) == ""
+
+
+@pytest.mark.parametrize("root", ["/etc", "{base}/minilmd-{uid}", "{base}/minilmd-{other}-abcdefgh",
+                                  "{base}/minilmd-{uid}-abc", "{base}/x/minilmd-{uid}-abcdefgh", 7])
+def test_a_record_of_another_form_is_no_record(base, tmp_path, root):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if isinstance(root, str):
+        root = root.format(base=base, uid=UID, other=UID + 1)
+    (run_dir / SCRATCH_ROOT_RECORD).write_text(json.dumps({"root": root}))
+    assert scratch_root.recorded(run_dir) is None
+    assert scratch_root.default_path("r", run_dir=run_dir) == base / f"minilmd-{UID}" / "r"
+
+
+def test_a_record_that_is_a_link_or_another_users_file_is_no_record(base, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    good = {"root": str(base / f"minilmd-{UID}-abcdefgh")}
+    (tmp_path / "planted.json").write_text(json.dumps(good))
+    (run_dir / SCRATCH_ROOT_RECORD).symlink_to(tmp_path / "planted.json")
+    assert scratch_root.recorded(run_dir) is None
+    (run_dir / SCRATCH_ROOT_RECORD).unlink()
+    (run_dir / SCRATCH_ROOT_RECORD).write_text(json.dumps(good))
+    assert scratch_root.recorded(run_dir) == base / f"minilmd-{UID}-abcdefgh"
+    if UID == 0:
+        os.chown(run_dir / SCRATCH_ROOT_RECORD, 65534, 65534)
+        assert scratch_root.recorded(run_dir) is None
