@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -63,6 +64,27 @@ def minilmd(*args: str, cwd: Path) -> str:
     return done.stdout + done.stderr
 
 
+def on_a_terminal(*args: str, cwd: Path) -> tuple[int, str]:
+    """(exit status, what it printed) of `minilmd ARGS` with a pseudo-terminal as its stdout and stderr."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", *args], stdout=terminal, stderr=terminal,
+                            stdin=subprocess.DEVNULL, env=env_for(fake=False), cwd=cwd)
+    os.close(terminal)
+    out = b""
+    try:
+        while select.select([controller], [], [], 300)[0]:  # nothing in 300 s: the wait below says so
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(controller)
+    return wait_or_kill(proc, 60), out.decode(errors="replace")
+
+
 @pytest.mark.slow  # real commands (export imports torch), a real supervisor
 def test_verify_and_export_print_a_planted_manifest_escaped(tmp_path):
     step = planted_checkpoint(tmp_path)
@@ -75,28 +97,8 @@ def test_verify_and_export_print_a_planted_manifest_escaped(tmp_path):
 
 def test_verify_on_a_terminal_escapes_what_click_would_not_strip(tmp_path):
     """On a terminal click strips nothing: the CSI sequences (the clear screen) arrive too, escaped."""
-    step = planted_checkpoint(tmp_path)
-    controller, terminal = pty.openpty()
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "verify", str(step)], stdout=terminal,
-                                stderr=terminal, env=env_for(fake=False), cwd=tmp_path)
-        os.close(terminal)
-        terminal = -1
-        out = b""
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            out += chunk
-        assert wait_or_kill(proc, 300) == 1
-    finally:
-        os.close(controller)
-        if terminal >= 0:
-            os.close(terminal)
-    said = out.decode()
+    status, said = on_a_terminal("verify", str(planted_checkpoint(tmp_path)), cwd=tmp_path)
+    assert status == 1, said
     assert_escaped(said, "\\x1b[2J\\x1b[Hclip.bin", "r\\x1b]0;OWNED\\x07\\x1b[2J")
 
 
@@ -143,20 +145,5 @@ def test_the_writer_escapes_controls_keeps_text_json_and_prepares_progress_bar()
 @pytest.mark.parametrize("args", [["verify", "--help"], ["verify"]])
 def test_help_and_usage_errors_on_a_terminal_carry_no_escaped_colours(tmp_path, args):
     """rich draws them; told it writes to no terminal, it sends no colour for the writer to show as text."""
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", *args], stdout=terminal, stderr=terminal,
-                            env=env_for(fake=False), cwd=tmp_path)
-    os.close(terminal)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(controller)
-    wait_or_kill(proc, 120)
-    said = out.decode()
+    _, said = on_a_terminal(*args, cwd=tmp_path)
     assert "\\x1b" not in said and "\x1b" not in said and "verify" in said, said
