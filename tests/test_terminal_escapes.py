@@ -90,6 +90,11 @@ def test_verify_and_export_print_a_planted_manifest_escaped(tmp_path):
     step = planted_checkpoint(tmp_path)
     said = minilmd("verify", str(step), cwd=tmp_path)
     assert_escaped(said, "r\\x1b]0;OWNED\\x07", "missing (listed in manifest.json)")
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "verify", "--json", str(step)], capture_output=True,
+                          text=True, timeout=300, env=env_for(fake=False), cwd=tmp_path)
+    assert not any(ch in done.stdout for ch in RAW)
+    problems = json.loads(done.stdout)["checkpoints"][0]["problems"]  # still JSON, saying the names as they are
+    assert any(CLIP in problem for problem in problems) and TITLE in json.loads(done.stdout)["checkpoints"][0]["path"]
     said = minilmd("export", str(step), "--format", "minimind", "--out", str(tmp_path / "out.pth"), cwd=tmp_path)
     assert_escaped(said, "checkpoint is invalid")
     assert not (tmp_path / "out.pth").exists()
