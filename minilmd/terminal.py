@@ -73,8 +73,8 @@ class EscapingWriter(io.TextIOBase):
 
 def escape_std_streams() -> None:
     """sys.stdout and sys.stderr through printable from here on (idempotent); called first by every entry point
-    (minilmd.cli.main, the Slurm node helper)."""
-    os.environ.setdefault("_TYPER_FORCE_DISABLE_TERMINAL", "1")
+    (minilmd.cli.main, the Slurm node helper, the rendezvous launcher)."""
+    os.environ["_TYPER_FORCE_DISABLE_TERMINAL"] = "1"  # over FORCE_COLOR too; an empty one would not be
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, EscapingWriter):
