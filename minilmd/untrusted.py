@@ -32,7 +32,6 @@ import json
 import os
 import re
 import stat
-import unicodedata
 from collections.abc import Collection
 from typing import Any, Literal
 
@@ -53,8 +52,9 @@ _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _AS_SQUARE = bytes.maketrans(b"{}", b"[]")
 _BRACKET_RUNS = re.compile(rb"\[+|\]+")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""The C0 and C1 controls and DEL, less tab and newline: what printable(lines=True) escapes."""
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""What printable(lines=True) escapes: the C0 and C1 controls and DEL, less tab and newline, and the bidi
+embeddings, overrides and isolates (which reorder what a terminal shows after them)."""
 
 
 Kind = Literal["missing", "io", "link", "not_regular", "owner", "too_big", "wrong_size", "changed", "not_utf8",
@@ -395,9 +395,13 @@ def printable(text: str | os.PathLike | None, lines: bool = False) -> str:
     """text with every control or format character (newline, ESC, DEL, C1, bidi overrides, ...) written as an
     escape (\\n, \\x1b, \\u202e), so that a name from someone else's file cannot move the cursor, recolour or
     reorder a terminal; letters of every script stay as they are. `lines`: text meant to be read as text (a model's
-    reply, what a tokenizer's decoder made of it): its newlines and tabs stay, and only the C0 and C1 controls
-    (ESC, CR, DEL, CSI...: what a terminal obeys, OSC 52 writing the clipboard) are escaped, its spaces and joiners
-    of every script left as they are."""
+    reply, what a tokenizer's decoder made of it, a message of several lines): its newlines and tabs stay, and only
+    the C0 and C1 controls (ESC, CR, DEL, CSI...: what a terminal obeys, OSC 52 writing the clipboard) and the bidi
+    overrides are escaped, its spaces and joiners of every script left as they are. This is what every line minilmd
+    prints goes through at the end (minilmd/terminal.py), so a C0 control is written \\xNN (\\x1b), DEL, a C1
+    control or anything else \\uNNNN: JSON reads that as the same character, and json.dumps writes every C0 control
+    escaped itself, so a JSON document (`status --json`, `corpus report --json`) escaped here is still the same
+    JSON."""
     text = "" if text is None else str(os.fspath(text))
     if text.isprintable():
         return text
@@ -423,6 +427,6 @@ def _escape(ch: str) -> str:
     if ch in "\n\r\t":
         return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
     code = ord(ch)
-    if code < 0x100 and unicodedata.category(ch) == "Cc":
+    if code < 0x20:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

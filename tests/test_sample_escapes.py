@@ -29,7 +29,7 @@ class ScriptedSession:
 def test_a_chat_reply_is_printed_with_its_controls_escaped():
     out = io.StringIO()
     converse(ScriptedSession([f"你好{OSC}\n\tnext\x9b2J\r"]), ["hi\n"], out)  # type: ignore[arg-type]
-    assert out.getvalue() == "你好\\x1b]0;PWNED\\x07\\x1b]52;c;cm0gLXJmIH4K\\x07\n\tnext\\x9b2J\\r\n"
+    assert out.getvalue() == "你好\\x1b]0;PWNED\\x07\\x1b]52;c;cm0gLXJmIH4K\\x07\n\tnext\\u009b2J\\r\n"
 
 
 def test_sample_prints_a_hostile_decoders_escapes_escaped(tokenizer, tmp_path):

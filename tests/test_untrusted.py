@@ -196,7 +196,7 @@ def test_printable_leaves_no_control_character(text):
 
 def test_printable_keeps_every_script_and_escapes_what_moves_a_terminal():
     assert untrusted.printable("训练 run-1") == "训练 run-1"
-    assert untrusted.printable("a\nb\x1b[31m\x7f\u202e") == "a\\nb\\x1b[31m\\x7f\\u202e"
+    assert untrusted.printable("a\nb\x1b[31m\x7f\u202e") == "a\\nb\\x1b[31m\\u007f\\u202e"
     assert untrusted.loads("1.5", expect=float) == 1.5
 
 

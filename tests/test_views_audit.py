@@ -45,7 +45,7 @@ def hostile_run(tmp_path: Path, **changes) -> Path:
 
 def assert_escaped(shown: str) -> None:
     assert not any(ch in shown for ch in "\x1b\x07\x9b"), repr(shown)
-    assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in shown, shown
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\u009b31m" in shown, shown
 
 
 def test_status_escapes_what_state_json_says_before_the_terminal(tmp_path):

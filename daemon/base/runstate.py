@@ -47,7 +47,7 @@ from minilmd.procs import (  # noqa: F401 - here too: callers and tests import t
     process_environ,
     process_start_ticks,
 )
-from minilmd.untrusted import Unreadable, read_json
+from minilmd.untrusted import Unreadable, printable, read_json
 
 STATE_VERSION = 1
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -316,7 +316,9 @@ class EventLog:
     def emit(self, event: str, message: str, **details) -> None:
         ts = now()
         record = {"time": ts, "event": event, "message": message, **details}
-        line = f"{fmt_time(ts)} [{event}] {message}"
+        # a message may name another user's file (a checkpoint's manifest, an init.from's path): the log and the
+        # window it is echoed to get it escaped (events.jsonl: json.dumps escapes it as JSON)
+        line = printable(f"{fmt_time(ts)} [{event}] {message}", lines=True)
         problems = []
         try:
             fd = os.open(self.run_dir / names.EVENTS, LOG_APPEND, 0o644)

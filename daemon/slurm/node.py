@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from minilmd import compile_cache, protocol, scratch
+from minilmd import compile_cache, protocol, scratch, terminal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,4 +70,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    terminal.escape_std_streams()  # its messages name the corpus and scratch paths: printable, as the CLI's
     sys.exit(main())

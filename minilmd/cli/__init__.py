@@ -28,7 +28,9 @@ app.add_typer(data.corpus_app, name="corpus")
 def main() -> None:
     # Every Python this command starts by any way (prepare's spawned workers, multiprocessing's resource tracker, a
     # `python -c` of a library) with no planted module of the working directory on its path (minilmd/pychild.py).
-    from minilmd import pychild
+    from minilmd import pychild, terminal
 
     pychild.guard_descendants()
+    # What any command prints, through printable: a name from someone else's file is never a terminal's escape
+    terminal.escape_std_streams()
     app()
