@@ -82,13 +82,20 @@ def is_prepared(path: str) -> bool:
     return (Path(path) / CORPUS_META).is_file()
 
 
+def user_path(path: str) -> str:
+    """The corpus a user named (`corpus report`, `corpus count`), its links followed by the one link rule
+    (sources/local.py: LinkRefused, exit 2, for another user's link on the way to what is not his): its real path
+    when a link was followed, which the report then names, else as given. Not for the corpus an append reads
+    through its locked directory's descriptor (/proc/PID/fd/N: a link of the process's own, read as it is)."""
+    if is_url(path):
+        return path
+    real, _ = real_source(path)
+    return path if real == Path(os.path.abspath(path)) else str(real)
+
+
 def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
     """The shards of `path` (about `parts` of them, JSONL ones of at least min_bytes); CorpusError / InputError for
-    what cannot be read; sources/local.py's LinkRefused (exit 2) for another user's link on the way to what is not
-    his. A local path is read at its real path, which the report then names: a link's target, not the link."""
-    if not is_url(path):
-        real, _ = real_source(path)
-        path = path if real == Path(os.path.abspath(path)) else str(real)
+    what cannot be read. `path` as the caller has it: a user's through user_path first."""
     if is_prepared(path):
         meta = read_meta(path)
         shards = []
