@@ -116,6 +116,12 @@ def test_a_directory_link_of_another_users_on_the_way_is_refused_and_his_link_to
     with pytest.raises(LinkRefused, match=f"{through} is a symbolic link of uid {OTHER} to {secret.parent}"):
         open_source(through / secret.name)
 
+    escaped = shared / "b\x1b]0;OWNED\x07.jsonl"  # a name he chose, with a terminal escape: said escaped
+    as_other("ln", "-s", f"{secret}\x1b[2J", str(escaped))
+    with pytest.raises(LinkRefused) as refused:
+        open_source(escaped)
+    assert "\x1b" not in str(refused.value) and "\\x1b]0;OWNED" in str(refused.value), refused.value
+
     his = shared / "his.jsonl"
     as_other("sh", "-c", f"printf '{{\"text\": \"his own\"}}\\n' > {his} && ln -s {his} {shared / 'his-link'}")
     fd, real = open_source(shared / "his-link")  # his link to his own file: he chooses nothing of hers

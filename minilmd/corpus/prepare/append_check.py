@@ -23,7 +23,7 @@ from minilmd.corpus_meta import CorpusError
 from minilmd.dirfd import Dir
 from minilmd.names import CORPUS_META
 from minilmd.perms import owned_by_me, who_else_writes
-from minilmd.untrusted import file_kind
+from minilmd.untrusted import file_kind, printable
 
 CHUNK = 8 << 20
 SAY_FROM_BYTES = 1 << 30
@@ -61,8 +61,8 @@ def _open_old(corpus_dir: Dir, root: Path, rel: str) -> int:
             walked.append(here)
         fd = os.open(name, OPEN_OLD, dir_fd=here.fd)
     except OSError as e:
-        raise ValueError(f"{root / rel}: cannot be opened as a file of the corpus ({e.strerror}; a link is not "
-                         "followed); nothing was appended") from None
+        raise ValueError(f"{printable(root / rel)}: cannot be opened as a file of the corpus ({e.strerror}; a "
+                         "link is not followed); nothing was appended") from None
     finally:
         for opened in walked:
             opened.close()
@@ -71,12 +71,12 @@ def _open_old(corpus_dir: Dir, root: Path, rel: str) -> int:
                else who_else_writes(st, fd) or (None if owned_by_me(st) else "not yours"))
     if problem:
         os.close(fd)
-        raise ValueError(f"{root / rel} is {problem}: another user could have changed it (and meta.json's "
+        raise ValueError(f"{printable(root / rel)} is {problem}: another user could have changed it (and meta.json's "
                          "hashes with it, where he can write meta.json too); `prepare --append` grows only a corpus "
                          f"no one else can write, and nothing was appended. If you know it is as you made it, "
-                         f"`chmod -R go-w {root}` (a file of another user's: have him, or root, give it to you), then "
-                         "run this again: every file is checked against meta.json first; else prepare the corpus "
-                         "again from its sources")
+                         f"`chmod -R go-w {printable(root)}` (a file of another user's: have him, or root, give it "
+                         "to you), then run this again: every file is checked against meta.json first; else "
+                         "prepare the corpus again from its sources")
     return fd
 
 
@@ -93,8 +93,8 @@ def _check_hash(fd: int, path: Path, size: int, listed: str) -> None:
     st = os.fstat(fd)
     what = (f"holds {st.st_size:,} bytes, meta.json lists {size:,}" if got < size else
             f"its first {size:,} bytes do not hash to the sha256 meta.json lists ({digest.hexdigest()[:16]}..., "
-            f"listed {listed[:16]}...)")
-    raise CorpusError(f"{path}: {what}: it changed since the corpus was prepared or last appended to (it is yours, "
-                      f"mode {stat.S_IMODE(st.st_mode):o}: whoever could write it then, or you, or root, changed "
-                      "it); nothing was appended, and a run would refuse it too (staging checks the same hashes). "
-                      "Prepare the corpus again from its sources, or restore it from a copy")
+            f"listed {printable(listed[:16])}...)")
+    raise CorpusError(f"{printable(path)}: {what}: it changed since the corpus was prepared or last appended to "
+                      f"(it is yours, mode {stat.S_IMODE(st.st_mode):o}: whoever could write it then, or you, or "
+                      "root, changed it); nothing was appended, and a run would refuse it too (staging checks the "
+                      "same hashes). Prepare the corpus again from its sources, or restore it from a copy")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from minilmd.perms import owner_in, user_words
 from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, real_path
-from minilmd.untrusted import file_kind
+from minilmd.untrusted import file_kind, printable
 
 OPEN_SOURCE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
 LINK_ADVICE = ("a link among the sources is followed only when it is yours, root's or the owner's of the file it "
@@ -68,9 +68,9 @@ def _refused(given: str | os.PathLike, e: ForeignLink, reached: Path | None) -> 
         leads = f", a file of {user_words(os.lstat(reached).st_uid)}" if reached else ""
     except OSError:
         leads = ", which does not exist" if reached else ""
-    where = "" if Path(given) == e.link else f"{given}: "
-    return LinkRefused(f"{where}{e.link} is a symbolic link of {user_words(e.owner)} to {target}{leads}: "
-                       f"{LINK_ADVICE}")
+    where = "" if Path(given) == e.link else f"{printable(given)}: "  # names another user chose: escaped
+    return LinkRefused(f"{where}{printable(e.link)} is a symbolic link of {user_words(e.owner)} to "
+                       f"{printable(target)}{leads}: {LINK_ADVICE}")
 
 
 def open_source(path: str | os.PathLike) -> tuple[int, Path]:
@@ -84,7 +84,7 @@ def open_source(path: str | os.PathLike) -> tuple[int, Path]:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{file_kind(st.st_mode)}, not a regular file: give the JSONL file itself")
         if owners and not owner_in(st, owners):  # swapped since the look: another's file now, his link chose it
-            raise LinkRefused(f"{path}: {real} was replaced while being opened (now a file of "
+            raise LinkRefused(f"{printable(path)}: {printable(real)} was replaced while being opened (now a file of "
                               f"{user_words(st.st_uid)}, reached through another user's link); {LINK_ADVICE}")
         os.set_blocking(fd, True)
         return fd, real
@@ -106,8 +106,8 @@ def _open_unlinked(real: Path, given: str | os.PathLike) -> int:
             except OSError as e:
                 here = Path("/", *parts[:i + 1])
                 if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, name):
-                    raise LinkRefused(f"{given}: {here} is a symbolic link now (it was not when looked at: never "
-                                      f"followed); {LINK_ADVICE}") from None
+                    raise LinkRefused(f"{printable(given)}: {printable(here)} is a symbolic link now (it was not "
+                                      f"when looked at: never followed); {LINK_ADVICE}") from None
                 raise OSError(e.errno, e.strerror, str(given)) from None
             os.close(fd)
             fd = below
