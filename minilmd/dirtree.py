@@ -75,3 +75,23 @@ def fsync_tree(fd: int, depth: int = 0) -> None:
         finally:
             os.close(sub)
     os.fsync(fd)
+
+
+def mode_tree(fd: int, file_mode: int, dir_mode: int, depth: int = 0) -> None:
+    """Every regular file under the directory fd given `file_mode`, every directory under it `dir_mode`, by fchmod
+    on a descriptor opened without following a link (a link, a FIFO left as they are): a tree this process made in
+    its own private directory, given its modes before it is published, whatever the umask made them. TooDeep past
+    MAX_TREE_DEPTH."""
+    _too_deep(depth)
+    for entry in os.scandir(fd):
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if not is_dir and not entry.is_file(follow_symlinks=False):
+            continue
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0)
+        sub = os.open(entry.name, flags, dir_fd=fd)
+        try:
+            if is_dir:
+                mode_tree(sub, file_mode, dir_mode, depth + 1)
+            os.fchmod(sub, dir_mode if is_dir else file_mode)
+        finally:
+            os.close(sub)

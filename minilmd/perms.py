@@ -132,7 +132,33 @@ def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | No
         return True
     if not st.st_mode & stat.S_IWGRP or team:
         return False
+    return _group_is_others(st, where)
+
+
+def _group_is_others(st: os.stat_result, where: str | os.PathLike | int | None) -> bool:
+    """The group of `st` counts as other users (others_can_rearrange's rule): it is not this user's alone, or that
+    cannot be trusted (not a local file system, an ACL at `where`, no `where` to look at)."""
     return where is None or not private_group(st.st_gid) or not local_fs(st.st_dev) or has_acl(where)
+
+
+def who_else_writes(st: os.stat_result, where: str | os.PathLike | int | None = None) -> str | None:
+    """Who besides this user and root can change the file `st` describes (lstat or fstat), in words, or None: its
+    owner, when another user (he can chmod it at will); every user, or its group, when its mode lets them (a group
+    counts as others by others_can_rearrange's rule; `where`, the file's path or a descriptor of it, for its ACL).
+    The one judgement of "may another user have changed this file" (a corpus's files, for `prepare --append` and
+    staging)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not owned_by_me_or_root(st):
+        return f"owned by {user_words(st.st_uid)}, mode {mode:o}"
+    if st.st_mode & stat.S_IWOTH:
+        return f"writable by every user, mode {mode:o}"
+    if st.st_mode & stat.S_IWGRP and _group_is_others(st, where):
+        try:
+            group = f"group {grp.getgrgid(st.st_gid).gr_name} (gid {st.st_gid})"
+        except KeyError:
+            group = f"gid {st.st_gid}"
+        return f"writable by its {group}, mode {mode:o}"
+    return None
 
 
 def local_fs(dev: int) -> bool:

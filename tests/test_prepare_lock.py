@@ -210,3 +210,35 @@ def test_a_link_of_ones_own_to_the_data_directory_still_works(tmp_path, texts, t
     assert not (real / "corpus.lock").exists()  # made by each writer, removed by it on its way out
     assert len(json.loads((real / "corpus" / "meta.json").read_text())["versions"]) == 2
     report_ok(out)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("planted", ["file", "fifo"])
+def test_another_users_lock_file_she_may_not_open_is_named_his_not_her_directory(texts, tokenizer, planted):
+    """hostile6 F5: another user's `OUT.lock` (0644, or a FIFO) in a sticky team directory: her open of it is
+    refused (EACCES), which was said as `cannot write in DIR: Permission denied` (exit 74), blaming the directory
+    she may write. Now the file at the lock's name is looked at first, and its owner named (exit 2)."""
+    from second_user import second_user, shared_dir, user_python
+
+    second_user()
+    shared = shared_dir()
+    try:
+        source = write_jsonl(shared / "a.jsonl", texts[:50])
+        tok = shared / "tokenizer.json"
+        shutil.copyfile(tokenizer, tok)
+        for path in (source, tok):
+            path.chmod(0o644)
+        lock = shared / "corpus.lock"
+        make = ["mkfifo", "-m", "644", str(lock)] if planted == "fifo" else ["sh", "-c", f"umask 022; : > {lock}"]
+        subprocess.run(["setpriv", "--reuid=64123", "--regid=64123", "--clear-groups", "--", *make], check=True,
+                       timeout=60)
+        code = "import sys\nfrom minilmd.cli import app\nsys.argv[0] = 'minilmd'\napp()\n"
+        done = subprocess.run(user_python(code, "prepare", str(source), "--tokenizer", str(tok), "--out",
+                                          str(shared / "corpus"), "--workers", "0", "--val-fraction", "0.1"),
+                              capture_output=True, text=True, cwd="/", timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert f"{lock}: the lock file of {shared / 'corpus'} is " in done.stderr, done.stderr
+        assert "owned by uid 64123, not yours" in done.stderr and "cannot write in" not in done.stderr, done.stderr
+        assert not (shared / "corpus").exists() and os.lstat(lock).st_uid == 64123
+    finally:
+        shutil.rmtree(shared)

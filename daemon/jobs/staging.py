@@ -51,6 +51,7 @@ from minilmd.names import (
     STAGING_TMP_PREFIX,
     TOKENS,
 )
+from minilmd.perms import who_else_writes
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
 from minilmd.urls import is_local_fs, open_fs
@@ -231,11 +232,25 @@ class _Copier:
             self.done = done_before
         dest.unlink(missing_ok=True)
         message = f"staging {self.source}/{rel} failed after {self.retries + 1} attempts: {last}"
+        if error is None:  # a size or sha256 that does not match: say who else could have changed the file
+            message += self._others_note(rel)
         if isinstance(error, _SourceReadError):
             raise SourceUnreachable(message)
         if error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT):  # another job filled scratch
             raise ScratchFull(message)
         raise StagingError(message)
+
+    def _others_note(self, rel: str) -> str:
+        """"; SOURCE/rel is writable by its group team (gid N), mode 664: another user may have changed it" (perms.
+        who_else_writes), for a local source file another user owns or can write; "" otherwise."""
+        if not is_local_fs(self.fs):
+            return ""
+        path = f"{self.root}/{rel}"
+        try:
+            who = who_else_writes(os.lstat(path), path)
+        except OSError:
+            return ""
+        return f"; {self.source}/{rel} is {who}: another user may have changed it" if who else ""
 
     def _copy_once(self, rel: str, dest: Path, listed: int, keep: int = 0) -> tuple[int, str]:
         """Copy the first `listed` bytes of the source file (it may be longer: an append writes its tail before

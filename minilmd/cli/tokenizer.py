@@ -39,6 +39,7 @@ def tokenizer_train_command(
 
     from minilmd.corpus.chat_templates import OUT_ADVICE, ChatTemplateError, checked_config, write_beside
     from minilmd.corpus.sources.jsonl import InputError, tokenizer_hint
+    from minilmd.corpus.sources.local import LinkRefused
     from minilmd.corpus.tokenizer_beside import found_beside
     from minilmd.corpus.tokenizer_train import TokenizerError
     from minilmd.dirfd import PlaceRefused, place_problem
@@ -65,7 +66,7 @@ def tokenizer_train_command(
             text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
             writing = True
             _write_tokenizer(out, text, group_share)
-        except (InputError, TokenizerError) as e:
+        except (InputError, TokenizerError, LinkRefused) as e:  # LinkRefused: another user's link among the sources
             raise data_error_exit(e) from None
         except PlaceRefused as e:  # looked at again when the directory is opened: rearranged during the training
             typer.echo(f"tokenizer train: {e}; nothing written", err=True)
@@ -142,6 +143,7 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
 
     from minilmd.corpus.sources.bad_tally import BadLineTally
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
+    from minilmd.corpus.sources.local import LinkRefused
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
     from minilmd.corpus.workers import start_worker
 
@@ -153,7 +155,7 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
     try:
         tok = train_tokenizer(texts, vocab_size, None, show_progress=show_progress)
         send.send((tok.to_str(pretty=True), tok.get_vocab_size(with_added_tokens=True), bad))
-    except (InputError, TokenizerError, OSError) as e:
+    except (InputError, TokenizerError, LinkRefused, OSError) as e:
         send.send(e)
     except Exception as e:  # noqa: BLE001 - anything else (a panic of the library, MemoryError) said as itself
         send.send(RuntimeError(f"{type(e).__name__}: {e}"))

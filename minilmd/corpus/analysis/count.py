@@ -75,7 +75,7 @@ def count(path: str, patterns: list[str], regex: bool = False, workers: int | No
             except re.error as e:
                 raise ValueError(f"--regex: {p!r} is not a valid regular expression ({e})") from None
     workers = default_workers() if workers is None else workers
-    corpus = scan.open_corpus(path, max(workers, 1) * 4)
+    corpus = scan.open_corpus(scan.user_path(path), max(workers, 1) * 4)
     parts = scan.run(corpus, CountTask(list(patterns), regex), workers)
     n = len(patterns)
     occ, docs = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)

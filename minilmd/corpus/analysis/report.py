@@ -76,7 +76,7 @@ def report(path: str, *, tokenizer: str | None = None, workers: int | None = Non
     from minilmd.corpus.workers import default_workers
 
     workers = default_workers() if workers is None else workers
-    corpus = scan.open_corpus(path, max(workers, 1) * 4)
+    corpus = scan.open_corpus(scan.user_path(path), max(workers, 1) * 4)
     tok_json = None
     if tokenizer and corpus.kind == "jsonl":
         from pathlib import Path

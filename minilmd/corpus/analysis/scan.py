@@ -36,8 +36,10 @@ import numpy as np
 from minilmd.corpus.digest import digest64
 from minilmd.corpus.format import map_regular, read_doc_lengths
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
+from minilmd.corpus.sources.local import real_source
 from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
+from minilmd.place_rule import PlaceRefused
 from minilmd.untrusted import Unreadable, read_bytes
 from minilmd.urls import is_url
 
@@ -80,9 +82,20 @@ def is_prepared(path: str) -> bool:
     return (Path(path) / CORPUS_META).is_file()
 
 
+def user_path(path: str) -> str:
+    """The corpus a user named (`corpus report`, `corpus count`), its links followed by the one link rule
+    (sources/local.py: LinkRefused, exit 2, for another user's link on the way to what is not his): its real path
+    when a link was followed, which the report then names, else as given. Not for the corpus an append reads
+    through its locked directory's descriptor (/proc/PID/fd/N: a link of the process's own, read as it is)."""
+    if is_url(path):
+        return path
+    real, _ = real_source(path)
+    return path if real == Path(os.path.abspath(path)) else str(real)
+
+
 def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
     """The shards of `path` (about `parts` of them, JSONL ones of at least min_bytes); CorpusError / InputError for
-    what cannot be read."""
+    what cannot be read. `path` as the caller has it: a user's through user_path first."""
     if is_prepared(path):
         meta = read_meta(path)
         shards = []
@@ -105,6 +118,8 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
     try:
         with open_regular(path) as f:  # a FIFO or a device is refused here, never opened blocking
             size = os.fstat(f.fileno()).st_size
+    except PlaceRefused:
+        raise
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot open ({e})") from None
     per = max(min_bytes, -(-size // max(parts, 1)), 1)

@@ -54,6 +54,7 @@ from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
 from minilmd.corpus.format import RefusedFile, open_prepared
 from minilmd.corpus.prepare import append_chat
+from minilmd.corpus.prepare.append_check import check_old_files
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
@@ -214,6 +215,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
                          "its pairs")
     if not sources:
         raise ValueError("no corpus files given")
+    check_old_files(corpus_dir, root, meta["files"], log)  # hers alone, as meta.json lists them (append_check.py)
     old_meta_sha = corpus.meta_sha256  # of the very bytes parsed into `meta`
     opts = PrepareOptions(
         val_fraction=float(meta["split_rule"]["val_fraction"]),

@@ -154,6 +154,9 @@ class Collector:
         # per source; "dropped" too once --drop-scripts drops one
         self.sources: list[dict[str, Any]] = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0,
                                                "blank_lines": 0, "bad_lines": 0} for s in opened]
+        for entry, src in zip(self.sources, opened, strict=True):
+            if src.linked_to is not None:  # a link followed (the one link rule): the file read, named
+                entry["real_path"] = src.linked_to
         from minilmd.corpus.analysis.scripts import ScriptTally
 
         self.scripts = ScriptTally()  # the kept documents of a text corpus, by script

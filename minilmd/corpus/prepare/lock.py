@@ -34,9 +34,9 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.perms import owned_by_me
+from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import InTheWay, walk_to
-from minilmd.untrusted import loads, printable
+from minilmd.untrusted import file_kind, loads, printable
 
 LOCK_SUFFIX = ".lock"
 HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
@@ -136,17 +136,18 @@ class CorpusLock:
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
                 return
+            in_the_way = self._foreign_lock(name) if e.errno in CANNOT_WRITE_THERE else None
             self.close()
+            if in_the_way:  # another user's file at the lock's name, not the directory: his, named
+                raise ValueError(f"{path}: {in_the_way}") from None
             if e.errno in CANNOT_WRITE_THERE:  # the directory of --out, not the lock: exit 74 as every output's
                 raise OSError(e.errno, e.strerror, str(self.out.parent)) from None
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
         st = os.fstat(self.fd)
-        if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
+        if problem := self._lock_problem(st):
             self.close()
-            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
-            raise ValueError(f"{path}: the lock file of {self.out} is {what}, not yours; nothing was changed. "
-                             "Remove it, or choose another --out")
+            raise ValueError(f"{path}: {problem}")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -155,6 +156,26 @@ class CorpusLock:
             raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
                              f"it to end and run this again") from None
         self.locked = True
+
+    def _lock_problem(self, st: os.stat_result) -> str | None:
+        """Why the file `st` describes, at the lock's name, is not a lock file this prepare may use: another user's
+        (named: he made it, and only he or root can remove it) or not a regular file."""
+        if owned_by_me(st) and stat.S_ISREG(st.st_mode):
+            return None
+        kind = "" if stat.S_ISREG(st.st_mode) else f"{file_kind(st.st_mode)}, "
+        whose = "yours, but not a regular file" if owned_by_me(st) else f"owned by {user_words(st.st_uid)}, not yours"
+        return (f"the lock file of {self.out} is {kind}{whose}; nothing was changed. Remove it (or have its owner "
+                "remove it), or choose another --out")
+
+    def _foreign_lock(self, name: str) -> str | None:
+        """_lock_problem of what stands at the lock's name, when the open of it was refused (EACCES: another user's
+        0644 file or FIFO there): his file, not the directory, is in the way. None when nothing is there, or a
+        file of ours (then the directory is what cannot be written)."""
+        try:
+            st = os.stat(name, dir_fd=self.parent_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return self._lock_problem(st) if not owned_by_me(st) else None
 
     def _still_named(self) -> bool:
         """Whether the lock file's name (in the directory held open) still leads to the file self.fd locked."""

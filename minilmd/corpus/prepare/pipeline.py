@@ -60,6 +60,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
+from minilmd.dirtree import mode_tree
 from minilmd.fsio import atomic_write_text, out_taken
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
@@ -134,7 +135,9 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             meta = _prepare_into(tmp, parent, out, sources, tok, opts, progress, log)
             open_prepared(tmp.inside)  # the invariants, checked by the same code the trainer runs
             lock.check_parent()
-            tmp.mode_self(CORPUS_DIR_MODE & ~perms.current_umask())
+            umask = perms.current_umask()
+            mode_tree(tmp.fd, CORPUS_FILE_MODE & ~umask, CORPUS_DIR_MODE & ~umask)  # never others' to write
+            tmp.mode_self(CORPUS_DIR_MODE & ~umask)
             # only the directory checked above is replaced (its identity), and `out` is never missing
             kept = parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
                                   foreign=_foreign_now, keep_as=temp_name(f"{out.name}.kept-by-prepare"))
@@ -151,6 +154,11 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 
 CORPUS_DIR_MODE = 0o755
 """A prepared corpus's directories: for every reader (as its files), written by its owner alone (umask narrows it)."""
+CORPUS_FILE_MODE = 0o644
+"""A prepared corpus's files, whatever the umask made them (umask 002, Debian's and Ubuntu's default, made them
+0664: in a setgid team directory a teammate edited tokens.bin, hostile audit 6 F2): written by their owner alone, and
+`prepare --append` refuses to grow a corpus whose files another user can write (append_check.py). A narrower umask
+narrows it (027: 0640)."""
 
 
 

@@ -17,7 +17,7 @@ from minilmd.corpus.prepare.chat_encode import chat_blocks, longest_token, text_
 from minilmd.corpus.prepare.collect import Collector, LongEnd
 from minilmd.corpus.prepare.encode import Encoders, done
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
-from minilmd.corpus.sources.jsonl import InputError, LongLine, Source
+from minilmd.corpus.sources.jsonl import LongLine, Source
 from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
 from minilmd.corpus.workers import default_workers
 
@@ -64,7 +64,7 @@ def open_sources(sources: list[str]) -> list[Source]:
     try:
         for path in sources:
             opened.append(Source(path))
-    except InputError:
+    except ValueError:  # InputError, and LinkRefused: another user's link among the sources
         for source in opened:
             source.close()
         raise

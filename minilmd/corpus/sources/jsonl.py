@@ -15,9 +15,11 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
 from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, json_document_advice, other_format
+from minilmd.place_rule import PlaceRefused
 from minilmd.untrusted import MAX_LINE_DEPTH, too_deep
 
 BAD_LINE_POLICIES = ("error", "skip")
@@ -172,15 +174,20 @@ class Source:
         from minilmd.urls import is_local_fs
 
         self.path = path
+        self.linked_to: str | None = None  # where a local path's links lead (followed by the one link rule)
         self._head: list[tuple[bytes, bool]] = []  # the first two non-blank lines (or beginnings): json_array's
         try:
             self.fs, self.fs_path = fsspec.core.url_to_fs(path)
             if is_local_fs(self.fs):
-                self.raw = open_regular(self.fs_path)
+                self.raw, real = open_real(self.fs_path)
+                if real != Path(os.path.abspath(self.fs_path)):
+                    self.linked_to = str(real)
                 self.size = os.fstat(self.raw.fileno()).st_size
             else:
                 self.size = self.fs.size(self.fs_path)
                 self.raw = self.fs.open(self.fs_path, "rb")
+        except PlaceRefused:  # another user's link among the sources: refused, not a bad source (exit 2)
+            raise
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: cannot open ({e})") from None
         codec = infer_compression(path)
@@ -318,23 +325,19 @@ def _json_by_itself(line: tuple[bytes, bool] | None) -> bool:
 
 
 def open_regular(path: str):
-    """A local source opened for reading, refused (ValueError) unless a regular file: never a blocking open (a FIFO
-    nobody writes, in a shared directory, would hang the prepare for good), nor a device read. A link the user
-    named is followed; what it leads to is checked on the open file, so no swap between a look and the open."""
-    import stat
+    """A local source opened for reading (sources/local.py `open_source`): a link on the way followed only by the one
+    link rule (another user's to what is not his: LinkRefused, exit 2), refused (ValueError) unless a regular file,
+    never a blocking open (a FIFO nobody writes, in a shared directory, would hang the prepare for good), nor a device
+    read. What it leads to is checked on the open file, so no swap between a look and the open."""
+    return open_real(path)[0]
 
-    from minilmd.untrusted import file_kind
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{file_kind(mode)}, not a regular file: give the JSONL file itself")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+def open_real(path: str):
+    """(open_regular's file, the real path it was reached at: the link's target, for meta.json to name)."""
+    from minilmd.corpus.sources.local import open_source
+
+    fd, real = open_source(path)
+    return os.fdopen(fd, "rb"), real
 
 
 TRAIN_TEXT_CHARS = 1 << 24
