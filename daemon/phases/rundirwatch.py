@@ -20,7 +20,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, is_disk_full, now
-from minilmd.daemon.base.states import FINAL_PHASES
+from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0
@@ -134,10 +134,14 @@ class RunDirWatch:
             self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
             self.full = self.events.unwritten
 
-    def still_full(self, phase) -> bool:
-        """Whether run.dir is full now: the state is written once more to find out."""
+    def still_full(self, phase, ended: Cause | None = None) -> bool:
+        """Whether run.dir is full now: the state is written once more to find out. A trainer that `ended` for a
+        full run.dir (exit 73, saved first) is believed even when state.json still fits: launched again, it would
+        find it full at its first writes, and stop again."""
         self.save()
         self.watch(phase)
+        if ended == Cause.RUN_DIR_FULL and self.full is None:
+            self.full = "the trainer found no room for its metrics, heartbeat or log"
         return self.full is not None
 
     def stop(self, what: str, error: OSError | None = None) -> str:

@@ -21,8 +21,9 @@ def train_command(
 ) -> None:
     """Train (or resume) one run in the foreground; under torchrun, one rank per device.
 
-    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 74 scratch full
-    (a checkpoint did not fit; or run.dir's file system, when making run.dir), 2 bad config, 65 bad data, 1 crash."""
+    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 73 run.dir full while training (saved to
+    scratch first), 76 CUDA out of memory, 74 scratch full (a checkpoint did not fit; or run.dir's file system, when
+    making run.dir), 2 bad config, 65 bad data, 1 crash."""
     from minilmd.config import ConfigError
     from minilmd.plan.budget import epoch_without_budget
     from minilmd.probes import load_checked

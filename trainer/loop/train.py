@@ -29,7 +29,7 @@ same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DD
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary (during DPO's reference pass: after its batch, step 0 saved with the sums so far, the next start goes on
-from there); 76 CUDA
+from there); 73 the same stop and save on a full run.dir (guards.py: its writes there are dropped meanwhile); 76 CUDA
 out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 74 a checkpoint did not fit in
 scratch (or run.dir could not be made: its file system full); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
@@ -70,7 +70,6 @@ from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_DONE,
     EXIT_SCRATCH_FULL,
-    EXIT_STOPPED,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
@@ -81,7 +80,7 @@ from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
 from minilmd.trainer.loop.faults import FaultInjector
-from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
+from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree, tolerate_full_run_dir
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.reporting import Reports
@@ -101,7 +100,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         self.device = dist.device
-        self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
+        self.log = MetricsLog(cfg.run_dir, active=dist.is_main, writes=self.stop.writes,
                               heartbeat_interval=heartbeat_interval(cfg.restart.hang_timeout_s))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
         self._open_data()
@@ -346,10 +345,9 @@ class Trainer:
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
-                    print(f"minilmd: {self.stop.signal_name or 'stop'} received; saving at step {self.step}",
-                          flush=True)
+                    print(f"minilmd: {self.stop.why()}; saving at step {self.step}", flush=True)
                 self.saves.finish(self.step)
-                return EXIT_STOPPED
+                return self.stop.exit_status()  # 75, or 73 on a full run.dir: saved to scratch all the same
             if save_due:
                 with meter.apart("checkpoint_s"):
                     self.save()
@@ -386,6 +384,7 @@ def run(cfg: RunConfig) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = StopFlag()
     stop.install()
+    tolerate_full_run_dir(stop.writes)  # its log is in run.dir: a print on a full disk must not lose the save
     with contextlib.suppress(OSError):
         (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
     dist = None
