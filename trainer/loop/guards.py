@@ -8,6 +8,8 @@ import math
 import signal
 import sys
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as torch_dist
@@ -71,10 +73,19 @@ class OutputOnFullDisk:
         return getattr(self.inner, name)
 
 
-def tolerate_full_run_dir(writes: RunDirWrites) -> None:
-    """The trainer's stdout and stderr become OutputOnFullDisk: its log, on a full run.dir, costs no save."""
+@contextmanager
+def tolerating_full_run_dir(writes: RunDirWrites) -> Iterator[None]:
+    """The trainer's stdout and stderr as OutputOnFullDisk while it runs: its log, on a full run.dir, costs no
+    save. Given back after (a run in a test's own process), unless a write found the disk full: the streams may
+    hold what they could not write, and Python's own flush at exit, failing, would turn the exit status into 120."""
+    saved = sys.stdout, sys.stderr
     sys.stdout = OutputOnFullDisk(sys.stdout, writes, "its log (stdout)")
     sys.stderr = OutputOnFullDisk(sys.stderr, writes, "its log (stderr)")
+    try:
+        yield
+    finally:
+        if writes.full is None:
+            sys.stdout, sys.stderr = saved
 
 
 class LossGuard:

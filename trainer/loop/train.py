@@ -80,7 +80,7 @@ from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
 from minilmd.trainer.loop.faults import FaultInjector
-from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree, tolerate_full_run_dir
+from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree, tolerating_full_run_dir
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.reporting import Reports
@@ -384,33 +384,33 @@ def run(cfg: RunConfig) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = StopFlag()
     stop.install()
-    tolerate_full_run_dir(stop.writes)  # its log is in run.dir: a print on a full disk must not lose the save
     with contextlib.suppress(OSError):
         (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
     dist = None
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
     prepared = determinism.prepare_environment(cfg)  # before CUDA is initialised too
-    try:
-        dist = init_distributed(cfg)
-        if dist.device.type == "cuda":  # said where cuBLAS runs: a CPU run's last words (its last error) are its own
-            print(f"minilmd: {prepared}", flush=True)
-        determinism.apply(cfg, dist.device.type)
-        if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
-            count, why = cpu_threads.choose(dist.device.type, "minilmd train")
-            torch.set_num_threads(count)
-            print(f"minilmd: torch threads {count} ({why})", flush=True)
-        refuse_what_cannot_fit(cfg, dist)
-        trainer = Trainer(cfg, dist, stop)
+    with tolerating_full_run_dir(stop.writes):  # its log is in run.dir: a print there must not cost the save
         try:
-            return trainer.train()
+            dist = init_distributed(cfg)
+            if dist.device.type == "cuda":  # where cuBLAS runs: a CPU run's last words (its last error) are its own
+                print(f"minilmd: {prepared}", flush=True)
+            determinism.apply(cfg, dist.device.type)
+            if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
+                count, why = cpu_threads.choose(dist.device.type, "minilmd train")
+                torch.set_num_threads(count)
+                print(f"minilmd: torch threads {count} ({why})", flush=True)
+            refuse_what_cannot_fit(cfg, dist)
+            trainer = Trainer(cfg, dist, stop)
+            try:
+                return trainer.train()
+            finally:
+                step = trainer.step
+                del trainer  # its DDP model holds the process group that release() below leaves
+        except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
+            return exits.status_of(cfg, e, dist, step)
         finally:
-            step = trainer.step
-            del trainer  # its DDP model holds the process group that release() below leaves
-    except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
-        return exits.status_of(cfg, e, dist, step)
-    finally:
-        release(dist)
+            release(dist)
 
 
 def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
