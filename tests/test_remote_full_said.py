@@ -19,7 +19,7 @@ from minilmd.corpus_meta import read_corpus_meta
 from minilmd.daemon.base.runstate import RunState
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs import syncworker
+from minilmd.daemon.jobs import remote_room, syncworker
 from minilmd.daemon.jobs.scratch_room import checkpoint_bytes
 from minilmd.daemon.jobs.sync import RemoteFull, SyncResult
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -125,3 +125,15 @@ def test_run_check_weighs_a_local_remote_against_two_and_sync_keep_plus_one_chec
     assert "under the 4 checkpoints of about" in tight.stdout and "sync.keep = 3" in tight.stdout, tight.stdout
     roomy = check(8)
     assert roomy.returncode == 0 and "checkpoints of about" not in roomy.stdout, roomy.stdout + roomy.stderr
+
+
+def test_the_room_on_a_remote_counts_this_runs_step_directories_as_room_and_follows_no_link(tmp_path):
+    remote = tmp_path / "remote"
+    (remote / "step-00000010").mkdir(parents=True)
+    (remote / "step-00000010" / "model.safetensors").write_bytes(b"x" * 1000)
+    (remote / "step-00000010" / "link").symlink_to(tmp_path / "big")
+    (tmp_path / "big").write_bytes(b"y" * 5000)
+    (remote / "step-00000020").symlink_to(tmp_path)  # a link by a step's name: not counted, not followed
+    (remote / "other").mkdir()
+    (remote / "other" / "f").write_bytes(b"z" * 3000)
+    assert remote_room._steps_bytes(remote) == 1000

@@ -14,7 +14,9 @@ Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 
 from minilmd.bounded import bounded_probe
@@ -23,6 +25,7 @@ from minilmd.config_values import out_of_range
 from minilmd.corpus_meta import read_corpus_meta
 from minilmd.fmt import fmt_mb as mb
 from minilmd.names import CORPUS_TOKENIZER, is_step_name
+from minilmd.untrusted import listed
 from minilmd.urls import is_url
 
 
@@ -85,12 +88,14 @@ def _measure(cfg: RunConfig) -> tuple[int, int, int] | None:
 
 def _steps_bytes(remote: Path) -> int:
     """Bytes of the step directories directly under the remote (this run's, once it synced there: retention
-    removes them as new ones come). By lstat: no link followed."""
+    removes them as new ones come). Listed bounded (a place others may fill), by lstat: no link followed."""
     total = 0
-    with os.scandir(remote) as entries:
-        for entry in entries:
-            if not (is_step_name(entry.name) and entry.is_dir(follow_symlinks=False)):
-                continue
-            with os.scandir(entry.path) as files:
-                total += sum(f.stat(follow_symlinks=False).st_size for f in files if f.is_file(follow_symlinks=False))
+    for name in listed(remote):
+        step = remote / name
+        if not is_step_name(name) or not stat.S_ISDIR(os.lstat(step).st_mode):
+            continue
+        for file in listed(step):
+            with contextlib.suppress(FileNotFoundError):  # a retention or a sync under way
+                st = os.lstat(step / file)
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
