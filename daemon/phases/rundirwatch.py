@@ -3,12 +3,14 @@
 `RunState.save` and `EventLog.emit` (daemon/base/runstate.py) never raise on a full disk; they say why in their
 `unwritten`. `RunDirWatch` writes state.json for the supervisor (`save()` at each transition, `tick()` every
 STATE_EVERY_S) and reads those `unwritten` after each write: it says once on stdout (the journal keeps what run.dir
-cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on; but no trainer
-can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before it
-launches one and when one has ended, and then stops after the last sync (`stop()` is the phase's reason,
-`outcome()` the final message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start and given up
-when run.dir is full: the room the final state.json and the last events need, so that `minilmd status` says what
-happened. `full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
+cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on until its own
+writes there find it full (it then saves to scratch at the next step boundary and exits 73, trainer/loop/guards.py);
+no trainer can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before
+it launches one and when one has ended (a trainer's exit 73 is believed), and then stops after the last sync
+(`stop()` is the phase's reason, `outcome()` the final message with exit 73). The reserve file
+(names.RUN_DIR_RESERVE) is made at start and given up when run.dir is full: the room the final state.json and the
+last events need, so that `minilmd status` says what happened. `full_at_start()` is the one line for a run.dir
+already full when the supervisor starts. Torch-free.
 """
 from __future__ import annotations
 
