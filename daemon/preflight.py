@@ -33,6 +33,7 @@ from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_waits
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
@@ -61,7 +62,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                        + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
                        + resume_problems(cfg, start, fresh) + memory_problems(cfg)
-                       + knobs.problems())
+                       + remote_room_problems(cfg) + knobs.problems())
     return cfg, waits
 
 

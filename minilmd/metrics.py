@@ -24,6 +24,7 @@ step_time that is).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -59,14 +60,39 @@ def heartbeat_interval(hang_timeout_s: float) -> float:
     return min(HEARTBEAT_INTERVAL_S, hang_timeout_s / 10)
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class RunDirWrites:
+    """The trainer's writes into run.dir (metrics.jsonl, the heartbeat, its log: trainer/loop/guards.py) on a full
+    file system: each one that fails for want of room is dropped and counted, never raised (a traceback there ended
+    the trainer without a save, losing the steps since the last one). `full` says why from the first such failure
+    on: the loop then stops at the next step boundary, saves to scratch and exits 73 (protocol.EXIT_RUN_DIR_FULL),
+    rather than train on blind: with no heartbeat the supervisor cannot tell it from a hung one, and the run's
+    curve and log would have a hole the length of the outage."""
+
+    def __init__(self):
+        self.full: str | None = None
+        self.dropped = 0
+
+    def failed(self, e: OSError, what: str) -> None:
+        """A write of `what` raised `e`: dropped and counted when the disk is full, raised again otherwise."""
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise e
+        self.dropped += 1
+        self.full = self.full or f"no room to write {what}: {e.strerror}"
+
+
 class MetricsLog:
-    """Appends lines to <run dir>/metrics.jsonl and refreshes <run dir>/heartbeat. Inactive on ranks != 0."""
+    """Appends lines to <run dir>/metrics.jsonl and refreshes <run dir>/heartbeat. Inactive on ranks != 0. A write
+    that finds run.dir full is dropped and counted in `writes` (RunDirWrites), never raised."""
 
     def __init__(self, run_dir: str | os.PathLike, active: bool = True,
-                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S):
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S, writes: RunDirWrites | None = None):
         self.run_dir = Path(run_dir)
         self.active = active
         self.heartbeat_interval = heartbeat_interval
+        self.writes = writes or RunDirWrites()
         self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
         if active:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,13 +110,18 @@ class MetricsLog:
                         f.write(b"\n")
         except FileNotFoundError:
             pass
+        except OSError as e:
+            self.writes.failed(e, METRICS)
 
     def write(self, kind: str, **fields) -> None:
         if not self.active:
             return
         line = json.dumps({"kind": kind, **fields, "time": round(time.time(), 3)})
-        with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        try:
+            with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:  # a torn last line is ended by the next attempt (_end_torn_line)
+            self.writes.failed(e, METRICS)
 
     def heartbeat(self, step: int, phase: str = "", force: bool = False, note: str = "") -> bool:
         """Refresh the heartbeat file with `step` (and `phase`: "", "compiling", "reference" or "exiting",
@@ -104,8 +135,12 @@ class MetricsLog:
             return False
         # a temp name no one can guess (a link planted at a predictable one was written through), no fsync: the
         # next beat comes in seconds
-        atomic_write_text(self.run_dir / HEARTBEAT, " ".join(str(w) for w in (step, phase, note) if w != "") + "\n",
-                          durable=False)
+        body = " ".join(str(w) for w in (step, phase, note) if w != "") + "\n"
+        try:
+            atomic_write_text(self.run_dir / HEARTBEAT, body, durable=False)
+        except OSError as e:
+            self.writes.failed(e, HEARTBEAT)
+            return False
         self._last_beat = (now, phase)
         return True
 

@@ -32,6 +32,8 @@ EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary firs
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
 EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
 EXIT_SCRATCH_FULL = EXIT_IO  # a checkpoint did not fit in scratch; fault.json says needs/free: wait for space
+EXIT_RUN_DIR_FULL = 73  # run.dir had no room for its metrics, heartbeat or log: saved to scratch at a step boundary
+# first (EX_CANTCREAT, as the supervisor's SUPERVISOR_RUN_DIR_FULL): the supervisor stops after the last sync
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP ended a command (128 + SIGINT, as a shell says it): its cleanup ran
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------

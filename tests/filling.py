@@ -1,5 +1,5 @@
 """Another job's file on a small tmpfs that a running run writes to (tests/test_reliability_scratch_full.py,
-test_reliability_tmpfs.py)."""
+test_reliability_tmpfs.py, test_reliability_rundir_full.py, test_rundir_full_trainer.py)."""
 from __future__ import annotations
 
 import errno
@@ -26,3 +26,25 @@ def fill_leaving(disk: Path, room: int, name: str = "another-job") -> Path:
     if short > 0:
         os.truncate(filler, max(0, filler.stat().st_size - short))
     return filler
+
+
+def fill(disk: Path, name: str = "filler") -> Path:
+    """Fill the tmpfs to its last byte."""
+    path = disk / name
+    with open(path, "wb") as f:
+        chunk = b"\0" * (1 << 16)
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError:
+            pass
+    for size in (4096, 512, 1):  # the last pages, byte by byte at the end
+        try:
+            with open(path, "ab") as f:
+                while True:
+                    f.write(b"\0" * size)
+                    f.flush()
+        except OSError:
+            pass
+    return path

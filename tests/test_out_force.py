@@ -4,6 +4,8 @@ tokenizer_config.json beside it with --chat-template) and `export --format minim
 what was there, exit 0."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -50,6 +52,20 @@ def test_export_minimind_refuses_an_existing_pth_unless_forced(checkpoint, tmp_p
     done = CliRunner().invoke(app, [*export, "--force"])
     assert done.exit_code == 0, done.output
     assert pth.read_bytes() != KEPT
+
+
+def test_export_minimind_into_a_directory_says_at_once_that_out_names_the_pth(checkpoint, tmp_path):
+    """Before: `exp already exists; pass --force to replace it`, then with --force `Is a directory`."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "mine.txt").write_bytes(KEPT)
+    for out, force in ((f"{exp}/", []), (str(exp), ["--force"]), (f"{tmp_path}/new/", [])):
+        done = CliRunner().invoke(app, ["export", str(checkpoint), "--format", "minimind", "--out", out, *force])
+        assert done.exit_code == 2, done.output
+        assert f"--out {out} is a directory: --format minimind writes one file, the .pth, and --out names that " \
+               f"file (e.g. --out {Path(out) / 'model.pth'}); nothing was written" in done.output, done.output
+        assert "already exists" not in done.output and "pass --force" not in done.output, done.output
+    assert [p.name for p in exp.iterdir()] == ["mine.txt"] and not (tmp_path / "new").exists()
 
 
 def test_export_hf_refuses_a_directory_that_is_not_empty_exit_2(checkpoint, tmp_path):

@@ -16,36 +16,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 
+from filling import fill
 from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import EventLog, RunState, new_state
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
-
-
-def fill(disk: Path, name: str = "filler") -> Path:
-    """Fill the tmpfs to its last byte."""
-    path = disk / name
-    with open(path, "wb") as f:
-        chunk = b"\0" * (1 << 16)
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError:
-            pass
-    for size in (4096, 512, 1):  # the last pages, byte by byte at the end
-        try:
-            with open(path, "ab") as f:
-                while True:
-                    f.write(b"\0" * size)
-                    f.flush()
-        except OSError:
-            pass
-    return path
 
 
 def test_state_and_event_writes_on_a_full_disk_do_not_raise_and_resume_when_there_is_room(tmp_path, small_tmpfs,

@@ -58,6 +58,7 @@ class StopAtStep(StopFlag):
     """A stop request that arrives once the trainer has taken `at` steps (as a SIGTERM would, between steps)."""
 
     def __init__(self, at: int):
+        super().__init__()
         self.at = at
         self.trainer: Trainer | None = None
         self.signal_name = "test stop"

@@ -147,3 +147,4 @@ class Cause(Named):
     SIGNAL = "signal"
     CRASH = "crash"
     SCRATCH_FULL = "scratch_full"
+    RUN_DIR_FULL = "run_dir_full"

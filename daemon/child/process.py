@@ -65,6 +65,8 @@ CAUSES: dict[Cause, str] = {
     Cause.SIGNAL: "killed by another signal",
     Cause.CRASH: "exited with an error (traceback in the attempt log)",
     Cause.SCRATCH_FULL: "a checkpoint did not fit in scratch (exit 74, fault.json says needs and free)",
+    Cause.RUN_DIR_FULL: "run.dir had no room for the trainer's metrics, heartbeat or log (exit 73): it saved to "
+                        "scratch at a step boundary first",
 }
 
 
@@ -317,6 +319,9 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
     if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
         return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
+    if rc == protocol.EXIT_RUN_DIR_FULL:  # no fault.json: there is no room for it
+        return Death(Cause.RUN_DIR_FULL, rc, "run.dir full: the trainer saved to scratch at a step boundary, then "
+                                             "exited (its metrics, heartbeat and log had no room)", fault)
     if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
         return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"

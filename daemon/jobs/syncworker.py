@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
+REMOTE_FULL_REMIND_S = 600.0
+"""A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 ROOM_FOR = 2
 """Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
 older one): below it, superseded checkpoints are pruned."""
@@ -86,6 +88,7 @@ class SyncWorker:
         self.final_tries = 0
         self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
+        self.full_said_at: float | None = None  # when `remote_full` was last said; None: not full when last tried
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
         self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's
@@ -176,7 +179,7 @@ class SyncWorker:
             self._wait_for_room()
             return None
         if self.remote_full is not None and self.waited_for_room:  # a stop while waiting: not held up for hours
-            return f"the last sync found the {self._remote_full()}: {self.state.sync.error}"
+            return f"the last sync found the {self.state.sync.error}"  # remote full (needs, free): the error
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
         if self.final_tries == 0 or now() >= self.next_at:
@@ -212,8 +215,31 @@ class SyncWorker:
                 f"again (or gone: the next sync claims the remote again), the syncs go on")
 
     def _remote_full(self) -> str:
+        """The one wording of a full remote, with the numbers of its latest try: every sync's, the last sync's."""
         needs, free = self.remote_full or (None, None)
         return f"remote full (needs {mb(needs)}, free {mb(free)})"
+
+    def _remote_full_why(self) -> str:
+        """Why a remote that took one checkpoint may have no room for the next: the rule of sync.py (copied in
+        full, then LATEST, then retention)."""
+        keep = self.cfg.sync.keep
+        needs = (self.remote_full or (None, None))[0]
+        total = f", about {mb((keep + 1) * needs)} in all" if needs else ""
+        return (f"{self.cfg.run.remote} must hold a new checkpoint beside the ones it keeps (up to sync.keep = {keep} "
+                f"of this run's): the new one is copied in full before the oldest is removed, so room for {keep + 1} "
+                f"checkpoints{total}; free space there or lower sync.keep; the checkpoints stay in scratch "
+                f"({self.cfg.checkpoint_dir}) meanwhile")
+
+    def _say_remote_full(self, retry: float, error: BaseException) -> None:
+        """A sync that found the remote full: said when the remote becomes full, then every REMOTE_FULL_REMIND_S,
+        not at every retry (status and state.json have the numbers of the latest try)."""
+        if self.full_said_at is not None and now() - self.full_said_at < REMOTE_FULL_REMIND_S:
+            return
+        still = f"still, {self.failures} syncs in a row: " if self.full_said_at is not None else ""
+        self.full_said_at = now()
+        self.emit("sync", f"{still}{self.state.sync.error}; {self._remote_full_why()}; "
+                          f"{self._next_try(retry, error)}, said again in {REMOTE_FULL_REMIND_S / 60:.0f} min if "
+                          f"it stays full")
 
     def _wait_for_room(self) -> None:
         reason = f"final sync waiting: {self._remote_full()}"
@@ -249,18 +275,23 @@ class SyncWorker:
             retry = exponential(SYNC_RETRY_FIRST_S, self.failures, cap_s=every)
             self.next_at = now() + retry
             said = error_words(worker.error)
-            sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
-            self.state.record_error(f"sync failed: {said}")
             from minilmd.daemon.jobs.sync import RemoteFull, RemoteNotOurs  # loaded by the worker: sync imports numpy
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
+                said = f"{self._remote_full()}: {said}"
+            sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
+            self.state.record_error(f"sync failed: {said}")
             self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
+            if self.remote_full is not None:
+                self._say_remote_full(retry, worker.error)
+                return
+            self.full_said_at = None
             what = f"sync refused ({said}); {self._out_of_reach()}" if self.not_ours else f"sync failed ({said})"
             self.emit("sync", f"{what}; {self._next_try(retry, worker.error)}")
             return
         result = worker.result
-        self.failures, self.failing_since, self.not_ours = 0, None, ""
+        self.failures, self.failing_since, self.not_ours, self.full_said_at = 0, None, "", None
         self.next_at = now() + every
         sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)

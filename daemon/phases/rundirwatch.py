@@ -3,12 +3,14 @@
 `RunState.save` and `EventLog.emit` (daemon/base/runstate.py) never raise on a full disk; they say why in their
 `unwritten`. `RunDirWatch` writes state.json for the supervisor (`save()` at each transition, `tick()` every
 STATE_EVERY_S) and reads those `unwritten` after each write: it says once on stdout (the journal keeps what run.dir
-cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on; but no trainer
-can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before it
-launches one and when one has ended, and then stops after the last sync (`stop()` is the phase's reason,
-`outcome()` the final message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start and given up
-when run.dir is full: the room the final state.json and the last events need, so that `minilmd status` says what
-happened. `full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
+cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on until its own
+writes there find it full (it then saves to scratch at the next step boundary and exits 73, trainer/loop/guards.py);
+no trainer can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before
+it launches one and when one has ended (a trainer's exit 73 is believed), and then stops after the last sync
+(`stop()` is the phase's reason, `outcome()` the final message with exit 73). The reserve file
+(names.RUN_DIR_RESERVE) is made at start and given up when run.dir is full: the room the final state.json and the
+last events need, so that `minilmd status` says what happened. `full_at_start()` is the one line for a run.dir
+already full when the supervisor starts. Torch-free.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, is_disk_full, now
-from minilmd.daemon.base.states import FINAL_PHASES
+from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0
@@ -134,10 +136,14 @@ class RunDirWatch:
             self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
             self.full = self.events.unwritten
 
-    def still_full(self, phase) -> bool:
-        """Whether run.dir is full now: the state is written once more to find out."""
+    def still_full(self, phase, ended: Cause | None = None) -> bool:
+        """Whether run.dir is full now: the state is written once more to find out. A trainer that `ended` for a
+        full run.dir (exit 73, saved first) is believed even when state.json still fits: launched again, it would
+        find it full at its first writes, and stop again."""
         self.save()
         self.watch(phase)
+        if ended == Cause.RUN_DIR_FULL and self.full is None:
+            self.full = "the trainer found no room for its metrics, heartbeat or log"
         return self.full is not None
 
     def stop(self, what: str, error: OSError | None = None) -> str:

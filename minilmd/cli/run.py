@@ -113,10 +113,12 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     memory_fit), train on some preference pairs nothing (train.seq_len cuts
     their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), fill run.dir's file system
-    (under 4 MiB free: daemon/phases/rundirwatch.py room_note), keep its checkpoints only in
+    (under 4 MiB free: daemon/phases/rundirwatch.py room_note), fill run.remote (room for fewer than sync.keep + 1
+    checkpoints: daemon/jobs/remote_room.py), keep its checkpoints only in
     scratch (no run.remote), make a private scratch root (another user took the default's: minilmd/scratch_root.py),
     take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
     from minilmd.daemon.host.gpu import cpu_fallback
+    from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
@@ -129,6 +131,7 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
     notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec
     notes += [full] if (full := room_note(cfg.run_dir)) else []  # run.dir's file system nearly full: exit 73 soon
+    notes += [tight] if (tight := remote_room_note(cfg)) else []  # the remote: room for sync.keep + 1 checkpoints
     if claim_remote:
         from minilmd.daemon.jobs.remote_claim import check_note
 

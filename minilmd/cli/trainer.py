@@ -21,8 +21,9 @@ def train_command(
 ) -> None:
     """Train (or resume) one run in the foreground; under torchrun, one rank per device.
 
-    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 74 scratch full
-    (a checkpoint did not fit; or run.dir's file system, when making run.dir), 2 bad config, 65 bad data, 1 crash."""
+    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 73 run.dir full while training (saved to
+    scratch first), 76 CUDA out of memory, 74 scratch full (a checkpoint did not fit; or run.dir's file system, when
+    making run.dir), 2 bad config, 65 bad data, 1 crash."""
     from minilmd.config import ConfigError
     from minilmd.plan.budget import epoch_without_budget
     from minilmd.probes import load_checked
@@ -165,7 +166,8 @@ def export(
     format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
                                                      "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
                                                      "adapters as a PEFT adapter directory)."),
-    out: str = typer.Option(..., "--out", help="FILE.pth for minimind, a new directory for hf."),
+    out: str = typer.Option(..., "--out", help="FILE.pth for minimind (the file itself: a directory is "
+                                               "refused), a new directory for hf and peft (the export itself)."),
     tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json for hf (default: the checkpoint's, or "
                                                           "the prepared corpus's)."),
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
@@ -192,10 +194,11 @@ def export(
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
     exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
-    rearrange, without --group-share; a .pth already there without --force; a directory not empty, or another
-    user's), 74 the export could not be written (the message says why: a full disk or quota with the room left,
-    permission denied, a read-only or failing file system) or the checkpoint could not be read (whose place it is
-    when the permission is missing), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
+    rearrange, without --group-share; a .pth already there without --force; a directory for minimind's .pth, with
+    --force or without; a directory not empty, or another user's), 74 the export could not be written (the message
+    says why: a full disk or quota with the room left, permission denied, a read-only or failing file system) or the
+    checkpoint could not be read (whose place it is when the permission is missing), 130 interrupted (Ctrl-C,
+    SIGTERM, SIGHUP)."""
     from minilmd import perms
 
     if share_problem := perms.problem(share, "--share"):

@@ -1,32 +1,91 @@
 """What stops trainer/loop/train.py's loop between two steps: a SIGTERM/SIGINT (StopFlag: its handlers only record
-it), agreed on by every rank (agree), and a non-finite training loss (LossGuard: checked every step, read without a
-host sync per step on CUDA)."""
+it) or a full run.dir (StopFlag.writes: the trainer's own writes there, its log included: OutputOnFullDisk), agreed on
+by every rank (agree), and a non-finite training loss (LossGuard: checked every step, read without a host sync per
+step on CUDA)."""
 from __future__ import annotations
 
 import math
 import signal
+import sys
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as torch_dist
 
+from minilmd.metrics import RunDirWrites
+from minilmd.protocol import EXIT_RUN_DIR_FULL, EXIT_STOPPED
 from minilmd.trainer.loop.distributed import Dist
 
 
 class StopFlag:
-    """SIGTERM/SIGINT handlers only record the request; the loop acts on it at the next step boundary."""
+    """SIGTERM/SIGINT handlers only record the request; the loop acts on it at the next step boundary. So it does on
+    a full run.dir (`writes.full`), saving to scratch first, then exits 73 instead of 75 (`exit_status`)."""
 
     def __init__(self):
-        self.requested = False
+        self.signalled = False
         self.signal_name = ""
+        self.writes = RunDirWrites()
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self.signalled = True
         self.signal_name = signal.Signals(signum).name
+
+    @property
+    def requested(self) -> bool:
+        return self.signalled or self.writes.full is not None
+
+    def why(self) -> str:
+        if self.writes.full is not None:
+            return f"run.dir is full ({self.writes.full})"
+        return f"{self.signal_name or 'stop'} received"
+
+    def exit_status(self) -> int:
+        return EXIT_RUN_DIR_FULL if self.writes.full is not None else EXIT_STOPPED
+
+
+class OutputOnFullDisk:
+    """sys.stdout or sys.stderr of the trainer, whose output (its attempt log) lives in run.dir: a print that finds
+    the disk full is dropped and counted in `writes`, never raised (in a save, it would lose the save)."""
+
+    def __init__(self, inner, writes: RunDirWrites, what: str):
+        self.inner, self.writes, self.what = inner, writes, what
+
+    def write(self, text: str) -> int:
+        try:
+            return self.inner.write(text)
+        except OSError as e:
+            self.writes.failed(e, self.what)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.inner.flush()
+        except OSError as e:
+            self.writes.failed(e, self.what)
+
+    def __getattr__(self, name: str):  # fileno (faulthandler), isatty, encoding: the stream's own
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def tolerating_full_run_dir(writes: RunDirWrites) -> Iterator[None]:
+    """The trainer's stdout and stderr as OutputOnFullDisk while it runs: its log, on a full run.dir, costs no
+    save. Given back after (a run in a test's own process), unless a write found the disk full: the streams may
+    hold what they could not write, and Python's own flush at exit, failing, would turn the exit status into 120."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = OutputOnFullDisk(sys.stdout, writes, "its log (stdout)")
+    sys.stderr = OutputOnFullDisk(sys.stderr, writes, "its log (stderr)")
+    try:
+        yield
+    finally:
+        if writes.full is None:
+            sys.stdout, sys.stderr = saved
 
 
 class LossGuard:

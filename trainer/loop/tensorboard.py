@@ -42,7 +42,7 @@ class TensorBoardLog(MetricsLog):
     """A MetricsLog that also writes its train and eval lines to a SummaryWriter (rank 0's log only)."""
 
     def __init__(self, log: MetricsLog, writer, restarts: int):
-        super().__init__(log.run_dir, log.active)
+        super().__init__(log.run_dir, log.active, log.heartbeat_interval, log.writes)
         self.writer = writer
         self.restarts = restarts
 

@@ -29,7 +29,7 @@ same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DD
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary (during DPO's reference pass: after its batch, step 0 saved with the sums so far, the next start goes on
-from there); 76 CUDA
+from there); 73 the same stop and save on a full run.dir (guards.py: its writes there are dropped meanwhile); 76 CUDA
 out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 74 a checkpoint did not fit in
 scratch (or run.dir could not be made: its file system full); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
@@ -71,7 +71,6 @@ from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_DONE,
     EXIT_SCRATCH_FULL,
-    EXIT_STOPPED,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
@@ -82,7 +81,7 @@ from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
 from minilmd.trainer.loop.faults import FaultInjector
-from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
+from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree, tolerating_full_run_dir
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.reporting import Reports
@@ -102,7 +101,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         self.device = dist.device
-        self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
+        self.log = MetricsLog(cfg.run_dir, active=dist.is_main, writes=self.stop.writes,
                               heartbeat_interval=heartbeat_interval(cfg.restart.hang_timeout_s))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
         self._open_data()
@@ -347,10 +346,9 @@ class Trainer:
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
-                    print(f"minilmd: {self.stop.signal_name or 'stop'} received; saving at step {self.step}",
-                          flush=True)
+                    print(f"minilmd: {self.stop.why()}; saving at step {self.step}", flush=True)
                 self.saves.finish(self.step)
-                return EXIT_STOPPED
+                return self.stop.exit_status()  # 75, or 73 on a full run.dir: saved to scratch all the same
             if save_due:
                 with meter.apart("checkpoint_s"):
                     self.save()
@@ -393,26 +391,27 @@ def run(cfg: RunConfig) -> int:
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
     prepared = determinism.prepare_environment(cfg)  # before CUDA is initialised too
-    try:
-        dist = init_distributed(cfg)
-        if dist.device.type == "cuda":  # said where cuBLAS runs: a CPU run's last words (its last error) are its own
-            print(f"minilmd: {prepared}", flush=True)
-        determinism.apply(cfg, dist.device.type)
-        if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
-            count, why = cpu_threads.choose(dist.device.type, "minilmd train")
-            torch.set_num_threads(count)
-            print(f"minilmd: torch threads {count} ({why})", flush=True)
-        refuse_what_cannot_fit(cfg, dist)
-        trainer = Trainer(cfg, dist, stop)
+    with tolerating_full_run_dir(stop.writes):  # its log is in run.dir: a print there must not cost the save
         try:
-            return trainer.train()
+            dist = init_distributed(cfg)
+            if dist.device.type == "cuda":  # where cuBLAS runs: a CPU run's last words (its last error) are its own
+                print(f"minilmd: {prepared}", flush=True)
+            determinism.apply(cfg, dist.device.type)
+            if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
+                count, why = cpu_threads.choose(dist.device.type, "minilmd train")
+                torch.set_num_threads(count)
+                print(f"minilmd: torch threads {count} ({why})", flush=True)
+            refuse_what_cannot_fit(cfg, dist)
+            trainer = Trainer(cfg, dist, stop)
+            try:
+                return trainer.train()
+            finally:
+                step = trainer.step
+                del trainer  # its DDP model holds the process group that release() below leaves
+        except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
+            return exits.status_of(cfg, e, dist, step)
         finally:
-            step = trainer.step
-            del trainer  # its DDP model holds the process group that release() below leaves
-    except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
-        return exits.status_of(cfg, e, dist, step)
-    finally:
-        release(dist)
+            release(dist)
 
 
 def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:

@@ -61,6 +61,7 @@ from minilmd.trainer.model.export_paths import (
     OutRefused,
     checked_out,
     fresh_export_dir,
+    pth_out_problem,
     resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
@@ -348,6 +349,8 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False, group
     checkpoint a second time. An --out already there is replaced only with `force` (OutRefused: fsio.out_taken)."""
     import torch
 
+    if not_a_file := pth_out_problem(out):  # --force replaces a file, never puts one inside a directory
+        raise OutRefused(not_a_file)
     out = checked_out(out, group_share)
     if taken := out_taken(out, force):
         raise OutRefused(f"{taken}; nothing was written")

@@ -290,6 +290,17 @@ def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
              f"remove it once no export to {out} is running")
 
 
+def pth_out_problem(out: str | Path) -> str | None:
+    """Why --out cannot name --format minimind's one .pth file: it is a directory, or ends with "/" (said before
+    the checkpoint is read; before, `OUT already exists; pass --force`, then with --force `Is a directory`). hf and
+    peft write the directory --out names, the .pth is the file --out names: never a file put inside it."""
+    text = str(out)
+    if not (text.endswith(("/", os.sep)) or os.path.isdir(text)):
+        return None
+    return (f"--out {text} is a directory: --format minimind writes one file, the .pth, and --out names that file "
+            f"(e.g. --out {Path(text) / 'model.pth'}); nothing was written")
+
+
 def checked_out(out: str | Path, group_share: bool = False) -> Path:
     """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
     (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
