@@ -58,7 +58,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     t = t or time.time()
     lines = [_head_line(state, alive, t, alone)]
     if state.reason:
-        lines.append(f"  why: {_why(state)}")
+        lines += _block("  why: ", _why(state))
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 
@@ -85,9 +85,23 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
     lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (probes.init_from_notes)
-    if state.last_error:
-        lines.append(f"  last error{_error_context(state, t)}: {state.last_error}")
+    if state.last_error:  # the why's words again (a failed run's) are its first line only
+        said = state.last_error.split("\n", 1)[0] if state.last_error == state.reason else state.last_error
+        lines += _block(f"  last error{_error_context(state, t)}: ", said)
     return lines
+
+
+BLOCK_LINES = 16
+"""The most lines of a reason shown (a trainer's refusal: its sentence, then the [model] lines to paste)."""
+
+
+def _block(head: str, text: str) -> list[str]:
+    """A reason of several lines (a trainer's refusal, daemon/child/process.py) as lines, each printed escaped on
+    its own: the first after `head`, the rest as they are indented (the lines to paste), at most BLOCK_LINES."""
+    first, *rest = text.split("\n")
+    more = len(rest) - (BLOCK_LINES - 1)
+    shown = [head + first] + [line if line.startswith(" ") else f"    {line}" for line in rest[:BLOCK_LINES - 1]]
+    return shown + ([f"    ... {more} more line(s): `minilmd logs` has them all"] if more > 0 else [])
 
 
 def _ago(t: float, then: float) -> str:
