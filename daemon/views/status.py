@@ -69,9 +69,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if (w := state.init_wait) and state.phase == Phase.WAITING_INIT:
         lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
                      f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
-                     f"once it has finished")
-        if w.not_running and alive:
-            lines.append(f"  {w.not_running}")
+                     f"once it has finished")  # its why says whether the predecessor runs (initwait.waiting_why)
     if state.gpu_wait and state.phase == Phase.WAITING_GPU:
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == Phase.WAITING_SPACE:
