@@ -17,6 +17,21 @@ from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, exp
 HEAD_NOT_TIED = f"{TIED_HEAD_KEY} differs from {EMBED_KEY}; minilmd's model ties them"
 """Why a .pth whose head is not its embedding cannot start this run (the trainer by value, `run --check` by shape)."""
 
+MOE_KEYS = (".mlp.experts.", ".mlp.gate.weight")
+"""What a MiniMind MoE model's state dict (use_moe=True: MOEFeedForward) has in place of a layer's dense MLP."""
+MOE_MODEL = ("its tensors are of a Mixture-of-Experts MiniMind model (use_moe: mlp.experts.N, mlp.gate): minilmd "
+             "trains the dense model only")
+
+
+def resume_file(name: str) -> str:
+    """Why MiniMind's `*_resume.pth` cannot start a run, and which file can. Not taken for its 'model' entry: it
+    holds the optimizer's moments too (about 5 times the weights, over what a .pth of the model may be read to),
+    and lm_checkpoint writes the same weights beside it as the file init.from takes."""
+    weights = name.removesuffix("_resume.pth") + ".pth" if name.endswith("_resume.pth") else \
+        "<weight>_<hidden_size>.pth"
+    return (f"this is MiniMind's resume file (its 'model' entry holds the weights, beside the optimizer's state): "
+            f"use the weights file MiniMind saves with it, {weights} (in its checkpoints/, and out/)")
+
 
 def model_mismatch(source: dict, run: dict, written: Callable[[str], bool]) -> str:
     """"" when the source's [model] (a config's, or one a checkpoint recorded) makes the run's weights; else "another
@@ -49,6 +64,8 @@ def shapes_mismatch(got: dict[str, tuple[int, ...]], model: dict | ModelSection,
     expected = expected_state_shapes(run_model)
     if got == expected:
         return ""
+    if any(mark in key for key in got for mark in MOE_KEYS):  # no [model] lines to paste make it this model
+        return MOE_MODEL
     implied = implied_model(got)
     run = weights_config(dataclasses.asdict(run_model)) | {"intermediate_size": run_model.ffn_size}
     mismatch = model_mismatch(implied, {k: run[k] for k in implied}, written)

@@ -90,12 +90,14 @@ def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]
     its rule (init_model.shapes_mismatch; `written`: which model keys the run's config sets), found without torch:
     its tensors of another model, a head other than its embedding. [] where its shapes fit, or are not read here
     (`pth_note` says so). Raises as `read_pth` does."""
-    from minilmd.init_model import HEAD_NOT_TIED, shapes_mismatch
+    from minilmd.init_model import HEAD_NOT_TIED, resume_file, shapes_mismatch
     from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY
-    from minilmd.pth_shapes import NotReadHere
+    from minilmd.pth_shapes import NotReadHere, ResumeFile
 
     try:
         shapes = pth_shapes_of(source, model)
+    except ResumeFile:
+        return [resume_file(source.path.name)]
     except NotReadHere:
         return []
     head = shapes.pop(TIED_HEAD_KEY, None)
@@ -137,7 +139,9 @@ def _refused(source: InitSource, parent, e, owners, model: dict | None, bound: i
 
 
 def _too_big(source: InitSource, model: dict | None, bound: int) -> InitSourceTooBig:
+    from minilmd.init_model import resume_file
     from minilmd.untrusted import size_text
 
     limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
-    return InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}")
+    resume = f"; {resume_file(source.path.name)}" if source.path.name.endswith("_resume.pth") else ""
+    return InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}{resume}")

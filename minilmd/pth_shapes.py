@@ -45,6 +45,21 @@ class NotReadHere(ValueError):
     """A .pth whose shapes this reader does not read; the message says what it is, in a few words."""
 
 
+class ResumeFile(ValueError):
+    """MiniMind's `*_resume.pth` (trainer_utils.lm_checkpoint): a dict of 'model', 'optimizer', 'epoch', 'step', ...,
+    not a state dict; init_model.resume_file says which file to use instead."""
+
+
+RESUME_KEYS = ("model", "optimizer")
+"""The entries that make a torch.save'd dict MiniMind's resume file (its 'model': the weights' state dict)."""
+
+
+def is_minimind_resume(top: object) -> bool:
+    """Whether what a .pth holds is MiniMind's resume file rather than a state dict (by the trainer with torch, here
+    without)."""
+    return isinstance(top, dict) and all(key in top for key in RESUME_KEYS) and isinstance(top["model"], dict)
+
+
 class Shape(tuple):
     """A tensor of the state dict, as its shape only."""
 
@@ -185,6 +200,8 @@ def _shapes(data: bytes) -> dict[str, tuple[int, ...]]:
         raise
     except Exception as e:  # noqa: BLE001 - a hostile pickle fails in many ways (RecursionError, MemoryError too)
         raise NotReadHere(f"not a readable pickle ({type(e).__name__}: {_said(e)})") from None
+    if is_minimind_resume(state):
+        raise ResumeFile("MiniMind's resume file")
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Shape) for k, v in state.items()):
         raise NotReadHere("not a plain state dict: not a dict of tensors by name")
     return {k: tuple(v) for k, v in state.items()}

@@ -23,8 +23,10 @@ import pytest
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import RunState, new_state, process_start_ticks
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host.prometheus import render
 from minilmd.daemon.phases import initwait
+from minilmd.daemon.views.status import summary_lines
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, events, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until
@@ -68,8 +70,16 @@ def test_the_waiter_logs_phase_and_liveness_changes_not_steps(tmp_path, corpus, 
     answered_tick(waiter)
     wait = waiter.state.init_wait
     assert wait.running is False and wait.not_running_since == body["updated"], wait
-    assert len(said) == 3 and said[-1].startswith("init.from: run sft is training at step 3; predecessor sft is not "
-                                                  "running since "), said
+    assert len(said) == 3 and said[-1].startswith("init.from: predecessor sft is not running since "), said
+    assert "(its supervisor is gone; its state.json last said: run sft is training at step 3; it may be restarted: " \
+           "this run waits)" in said[-1], said
+    # status says one thing: not running, with "training" as what its state.json last said (user6 #8: before,
+    # "waiting for init.from: run sft is training at step 3" and, on the next line, "predecessor sft is not running")
+    shown = summary_lines(StateJson.from_dict({**waiter.state.data, "phase": "waiting_init"}), alive=True)
+    waiting = [line for line in shown if "init.from" in line or "predecessor" in line]
+    assert len(waiting) == 1 and waiting[0].startswith("  waiting for init.from: predecessor sft is not running "
+                                                       "since "), shown
+    assert "last said: run sft is training at step 3;" in waiting[0], waiting
     gauges = render({**waiter.state.data, "phase": "waiting_init"}, time.time())
     assert 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0' in gauges, gauges
     assert 'minilmd_predecessor_down_timestamp_seconds{run="lora",predecessor="sft"} ' in gauges, gauges
@@ -107,7 +117,8 @@ def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path
         assert wait["not_running"].startswith("predecessor sft is not running since "), wait
         assert state(second_dir)["phase"] == "waiting_init" and succ.poll() is None  # a wait, not a failure
         shown = cli("status", str(second_dir)).stdout
-        assert "  predecessor sft is not running since " in shown, shown
+        assert "  waiting for init.from: predecessor sft is not running since " in shown, shown
+        assert "\n  predecessor sft" not in shown and "\n  waiting for init.from: run sft is" not in shown, shown
         overview = cli("status").stdout  # every run of this user: the note under the table
         assert "lora: waiting for init.from: predecessor sft is not running since " in overview, overview
         wait_until(lambda: prom.exists() and 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0'

@@ -163,7 +163,8 @@ class InitWait(Section):
     root: str = ""
     """The runs root it was found in."""
     why: str = ""
-    """What its state says, in words."""
+    """What its state says, in words; while its supervisor is not running, that, with those words as what it last
+    said (initwait.waiting_why: one reading, never "training" beside "not running")."""
     running: bool | None = None
     """Whether its supervisor runs (its pid alive, its state.json fresh); None: not judged (it
     has not started, or its state.json cannot be read)."""

@@ -28,7 +28,7 @@ from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.fsio import tail_lines
-from minilmd.untrusted import Unreadable
+from minilmd.untrusted import Unreadable, clipped
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
@@ -314,9 +314,9 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
         return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
-        return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
+        return Death(Cause.CONFIG_ERROR, rc, _refusal(fault, child.log_path) or "config error", fault)
     if rc == protocol.EXIT_DATA:
-        return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
+        return Death(Cause.DATA_ERROR, rc, _refusal(fault, child.log_path) or "data error", fault)
     if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
         return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
     if rc == protocol.EXIT_RUN_DIR_FULL:  # no fault.json: there is no room for it
@@ -383,6 +383,16 @@ def _own_fault(run_dir: Path, started: float) -> dict | None:
     fault = protocol.read_fault(run_dir) if fresh else None
     path.unlink(missing_ok=True)
     return fault
+
+
+REFUSAL_MAX = 8192  # characters of a trainer's refusal kept: ours are under 2,000 (a sentence, the lines to paste)
+
+
+def _refusal(fault: dict | None, log_path: Path) -> str:
+    """A final refusal in the trainer's words, whole (fault.json "refused": a [model] block to paste comes with the
+    sentence that says why), bounded; else the attempt log's last lines (a trainer refused before it wrote one)."""
+    said = (fault or {}).get("message") if (fault or {}).get("kind") == "refused" else None
+    return clipped(said, REFUSAL_MAX) if isinstance(said, str) and said.strip() else _last_lines(log_path)
 
 
 def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:

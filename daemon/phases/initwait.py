@@ -125,12 +125,21 @@ def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None 
     return Liveness(True)
 
 
-def liveness_text(run: str, live: Liveness | None) -> str:
-    """"predecessor X is not running since T" (or "" while it runs, or cannot be judged)."""
+def liveness_text(run: str, live: Liveness | None, last_said: str = "") -> str:
+    """"predecessor X is not running since T" (or "" while it runs, or cannot be judged); `last_said`: what its
+    state.json said then (a killed supervisor's stays "training" until someone looks), as what it was, not is."""
     if live is None or live.running:
         return ""
-    return (f"predecessor {run} is not running since {fmt_time(live.since)} ({live.detail}; it may be restarted: "
-            f"this run waits)")
+    said = f"; its state.json last said: {last_said}" if last_said else ""
+    return (f"predecessor {run} is not running since {fmt_time(live.since)} ({live.detail}{said}; it may be "
+            f"restarted: this run waits)")
+
+
+def waiting_why(report: PredecessorReport, live: Liveness | None, run: str) -> str:
+    """The one line of a wait, from one reading of the predecessor: its state.json's words while its supervisor runs
+    (or where that cannot be judged), else that it is not running, with those words as what it last said. Never
+    both as now: "run X is training at step N" beside "predecessor X is not running" (user6 #8)."""
+    return liveness_text(run, live, report.why) or report.why
 
 
 @dataclass(frozen=True)
@@ -201,7 +210,8 @@ class InitWaiter:
         if pred is None or report is None:
             return InitOutcome(done=True)
         wait = self.state.init_wait or InitWait(since=now(), checks=0)
-        wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), report.why
+        wait.run, wait.run_dir, wait.root = pred.name, str(pred.run_dir), str(pred.root)
+        wait.why = waiting_why(report, live, pred.name)
         wait.running = None if live is None else live.running
         wait.not_running_since = live.since if live is not None and not live.running else None
         wait.not_running = liveness_text(pred.name, live)
@@ -209,7 +219,7 @@ class InitWaiter:
         self.state.init_wait = wait
         said = _change_key(report, live)
         if said != self.last_said:
-            self.emit("init_wait", f"init.from: {report.why}" + (f"; {wait.not_running}" if wait.not_running else ""))
+            self.emit("init_wait", f"init.from: {wait.why}")
             self.last_said = said
         if report.outcome == "done":
             for line in found.share:  # said now, once, into the run's log (a WARNING above eval.update_share_warn)

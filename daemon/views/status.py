@@ -58,7 +58,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     t = t or time.time()
     lines = [_head_line(state, alive, t, alone)]
     if state.reason:
-        lines.append(f"  why: {_why(state)}")
+        lines += _block("  why: ", _why(state))
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 
@@ -69,9 +69,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if (w := state.init_wait) and state.phase == Phase.WAITING_INIT:
         lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
                      f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
-                     f"once it has finished")
-        if w.not_running and alive:
-            lines.append(f"  {w.not_running}")
+                     f"once it has finished")  # its why says whether the predecessor runs (initwait.waiting_why)
     if state.gpu_wait and state.phase == Phase.WAITING_GPU:
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == Phase.WAITING_SPACE:
@@ -85,9 +83,23 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
     lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (probes.init_from_notes)
-    if state.last_error:
-        lines.append(f"  last error{_error_context(state, t)}: {state.last_error}")
+    if state.last_error:  # the why's words again (a failed run's) are its first line only
+        said = state.last_error.split("\n", 1)[0] if state.last_error == state.reason else state.last_error
+        lines += _block(f"  last error{_error_context(state, t)}: ", said)
     return lines
+
+
+BLOCK_LINES = 16
+"""The most lines of a reason shown (a trainer's refusal: its sentence, then the [model] lines to paste)."""
+
+
+def _block(head: str, text: str) -> list[str]:
+    """A reason of several lines (a trainer's refusal, daemon/child/process.py) as lines, each printed escaped on
+    its own: the first after `head`, the rest as they are indented (the lines to paste), at most BLOCK_LINES."""
+    first, *rest = text.split("\n")
+    more = len(rest) - (BLOCK_LINES - 1)
+    shown = [head + first] + [line if line.startswith(" ") else f"    {line}" for line in rest[:BLOCK_LINES - 1]]
+    return shown + ([f"    ... {more} more line(s): `minilmd logs` has them all"] if more > 0 else [])
 
 
 def _ago(t: float, then: float) -> str:

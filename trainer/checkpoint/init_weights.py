@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.init_model import HEAD_NOT_TIED, model_mismatch, shapes_mismatch
+from minilmd.init_model import HEAD_NOT_TIED, model_mismatch, resume_file, shapes_mismatch
 from minilmd.init_pth import InitSourceTooBig, read_pth
 from minilmd.init_source import (
     InitSource,
@@ -25,6 +25,7 @@ from minilmd.init_source import (
     source_model,
 )
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY
+from minilmd.pth_shapes import is_minimind_resume
 
 
 def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
@@ -134,6 +135,8 @@ def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
         state = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a pickle that is not a plain state dict fails in many ways
         raise _refuse(cfg, f"not a loadable state dict ({type(e).__name__}: {e})") from None
+    if is_minimind_resume(state):  # `run --check`'s words (init_pth.pth_problems)
+        raise _refuse(cfg, resume_file(Path(cfg.init.from_).name))
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise _refuse(cfg, "not a state dict of tensors")
     state = dict(state)

@@ -29,16 +29,26 @@ def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
     """The exit status of a run that raised `e` at `step`; called inside its except clause (a crash's traceback)."""
     if isinstance(e, (ConfigError, FaultSpecError)):
         print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return refused(cfg, EXIT_CONFIG, "\n".join(e.problems) if isinstance(e, ConfigError) else str(e))
     if isinstance(e, (DataError, CorpusError)):
         print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_DATA
+        return refused(cfg, EXIT_DATA, str(e))
     if isinstance(e, CheckpointMismatch):  # resuming another model, tokenizer or corpus: final, never a fresh start
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
-        return e.exit_status
+        return refused(cfg, e.exit_status, f"refusing to resume: {e}")
     if isinstance(e, ScratchFull):  # the supervisor makes room or waits for it; a restart now would only repeat
         return scratch_full(cfg, e, step)
     return crashed(cfg, e, dist, step)  # any other crash: its traceback to the log, a restartable exit status
+
+
+def refused(cfg: RunConfig, status: int, words: str) -> int:
+    """A final refusal (a config or data error), whole, for the supervisor (fault.json, kind "refused"): the
+    attempt log's last lines are only its end, a [model] block to paste without the sentence that says why."""
+    try:
+        write_fault(cfg.run_dir, "refused", words, exit=status)
+    except OSError:
+        pass  # run.dir unwritable or full: the supervisor reads the attempt log instead
+    return status
 
 
 def scratch_full(cfg: RunConfig, e, step: int) -> int:
