@@ -46,7 +46,6 @@ from minilmd.daemon.base.states import (
     FINAL_PHASES,
     FIRST_HEARTBEAT,
     Action,
-    Cause,
     Phase,
     check_start,
     check_transition,
@@ -377,8 +376,7 @@ class Supervisor(Ending):
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
         if self.phase == Phase.STOPPING:
             return  # _tick_stopping goes on with the last sync
-        if self.room.still_full(self.phase, death.cause) and death.cause != Cause.DONE \
-                and not self.loop.stop_requested:
+        if self.room.still_full(self.phase, death.cause) and not self.loop.stop_requested:
             self.state.record_error(f"{death.cause}: {death.detail}")
             self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
             return

@@ -42,7 +42,8 @@ def test_a_memory_cgroup_oom_kill_is_classified_as_such_and_survived(tmp_path, c
 def test_an_oom_kill_counted_in_the_group_the_dying_child_left_is_still_seen(tmp_path, memory_cgroup):
     """Under cgroup v1 a process the OOM killer has taken shows the root memory cgroup while it exits: a supervisor
     tick that reads its cgroup then must not forget the group that counted the kill."""
-    from minilmd.daemon.child.process import classify, launch, oom_counter_file
+    from minilmd.daemon.child.oomevidence import oom_counter_file
+    from minilmd.daemon.child.process import classify, launch
 
     group = memory_cgroup("64m")
     go = tmp_path / "go"
@@ -71,7 +72,8 @@ def test_the_hierarchy_root_a_child_is_seen_in_later_is_not_watched(tmp_path, me
     """The root of the memory hierarchy as mounted (in a container, the container's own group) counts the OOM kills
     of every group below it: a child first seen in its own group and later in the root (as a dying v1 process shows)
     must not have its SIGKILL read as an OOM kill because another run's group below the root had one."""
-    from minilmd.daemon.child.process import HIERARCHY_ROOTS, launch, oom_counter_file
+    from minilmd.daemon.child.oomevidence import HIERARCHY_ROOTS, oom_counter_file
+    from minilmd.daemon.child.process import launch
 
     root_procs = next((r / "cgroup.procs" for r in HIERARCHY_ROOTS if (r / "memory.oom_control").exists()), None)
     if root_procs is None:

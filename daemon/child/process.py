@@ -26,6 +26,13 @@ from minilmd import compile_cache as compile_cache_env
 from minilmd import names, procs, protocol, pychild, threads
 from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
+from minilmd.daemon.child.oomevidence import (
+    HIERARCHY_ROOTS,
+    kernel_log_oom,
+    oom_counter_file,
+    oom_kills_after,
+    read_oom_kills,
+)
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable, clipped
@@ -334,7 +341,7 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
     (faults-fired) names itself; a readable kernel log without a record of the pid says it was not the OOM killer
     (a hand-sent kill, a scheduler); with nothing readable it says that it cannot be told."""
     stayed = []
-    for counter, after in _oom_kills_after(child.cgroup_oom).items():
+    for counter, after in oom_kills_after(child.cgroup_oom).items():
         before = child.cgroup_oom[counter]
         if after is not None and after > before:
             return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
@@ -342,7 +349,7 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
         if after is not None:
             stayed.append(f"{after} ({counter})")
     counter_words = f"the memory cgroup's oom_kill counter stayed at {', '.join(stayed)}" if stayed else ""
-    in_log = _kernel_log_oom(child.pid, child.started)
+    in_log = kernel_log_oom(child.pid, child.started)
     if in_log:
         return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
     if child.killed_by:  # the supervisor's own SIGKILL, no OOM kill before it
@@ -423,83 +430,3 @@ def _torchrun_worker_signal(log_path: Path) -> int | None:
         return None
     m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
     return int(m[-1]) if m else None
-
-
-HIERARCHY_ROOTS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
-"""The memory cgroup hierarchies' roots as mounted: a counter there (in a container, the container's own group)
-counts the OOM kills of every group below it, so a child seen there only while it dies is not watched through it."""
-
-
-def oom_counter_file(pid: int) -> Path | None:
-    """The file whose `oom_kill N` line counts OOM kills in the process's memory cgroup (v2 or v1)."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if "memory" in controllers.split(","):
-            candidate = Path("/sys/fs/cgroup/memory") / rel / "memory.oom_control"
-            if candidate.exists():
-                return candidate
-        if controllers == "":
-            for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-                candidate = base / rel / "memory.events"
-                if candidate.exists():
-                    return candidate
-    return None
-
-
-def read_oom_kills(counter: Path) -> int | None:
-    try:
-        for line in counter.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-OOM_COUNTER_LAG_S = 1.0
-"""How long a dead child's cgroup oom_kill counter is re-read before it counts as not risen: the kernel signals the
-victim before it counts the kill, and a supervisor can reap the victim in between."""
-
-
-def _oom_kills_after(before: dict[Path, int]) -> dict[Path, int | None]:
-    """Each counter's value now, re-read for up to OOM_COUNTER_LAG_S until one has risen."""
-    deadline = time.monotonic() + OOM_COUNTER_LAG_S
-    while True:
-        after = {counter: read_oom_kills(counter) for counter in before}
-        risen = any(value is not None and value > before[counter] for counter, value in after.items())
-        if risen or all(value is None for value in after.values()) or time.monotonic() >= deadline:
-            return after
-        time.sleep(0.05)
-
-
-KERNEL_LOG_SLACK_S = 5.0
-"""How long before the child's start a kernel log record still counts as of it: printk's clock and CLOCK_MONOTONIC
-agree to far less, and no pid is handed out again within it."""
-_STAMP = re.compile(r"\[\s*(\d+(?:\.\d+)?)\]")
-
-
-def _kernel_log_oom(pid: int, started: float) -> bool | None:
-    """Whether the kernel log records the OOM killer taking `pid` since the child started (`started`: its wall-clock
-    start); None when it cannot be read (dmesg missing, or refused: kernel.dmesg_restrict) or its records carry no
-    time. Only records stamped after the start count: a pid is used again, and the log keeps an OOM kill of an
-    earlier process of the same pid for as long as the machine runs (the CI's second Ctrl-C test was called OOM-killed
-    by the record of another test's child of that pid, 23 minutes older)."""
-    try:
-        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
-        return None
-    since = time.monotonic() - (time.time() - started) - KERNEL_LOG_SLACK_S  # the start, in the log's seconds
-    named = re.compile(rf"Killed process {pid}\b|oom-kill:.*pid={pid}\b")
-    lines = done.stdout.splitlines()
-    stamped = [(float(m[1]), line) for line in lines if (m := _STAMP.match(line))]
-    if lines and not stamped:
-        return None
-    return any(at >= since and named.search(line) for at, line in stamped)

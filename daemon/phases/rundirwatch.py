@@ -139,12 +139,12 @@ class RunDirWatch:
     def still_full(self, phase, ended: Cause | None = None) -> bool:
         """Whether run.dir is full now: the state is written once more to find out. A trainer that `ended` for a
         full run.dir (exit 73, saved first) is believed even when state.json still fits: launched again, it would
-        find it full at its first writes, and stop again."""
+        find it full at its first writes, and stop again. A trainer that finished needs no relaunch: False."""
         self.save()
         self.watch(phase)
         if ended == Cause.RUN_DIR_FULL and self.full is None:
             self.full = "the trainer found no room for its metrics, heartbeat or log"
-        return self.full is not None
+        return self.full is not None and ended != Cause.DONE
 
     def stop(self, what: str, error: OSError | None = None) -> str:
         """No trainer can run without its run directory (heartbeat, metrics, log): the reason to stop after the last

@@ -1,0 +1,89 @@
+"""The evidence that a SIGKILLed trainer was the OOM killer's (daemon/child/process.py `_sigkill_death` asks): the
+child's memory cgroup counter of OOM kills, read before and after its death, and the kernel log's records of the
+OOM killer taking its pid since it started. Torch-free.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+HIERARCHY_ROOTS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+"""The memory cgroup hierarchies' roots as mounted: a counter there (in a container, the container's own group)
+counts the OOM kills of every group below it, so a child seen there only while it dies is not watched through it."""
+
+
+def oom_counter_file(pid: int) -> Path | None:
+    """The file whose `oom_kill N` line counts OOM kills in the process's memory cgroup (v2 or v1)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / rel / "memory.oom_control"
+            if candidate.exists():
+                return candidate
+        if controllers == "":
+            for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                candidate = base / rel / "memory.events"
+                if candidate.exists():
+                    return candidate
+    return None
+
+
+def read_oom_kills(counter: Path) -> int | None:
+    try:
+        for line in counter.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+OOM_COUNTER_LAG_S = 1.0
+"""How long a dead child's cgroup oom_kill counter is re-read before it counts as not risen: the kernel signals the
+victim before it counts the kill, and a supervisor can reap the victim in between."""
+
+
+def oom_kills_after(before: dict[Path, int]) -> dict[Path, int | None]:
+    """Each counter's value now, re-read for up to OOM_COUNTER_LAG_S until one has risen."""
+    deadline = time.monotonic() + OOM_COUNTER_LAG_S
+    while True:
+        after = {counter: read_oom_kills(counter) for counter in before}
+        risen = any(value is not None and value > before[counter] for counter, value in after.items())
+        if risen or all(value is None for value in after.values()) or time.monotonic() >= deadline:
+            return after
+        time.sleep(0.05)
+
+
+KERNEL_LOG_SLACK_S = 5.0
+"""How long before the child's start a kernel log record still counts as of it: printk's clock and CLOCK_MONOTONIC
+agree to far less, and no pid is handed out again within it."""
+_STAMP = re.compile(r"\[\s*(\d+(?:\.\d+)?)\]")
+
+
+def kernel_log_oom(pid: int, started: float) -> bool | None:
+    """Whether the kernel log records the OOM killer taking `pid` since the child started (`started`: its wall-clock
+    start); None when it cannot be read (dmesg missing, or refused: kernel.dmesg_restrict) or its records carry no
+    time. Only records stamped after the start count: a pid is used again, and the log keeps an OOM kill of an
+    earlier process of the same pid for as long as the machine runs (the CI's second Ctrl-C test was called OOM-killed
+    by the record of another test's child of that pid, 23 minutes older)."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    since = time.monotonic() - (time.time() - started) - KERNEL_LOG_SLACK_S  # the start, in the log's seconds
+    named = re.compile(rf"Killed process {pid}\b|oom-kill:.*pid={pid}\b")
+    lines = done.stdout.splitlines()
+    stamped = [(float(m[1]), line) for line in lines if (m := _STAMP.match(line))]
+    if lines and not stamped:
+        return None
+    return any(at >= since and named.search(line) for at, line in stamped)
