@@ -304,18 +304,23 @@ DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from rand
                     "reference that is the same random model; set init.from to the SFT run's config or run directory")
 """`run --check`'s note and the trainer's warning (trainer/loop/dpo_reference.py) of DPO without init.from: never a
 real stage, but how tiny tests exercise the objective, so not refused."""
+WITHOUT_INIT = {"dpo": DPO_WITHOUT_INIT, "chat": "no [init] from on a chat corpus: this run trains SFT from randomly "
+                "initialised weights, a model that has learnt no language first; set init.from to the pretraining "
+                "run's config or run directory (a pretraining corpus is one of `minilmd prepare --format text`)"}
+"""The note of a fine-tuning stage's corpus without init.from (user6 #11: a pretraining config pointed at the SFT
+corpus trained SFT from random weights in silence), by the corpus's data_format."""
 
 
 def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
-    stage ignores (ignored_settings), DPO without init.from (from random weights), a corpus of another user's
+    stage ignores (ignored_settings), DPO or SFT without init.from (from random weights), a corpus of another user's
     (corpus_meta.owner_note), and what init.from's checkpoint records (init_notes). A corpus or a source that
     cannot be read now gives no note: the checks say it."""
     meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
-    if data_format == "dpo" and not cfg.init.from_:
-        notes.append(DPO_WITHOUT_INIT)
+    if not cfg.init.from_ and (without := WITHOUT_INIT.get(data_format)):
+        notes.append(without)  # a fine-tuning stage from random weights
     if owner := bounded_probe(owner_note, cfg.data.prepared, meta)[1]:  # another user's corpus: said, not refused
         notes.append(owner)
     return notes + _bounded_init_notes(cfg, meta)
