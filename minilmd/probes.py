@@ -63,6 +63,7 @@ from minilmd.path_checks import (
     remote_problems,
     textfile_problems,
 )
+from minilmd.raw_corpus import prepare_hint
 from minilmd.rowcount import kind_of_rows, pairs_fit, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
@@ -179,8 +180,9 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
                 f"prepare` first"], absent
     if found.place is Place.UNREADABLE:
         return [], absent
-    if found.place is Place.NOT_A_DIRECTORY:
-        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"], ""
+    if found.place is Place.NOT_A_DIRECTORY:  # a raw corpus given as the prepared one: the command to run said
+        hint = prepare_hint(prepared, cfg.train.seq_len)
+        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`{hint and '; ' + hint}"], ""
     if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
         return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
     read = read_corpus_meta(prepared)
