@@ -52,6 +52,14 @@ def test_a_chat_corpus_counts_its_rows_as_conversations_and_its_tokens_as_positi
                            "(train.max_epochs = 2)"), line
 
 
+def test_a_preference_corpus_counts_pairs_and_each_sides_positions(tmp_path):
+    cfg = config(tmp_path, max_steps=10)
+    dpo = {"data_format": "dpo", "splits": {"train": {"documents": 2_000, "tokens": 600_000}}}
+    # 1,000 pairs in 62 full buckets of 16: 992 pairs an epoch; 10 x 64 = 640 pairs = 0.65 epochs
+    assert budget_line(cfg, planned(cfg, dpo)).startswith(
+        "budget: 10 steps x 64 pairs x 512 tokens = 327,680 token positions a side = 0.65 epochs of train")
+
+
 def test_an_epoch_budget_of_a_corpus_not_readable_here_is_said_uncounted(tmp_path):
     only = config(tmp_path, max_epochs=2.0)
     assert planned(only, {}) is None

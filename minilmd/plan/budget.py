@@ -134,9 +134,11 @@ def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) 
     if plan is None:
         return (f"budget: train.max_epochs = {t.max_epochs:g} of {cfg.data.prepared}, whose size is not readable "
                 f"here: the trainer counts the steps once the corpus is staged")
-    windows = plan.epoch is None or plan.epoch.kind == "windows"  # else rows are documents: padding counted
-    line = (f"budget: {plan.steps:,} steps x {plan.global_batch:,} rows x {plan.seq_len:,} tokens = "
-            f"{_count(plan.rows * plan.seq_len)} {'tokens' if windows else 'token positions'}")
+    kind = plan.epoch.kind if plan.epoch else "windows"  # rows of documents count their padding; a pair, each side
+    rows, positions = {"windows": ("rows", "tokens"), "pairs": ("pairs", "token positions a side")}.get(
+        kind, ("rows", "token positions"))
+    line = (f"budget: {plan.steps:,} steps x {plan.global_batch:,} {rows} x {plan.seq_len:,} tokens = "
+            f"{_count(plan.rows * plan.seq_len)} {positions}")
     if plan.epochs is not None:
         line += f" = {plan.epochs:,.2f} epochs of train"
     binds = next(key for key, steps in plan.limits.items() if steps == plan.steps)
