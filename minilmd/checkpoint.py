@@ -44,6 +44,7 @@ from minilmd.checkpoint_expect import (  # noqa: F401  (the errors: every reader
     Expectation,
     check_expectation,
 )
+from minilmd.corpus_meta import CORPUS_SUMMARY
 from minilmd.fsio import file_entry_problems, sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
@@ -184,6 +185,17 @@ class Validated:
     `tokenizer_config` is None though listed)."""
     listed: frozenset[str] = frozenset()
     """Every file name the validated manifest lists (a DPO run's checkpoint lists its reference sums)."""
+
+    @property
+    def trained_on_conversations(self) -> bool:
+        """Whether the run trained on a chat or preference corpus (SFT, DPO): the data format of the corpus it records
+        (corpus_meta.corpus_summary), else, for a checkpoint older than that record, its chat template (a text
+        corpus's checkpoints never carry one). `minilmd sample` without --chat says --chat of such a model."""
+        recorded = self.state.get(CORPUS_SUMMARY)
+        data_format = recorded.get("data_format") if isinstance(recorded, dict) else None
+        if data_format in ("text", "chat", "dpo"):
+            return data_format != "text"
+        return self.tokenizer_config is not None
 
     def without_weights(self) -> Validated:
         """This validation once its weights are loaded: what a loader keeps and hands on (the trainer_state, the

@@ -22,6 +22,7 @@ from minilmd.config_sections import (
     RunConfig,
     parse_duration,
 )
+from minilmd.fmt import fmt_duration
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes, parameter_count
 
 TrainTokens = Callable[[str], "int | None"]
@@ -360,7 +361,7 @@ def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
              f"{per_step:,} tokens"]
     if train_tokens:
         lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) at the reference run's "
-                     f"measured 3,700 tok/s takes {train_tokens / 3700 / 3600:.1f} h, so an unlimited default would "
+                     f"measured 3,700 tok/s takes {fmt_duration(train_tokens / 3700)}, so an unlimited default would "
                      f"silently mean that")
     else:
         lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "

@@ -63,6 +63,7 @@ from minilmd.path_checks import (
     remote_problems,
     textfile_problems,
 )
+from minilmd.raw_corpus import prepare_hint
 from minilmd.rowcount import kind_of_rows, pairs_fit, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
@@ -186,8 +187,9 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
                 f"prepare` first"], absent
     if found.place is Place.UNREADABLE:
         return [], absent
-    if found.place is Place.NOT_A_DIRECTORY:
-        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"], ""
+    if found.place is Place.NOT_A_DIRECTORY:  # a raw corpus given as the prepared one: the command to run said
+        hint = prepare_hint(prepared, cfg.train.seq_len)
+        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`{hint and '; ' + hint}"], ""
     if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
         return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
     read = read_corpus_meta(prepared)
@@ -311,18 +313,23 @@ DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from rand
                     "reference that is the same random model; set init.from to the SFT run's config or run directory")
 """`run --check`'s note and the trainer's warning (trainer/loop/dpo_reference.py) of DPO without init.from: never a
 real stage, but how tiny tests exercise the objective, so not refused."""
+WITHOUT_INIT = {"dpo": DPO_WITHOUT_INIT, "chat": "no [init] from on a chat corpus: this run trains SFT from randomly "
+                "initialised weights, a model that has learnt no language first; set init.from to the pretraining "
+                "run's config or run directory (a pretraining corpus is one of `minilmd prepare --format text`)"}
+"""The note of a fine-tuning stage's corpus without init.from (user6 #11: a pretraining config pointed at the SFT
+corpus trained SFT from random weights in silence), by the corpus's data_format."""
 
 
 def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
-    stage ignores (ignored_settings), DPO without init.from (from random weights), a corpus of another user's
+    stage ignores (ignored_settings), DPO or SFT without init.from (from random weights), a corpus of another user's
     (corpus_meta.owner_note), and what init.from's checkpoint records (init_notes). A corpus or a source that
     cannot be read now gives no note: the checks say it."""
     meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
-    if data_format == "dpo" and not cfg.init.from_:
-        notes.append(DPO_WITHOUT_INIT)
+    if not cfg.init.from_ and (without := WITHOUT_INIT.get(data_format)):
+        notes.append(without)  # a fine-tuning stage from random weights
     if owner := bounded_probe(owner_note, cfg.data.prepared, meta)[1]:  # another user's corpus: said, not refused
         notes.append(owner)
     return notes + _bounded_init_notes(cfg, meta)

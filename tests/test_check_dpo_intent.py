@@ -190,3 +190,11 @@ def test_dpo_at_its_defaults_on_a_chat_corpus_is_said_after_sft_and_a_copy_of_th
     assert "has no effect" not in said, said  # said once
     (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: SFT, a copy of the example
     assert "[dpo]" not in _check(config)
+
+
+def test_sft_without_init_from_is_said_as_dpo_without_it_is(tmp_path, corpus, chat_corpus):
+    """user6 #11: a pretraining config pointed at the SFT corpus, no init.from, trained SFT from random weights; only
+    `lr 1e-05 (SFT default ...)` hinted at it. A text corpus without init.from is pretraining: nothing said."""
+    said = _check(write_config(tmp_path, chat_corpus, name="sft-scratch"))
+    assert "note: no [init] from on a chat corpus: this run trains SFT from randomly initialised weights" in said, said
+    assert "no [init] from" not in _check(write_config(tmp_path, corpus, name="pretrain"))

@@ -73,7 +73,7 @@ def test_missing_budget_shows_the_arithmetic(tmp_path):
         checked_from_dict(raw)
     msg = str(err.value)
     assert "10,880 tokens" in msg  # 340 x 32 x 1 x 1
-    assert "332,495,324 train tokens" in msg and "25.0 h" in msg
+    assert "332,495,324 train tokens" in msg and "takes 25.0h," in msg
     assert "steps" not in msg.split("tokens;")[-1]  # an epoch's steps are the plan's (tests/test_plan_counts.py)
 
 

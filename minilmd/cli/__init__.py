@@ -11,6 +11,8 @@ modules import only typer (and the stdlib) at module level. `python -m minilmd.c
 """
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from minilmd.cli import bench, data, run, tokenizer, trainer, views
@@ -23,6 +25,18 @@ for group in (data, trainer, run, views):
 app.add_typer(tokenizer.tokenizer_app, name="tokenizer")
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(data.corpus_app, name="corpus")
+
+
+def unwrapped(doc: str) -> str:
+    """A command's docstring as --help shows it: its paragraphs kept, the source's line breaks within each joined.
+    Rich wraps a paragraph at the terminal's width and keeps its line breaks too, so a docstring wrapped at 120
+    columns came out ragged at 80 ("could not set up the run directory,", then a new line)."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for commands in (app, tokenizer.tokenizer_app, bench.bench_app, data.corpus_app):
+    for info in commands.registered_commands:
+        info.help = unwrapped(info.help or inspect.getdoc(info.callback) or "")
 
 
 def main() -> None:

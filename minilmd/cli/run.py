@@ -1,6 +1,8 @@
 """`minilmd run`: the supervisor in the foreground, or `run --check`, what a launch would check."""
 from __future__ import annotations
 
+import functools
+
 import typer
 
 commands = typer.Typer()
@@ -57,13 +59,15 @@ def run_command(
             raise typer.Exit(SUPERVISOR_CONFIG) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         from minilmd.corpus_meta import read_corpus_meta
-        from minilmd.plan.budget import lr_line
+        from minilmd.plan.budget import budget_line, lr_line, planned
 
         meta = read_corpus_meta(cfg.data.prepared) if cfg.data.prepared else None  # once, for every line below
         typer.echo(lr_line(cfg, meta))  # the rate the trainer will run at, and where it comes from
+        plan = functools.cache(lambda: planned(cfg, meta))  # meta.json as --check read it (None: read here, once)
+        typer.echo(budget_line(cfg, plan(), measured_rate(cfg)))  # steps, tokens, epochs, which budget binds
         for line in waits:
             typer.echo(f"waits: {line}")
-        for line in _notes(cfg, claim_remote, meta):
+        for line in _notes(cfg, plan, claim_remote):
             typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
@@ -107,7 +111,7 @@ def _init_wait(cfg, resumes: bool = False) -> str:
     return predecessor_outcome(pred)[1] if pred is not None else ""
 
 
-def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[str]:
+def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
     memory_fit), train on some preference pairs nothing (train.seq_len cuts
@@ -116,7 +120,8 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
     (under 4 MiB free: daemon/phases/rundirwatch.py room_note), fill run.remote (room for fewer than sync.keep + 1
     checkpoints: daemon/jobs/remote_room.py), keep its checkpoints only in
     scratch (no run.remote), make a private scratch root (another user took the default's: minilmd/scratch_root.py),
-    take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
+    take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py).
+    `plan()`: the budget's plan (budget.planned), for the checkpoint and time notes."""
     from minilmd.daemon.host.gpu import cpu_fallback
     from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
@@ -140,11 +145,6 @@ def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[st
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
                      f"on persistent storage to keep a copy")
-    import functools
-
-    from minilmd.plan.budget import planned
-
-    plan = functools.cache(lambda: planned(cfg, meta))  # meta.json as --check read it (None: read here, once)
     return notes + _checkpoint_note(cfg, plan) + _time_notes(cfg, plan)
 
 
@@ -162,34 +162,42 @@ def _checkpoint_note(cfg, plan) -> list[str]:
 YEAR_S = 365 * 86400.0
 
 
-def _time_notes(cfg, plan) -> list[str]:
-    """What the budget's steps left (`plan()`: budget.planned) take at the rate this run directory last measured
-    (state.json's tok/s, an earlier launch's): a note when that is years (a budget mistyped), and one when
-    sync.every is longer than that (no sync comes before the last, at the end). [] without a measured rate: a fresh
-    run has no estimate."""
+def measured_rate(cfg):
+    """The speed this run directory's earlier launch measured (state.json's progress: tok/s, at its step, after its
+    tokens), as budget.Rate; None when none was (a fresh run), or not as numbers (another hand's state.json)."""
     import math
 
     from minilmd.daemon.base.runstate import read_state
-    from minilmd.fmt import fmt_duration
-    from minilmd.plan.budget import as_trained
+    from minilmd.plan.budget import Rate
 
     progress = (read_state(cfg.run_dir) or {}).get("progress")
     progress = progress if isinstance(progress, dict) else {}
-    tok_s, step = progress.get("tok_s"), progress.get("step")
+    tok_s, step, seen = progress.get("tok_s"), progress.get("step"), progress.get("tokens_seen")
     if not isinstance(tok_s, (int, float)) or isinstance(tok_s, bool) or not 0 < tok_s < math.inf:
+        return None
+    return Rate(float(tok_s), step if type(step) is int else 0, seen if type(seen) is int and seen > 0 else None)
+
+
+def _time_notes(cfg, plan) -> list[str]:
+    """What the budget's steps left (`plan()`: budget.planned) take at the rate this run directory last measured
+    (measured_rate; budget.time_left): a note when that is years (a budget mistyped), and one when sync.every is
+    longer than that (no sync comes before the last, at the end). [] without a measured rate: a fresh run has no
+    estimate."""
+    from minilmd.fmt import fmt_duration
+    from minilmd.plan.budget import time_left
+
+    if (rate := measured_rate(cfg)) is None:
         return []  # none measured, or not a number: another hand's state.json
-    if (planned := plan()) is None:
-        return []  # an epoch budget of a corpus that does not say its size
-    left = planned.steps - (step if type(step) is int else 0)
-    if left <= 0:
-        return []  # finished: nothing left to time
-    eta = left * planned.global_batch * as_trained(cfg).train.seq_len / tok_s
-    rate = f"at the {tok_s:,.0f} tok/s this run last measured"
+    if (planned := plan()) is None or (left_eta := time_left(planned, rate)) is None:
+        return []  # an epoch budget of a corpus that does not say its size; or finished: nothing left to time
+    left, eta = left_eta
+    rate_said = f"at the {rate.tok_s:,.0f} tok/s this run last measured"
     notes = []
     if eta >= YEAR_S:
-        notes.append(f"the budget's {left:,} steps left take {eta / YEAR_S:,.0f} years {rate}: is train.max_steps, "
-                     f"max_tokens or max_epochs what you meant?")
+        notes.append(f"the budget's {left:,} steps left take {eta / YEAR_S:,.0f} years {rate_said}: is "
+                     f"train.max_steps, max_tokens or max_epochs what you meant?")
     if cfg.run.remote and cfg.sync.every_s > eta:
-        notes.append(f"sync.every = {cfg.sync.every!r} is longer than the run takes ({fmt_duration(eta)} {rate}): "
-                     f"no sync comes before the last one, at its end; until then its checkpoints are only in scratch")
+        notes.append(f"sync.every = {cfg.sync.every!r} is longer than the run takes ({fmt_duration(eta)} "
+                     f"{rate_said}): no sync comes before the last one, at its end; until then its checkpoints are "
+                     f"only in scratch")
     return notes

@@ -115,14 +115,17 @@ def sample(
                 [{"role": "user", "content": prompt}]
             typer.echo(shown(session.reply(messages)))  # "(empty reply)" rather than nothing
             return
-        text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
-                           seed, device, lora or None, no_lora)
+        text, chat_model = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p,
+                                       top_k, seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
     from minilmd.untrusted import printable
 
     typer.echo(printable(prompt + text, lines=True))  # a tokenizer from elsewhere may decode to terminal escapes
+    if chat_model:  # a raw continuation of a chat model's prompt reads as noise: say how it is asked
+        typer.echo("minilmd sample: note: this model was trained on conversations (SFT or DPO): pass --chat to give "
+                   "--prompt as a user message in its chat template and print its reply alone", err=True)
 
 
 @commands.command("chat")

@@ -1,5 +1,6 @@
 """How many steps a run's budget allows, and what they train: the rule the trainer runs by (`total_steps_for_budget`)
-and the figures `run --check` (update_share.py) and `corpus report --config` print from it (`planned`).
+and the figures `run --check` (its budget line, `budget_line`; update_share.py) and `corpus report --config` print
+from it (`planned`).
 
 The config as the trainer will run it comes first: the defaults of the corpus's stage (minilmd/config.py,
 stage_defaults: SFT's on a chat corpus, DPO's on a preference corpus), which the trainer applies once it has opened
@@ -9,31 +10,39 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, stage_defaults
 from minilmd.config_values import no_budget
 from minilmd.corpus_meta import meta_value, read_corpus_meta
+from minilmd.fmt import fmt_duration
 from minilmd.plan.epoch import Epoch, corpus_epoch
 from minilmd.rowcount import steps_for_rows
 
 
-def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
-    """max_steps, ceil(max_tokens / tokens per step), ceil(max_epochs * rows per epoch / rows per step); with
-    several, whichever ends first."""
+def budget_steps(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> dict[str, int]:
+    """Each budget the config sets, in steps, by its key: max_steps; ceil(max_tokens / tokens
+    per step); max_epochs x rows per epoch / rows per step, a started step counted (rowcount.steps_for_rows), only
+    when `rows_per_epoch` is known."""
     t = cfg.train
-    budgets = []
+    budgets = {}
     if t.max_steps:
-        budgets.append(t.max_steps)
+        budgets["train.max_steps"] = t.max_steps
     if t.max_tokens:
-        budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
+        budgets["train.max_tokens"] = math.ceil(t.max_tokens / (global_batch * t.seq_len))
     if t.max_epochs and rows_per_epoch:
-        budgets.append(steps_for_rows(rows_per_epoch, global_batch, t.max_epochs))
+        budgets["train.max_epochs"] = steps_for_rows(rows_per_epoch, global_batch, t.max_epochs)
+    return budgets
+
+
+def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
+    """The steps the run trains: of its budgets (budget_steps), whichever ends first."""
+    budgets = budget_steps(cfg, global_batch, rows_per_epoch)
     if not budgets:
         raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
                           cfg.source)
-    return min(budgets)
+    return min(budgets.values())
 
 
 def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
@@ -72,13 +81,16 @@ def lr_line(cfg: RunConfig, meta: dict | None = None) -> str:
 
 @dataclass(frozen=True)
 class Planned:
-    """What a run's budget trains: `steps` of `global_batch` rows, and the `epoch` they are cut from (None when the
-    corpus does not tell, then an epoch budget cannot be counted), at the peak rate `lr` (as_trained's)."""
+    """What a run's budget trains: `steps` of `global_batch` rows of up to `seq_len` tokens, and the `epoch` they
+    are cut from (None when the corpus does not tell, then an epoch budget cannot be counted), at the peak rate `lr`
+    (as_trained's); `limits`: each budget set, in steps (budget_steps), the least of which is `steps`."""
 
     steps: int
     global_batch: int
     epoch: Epoch | None
     lr: float
+    seq_len: int = 0
+    limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -92,6 +104,66 @@ class Planned:
     @property
     def epochs(self) -> float | None:
         return self.rows / self.epoch.rows if self.epoch and self.epoch.rows else None
+
+
+@dataclass(frozen=True)
+class Rate:
+    """The speed a run directory's earlier launch measured (state.json's progress): `tok_s` real tokens a second
+    (minilmd/metrics.py) at `step`, after `tokens_seen` real tokens (None: not recorded)."""
+
+    tok_s: float
+    step: int = 0
+    tokens_seen: int | None = None
+
+
+def time_left(plan: Planned, rate: Rate) -> tuple[int, float] | None:
+    """(Steps left, their seconds) at `rate`, a step's tokens as that run trained them (tokens_seen / step: real
+    tokens, as tok_s counts; else the step's global_batch x seq_len); None when no step is left."""
+    left = plan.steps - rate.step
+    if left <= 0:
+        return None
+    per_step = rate.tokens_seen / rate.step if rate.tokens_seen and rate.step > 0 else plan.global_batch * plan.seq_len
+    return left, left * per_step / rate.tok_s
+
+
+def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) -> str:
+    """What `run --check` says of the budget: its steps, rows and tokens, the epochs of train they are, which
+    budget binds when several are set (and what each other would be), and the time they take at a rate this run
+    directory measured before (none before a run has: no figure is guessed)."""
+    t = cfg.train
+    if plan is None:
+        return (f"budget: train.max_epochs = {t.max_epochs:g} of {cfg.data.prepared}, whose size is not readable "
+                f"here: the trainer counts the steps once the corpus is staged")
+    kind = plan.epoch.kind if plan.epoch else "windows"  # rows of documents count their padding; a pair, each side
+    rows, positions = {"windows": ("rows", "tokens"), "pairs": ("pairs", "token positions a side")}.get(
+        kind, ("rows", "token positions"))
+    line = (f"budget: {plan.steps:,} steps x {plan.global_batch:,} {rows} x {plan.seq_len:,} tokens = "
+            f"{_count(plan.rows * plan.seq_len)} {positions}")
+    if plan.epochs is not None:
+        line += f" = {plan.epochs:,.2f} epochs of train"
+    binds = next(key for key, steps in plan.limits.items() if steps == plan.steps)
+    others = [f"{_setting(cfg, key)} would be {steps:,} steps" for key, steps in plan.limits.items() if key != binds]
+    if t.max_epochs and "train.max_epochs" not in plan.limits:
+        others.append(f"{_setting(cfg, 'train.max_epochs')} is not counted: the corpus's size is not readable here")
+    line += f" ({binds} binds; {'; '.join(others)})" if others else f" ({_setting(cfg, binds)})"
+    if rate is None:
+        return line + "; no time estimate before a launch has measured this run's speed (status gives its ETA)"
+    if (left := time_left(plan, rate)) is None:
+        return line + "; none of it is left"
+    done = f"the {left[0]:,} steps left" if rate.step > 0 else "all of it"
+    return line + f"; {done} take about {fmt_duration(left[1])} at the {rate.tok_s:,.0f} tok/s this run last measured"
+
+
+def _setting(cfg: RunConfig, key: str) -> str:
+    value = getattr(cfg.train, key.split(".")[1])
+    return f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value:,}"
+
+
+def _count(n: int) -> str:
+    """A token count as a person reads it: 39.3 M, 1.25 B, or in full below a million."""
+    if n >= 10**9:
+        return f"{n / 1e9:,.2f} B"
+    return f"{n / 1e6:.1f} M" if n >= 10**6 else f"{n:,}"
 
 
 def epoch_without_budget(cfg: RunConfig) -> list[str]:
@@ -118,8 +190,7 @@ def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | Non
     cfg = as_trained(cfg, meta)
     global_batch = cfg.train.global_batch(cfg.world_size)
     epoch = corpus_epoch(cfg, meta, prepared)
-    try:
-        steps = total_steps_for_budget(cfg, global_batch, epoch.rows if epoch else None)
-    except ConfigError:
+    limits = budget_steps(cfg, global_batch, epoch.rows if epoch else None)
+    if not limits:
         return None
-    return Planned(steps, global_batch, epoch, cfg.train.lr)
+    return Planned(min(limits.values()), global_batch, epoch, cfg.train.lr, cfg.train.seq_len, limits)

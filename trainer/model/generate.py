@@ -74,8 +74,10 @@ def generate(model: MiniMindForCausalLM, ids: torch.Tensor | list[int], max_new_
 
 def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | None = None,
                 max_new_tokens: int = 128, temperature: float = 0.85, top_p: float = 0.85, top_k: int = 50,
-                seed: int | None = None, device: str = "auto", lora: str | None = None, no_lora: bool = False) -> str:
-    """The continuation of BOS + prompt by the model of a checkpoint, decoded (prompt not repeated)."""
+                seed: int | None = None, device: str = "auto", lora: str | None = None,
+                no_lora: bool = False) -> tuple[str, bool]:
+    """The continuation of BOS + prompt by the model of a checkpoint, decoded (prompt not repeated), and whether
+    that model was trained on conversations (Validated.trained_on_conversations: then `sample --chat` is said)."""
     from tokenizers import Tokenizer
 
     from minilmd.trainer.model.export import find_tokenizer, load_model
@@ -95,4 +97,4 @@ def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | Non
     new = out[0, len(prompt_ids):].tolist()
     if EOS_ID in new:
         new = new[:new.index(EOS_ID)]
-    return tok.decode(new, skip_special_tokens=True)
+    return tok.decode(new, skip_special_tokens=True), loaded.trained_on_conversations

@@ -8,9 +8,7 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePath
 
-CHAT_KEYS = ("conversations", "messages")
-"""What a line of chat data holds (MiniMind's "conversations", the OpenAI style's "messages")."""
-DPO_KEYS = ("chosen", "rejected")
+from minilmd.raw_corpus import CHAT_KEYS, DPO_KEYS  # the keys a format is told by, beside run --check's own guess
 
 LINE_OF = {"text": "text_line", "chat": "chat_line", "dpo": "dpo_line"}
 """The bad-line reason of a line of that format given to a reader of another."""

@@ -1,0 +1,62 @@
+"""A raw corpus given as data.prepared (user6 #11: `not a directory (a regular file); not an output of minilmd
+prepare`, and no more) is told the prepare command to run, its --format from the file's first line as prepare's
+readers tell formats apart (minilmd/raw_corpus.py); a .txt or .parquet is told to become JSON lines first. The
+file is read as untrusted: no link followed, no FIFO opened."""
+from __future__ import annotations
+
+import json
+import os
+
+from typer.testing import CliRunner
+
+from minilmd.cli import app
+from minilmd.raw_corpus import prepare_hint
+
+CHAT = {"conversations": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好！"}]}
+
+
+def test_a_jsonl_is_told_the_prepare_command_with_the_format_its_first_line_is_of(tmp_path):
+    for name, line, fmt in [("sft.jsonl", CHAT, "chat"), ("pairs.jsonl", {"chosen": [], "rejected": []}, "dpo"),
+                            ("pt.jsonl", {"text": "人民日报"}, "text")]:
+        (tmp_path / name).write_text("\n" + json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
+        stem = tmp_path / name.removesuffix(".jsonl")
+        assert prepare_hint(str(tmp_path / name), 512) == (
+            f"a raw corpus: run `minilmd prepare {tmp_path / name} --format {fmt} --tokenizer TOKENIZER --seq-len 512 "
+            f"--out {stem}-prepared`, then set data.prepared = '{stem}-prepared'")
+
+
+def test_what_cannot_be_told_is_prepared_as_text_with_the_other_formats_named(tmp_path):
+    (tmp_path / "sft.jsonl").write_text(json.dumps(CHAT) + "\n", encoding="utf-8")
+    os.symlink(tmp_path / "sft.jsonl", tmp_path / "link.jsonl")  # never followed
+    os.mkfifo(tmp_path / "fifo.jsonl")  # never opened: this would block
+    (tmp_path / "big.jsonl").write_text("x" * (1 << 21), encoding="utf-8")  # no whole line in the part read
+    for name in ("link.jsonl", "fifo.jsonl", "big.jsonl", "sft.jsonl.gz"):
+        hint = prepare_hint(str(tmp_path / name), 340)
+        assert "--format text --tokenizer" in hint and "(--format chat for conversations, dpo for preference " \
+            "pairs)" in hint, hint
+
+
+def test_a_text_or_parquet_file_is_told_to_become_json_lines_first(tmp_path):
+    txt = prepare_hint(str(tmp_path / "news.txt"), 340)
+    assert txt.startswith(f"a text file is a raw corpus: prepare reads JSON lines, so make each document a "
+                          f"{{\"text\": ...}} line (`jq -R -c '{{text: .}}' {tmp_path}/news.txt > "
+                          f"{tmp_path}/news.jsonl`"), txt
+    assert f"`minilmd prepare {tmp_path}/news.jsonl --format text --tokenizer" in txt, txt
+    parquet = prepare_hint(str(tmp_path / "sft.parquet"), 340)
+    assert f"pd.read_parquet('{tmp_path}/sft.parquet').to_json('{tmp_path}/sft.jsonl', orient='records', " \
+        "lines=True" in parquet and f"`minilmd prepare {tmp_path}/sft.jsonl --format text" in parquet, parquet
+    assert prepare_hint(str(tmp_path / "corpus.bin"), 340) == ""
+
+
+def test_run_check_says_the_command_to_run(tmp_path):
+    raw = tmp_path / "sft.jsonl"
+    raw.write_text(json.dumps(CHAT) + "\n", encoding="utf-8")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[run]\nname = "c"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{raw}"\n'
+                      f'[train]\nmax_steps = 10\nseq_len = 256\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and (
+        f"data.prepared = '{raw}': not a directory (a regular file); not an output of `minilmd prepare`; a raw "
+        f"corpus: run `minilmd prepare {raw} --format chat --tokenizer TOKENIZER --seq-len 256 --out "
+        f"{tmp_path}/sft-prepared`, then set data.prepared = '{tmp_path}/sft-prepared'") in said, said
