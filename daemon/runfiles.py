@@ -31,7 +31,7 @@ class RunFiles:
         self.events = EventLog(run_dir, echo=echo)
         # a link the process checks meet on the run's path (minilmd/procs.py scope_or_none: the supervisor's loop) is
         # an event too, which status and logs show later
-        procs.tell_links_to(lambda said: self.events.emit("link", said))
+        procs.tell_links_to(run_dir, lambda said: self.events.emit("link", said))
         self.metrics = MetricsTail(run_dir / names.METRICS)
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
         self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
@@ -81,5 +81,5 @@ class RunFiles:
             self.textfile.close(phase)  # first: a textfile it cannot write is in the final state.json
         self.state.save()
         self.events.emit("exit", f"supervisor exits with status {exit_status} ({phase})", exit=exit_status)
-        procs.tell_links_to(None)
+        procs.tell_links_to(self.run_dir, None)
         self.events.close()

@@ -164,15 +164,21 @@ def _scope(resolved: Path, owner: int, run_dir: str | os.PathLike, dir_fd: int |
 
 _LINKS_SAID: set[str] = set()
 """The run directories whose link on the way scope_or_none said already (once each, per process)."""
-_links_told: list[Callable[[str], None]] = []
-"""Where scope_or_none also tells what it says of a link (tell_links_to): the supervisor's event writer."""
+_links_told: dict[str, Callable[[str], None]] = {}
+"""Where scope_or_none also tells what it says of a link on a run directory's path (tell_links_to), by that run
+directory: the supervisor's event writer of that run."""
 
 
-def tell_links_to(listener: Callable[[str], None] | None) -> None:
-    """What scope_or_none says of a link on a run directory's path also goes to `listener` (None: stderr alone): the
+def tell_links_to(run_dir: str | os.PathLike, listener: Callable[[str], None] | None) -> None:
+    """What scope_or_none says of a link on `run_dir`'s path also goes to `listener` (None: stderr alone): the
     supervisor gives its run's one event writer (daemon/runfiles.py), so that `status` and `logs` show it later, not
-    only the terminal or journal that had the supervisor's stderr then. One per process: a supervisor runs one run."""
-    _links_told[:] = [listener] if listener is not None else []
+    only the terminal or journal that had the supervisor's stderr then. Kept by run directory: a writer left behind
+    (a supervisor in a test process that never closed its files) is never handed another run's link."""
+    key = os.path.abspath(run_dir)
+    if listener is None:
+        _links_told.pop(key, None)
+    else:
+        _links_told[key] = listener
 
 
 def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
@@ -189,7 +195,7 @@ def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
             said = (f"{e}: the run directory's path now has a symbolic link on it, so no process can be proven to "
                     f"be this run's (its trainer's rest, its orphans): none is signalled")
             print(said, file=sys.stderr, flush=True)  # the supervisor's log (journal, tmux window, Slurm output)
-            for tell in _links_told:
+            if (tell := _links_told.get(os.path.abspath(run_dir))) is not None:
                 with contextlib.suppress(OSError):  # an event that cannot be written must not end the process check
                     tell(said)
         return None
