@@ -66,14 +66,13 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
                           train={"max_steps": 150, "checkpoint_every": 10}, **FAST)
     cfg = load_config(config)
     assert source.is_dir()
-    watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config))
-    watcher.start()
     # held before its last step until the faults are cleared: a trainer that reached its end while the remote still
     # failed would end the run on a last sync that fails (exit 1, for a restart to sync again), however long the
     # test's own steps take under load; the waits below ask for no step past the hold
     release, held_at = tmp_path / "release", 149
-    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
-                                 MINILMD_SYNC_STALLED_AFTER="1", FAKE_HOLD=f"{held_at}:{release}") as sup:
+    with RemoteWatcher(faultfs.backing / "remote", expectation_for(config)) as watcher, \
+            supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
+                                    MINILMD_SYNC_STALLED_AFTER="1", FAKE_HOLD=f"{held_at}:{release}") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         stall = faultfs.stall("remote*", 600, op="*")
         wait_for(lambda: state(cfg.run_dir).get("sync", {}).get("state") == "stalled", 60, "the sync shown stalled")
@@ -236,9 +235,8 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
                           train={"max_steps": 100000, "checkpoint_every": 5}, **FAST)
     cfg = load_config(config)
-    watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02)
-    watcher.start()
-    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
+    with RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02) as watcher, \
+            supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         for op, glob, action, params in SYNC_FAULTS:
             rule = faultfs.add_rule(op, glob, action, **params)
