@@ -2,7 +2,11 @@
 never happen (a remote LATEST naming a checkpoint that does not validate, two trainers on one run), a corpus
 big enough that a mapped read reaches new pages for many steps, and the fake trainer's undisturbed result.
 
-The watchers are threads that poll; each keeps a list of violations that the test asserts empty at the end.
+The watchers are threads that poll; each keeps a list of violations that the test asserts empty at the end. A test
+uses each as a context manager (`with RemoteWatcher(...) as watcher:`, or halts it in a `finally`): a watcher is
+stopped when the test ends, passed or failed. One left polling goes on calling into the code during the next tests
+of that pytest worker (its validations after a failed test were counted by another test's spy on
+checkpoint.validate).
 """
 from __future__ import annotations
 
@@ -21,18 +25,36 @@ from minilmd.daemon.base.runstate import process_environ
 from supervisor_helpers import FAKE_TRAINER, env_for, write_config
 
 
-class RemoteWatcher(threading.Thread):
+class _Poller(threading.Thread):
+    """A daemon thread that polls until halted; started by `with`, halted and joined when the block is left."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self._halt = threading.Event()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.halt()
+
+    def halt(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+class RemoteWatcher(_Poller):
     """Polls `<remote>/LATEST` (read on the real directory, not through a stalled mount) and strictly validates
     the checkpoint it names. A failed validation counts only if LATEST still names it afterwards (retention may
     legitimately delete the previous one right after LATEST moved on)."""
 
     def __init__(self, remote: Path, expected: checkpoint.Expectation | None = None, interval: float = 0.05):
-        super().__init__(daemon=True)
+        super().__init__()
         self.remote, self.expected, self.interval = Path(remote), expected, interval
         self.violations: list[str] = []
         self.seen: set[str] = set()
         self.checks = 0
-        self._halt = threading.Event()
 
     def latest(self) -> str | None:
         try:
@@ -58,8 +80,7 @@ class RemoteWatcher(threading.Thread):
             time.sleep(self.interval)
 
     def stop(self) -> list[str]:
-        self._halt.set()
-        self.join(10)
+        self.halt()
         self.check_once()
         return self.violations
 
@@ -76,15 +97,14 @@ def trainers_of(run_dir: Path) -> dict[str, list[int]]:
     return found
 
 
-class TrainerCounter(threading.Thread):
+class TrainerCounter(_Poller):
     """Counts the trainers running for a run (trainers_of): never more than one may run on one run directory."""
 
     def __init__(self, run_dir: Path, interval: float = 0.05):
-        super().__init__(daemon=True)
+        super().__init__()
         self.run_dir, self.interval = Path(run_dir), interval
         self.max_seen = 0
         self.violations: list[str] = []
-        self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -95,8 +115,7 @@ class TrainerCounter(threading.Thread):
             time.sleep(self.interval)
 
     def stop(self) -> list[str]:
-        self._halt.set()
-        self.join(10)
+        self.halt()
         return self.violations
 
 

@@ -63,17 +63,19 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
     source = copy_corpus(corpus[0], faultfs.backing / "corpus")
     config = write_config(tmp_path, (faultfs.root / "corpus", corpus[1]), remote=False,
                           run={"remote": str(faultfs.root / "remote")},
-                          train={"max_steps": 150, "checkpoint_every": 10}, **FAST)
+                          train={"max_steps": 200, "checkpoint_every": 10}, **FAST)
     cfg = load_config(config)
     assert source.is_dir()
-    watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config))
-    watcher.start()
     # held before its last step until the faults are cleared: a trainer that reached its end while the remote still
     # failed would end the run on a last sync that fails (exit 1, for a restart to sync again), however long the
     # test's own steps take under load; the waits below ask for no step past the hold
-    release, held_at = tmp_path / "release", 149
-    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
-                                 MINILMD_SYNC_STALLED_AFTER="1", FAKE_HOLD=f"{held_at}:{release}") as sup:
+    release, held_at = tmp_path / "release", 199
+    # a sync running for 2 x MINILMD_SYNC_STALLED_AFTER when the run ends is the last sync stalled (exit 1): at 1 s,
+    # a sound sync of this 0.1 MB checkpoint through the FUSE mount took 2.2 to 2.9 s at a load of 16 on 2 cores.
+    # At 10 s the stall shows after 10 s of steps (max_steps leaves room for the steps under the stall and the EIO)
+    with RemoteWatcher(faultfs.backing / "remote", expectation_for(config)) as watcher, \
+            supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
+                                    MINILMD_SYNC_STALLED_AFTER="10", FAKE_HOLD=f"{held_at}:{release}") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         stall = faultfs.stall("remote*", 600, op="*")
         wait_for(lambda: state(cfg.run_dir).get("sync", {}).get("state") == "stalled", 60, "the sync shown stalled")
@@ -98,8 +100,8 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
         assert wait_or_kill(sup) == 0
     assert watcher.stop() == [] and watcher.checks > 0
     remote = faultfs.backing / "remote"
-    assert checkpoint_dirs.read_latest(remote) == "step-00000150"
-    assert fake_weights_of(remote / "step-00000150") == undisturbed_fake_weights(config)
+    assert checkpoint_dirs.read_latest(remote) == "step-00000200"
+    assert fake_weights_of(remote / "step-00000200") == undisturbed_fake_weights(config)
     assert {h["action"] for h in faultfs.hits()} >= {"stall", "error"}
 
 
@@ -236,9 +238,8 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
                           train={"max_steps": 100000, "checkpoint_every": 5}, **FAST)
     cfg = load_config(config)
-    watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02)
-    watcher.start()
-    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
+    with RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02) as watcher, \
+            supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         for op, glob, action, params in SYNC_FAULTS:
             rule = faultfs.add_rule(op, glob, action, **params)

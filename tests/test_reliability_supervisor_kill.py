@@ -93,6 +93,8 @@ def test_supervisor_killed_while_staging_training_and_syncing_finishes_identical
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        for poller in (counter, watcher):  # passed or failed: none polls on into the worker's next tests
+            poller.halt()
     assert counter.stop() == [] and counter.max_seen == 1
     assert watcher.stop() == []
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 3 + [0]

@@ -17,13 +17,16 @@ from trainer_corpus import write_config
 
 
 class Spy:
-    """Counts the calls of a function it stands in for, and calls it."""
+    """Counts the calls of a function it stands in for, and calls it. With `under`, only the calls whose first
+    argument is a path below it: a thread another test of this pytest worker left running may call the same
+    function on its own files meanwhile (a remote watcher validating its checkpoints did)."""
 
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
+    def __init__(self, fn, under: Path | None = None):
+        self.fn, self.under, self.calls = fn, under, []
 
     def __call__(self, *args, **kwargs):
-        self.calls.append(args)
+        if self.under is None or (args and Path(args[0]).is_relative_to(self.under)):
+            self.calls.append(args)
         return self.fn(*args, **kwargs)
 
 
@@ -39,10 +42,10 @@ def saved_steps(trainer: Trainer) -> list[int]:
 
 
 @pytest.fixture
-def spies(monkeypatch):
-    """Spies on the pruning the checkpointer calls and on every checkpoint validation (prune validates, through
-    checkpoint_select's name for it)."""
-    prune, validate = Spy(ckpt_io.prune), Spy(checkpoint.validate)
+def spies(monkeypatch, tmp_path):
+    """Spies on the pruning the checkpointer calls and on every validation of a checkpoint of this test's (prune
+    validates, through checkpoint_select's name for it)."""
+    prune, validate = Spy(ckpt_io.prune), Spy(checkpoint.validate, under=tmp_path)
     monkeypatch.setattr(ckpt_io, "prune", prune)
     monkeypatch.setattr(checkpoint, "validate", validate)
     monkeypatch.setattr(checkpoint_select, "validate", validate)
