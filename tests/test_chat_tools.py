@@ -13,35 +13,12 @@ import types
 import numpy as np
 import pytest
 
-from chat_helpers import MINIMIND_DIR, chat_tokenizer_dir
+from chat_helpers import CALLS, MINIMIND_DIR, TOOLS, chat_tokenizer_dir, tool_line
 from data_helpers import REPO
 from minilmd.corpus.chat import ChatTemplate, check_conversation, read_tokenizer_config
 from minilmd.corpus.format import open_prepared
 
 MINIMIND_SRC = REPO / ".." / "shared" / "minimind"
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询城市天气",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
-CALLS = [{"name": "get_weather", "arguments": {"city": "北京"}}]
-
-
-def tool_line(as_strings: bool = True, nulls: bool = True) -> dict:
-    """A MiniMind SFT line with tools: its files hold `tools` and `tool_calls` as JSON strings, and HF `datasets`
-    writes every key of the schema, null where a message has none."""
-    dump = (lambda v: json.dumps(v, ensure_ascii=False)) if as_strings else (lambda v: v)
-    none = {"tools": None, "tool_calls": None, "reasoning_content": None} if nulls else {}
-    return {"conversations": [
-        {**none, "role": "system", "content": "你是一个助手。", "tools": dump(TOOLS)},
-        {**none, "role": "user", "content": "北京今天天气怎么样？"},
-        {**none, "role": "assistant", "content": None if nulls else "", "tool_calls": dump(CALLS)},
-        {**none, "role": "tool", "content": '{"temp": 3, "sky": "晴"}'},
-        {**none, "role": "tool", "content": '{"wind": "北风"}'},
-        {**none, "role": "assistant", "content": "北京今天晴，3度，北风。"},
-        {**none, "role": "user", "content": "谢谢"},
-        {**none, "role": "assistant", "content": "不客气。", "reasoning_content": "礼貌回应"},
-    ]}
-
 
 TOOL_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' + messages[0].content + '\\n<tools>' + tools | tojson + '</tools><|im_end|>\\n' }}

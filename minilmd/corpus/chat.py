@@ -51,7 +51,7 @@ from minilmd.untrusted import Unreadable, read_bytes
 
 TEXT_KEYS = ("role", "content", "reasoning_content")
 PLAIN_ROLES = ("system", "user", "assistant")
-"""A preference pair's roles and keys (--format dpo renders no tools)."""
+"""A preference pair's roles and keys (--format dpo: MiniMind's DPODataset passes its template no tools)."""
 ROLES = (*PLAIN_ROLES, "tool")
 MESSAGE_KEYS = (*TEXT_KEYS, *TOOL_KEYS)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
