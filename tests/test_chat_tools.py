@@ -157,3 +157,11 @@ def test_tokens_and_targets_equal_minimind_s_own_sft_dataset_on_the_same_line(mo
     # The tool call is trained, the tool results are not.
     trained = tok.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
     assert '"name": "get_weather"' in trained and "<tool_response>" not in trained
+
+
+def test_corpus_report_reads_a_tool_call_line_as_text_not_as_a_bad_line():
+    from minilmd.corpus.analysis.scan import line_text
+
+    text = line_text(tool_line())  # its first reply's content is null beside its tool_calls
+    assert text is not None and "北京今天天气怎么样？" in text and '{"wind": "北风"}' in text
+    assert line_text({"conversations": [{"role": "user", "content": None}]}) is None  # still none without calls
