@@ -58,6 +58,9 @@ def test_a_tool_call_line_is_accepted_its_nulls_absent_and_its_strings_parsed():
     (lambda c: c[2].update(tool_calls=[{"arguments": {}}]), "bad_tool_calls", 'entry 0: no string "name"'),
     (lambda c: c[2].update(tool_calls=[{"function": {"name": "f"}}]), "bad_tool_calls", '"arguments" is neither'),
     (lambda c: c[3].update(content=None), "content_not_string", 'message 3 "content" is a JSON NoneType'),
+    (lambda c: c[0].update(tools=[{"name": "\udc80"}]), "invalid_utf8", "message 0 tools or tool_calls: lone"),
+    (lambda c: c[2].update(tool_calls='[{"name": "f", "arguments": "\\udc80"}]'), "invalid_utf8", "surrogate"),
+    (lambda c: c[0].update(tools="[" * 200 + "]" * 200), "bad_tools", "nested deeper than"),
     (lambda c: c[1].update(role="function"), "unknown_role", "(allowed: system, user, assistant, tool)"),
 ])
 def test_what_minimind_could_not_render_and_typos_are_still_bad_lines_named(change, reason, words):

@@ -12,7 +12,8 @@
 - A null value is an absent key (HF `datasets` writes every key of its schema, null where a message has none).
   A JSON string is parsed here, once, so that every rendering and the corpus's canonical text see the parsed value.
 A value MiniMind could not render (a spec that is not an object, a call without a name, `tools` where MiniMind
-never reads it) makes the line bad, `bad_tools` or `bad_tool_calls`, the detail naming the message.
+never reads it) makes the line bad, `bad_tools` or `bad_tool_calls`, the detail naming the message; a lone
+surrogate anywhere in them (a JSON escape), `invalid_utf8`, as in a content.
 """
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ def check_tool_keys(i: int, m: dict, out: dict) -> tuple[str, str] | None:
             if problem:
                 return "bad_tool_calls", f'message {i} "tool_calls" entry {k}: {problem}'
         out["tool_calls"] = calls
+    try:  # a JSON escape can spell a lone surrogate anywhere in a spec: the corpus's canonical text could not hold it
+        tool_text(out).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return "invalid_utf8", f"message {i} tools or tool_calls: lone surrogate {e.object[e.start]!r}"
     return None
 
 
