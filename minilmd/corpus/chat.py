@@ -54,6 +54,7 @@ PLAIN_ROLES = ("system", "user", "assistant")
 """A preference pair's roles and keys (--format dpo: MiniMind's DPODataset passes its template no tools)."""
 ROLES = (*PLAIN_ROLES, "tool")
 MESSAGE_KEYS = (*TEXT_KEYS, *TOOL_KEYS)
+_ALLOWED = {True: (ROLES, MESSAGE_KEYS, frozenset(MESSAGE_KEYS)), False: (PLAIN_ROLES, TEXT_KEYS, frozenset(TEXT_KEYS))}
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 HEADER = f"{IM_START}assistant\n"
 """What opens an assistant turn; the target starts after it."""
@@ -91,16 +92,17 @@ def check_conversation(obj, tools: bool = True) -> tuple[list[dict] | None, tupl
         return None, ("conversations_not_list", f'"conversations" is a JSON {type(conv).__name__}')
     if not conv:
         return None, ("empty_conversation", '"conversations" is an empty list')
-    roles, keys = (ROLES, MESSAGE_KEYS) if tools else (PLAIN_ROLES, TEXT_KEYS)
+    roles, keys, allowed = _ALLOWED[tools]
     messages = []
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
-        extra = sorted(k for k in m if k not in keys)
-        if extra:
+        if not m.keys() <= allowed:
+            extra = sorted(set(m) - allowed)
             return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
                                                  f"{', '.join(keys)})")
-        m = {k: v for k, v in m.items() if v is not None or k in ("role", "content")}  # null: absent (HF datasets)
+        if None in m.values():  # null: an absent key (HF datasets writes every key of its schema)
+            m = {k: v for k, v in m.items() if v is not None or k in ("role", "content")}
         role = m.get("role")
         if role not in roles:
             return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(roles)})")

@@ -105,4 +105,6 @@ _DUMP = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def tool_text(m: dict) -> str:
     """The tool specs and calls of a message as compact JSON ("" when none): what the bound on a conversation's text
     counts, and what is searched for spelt special tokens."""
+    if "tools" not in m and "tool_calls" not in m:
+        return ""  # most messages: no encoder started
     return "".join(_DUMP.encode(m[k]) for k in TOOL_KEYS if k in m)
