@@ -170,3 +170,48 @@ def write_jsonl(path: Path, objects: list) -> Path:
         for obj in objects:
             f.write(json.dumps(obj, ensure_ascii=False) + "\n")
     return path
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询城市天气",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+CALLS = [{"name": "get_weather", "arguments": {"city": "北京"}}]
+
+
+def tool_line(as_strings: bool = True, nulls: bool = True) -> dict:
+    """A MiniMind SFT line with tools: its files hold `tools` and `tool_calls` as JSON strings, and HF `datasets`
+    writes every key of the schema, null where a message has none."""
+    dump = (lambda v: json.dumps(v, ensure_ascii=False)) if as_strings else (lambda v: v)
+    none = {"tools": None, "tool_calls": None, "reasoning_content": None} if nulls else {}
+    return {"conversations": [
+        {**none, "role": "system", "content": "你是一个助手。", "tools": dump(TOOLS)},
+        {**none, "role": "user", "content": "北京今天天气怎么样？"},
+        {**none, "role": "assistant", "content": None if nulls else "", "tool_calls": dump(CALLS)},
+        {**none, "role": "tool", "content": '{"temp": 3, "sky": "晴"}'},
+        {**none, "role": "tool", "content": '{"wind": "北风"}'},
+        {**none, "role": "assistant", "content": "北京今天晴，3度，北风。"},
+        {**none, "role": "user", "content": "谢谢"},
+        {**none, "role": "assistant", "content": "不客气。", "reasoning_content": "礼貌回应"},
+    ]}
+
+
+def tool_conversations() -> list[list[dict]]:
+    """Checked tool-call conversations (chat.check_conversation) in the shapes MiniMind's template renders
+    differently: tool_line's, a reply with text before two calls (one OpenAI-style, its arguments a string), a
+    system message with tools after the first message, and tools without a system message's text first."""
+    from minilmd.corpus.chat import check_conversation
+
+    first = check_conversation(tool_line())[0]
+    wrapped = [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "上海"}'}},
+               {"name": "get_time", "arguments": {}}]
+    lines = [tool_line()["conversations"],
+             [{"role": "system", "content": "助手", "tools": TOOLS}, {"role": "user", "content": "上海呢？"},
+              {"role": "assistant", "content": "我查一下。", "tool_calls": wrapped},
+              {"role": "tool", "content": "多云"}, {"role": "tool", "content": "12:00"},
+              {"role": "assistant", "content": "<think>\n看结果\n</think>\n\n上海多云。"}],
+             [{"role": "user", "content": "你好"}, {"role": "system", "content": "可用工具", "tools": TOOLS},
+              {"role": "assistant", "content": "", "tool_calls": CALLS}, {"role": "tool", "content": "晴"},
+              {"role": "assistant", "content": "晴天。"}]]
+    out = [check_conversation({"conversations": c})[0] for c in lines]
+    assert all(out) and out[0] == first
+    return out

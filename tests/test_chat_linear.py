@@ -49,9 +49,9 @@ class Counting(ChatTemplate):
         super().__setstate__(state)
         self.rendered = 0
 
-    def _render(self, messages, add_generation_prompt=False):
+    def _render(self, messages, add_generation_prompt=False, conversation=None):
         self.rendered += len(messages)
-        return super()._render(messages, add_generation_prompt)
+        return super()._render(messages, add_generation_prompt, conversation)
 
 
 @pytest.mark.slow  # the definition renders each long conversation once per turn

@@ -172,13 +172,13 @@ MINIMIND_CONFIG = MINIMIND_TOKENIZER.parent / "tokenizer_config.json"
 @pytest.mark.skipif(not MINIMIND_CONFIG.is_file(), reason=f"MiniMind's tokenizer_config.json is not at "
                                                              f"{MINIMIND_CONFIG} (no ../shared)")
 def test_the_minimind_template_renders_what_minimind_s_own_renders():
-    from chat_helpers import HAND_MADE
+    from chat_helpers import HAND_MADE, tool_conversations
     from minilmd.corpus.chat import ChatTemplate
     from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE, tokenizer_config
 
     theirs = ChatTemplate.from_config(json.loads(MINIMIND_CONFIG.read_text(encoding="utf-8")))
     ours = ChatTemplate.from_config(tokenizer_config(MINIMIND_TEMPLATE))
-    for conversation in HAND_MADE:
+    for conversation in HAND_MADE + tool_conversations():  # MiniMind's tool calls included (chat_tools.py)
         for prompt in (False, True):
             assert ours.render(conversation, prompt) == theirs.render(conversation, prompt), conversation
         assert ours.targets(conversation) == theirs.targets(conversation)

@@ -118,7 +118,7 @@ def test_a_template_another_user_put_beside_the_tokenizer_is_not_rendered(tmp_pa
     uid, gid = second_user()
     shutil.copyfile(tokenizer, tmp_path / "tok.json")
     beside = tmp_path / planted
-    evil = MINIMIND_TEMPLATE.replace("content.lstrip('\\n') + '<|im_end|>", "content.lstrip('\\n') + ' EVIL<|im_end|>")
+    evil = MINIMIND_TEMPLATE.replace("{{- content.lstrip('\\n') }}", "{{- content.lstrip('\\n') + ' EVIL' }}")
     assert evil != MINIMIND_TEMPLATE
     beside.write_text(json.dumps(tokenizer_config(evil)) if planted == "tokenizer_config.json" else evil)
     assert read_tokenizer_config(tmp_path / "tok.json")["chat_template"] == evil  # the user's own: read

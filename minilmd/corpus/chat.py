@@ -2,21 +2,25 @@
 conversations checked line by line, rendered by the tokenizer's own chat template exactly as transformers'
 `apply_chat_template` renders them, and the character spans of the assistant replies that are the targets.
 
-- Input lines: `{"conversations": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`. A line is bad
-  (reason and detail, as jsonl.parse_block names them) when it is not valid UTF-8 or JSON, not an object with a
-  "conversations" list, the list is empty, a message is not an object, has a role outside the three, a content
-  that is not a string (or holds a lone surrogate), a key other than role, content and reasoning_content (a
-  string), or when no message is the assistant's. Other keys of the line (an "id") are ignored.
+- Input lines: `{"conversations": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}`, with
+  MiniMind's tool-call schema (`tools` on a system message, `tool_calls` on an assistant one, `role: "tool"`
+  results: chat_tools.py); a null value is an absent key. A line is bad (reason and detail, as jsonl.parse_block
+  names them) when it is not valid UTF-8 or JSON, not an object with a "conversations" list, the list is empty, a
+  message is not an object, has a role outside the four, a content that is not a string (or holds a lone
+  surrogate; null only beside tool_calls), a key other than role, content, reasoning_content (a string), tools and
+  tool_calls, a tool field MiniMind could not render, or when no message is the assistant's. Other keys of the
+  line (an "id") are ignored. A preference pair's sides (--format dpo) keep the three roles and keys.
 - The template: `chat_template.jinja` in the tokenizer's directory when there is one (transformers prefers it),
   else `chat_template` of its `tokenizer_config.json` (a string, or a list of named templates: "default"). It runs
   in the environment transformers' `_compile_jinja_template` builds: jinja2's ImmutableSandboxedEnvironment with
   trim_blocks and lstrip_blocks, the loopcontrols extension, a `{% generation %}` block that renders its body,
   the filter `tojson` and the globals `raise_exception`, `strftime_now`, `dict` and `namespace` as transformers
-  defines them; it sees `messages`, `tools` and `documents` (None), `add_generation_prompt` and the special token
-  names of tokenizer_config.json (`bos_token`, `eos_token`, ...). A message with `reasoning_content` also carries
-  it as `thinking`, as transformers passes it. The template is untrusted code: its renderings are bounded in CPU
-  time (scaled to the messages rendered) and size (chat_sandbox.py); a conversation that goes beyond is a bad line,
-  `template_limit`.
+  defines them; it sees `messages`, `tools` (the conversation's: its last system message's, as MiniMind passes
+  them, the same for every prefix rendered; None without), `documents` (None), `add_generation_prompt` and the
+  special token names of tokenizer_config.json (`bos_token`, `eos_token`, ...). A message with `reasoning_content`
+  also carries it as `thinking`, as transformers passes it. The template is untrusted code: its renderings are
+  bounded in CPU time (scaled to the messages rendered) and size (chat_sandbox.py); a conversation that goes
+  beyond is a bad line, `template_limit`.
 - Targets: the template is rendered for the whole conversation and for its prefixes up to each assistant message.
   Assistant turn k is the text between the rendering of messages[:k] and that of messages[:k + 1]; each must be a
   prefix of the whole rendering (a template that renders a turn differently depending on what follows it cannot
@@ -37,6 +41,7 @@ from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
+from minilmd.corpus.chat_tools import TOOL_KEYS, check_tool_keys, conversation_tools, tool_text
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.corpus.sources.line_shape import other_format
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
@@ -44,9 +49,12 @@ from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 
-ROLES = ("system", "user", "assistant")
-MESSAGE_KEYS = ("role", "content", "reasoning_content")
-ALLOWED_KEYS = frozenset(MESSAGE_KEYS)
+TEXT_KEYS = ("role", "content", "reasoning_content")
+PLAIN_ROLES = ("system", "user", "assistant")
+"""A preference pair's roles and keys (--format dpo: MiniMind's DPODataset passes its template no tools)."""
+ROLES = (*PLAIN_ROLES, "tool")
+MESSAGE_KEYS = (*TEXT_KEYS, *TOOL_KEYS)
+_ALLOWED = {True: (ROLES, MESSAGE_KEYS, frozenset(MESSAGE_KEYS)), False: (PLAIN_ROLES, TEXT_KEYS, frozenset(TEXT_KEYS))}
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 HEADER = f"{IM_START}assistant\n"
 """What opens an assistant turn; the target starts after it."""
@@ -69,9 +77,10 @@ class TurnError(ChatError):
 
 
 # --- conversations ---------------------------------------------------------------------------------------------
-def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
+def check_conversation(obj, tools: bool = True) -> tuple[list[dict] | None, tuple[str, str] | None]:
     """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
-    The messages hold only the keys of MESSAGE_KEYS."""
+    The messages hold only the keys of MESSAGE_KEYS, a tool field parsed (chat_tools.py); `tools` False: the three
+    roles and keys of TEXT_KEYS alone (a preference pair's sides)."""
     if not isinstance(obj, dict) or "conversations" not in obj:
         other = other_format(obj, "chat")  # a text line, a preference pair: --format text, dpo
         if other:
@@ -83,17 +92,22 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
         return None, ("conversations_not_list", f'"conversations" is a JSON {type(conv).__name__}')
     if not conv:
         return None, ("empty_conversation", '"conversations" is an empty list')
+    roles, keys, allowed = _ALLOWED[tools]
     messages = []
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
-        extra = [] if m.keys() <= ALLOWED_KEYS else sorted(set(m) - ALLOWED_KEYS)
-        if extra:
+        if not m.keys() <= allowed:
+            extra = sorted(set(m) - allowed)
             return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
-                                                 f"{', '.join(MESSAGE_KEYS)})")
+                                                 f"{', '.join(keys)})")
+        if None in m.values():  # null: an absent key (HF datasets writes every key of its schema)
+            m = {k: v for k, v in m.items() if v is not None or k in ("role", "content")}
         role = m.get("role")
-        if role not in ROLES:
-            return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(ROLES)})")
+        if role not in roles:
+            return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(roles)})")
+        if m.get("content") is None and role == "assistant" and "tool_calls" in m:
+            m["content"] = ""  # OpenAI's null content beside tool calls; MiniMind's template renders it as ""
         for key in ("content", "reasoning_content") if "reasoning_content" in m else ("content",):
             value = m.get(key)
             if not isinstance(value, str):
@@ -102,7 +116,11 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
                 value.encode("utf-8")
             except UnicodeEncodeError as e:
                 return None, ("invalid_utf8", f'message {i} "{key}": lone surrogate {value[e.start]!r}')
-        messages.append({k: m[k] for k in MESSAGE_KEYS if k in m})
+        kept = {k: m[k] for k in TEXT_KEYS if k in m}
+        bad = check_tool_keys(i, m, kept)
+        if bad:
+            return None, bad
+        messages.append(kept)
     if not any(m["role"] == "assistant" for m in messages):
         return None, ("no_assistant_turn", f"{len(messages)} messages, none with role 'assistant'")
     return messages, None
@@ -125,8 +143,7 @@ assert all(SPECIAL_MARK in t for t in SPECIAL_TOKENS)
 def has_special_text(messages: list[dict]) -> bool:
     """Whether a message's text spells a special token (it then encodes to id 0, 1 or 2 inside the turn)."""
     for m in messages:
-        for k in ("content", "reasoning_content"):
-            text = m.get(k)
+        for text in (m.get("content"), m.get("reasoning_content"), tool_text(m)):
             if text and SPECIAL_MARK in text and any(t in text for t in SPECIAL_TOKENS):
                 return True
     return False
@@ -375,11 +392,14 @@ class ChatTemplate:
         except Exceeded as e:
             raise TemplateLimitError(f"the chat template went beyond its bound: {e}") from None
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False,
+                conversation: list[dict] | None = None) -> str:
+        """`conversation`: the whole one whose prefix `messages` is (its tools are every prefix's)."""
         self._budget.allow(len(messages))  # the bound grows with what is rendered (chat_sandbox.TemplateLimits)
         chat = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else dict(m)
                 for m in messages]
-        return self._template.render(messages=chat, tools=None, documents=None,
+        tools = conversation_tools(messages if conversation is None else conversation)
+        return self._template.render(messages=chat, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt, **self.special_tokens)
 
     def targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
@@ -428,11 +448,11 @@ class ChatTemplate:
             if k not in cache:
                 if k == 0:
                     try:
-                        cache[0] = self._render([])
+                        cache[0] = self._render([], conversation=messages)
                     except Exception:  # noqa: BLE001 - many templates cannot render no messages: nothing before
                         cache[0] = ""
                 else:
-                    cache[k] = self._render_or_bad(messages[:k])
+                    cache[k] = self._render_or_bad(messages[:k], messages)
                 for old in [j for j in cache if j < k - 1]:
                     del cache[old]
             return cache[k]
@@ -458,8 +478,8 @@ class ChatTemplate:
             turns.append((len(before), len(through)))
         return full, spans, turns
 
-    def _render_or_bad(self, messages: list[dict]) -> str:
+    def _render_or_bad(self, messages: list[dict], conversation: list[dict] | None = None) -> str:
         try:
-            return self._render(messages)
+            return self._render(messages, conversation=conversation)
         except Exception as e:  # noqa: BLE001 - the template is untrusted code: any failure refuses the conversation
             raise TurnError("template_error", f"{type(e).__name__}: {e}") from None

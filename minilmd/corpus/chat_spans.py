@@ -26,8 +26,10 @@ the definition, the proof and the fallback.
   its lines only, whatever worker ran it, for every template laid out one message per `<|im_start|>` (a long
   shape's prediction is then its probe's layout) and otherwise wherever the proof holds.
 - Always the prefix way: a conversation whose text spells a special token (its `<|im_start|>` would count as a
-  turn), a shape whose probe the prefix way refuses or whose turns do not end at an `<|im_start|>`, and a
-  rendering whose `<|im_start|>` count or headers differ from its layout's. The bound (CPU time, scaled to the
+  turn), one with tools, tool calls or tool results (MiniMind's template merges tool results into one turn and
+  writes the specs into the system turn: not a layout its shape's probe shows), a shape whose probe the prefix
+  way refuses or whose turns do not end at an `<|im_start|>`, and a rendering whose `<|im_start|>` count or
+  headers differ from its layout's. The bound (CPU time, scaled to the
   messages rendered: chat_sandbox.py) covers one conversation's renderings together, as in targets().
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from minilmd.corpus.chat import HEADER, IM_END, IM_START, ChatTemplate, TurnError, has_special_text
+from minilmd.corpus.chat_tools import uses_tools
 
 VERIFIED_PER_BLOCK = 8
 """Conversations of each block (the first that one rendering would take) rendered both ways, their prefix result
@@ -262,8 +265,8 @@ class BlockSpans:
 
     def targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """What template.targets(messages) returns (or raises)."""
-        if self.layouts is None or self.mismatch or has_special_text(messages):
-            return self.template.targets(messages)
+        if self.layouts is None or self.mismatch or has_special_text(messages) or uses_tools(messages):
+            return self.template.targets(messages)  # a tool turn's layout is not its shape's: the prefix way
         layout = self.layouts.get(shape(messages))
         if layout is UNLEARNT:
             return self.template.targets(messages)

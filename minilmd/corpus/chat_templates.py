@@ -3,10 +3,11 @@ chat`, `sample --chat`, `chat` and the HF export find one (minilmd/corpus/chat.p
 
 `minimind` is ChatML as MiniMind renders a conversation: `<|im_start|>ROLE\\n` ... `<|im_end|>\\n` per message, and
 every reply opened by the think block, empty unless the reply brings its own (`<think>...</think>` at its start, or
-`reasoning_content`), the generation prompt ending with the empty block. Written here, in our own words, for the
-three roles minilmd's conversations have: for those it renders the text MiniMind's own tokenizer_config.json
-template renders (tests/test_tokenizer.py compares the two where MiniMind's is at hand); its tool calls are left
-out (minilmd's conversations have no tools). Any other template is brought as a file: `--chat-template FILE` (a
+`reasoning_content`), the generation prompt ending with the empty block; with MiniMind's tool calls
+(chat_tools.py): the specs written into the system turn, each reply's `<tool_call>` blocks after its text, tool
+results as one user turn of `<tool_response>` blocks. Written here, in our own words: it renders the text MiniMind's
+own tokenizer_config.json template renders (tests/test_tokenizer.py compares the two where MiniMind's is at hand,
+tool calls included). Any other template is brought as a file: `--chat-template FILE` (a
 Jinja template, or a tokenizer_config.json whose chat_template is taken), or written later as
 `chat_template.jinja` beside tokenizer.json.
 """
@@ -18,8 +19,24 @@ from minilmd.corpus.sources.jsonl import loads_bounded
 from minilmd.names import TOKENIZER_CONFIG_MAX_BYTES
 
 MINIMIND_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with '
+        'function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\\n' }}{{- tool | tojson }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
+        '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
+        '\\n</tool_call><|im_end|>\\n' }}
+{%- endif %}
 {%- for message in messages %}
-    {%- if message.role == 'assistant' %}
+    {%- if loop.first and message.role == 'system' and tools %}
+        {#- its text went into the tools' system turn above #}
+    {%- elif message.role == 'assistant' %}
         {%- set content = message.content %}
         {%- set reasoning = '' %}
         {%- if message.reasoning_content is string %}
@@ -29,7 +46,26 @@ MINIMIND_TEMPLATE = """\
             {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
         {%- endif %}
         {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}
-        {{- content.lstrip('\\n') + '<|im_end|>\\n' }}
+        {{- content.lstrip('\\n') }}
+        {%- for call in message.tool_calls or [] %}
+            {%- if content or not loop.first %}
+                {{- '\\n' }}
+            {%- endif %}
+            {%- set call = call.function if call.function else call %}
+            {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+            {{- call.arguments if call.arguments is string else call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {#- a tool's result is the user's turn; consecutive results share one #}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
     {%- else %}
         {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
     {%- endif %}

@@ -180,8 +180,10 @@ def line_text(obj) -> str | None:
 
 
 def _contents(messages: list) -> str | None:
-    """The messages' "content" joined by newlines; None when one has none."""
-    parts = [m.get("content") for m in messages if isinstance(m, dict)]
+    """The messages' "content" joined by newlines; None when one has none (a null content beside tool_calls is "",
+    as prepare reads it: chat_tools.py)."""
+    parts = ["" if m.get("content") is None and m.get("tool_calls") else m.get("content")
+             for m in messages if isinstance(m, dict)]
     texts = [p for p in parts if isinstance(p, str)]
     return "\n".join(texts) if texts and len(texts) == len(messages) else None
 

@@ -32,6 +32,7 @@ import numpy as np
 from minilmd.corpus.analysis.stats import FACTS
 from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
+from minilmd.corpus.chat_tools import tool_text
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.prepare.chat_masks import (
     ByteStarts,
@@ -102,7 +103,8 @@ def bad_block(line: int, bad: tuple[int, str, str]) -> EncodedBlock:
 
 
 def message_chars(messages: list[dict]) -> int:
-    return sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
+    """A conversation's text: its contents, thoughts, and tool specs and calls as compact JSON (chat_tools)."""
+    return sum(len(m["content"]) + len(m.get("reasoning_content", "")) + len(tool_text(m)) for m in messages)
 
 
 @dataclass

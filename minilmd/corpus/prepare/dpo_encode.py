@@ -46,7 +46,7 @@ def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, st
         if not isinstance(obj[side], list) or not obj[side]:  # check_conversation would name a "conversations" key
             what = "an empty list" if isinstance(obj[side], list) else f"a JSON {type(obj[side]).__name__}"
             return None, ("dpo_side_not_messages", f"{side} is {what}; a side is a list of messages")
-        messages, bad = check_conversation({"conversations": obj[side]})
+        messages, bad = check_conversation({"conversations": obj[side]}, tools=False)
         if bad is not None:
             return None, (bad[0], f"{side}: {bad[1]}")
         assert messages is not None

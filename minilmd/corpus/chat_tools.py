@@ -1,0 +1,110 @@
+"""MiniMind's tool-call schema in chat conversations (chat.check_conversation), as MiniMind's SFTDataset reads it
+(dataset/lm_dataset.py: `create_chat_prompt`) and its tokenizer's chat template renders it.
+
+- `tools` on a system message: the function specs the conversation may call, a list of objects or that list as a
+  JSON string (MiniMind's files hold the string). MiniMind passes the last system message's `tools` to
+  `apply_chat_template(..., tools=...)`; its template writes them into the system turn.
+- `tool_calls` on an assistant message: a list of calls, or that list as a JSON string, each an object naming the
+  function (`name`, or an OpenAI-style `{"function": {"name", "arguments"}}`) with its `arguments` (an object, or
+  a JSON string written as is). The message's `content` may then be null (OpenAI's way): it renders as "".
+- `role: "tool"`: a tool's result, its `content` a string; MiniMind's template writes it into a user turn
+  (`<tool_response>`), so it is never a target.
+- A null value is an absent key (HF `datasets` writes every key of its schema, null where a message has none).
+  A JSON string is parsed here, once, so that every rendering and the corpus's canonical text see the parsed value.
+A value MiniMind could not render (a spec that is not an object, a call without a name, `tools` where MiniMind
+never reads it) makes the line bad, `bad_tools` or `bad_tool_calls`, the detail naming the message; a lone
+surrogate anywhere in them (a JSON escape), `invalid_utf8`, as in a content.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from minilmd.corpus.sources.jsonl import loads_bounded
+
+TOOL_KEYS = ("tools", "tool_calls")
+"""The message keys of the tool-call schema (chat.MESSAGE_KEYS holds them too)."""
+
+
+def _parsed_list(value: Any) -> tuple[list | None, str]:
+    """(the list `value` is or spells as JSON, "") or (None, what it is instead)."""
+    if isinstance(value, str):
+        try:  # the line it came in was bounded; the string inside it is bounded the same way (size, depth)
+            value = loads_bounded(value)
+        except ValueError as e:
+            return None, f"a string that is not JSON ({e})"
+    if not isinstance(value, list):
+        return None, f"a JSON {type(value).__name__}, not a list"
+    return value, ""
+
+
+def _call_problem(call: Any) -> str:
+    """Why one entry of tool_calls cannot be rendered as MiniMind renders it ("" when it can)."""
+    if not isinstance(call, dict):
+        return f"a JSON {type(call).__name__}, not an object"
+    function = call.get("function")
+    inner = function if isinstance(function, dict) else call
+    if not isinstance(inner.get("name"), str):
+        return 'no string "name"'
+    if not isinstance(inner.get("arguments"), (str, dict)):
+        return '"arguments" is neither an object nor a string'
+    return ""
+
+
+def check_tool_keys(i: int, m: dict, out: dict) -> tuple[str, str] | None:
+    """Check message i's `tools` and `tool_calls` (nulls already dropped) and put their parsed values into `out`,
+    the message as chat.check_conversation keeps it; (reason, detail) of a bad line when one is not MiniMind's."""
+    if "tools" in m:
+        if m.get("role") != "system":
+            return "bad_tools", (f'message {i} (role {m.get("role")!r}) has "tools": MiniMind reads them from a system '
+                                 "message only")
+        tools, what = _parsed_list(m["tools"])
+        if tools is None:
+            return "bad_tools", f'message {i} "tools" is {what}'
+        for k, spec in enumerate(tools):
+            if not isinstance(spec, dict):
+                return "bad_tools", f'message {i} "tools" entry {k} is a JSON {type(spec).__name__}, not an object'
+        out["tools"] = tools
+    if "tool_calls" in m:
+        if m.get("role") != "assistant":
+            return "bad_tool_calls", (f'message {i} (role {m.get("role")!r}) has "tool_calls": only an assistant '
+                                      "message makes calls")
+        calls, what = _parsed_list(m["tool_calls"])
+        if calls is None:
+            return "bad_tool_calls", f'message {i} "tool_calls" is {what}'
+        for k, call in enumerate(calls):
+            problem = _call_problem(call)
+            if problem:
+                return "bad_tool_calls", f'message {i} "tool_calls" entry {k}: {problem}'
+        out["tool_calls"] = calls
+    try:  # a JSON escape can spell a lone surrogate anywhere in a spec: the corpus's canonical text could not hold it
+        tool_text(out).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return "invalid_utf8", f"message {i} tools or tool_calls: lone surrogate {e.object[e.start]!r}"
+    return None
+
+
+def conversation_tools(messages: list[dict]) -> list | None:
+    """The `tools` the template is given for a conversation: the last system message's, as MiniMind takes them
+    (None: the conversation has none)."""
+    tools = None
+    for m in messages:
+        if m["role"] == "system" and m.get("tools"):
+            tools = m["tools"]
+    return tools
+
+
+def uses_tools(messages: list[dict]) -> bool:
+    """Whether a conversation has tools, tool calls or tool results (chat_spans sends it the prefix way)."""
+    return any(m["role"] == "tool" or "tools" in m or "tool_calls" in m for m in messages)
+
+
+_DUMP = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def tool_text(m: dict) -> str:
+    """The tool specs and calls of a message as compact JSON ("" when none): what the bound on a conversation's text
+    counts, and what is searched for spelt special tokens."""
+    if "tools" not in m and "tool_calls" not in m:
+        return ""  # most messages: no encoder started
+    return "".join(_DUMP.encode(m[k]) for k in TOOL_KEYS if k in m)
