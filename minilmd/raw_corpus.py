@@ -39,6 +39,9 @@ def prepare_hint(path: str, seq_len: int) -> str:
     """What to run for the raw corpus `path` ("" when its name is none a corpus is written in): the prepare
     command (a .txt or .parquet converted to JSON lines first), then data.prepared set to its --out."""
     name = PurePath(path).name
+    if name == "meta.json":  # a prepared corpus named by its meta.json, not a raw one
+        return (f"data.prepared names a prepared corpus's directory, not its meta.json: set data.prepared = "
+                f"{str(PurePath(path).parent)!r}")
     suffix = next((s for s in JSONL_SUFFIXES if name.endswith(s)), "")
     if not suffix and not name.endswith((".txt", ".parquet")):
         return ""
@@ -54,9 +57,10 @@ def prepare_hint(path: str, seq_len: int) -> str:
                 f"line (`jq -R -c '{{text: .}}' {shlex.quote(path)} > {shlex.quote(jsonl)}`, one line a document), "
                 f"then run {prepare}")
     if name.endswith(".parquet"):
-        return (f"a Parquet file is a raw corpus: prepare reads JSON lines, so write it as such (`python -c \"import "
-                f"pandas as pd; pd.read_parquet({path!r}).to_json({jsonl!r}, orient='records', lines=True, "
-                f"force_ascii=False)\"`), then run {prepare}")
+        code = (f"import pandas as pd; pd.read_parquet({path!r}).to_json({jsonl!r}, orient='records', lines=True, "
+                "force_ascii=False)")  # Python literals inside, the whole quoted for the shell: a path is no code
+        return (f"a Parquet file is a raw corpus: prepare reads JSON lines, so write it as such (`python -c "
+                f"{shlex.quote(code)}`), then run {prepare}")
     return f"a raw corpus: run {prepare}"
 
 

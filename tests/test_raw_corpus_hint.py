@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 from typer.testing import CliRunner
 
@@ -43,9 +44,34 @@ def test_a_text_or_parquet_file_is_told_to_become_json_lines_first(tmp_path):
                           f"{tmp_path}/news.jsonl`"), txt
     assert f"`minilmd prepare {tmp_path}/news.jsonl --format text --tokenizer" in txt, txt
     parquet = prepare_hint(str(tmp_path / "sft.parquet"), 340)
-    assert f"pd.read_parquet('{tmp_path}/sft.parquet').to_json('{tmp_path}/sft.jsonl', orient='records', " \
-        "lines=True" in parquet and f"`minilmd prepare {tmp_path}/sft.jsonl --format text" in parquet, parquet
+    assert _python_code(parquet) == (f"import pandas as pd; pd.read_parquet('{tmp_path}/sft.parquet').to_json("
+                                     f"'{tmp_path}/sft.jsonl', orient='records', lines=True, force_ascii=False)")
+    assert f"`minilmd prepare {tmp_path}/sft.jsonl --format text" in parquet, parquet
     assert prepare_hint(str(tmp_path / "corpus.bin"), 340) == ""
+
+
+def _python_code(hint: str) -> str:
+    """The Python code the hint's `python -c ...` hands python, as a shell reads the command pasted (review 8:
+    the path went into the shell's double quotes, so `$(...)` in it ran)."""
+    command = hint.split("`")[1]
+    assert command.startswith("python -c "), hint
+    shown = subprocess.run(["bash", "-c", "printf %s " + command.removeprefix("python -c ")], capture_output=True,
+                           text=True, check=True)
+    return shown.stdout
+
+
+def test_a_hostile_parquet_path_is_python_data_never_shell_code(tmp_path):
+    marker = tmp_path / "pwned"
+    path = f"{tmp_path}/$(touch {marker})'\"x.parquet"
+    code = _python_code(prepare_hint(path, 340))
+    assert not marker.exists()
+    assert code.startswith(f"import pandas as pd; pd.read_parquet({path!r})"), code
+
+
+def test_a_prepared_corpus_named_by_its_meta_json_is_told_its_directory(tmp_path):
+    assert prepare_hint(str(tmp_path / "corpus" / "meta.json"), 340) == (
+        f"data.prepared names a prepared corpus's directory, not its meta.json: set data.prepared = "
+        f"'{tmp_path / 'corpus'}'")
 
 
 def test_run_check_says_the_command_to_run(tmp_path):
