@@ -33,9 +33,10 @@ from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import initstage, remotewait
+from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remote
+from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.names import step_of
-from minilmd.probes import init_from_notes
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "probe source unreachable": "probe source reachable again",
@@ -475,22 +476,3 @@ class StagingWorker:
         self.from_step_0 = why
         return None
 
-
-def _base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -> bool:
-    """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
-    supervisor never imports before staging (tests/test_import_budget.py)."""
-    from minilmd.daemon.jobs import basecopy
-
-    return basecopy.stage_from_remote(cfg, trained_on, log, reads, synced_before)
-
-
-def _stage_inputs(cfg, log, reads: ReadWatch, base_from_remote) -> tuple[dict[str, str], list[str] | None]:
-    """initstage.stage_inputs (the `--set`s naming the staged copies), and, when it staged init.from's checkpoint
-    for a run with none of its own (a fresh start from it), what that checkpoint says against the corpus
-    (probes.init_from_notes, `run --check`'s notes, read here in the staging thread as `--check` reads them:
-    bounded, shared storage): a predecessor still training at `--check` had no checkpoint to compare, and a launch
-    without `--check` says nothing. None when nothing was said: a LoRA run stages its base at every start, and what
-    its first start noted stands."""
-    sets = initstage.stage_inputs(cfg, log, reads, base_from_remote)
-    fresh = "init.staged" in sets and not local_checkpoint_steps(cfg.checkpoint_dir)
-    return sets, init_from_notes(cfg) if fresh else None
