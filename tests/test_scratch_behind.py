@@ -16,7 +16,7 @@ from minilmd import bounded
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
 from minilmd.daemon.jobs import resumefrom, scratch_behind
-from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.names import LATEST, step_name
 from supervisor_helpers import write_config
 from sync_helpers import EXPECTED, save, weights  # noqa: F401  (fixtures)
@@ -68,7 +68,7 @@ class Stalled(Syncer):
 
     release = threading.Event()
 
-    def peek_latest(self):
+    def peek_latest(self, skip=frozenset()):
         self.release.wait(60)
         raise OSError(5, "Input/output error")
 
@@ -76,7 +76,7 @@ class Stalled(Syncer):
 class Failing(Syncer):
     """A remote whose look fails (EIO)."""
 
-    def peek_latest(self):
+    def peek_latest(self, skip=frozenset()):
         raise OSError(5, "Input/output error")
 
 
@@ -178,3 +178,107 @@ def test_staging_says_when_the_remote_was_not_compared_and_fetches_a_newer_one_s
         f"scratch held step 2; run.remote holds step 5, newer: fetched {cfg.checkpoint_dir / step_name(5)} from "
         f"{remote}"]
     assert not [m for e, m in emitted if e == "note"]
+
+
+class FailsOnce(Syncer):
+    """A remote whose first fetch of a step fails with EIO (a moment's NFS error), then works."""
+
+    failed: list[str] = []
+
+    def fetch_step(self, name, local_root, only_if):
+        if not FailsOnce.failed:
+            FailsOnce.failed.append(name)
+            raise SyncError(f"fetch from {self.remote_url} failed") from OSError(5, "Input/output error")
+        return super().fetch_step(name, local_root, only_if)
+
+
+class NoRoom(Syncer):
+    """A scratch without room for the remote's step (ENOSPC while it is downloaded)."""
+
+    def fetch_step(self, name, local_root, only_if):
+        raise SyncError(f"fetch from {self.remote_url} failed") from OSError(28, "No space left on device")
+
+
+def damage(remote: Path, step: int) -> None:
+    """A remote step whose manifest and trainer_state are whole (the look takes it) but whose weights are not."""
+    files = [p for p in (remote / step_name(step)).iterdir() if p.suffix != ".json"]
+    tensors = max(files, key=lambda p: p.stat().st_size)
+    raw = bytearray(tensors.read_bytes())
+    raw[-1] ^= 0xFF
+    tensors.write_bytes(bytes(raw))
+
+
+def test_a_damaged_newer_remote_step_is_set_aside_and_the_next_newer_one_taken_else_scratchs_said(tmp_path, weights):
+    """Before: the first damaged step ended the look, and scratch's 2 was resumed under a remote holding a valid 5."""
+    scratch, remote = tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+    synced_elsewhere(tmp_path, remote, weights, 5)
+    synced_elsewhere(tmp_path, remote, weights, 7)
+    damage(remote, 7)
+    save(scratch, 2, weights)
+    logs: list[str] = []
+    got = scratch_behind.fetch_over_scratch(Syncer(scratch, str(remote), EXPECTED, log=logs.append), scratch, EXPECTED)
+    assert got.taken is not None and got.taken.name == step_name(5), logs
+    assert (scratch / LATEST).read_text().strip() == step_name(5) and not (scratch / step_name(7)).exists()
+    assert len(got.set_aside) == 1 and got.set_aside[0].startswith(
+        f"run.remote's step 7 ({remote / step_name(7)}), newer than scratch's step 2, was not taken: it did not "
+        f"validate")
+    assert not (remote / step_name(7)).exists()  # set aside, as the fetch sets any invalid step aside
+
+    synced_elsewhere(tmp_path, remote, weights, 9)  # the only newer one, damaged: scratch's (now 5), said
+    damage(remote, 9)
+    alone = scratch_behind.fetch_over_scratch(Syncer(scratch, str(remote), EXPECTED), scratch, EXPECTED)
+    assert alone.taken is None and not alone.wait and len(alone.set_aside) == 1 and \
+        alone.set_aside[0].startswith("run.remote's step 9 (") and "newer than scratch's step 5" in alone.set_aside[0]
+
+
+def test_a_newer_remote_step_whose_fetch_fails_is_retried_never_scratchs_older_one_resumed(tmp_path, corpus, weights):
+    """The fetch of the remote's newer 5 fails with EIO once: staging waits (`waiting_remote`) and retries it, and the
+    run resumes from 5. Before: it went on from scratch's 2, said only in the sync log, and its syncs forked the
+    remote's history. A remote that cannot be looked at on the retry is waited for too (its newer step was seen)."""
+    from minilmd import names, scratch
+    from minilmd.daemon.base.runstate import RunState, new_state
+    from minilmd.daemon.base.worker import Inbox
+    from minilmd.daemon.jobs.stagingworker import Staged, StagingWorker
+    from waiting import wait_until
+
+    cfg = load_config(write_config(tmp_path, corpus, name="back"))
+    cfg.run_dir.mkdir(parents=True)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    remote = Path(cfg.run.remote)
+    save(cfg.checkpoint_dir, 2, weights)
+    synced_elsewhere(tmp_path, remote, weights, 5)
+    emitted: list[tuple[str, str]] = []
+    run_state = RunState(cfg.run_dir / names.STATE, new_state("back", cfg.run_dir, "back.toml"))
+    kinds = [FailsOnce, Failing, NoRoom, Syncer]  # each try's remote: EIO fetching, then the look fails, no room, ok
+    emit = lambda event, message, **_: emitted.append((event, message))
+    staging = StagingWorker(cfg, Infra(), run_state, emit, Inbox(emit),
+                            lambda expected: kinds[0](cfg.checkpoint_dir, str(remote), expected))
+    staging.awaiting_remote, staging.fetch_retry_at = cfg.scratch_dir / names.STAGED_CORPUS, 0.0  # fetch only
+    FailsOnce.failed.clear()
+    staging.tick()  # the fetch starts
+    for said in ("remote unavailable: scratch held step 2; run.remote holds step 5, newer, but it could not be "
+                 f"fetched (fetch from {remote} failed)",
+                 f"remote unavailable: run.remote {remote} cannot be read (",
+                 "no room in scratch: scratch held step 2; run.remote holds step 5, newer, but it could not be "
+                 "fetched"):
+        wait_until(lambda: staging.worker is not None and staging.worker.done, 120, "the fetch")
+        assert staging.tick() is None  # waiting for the remote's step, never scratch's
+        assert run_state.staging.state == "waiting_remote" and run_state.staging.error.startswith(said), \
+            run_state.staging.error
+        assert emitted[-1][0] == "fetch" and "not going on from scratch's older step" in emitted[-1][1]
+        assert staging.remote_newer == 5
+        kinds.pop(0)
+        staging.fetch_retry_at = 0.0
+        staging.tick()  # the retry starts
+    done = wait_until(lambda: staging.tick(), 120, "the fetch")
+    assert isinstance(done, Staged) and done.fetched == cfg.checkpoint_dir / step_name(5), emitted
+    assert (cfg.checkpoint_dir / LATEST).read_text().strip() == step_name(5)
+    assert run_state.sync.state != "unavailable" and run_state.staging.state == "done"
+
+    synced_elsewhere(tmp_path, remote, weights, 9)  # damaged: set aside, scratch's 5 resumed, said where status shows
+    damage(remote, 9)
+    staging.awaiting_remote, staging.fetch_retry_at = cfg.scratch_dir / names.STAGED_CORPUS, 0.0
+    done = wait_until(lambda: staging.tick(), 120, "the fetch")
+    assert isinstance(done, Staged) and done.fetched is None
+    assert run_state.last_error.startswith("run.remote's step 9 (") and [m for e, m in emitted if e == "note"] == \
+        [run_state.last_error]

@@ -71,7 +71,7 @@ class Fetcher:
         self.log(f"sync: fetched {self.remote.show(name)} to {final}")
         self._fetch_best(name, local_root)
 
-    def peek_latest(self) -> tuple[str | None, list[str]]:
+    def peek_latest(self, skip: frozenset[str] = frozenset()) -> tuple[str | None, list[str]]:
         """The checkpoint the fetch would bring back, told without fetching it (`run --check` and the launch,
         daemon/jobs/resumefrom.py): the newest of this run's remote steps, walked as the fetch walks them, whose
         manifest is valid and whose trainer_state.json, read as the fetch reads a remote file (from the root's
@@ -79,9 +79,12 @@ class Fetcher:
         the manifest lists and fits `expected` (ck.check_recorded, validation's own rule). Returns (its name or None,
         why each newer one was passed by). Nothing is written, set aside or downloaded: the tensors are checked by the
         fetch itself. CheckpointMismatch, naming the remote checkpoint, when that newest one was trained with
-        another model, corpus or tokenizer (the fetch would refuse it the same way)."""
+        another model, corpus or tokenizer (the fetch would refuse it the same way). `skip`: steps a fetch just
+        failed to validate (daemon/jobs/scratch_behind.py), passed by as the fetch passes them."""
         passed = []
         for name in reversed(self._steps()):
+            if name in skip:
+                continue
             listed = self.remote.read_manifest(name)
             if listed.manifest is None:
                 passed += [f"checkpoint {self.remote.show(name)} is invalid: {'; '.join(listed.problems)} -- the "

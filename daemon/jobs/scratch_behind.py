@@ -17,12 +17,20 @@ staging (`fetch_over_scratch`, daemon/jobs/stagingworker.py) alike, the one rule
 - scratch's is as new or newer (unsynced steps): scratch's, as ever; the sync copies them up later;
 - the remote cannot be looked at now (not answering within SHARED_STORAGE_PROBE_S, EIO, a store that cannot be
   opened): scratch's (no wait: it has a checkpoint to go on from), and said (`unlooked`), since the remote was not
-  compared. A remote claimed by another run is not looked at (the launch's claim check refuses it).
+  compared; unless an earlier try this staging saw a newer step there (`known`): then the start waits, as below.
+  A remote claimed by another run is not looked at (the launch's claim check refuses it).
+
+A newer remote step whose fetch fails for a reason that can pass (an EIO, scratch full: `wait`) is never given up
+for scratch's older one, whose later syncs would write a second history over the remote's: staging retries the
+fetch with backoff, as it retries the fetch into an empty scratch (`waiting_remote` in status). One that does not
+validate when fetched is set aside as the fetch sets any aside, and the next newer-than-scratch step is tried, else
+scratch's, said (`set_aside`).
 Torch-free: numpy is imported only where a checkpoint is read.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,15 +86,27 @@ class Verdict:
     """The remote's newer checkpoint, of another model, corpus or tokenizer."""
     unlooked: str = ""
     """Why the remote could not be compared now, in the words said to the user."""
+    wait: str = ""
+    """Why the start waits (fetch_over_scratch): the remote's newer step `newer` could not be fetched now, for a
+    reason that can pass; staging retries the fetch."""
+    newer: int | None = None
+    """With `wait`: the remote's newer step, `known` to the retry."""
+    scratch_full: bool = False
+    """With `wait`: scratch had no room for it (ENOSPC, EDQUOT), rather than the remote failing."""
+    set_aside: tuple[str, ...] = ()
+    """Newer remote steps that did not validate when fetched (set aside), one line each, to be said."""
+    why: str = field(default="", compare=False)
+    """With `unlooked`: why the remote could not be looked at, alone."""
 
 
-def judge(syncer: Syncer, checkpoint_dir: Path, held: int | None) -> Verdict:
-    """The rule (module docstring). `held`: scratch's newest valid step (`scratch_newest`), None for none."""
-    answered, peeked, why = bounded_probe(peek, syncer)
+def judge(syncer: Syncer, checkpoint_dir: Path, held: int | None, skip: frozenset[str] = frozenset()) -> Verdict:
+    """The rule (module docstring). `held`: scratch's newest valid step (`scratch_newest`), None for none. `skip`:
+    remote steps a fetch found invalid just now, passed by."""
+    answered, peeked, why = bounded_probe(peek, syncer, skip)
     if answered and peeked[0] == "failed":
         answered, why = False, f"cannot be opened ({peeked[1]})"
     if not answered:
-        return Verdict(unlooked=_unlooked_words(syncer.remote_url, why, held))
+        return Verdict(unlooked=_unlooked_words(syncer.remote_url, why, held), why=why)
     outcome, value, passed = peeked
     if outcome == "refused":
         newer = step_or_none(Path(value.path).name)
@@ -113,7 +133,7 @@ def _unlooked_words(url: str, why: str, held: int | None) -> str:
             f"remote answers, or it computes those steps again and syncs a second history over them")
 
 
-def peek(syncer: Syncer) -> tuple[str, object, list[str]]:
+def peek(syncer: Syncer, skip: frozenset[str] = frozenset()) -> tuple[str, object, list[str]]:
     """The fetch's choice (peek_latest), for a probe's thread: ("found", the step's name or None, passed by),
     ("refused", the CheckpointMismatch, []), or ("failed", why, []) for an error other than an OSError (which
     bounded_probe takes as no answer): never raised out of the thread, where it would be lost. A remote claimed by
@@ -123,7 +143,7 @@ def peek(syncer: Syncer) -> tuple[str, object, list[str]]:
     try:
         if syncer._claim_refused():
             return "found", None, []
-        name, passed = syncer.peek_latest()
+        name, passed = syncer.peek_latest(skip)
         return "found", name, passed
     except CheckpointMismatch as e:
         return "refused", e, []
@@ -142,31 +162,63 @@ def scratch_newest(checkpoint_dir: Path, expected: Expectation | None) -> int | 
     return step_of(path) if path is not None else None
 
 
-def fetch_over_scratch(syncer: Syncer, checkpoint_dir: Path, expected: Expectation | None) -> Verdict:
+def fetch_over_scratch(syncer: Syncer, checkpoint_dir: Path, expected: Expectation | None,
+                       known: int | None = None) -> Verdict:
     """Staging's side: `judge`, and the remote checkpoint it takes fetched into scratch (Syncer.fetch_step; a step 0
-    only while the remote's manifest is still further on than scratch's). Its Verdict; one whose fetch failed or
-    did not validate (set aside, as any fetch does) leaves scratch's, said in the sync log. Raises the refused
-    CheckpointMismatch (final, as the fetch's own)."""
+    only while the remote's manifest is still further on than scratch's). Its Verdict: `wait` when that fetch failed
+    for a reason that can pass, or when the remote cannot be looked at now but an earlier try saw its newer step
+    `known` (module docstring); one that did not validate (set aside, as any fetch does) is passed by for the next
+    newer one, else scratch's, and listed in `set_aside`. Raises the refused CheckpointMismatch (final, as the
+    fetch's own)."""
     from minilmd.checkpoint import CheckpointMismatch
 
     try:
         held = scratch_newest(checkpoint_dir, expected)
     except CheckpointMismatch:
         return Verdict()  # scratch's own is another model's: the trainer refuses it, in its words
-    verdict = judge(syncer, checkpoint_dir, held)
-    if verdict.refused is not None:
-        raise verdict.refused
-    if (taken := verdict.taken) is None:
-        return verdict
-    further = taken.further
-    only_if = (lambda m: further_pass(m, further.held)) if further is not None else (lambda m: True)
-    try:
-        fetched = syncer.fetch_step(taken.name, checkpoint_dir, only_if)
-    except Exception as e:  # noqa: BLE001 - a remote failing now: scratch's is a checkpoint to go on from
-        syncer.log(f"sync: {taken.words()}, but it could not be fetched ({e}): going on from scratch's")
-        return Verdict()
-    if fetched is None:
-        syncer.log(f"sync: {taken.words()}, but it was not fetched (it did not validate, or changed since the look): "
-                   f"going on from scratch's")
-        return Verdict()
-    return verdict
+    skip: set[str] = set()
+    set_aside: list[str] = []
+    while True:  # each turn passes one more remote step by: as many turns as the remote has newer steps
+        verdict = judge(syncer, checkpoint_dir, held, frozenset(skip))
+        if verdict.refused is not None:
+            raise verdict.refused
+        if verdict.unlooked and known is not None and (held is None or known > held):
+            return Verdict(wait=f"run.remote {syncer.remote_url} {verdict.why}, and it held step {known}, newer than "
+                                f"{_held_words(held)} when last looked at", newer=known)
+        if (taken := verdict.taken) is None:
+            return replace(verdict, set_aside=tuple(set_aside))
+        further = taken.further
+        only_if = functools.partial(_further, held=further.held) if further is not None else (lambda m: True)
+        try:
+            fetched = syncer.fetch_step(taken.name, checkpoint_dir, only_if)
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - an EIO, a stall cut, scratch full: it may pass, so wait for it
+            from minilmd.daemon.base.runstate import is_disk_full
+
+            return Verdict(wait=f"{taken.words()}, but it could not be fetched ({e})", newer=taken.step,
+                           scratch_full=any(is_disk_full(c) for c in _causes(e)))
+        if fetched is not None:
+            return replace(verdict, set_aside=tuple(set_aside))
+        skip.add(taken.name)
+        set_aside.append(f"run.remote's step {taken.step} ({syncer.remote.show(taken.name)}), newer than "
+                         f"{_held_words(held)}, was not taken: it did not validate when fetched (set aside there, or "
+                         f"skipped: supervisor.log says why) or changed since it was looked at")
+        syncer.log(f"sync: {set_aside[-1]}")
+
+
+def _held_words(held: int | None) -> str:
+    return f"scratch's step {held}" if held is not None else "scratch's (none valid)"
+
+
+def _further(manifest: dict, held) -> bool:
+    return further_pass(manifest, held)
+
+
+def _causes(e: BaseException | None):
+    """`e` and what it was raised from (the fetch's SyncError wraps the OSError), a bounded chain."""
+    for _ in range(8):
+        if e is None:
+            return
+        yield e
+        e = e.__cause__ or e.__context__

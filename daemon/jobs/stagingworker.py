@@ -1,6 +1,7 @@
 """The supervisor's side of staging: the corpus copy into scratch and, with a remote and an empty scratch, the fetch
 of the newest valid remote checkpoint (or of a newer one than scratch's: daemon/jobs/scratch_behind.py), in a thread
-the loop polls; the fetch retried, with backoff, for as long as the remote cannot be read (scratch empty).
+the loop polls; the fetch retried, with backoff, for as long as the remote cannot be read (scratch empty, or behind
+a newer remote step).
 
 The copy and the fetch themselves are daemon/jobs/staging.py and daemon/jobs/sync.py (blocking; a stalled NFS may hold
 them
@@ -33,9 +34,10 @@ from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import initstage, remotewait
+from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remote
+from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.names import step_of
-from minilmd.probes import init_from_notes
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "probe source unreachable": "probe source reachable again",
@@ -83,6 +85,11 @@ class StagingWorker:
         """Why a checkpoint was fetched beside or over scratch's (daemon/jobs/scratch_behind.py; set by the thread)."""
         self.unlooked = ""
         """Why scratch's is resumed without the remote compared (scratch_behind.Verdict; set by the thread)."""
+        self.set_aside: tuple[str, ...] = ()
+        """Newer remote steps set aside as invalid when fetched over scratch's (set by the thread; said once)."""
+        self.remote_newer: int | None = None
+        """The remote's step seen newer than scratch's whose fetch failed: retried, never given up for scratch's."""
+        self.fetch_full = False  # that fetch failed on a scratch without room (set by the thread)
         self.infra = infra
         self.state = state
         self.emit = emit
@@ -210,6 +217,9 @@ class StagingWorker:
             staging.state, staging.error = StagingState.DONE, None
         if self.unlooked:
             self.emit("note", self.unlooked)
+        for line in self.set_aside:  # a damaged remote step: status shows it as the last error
+            self.emit("note", line)
+            self.state.record_error(line)
         if fetched:
             # a sign of the remote's step for a later start (remotewait), on this remote
             self.emit("fetch", f"{self.fetched_why or 'scratch held no checkpoint'}: fetched {fetched} from "
@@ -356,21 +366,26 @@ class StagingWorker:
         self.worker = Worker("staging", self._stage_job)
 
     def _remote_unavailable(self, staged: Path, error: str) -> None:
-        """Scratch holds no checkpoint and the remote could not be read: it may hold a newer checkpoint, so never
-        start from scratch; retry with backoff for as long as it takes (the remote being down is not the trainer's
-        fault: no_progress_limit does not count it). Status shows "remote unavailable: ..."."""
+        """Scratch holds no checkpoint, or an older one than the remote's (`remote_newer`), and the remote could not
+        be read (or scratch had no room for its step): never start from step 0 or scratch's older step; retry with
+        backoff for as long as it takes (not the trainer's fault: no_progress_limit does not count it). Status shows
+        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`), staging "waiting_remote"."""
+        scratch_full = self.fetch_full
         self.awaiting_remote = staged
         self.fetch_failures += 1
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
-        message = f"remote unavailable: {error}"
+        message = f"{'no room in scratch' if scratch_full else 'remote unavailable'}: {error}"
         sync, staging = self.state.sync, self.state.staging
-        sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
+        if not scratch_full:
+            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
         staging.state, staging.error = StagingState.WAITING_REMOTE, message
         self.state.record_error(message)
         fresh = " (`minilmd run --fresh` starts from step 0 instead)" if self.fetch_failures == 1 else ""
-        self.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
-                           f"from step 0{fresh}; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
+        why = "not going on from scratch's older step (its syncs would write a second history over the remote's)" \
+            if self.remote_newer is not None else \
+            f"scratch holds no checkpoint and the remote may hold one: not starting from step 0{fresh}"
+        self.emit("fetch", f"{message}; {why}; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
         self.state.save()
 
     def _flag_stalled_fetch(self) -> None:
@@ -431,18 +446,22 @@ class StagingWorker:
         from minilmd.daemon.jobs import scratch_behind
 
         expected = self.infra.expectation(self.cfg, staged)
-        self.fetch_started, self.fetched_why, self.unlooked = now(), "", ""
+        self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
-                                                            expected)
+                                                            expected, self.remote_newer)
             finally:
                 self.fetch_started = 0.0
-            taken, self.unlooked = verdict.taken, verdict.unlooked
+            if verdict.wait:  # retried (`_remote_unavailable`), scratch's older step never resumed meanwhile
+                self.remote_newer, self.fetch_full = verdict.newer, verdict.scratch_full
+                return expected, None, verdict.wait
+            taken, self.unlooked, self.set_aside, self.remote_newer = verdict.taken, verdict.unlooked, \
+                verdict.set_aside, None
             self.fetched_why = taken.words() if taken else ""
             return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
-        self.from_step_0 = ""
+        self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
         try:
             fetched = self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir)
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
@@ -475,22 +494,3 @@ class StagingWorker:
         self.from_step_0 = why
         return None
 
-
-def _base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -> bool:
-    """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
-    supervisor never imports before staging (tests/test_import_budget.py)."""
-    from minilmd.daemon.jobs import basecopy
-
-    return basecopy.stage_from_remote(cfg, trained_on, log, reads, synced_before)
-
-
-def _stage_inputs(cfg, log, reads: ReadWatch, base_from_remote) -> tuple[dict[str, str], list[str] | None]:
-    """initstage.stage_inputs (the `--set`s naming the staged copies), and, when it staged init.from's checkpoint
-    for a run with none of its own (a fresh start from it), what that checkpoint says against the corpus
-    (probes.init_from_notes, `run --check`'s notes, read here in the staging thread as `--check` reads them:
-    bounded, shared storage): a predecessor still training at `--check` had no checkpoint to compare, and a launch
-    without `--check` says nothing. None when nothing was said: a LoRA run stages its base at every start, and what
-    its first start noted stands."""
-    sets = initstage.stage_inputs(cfg, log, reads, base_from_remote)
-    fresh = "init.staged" in sets and not local_checkpoint_steps(cfg.checkpoint_dir)
-    return sets, init_from_notes(cfg) if fresh else None
