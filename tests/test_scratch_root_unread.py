@@ -14,10 +14,11 @@ import pytest
 
 from faults_fixtures import faultfs  # noqa: F401 - fixture
 from minilmd import scratch_root
+from minilmd.checkpoint_select import RunDirUnusable, run_roots
 from minilmd.config_sections import RunConfig
 from minilmd.daemon.child.trainerwatch import attempt_command
 from minilmd.daemon.preflight import ScratchRootUnknown
-from minilmd.names import SCRATCH_BASE_ENV, SCRATCH_ROOT_RECORD
+from minilmd.names import CHECKPOINTS, RUN_CONFIG_COPY, SCRATCH_BASE_ENV, SCRATCH_ROOT_RECORD
 
 UID = os.geteuid()
 
@@ -50,6 +51,9 @@ def test_an_unreadable_record_is_an_error_and_never_the_squatted_default(faultfs
     assert said and own.parent != default and scratch_root.recorded(run_dir) == own
     settled = config_of(run_dir)
     settled.fix_scratch_root(own)  # what the launch does (daemon/preflight.py)
+    (run_dir / RUN_CONFIG_COPY).write_text(f'[run]\nname = "r"\ndir = "{run_dir}"\n'
+                                           f'[data]\nprepared = "{run_dir}"\n[train]\nmax_steps = 1\n')
+    assert run_roots(run_dir).roots[0] == own / "r" / CHECKPOINTS  # status, sample, export: the record read
 
     faultfs.fail_reads(SCRATCH_ROOT_RECORD)  # the record is there, its reads fail with EIO
     with pytest.raises(scratch_root.RecordUnreadable):
@@ -59,6 +63,8 @@ def test_an_unreadable_record_is_an_error_and_never_the_squatted_default(faultfs
         _ = config_of(run_dir).scratch_dir  # a command that reads it (status, a launch's checks): told, not moved
     with pytest.raises(scratch_root.RecordUnreadable):
         scratch_root.settle(run_dir)  # a launch now: no root decided, nothing made in the default's place
+    with pytest.raises(RunDirUnusable, match="cannot be known now"):
+        run_roots(run_dir)  # `status`, `sample RUN_DIR`: said, never his checkpoints
     assert settled.scratch_dir == own / "r" and settled.checkpoint_dir.parent == own / "r"  # carried, not read
     assert not default.is_dir() and default.read_text() == "his"
 
