@@ -94,3 +94,18 @@ def test_a_missing_record_is_none_and_a_free_default_serves(tmp_path, monkeypatc
     run_dir.mkdir()
     assert scratch_root.recorded(run_dir) is None  # ENOENT alone is "no record"
     assert config_of(run_dir).scratch_dir == base / f"minilmd-{UID}" / "r"
+
+
+def test_a_command_never_looks_for_checkpoints_in_a_squatted_default_root(squatted, tmp_path):
+    """No record (removed by hand, or never written by an older launch) and the default root another's: `status`,
+    `sample RUN_DIR` and `export RUN_DIR` are told, never given his directory's checkpoints."""
+    _, default = squatted
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RUN_CONFIG_COPY).write_text(f'[run]\nname = "r"\ndir = "{run_dir}"\n'
+                                           f'[data]\nprepared = "{run_dir}"\n[train]\nmax_steps = 1\n')
+    with pytest.raises(RunDirUnusable, match=f"its default scratch root is not looked in: {default} is a file"):
+        run_roots(run_dir)
+    default.unlink()
+    default.mkdir(mode=0o700)  # ours again
+    assert run_roots(run_dir).roots[0] == default / "r" / CHECKPOINTS
