@@ -205,7 +205,10 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     when run.dir's file system is full (said: the caller exits 73); NothingToDo when the run is done (said: exit 0,
     nothing made). Returns the config and whether it resumes from a checkpoint of its own (`resumes`)."""
     said: list[str] = []  # where it starts: a run already done is no launch (daemon/jobs/rundone.py)
-    cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
+    try:
+        cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
+    except scratch_root.RecordUnreadable as e:
+        raise ScratchRootUnknown(e) from None
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
         if cleared := stoprequest.clear_at_a_done_start(cfg.run_dir, os.environ):
@@ -214,8 +217,13 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
     try:
-        if not cfg.run.scratch and (moved := scratch_root.settle(cfg.run_dir)):
-            print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+        if not cfg.run.scratch:  # decided once, here: every attempt's command names the scratch in it
+            settled, moved = scratch_root.settle(cfg.run_dir)
+            cfg.fix_scratch_root(settled)
+            if moved:
+                print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+    except scratch_root.RecordUnreadable as e:
+        raise ScratchRootUnknown(e) from None
     except OSError as e:  # the private root or its record could not be made (base or run.dir full, say)
         raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
                            f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
@@ -246,6 +254,16 @@ class NothingToDo(LaunchEnds):
     """The run is done: its newest checkpoint is at its budget's end (daemon/jobs/rundone.py)."""
 
     exit_status = protocol.SUPERVISOR_DONE
+
+
+class ScratchRootUnknown(LaunchEnds):
+    """run.dir's record of the private scratch root could not be read (scratch_root.RecordUnreadable): said, and
+    exit 1, so that systemd starts the launch again; never the default root, which another user may have made."""
+
+    def __init__(self, why: scratch_root.RecordUnreadable):
+        super().__init__(str(why))
+        print(f"minilmd run: nothing started: {why}; the default scratch root is not used instead (it may be "
+              f"another user's); start the run again once run.dir reads", flush=True)
 
 
 class RunDirFull(LaunchEnds):

@@ -137,7 +137,7 @@ class Supervisor(Ending):
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
-            own_root = scratch_root.in_use(self.run_dir)  # another user took the default's name
+            own_root = scratch_root.in_use(self.run_dir, self.cfg.scratch_dir.parent)  # the default's was taken
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})"
                              + (f"; {own_root}" if own_root else ""), pid=os.getpid())
             start.say_share(self.events.emit)  # a first start from a finished base: what --check would have said
@@ -321,7 +321,8 @@ class Supervisor(Ending):
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
         sets = {**self.staging.inputs_for(self.slurm), **self.state.overrides}  # + the staged probe, init.from
-        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, sets, self.cli_sets, nproc)
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.cfg.scratch_dir, sets,
+                                               self.cli_sets, nproc)
         if self.slurm:
             command = self.slurm.command(command, self.loop.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from minilmd import scratch_root
 from minilmd.names import CHECKPOINTS
@@ -413,19 +413,30 @@ class RunConfig:
         setattr(getattr(self, section), name, value)
         self._explicit = self._explicit | {key}
 
+    _scratch_root = cast("Path | None", None)  # not a field: the root the launch settled (fix_scratch_root)
+
+    def fix_scratch_root(self, root: Path) -> None:
+        """The per-user root of a default scratch from now on, as the launch settled it (scratch_root.settle):
+        record not read again, so no later read error can move this run's scratch elsewhere."""
+        self._scratch_root = root
+
     @property
     def scratch_dir(self) -> Path:
         return Path(self.run.scratch) if self.run.scratch else self._default_scratch
 
     @property
     def scratch_is_default(self) -> bool:
-        """The per-user default (also when written out): its root must be private to this user."""
-        return not self.run.scratch or Path(self.run.scratch) == self._default_scratch
+        """The per-user default (also when written out, or passed to a trainer): its root must be private to this
+        user. Reads nothing (scratch_root.is_default_form)."""
+        return not self.run.scratch or scratch_root.is_default_form(Path(self.run.scratch), self.run.name)
 
     @property
     def _default_scratch(self) -> Path:
-        """In the private root run.dir records when another user took the default's (minilmd/scratch_root.py)."""
-        return scratch_root.default_path(self.run.name, run_dir=self.run_dir if self.run.dir else None)
+        """In the root the launch settled (fix_scratch_root); before it, or in another command (status, sample),
+        in the private root run.dir records when another user took the default's (minilmd/scratch_root.py:
+        RecordUnreadable when that record cannot be read)."""
+        return scratch_root.default_path(self.run.name, run_dir=self.run_dir if self.run.dir else None,
+                                         in_root=self._scratch_root)
 
     @property
     def run_dir(self) -> Path:

@@ -8,11 +8,18 @@ a refusal is exit 2, final for systemd and the tmux launcher: one mkdir would en
 at launch (`settle`), when the root the run would use is taken (another user's directory, a link, not a directory),
 the run makes a root of its own with an unguessable name, `<base>/minilmd-<uid>-<8 random>` (tempfile.mkdtemp:
 created new, O_EXCL, 0700, never one that was there), and records it in run.dir (names.SCRATCH_ROOT_RECORD). Every
-later start of the run reads the record (`default_path(run_name, run_dir)`, which `RunConfig.scratch_dir` asks), so
-it finds the same scratch, its checkpoints included; a reboot that emptied base has it made again under the same
-name, and should that name be taken too (base is listed by everyone), a new one is made and recorded. A record is
-used only when it is this user's file in run.dir and names a root of this form under today's base; anything else
-there is no record. Never a wait: the run goes on at once, in a place nobody else can have made. Torch-free.
+later start of the run reads the record, so it finds the same scratch, its checkpoints included; a reboot that
+emptied base has it made again under the same name, and should that name be taken too (base is listed by everyone),
+a new one is made and recorded. A record is used only when it is this user's file in run.dir and names a root of
+this form under today's base; anything else there is no record. Never a wait: the run goes on at once, in a place
+nobody else can have made.
+
+The root is decided once, by `settle` at the supervisor's launch, which judges the root it returns (a taken one is
+never returned), and is carried from there: the supervisor's config holds it (RunConfig.fix_scratch_root) and every
+attempt's command names the scratch in it (`run.scratch`, daemon/child/trainerwatch.py), so no later read of the
+record decides where a trainer writes. Only a missing record means "none": a record that is there but cannot be
+read (EIO, ESTALE on an NFS run.dir) raises RecordUnreadable, never taken as "none", which would lead to the default
+root, the very directory another user made. Torch-free.
 """
 from __future__ import annotations
 
@@ -46,14 +53,38 @@ def base(environ: Mapping[str, str] | None = None) -> str:
     return SCRATCH_BASE
 
 
-def default_path(run_name: str, uid: int | None = None, run_dir: Path | None = None) -> Path:
+class RecordUnreadable(Exception):
+    """run.dir's record of the private root is there but could not be read (EIO, ESTALE): where this run's scratch
+    is cannot be known now. Never taken as "no record" (the default root may be another user's): the launch ends,
+    to be retried (exit 1, systemd's Restart)."""
+
+
+def default_path(run_name: str, uid: int | None = None, run_dir: Path | None = None,
+                 in_root: Path | None = None) -> Path:
     """The default run.scratch of this user (or of `uid`); in a Slurm job one per job, `<run.name>-slurm<job id>`:
     a node's scratch is the job's alone (daemon/slurm/job.py removes it once the remote holds the last checkpoint).
-    With `run_dir`, in the private root that run.dir records, if it records one (module docstring)."""
-    job = os.environ.get(SLURM_JOB_ENV, "")
-    name = f"{run_name}-slurm{job}" if job.isdigit() else run_name
+    In `in_root` when given (the root `settle` decided); else with `run_dir`, in the private root that run.dir
+    records, if it records one (module docstring: RecordUnreadable when the record cannot be read)."""
     uid = own_uid() if uid is None else uid
-    return root(run_dir, uid) / name
+    return (in_root if in_root is not None else root(run_dir, uid)) / default_name(run_name)
+
+
+def default_name(run_name: str) -> str:
+    job = os.environ.get(SLURM_JOB_ENV, "")
+    return f"{run_name}-slurm{job}" if job.isdigit() else run_name
+
+
+def is_default_form(scratch: Path, run_name: str) -> bool:
+    """Whether `scratch` is where a default scratch of this user's goes: the default name in the per-user root or
+    in a root of the private form (`<base>/minilmd-<uid>-XXXXXXXX`). Reads nothing: a default scratch (also when
+    written out, or passed to a trainer) is held to a default's rules (its root private to this user)."""
+    uid = own_uid()
+    return scratch.name == default_name(run_name) and (
+        scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
+
+
+def _private_form(path: Path, uid: int) -> bool:
+    return path.parent == Path(base()) and re.fullmatch(rf"minilmd-{uid}-[a-z0-9_]{{8}}", path.name) is not None
 
 
 def root(run_dir: Path | None, uid: int | None = None) -> Path:
@@ -64,19 +95,23 @@ def root(run_dir: Path | None, uid: int | None = None) -> Path:
 
 def recorded(run_dir: Path, uid: int | None = None) -> Path | None:
     """The private root run.dir's record names: only from a file of this user's (no link followed, bounded), and
-    only a root of the form `<base>/minilmd-<uid>-<8 of mkdtemp's letters>` under today's base; None otherwise."""
+    only a root of the form `<base>/minilmd-<uid>-<8 of mkdtemp's letters>` under today's base; None when there is
+    no record, or what is there is none of ours (a link, another's file, not such a root: `settle` judges the
+    default root then, and records a new one if it is taken). RecordUnreadable when it could not be read."""
     uid = own_uid() if uid is None else uid
     try:
         rec = read_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD, max_bytes=RECORD_MAX_BYTES, owner=uid)
-    except (Unreadable, OSError):
-        return None
+    except Unreadable as e:
+        if e.kind in ("io", "changed"):  # there, but not read now: a failing mount, a write under way
+            raise RecordUnreadable(f"{e}: where this run's scratch root is cannot be known now") from None
+        return None  # missing (ENOENT), or not a record of ours
+    except OSError as e:  # pragma: no cover - read_json raises Unreadable only
+        raise RecordUnreadable(f"{names.SCRATCH_ROOT_RECORD}: {e}") from None
     path = rec.get("root")
     if not isinstance(path, str):
         return None
     p = Path(path)
-    if p.parent != Path(base()) or not re.fullmatch(rf"minilmd-{uid}-[a-z0-9_]{{8}}", p.name):
-        return None
-    return p
+    return p if _private_form(p, uid) else None
 
 
 def taken(path: Path) -> str | None:
@@ -99,12 +134,13 @@ def taken(path: Path) -> str | None:
     return None
 
 
-def settle(run_dir: Path) -> str | None:
+def settle(run_dir: Path) -> tuple[Path, str | None]:
     """At launch, for a default scratch, before it is claimed: make the root this run would use (the recorded one,
     else the default) 0700 if it is missing; if someone else's stands there, make a private one (mkdtemp) and
-    record it in run.dir. Returns what was done in words (for stdout and the run's events), None when the usual
+    record it in run.dir. Returns the root the run uses from now on (never a taken one; the caller carries it:
+    RunConfig.fix_scratch_root) and what was done in words (for stdout and the run's events), None when the usual
     root serves. An OSError of the usual root's mkdir (base missing) is left to the claim to say; one making the
-    private root or its record (base or run.dir full) is raised."""
+    private root or its record (base or run.dir full) is raised, and so is RecordUnreadable."""
     uid = own_uid()
     usual = root(run_dir, uid)
     try:
@@ -112,14 +148,14 @@ def settle(run_dir: Path) -> str | None:
     except FileExistsError:
         pass
     except OSError:
-        return None
+        return usual, None
     why = taken(usual)
     if why is None:
-        return None
+        return usual, None
     made = Path(tempfile.mkdtemp(prefix=f"minilmd-{uid}-", dir=base()))  # 0700, a name that was free
     atomic_write_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD,
                       {"root": str(made), "because": why, "since": time.time()})
-    return said(why, made)
+    return made, said(why, made)
 
 
 def said(why: str, made: Path) -> str:
@@ -129,10 +165,10 @@ def said(why: str, made: Path) -> str:
             f"the other user's directory: this run keeps its own root")
 
 
-def in_use(run_dir: Path) -> str:
-    """For the run's start event: the private root in use and why, from the record; "" when there is none."""
-    made = recorded(run_dir)
-    if made is None:
+def in_use(run_dir: Path, made: Path) -> str:
+    """For the run's start event: `made`, the root in use (settled at launch), when it is a private one, and why,
+    from the record if it can be read; "" for any other root."""
+    if not _private_form(made, own_uid()):
         return ""
     try:
         why = read_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD, max_bytes=RECORD_MAX_BYTES,

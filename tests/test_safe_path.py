@@ -70,8 +70,8 @@ def test_a_relative_set_path_names_the_place_it_named_for_the_supervisor(tmp_pat
     """The trainer runs in "/": a `--set init.from=rel` typed in a shell must still name the shell's rel."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(childmod.TRAINER_CMD_ENV, raising=False)
-    command = attempt_command(tmp_path / "run", tmp_path / "staged", {}, given_sets(["init.from=teammate/ckpt"]),
-                              nproc=1)
+    command = attempt_command(tmp_path / "run", tmp_path / "staged", tmp_path / "scratch", {},
+                              given_sets(["init.from=teammate/ckpt"]), nproc=1)
     assert f'init.from="{tmp_path / "teammate" / "ckpt"}"' in command
 
 

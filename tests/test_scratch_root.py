@@ -39,24 +39,24 @@ def test_a_taken_default_root_gets_a_private_root_that_every_later_start_finds(b
         default.symlink_to(elsewhere)
     assert scratch_root.check_note(default / "r", by_default=True).startswith("the default scratch root is taken: ")
     assert scratch_root.check_note(default / "r", by_default=False) == ""  # run.scratch set by hand: its own rules
-    said = scratch_root.settle(run_dir)
+    settled, said = scratch_root.settle(run_dir)
     own = scratch_root.recorded(run_dir)
-    assert said and own is not None and f"this run's scratch root is {own}" in said
+    assert said and own is not None and settled == own and f"this run's scratch root is {own}" in said
     assert own.parent == base and own.is_dir() and not own.is_symlink() and (own.stat().st_mode & 0o777) == 0o700
     assert scratch_root.default_path("r", run_dir=run_dir) == own / "r"
     assert scratch_root.default_path("r") == default / "r"  # without a run.dir: the plain default
-    assert scratch_root.settle(run_dir) is None and scratch_root.recorded(run_dir) == own  # the next start: the same
+    assert scratch_root.settle(run_dir) == (own, None) and scratch_root.recorded(run_dir) == own  # the next start
     assert list(elsewhere.iterdir()) == []  # nothing made through the link
-    assert "scratch in the private root" in scratch_root.in_use(run_dir)
+    assert "scratch in the private root" in scratch_root.in_use(run_dir, own)
 
 
 def test_a_free_default_root_is_made_private_and_no_record_is_written(base, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert scratch_root.settle(run_dir) is None
     default = base / f"minilmd-{UID}"
+    assert scratch_root.settle(run_dir) == (default, None)
     assert default.is_dir() and (default.stat().st_mode & 0o777) == 0o700
-    assert not (run_dir / SCRATCH_ROOT_RECORD).exists() and scratch_root.in_use(run_dir) == ""
+    assert not (run_dir / SCRATCH_ROOT_RECORD).exists() and scratch_root.in_use(run_dir, default) == ""
 
 
 @pytest.mark.parametrize("root", ["/etc", "{base}/minilmd-{uid}", "{base}/minilmd-{other}-abcdefgh",

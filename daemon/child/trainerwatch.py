@@ -120,13 +120,15 @@ def compile_cache_root(cfg: RunConfig) -> Path:
     return compile_cache.root_of(cfg.scratch_dir)
 
 
-def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_sets: dict[str, dict],
+def attempt_command(run_dir: Path, staged: Path | None, scratch: Path, overrides: dict, cli_sets: dict[str, dict],
                     nproc: int) -> list[str]:
-    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's
-    (`cli_sets`, config.given_sets: their relative paths made absolute against this supervisor's working directory
-    once, at its start, as its own config read them; the trainer runs in "/" (minilmd/pychild.py), and the
-    supervisor's own directory may be deleted since)."""
-    merged = {"data.prepared": str(staged), **overrides}
+    """An attempt's command line: the staged corpus, the scratch the supervisor claimed (`run.scratch`: a default
+    one's root was settled once at launch, so the trainer never works it out again from run.dir's record, whose
+    failed read once led to the default root, another user's), the overrides the policy set, then the command
+    line's (`cli_sets`, config.given_sets: their relative paths made absolute against this supervisor's working
+    directory once, at its start, as its own config read them; the trainer runs in "/" (minilmd/pychild.py), and
+    the supervisor's own directory may be deleted since)."""
+    merged = {"data.prepared": str(staged), "run.scratch": str(scratch), **overrides}
     for section, values in cli_sets.items():
         for key, value in values.items():
             merged.setdefault(f"{section}.{key}", value)

@@ -40,13 +40,14 @@ def run_command(
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
-    Exit status: 0 finished (or stopped on request), 1 the supervisor crashed, could not set up the run directory,
-    or the run finished but its last sync failed (not final: systemd restarts it, and a restart retries the sync),
-    2 bad config (a checkpoint to resume from of another model or corpus too; a run.name, run.scratch or run.remote
-    edited away from a newer step this run.dir's state.json records there) or run owned by another supervisor,
-    65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65,
-    73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
+    Exit status: 0 finished (or stopped on request), 1 the supervisor crashed, could not set up the run directory or
+    read its scratch-root.json, or the run finished but its last sync failed (not final: systemd restarts it, and a
+    restart retries the sync), 2 bad config (a checkpoint to resume from of another model or corpus too; a run.name,
+    run.scratch or run.remote edited away from a newer step this run.dir's state.json records there) or run owned by
+    another supervisor, 65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many
+    restarts (2, 65, 73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
+        from minilmd import scratch_root
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
         from minilmd.protocol import SUPERVISOR_CONFIG
@@ -57,6 +58,9 @@ def run_command(
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(SUPERVISOR_CONFIG) from None
+        except scratch_root.RecordUnreadable as e:  # not the config's fault, and no default root guessed instead
+            typer.echo(f"{config}: where the run's scratch is cannot be known now: {e}", err=True)
+            raise typer.Exit(1) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         from minilmd.corpus_meta import read_corpus_meta
         from minilmd.plan.budget import budget_line, lr_line, planned
