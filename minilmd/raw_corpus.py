@@ -11,6 +11,7 @@ import os
 import shlex
 from pathlib import PurePath
 
+from minilmd import names
 from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, loads, open_regular
 
@@ -39,7 +40,7 @@ def prepare_hint(path: str, seq_len: int) -> str:
     """What to run for the raw corpus `path` ("" when its name is none a corpus is written in): the prepare
     command (a .txt or .parquet converted to JSON lines first), then data.prepared set to its --out."""
     name = PurePath(path).name
-    if name == "meta.json":  # a prepared corpus named by its meta.json, not a raw one
+    if name == names.CORPUS_META:  # a prepared corpus named by its meta.json, not a raw one
         return (f"data.prepared names a prepared corpus's directory, not its meta.json: set data.prepared = "
                 f"{str(PurePath(path).parent)!r}")
     suffix = next((s for s in JSONL_SUFFIXES if name.endswith(s)), "")
