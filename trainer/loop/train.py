@@ -121,7 +121,7 @@ class Trainer:
         (or the rest of a pass a stop or a kill cut short) and then saved at step 0 (replacing the step 0 of that
         pass: the same weights, the whole of the sums). The pass saves step 0 with the sums computed so far and how
         far it got every checkpoint_every (Saves.pass_due), and at a stop, so the next start goes on from there;
-        StoppedInPass then ends the run (exit 75)."""
+        StoppedInPass then ends the run (exit 75, or 73 on a full run.dir)."""
         assert self.preference is not None
         try:
             self.val_batches, files = self.preference.start(self, found)
