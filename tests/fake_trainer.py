@@ -33,7 +33,6 @@ real shared object cut in half and SIGBUS (the loader maps a segment past the en
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import mmap
@@ -233,7 +232,7 @@ def _write_metrics(metrics, line: str) -> None:
 
 def _dropped_on_full(e: OSError) -> bool:
     """FAKE_RUN_DIR_FULL: a write into run.dir that found no room is dropped and asks the loop to stop (exit 73)."""
-    if os.environ.get("FAKE_RUN_DIR_FULL") != "1" or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    if os.environ.get("FAKE_RUN_DIR_FULL") != "1" or not fsio.is_disk_full(e):
         return False
     RUN_DIR["full"] = True
     return True

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.base.runstate import RunState, is_disk_full, now
+from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
+from minilmd.fsio import is_disk_full
 from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0
