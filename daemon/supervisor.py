@@ -40,7 +40,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
 from minilmd.daemon.base import knobs, stoprequest
-from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
+from minilmd.daemon.base.runstate import now, read_heartbeat
 from minilmd.daemon.base.states import (
     ATTEMPT_PHASES,
     FINAL_PHASES,
@@ -73,6 +73,7 @@ from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.phases.spacewait import SpaceWaiter
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm import job as slurmjob
+from minilmd.fsio import is_disk_full
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""

@@ -9,6 +9,7 @@
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
 - Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
   its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`).
+- A full disk or quota: `is_disk_full` (ENOSPC, EDQUOT), the one test every part asks.
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
   line, one block in memory at a time) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
@@ -16,6 +17,7 @@ Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,6 +32,15 @@ from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, file_kind, open_regular
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""No room (the file system's, or the user's quota): the write would fit elsewhere, or later; nothing is wrong with
+the file itself. The one list: the supervisor, the trainer, prepare and export ask is_disk_full."""
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC or EDQUOT (DISK_FULL_ERRNOS)."""
+    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
 CHUNK = 1 << 22
 

@@ -24,14 +24,13 @@ step_time that is).
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from minilmd.fsio import atomic_write_text
+from minilmd.fsio import atomic_write_text, is_disk_full
 from minilmd.names import HEARTBEAT, METRICS
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -60,9 +59,6 @@ def heartbeat_interval(hang_timeout_s: float) -> float:
     return min(HEARTBEAT_INTERVAL_S, hang_timeout_s / 10)
 
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
 class RunDirWrites:
     """The trainer's writes into run.dir (metrics.jsonl, the heartbeat, its log: trainer/loop/guards.py) on a full
     file system: each one that fails for want of room is dropped and counted, never raised (a traceback there ended
@@ -77,7 +73,7 @@ class RunDirWrites:
 
     def failed(self, e: OSError, what: str) -> None:
         """A write of `what` raised `e`: dropped and counted when the disk is full, raised again otherwise."""
-        if e.errno not in DISK_FULL_ERRNOS:
+        if not is_disk_full(e):
             raise e
         self.dropped += 1
         self.full = self.full or f"no room to write {what}: {e.strerror}"

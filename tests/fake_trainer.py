@@ -23,11 +23,13 @@ once with exit 75, nothing saved, as the real pass does (trainer/loop/dpo_refere
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
 (default 0: a slow teardown, e.g. NCCL's). FAKE_CHECKPOINTS=PATH: resume from and save to PATH instead of the
 config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
-supervisor looks). FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its
-inductor cache dir (TORCHINDUCTOR_CACHE_DIR, else torch's default under the temp dir), as a kill in the middle of a
-compile does; every attempt that finds it there dies on it as torch does: "1" (or an absolute path, where the file
-is put instead) 5 bytes and the InductorError `file too short` (exit 1); "sigbus" a real shared object cut in half
-and SIGBUS (the loader maps a segment past the end of the file).
+supervisor looks). FAKE_RUN_DIR_FULL=1: as the real trainer on a full run.dir, its heartbeat and metrics writes that
+find no room are dropped, and it saves at the next step boundary and exits 73 (FAKE_STOP_HOLD=after holds that exit
+too); without it a full run.dir is an ENOSPC traceback (exit 1). FAKE_CORRUPT_CACHE: the first time, leave a
+truncated kernel in its inductor cache dir (TORCHINDUCTOR_CACHE_DIR, else torch's default under the temp dir), as a
+kill in the middle of a compile does; every attempt that finds it there dies on it as torch does: "1" (or an
+absolute path, where the file is put instead) 5 bytes and the InductorError `file too short` (exit 1); "sigbus" a
+real shared object cut in half and SIGBUS (the loader maps a segment past the end of the file).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from minilmd.config_values import parse_duration
 from minilmd.model_shapes import expected_state_shapes
 
 STOP = {"requested": False}
+RUN_DIR = {"full": False}  # FAKE_RUN_DIR_FULL: a write into run.dir found no room
 
 
 def _on_term(signum, frame):
@@ -207,8 +210,32 @@ def _beat(heartbeat: Path, text: str) -> None:
     """The heartbeat replaced whole, as the real trainer does (minilmd/metrics.py): a reader never sees it
     empty halfway through a write (a status under load once read "no heartbeat step" there)."""
     tmp = heartbeat.with_name(f".{heartbeat.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, heartbeat)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, heartbeat)
+    except OSError as e:
+        if not _dropped_on_full(e):
+            raise
+        tmp.unlink(missing_ok=True)
+
+
+def _write_metrics(metrics, line: str) -> None:
+    """A metrics line; none once run.dir was found full (FAKE_RUN_DIR_FULL)."""
+    if RUN_DIR["full"]:
+        return
+    try:
+        metrics.write(line)
+    except OSError as e:
+        if not _dropped_on_full(e):
+            raise
+
+
+def _dropped_on_full(e: OSError) -> bool:
+    """FAKE_RUN_DIR_FULL: a write into run.dir that found no room is dropped and asks the loop to stop (exit 73)."""
+    if os.environ.get("FAKE_RUN_DIR_FULL") != "1" or not fsio.is_disk_full(e):
+        return False
+    RUN_DIR["full"] = True
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -294,14 +321,15 @@ def main(argv: list[str]) -> int:
         _beat(heartbeat, str(step))
         dt = time.monotonic() - t0
         if step % cfg.train.log_every == 0 or step == total:
-            metrics.write(json.dumps({"kind": "train", "step": step,
-                                      "tokens_seen": step * cfg.train.seq_len * mb * accum,
-                                      "loss": 10.0 / (1 + step), "lr": cfg.train.lr, "grad_norm": 1.0,
-                                      "tok_s": cfg.train.seq_len * mb * accum / dt, "step_time": dt,
-                                      "total_steps": total, "time": time.time(), "micro_batch_size": mb,
-                                      "grad_accum": accum}) + "\n")
+            _write_metrics(metrics, json.dumps({"kind": "train", "step": step,
+                                                "tokens_seen": step * cfg.train.seq_len * mb * accum,
+                                                "loss": 10.0 / (1 + step), "lr": cfg.train.lr, "grad_norm": 1.0,
+                                                "tok_s": cfg.train.seq_len * mb * accum / dt, "step_time": dt,
+                                                "total_steps": total, "time": time.time(),
+                                                "micro_batch_size": mb, "grad_accum": accum}) + "\n")
         due = (every_steps and step % every_steps == 0) or (every_s and time.monotonic() - last_save >= every_s)
-        stopping = STOP["requested"] and step < total  # read once: a SIGTERM between two reads saved, not stopped
+        # read once: a SIGTERM between two reads saved, not stopped
+        stopping = (STOP["requested"] or RUN_DIR["full"]) and step < total
         if stopping:
             _stop_hold("before")
         if stopping or due or step == total:
@@ -309,10 +337,12 @@ def main(argv: list[str]) -> int:
             keep = sys.maxsize if os.environ.get(names.RUN_DIR_ENV) else cfg.train.keep_local
             path = save(ckpt_root, step, weights, cfg, prints, keep)
             last_save = time.monotonic()
-            metrics.write(json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": str(path),
-                                      "time": time.time()}) + "\n")
+            _write_metrics(metrics, json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0,
+                                                "path": str(path), "time": time.time()}) + "\n")
         if stopping:
             _stop_hold("after")
+            if RUN_DIR["full"]:  # its log is in run.dir: not a word
+                return protocol.EXIT_RUN_DIR_FULL
             print(f"stopped at step {step}", flush=True)
             return protocol.EXIT_STOPPED
     print(f"done at step {step}: weights {weights}", flush=True)

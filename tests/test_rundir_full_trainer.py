@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import io
+import signal
 
 import pytest
 
@@ -19,6 +20,7 @@ from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.metrics import MetricsLog, RunDirWrites
+from minilmd.trainer.loop.exits import StoppedInPass, crashed
 from minilmd.trainer.loop.guards import OutputOnFullDisk, StopFlag
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
@@ -64,6 +66,25 @@ def test_a_print_into_a_full_log_is_dropped_and_other_errors_still_raise():
         print("x", file=OutputOnFullDisk(Broken(), writes, "its log"), flush=True)
     plain = StopFlag()
     assert not plain.requested and plain.exit_status() == protocol.EXIT_STOPPED
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["run_dir_full", "sigterm"])
+def test_a_stop_in_the_dpo_reference_pass_exits_with_the_stops_own_status_and_reason(full, capsys):
+    """Observed before (review 8, finding 2): a full run.dir during DPO's reference pass exited 75, "stop received":
+    the supervisor took it for a SIGTERM it did not send and restarted into the full run.dir. Now the pass's stop
+    carries the StopFlag's reason and status: 73 for a full run.dir, 75 for a signal."""
+    stop = StopFlag()
+    if full:
+        print("pair 7", file=OutputOnFullDisk(FullFile(), stop.writes, "its log (stdout)"), flush=True)
+    else:
+        stop._handle(signal.SIGTERM, None)
+    assert stop.requested
+    code = crashed(None, StoppedInPass(stop.why(), stop.exit_status(), 7, 30), None, 0)  # as the pass raises it
+    said = capsys.readouterr().out
+    if full:
+        assert code == protocol.EXIT_RUN_DIR_FULL and "run.dir is full (no room to write its log" in said, said
+    else:
+        assert code == protocol.EXIT_STOPPED and "SIGTERM received during the DPO reference pass (7/30" in said, said
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ run.dir means for the run (daemon/phases/rundirwatch.py, which also keeps the re
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from minilmd.daemon.base.statesections import (
     SupervisorInfo,
     Sync,
 )
-from minilmd.fsio import atomic_write_json, new_lines, open_regular_or_none
+from minilmd.fsio import atomic_write_json, is_disk_full, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
 from minilmd.perms import own_uid
@@ -50,7 +49,6 @@ from minilmd.procs import (  # noqa: F401 - here too: callers and tests import t
 from minilmd.untrusted import Unreadable, printable, read_json
 
 STATE_VERSION = 1
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def now() -> float:
@@ -61,11 +59,6 @@ def fmt_time(ts: float | None) -> str:
     if not ts:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def is_disk_full(e: BaseException) -> bool:
-    """ENOSPC or EDQUOT: the write would fit elsewhere, or later; nothing is wrong with the file itself."""
-    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
 
 # --- Process identity ------------------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
         return Decision(Action.RESTART, "CUDA OOM at micro_batch_size 1: nothing left to halve, restarting")
     if cause == Cause.STOPPED:
         return Decision(Action.RESTART, f"the trainer {death.detail}: restarting")
+    if cause == Cause.RUN_DIR_FULL:  # asked only once run.dir has room again (rundirwatch.still_full)
+        return Decision(Action.RESTART, f"run.dir has room again: restarting ({death.detail})")
     return Decision(Action.RESTART, f"{cause}: {death.detail}")
 
 

@@ -23,13 +23,12 @@ What fails its proof is left as it is, and the caller says so (an event and a lo
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 from pathlib import Path
 
 from minilmd.dirfd import Dir
-from minilmd.fsio import atomic_write_json, fsync_dir
+from minilmd.fsio import atomic_write_json, fsync_dir, is_disk_full
 from minilmd.names import (
     MANIFEST,
     MANIFEST_MAX_BYTES,
@@ -122,7 +121,7 @@ class Made:
             fsync_dir(self.path.parent)
             return True
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or self.fallback is None:
+            if not is_disk_full(e) or self.fallback is None:
                 raise
         atomic_write_json(self.fallback, made)
         fsync_dir(self.fallback.parent)

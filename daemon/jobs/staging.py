@@ -40,7 +40,7 @@ from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, owner_not
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
-from minilmd.fsio import dir_table_problems, publish_dir, table_problems
+from minilmd.fsio import dir_table_problems, is_disk_full, publish_dir, table_problems
 from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
@@ -236,7 +236,7 @@ class _Copier:
             message += self._others_note(rel)
         if isinstance(error, _SourceReadError):
             raise SourceUnreachable(message)
-        if error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT):  # another job filled scratch
+        if error is not None and is_disk_full(error):  # another job filled scratch
             raise ScratchFull(message)
         raise StagingError(message)
 

@@ -6,11 +6,11 @@ STATE_EVERY_S) and reads those `unwritten` after each write: it says once on std
 cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on until its own
 writes there find it full (it then saves to scratch at the next step boundary and exits 73, trainer/loop/guards.py);
 no trainer can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before
-it launches one and when one has ended (a trainer's exit 73 is believed), and then stops after the last sync
-(`stop()` is the phase's reason, `outcome()` the final message with exit 73). The reserve file
-(names.RUN_DIR_RESERVE) is made at start and given up when run.dir is full: the room the final state.json and the
-last events need, so that `minilmd status` says what happened. `full_at_start()` is the one line for a run.dir
-already full when the supervisor starts. Torch-free.
+it launches one and when one has ended (room is tested: a trainer's exit 73 is not believed alone, with room it is
+restarted), and when it is full stops after the last sync (`stop()` is the phase's reason, `outcome()` the final
+message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start and given up when run.dir is
+full: the room the final state.json and the last events need, so that `minilmd status` says what happened.
+`full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.base.runstate import RunState, is_disk_full, now
+from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
+from minilmd.fsio import is_disk_full
 from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0
@@ -137,14 +138,24 @@ class RunDirWatch:
             self.full = self.events.unwritten
 
     def still_full(self, phase, ended: Cause | None = None) -> bool:
-        """Whether run.dir is full now: the state is written once more to find out. A trainer that `ended` for a
-        full run.dir (exit 73, saved first) is believed even when state.json still fits: launched again, it would
-        find it full at its first writes, and stop again. A trainer that finished needs no relaunch: False."""
+        """Whether run.dir is full now, tested for real: state.json is written once more, and the reserve is made
+        whole again where it is not (written: RESERVE_BYTES of room). A trainer that `ended` for a full run.dir
+        (exit 73, saved first) is not believed alone: another user's file removed since gives the room back, and
+        the trainer is restarted (restart.no_progress_limit bounds a run.dir that fills again at each launch). A
+        trainer that finished needs no relaunch: False."""
         self.save()
         self.watch(phase)
-        if ended == Cause.RUN_DIR_FULL and self.full is None:
-            self.full = "the trainer found no room for its metrics, heartbeat or log"
+        if self.full is None and not self._reserve_whole():
+            self.full = f"no room for the {size_text(RESERVE_BYTES)} reserve"
         return self.full is not None and ended != Cause.DONE
+
+    def _reserve_whole(self) -> bool:
+        """The reserve made (again) when it was given up or never made. True also when its name holds something
+        not ours to write (make_reserve refuses it): the state write alone then says whether there is room."""
+        try:
+            return make_reserve(self.run_dir)
+        except OSError:
+            return True
 
     def stop(self, what: str, error: OSError | None = None) -> str:
         """No trainer can run without its run directory (heartbeat, metrics, log): the reason to stop after the last

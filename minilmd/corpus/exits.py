@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import typer
 
+from minilmd.fsio import is_disk_full
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
 
 __all__ = ["EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
@@ -109,7 +110,7 @@ def _file_system(e: OSError, where: str | os.PathLike) -> str:
     answers. Any other is said without a look at the file system: on EIO or ESTALE (a hard NFS mount that stopped
     answering) each stat could hang the error path itself. The look is bounded all the same (SHARED_STORAGE_PROBE_S:
     minilmd/bounded.py); a file system that does not answer in time is not named."""
-    if e.errno not in (errno.ENOSPC, errno.EDQUOT) or getattr(e, "what_to_do", None):
+    if not is_disk_full(e) or getattr(e, "what_to_do", None):
         return ""
     from minilmd.bounded import bounded_probe
 

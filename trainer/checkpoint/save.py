@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import errno
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ import numpy as np
 from minilmd import procs
 from minilmd.checkpoint import FORMAT, VERSION, read_manifest
 from minilmd.checkpoint_select import prune
-from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
+from minilmd.fsio import atomic_write_text, fsync_dir, is_disk_full, publish_dir
 from minilmd.names import (
     CHECKPOINT_KILL_ENV,
     LATEST,
@@ -47,7 +46,6 @@ from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SAVE_SLACK = 128 * 1024
 """Counted beyond the tensors and the tokenizer: the JSON files (a chat template's tokenizer_config.json too),
 the safetensors headers, a page per file."""
@@ -196,7 +194,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
         _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer,
                           extra, notes or {})
     except OSError as e:
-        if e.errno not in DISK_FULL_ERRNOS:
+        if not is_disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise ScratchFull(root, step, needs, _free_bytes(root)) from e

@@ -17,10 +17,11 @@ and the pairs done ("0 reference 1200/3000/200/40": of all, and since this attem
 its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag) is acted on between two batches, agreed
 by every rank: the sums so far and how far the pass got (KeptPass: the pairs done, in the pass's fixed order, and
 the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept, which the Trainer saves) and the trainer
-exits 75; the next start resumes that checkpoint and goes on from there (the same batches: the same sums, bit for
-bit), then saves step 0 again with every sum. The pass saves that step 0 the same way every train.checkpoint_every
-(a steps value: every 5 min, saving.PASS_SAVE_EVERY_S), agreed by every rank as the stop is: a kill (SIGKILL, OOM,
-a hang's) loses the pass since its last save, not all of it.
+exits 75 (73 when the stop was a full run.dir: StopFlag.exit_status); the next start resumes that checkpoint and
+goes on from there (the same batches: the same sums, bit for bit), then saves step 0 again with every sum. The pass
+saves that step 0 the same way every train.checkpoint_every (a steps value: every 5 min, saving.PASS_SAVE_EVERY_S),
+agreed by every rank as the stop is: a kill (SIGKILL, OOM, a hang's) loses the pass since its last save, not all of
+it.
 
 The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
 metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
@@ -215,7 +216,7 @@ class Preference:
                 host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=progress.note())
                 stop, save_due = agree(host.dist, host.stop.requested, host.saves.pass_due())  # the same batch
                 if stop:
-                    raise StoppedInPass(host.stop.signal_name, progress.done, progress.total)
+                    raise StoppedInPass(host.stop.why(), host.stop.exit_status(), progress.done, progress.total)
                 if save_due and progress.done < progress.total:  # at the end: the complete one, saved next
                     host.saves.save_pass(host.step, kept_now(), progress.done, progress.total)
         finally:

@@ -17,7 +17,6 @@ from minilmd.protocol import (
     EXIT_CUDA_OOM,
     EXIT_DATA,
     EXIT_SCRATCH_FULL,
-    EXIT_STOPPED,
     write_fault,
 )
 from minilmd.trainer.checkpoint.save import ScratchFull
@@ -63,24 +62,25 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
 
 
 class StoppedInPass(Exception):
-    """A stop (SIGTERM/SIGINT) acted on during the DPO reference pass (trainer/loop/dpo_reference.py), before the
-    Trainer's loop: the pass's sums so far are saved at step 0 (`kept`: the reference file the Trainer saves with
-    it), the next start goes on from there, the run exits 75."""
+    """A stop acted on during the DPO reference pass (trainer/loop/dpo_reference.py), before the Trainer's loop: the
+    pass's sums so far are saved at step 0 (`kept`: the reference file the Trainer saves with it), the next start
+    goes on from there. `why` and `exit_status` are the StopFlag's: a SIGTERM/SIGINT exits 75, a full run.dir 73."""
 
-    def __init__(self, signal_name: str, done: int, total: int):
-        super().__init__(f"{signal_name or 'stop'} received during the DPO reference pass ({done:,}/{total:,} pairs); "
-                         f"the pairs done are saved at step 0: the next start goes on from there")
+    def __init__(self, why: str, exit_status: int, done: int, total: int):
+        super().__init__(f"{why} during the DPO reference pass ({done:,}/{total:,} pairs); the pairs done are saved "
+                         f"at step 0: the next start goes on from there")
         self.kept: dict[str, bytes] = {}
+        self.exit_status = exit_status
         self.done, self.total = done, total
 
 
 def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:
-    """Any other exception: a stop during the DPO reference pass (75), a refused deterministic kernel (the same
-    next time: a config error), a CUDA OOM in any of its shapes (fault.json written first), else its traceback to
-    the log and a restartable exit status."""
+    """Any other exception: a stop during the DPO reference pass (75, or 73 on a full run.dir), a refused
+    deterministic kernel (the same next time: a config error), a CUDA OOM in any of its shapes (fault.json written
+    first), else its traceback to the log and a restartable exit status."""
     if isinstance(e, StoppedInPass):
         print(f"minilmd: {e}", flush=True)
-        return EXIT_STOPPED
+        return e.exit_status
     if (refused := determinism.refusal(e, cfg)) is not None:
         print(f"minilmd train: {refused}", file=sys.stderr)
         return EXIT_CONFIG

@@ -57,6 +57,7 @@ from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.corpus_meta import CORPUS_SUMMARY, corpus_summary
+from minilmd.fsio import is_disk_full
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
@@ -74,7 +75,7 @@ from minilmd.protocol import (
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
-from minilmd.trainer.checkpoint.save import DISK_FULL_ERRNOS, AsyncCheckpointer
+from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 from minilmd.trainer.loop import cpu_threads, determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled
@@ -121,7 +122,7 @@ class Trainer:
         (or the rest of a pass a stop or a kill cut short) and then saved at step 0 (replacing the step 0 of that
         pass: the same weights, the whole of the sums). The pass saves step 0 with the sums computed so far and how
         far it got every checkpoint_every (Saves.pass_due), and at a stop, so the next start goes on from there;
-        StoppedInPass then ends the run (exit 75)."""
+        StoppedInPass then ends the run (exit 75, or 73 on a full run.dir)."""
         assert self.preference is not None
         try:
             self.val_batches, files = self.preference.start(self, found)
@@ -478,7 +479,7 @@ def settle_run_dir_of(cfg: RunConfig) -> int | None:
         print(f"minilmd train: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     except OSError as e:
-        full = e.errno in DISK_FULL_ERRNOS
+        full = is_disk_full(e)
         print(f"minilmd train: run.dir {cfg.run.dir} cannot be made: {e.strerror or e} ({e.filename})"
               + ("; make room on its file system, then start the run again" if full else ""), file=sys.stderr,
               flush=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
-from minilmd.fsio import open_out_parent
+from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent
 from minilmd.names import (
     BEST,
     CHECKPOINTS,
@@ -61,7 +61,6 @@ class ExportNotWritten(ExportError):
     exit_status = EXIT_IO
 
 
-SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _WHAT_TO_DO = {
     errno.EACCES: "choose an --out you may write",
     errno.EPERM: "choose an --out you may write",
@@ -97,7 +96,7 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     """What a write error means for the export: a full disk or quota with the room left there; anything else (no
     permission, a read-only file system, EIO) said as what it is."""
     code = _write_errno(e)
-    if code in SPACE_ERRNOS:
+    if code in DISK_FULL_ERRNOS:
         try:
             free = f"; {shutil.disk_usage(out.parent).free / 1e6:,.1f} MB free there"
         except OSError:

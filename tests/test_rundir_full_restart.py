@@ -1,0 +1,64 @@
+"""A run.dir full for a moment: the trainer's exit 73 is not the end when the supervisor finds room again.
+
+Observed before (review 8, finding 1): a trainer whose metrics, heartbeat or log found run.dir full saved and exited
+73, and the supervisor believed it: the run ended for good with exit 73 although its own state.json write had just
+found room (another user's big file removed meanwhile), and waited for a person. Now the supervisor tests for room
+itself (state.json written, the reserve whole): room again restarts the trainer from its save; a run.dir still full
+ends the run with 73 after the last sync, as before.
+
+A real supervisor and the fake trainer (FAKE_RUN_DIR_FULL: it saves and exits 73 on a full run.dir, as the real
+one does, tests/test_rundir_full_trainer.py), run.dir on a small tmpfs; the trainer's exit is held until the test
+has emptied the disk or not (FAKE_STOP_HOLD), so the supervisor judges only then.
+"""
+from __future__ import annotations
+
+import pytest
+
+from filling import fill
+from minilmd import checkpoint_dirs, protocol
+from minilmd.config import load_config
+from minilmd.daemon.base.runstate import read_heartbeat
+from supervisor_helpers import start_supervisor, state, wait_for, wait_or_kill, write_config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emptied", [True, False], ids=["emptied", "stays_full"])
+def test_a_trainer_that_found_run_dir_full_is_restarted_once_there_is_room_again(tmp_path, corpus, small_tmpfs,
+                                                                                emptied):
+    disk = small_tmpfs("4m")
+    config = write_config(tmp_path, corpus, run={"dir": str(disk / "run"), "remote": str(tmp_path / "remote")},
+                          train={"max_steps": 30, "checkpoint_every": 10})
+    cfg = load_config(config)
+    go, release = tmp_path / "go", tmp_path / "release"
+    out = tmp_path / "sup.out"
+    sup = start_supervisor(config, out, FAKE_RUN_DIR_FULL="1", FAKE_HOLD=f"5:{go}",
+                           FAKE_STOP_HOLD=f"after:{release}")
+    try:
+        wait_for(lambda: ((read_heartbeat(cfg.run_dir) or _NoBeat).step or 0) >= 5, 120, "the trainer at step 5")
+        filler = fill(disk)
+        go.touch()
+        wait_for(lambda: release.with_name("release.holding").exists(), 120, "the trainer's save on a full run.dir")
+        if emptied:
+            filler.unlink()  # the other user's file is gone before the supervisor judges the trainer's exit 73
+        release.touch()
+        rc = wait_or_kill(sup, 120)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    text = out.read_text()
+    assert "run_dir_full (exit 73)" in text, text[-3000:]  # the trainer did exit 73
+    st = state(cfg.run_dir)
+    if emptied:
+        assert rc == 0, text[-3000:]
+        assert st["phase"] == "done", st.get("reason")
+        assert [r["cause"] for r in st["restarts"]] == ["run_dir_full"], st["restarts"]
+        assert checkpoint_dirs.read_latest(cfg.run.remote) == "step-00000030", text[-3000:]
+    else:
+        assert rc == protocol.SUPERVISOR_RUN_DIR_FULL, text[-3000:]
+        assert st["outcome"]["exit"] == protocol.SUPERVISOR_RUN_DIR_FULL and "run.dir is full" in st["reason"], st
+        assert checkpoint_dirs.read_latest(cfg.run.remote) == "step-00000006", text[-3000:]  # its save, synced
+        filler.unlink()
+
+
+class _NoBeat:
+    step = 0
