@@ -212,27 +212,11 @@ class Supervisor(Ending):
             trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit)
 
     def _stop_request_at_start(self) -> None:
-        """`minilmd stop`'s request left while no supervisor ran (daemon/base/stoprequest.py): a launcher's automatic
-        restart honours it (stopping before any trainer: the last sync of what an orphan saved, then done, exit 0);
-        any other start clears it and runs as asked. Read once the run lock is held: a `stop` later than this finds
-        this supervisor and signals it."""
-        how = stoprequest.automatic_restart(os.environ)
-        os.environ.pop(names.AUTO_RESTART_ENV, None)  # this start's, not the trainers'
-        request, problem = stoprequest.read(self.run_dir)
-        if problem:
-            self.events.emit("stop_request", f"{problem}: not honoured")
-        if request is None:
-            return
-        if how is None:
-            left = stoprequest.clear(self.run_dir)
-            self.events.emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic "
-                                             f"restart (by hand, or by systemd)" + (f"; {left}" if left else ""))
-            return
-        self.loop.stop_requested = True
-        self.loop.stop_reason = f"stopped on request ({request.words()}; {how} does not start the run)"
-        self.events.emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any "
-                                         f"trainer", request=str(request.path))
-        self._enter_stopping(f"{request.words()}: not started by {how}")
+        """A stop request left while no supervisor ran (daemon/base/stoprequest.py at_start)."""
+        stops = stoprequest.at_start(self.run_dir, os.environ, self.events.emit)
+        if stops is not None:
+            self.loop.stop_requested, (self.loop.stop_reason, words) = True, stops
+            self._enter_stopping(words)
 
     @property
     def phase(self) -> Phase:
@@ -486,6 +470,7 @@ HANDLERS: dict[Phase, Callable[[Supervisor], None]] = {
     Phase.STOPPING: Supervisor._tick_stopping,
 }
 """What a tick does in each live phase: every phase but the final ones has one (tests/test_supervisor_dispatch.py)."""
+
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
                    claim_remote: bool = False) -> int:

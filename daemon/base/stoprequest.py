@@ -29,7 +29,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,3 +179,27 @@ def automatic_restart(environ: Mapping[str, str]) -> str | None:
     if environ.get(names.SLURM_JOB_ENV) and count.isdigit() and int(count) > 0:
         return f"the requeue of Slurm job {printable(environ[names.SLURM_JOB_ENV])} (start {int(count) + 1})"
     return None
+
+
+def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..., None]) -> tuple[str, str] | None:
+    """`minilmd stop`'s request left while no supervisor ran, at a supervisor's start, once it holds the run lock (a
+    `stop` later than this finds the supervisor and signals it): a launcher's automatic restart honours it (the
+    supervisor then stops before any trainer: the last sync of what an orphan saved, then done, exit 0), any other
+    start clears it and runs as asked. `environ` loses AUTO_RESTART_ENV (this start's, not the trainers'); `emit`
+    says what is done. (the stop reason, the stopping's words) when the start stops; None when it runs."""
+    how = automatic_restart(environ)
+    environ.pop(names.AUTO_RESTART_ENV, None)
+    request, problem = read(run_dir)
+    if problem:
+        emit("stop_request", f"{problem}: not honoured")
+    if request is None:
+        return None
+    if how is None:
+        left = clear(run_dir)
+        emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic restart (by hand, "
+                             f"or by systemd)" + (f"; {left}" if left else ""))
+        return None
+    emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any trainer",
+         request=str(request.path))
+    return (f"stopped on request ({request.words()}; {how} does not start the run)",
+            f"{request.words()}: not started by {how}")
