@@ -26,8 +26,9 @@ class Knob:
 
 
 SYNC_STALLED_AFTER = Knob(names.SYNC_STALLED_AFTER_ENV, default_s=120.0, min_s=1.0, max_s=86400.0)
-"""A sync, a remote fetch or a staging read running longer than this shows as stalled (it keeps running in its
-thread). Below a second every healthy copy would be called stalled; past a day a hung mount would go unsaid."""
+"""A sync or a staging read that moved nothing for this long (no byte, no answer), or a remote fetch running longer,
+shows as stalled (it keeps running in its thread); a sync still stalled so when the run ends is the last sync stalled.
+Below a second every healthy copy would be called stalled; past a day a hung mount would go unsaid."""
 PRUNE_UNSYNCED_AFTER = Knob(names.PRUNE_UNSYNCED_AFTER_ENV, default_s=60.0, min_s=1.0, max_s=7 * 86400.0)
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
 

@@ -105,7 +105,7 @@ class SyncState(Named):
     RUNNING = "running"  # a sync thread is copying
     OK = "ok"  # the last sync verified (or found nothing to sync)
     FAILED = "failed"  # the last sync failed; retried with backoff
-    STALLED = "stalled"  # a sync has been running for longer than MINILMD_SYNC_STALLED_AFTER
+    STALLED = "stalled"  # a running sync moved no byte for longer than MINILMD_SYNC_STALLED_AFTER
     UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/jobs/stagingworker.py)
 
 

@@ -254,7 +254,7 @@ class RemoteCheckpoint(Section):
 
 @dataclass
 class Sync(Section):
-    OMIT_WHEN_NONE = ("last_ok",)
+    OMIT_WHEN_NONE = ("last_ok", "progress")
 
     state: str = "off"
     """The sync's state (SyncState)."""
@@ -266,6 +266,8 @@ class Sync(Section):
     """Syncs started by this supervisor."""
     last_ok: float | None = None
     """When the last sync succeeded."""
+    progress: str | None = None
+    """A running sync past the stall limit that still moves bytes: "slow (X MB/s, Y of Z WHAT)"; None else."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minilmd.daemon.base.runstate import now
+from minilmd.fmt import fmt_mb
 
 
 class Worker:
@@ -60,22 +61,41 @@ class Inbox:
 
 
 class ReadWatch:
-    """What a worker thread reads on shared storage ("" while nothing) and when a read of it last returned. Written
-    by the thread, read by the loop: each is one attribute store, `answered` first, so the loop never pairs a new
-    source with an old time."""
+    """What a worker thread reads or writes on shared storage ("" while nothing), when it last answered (a read
+    returned, a chunk was copied or hashed), and the bytes moved since it began `what` (of `total`, when known).
+    Written by the thread, read by the loop: each is one attribute store, `answered` first, so the loop never pairs
+    a new source with an old time. A job is stalled when nothing answered for its limit (`silent_for`), however long
+    it has run: a slow mount that still moves bytes is slow, not stalled (staging's reads, a sync's copy)."""
 
     def __init__(self):
         self.answered = now()
+        self.began = self.answered
         self.what = ""
+        self.done = 0
+        self.total: int | None = None
 
-    def reading(self, what: str) -> None:
-        """Now reading `what` ("": nothing on shared storage any more)."""
-        self.answered = now()
+    def reading(self, what: str, total: int | None = None) -> None:
+        """Now reading (or writing) `what`, `total` bytes of it if known ("": nothing on shared storage any more)."""
+        self.answered = self.began = now()
+        self.done, self.total = 0, total
         self.what = what
 
-    def answer(self) -> None:
-        """A read of it returned (a chunk copied)."""
+    def answer(self, nbytes: int = 0) -> None:
+        """A read of it returned, a chunk copied (`nbytes` of it moved)."""
         self.answered = now()
+        self.done += nbytes
+
+    def silent_for(self) -> float:
+        """Seconds since it last answered."""
+        return now() - self.answered
+
+    def pace(self) -> str:
+        """How it moves, in words: "2.5 MB/s, 120.0 MB of 2,400.0 MB copying X" ("" before the first byte)."""
+        done, took = self.done, max(now() - self.began, 1e-3)
+        if not done:
+            return ""
+        of = f" of {fmt_mb(self.total)}" if self.total else ""
+        return f"{fmt_mb(done / took)}/s, {fmt_mb(done)}{of} {self.what}".rstrip()
 
 
 def error_words(e: BaseException) -> str:

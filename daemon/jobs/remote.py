@@ -25,13 +25,14 @@ from minilmd.untrusted import Unreadable, loads
 __all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 
 
-def _sha256_stream(f, size: int) -> str:
+def _sha256_stream(f, size: int, moved: Callable[[int], None] = lambda n: None) -> str:
     """The sha256 of at most size + 1 bytes of f: a file longer than expected hashes as a mismatch, never read to
-    its end (others may write to it as it is read, or make it a sparse terabyte)."""
+    its end (others may write to it as it is read, or make it a sparse terabyte). `moved(n)` after each chunk."""
     h, left = hashlib.sha256(), size + 1
     while left > 0 and (chunk := f.read(min(CHUNK, left))):
         h.update(chunk)
         left -= len(chunk)
+        moved(len(chunk))
     return h.hexdigest()
 
 
@@ -49,6 +50,9 @@ class Remote:
         self.root = root.rstrip("/") or "/"
         self.tmp_tag = tmp_tag
         """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
+        self.moved: Callable[[int], None] = lambda n: None
+        """Told the bytes of each chunk a `put` writes and a hash reads back: a sync's progress, by which a slow
+        remote is told from a stalled one (the Syncer's ReadWatch, daemon/base/worker.py)."""
 
     @property
     def renames_into_place(self) -> bool:
@@ -89,7 +93,7 @@ class Remote:
     def sha256(self, *names: str, size: int) -> str:
         """The sha256 of a file expected to hold `size` bytes, read no further than one byte past them."""
         with self.open(*names) as f:
-            return _sha256_stream(f, size)
+            return _sha256_stream(f, size, self.moved)
 
     def open(self, *names: str):
         """A file of the remote opened for reading."""
@@ -186,12 +190,13 @@ class Remote:
 
     # --- writing ---------------------------------------------------------------------------------------------------
     def put(self, local: Path, *names: str) -> int:
-        """Copy a local file to a file of the remote; the bytes written."""
+        """Copy a local file to a file of the remote; the bytes written (each chunk told to `moved`)."""
         with self.fs.open(self.path(*names), "wb") as out, open(local, "rb") as src:
             n = 0
             while chunk := src.read(CHUNK):
                 out.write(chunk)
                 n += len(chunk)
+                self.moved(len(chunk))
         return n
 
     def replace_own(self, name: str, data: bytes) -> None:

@@ -83,6 +83,11 @@ def _answers(held: Dir) -> bool:
     return True
 
 
+FLUSH_EVERY_BYTES = 64 << 20
+"""A copy to a local remote is flushed to it this often: an NFS client takes gigabytes into its page cache at once,
+and the final fsync would then send them all with no progress to show (a slow remote taken for a stalled one)."""
+
+
 class LocalRemote(Publishing, Remote):
     """A local path's remote: reads as untrusted, writes at the root's checked descriptor, renames into place."""
 
@@ -292,10 +297,16 @@ class LocalRemote(Publishing, Remote):
         never one already there, nor a link placed at its name) below directories none of which is a link
         (remote_write.py): a link placed there by another user never redirects the write."""
         with os.fdopen(remote_write.open_new(self._root(), names, self.show), "wb") as out, open(local, "rb") as src:
-            n = 0
+            n, unflushed = 0, 0
             while chunk := src.read(CHUNK):
                 out.write(chunk)
                 n += len(chunk)
+                unflushed += len(chunk)
+                if unflushed >= FLUSH_EVERY_BYTES:  # what the progress says is on the server, not in page cache
+                    out.flush()
+                    os.fdatasync(out.fileno())
+                    unflushed = 0
+                self.moved(len(chunk))  # the sync's progress (Remote.moved)
             out.flush()
             os.fsync(out.fileno())
         return n

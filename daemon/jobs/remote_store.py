@@ -45,6 +45,8 @@ class RemoteStore(Protocol):
 
     url: str
     """The remote as the run's config names it (no trailing "/")."""
+    moved: Callable[[int], None]
+    """Told the bytes of each chunk a `put` writes (and a local remote flushes) or a hash reads back."""
 
     @property
     def renames_into_place(self) -> bool:

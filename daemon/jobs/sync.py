@@ -6,7 +6,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 
 0. the remote is this run's: claimed by its first sync, another run's refused (daemon/jobs/remote_claim.py);
 1. remove the `.tmp-*` an interrupted sync of this run left (its pid gone), proven by the run's record of what its
-   syncs made (daemon/jobs/remote_made.py: a name proves nothing where others may rename); another's is left, said;
+   syncs made (daemon/jobs/remote_made.py: a name proves nothing where others may rename); another's is left, said
+   (daemon/jobs/sync_leftovers.py);
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest (but a step 0 of a
    stopped DPO reference pass is replaced by a further one: daemon/jobs/sync_pass.py);
@@ -39,22 +40,20 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
-from minilmd.daemon.base.runstate import is_disk_full, process_alive
-from minilmd.daemon.base.worker import error_words
-from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_pass
+from minilmd.daemon.base.runstate import is_disk_full
+from minilmd.daemon.base.worker import ReadWatch, error_words
+from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_leftovers, sync_pass
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
+from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 - sync.STALE_TMP_SECONDS, as before
 from minilmd.names import (
     BEST,
     LATEST,
     MANIFEST,
     REMOTE_OWNER,
-    TMP_PREFIX,
-    atomic_tmp_prefix,
     host_tag,
     pointer_tmp_tag,
-    remote_tmp_owner,
     step_name,
     step_of,
     step_or_none,
@@ -98,11 +97,6 @@ class SyncResult:
 
 
 
-STALE_TMP_SECONDS = 24 * 3600
-"""A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
-with remote_made.why_kept's proof: on a local remote, a directory by the run's record, a file holding a pointer)."""
-
-
 class Syncer(Fetcher):
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
@@ -132,6 +126,9 @@ class Syncer(Fetcher):
         self.copying: Path | None = None
         """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
         from another thread: it must not delete it)."""
+        self.watch = ReadWatch()
+        """What a running sync does on the remote and when it last answered (each chunk copied or read back, each
+        step done): the supervisor tells a slow sync from a stalled one by it (daemon/jobs/syncworker.py)."""
 
     @property
     def remote(self) -> RemoteStore:
@@ -142,11 +139,13 @@ class Syncer(Fetcher):
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
                 self._remote.made = remote_made.record_of(self.local_root, self.run_dir)
+            self._remote.moved = self.watch.answer
         return self._remote
 
     # --- local -> remote ---------------------------------------------------------------------------------------
     def sync_newest(self) -> SyncResult:
         started = time.monotonic()
+        self.watch.reading(f"looking at {self.remote_url}")
         try:
             return self._sync_newest(started)
         except SyncError:
@@ -156,13 +155,15 @@ class Syncer(Fetcher):
             raise (RemoteFull(message, self.remote.free()) if is_disk_full(e) else SyncError(message)) from e
         finally:
             self.copying = None
+            self.watch.reading("")
 
     def _sync_newest(self, started: float) -> SyncResult:
         remote = self.remote
         remote.makedirs()
         self._ensure_claim()
-        self._clean_remote_tmp()
+        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log)
         self._sync_base()
+        self.watch.reading(f"looking at {self.remote_url}")
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
         scan = self._scan()
         remote_steps = [n for n, (_, problems) in scan.items() if not problems]
@@ -212,6 +213,7 @@ class Syncer(Fetcher):
 
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
+        self.watch.answer()
         removed = self._retention(scan)
         try:
             sync_pass.sync_further_pass(self, scan)
@@ -228,7 +230,11 @@ class Syncer(Fetcher):
     def _scan(self) -> Scan:
         """The remote's steps of this run (`_steps`), each with Remote.intact's (manifest, problems): its manifest
         and sizes read once a sync."""
-        return {name: self.remote.intact(name) for name in self._steps()}
+        scan: Scan = {}
+        for name in self._steps():
+            scan[name] = self.remote.intact(name)
+            self.watch.answer()  # the remote answers: one step looked at
+        return scan
 
     def _made_here(self, name: str) -> bool:
         """Whether the remote step `name` of this run was made by a sync of this user (Remote.made_here): another
@@ -257,8 +263,11 @@ class Syncer(Fetcher):
         target = remote.make_tmp(target, taken=lambda found, fresh: self._once(
             ("taken", target), f"sync: {found}; copying under {remote.show(fresh)} instead (a fresh name each time "
                                f"it is still there)"))
+        size = sum(int(entry["size"]) for entry in manifest["files"].values())
         try:
+            self.watch.reading(f"copying {name} to {remote.show(target)}", size)
             nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
+            self.watch.reading(f"reading back {name} at {remote.show(target)}", size)
             problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), remote.hasher(target, manifest))
             if problems:
                 raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
@@ -266,6 +275,7 @@ class Syncer(Fetcher):
             nbytes += remote.put(local / MANIFEST, target, MANIFEST)
             if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
                 raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
+            self.watch.reading(f"putting {name} in place on {self.remote_url}")
         except BaseException:
             with contextlib.suppress(OSError):  # the copy's own error is the one raised
                 remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
@@ -286,6 +296,7 @@ class Syncer(Fetcher):
         if remote.renames_into_place:
             if not replacing:
                 remote.rename_dir(target, name)
+                self.watch.answer()
             # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
             # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
             if name not in remote.names():
@@ -339,6 +350,7 @@ class Syncer(Fetcher):
         why there is none, and the run's end waits on it."""
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
+        self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
         nbytes, self.base_problem = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
                                                          taken=self._base_taken)
         if self.base_problem:  # the checkpoints are synced all the same
@@ -391,45 +403,9 @@ class Syncer(Fetcher):
             if problems:
                 raise SyncError(f"remote {remote.show(name)} does not validate: {'; '.join(problems[:3])}")
         remote.write_latest(name)
+        self.watch.answer()
         if (remote.read_text(LATEST) or "").strip() != name:
             raise SyncError(f"{remote.show(LATEST)} does not read back as {name} after replacing it")
-
-    def _clean_remote_tmp(self) -> None:
-        """Remove the temporary copies an interrupted sync of this host left (its pid gone, or this process's).
-        The remote is a shared path: a temporary name of another host, or one without a host (publish_dir's),
-        may be a copy in progress there, and is looked at only once it is a day old. Either is removed only when
-        proven this run's (LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename the
-        run's checkpoint to such a name), else left and said. One that holds another LoRA base's copy (what stood
-        at `init`, left by a push killed while it looked at it) is quarantined instead."""
-        ours = basecopy.staged_record_hash(self.base)  # once, not per leftover
-        names = self.remote.names()
-        if isinstance(self.remote, LocalRemote):
-            self.remote.made.keep_only(set(names))
-        for n in names:
-            if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
-                continue
-            pid = remote_tmp_owner(n, host_tag())
-            if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
-                    or self.remote.age(n) > STALE_TMP_SECONDS):
-                continue
-            if n.startswith(TMP_PREFIX) and basecopy.another_base_left(self.remote, n, ours):
-                self._keep_base_copy(n)
-            elif why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
-                self._leave(n, why)
-
-    def _keep_base_copy(self, name: str) -> None:
-        """Set aside a temporary name that holds another LoRA base's copy (basecopy.another_base_left): maybe the
-        only copy of what older checkpoints, this run's or another's, were trained on."""
-        remote, init = self.remote, self.remote.show(basecopy.REMOTE_BASE)
-        try:
-            dest = remote.set_aside(name, f"the copy of another LoRA base than this run's, left under a temporary "
-                                           f"name (a push killed while it looked at what stood at {init}?)")
-        except OSError as e:
-            self._once((name, "another base"), f"sync: remote {remote.show(name)} holds the copy of another LoRA "
-                                               f"base than this run's: never removed, left as it is ({e})")
-            return
-        self.log(f"sync: remote {remote.show(name)} holds the copy of another LoRA base than this run's (a push "
-                 f"killed while it looked at what stood at {init}?): quarantined to {dest}, never removed")
 
     def _retention(self, scan: Scan) -> list[str]:
         """Delete remote checkpoints beyond the newest `keep` intact ones (by this sync's scan); never the one LATEST
@@ -465,6 +441,7 @@ class Syncer(Fetcher):
             self._leave(name, why)
         else:
             removed.append(name)
+        self.watch.answer()  # the remote answers: one removed, or left
 
     # --- remote -> local ---------------------------------------------------------------------------------------
     def fetch_latest(self, local_root: str | os.PathLike | None = None) -> Path | None:

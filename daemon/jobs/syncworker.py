@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
+FINAL_STALL_PATIENCE = 2
+"""The last sync is given up on once nothing moved (no byte, no answer) for this many times the stall limit; a slow
+one that moves is waited for, however long it takes."""
 REMOTE_FULL_REMIND_S = 600.0
 """A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 ROOM_FOR = 2
@@ -66,8 +69,8 @@ def checkpoint_bytes(path: Path) -> int | None:
 class SyncWorker:
     """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
     "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
-    the Syncer's messages from its thread; `knobs` how long a sync runs before it is stalled, how long a failing
-    remote is waited for before scratch is pruned without a sync (daemon/base/knobs.py)."""
+    the Syncer's messages from its thread; `knobs` how long a sync may move nothing before it is stalled, how long
+    a failing remote is waited for before scratch is pruned without a sync (daemon/base/knobs.py)."""
 
     def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, knobs: Knobs = DEFAULTS):
         self.cfg = cfg
@@ -127,12 +130,9 @@ class SyncWorker:
             return
         if self.syncer is None:
             return
-        sync = self.state.sync
         if self.worker is not None:
             if not self.worker.done:
-                if self.running_for() > self.stalled_after_s and sync.state != SyncState.STALLED:
-                    sync.state, sync.error = SyncState.STALLED, f"sync running for {self.running_for():.0f}s"
-                    self.emit("sync", f"the sync looks stalled ({sync.error}); training goes on")
+                self._judge_running("training goes on")
                 self._prune_if_remote_down()
                 return
             self._collect()
@@ -153,8 +153,9 @@ class SyncWorker:
     def final_sync(self, staged: Path | None, wait_for_room: bool = False) -> str | None:
         """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
         is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
-        a stall, no Syncer). A sync already running when the stop came is waited for, then one more is made: the
-        trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
+        a stall: nothing moved for FINAL_STALL_PATIENCE x the stall limit, no Syncer). A slow sync that moves is
+        waited for, however long. A sync already running when the stop came is waited for, then one more is made:
+        the trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
         `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
         retry backoff of a sync during the run, for as long as it takes, and `room_wait` says so (the loop makes it
         the stopping phase's reason)."""
@@ -169,9 +170,11 @@ class SyncWorker:
                 return f"no sync possible: {error_words(e)}"
         if self.worker is not None:
             if not self.worker.done:
-                if self.running_for() > 2 * self.stalled_after_s:
-                    return f"the last sync stalled ({self.running_for():.0f}s)"
-                return None
+                patience = FINAL_STALL_PATIENCE * self.stalled_after_s
+                stalled = self._judge_running(f"the run's end waits for it until nothing moved for {patience:.0f}s")
+                if stalled and self.silent_for() > patience:
+                    return f"the last sync stalled ({self.state.sync.error})"
+                return None  # running, however slowly, while it moves: waited for
             self._collect()
         if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
             return self._base_problem()
@@ -186,6 +189,36 @@ class SyncWorker:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
+
+    def silent_for(self) -> float:
+        """Seconds since the running sync last moved a byte or had an answer from the remote (the Syncer's
+        ReadWatch; the whole run of a Syncer without one), no more than it has run."""
+        watch = getattr(self.syncer, "watch", None)
+        return min(self.running_for(), watch.silent_for()) if watch is not None else self.running_for()
+
+    def _judge_running(self, meanwhile: str) -> bool:
+        """The one rule for a running sync, during the run and at its end: stalled once nothing moved for the stall
+        limit (a hung NFS: no byte, no answer), however long it has run; slow, and waited for, while it moves (a
+        2.4 GB checkpoint at 10 MB/s takes 4 minutes). state.json and the log say which, and `meanwhile` what the
+        run does then. True when stalled."""
+        sync, silent = self.state.sync, self.silent_for()
+        watch = getattr(self.syncer, "watch", None)
+        if silent > self.stalled_after_s:
+            what = f" ({watch.what})" if watch is not None and watch.what else ""
+            said, sync.state, sync.progress = sync.state, SyncState.STALLED, None
+            sync.error = f"no byte moved for {silent:.0f}s{what}, sync running for {self.running_for():.0f}s"
+            if said != SyncState.STALLED:
+                self.emit("sync", f"the sync looks stalled ({sync.error}); {meanwhile}")
+            return True
+        if self.running_for() > self.stalled_after_s:
+            said, pace = sync.progress, watch.pace() if watch is not None else ""
+            sync.progress = f"slow ({pace or f'running for {self.running_for():.0f}s'})"
+            if sync.state == SyncState.STALLED:
+                sync.state, sync.error = SyncState.RUNNING, None
+                self.emit("sync", f"the sync moves again, {sync.progress}: waited for")
+            elif said is None:
+                self.emit("sync", f"the sync is {sync.progress}, still moving: waited for")
+        return False
 
     def _base_problem(self) -> str:
         """A LoRA run's checkpoints synced without a copy of its base (Syncer.base_problem): not a finished run
@@ -253,7 +286,7 @@ class SyncWorker:
 
     def _start(self, why: str) -> None:
         sync = self.state.sync
-        sync.state, sync.since, sync.attempts = SyncState.RUNNING, now(), sync.attempts + 1
+        sync.state, sync.since, sync.attempts, sync.progress = SyncState.RUNNING, now(), sync.attempts + 1, None
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / names.step_name(newest) if newest is not None else None
@@ -268,6 +301,7 @@ class SyncWorker:
         self.remote_full = None
         self.inbox.drain()
         sync = self.state.sync
+        sync.progress = None
         every = self.cfg.sync.every_s
         if worker.error is not None:
             self.failures += 1

@@ -210,6 +210,8 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
     line += f"   sync: {sync.state}"
     if sync.error and sync.state in ("failed", "stalled", "unavailable"):
         line += f" ({sync.error})"
+    elif sync.progress and sync.state == "running":
+        line += f", {sync.progress}"
     return line
 
 
