@@ -211,12 +211,12 @@ class SyncWorker:
                 self.emit("sync", f"the sync looks stalled ({sync.error}); {meanwhile}")
             return True
         if self.running_for() > self.stalled_after_s:
-            said, pace = sync.progress, watch.pace() if watch is not None else ""
+            shown, pace = sync.progress, watch.pace() if watch is not None else ""
             sync.progress = f"slow ({pace or f'running for {self.running_for():.0f}s'})"
             if sync.state == SyncState.STALLED:
                 sync.state, sync.error = SyncState.RUNNING, None
                 self.emit("sync", f"the sync moves again, {sync.progress}: waited for")
-            elif said is None:
+            elif shown is None:
                 self.emit("sync", f"the sync is {sync.progress}, still moving: waited for")
         return False
 
