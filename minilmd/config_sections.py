@@ -413,7 +413,8 @@ class RunConfig:
         setattr(getattr(self, section), name, value)
         self._explicit = self._explicit | {key}
 
-    _scratch_root = cast("Path | None", None)  # not a field: the root the launch settled (fix_scratch_root)
+    _scratch_root = cast("Path | None", None)  # not a field: the root the launch settled (fix_scratch_root), or
+    # the one the first look found
 
     def fix_scratch_root(self, root: Path) -> None:
         """The per-user root of a default scratch from now on, as the launch settled it (scratch_root.settle):
@@ -435,8 +436,9 @@ class RunConfig:
         """In the root the launch settled (fix_scratch_root); before it, or in another command (status, sample),
         in the private root run.dir records when another user took the default's (minilmd/scratch_root.py:
         RecordUnreadable when that record cannot be read)."""
-        return scratch_root.default_path(self.run.name, run_dir=self.run_dir if self.run.dir else None,
-                                         in_root=self._scratch_root)
+        if self._scratch_root is None:  # looked up once: every later look of this config sees the same root
+            self._scratch_root = scratch_root.root(self.run_dir if self.run.dir else None)
+        return scratch_root.default_path(self.run.name, in_root=self._scratch_root)
 
     @property
     def run_dir(self) -> Path:
