@@ -12,7 +12,13 @@ nothing but printable ASCII between; `PROGRESS_BAR`), whose control characters a
 foreign name of that exact shape could at most draw a progress bar.
 
 Output that is bytes (sys.stdout.buffer, a child's output on an inherited descriptor) is not text and does not pass
-here: the wrapper has no `buffer`, and a child of ours (the trainer, `python -m minilmd.cli`) escapes its own.
+here: the wrapper has no `buffer`, and a child of ours escapes its own: the trainer (`python -m minilmd.cli`), and
+the torchrun agent over its ranks (trainer/loop/torchrun.py, rendezvous.py), whose failure summary quotes a rank's
+error. A logging handler made before the wrapping (torch's, at its import) is pointed at the wrapper. What is
+written to the descriptor itself passes nowhere here: faulthandler's stack dump escapes its names itself (CPython
+writes nothing but printable ASCII and newlines there); native code's lines (torch's C++ log, NCCL, CUDA, glibc)
+and the output of Pythons that are not minilmd's (torch.compile's workers) reach the attempt log as written
+(docs/failure-modes.md). A py-spy dump is escaped before it is written (daemon/child/stackdump.py).
 JSON stays JSON: json.dumps writes every C0 control escaped, and what printable escapes beyond that (DEL, C1, bidi)
 it writes as \\uNNNN, which JSON reads as the same character.
 
@@ -75,7 +81,27 @@ def escape_std_streams() -> None:
     """sys.stdout and sys.stderr through printable from here on (idempotent); called first by every entry point
     (minilmd.cli.main, the Slurm node helper, the rendezvous launcher)."""
     os.environ["_TYPER_FORCE_DISABLE_TERMINAL"] = "1"  # over FORCE_COLOR too; an empty one would not be
+    wrapped: dict[int, EscapingWriter] = {}
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, EscapingWriter):
             setattr(sys, name, EscapingWriter(stream))
+            wrapped[id(stream)] = getattr(sys, name)
+    _repoint_log_handlers(wrapped)
+
+
+def _repoint_log_handlers(wrapped: dict[int, EscapingWriter]) -> None:
+    """Each logging handler made before the streams were wrapped (a StreamHandler keeps the stream it was made
+    with: importing torch makes one for its loggers, and the Slurm job's torchrun, rendezvous.py, imports torch
+    before it can wrap) writes to the wrapper of its stream from here on. Nothing when logging was never imported:
+    there is no handler then, and importing it would cost every command."""
+    logging = sys.modules.get("logging")
+    if logging is None or not wrapped:
+        return
+    loggers = [logging.getLogger(), *(logger for logger in list(logging.Logger.manager.loggerDict.values())
+                                      if isinstance(logger, logging.Logger))]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and id(stream) in wrapped:
+                handler.setStream(wrapped[id(stream)])

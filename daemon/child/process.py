@@ -44,8 +44,9 @@ LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
-TORCHRUN_MODULES = ("torch.distributed.run", names.RDZV_LAUNCHER)
-"""The modules a command runs torchrun as: torch's own, and torchrun with a Slurm job's own rendezvous."""
+TORCHRUN_MODULES = ("torch.distributed.run", names.TORCHRUN_LAUNCHER, names.RDZV_LAUNCHER)
+"""The modules a command runs torchrun as: torch's own (a hand-made command), minilmd's on one host, and torchrun
+with a Slurm job's own rendezvous."""
 
 
 def is_torchrun(command: list[str]) -> bool:
@@ -103,10 +104,11 @@ def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 
     for key, value in overrides.items():
         sets += ["--set", f"{key}={_toml_literal(value)}"]
     if nproc > 1:
-        # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
+        # torch.distributed.run (torchrun without depending on the script being on PATH) with its stdout and stderr
+        # escaped: its failure summary in the attempt log quotes a rank's error (trainer/loop/torchrun.py).
         # Its ranks run `sys.executable -u -m minilmd.cli`: launch()'s PYTHONSAFEPATH and "/" guard them
         # (minilmd/pychild.py).
-        prefix = pychild.module_argv("torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        prefix = pychild.module_argv(names.TORCHRUN_LAUNCHER, "--standalone", "--nproc_per_node", str(nproc),
                                      "--max-restarts", "0", "-m", "minilmd.cli")
     else:
         prefix = trainer_prefix()

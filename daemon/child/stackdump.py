@@ -12,6 +12,7 @@ from pathlib import Path
 
 from minilmd import procs
 from minilmd.daemon.child.process import SUPERVISOR_LINE
+from minilmd.untrusted import printable
 
 # --- the dump -----------------------------------------------------------------------------------------
 
@@ -39,13 +40,15 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
         for target in (pid, *(p for p, _ in others)):  # torchrun's workers too: py-spy of the agent shows only it
             try:
                 out = subprocess.run([py_spy, "dump", "--pid", str(target)], capture_output=True, text=True,
-                                     timeout=timeout)
+                                     errors="replace", timeout=timeout)
             except (OSError, subprocess.SubprocessError) as e:
                 failed = f"py-spy failed: {e}"
                 break
+            # py-spy names each frame's file and function, which someone else may have named with a terminal's
+            # escapes: written as printable writes them, as the trainer's own output is (minilmd/terminal.py)
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {target} (hang detected by the supervisor)\n"
-                          f"{out.stdout}{out.stderr}\n")
+                          f"{printable(out.stdout + out.stderr, lines=True)}\n")
             if out.returncode != 0 and target == pid:
                 failed = f"py-spy exit {out.returncode}"
                 break

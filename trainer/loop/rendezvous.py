@@ -178,5 +178,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     from minilmd import terminal
 
-    terminal.escape_std_streams()  # torchrun's report of a failed rank quotes its error: printable, as the CLI's
+    # torchrun's report of a failed rank quotes its error: printable, as the CLI's; the handlers torch's import above
+    # gave its loggers are pointed at the wrapper too
+    terminal.escape_std_streams()
     main()
