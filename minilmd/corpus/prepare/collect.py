@@ -148,7 +148,7 @@ class Collector:
         self.bad = BadLines(tmp / SPOOL)  # every bad line, named (badlines.py)
         self.appending_to: tuple[str, str] | tuple[()] = ()  # an append's corpus and its format (format_hint)
         self.special_examples: list[str] = []
-        self.ignored_examples: list[str] = []  # chat: `path:line: keys dropped` of the first conversations kept so
+        self.ignored_examples: list[str] = []  # chat: `path:line: keys dropped`, the first MAX_EXAMPLES lines kept
         self.special_docs = 0
         self.text_bytes = 0
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
