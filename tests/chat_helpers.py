@@ -198,7 +198,8 @@ def tool_line(as_strings: bool = True, nulls: bool = True) -> dict:
 def tool_conversations() -> list[list[dict]]:
     """Checked tool-call conversations (chat.check_conversation) in the shapes MiniMind's template renders
     differently: tool_line's, a reply with text before two calls (one OpenAI-style, its arguments a string), a
-    system message with tools after the first message, and tools without a system message's text first."""
+    system message with tools after the first message, tools without a system message's text first, and calls
+    without a name (a result with OpenAI's `tool_call_id` and `name`, dropped)."""
     from minilmd.corpus.chat import check_conversation
 
     first = check_conversation(tool_line())[0]
@@ -211,7 +212,12 @@ def tool_conversations() -> list[list[dict]]:
               {"role": "assistant", "content": "<think>\n看结果\n</think>\n\n上海多云。"}],
              [{"role": "user", "content": "你好"}, {"role": "system", "content": "可用工具", "tools": TOOLS},
               {"role": "assistant", "content": "", "tool_calls": CALLS}, {"role": "tool", "content": "晴"},
-              {"role": "assistant", "content": "晴天。"}]]
+              {"role": "assistant", "content": "晴天。"}],
+             [{"role": "user", "content": "几点了？"},  # calls without a name: MiniMind's template writes ""
+              {"role": "assistant", "content": "查询中", "tool_calls": [{"arguments": {}},
+                                                                     {"function": {"arguments": "{}"}}]},
+              {"role": "tool", "content": "12:00", "tool_call_id": "c1", "name": "get_time"},
+              {"role": "assistant", "content": "十二点。"}]]
     out = [check_conversation({"conversations": c})[0] for c in lines]
     assert all(out) and out[0] == first
     return out

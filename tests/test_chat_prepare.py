@@ -110,7 +110,7 @@ BAD = [
     ('{"conversations": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]}',
      "content_not_string"),
     ('{"conversations": ["q", "a"]}', "message_not_object"),
-    ('{"conversations": [{"role": "user", "content": "q", "name": "x"}, {"role": "assistant", "content": "a"}]}',
+    ('{"conversations": [{"role": "user", "content": "q", "nick": "x"}, {"role": "assistant", "content": "a"}]}',
      "unknown_message_key"),
     ('{"conversations": [{"role": "user", "content": "\\udc80"}, {"role": "assistant", "content": "a"}]}',
      "invalid_utf8"),

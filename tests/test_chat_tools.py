@@ -50,13 +50,14 @@ def test_a_tool_call_line_is_accepted_its_nulls_absent_and_its_strings_parsed():
 @pytest.mark.parametrize("change, reason, words", [
     (lambda c: c[1].update(tool_call="x"), "unknown_message_key",
      "message 1 has 'tool_call' (allowed: role, content, reasoning_content, tools, tool_calls)"),
-    (lambda c: c[1].update(tools=json.dumps(TOOLS)), "bad_tools", "MiniMind reads them from a system message only"),
     (lambda c: c[0].update(tools="[{not json"), "bad_tools", 'message 0 "tools" is a string that is not JSON'),
     (lambda c: c[0].update(tools=json.dumps(TOOLS[0])), "bad_tools", "a JSON dict, not a list"),
     (lambda c: c[0].update(tools=["get_weather"]), "bad_tools", "entry 0 is a JSON str, not an object"),
-    (lambda c: c[3].update(tool_calls=json.dumps(CALLS)), "bad_tool_calls", "only an assistant message makes calls"),
-    (lambda c: c[2].update(tool_calls=[{"arguments": {}}]), "bad_tool_calls", 'entry 0: no string "name"'),
-    (lambda c: c[2].update(tool_calls=[{"function": {"name": "f"}}]), "bad_tool_calls", '"arguments" is neither'),
+    (lambda c: c[3].update(tool_calls="[{x"), "bad_tool_calls", 'message 3 "tool_calls" is a string that is not'),
+    (lambda c: c[2].update(tool_calls=[{"function": {"name": "f"}}]), "bad_tool_calls", 'entry 0: no "arguments"'),
+    (lambda c: c[2].update(tool_calls=[{"function": "f", "arguments": {}}]), "bad_tool_calls",
+     'entry 0: "function" is a JSON str, not an object'),
+    (lambda c: c[3].update(tool_call_id="c1", toolcallid="c1"), "unknown_message_key", "message 3 has 'toolcallid' ("),
     (lambda c: c[3].update(content=None), "content_not_string", 'message 3 "content" is a JSON NoneType'),
     (lambda c: c[0].update(tools=[{"name": "\udc80"}]), "invalid_utf8", "message 0 tools or tool_calls: lone"),
     (lambda c: c[2].update(tool_calls='[{"name": "f", "arguments": "\\udc80"}]'), "invalid_utf8", "surrogate"),
@@ -168,3 +169,95 @@ def test_corpus_report_reads_a_tool_call_line_as_text_not_as_a_bad_line():
     text = line_text(tool_line())  # its first reply's content is null beside its tool_calls
     assert text is not None and "北京今天天气怎么样？" in text and '{"wind": "北风"}' in text
     assert line_text({"conversations": [{"role": "user", "content": None}]}) is None  # still none without calls
+
+
+# What MiniMind trains on but its template never renders: the key is dropped, the line kept and the key named.
+# (MiniMind's own loader, HF datasets 3.6 with its five-key schema, refuses a whole file holding `tool_call_id` or
+# `name`; its template ignores them: minilmd drops them the same way.)
+DROPPED = {
+    "tools on a user message": (lambda c: c[1].update(tools=json.dumps(TOOLS)), "message 1 (role 'user') \"tools\""),
+    "tool_calls on a tool result": (lambda c: c[3].update(tool_calls=json.dumps(CALLS)),
+                                    "message 3 (role 'tool') \"tool_calls\""),
+    "tool_call_id": (lambda c: c[3].update(tool_call_id="call_1"), "message 3 (role 'tool') \"tool_call_id\""),
+    "name": (lambda c: c[4].update(name="get_weather"), "message 4 (role 'tool') \"name\""),
+}
+
+
+def _changed(change) -> dict:
+    line = tool_line()
+    change(line["conversations"])
+    return line
+
+
+@pytest.mark.parametrize("what", DROPPED)
+def test_a_key_minimind_trains_on_but_never_renders_is_dropped_and_named(what):
+    change, named = DROPPED[what]
+    ignored: list[str] = []
+    messages, bad = check_conversation(_changed(change), ignored=ignored)
+    assert bad is None and messages == check_conversation(tool_line())[0]  # the line as if it had no such key
+    assert ignored == [named]
+    ignored.clear()
+    check_conversation(_changed(lambda c: c[3].update(tool_call_id=None)), ignored=ignored)
+    assert ignored == []  # a null one is an absent key: nothing dropped
+
+
+NAMELESS_TURN = ('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "", "arguments": {"city": '
+                 '"北京"}}\n</tool_call><|im_end|>\n')
+"""The turn MiniMind's template writes for a reply whose call has no name, derived by hand from its text: the
+empty think block, no content, then `{{- tool_call.name }}` of an undefined name, "", and the arguments `tojson`."""
+
+
+@pytest.mark.parametrize("template", ["built-in", "MiniMind's"])
+def test_a_call_without_a_name_renders_as_minimind_s_template_renders_it(template):
+    from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE, tokenizer_config
+
+    if template == "MiniMind's" and not (MINIMIND_DIR / "tokenizer_config.json").is_file():
+        pytest.skip("MiniMind's tokenizer (../shared) is absent")
+    config = (read_tokenizer_config(MINIMIND_DIR) if template == "MiniMind's"
+              else tokenizer_config(MINIMIND_TEMPLATE))
+    messages, bad = check_conversation(_changed(lambda c: c[2].update(tool_calls=[{"arguments": {"city": "北京"}}])))
+    assert bad is None  # before: `bad_tool_calls`, `entry 0: no string "name"`
+    text = ChatTemplate.from_config(config).render(messages)
+    assert NAMELESS_TURN in text
+
+
+def test_prepare_keeps_the_lines_and_names_the_keys_it_dropped(tokenizer, tmp_path):
+    # Before, each line but the first was a bad line (`unknown_message_key`, `bad_tools`): exit 65, nothing written.
+    tok_dir = chat_tokenizer_dir(tokenizer, tmp_path / "tok", TOOL_TEMPLATE)
+    src = tmp_path / "sft_tools.jsonl"
+    lines = [tool_line()] + [_changed(change) for change, _ in DROPPED.values()]
+    src.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "minilmd.cli", "prepare", str(src), "--tokenizer", str(tok_dir),
+                           "--out", str(tmp_path / "out"), "--format", "chat", "--workers", "0", "--seq-len", "2048",
+                           "--val-fraction", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text(encoding="utf-8"))
+    assert meta["splits"]["train"]["documents"] == 5 and meta["chat"]["conversations_with_ignored_keys"] == 4
+    assert meta["chat"]["ignored_keys_examples"] == [f"{src}:{n}: {named}" for n, (_, named) in
+                                                     enumerate(DROPPED.values(), start=2)]
+    said = proc.stdout + proc.stderr
+    assert "kept without keys MiniMind's template never renders: 4 conversations" in said
+    assert f"{src}:2: message 1 (role 'user') \"tools\"" in said
+    docs = [np.asarray(open_prepared(tmp_path / "out").train.document(k)).tolist() for k in range(5)]
+    assert all(d == docs[0] for d in docs)  # each rendered as the line without the key
+
+
+@pytest.mark.slow  # transformers loads MiniMind's tokenizer: seconds
+@pytest.mark.skipif(not (MINIMIND_SRC / "dataset" / "lm_dataset.py").is_file()
+                    or not (MINIMIND_DIR / "tokenizer_config.json").is_file(),
+                    reason="MiniMind's source and tokenizer (../shared) are absent")
+def test_the_lines_render_as_minimind_s_create_chat_prompt_renders_them(monkeypatch):
+    """MiniMind's own create_chat_prompt (transformers' apply_chat_template on MiniMind's template) given each
+    line's messages as they are, every key kept (the schema's nulls included), equals minilmd's rendering."""
+    pytest.importorskip("torch")  # lm_dataset.py imports it
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(MINIMIND_DIR))
+    sft = types.SimpleNamespace(tokenizer=hf)
+    module = _minimind_lm_dataset(monkeypatch)
+    template = ChatTemplate.from_config(read_tokenizer_config(MINIMIND_DIR))
+    nameless = _changed(lambda c: c[2].update(tool_calls=json.dumps([{"arguments": {"city": "北京"}}])))
+    for line in [nameless] + [_changed(change) for change, _ in DROPPED.values()]:
+        messages, bad = check_conversation(line)
+        assert bad is None
+        theirs = module.SFTDataset.create_chat_prompt(sft, module.pre_processing_chat(line["conversations"]))
+        assert template.render(messages) == theirs

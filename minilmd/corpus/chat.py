@@ -9,7 +9,9 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   message is not an object, has a role outside the four, a content that is not a string (or holds a lone
   surrogate; null only beside tool_calls), a key other than role, content, reasoning_content (a string), tools and
   tool_calls, a tool field MiniMind could not render, or when no message is the assistant's. Other keys of the
-  line (an "id") are ignored. A preference pair's sides (--format dpo) keep the three roles and keys.
+  line (an "id") are ignored; what MiniMind's template never renders (OpenAI's `tool_call_id` and `name`, a tool
+  key off its role) is dropped from the message and named (chat_tools.py). A preference pair's sides (--format
+  dpo) keep the three roles and keys.
 - The template: `chat_template.jinja` in the tokenizer's directory when there is one (transformers prefers it),
   else `chat_template` of its `tokenizer_config.json` (a string, or a list of named templates: "default"). It runs
   in the environment transformers' `_compile_jinja_template` builds: jinja2's ImmutableSandboxedEnvironment with
@@ -41,7 +43,7 @@ from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
-from minilmd.corpus.chat_tools import TOOL_KEYS, check_tool_keys, conversation_tools, tool_text
+from minilmd.corpus.chat_tools import TOOL_KEYS, check_tool_keys, conversation_tools, schema_keys, tool_text
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.corpus.sources.line_shape import other_format
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
@@ -77,10 +79,13 @@ class TurnError(ChatError):
 
 
 # --- conversations ---------------------------------------------------------------------------------------------
-def check_conversation(obj, tools: bool = True) -> tuple[list[dict] | None, tuple[str, str] | None]:
+def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
+                       ) -> tuple[list[dict] | None, tuple[str, str] | None]:
     """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
     The messages hold only the keys of MESSAGE_KEYS, a tool field parsed (chat_tools.py); `tools` False: the three
-    roles and keys of TEXT_KEYS alone (a preference pair's sides)."""
+    roles and keys of TEXT_KEYS alone (a preference pair's sides). The keys MiniMind trains on but its template
+    never renders are dropped, each named in `ignored` (`message 2 (role 'tool') "tool_call_id"`)."""
+    ignored = [] if ignored is None else ignored
     if not isinstance(obj, dict) or "conversations" not in obj:
         other = other_format(obj, "chat")  # a text line, a preference pair: --format text, dpo
         if other:
@@ -97,10 +102,10 @@ def check_conversation(obj, tools: bool = True) -> tuple[list[dict] | None, tupl
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
-        if not m.keys() <= allowed:
-            extra = sorted(set(m) - allowed)
-            return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
-                                                 f"{', '.join(keys)})")
+        if not m.keys() <= allowed or tools and ("tools" in m or "tool_calls" in m):  # the first test: most lines
+            m, bad = schema_keys(i, m, allowed, keys, tools, ignored)
+            if bad:
+                return None, bad
         if None in m.values():  # null: an absent key (HF datasets writes every key of its schema)
             m = {k: v for k, v in m.items() if v is not None or k in ("role", "content")}
         role = m.get("role")
@@ -179,6 +184,7 @@ class ParsedChatBlock:
     conversations: list[list[dict]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     bad: list[tuple[int, str, str]] = field(default_factory=list)
+    ignored: list[tuple[int, str]] = field(default_factory=list)
     blank: int = 0
     n_lines: int = 0
 
@@ -199,11 +205,20 @@ def checked_lines(blob: bytes, first_line: int, out,
 
 
 def parse_chat_block(blob: bytes, first_line: int) -> ParsedChatBlock:
-    """Whole lines of chat JSONL -> the conversations and the bad lines with their reasons."""
+    """Whole lines of chat JSONL -> the conversations, the bad lines with their reasons, and (line, keys dropped)
+    of the conversations kept without keys their template never renders (check_conversation's `ignored`)."""
     out = ParsedChatBlock()
-    for lineno, messages in checked_lines(blob, first_line, out, check_conversation):
+    notes: list[str] = []  # each line's, cleared before it is checked
+
+    def check(obj):
+        notes.clear()
+        return check_conversation(obj, ignored=notes)
+
+    for lineno, messages in checked_lines(blob, first_line, out, check):
         out.conversations.append(messages)
         out.lines.append(lineno)
+        if notes:
+            out.ignored.append((lineno, "; ".join(notes)))
     return out
 
 

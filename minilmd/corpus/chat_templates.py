@@ -52,7 +52,8 @@ MINIMIND_TEMPLATE = """\
                 {{- '\\n' }}
             {%- endif %}
             {%- set call = call.function if call.function else call %}
-            {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+            {#- the name written, not joined with +: a call without one renders an empty name, as MiniMind's #}
+            {{- '<tool_call>\\n{"name": "' }}{{- call.name }}{{- '", "arguments": ' }}
             {{- call.arguments if call.arguments is string else call.arguments | tojson }}
             {{- '}\\n</tool_call>' }}
         {%- endfor %}

@@ -4,16 +4,22 @@
 - `tools` on a system message: the function specs the conversation may call, a list of objects or that list as a
   JSON string (MiniMind's files hold the string). MiniMind passes the last system message's `tools` to
   `apply_chat_template(..., tools=...)`; its template writes them into the system turn.
-- `tool_calls` on an assistant message: a list of calls, or that list as a JSON string, each an object naming the
-  function (`name`, or an OpenAI-style `{"function": {"name", "arguments"}}`) with its `arguments` (an object, or
-  a JSON string written as is). The message's `content` may then be null (OpenAI's way): it renders as "".
+- `tool_calls` on an assistant message: a list of calls, or that list as a JSON string, each an object (or an
+  OpenAI-style `{"function": {...}}` wrapping one) with its `arguments` (an object or any JSON value, a string
+  written as is) and its `name`, written as the template writes it: a call without one renders with an empty
+  name, as MiniMind's template renders it. The message's `content` may then be null (OpenAI's way): it renders as "".
 - `role: "tool"`: a tool's result, its `content` a string; MiniMind's template writes it into a user turn
   (`<tool_response>`), so it is never a target.
 - A null value is an absent key (HF `datasets` writes every key of its schema, null where a message has none).
   A JSON string is parsed here, once, so that every rendering and the corpus's canonical text see the parsed value.
-A value MiniMind could not render (a spec that is not an object, a call without a name, `tools` where MiniMind
-never reads it) makes the line bad, `bad_tools` or `bad_tool_calls`, the detail naming the message; a lone
-surrogate anywhere in them (a JSON escape), `invalid_utf8`, as in a content.
+- What MiniMind trains on but its template never renders is dropped from the message, the line kept and counted
+  (chat.check_conversation's `ignored`, named by line and key): `tools` on a message other than a system one
+  (MiniMind reads them from a system message only), `tool_calls` on one other than an assistant's (only an
+  assistant's are rendered; a string that is not JSON is still a bad line, as MiniMind's `json.loads` fails on
+  it), and OpenAI's `tool_call_id` and `name` on a message (IGNORED_KEYS).
+A value MiniMind could not render (a spec that is not an object, a call without `arguments`) makes the line bad,
+`bad_tools` or `bad_tool_calls`, the detail naming the message; a lone surrogate anywhere in them (a JSON escape),
+`invalid_utf8`, as in a content.
 """
 from __future__ import annotations
 
@@ -24,6 +30,12 @@ from minilmd.corpus.sources.jsonl import loads_bounded
 
 TOOL_KEYS = ("tools", "tool_calls")
 """The message keys of the tool-call schema (chat.MESSAGE_KEYS holds them too)."""
+IGNORED_KEYS = ("tool_call_id", "name")
+"""OpenAI's message keys a tool-call corpus often holds: no template of MiniMind's reads them, so they are dropped
+(and counted) rather than refused."""
+_DROPPED = frozenset(IGNORED_KEYS)
+ROLE_OF = {"tools": "system", "tool_calls": "assistant"}
+"""The role whose message MiniMind's template renders a tool key of: on another, the key is dropped."""
 
 
 def _parsed_list(value: Any) -> tuple[list | None, str]:
@@ -42,22 +54,47 @@ def _call_problem(call: Any) -> str:
     """Why one entry of tool_calls cannot be rendered as MiniMind renders it ("" when it can)."""
     if not isinstance(call, dict):
         return f"a JSON {type(call).__name__}, not an object"
-    function = call.get("function")
-    inner = function if isinstance(function, dict) else call
-    if not isinstance(inner.get("name"), str):
-        return 'no string "name"'
-    if not isinstance(inner.get("arguments"), (str, dict)):
-        return '"arguments" is neither an object nor a string'
-    return ""
+    inner = call.get("function") or call  # the template's `{% if tool_call.function %}`: a falsy one is no wrapper
+    if not isinstance(inner, dict):
+        return f'"function" is a JSON {type(inner).__name__}, not an object'
+    if "arguments" not in inner:  # any JSON value is written (a string as is, else `tojson`); none, its error
+        return 'no "arguments"'
+    return ""  # a missing "name" the template writes as "" (jinja2's undefined), as MiniMind's does
+
+
+def schema_keys(i: int, m: dict, allowed: frozenset, keys: tuple, tools: bool, ignored: list[str]
+                ) -> tuple[dict, tuple[str, str] | None]:
+    """(message i without the keys MiniMind's template never renders, IGNORED_KEYS and a tool key off its role
+    (ROLE_OF), each not null named in `ignored`, None); or (m, (reason, detail)) of a bad line: a key outside
+    `allowed` (and IGNORED_KEYS, where `tools`: not a preference pair's side), or `tool_calls` MiniMind's
+    `json.loads` fails on (it parses them on any message). The message given is left as it came."""
+    extra = m.keys() - allowed
+    unknown = extra - _DROPPED if tools else extra
+    if unknown:
+        return m, ("unknown_message_key", f"message {i} has {', '.join(map(repr, sorted(unknown)))} (allowed: "
+                                          f"{', '.join(keys)})")
+    if extra:
+        ignored.extend(f'message {i} (role {m.get("role")!r}) "{k}"' for k in IGNORED_KEYS
+                       if m.get(k) is not None)  # a null one is an absent key
+        m = {k: v for k, v in m.items() if k not in extra}
+    for key, role in ROLE_OF.items():
+        if m.get(key) is not None and m.get("role") != role:
+            value = m[key]
+            if key == "tool_calls" and isinstance(value, str) and value:
+                try:
+                    loads_bounded(value)
+                except ValueError as e:
+                    return m, ("bad_tool_calls", f'message {i} "tool_calls" is a string that is not JSON ({e})')
+            m = {k: v for k, v in m.items() if k != key}
+            ignored.append(f'message {i} (role {m.get("role")!r}) "{key}"')
+    return m, None
 
 
 def check_tool_keys(i: int, m: dict, out: dict) -> tuple[str, str] | None:
-    """Check message i's `tools` and `tool_calls` (nulls already dropped) and put their parsed values into `out`,
-    the message as chat.check_conversation keeps it; (reason, detail) of a bad line when one is not MiniMind's."""
+    """Check message i's `tools` and `tool_calls` (nulls and those off their role already dropped: schema_keys) and
+    put their parsed values into `out`, the message as chat.check_conversation keeps it; (reason, detail) of a bad
+    line when one is not MiniMind's."""
     if "tools" in m:
-        if m.get("role") != "system":
-            return "bad_tools", (f'message {i} (role {m.get("role")!r}) has "tools": MiniMind reads them from a system '
-                                 "message only")
         tools, what = _parsed_list(m["tools"])
         if tools is None:
             return "bad_tools", f'message {i} "tools" is {what}'
@@ -66,9 +103,6 @@ def check_tool_keys(i: int, m: dict, out: dict) -> tuple[str, str] | None:
                 return "bad_tools", f'message {i} "tools" entry {k} is a JSON {type(spec).__name__}, not an object'
         out["tools"] = tools
     if "tool_calls" in m:
-        if m.get("role") != "assistant":
-            return "bad_tool_calls", (f'message {i} (role {m.get("role")!r}) has "tool_calls": only an assistant '
-                                      "message makes calls")
         calls, what = _parsed_list(m["tool_calls"])
         if calls is None:
             return "bad_tool_calls", f'message {i} "tool_calls" is {what}'

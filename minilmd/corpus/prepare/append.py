@@ -56,7 +56,7 @@ from minilmd.corpus.format import RefusedFile, open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.append_check import check_old_files
 from minilmd.corpus.prepare.block import leak_key
-from minilmd.corpus.prepare.collect import Collector, _copy_kept
+from minilmd.corpus.prepare.collect import MAX_EXAMPLES, Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
@@ -444,6 +444,8 @@ def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New
     if found.chat:
         assert new.facts is not None
         append_chat.merge_chat_meta(m, lengths, new.facts, found.chat_counts, opts.seq_len, opts.batch_size)
+        m["chat"]["ignored_keys_examples"] = (m["chat"].get("ignored_keys_examples", [])
+                                              + found.ignored_examples)[:MAX_EXAMPLES]
     else:
         for split in SPLITS:
             stats[split] = corpus_stats.split_stats(lengths[split], opts.seq_len, opts.batch_size)

@@ -76,5 +76,6 @@ def merge_chat_meta(m: dict, lengths: dict[str, np.ndarray], new_facts: dict[str
     c = m["chat"]
     c["cut"] = sum(m["stats"][split]["cut"] for split in SPLITS)
     for key, name in (("dropped_long", "dropped_long"), ("dropped_no_target", "dropped_no_target"),
-                      ("conversations_with_special_text", "special_text")):
+                      ("conversations_with_special_text", "special_text"),
+                      ("conversations_with_ignored_keys", "ignored_keys")):
         c[key] = c.get(key, 0) + counts.get(name, 0)

@@ -53,6 +53,7 @@ class EncodedBlock:
     train_facts: np.ndarray | None = None  # (documents, len(analysis.stats.FACTS)) int64
     val_facts: np.ndarray | None = None
     chat_counts: dict | None = None  # chat_encode.COUNTS
+    ignored_keys: list | None = None  # (line, what) of each conversation kept without keys (chat_tools.py)
     # Text blocks: the kept documents by script (scripts.ScriptTally), and the lines --drop-scripts dropped.
     scripts: ScriptTally | None = None
     dropped: int = 0

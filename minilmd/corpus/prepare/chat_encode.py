@@ -44,9 +44,10 @@ from minilmd.corpus.prepare.chat_masks import (
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 
 ON_LONG = ("cut", "drop")
-COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text")
+COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text", "ignored_keys")
 """The per-block counts of chat conversations (cut ones are kept; `special_text`: a message spells a special
-token, which then encodes to id 0, 1 or 2 inside its turn)."""
+token, which then encodes to id 0, 1 or 2 inside its turn; `ignored_keys`: one kept without keys its template never
+renders, chat.check_conversation's `ignored`)."""
 
 
 TEMPLATE_STRIKES = 4
@@ -195,6 +196,7 @@ class ChatBlockEncoder:
         train_min = NO_DIGEST
         text_bytes = 0
         seq_len, drop_long = self.chat.seq_len, self.chat.on_long == "drop"
+        ignored, ignored_kept = dict(parsed.ignored), []  # (line, keys dropped): most blocks have none
         # One check of the block's largest id: below the vocabulary, no kept conversation's can reach it.
         check_ids = max((int(got[0].max()) for got in encoded if not isinstance(got, TurnError) and got[0].size),
                         default=0) >= self.vocab_size
@@ -215,6 +217,8 @@ class ChatBlockEncoder:
                 continue
             counts["cut"] += int(cut)
             counts["special_text"] += int(has_special_text(messages))
+            if ignored and line in ignored:
+                ignored_kept.append((line, ignored[line]))
             if check_ids and int(ids.max()) >= self.vocab_size:
                 raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocabulary {self.vocab_size}")
             key_text = canonical(messages)
@@ -232,11 +236,12 @@ class ChatBlockEncoder:
             side["lines"].append(line)
             side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), targets, int(cut)))
         bad.sort()
-        return encoded_block(parsed, bad, text_bytes, train_min, out, counts)
+        counts["ignored_keys"] = len(ignored_kept)
+        return encoded_block(parsed, bad, text_bytes, train_min, out, counts, ignored_kept)
 
 
 def encoded_block(parsed, bad: list, text_bytes: int, train_min, out: dict[bool, dict[str, list]],
-                  counts: dict) -> EncodedBlock:
+                  counts: dict, ignored_keys: list | None = None) -> EncodedBlock:
     """A chat (or preference) block's result from its two sides (out[False]: train, out[True]: val), each a list per
     field of what its documents gave."""
     train, val = (_stack(out[v]) for v in (False, True))
@@ -245,7 +250,7 @@ def encoded_block(parsed, bad: list, text_bytes: int, train_min, out: dict[bool,
         train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
         val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
         train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
-        val_facts=val["facts"], chat_counts=counts,
+        val_facts=val["facts"], chat_counts=counts, ignored_keys=ignored_keys or [],
     )
 
 

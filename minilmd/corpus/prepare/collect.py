@@ -148,6 +148,7 @@ class Collector:
         self.bad = BadLines(tmp / SPOOL)  # every bad line, named (badlines.py)
         self.appending_to: tuple[str, str] | tuple[()] = ()  # an append's corpus and its format (format_hint)
         self.special_examples: list[str] = []
+        self.ignored_examples: list[str] = []  # chat: `path:line: keys dropped`, the first MAX_EXAMPLES lines kept
         self.special_docs = 0
         self.text_bytes = 0
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
@@ -234,6 +235,8 @@ class Collector:
             self.chat_counts[name] = self.chat_counts.get(name, 0) + n
         if block.chat_counts:
             self.special_docs += block.chat_counts["special_text"]
+        for line, what in (block.ignored_keys or [])[:MAX_EXAMPLES - len(self.ignored_examples)]:
+            self.ignored_examples.append(f"{self.opened[src_idx].path}:{line}: {what}")
         self.train.write(block.train_tokens, block.train_lengths, block.train_mask, block.train_facts)
         self.train_keys.write(block.train_keys.tobytes())
         self.val_raw.write(block.val_tokens, block.val_lengths, block.val_mask, block.val_facts)

@@ -103,6 +103,8 @@ def add_chat_meta(meta: dict, tok: PrepareTokenizer, opts: PrepareOptions, found
         "dropped_long": counts.get("dropped_long", 0),
         "dropped_no_target": counts.get("dropped_no_target", 0),
         "conversations_with_special_text": counts.get("special_text", 0),
+        "conversations_with_ignored_keys": counts.get("ignored_keys", 0),
+        "ignored_keys_examples": found.ignored_examples,
         "template_sha256": hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest(),
         "target_rule": "every token of an assistant reply after its '<|im_start|>assistant\\n' header up to and "
                        "including its '<|im_end|>'; a token counts where its first character is",
@@ -125,6 +127,10 @@ def _report_chat(meta: dict, log) -> None:
         dropped.append(f"{c['dropped_no_target']:,} whose replies all fall past the cut at {c['seq_len']}")
     if dropped:  # the policy this prepare ran under, cut (the default) or drop
         log(f"dropped: {', '.join(dropped)} (--on-long {c['on_long']})")
+    if c.get("conversations_with_ignored_keys"):  # absent from a corpus prepared before they were counted
+        log(f"kept without keys MiniMind's template never renders: {c['conversations_with_ignored_keys']:,} "
+            f"{unit} (tools off a system message, tool_calls off an assistant one, tool_call_id, name), e.g. "
+            f"{'; '.join(c['ignored_keys_examples'][:3])}")
 
 
 def report(meta: dict, log) -> None:
