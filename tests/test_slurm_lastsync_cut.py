@@ -13,16 +13,19 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import slurm_cluster
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.slurm import jobend
 from reliability_helpers import event_texts
-from supervisor_helpers import start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import env_for, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 FAKE_SCONTROL = """#!/bin/sh
 case "$1 $2" in
@@ -105,3 +108,57 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     assert not [p.name for p in remote.iterdir() if p.name.startswith(names.TMP_PREFIX)], \
         (cut_short, sorted(os.listdir(remote)))
     assert state(run_dir)["outcome"]["ended"] == "requeued"
+
+
+# --- the same on a real one-node Slurm (tests/slurm_cluster.py): its EndTime, its requeue ---------------------------
+
+SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
+LONG = 300
+"""A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(cluster, str):
+        pytest.skip(cluster)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.fuse
+def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requeued(tmp_path, corpus, faultfs,
+                                                                                     slurm):
+    """A job of 3 minutes: the test sends the warning itself (`scancel --batch --signal=USR1`, once a checkpoint is
+    synced) and the script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The
+    last sync, 2 s an operation on the remote, cannot end before Slurm's EndTime; it is cut 20 s before it, and the
+    job requeues itself: Slurm shows it requeued once, never killed at its time limit."""
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote"), "scratch": ""},
+                          train={"max_steps": 100_000, "checkpoint_every": 5})
+    run_dir = load_config(config).run_dir
+    env = slurm.env(**{k: v for k, v in env_for(fake=True, FAKE_STEP_S="0.05").items() if not k.startswith("SLURM_")})
+    env.pop("MINILMD_SCRATCH_BASE", None)
+    env["TMPDIR"] = str(tmp_path / "node-tmp")
+    env["MINILMD"] = str(Path(sys.executable).with_name("minilmd"))
+    (tmp_path / "node-tmp").mkdir()
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path / 'job.out'}",
+                          "--time=3", "--signal=B:HUP@5", str(SBATCH), str(config)],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = out.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: remote_step(run_dir) >= 5, LONG, "a checkpoint synced", interval=0.5)
+        faultfs.stall("remote*", 2.0, op="*")
+        slurm.run("scancel", "--batch", "--signal=USR1", job)
+        wait_for(lambda: slurm.job_field(job, "Restarts") == "1", LONG, "the job requeued", interval=2)
+    finally:
+        slurm.run("scancel", job, check=False)
+        faultfs.clear()
+    left = state(run_dir)
+    assert left["outcome"]["ended"] == "requeued" and left["slurm"]["requeued"], left
+    kept = left["remote_checkpoint"]["step"]
+    assert f"last sync cut at the job's end: run.remote keeps step {kept}; " in left["reason"], left["reason"]
+    said = [m for m in event_texts(run_dir, "slurm") if m.startswith("the job ends at ")]
+    assert said and "(scontrol's EndTime)" in said[0], said
+    assert checkpoint_dirs.read_latest(faultfs.backing / "remote") == names.step_name(kept)
