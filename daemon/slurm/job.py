@@ -371,7 +371,9 @@ class SlurmJob:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
         requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
         SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
-        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A last sync cut at the
+        job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run too (its
+        next start syncs the last checkpoint), the reason saying where it resumes."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by, cut = self.preempted_by, f"; {self.sync_cut}" if self.sync_cut else ""
