@@ -3,7 +3,8 @@
 The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so that the loop and its ending read
 apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer
 gets SIGTERM (SIGKILL after the save grace), a staging copy still running is waited for a bounded time, then
-the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue). At exit, whatever
+the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue, which the job's end
+does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit, whatever
 phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
 """
@@ -29,6 +30,7 @@ from minilmd.daemon.loopstate import SupervisorState
 from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
+from minilmd.daemon.slurm import lastsynccut
 from minilmd.daemon.slurm.job import SlurmJob
 
 
@@ -86,6 +88,11 @@ class Ending:
                     child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM")
                 return
             self._on_child_end(rc)
+        if self.slurm and (cut := lastsynccut.due(self.slurm, self.sync, self.cfg, self.state, self.events.emit)):
+            if self.staging.running:  # the job's end is near: nothing more is waited for
+                self.events.emit("stop", f"the {self.staging.abandon()} thread is left behind: the job ends")
+            self._finish(cut)  # requeued all the same, before Slurm's kill
+            return
         if self.staging.running:
             if now() - (self.state.since or 0.0) < STOP_WAITS_FOR_STAGING_S:
                 return  # let a half-done copy end before we exit (it would be cleaned up next time anyway)

@@ -71,6 +71,11 @@ class RemoteNotOurs(SyncError):
     put it right), but said with its reason (daemon/jobs/syncworker.py) and never a failed run (daemon/ending.py)."""
 
 
+class SyncAbandoned(SyncError):
+    """The supervisor gave up on this sync (a Slurm job's end is near: daemon/slurm/lastsynccut.py): raised at the
+    copy's next chunk, whose half copy is then removed as after any failed copy (`_copy_up`)."""
+
+
 class RemoteFull(SyncError):
     """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
 
@@ -129,6 +134,9 @@ class Syncer(Fetcher):
         self.watch = ReadWatch()
         """What a running sync does on the remote and when it last answered (each chunk copied or read back, each
         step done): the supervisor tells a slow sync from a stalled one by it (daemon/jobs/syncworker.py)."""
+        self.abandoned = ""
+        """Why the supervisor gave up on the running sync ("" while it has not): its next chunk raises SyncAbandoned,
+        so that the copy ends before it is put in place and removes its half copy itself."""
 
     @property
     def remote(self) -> RemoteStore:
@@ -139,8 +147,14 @@ class Syncer(Fetcher):
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
                 self._remote.made = remote_made.record_of(self.local_root, self.run_dir)
-            self._remote.moved = self.watch.answer
+            self._remote.moved = self._moved
         return self._remote
+
+    def _moved(self, nbytes: int) -> None:
+        """A chunk copied or read back: progress for the ReadWatch, and the point where an abandoned sync stops."""
+        if self.abandoned:
+            raise SyncAbandoned(f"sync to {self.remote_url} abandoned: {self.abandoned}")
+        self.watch.answer(nbytes)
 
     # --- local -> remote ---------------------------------------------------------------------------------------
     def sync_newest(self) -> SyncResult:

@@ -190,6 +190,20 @@ class SyncWorker:
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
 
+    def abandon(self, why: str) -> bool:
+        """Give up on the running sync, if any (a Slurm job's end is near: daemon/slurm/lastsynccut.py); True if one
+        ran. Its copy stops at its next chunk and removes its half copy (sync.py SyncAbandoned); one blocked in the
+        remote until the process exits leaves its temporary name, which a later sync of the run removes
+        (sync_leftovers.py). Nothing is put in place: the remote keeps its previous checkpoint."""
+        worker, self.worker, self.copying = self.worker, None, None
+        if worker is None:
+            return False
+        if self.syncer is not None:
+            self.syncer.abandoned = why
+        sync = self.state.sync
+        sync.state, sync.error, sync.since, sync.progress = SyncState.FAILED, why, now(), None
+        return True
+
     def silent_for(self) -> float:
         """Seconds since the running sync last moved a byte or had an answer from the remote (the Syncer's
         ReadWatch; the whole run of a Syncer without one), no more than it has run."""

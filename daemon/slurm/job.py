@@ -34,6 +34,7 @@ import secrets
 import shlex
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any, NamedTuple
 
 from minilmd import names, procs, pychild
 from minilmd.daemon.host.gpu import Nvml
+from minilmd.daemon.slurm import jobend
 from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED, ENDED_STOPPED
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
@@ -274,6 +276,13 @@ class SlurmJob:
     signal_runner: Runner = field(default=lambda args: run_command(args, SIGNAL_TIMEOUT_S))
     preempted_by: str = ""
     """"USR1" or "SIGTERM" once a preemption was asked; the loop acts on it."""
+    preempted_at: float = 0.0
+    """When that signal came (epoch seconds)."""
+    sync_cut: str = ""
+    """Why the preemption's last sync was cut at the job's end, in words (daemon/slurm/lastsynccut.py); "" if not."""
+    environ: Any = None
+    """The job's environment (None: this process's), for SLURM_JOB_END_TIME."""
+    _end: jobend.JobEnd | None = field(default=None, init=False, repr=False)
     launch_env: dict[str, str] = field(default_factory=dict)
     """What the last command() needs in its environment: the rendezvous secret of an srun attempt ({} otherwise)."""
 
@@ -346,34 +355,50 @@ class SlurmJob:
         """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves)."""
         first = not self.preempted_by
         if first:
-            self.preempted_by = signal_name
+            self.preempted_by, self.preempted_at = signal_name, time.time()
         return first
+
+    def job_end(self) -> jobend.JobEnd:
+        """When Slurm ends this preempted job: asked once (one `scontrol show job`, bounded), then kept."""
+        if self._end is None:
+            environ = os.environ if self.environ is None else self.environ
+            self._end = jobend.read(environ, job_info(self.alloc.job_id, self.runner), self.preempted_by or "USR1",
+                                    self.preempted_at or time.time())
+            self.emit("slurm", self._end.words())
+        return self._end
 
     def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> Plan:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
         requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
         SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
-        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A last sync cut at the
+        job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run too (its
+        next start syncs the last checkpoint), the reason saying where it resumes."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
-        by = self.preempted_by
-        if budget_done:
+        by, cut = self.preempted_by, f"; {self.sync_cut}" if self.sync_cut else ""
+        if cut:  # not a failed sync: the remote keeps its previous checkpoint, and the next start syncs on
+            slurm["last_sync_cut"] = self.sync_cut
+        if budget_done and not cut:
             return Plan(ENDED_FINISHED, f"the run finished as Slurm preempted it ({by}): not requeued")
-        if sync_problem:
+        if sync_problem and not cut:
             return Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
                                           f"requeued, the checkpoint stays on this node's scratch")
-        info = job_info(self.alloc.job_id, self.runner)
+        # after a cut the job's end is REQUEUE_MARGIN_S away: asked within SIGNAL_TIMEOUT_S, the requeue's 10 s kept
+        info = job_info(self.alloc.job_id, self.signal_runner if cut else self.runner)
         restarts = info.get("Restarts", "0")
         if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
             slurm["requeued"], slurm["state"] = True, "REQUEUED"
-            return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)")
+            return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}; Slurm requeued it "
+                                        f"itself){cut}")
         if stop_asked:
-            return Plan(ENDED_STOPPED, f"stopped on request ({stop_asked}) at step {step}: not requeued")
+            return Plan(ENDED_STOPPED, f"stopped on request ({stop_asked}) at step {step}: not requeued{cut}")
         if by == "SIGTERM" and cancelled(info):
             slurm["state"] = "CANCELLED"
-            return Plan(ENDED_CANCELLED, f"the Slurm job was cancelled: stopped at step {step}, not requeued")
+            return Plan(ENDED_CANCELLED, f"the Slurm job was cancelled: stopped at step {step}, not requeued{cut}")
         slurm["requeued"], slurm["state"] = True, "REQUEUED"
-        return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step})", requeue=True)
+        finished = " (the run finished: the requeued job syncs its last checkpoint)" if budget_done else ""
+        return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}){finished}{cut}", requeue=True)
 
     def requeue(self) -> str | None:
         """`scontrol requeue` this job (None: done)."""

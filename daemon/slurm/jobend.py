@@ -1,0 +1,97 @@
+"""When Slurm ends this job, read once at its preemption, and the last sync's deadline before it.
+
+A preempted job's last sync (daemon/slurm/lastsynccut.py) must end before Slurm kills the job, or `scontrol requeue`
+never runs and the run stops for good. The end is asked of Slurm when the supervisor first needs it (the stopping
+phase, the trainer's save done), bounded by the runner's timeout, and kept:
+
+- `scontrol show job`'s EndTime (local time, `2026-12-06T04:00:00`): Slurm's own view now, moved earlier by a
+  preemption with a grace time (the end becomes the preemption's time plus the grace) or a `scontrol update
+  TimeLimit`;
+- SLURM_JOB_END_TIME (epoch seconds) where the job's environment has it: set from the start of the job, so it
+  misses such a move. Not set by Slurm 22.05 (its libslurmfull has no such name: checked on the test cluster's
+  22.05.8); newer releases set it. The earlier of the two is taken;
+- neither: the warning's own length from the signal, `--signal=B:USR1@300`'s 300 s after a USR1, Slurm's default
+  KillWait (30 s) after a SIGTERM.
+
+A SIGTERM at the time limit itself finds EndTime reached: Slurm's SIGKILL then follows that SIGTERM by KillWait, so
+the end is taken as the signal plus KILL_WAIT_S. An end still ahead is taken as it is, though a kill may come
+KillWait after it: the earlier, the safer. Torch-free.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+END_TIME_ENV = "SLURM_JOB_END_TIME"
+WARNING_S = 300.0
+"""The lead of deploy/slurm/*.sbatch's `--signal=B:USR1@300` (tests/test_slurm_lastsync.py reads it there)."""
+KILL_WAIT_S = 30.0
+"""Slurm's default KillWait: its SIGKILL follows the SIGTERM it sends at the job's end by this much."""
+REQUEUE_MARGIN_S = 20.0
+"""The last sync is cut this long before the job's end, for what must still run after it and before the kill: the
+loop's next tick (0.2 s), `scontrol show job` for the plan (whether Slurm requeues the job itself, or it is
+cancelled: bounded at daemon/slurm/job.py's SIGNAL_TIMEOUT_S, 3 s, after a cut), state.json and the events written
+to run.dir (a shared filesystem: a second or two), `scontrol requeue` (bounded at SCONTROL_TIMEOUT_S, 10 s, for a
+busy slurmctld) and the supervisor's exit: 13 s of bounds, the rest for the writes. More would cut copies that had
+time to end; a SIGTERM at the time limit leaves only KillWait's 30 s, of which it keeps 10 for the sync."""
+MAX_AHEAD_S = 400 * 24 * 3600.0
+"""An end further than this is no end (Slurm's `UNLIMITED` time limit gives a date years ahead): no deadline."""
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """When Slurm ends the job (epoch seconds; None: never, an unlimited job) and how that is known, in words."""
+
+    at: float | None
+    source: str
+
+    @property
+    def deadline(self) -> float | None:
+        """When a last sync still copying is cut (None: never)."""
+        return None if self.at is None else self.at - REQUEUE_MARGIN_S
+
+    def words(self) -> str:
+        if self.at is None:
+            return f"the job has no end ({self.source}): the last sync is waited for as on one server"
+        return (f"the job ends at {clock(self.at)} ({self.source}): a last sync still copying at "
+                f"{clock(self.at - REQUEUE_MARGIN_S)} is cut, {REQUEUE_MARGIN_S:.0f}s before, so that the requeue "
+                f"runs before Slurm's kill")
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _epoch(value: str) -> float | None:
+    """SLURM_JOB_END_TIME's epoch seconds, or None."""
+    value = value.strip()
+    return float(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _end_time(value: str) -> float | None:
+    """scontrol's EndTime (local time, no zone), or None (`Unknown`, `None`, anything else)."""
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp() if "T" in value else None
+    except ValueError:
+        return None
+
+
+def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: float) -> JobEnd:
+    """The job's end from its environment and `job_line` (scontrol show job's pairs, {} when it did not answer),
+    as the module says."""
+    known = [(at, source) for at, source in ((_end_time(job_line.get("EndTime", "")), "scontrol's EndTime"),
+                                             (_epoch(environ.get(END_TIME_ENV, "")), END_TIME_ENV))
+             if at is not None]
+    if known:
+        at, source = min(known)
+        if at - signalled_at > MAX_AHEAD_S:
+            return JobEnd(None, f"{source} is {clock(at)}, over a year ahead")
+        if signal_name == "SIGTERM" and at <= signalled_at:
+            return JobEnd(signalled_at + KILL_WAIT_S, f"{source} reached: Slurm's SIGTERM, its KillWait "
+                                                      f"{KILL_WAIT_S:.0f}s by default before SIGKILL")
+        return JobEnd(at, source)
+    lead = WARNING_S if signal_name == "USR1" else KILL_WAIT_S
+    why = "the --signal=B:USR1@300 warning's lead" if signal_name == "USR1" else "Slurm's default KillWait"
+    return JobEnd(signalled_at + lead, f"neither scontrol nor {END_TIME_ENV} told it: {lead:.0f}s after the "
+                                       f"{signal_name}, {why}")

@@ -1,0 +1,251 @@
+"""A preempted Slurm job's last sync is cut at the job's end, so that `scontrol requeue` still runs
+(daemon/slurm/jobend.py, daemon/slurm/lastsynccut.py).
+
+Before: the last sync of a preempted job was waited for while it moved, however long (daemon/jobs/syncworker.py
+`final_sync`); under Slurm a copy slower than the warning's lead ended with the job SIGKILLed at its end time, before
+`scontrol requeue`: the job was never requeued and state.json kept saying the sync ran. Now the job's end is read
+once (scontrol's EndTime, SLURM_JOB_END_TIME, else the warning's lead) and a last sync still copying
+REQUEUE_MARGIN_S before it is abandoned: nothing of it is put in place, the remote keeps its previous checkpoint,
+and the job is requeued, its reason saying where the requeued job resumes. The clock here is a fake one; `scontrol`
+a fake runner, or a script on PATH.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs
+from minilmd.config import RunConfig
+from minilmd.daemon.base.runstate import RunState
+from minilmd.daemon.base.worker import Inbox, ReadWatch
+from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs.sync import SyncAbandoned, Syncer, SyncResult
+from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.slurm import job as slurm
+from minilmd.daemon.slurm import jobend, lastsynccut
+from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_800_000_000.0  # the fake clock's preemption
+
+
+class FakeScontrol:
+    """`scontrol show job -o` answered with `job`; every call recorded."""
+
+    def __init__(self, job: str = "JobState=RUNNING Reason=None Restarts=0"):
+        self.job, self.calls = job, []
+
+    def __call__(self, args: list[str]) -> str:
+        self.calls.append(args)
+        return f"JobId={args[-1]} {self.job}\n" if args[:3] == ["scontrol", "show", "job"] else ""
+
+
+class Events(list):
+    def __call__(self, kind, message, **details):
+        self.append((kind, message))
+
+
+class HeldSyncer:
+    """A Syncer whose copy runs until `release` is set (the supervisor's view of a slow copy)."""
+
+    base_problem = None
+    copying = None
+
+    def __init__(self):
+        self.watch = ReadWatch()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def sync_newest(self) -> SyncResult:
+        self.watch.reading("copying step-00000004 to /nfs/r/.tmp-step-00000004", 2_400_000_000)
+        self.started.set()
+        self.release.wait(60)
+        return SyncResult(step=4, path="/nfs/r/step-00000004", verified=True, copied=True)
+
+
+class OneSyncer(Infra):
+    def __init__(self, syncer: HeldSyncer):
+        self.the_syncer = syncer
+
+    def syncer(self, cfg, expected, log):
+        return self.the_syncer
+
+    def prune_local(self, root, keep, protect, log):
+        return []
+
+
+@contextlib.contextmanager
+def last_sync_running(tmp_path) -> Iterator[tuple[SyncWorker, HeldSyncer, list[str]]]:
+    """The stopping phase's last sync of step 4 begun, its copy held (released on leaving)."""
+    cfg = RunConfig()
+    cfg.run.scratch, cfg.run.remote = str(tmp_path / "scratch"), "/nfs/r"
+    ckpt = cfg.checkpoint_dir / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": {"size": 2_400_000_000}}}))
+    said: list[str] = []
+    syncer = HeldSyncer()
+    sync = SyncWorker(cfg, OneSyncer(syncer), RunState(tmp_path / "state.json", {}),
+                      lambda kind, msg, **d: said.append(msg), Inbox(lambda *a, **k: None))
+    try:
+        assert sync.final_sync(None) is None  # begun
+        assert syncer.started.wait(30)
+        yield sync, syncer, said
+    finally:
+        syncer.release.set()
+
+
+def iso(ts: float) -> str:
+    """A time as scontrol shows EndTime: local, no zone."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
+
+
+def test_the_jobs_end_is_the_earlier_of_scontrol_and_the_environment_else_the_warnings_lead():
+    line = {"EndTime": iso(T0 + 250)}
+    assert jobend.read({}, line, "USR1", T0) == jobend.JobEnd(T0 + 250, "scontrol's EndTime")
+    assert jobend.read({"SLURM_JOB_END_TIME": str(int(T0 + 280))}, {}, "USR1", T0).at == T0 + 280
+    # a preemption with a grace time moved the end earlier than the environment's, set at the job's start
+    both = jobend.read({"SLURM_JOB_END_TIME": str(int(T0 + 280))}, line, "USR1", T0)
+    assert both.at == T0 + 250 and both.deadline == T0 + 250 - jobend.REQUEUE_MARGIN_S
+    lead = jobend.read({}, {"EndTime": "Unknown"}, "USR1", T0)  # neither: the warning's lead
+    assert lead.at == T0 + jobend.WARNING_S and "USR1" in lead.source
+    assert jobend.read({}, {}, "SIGTERM", T0).at == T0 + jobend.KILL_WAIT_S
+    # the time limit reached: Slurm's SIGTERM, then its SIGKILL after KillWait
+    reached = jobend.read({}, {"EndTime": iso(T0 - 1)}, "SIGTERM", T0)
+    assert reached.at == T0 + jobend.KILL_WAIT_S and "KillWait" in reached.source
+    unlimited = jobend.read({}, {"EndTime": iso(T0 + 10 * 365 * 86400)}, "USR1", T0)
+    assert unlimited.at is None and unlimited.deadline is None and "no end" in unlimited.words()
+
+
+def test_the_warnings_lead_is_the_job_scripts():
+    for script in (REPO / "deploy" / "slurm").glob("*.sbatch"):
+        leads = re.findall(r"^#SBATCH --signal=B:USR1@(\d+)$", script.read_text(), re.M)
+        assert leads == [str(int(jobend.WARNING_S))], script
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# scontrol show job -o JOB: the job line, EndTime included, from $FAKE_SLURM_JOB; each call counted
+echo "$*" >> "$FAKE_SLURM_CALLS"
+case "$1 $2" in
+  "show job") echo "JobId=$4 $FAKE_SLURM_JOB" ;;
+esac
+"""
+
+
+def test_the_jobs_end_is_asked_of_scontrol_on_path_once(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(stat.S_IRWXU)
+    end = time.time() + 200
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_JOB", f"JobState=RUNNING Reason=None Restarts=0 EndTime={iso(end)}")
+    monkeypatch.setenv("FAKE_SLURM_CALLS", str(tmp_path / "calls"))
+    events = Events()
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, events, environ={})
+    assert job.preempt("USR1")
+    first = job.job_end()
+    assert job.job_end() is first and abs((first.at or 0) - int(end)) <= 1, first
+    asked = (tmp_path / "calls").read_text().splitlines()
+    assert asked == ["show job -o 42", "show job -o 42"], asked  # one at the job's start, one for its end
+    assert [m for k, m in events if k == "slurm" and m.startswith(f"the job ends at {jobend.clock(first.at)}")]
+
+
+class Clock:
+    def __init__(self, at: float):
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def test_a_last_sync_still_copying_at_the_jobs_end_is_abandoned_and_the_job_requeued(tmp_path):
+    line = f"JobState=RUNNING Reason=None Restarts=0 EndTime={iso(T0 + 100)}"
+    runner, short = FakeScontrol(line), FakeScontrol(line)  # short: the runner of the shorter bound
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), runner, signal_runner=short,
+                         environ={})
+    job.preempt("USR1")
+    job.preempted_at = T0
+    clock = Clock(T0 + 10)
+    with last_sync_running(tmp_path) as (sync, syncer, said):
+        emit = lambda kind, message, **d: said.append(message)
+        sync.state.remote_checkpoint = None
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, emit, clock) is None  # long before: waited for
+        assert sync.worker is not None and not syncer.__dict__.get("abandoned")
+        clock.at = T0 + 100 - jobend.REQUEUE_MARGIN_S  # the deadline
+        words = lastsynccut.due(job, sync, sync.cfg, sync.state, emit, clock) or ""
+        assert words.startswith("last sync cut at the job's end: run.remote holds no checkpoint of this run; the "
+                                "requeued job starts from step 0, or from scratch's step 4 if it lands on this node")
+        assert sync.worker is None and syncer.abandoned == words  # its copy stops at its next chunk
+        assert sync.state.sync.state == "failed" and sync.state.sync.error == words
+        assert [m for m in said if m.startswith(words) and "abandoned" in m], said
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, emit, clock) == words  # cut once, said once
+    asked = len(runner.calls)
+    plan = job.plan(False, None, words)
+    assert runner.calls[asked:] == [] and short.calls == [["scontrol", "show", "job", "-o", "42"]]
+    assert plan.requeue and plan.problem is None and plan.ended == "requeued" and words in plan.reason
+    assert job.state["slurm"]["last_sync_cut"] == words
+    finished = job.plan(True, None, words)  # the budget done, its last checkpoint not synced: requeued to sync it
+    assert finished.requeue and "the requeued job syncs its last checkpoint" in finished.reason
+
+
+def test_outside_a_preemption_or_before_the_deadline_the_last_sync_is_never_cut(tmp_path):
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), FakeScontrol(), environ={})
+    with last_sync_running(tmp_path) as (sync, syncer, said):
+        late = Clock(time.time() + 10 * jobend.WARNING_S)
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, said.append, late) is None  # not preempted
+        job.preempt("USR1")  # no end known: the warning's lead from now
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, said.append, Clock(time.time())) is None
+        assert sync.worker is not None and not syncer.__dict__.get("abandoned")
+
+
+def test_words_of_a_cut_name_the_remotes_step_and_scratchs(tmp_path):
+    behind = lastsynccut.cut_words(20, 30, tmp_path)
+    assert behind.startswith("last sync cut at the job's end: run.remote keeps step 20; the requeued job resumes "
+                             "from it, or from scratch's step 30 if it lands on this node")
+    assert "the newest" in lastsynccut.cut_words(30, 30, tmp_path)
+
+
+class HeldWatch(ReadWatch):
+    """A ReadWatch whose first chunk holds the copy until `go` is set: the sync is mid-copy meanwhile."""
+
+    def __init__(self):
+        super().__init__()
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def answer(self, nbytes: int = 0) -> None:
+        super().answer(nbytes)
+        if nbytes and not self.held.is_set():
+            self.held.set()
+            self.go.wait(60)
+
+
+def test_an_abandoned_copy_stops_before_it_is_put_in_place_and_removes_its_half_copy(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    save(local, 20, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.watch = watch = HeldWatch()
+    outcome: list[BaseException] = []
+    copy = threading.Thread(target=lambda: outcome.append(pytest.raises(SyncAbandoned, syncer.sync_newest).value))
+    copy.start()
+    assert watch.held.wait(60), "the copy never began"
+    assert [p.name for p in remote.iterdir() if p.name.startswith(".tmp-step-00000020")], "no half copy"
+    syncer.abandoned = "the job's end is near"
+    watch.go.set()
+    copy.join(60)
+    assert not copy.is_alive() and outcome, "the copy went on after it was abandoned"
+    assert "abandoned: the job's end is near" in str(outcome[0]), outcome
+    assert sorted(p.name for p in remote.iterdir() if not p.name.startswith(".")) == ["LATEST", "step-00000010"]
+    assert not [p for p in remote.iterdir() if p.name.startswith(".tmp-")], list(remote.iterdir())
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
+    ck.validate(remote / "step-00000010", EXPECTED)

@@ -1,0 +1,164 @@
+"""A real supervisor in a (fake) Slurm job, its remote on the FUSE fault filesystem slowed down: the last sync after
+Slurm's warning is slower than the time left, is cut at the job's end and the job still requeues itself; the
+requeued start on the same node cleans up the abandoned copy and goes on from scratch's step.
+
+Before: the last sync was waited for while it moved, so under Slurm the job was SIGKILLed at its end before
+`scontrol requeue` ran (daemon/slurm/lastsynccut.py). `scontrol` is a script on PATH that reads the job line, with
+the EndTime the test sets just before the USR1, from a file, and records the requeue. No timing is asserted: the
+remote is so slow (2 s an operation) that the copy of a checkpoint cannot end before the deadline, however loaded
+the machine; a trainer slower to save than the deadline is cut before its sync begins, which the assertions allow.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slurm_cluster
+from minilmd import checkpoint_dirs, names
+from minilmd.config import load_config
+from minilmd.daemon.slurm import jobend
+from reliability_helpers import event_texts
+from supervisor_helpers import env_for, start_supervisor, state, wait_for, wait_or_kill, write_config
+
+FAKE_SCONTROL = """#!/bin/sh
+case "$1 $2" in
+  "show hostnames") echo node01 ;;
+  "show job") echo "JobId=$4 $(cat "$FAKE_SLURM_JOB_FILE")" ;;
+  "requeue "*) echo "requeue $2" >> "$FAKE_SLURM_CALLS" ;;
+esac
+"""
+DEADLINE_AFTER_S = 20.0
+"""The last sync's deadline this long after the USR1: time for the fake trainer's save and the copy to begin."""
+
+
+def slurm_env(tmp: Path, restarts: int) -> dict:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(stat.S_IRWXU)
+    (tmp / "node-tmp").mkdir(exist_ok=True)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", names.SLURM_JOB_ENV: "42", "SLURM_JOB_NODELIST": "node01",
+            "SLURM_RESTART_COUNT": str(restarts), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp / "node-tmp"),
+            "FAKE_SLURM_JOB_FILE": str(tmp / "job-line"), "FAKE_SLURM_CALLS": str(tmp / "scontrol-calls"),
+            "FAKE_STEP_S": "0.05"}
+
+
+def job_line(tmp: Path, restarts: int, end: float) -> None:
+    (tmp / "job-line").write_text(f"JobState=RUNNING Reason=None Restarts={restarts} "
+                                  f"EndTime={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(end))}\n")
+
+
+def remote_step(run_dir: Path) -> int:
+    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
+
+
+@pytest.mark.slow
+@pytest.mark.fuse
+def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_itself(tmp_path, corpus, faultfs):
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
+                          train={"max_steps": 100_000, "checkpoint_every": 5})
+    run_dir = load_config(config).run_dir
+    remote = faultfs.backing / "remote"
+    job_line(tmp_path, 0, time.time() + 3600)
+    sup = start_supervisor(config, tmp_path / "first.out", **slurm_env(tmp_path, 0))
+    try:
+        wait_for(lambda: remote_step(run_dir) >= 10, 180, "step 10 synced")
+        faultfs.stall("remote*", 2.0, op="*")  # every operation on the remote 2 s: a copy takes minutes
+        job_line(tmp_path, 0, time.time() + jobend.REQUEUE_MARGIN_S + DEADLINE_AFTER_S)
+        sup.send_signal(signal.SIGUSR1)
+        assert wait_or_kill(sup, 300) == 0, (tmp_path / "first.out").read_text()[-3000:]
+    finally:
+        faultfs.clear()
+        if sup.poll() is None:
+            sup.kill()
+    left = state(run_dir)
+    kept = left["remote_checkpoint"]["step"]
+    calls = tmp_path / "scontrol-calls"
+    assert calls.exists() and calls.read_text().splitlines() == ["requeue 42"], (left, event_texts(run_dir))
+    assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
+    cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the requeued job resumes from it, " \
+          f"or from scratch's step "
+    assert cut in left["reason"] and left["slurm"]["last_sync_cut"].startswith(cut), left["reason"]
+    assert [m for m in event_texts(run_dir, "sync") if m.startswith(cut)], event_texts(run_dir, "sync")
+    scratch_step = int(left["slurm"]["last_sync_cut"].split("scratch's step ")[1].split()[0])
+    assert scratch_step > kept
+    # the remote keeps its previous checkpoint, whole, and LATEST names it: nothing of the cut copy is in place
+    assert checkpoint_dirs.read_latest(remote) == names.step_name(kept)
+    assert max(checkpoint_dirs.list_checkpoints(remote), key=lambda p: p.name).name == names.step_name(kept)
+
+    # the requeued job lands on this node: it goes on from scratch's step, and its first sync removes what the
+    # cut copy left under a temporary name (its process is gone)
+    cut_short = [p.name for p in remote.iterdir() if p.name.startswith(names.TMP_PREFIX)]  # the exit may beat it
+    job_line(tmp_path, 1, time.time() + 3600)
+    again = start_supervisor(config, tmp_path / "second.out", **slurm_env(tmp_path, 1))
+    try:
+        wait_for(lambda: remote_step(run_dir) >= scratch_step, 180, "scratch's step synced by the requeued job")
+        again.send_signal(signal.SIGTERM)
+        assert wait_or_kill(again, 300) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    finally:
+        if again.poll() is None:
+            again.kill()
+    assert not [p.name for p in remote.iterdir() if p.name.startswith(names.TMP_PREFIX)], \
+        (cut_short, sorted(os.listdir(remote)))
+    assert state(run_dir)["outcome"]["ended"] == "requeued"
+
+
+# --- the same on a real one-node Slurm (tests/slurm_cluster.py): its EndTime, its requeue ---------------------------
+
+SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
+LONG = 300
+"""A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(cluster, str):
+        pytest.skip(cluster)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.fuse
+def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requeued(tmp_path, corpus, faultfs,
+                                                                                     slurm):
+    """A job of 3 minutes: the test sends the warning itself (`scancel --batch --signal=USR1`, once a checkpoint is
+    synced) and the script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The
+    last sync, 2 s an operation on the remote, cannot end before Slurm's EndTime; it is cut 20 s before it, and the
+    job requeues itself: Slurm shows it requeued once, never killed at its time limit."""
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote"), "scratch": ""},
+                          train={"max_steps": 100_000, "checkpoint_every": 5})
+    run_dir = load_config(config).run_dir
+    env = slurm.env(**{k: v for k, v in env_for(fake=True, FAKE_STEP_S="0.05").items() if not k.startswith("SLURM_")})
+    env.pop("MINILMD_SCRATCH_BASE", None)
+    env["TMPDIR"] = str(tmp_path / "node-tmp")
+    env["MINILMD"] = str(Path(sys.executable).with_name("minilmd"))
+    (tmp_path / "node-tmp").mkdir()
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path / 'job.out'}",
+                          "--time=3", "--signal=B:HUP@5", str(SBATCH), str(config)],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = out.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: remote_step(run_dir) >= 5, LONG, "a checkpoint synced", interval=0.5)
+        faultfs.stall("remote*", 2.0, op="*")
+        slurm.run("scancel", "--batch", "--signal=USR1", job)
+        wait_for(lambda: slurm.job_field(job, "Restarts") == "1", LONG, "the job requeued", interval=2)
+    finally:
+        slurm.run("scancel", job, check=False)
+        faultfs.clear()
+    left = state(run_dir)
+    assert left["outcome"]["ended"] == "requeued" and left["slurm"]["requeued"], left
+    kept = left["remote_checkpoint"]["step"]
+    assert f"last sync cut at the job's end: run.remote keeps step {kept}; " in left["reason"], left["reason"]
+    said = [m for m in event_texts(run_dir, "slurm") if m.startswith("the job ends at ")]
+    assert said and "(scontrol's EndTime)" in said[0], said
+    assert checkpoint_dirs.read_latest(faultfs.backing / "remote") == names.step_name(kept)
