@@ -54,6 +54,7 @@ from fixture_cache import as_ordered, built_once, in_order, tree_digest, vocab_o
 from minilmd.config import load_config
 from minilmd.names import SYSTEM_REGISTRY_ENV
 from reliability_helpers import undisturbed_fake_weights
+from slurm_cluster import slurm  # noqa: F401 - the local Slurm fixture, shared here
 from supervisor_helpers import BASELINE, train_undisturbed, write_config
 from trainer_corpus import real_text_prepared
 

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from ports import free_ports
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -183,3 +185,15 @@ def start(root: Path) -> Cluster | str:
     cluster.stop()
     logs = " | ".join((root / f"{n}.out").read_text(errors="replace")[-300:] for n in ("slurmctld", "slurmd"))
     return f"the local Slurm did not come up within {START_TIMEOUT_S:.0f}s: {logs}"
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """One local Slurm per test process, shared by every test that asks for it (conftest.py imports it)."""
+    cluster = start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(cluster, str):
+        print(f"\nSlurm tests skipped: {cluster}")
+        pytest.skip(cluster)
+    print(f"\nlocal Slurm up in {cluster.setup_s:.1f}s (node {cluster.node}, {cluster.conf})")
+    yield cluster
+    cluster.stop()

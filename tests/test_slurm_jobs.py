@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-import slurm_cluster
 from held import PAUSING_TRAINER, fired, held_trainer, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
@@ -40,17 +39,6 @@ warning's SIGTERM reached it: it saves at step 7); the second's stops at step 10
 comes while it is held: it never passes step 10); the third's is SIGKILLed at step 15."""
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
-    if isinstance(cluster, str):
-        print(f"\nSlurm tests skipped: {cluster}")
-        pytest.skip(cluster)
-    print(f"\nlocal Slurm up in {cluster.setup_s:.1f}s (node {cluster.node}, {cluster.conf})")
-    yield cluster
-    cluster.stop()
 
 
 def model_sha(ckpt: Path) -> str:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-import slurm_cluster
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.slurm import jobend
@@ -115,15 +114,6 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
-    if isinstance(cluster, str):
-        pytest.skip(cluster)
-    yield cluster
-    cluster.stop()
 
 
 @pytest.mark.slow
