@@ -85,11 +85,14 @@ def template_text(spec: str) -> str:
     its "chat_template")."""
     if spec in BUILT_IN:
         return BUILT_IN[spec]
-    from minilmd.untrusted import Unreadable, read_bytes
+    from minilmd.corpus.sources.local import LinkRefused, read_source
+    from minilmd.untrusted import Unreadable
 
     path = Path(spec)
-    try:  # a regular file, bounded, no link followed, never a blocking open (a FIFO)
-        text = read_bytes(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
+    try:  # a regular file, bounded, never a blocking open (a FIFO), a link followed by the one link rule only
+        text = read_source(path, "the template file", max_bytes=TOKENIZER_CONFIG_MAX_BYTES)[0].decode("utf-8")
+    except LinkRefused as e:
+        raise ChatTemplateError(f"--chat-template {spec}: {e}") from None
     except (Unreadable, UnicodeDecodeError) as e:
         raise ChatTemplateError(f"--chat-template {spec}: not {' or '.join(BUILT_IN)}, and not a readable template "
                                 f"file ({e})") from None
