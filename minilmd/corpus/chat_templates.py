@@ -139,17 +139,18 @@ def write_beside(tokenizer_json: str | Path, config: dict, tokenizer_text: str, 
     """Write `config` as the tokenizer_config.json beside `tokenizer_json` (whose text is `tokenizer_text`), where
     chat.py looks for the template, recording that tokenizer (tokenizer_beside.RECORD: the config is its alone): as
     tokenizer train writes the tokenizer.json (fsio.write_out_text: at the directory's descriptor, under the place
-    rule; PlaceRefused there)."""
+    rule; PlaceRefused there; perms.published_file_mode: only its owner writes it, whatever the umask)."""
     import json
 
     from minilmd.corpus.tokenizer_beside import RECORD, record_for
     from minilmd.fsio import write_out_text
     from minilmd.names import TOKENIZER_CONFIG
+    from minilmd.perms import published_file_mode
 
     path = Path(tokenizer_json).with_name(TOKENIZER_CONFIG)
     config = {**config, RECORD: record_for(Path(tokenizer_json), tokenizer_text)}
     write_out_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n", "--out", "the tokenizer",
-                   OUT_ADVICE, group_share=group_share)
+                   OUT_ADVICE, group_share=group_share, mode=published_file_mode())
     return path
 
 
