@@ -238,3 +238,10 @@ def test_his_link_to_his_own_tokenizer_and_her_own_link_are_followed(private_tok
     mine = shared / "my-link.json"
     mine.symlink_to(secret)  # her own link to her own file: followed
     assert PrepareTokenizer.load(mine).json == tokenizer.read_text(encoding="utf-8")
+
+
+def test_a_link_loop_named_as_a_tokenizer_is_said_not_a_traceback(tmp_path):
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    with pytest.raises(TokenizerError, match="not a readable tokenizer.json .more than 40 symbolic links on the way"):
+        read_tokenizer_text(tmp_path / "a.json")

@@ -252,7 +252,7 @@ def _read_text(path: Path, owners: tuple[int, ...], tokenizer: Path) -> str:
                 "(`minilmd tokenizer template COPY --chat-template minimind`, or copy that file too once you have "
                 "read it: the copy is yours)")
     try:  # the owner checked again on the file opened (it may have been swapped since)
-        return read_source(path, "the file", max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners)[0].decode("utf-8")
+        return read_source(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners)[0].decode("utf-8")
     except LinkRefused as e:
         raise ChatError(str(e)) from None
     except UnicodeDecodeError:

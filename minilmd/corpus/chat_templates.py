@@ -90,7 +90,7 @@ def template_text(spec: str) -> str:
 
     path = Path(spec)
     try:  # a regular file, bounded, never a blocking open (a FIFO), a link followed by the one link rule only
-        text = read_source(path, "the template file", max_bytes=TOKENIZER_CONFIG_MAX_BYTES)[0].decode("utf-8")
+        text = read_source(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES)[0].decode("utf-8")
     except LinkRefused as e:
         raise ChatTemplateError(f"--chat-template {spec}: {e}") from None
     except (Unreadable, UnicodeDecodeError) as e:

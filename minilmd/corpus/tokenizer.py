@@ -59,7 +59,7 @@ def read_tokenizer_text(path: str | Path, *, follow_links: bool = True) -> str:
     path = Path(path)
     try:
         if follow_links:
-            data, _ = read_source(path, "the tokenizer.json", max_bytes=TOKENIZER_MAX_BYTES)
+            data, _ = read_source(path, max_bytes=TOKENIZER_MAX_BYTES)
         else:
             data = read_bytes(path, max_bytes=TOKENIZER_MAX_BYTES)
         text = data.decode("utf-8")

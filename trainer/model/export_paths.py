@@ -469,7 +469,7 @@ def read_explicit(path: Path, max_bytes: int) -> bytes:
     from minilmd.corpus.sources.local import LinkRefused, read_source
 
     try:
-        return read_source(path, "the tokenizer.json", max_bytes=max_bytes)[0]
+        return read_source(path, max_bytes=max_bytes)[0]
     except LinkRefused as e:
         raise ExportError(f"--tokenizer {path}: {e}") from None
     except Unreadable as e:

@@ -22,7 +22,7 @@ from collections.abc import Collection, Set
 from pathlib import Path
 
 from minilmd.perms import owner_in, user_words
-from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, real_path
+from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, TooManyLinks, real_path
 from minilmd.untrusted import Unreadable, file_kind, mode_kind, printable, read_open
 
 OPEN_SOURCE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -74,17 +74,19 @@ def _refused(given: str | os.PathLike, e: ForeignLink, reached: Path | None) -> 
                        f"{printable(target)}{leads}: {LINK_ADVICE}")
 
 
-def open_source(path: str | os.PathLike, what: str = "the JSONL file") -> tuple[int, Path]:
+NOT_REGULAR = ", not a regular file: give the JSONL file itself"
+
+
+def open_source(path: str | os.PathLike, ask: str = NOT_REGULAR) -> tuple[int, Path]:
     """(a descriptor of the regular file `path` leads to, read-only and blocking, its real path). LinkRefused as
-    real_source says; Unreadable (a ValueError) for what is not a regular file, asking for `what` itself; OSError
+    real_source says; Unreadable (a ValueError) for what is not a regular file (what it is, then `ask`); OSError
     (its filename the path given) when it cannot be opened."""
     real, owners = real_source(path)
     fd = _open_unlinked(real, path)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Unreadable(f"{file_kind(st.st_mode)}, not a regular file: give {what} itself",
-                             kind=mode_kind(st.st_mode))
+            raise Unreadable(f"{file_kind(st.st_mode)}{ask}", kind=mode_kind(st.st_mode))
         if owners and not owner_in(st, owners):  # swapped since the look: another's file now, his link chose it
             raise LinkRefused(f"{printable(path)}: {printable(real)} was replaced while being opened (now a file of "
                               f"{user_words(st.st_uid)}, reached through another user's link); {LINK_ADVICE}")
@@ -95,7 +97,7 @@ def open_source(path: str | os.PathLike, what: str = "the JSONL file") -> tuple[
         raise
 
 
-def read_source(path: str | os.PathLike, what: str, *, max_bytes: int,
+def read_source(path: str | os.PathLike, *, max_bytes: int,
                 owner: Collection[int] | None = None) -> tuple[bytes, Path]:
     """(the bytes of the file `path` leads to, its real path): opened by open_source (the one link rule, never a
     blocking open) and read as untrusted.read_bytes reads (at most max_bytes), a file of one of `owner` when given.
@@ -103,7 +105,9 @@ def read_source(path: str | os.PathLike, what: str, *, max_bytes: int,
     file): a teammate's link to her private file is refused there as among the sources. LinkRefused as
     real_source says; Unreadable for the rest (missing, not a regular file, too big, another's file, EIO)."""
     try:
-        fd, real = open_source(path, what)
+        fd, real = open_source(path, "")  # what it is said as untrusted.read_bytes says it: "a FIFO"
+    except TooManyLinks as e:  # a loop: said as what the file is
+        raise Unreadable(str(e), path, kind="link") from None
     except Unreadable as e:
         raise Unreadable(e.why, path, kind=e.kind) from None
     except FileNotFoundError:
