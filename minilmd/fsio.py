@@ -199,18 +199,20 @@ def open_out_dir(out_dir: Path, label: str, what: str, advice: str, *, group_sha
     return dirfd.Dir(fd, out_dir)  # the path only names it in messages: as the user wrote it
 
 
-def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
+def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False,
+                   mode: int | None = None) -> None:
     """`out` replaced whole by `text` (a temp file, fsync, rename: a reader sees the old or the new), written at
     the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link planted at
     `out` is replaced, never followed, and one planted on the way is refused or not followed. The file's mode is
-    the permissions policy's (perms.file_mode)."""
-    write_out_bytes(out, text.encode("utf-8"), label, what, advice, group_share=group_share)
+    `mode`, else the permissions policy's (perms.file_mode)."""
+    write_out_bytes(out, text.encode("utf-8"), label, what, advice, group_share=group_share, mode=mode)
 
 
-def write_out_bytes(out: Path, data: bytes, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
+def write_out_bytes(out: Path, data: bytes, label: str, what: str, advice: str, *, group_share: bool = False,
+                    mode: int | None = None) -> None:
     """write_out_text's rule for bytes (plot's picture, rendered in memory first)."""
     with open_out_parent(out, label, what, advice, group_share=group_share) as parent:
-        parent.write_atomic(out.name, data, perms.file_mode())
+        parent.write_atomic(out.name, data, perms.file_mode() if mode is None else mode)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:

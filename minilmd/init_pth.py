@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from typing import Any
 
 from minilmd.init_kinds import InitSource, InitSourceError, untrusted_failure
 
@@ -65,11 +66,12 @@ def pth_shapes_of(source: InitSource, model: dict) -> dict[str, tuple[int, ...]]
     """The tensor shapes of the .pth, read without torch (minilmd/pth_shapes.py: its zip's directory and data.pkl,
     not its tensors) through the descriptor `read_pth` reads it by, refused as read_pth refuses one (no link, its
     directory's owner's or ours, no larger than a .pth of the run's `model`); pth_shapes.NotReadHere for one that
-    reader does not read (the trainer does, with torch). Raises as `read_pth` does."""
+    reader does not read (the trainer does, with torch). Raises as `read_pth` does. The same file is read once
+(_last_read), however many checks ask."""
     import os
 
     from minilmd.init_place import owners_of, reopen
-    from minilmd.pth_shapes import pth_shapes
+    from minilmd.pth_shapes import NotReadHere, ResumeFile, pth_shapes
     from minilmd.untrusted import Unreadable, open_regular
 
     bound = _bound(model)
@@ -80,9 +82,36 @@ def pth_shapes_of(source: InitSource, model: dict) -> dict[str, tuple[int, ...]]
         except Unreadable as e:
             raise _refused(source, parent, e, owners, model, bound) from None
         with os.fdopen(fd, "rb") as f:
-            if os.fstat(fd).st_size > bound:
+            st = os.fstat(fd)
+            if st.st_size > bound:
                 raise _too_big(source, model, bound)
-            return pth_shapes(f)
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            last = _last_read
+            found: dict[str, tuple[int, ...]] | NotReadHere | ResumeFile
+            if last is not None and last[0] == key:
+                found = last[1]
+            else:
+                try:
+                    found = pth_shapes(f)
+                except (NotReadHere, ResumeFile) as e:  # what it is, said again as found
+                    found = e
+                _remember(key, found)
+    if isinstance(found, (NotReadHere, ResumeFile)):
+        raise found
+    return dict(found)  # the caller's own: pth_problems pops the head from it
+
+
+_last_read: tuple[tuple, Any] | None = None
+"""The last .pth whose shapes pth_shapes_of read: (its file's identity: device, inode, size, mtime, ctime, as fstat
+said on the descriptor opened; its shapes, or the NotReadHere or ResumeFile it raised). `run --check` asks twice
+(pth_problems, then pth_note for its note): a .pth of gigabytes on NFS was read and unpickled twice. The file is
+opened and looked at each time (a .pth replaced since, or changed in place, has another identity and is read
+again); only its reading is not repeated. One entry: a long-lived supervisor keeps no more."""
+
+
+def _remember(key: tuple, found: Any) -> None:
+    global _last_read
+    _last_read = (key, found)  # one assignment: a check in another thread sees the old entry or this one
 
 
 def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]) -> list[str]:

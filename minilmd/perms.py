@@ -252,6 +252,19 @@ def file_mode() -> int:
     return 0o666 & ~current_umask()
 
 
+PUBLISHED_FILE_MODE = 0o644
+"""A file others read and only its owner writes: a prepared corpus's, a trained tokenizer's. umask 002 (Debian's and
+Ubuntu's default) made them 0664: in a setgid team directory a teammate edited the victim's tokens.bin (hostile audit
+6 F2), or her tokenizer.json (every corpus prepared with it after would encode with his vocabulary)."""
+
+
+def published_file_mode() -> int:
+    """PUBLISHED_FILE_MODE less the umask (a narrower one narrows it: 027 gives 0640), whatever else the umask lets
+    others do: no one but the owner ever writes such a file. `prepare` gives it to every file of a corpus, `tokenizer
+    train` and `tokenizer template` to what they write."""
+    return PUBLISHED_FILE_MODE & ~current_umask()
+
+
 def settle_new_file(path: str | os.PathLike) -> None:
     """Give a file this process has just written, in a directory it has just made (a safetensors file, born 0600
     whatever the umask), the policy's file mode: through a descriptor opened without following a link, and only a

@@ -121,6 +121,16 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
     relative to the directory `dir_fd` when given (open_regular)."""
     fd = open_regular(path, owner=owner, dir_fd=dir_fd)
     try:
+        return read_open(fd, path, max_bytes=max_bytes)
+    finally:
+        os.close(fd)
+
+
+def read_open(fd: int, path: str | os.PathLike, *, max_bytes: int) -> bytes:
+    """The bytes of the regular file open at `fd` (the caller opened it by its own rule, and closes it), at most
+    max_bytes, `path` naming it in an Unreadable: read_bytes' reading, for a reader that opened the file otherwise
+    (minilmd/corpus/sources/local.py read_source, under the one link rule)."""
+    try:
         if os.fstat(fd).st_size > max_bytes:
             raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")
         chunks, got = [], 0
@@ -135,8 +145,6 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
         return b"".join(chunks)
     except OSError as e:
         raise Unreadable(_os_why(e), path, os_error=e) from None
-    finally:
-        os.close(fd)
 
 
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,

@@ -2,7 +2,9 @@
 without torch; init_model.shapes_mismatch is the trainer's rule). It said nothing of a .pth of another model: the
 trainer refused it at start, after the user had walked away. A .pth the reader does not read (torch's legacy format,
 a pickle that is more than a state dict, a damaged zip, a data.pkl over its bound) is one note, never a traceback,
-and nothing of it runs: it may be another user's file on a share."""
+and nothing of it runs: it may be another user's file on a share. The .pth is read once per --check (pth_problems and
+pth_note asked the reader each, reading and unpickling a .pth of gigabytes on NFS twice): the reader is wrapped to
+count its reads; a .pth changed since is read again, never answered from what an older one held."""
 from __future__ import annotations
 
 import io
@@ -14,6 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from minilmd import pth_shapes as pth_shapes_module
 from minilmd.cli import app
 from minilmd.config import ConfigError, load_config
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
@@ -207,3 +210,41 @@ def test_the_reader_inflates_nothing_and_bounds_the_members(monkeypatch):
     with pytest.raises(NotReadHere, match="a zip of over 10 members"):
         pth_shapes(many)
     assert pth_shapes(io.BytesIO(_zip_bytes(pickle.dumps({})))) == {}  # 2 members: read
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The .pth files the shapes reader read, one entry a read (init_pth imports it at each call)."""
+    read, done = pth_shapes_module.pth_shapes, []
+
+    def counted(f):
+        done.append(f.name)
+        return read(f)
+
+    monkeypatch.setattr(pth_shapes_module, "pth_shapes", counted)
+    return done
+
+
+def test_check_reads_a_pth_it_reads_once(tmp_path, corpus, reads):
+    pth = _minimind_pth(tmp_path / "pre.pth", _source_model(tmp_path, corpus))
+    code, said = _check(_stage(tmp_path, corpus, pth, model=TINY_MODEL))
+    assert code == 0 and NOT_CHECKED not in said, said
+    assert len(reads) == 1, reads
+
+
+def test_check_reads_a_pth_it_does_not_read_once_and_notes_it(tmp_path, corpus, reads):
+    pth = _hostile("legacy", tmp_path, _source_model(tmp_path, corpus), tmp_path / "planted")
+    code, said = _check(_stage(tmp_path, corpus, pth, model=TINY_MODEL))
+    assert code == 0 and said.count(NOT_CHECKED) == 1, said
+    assert len(reads) == 1, reads
+
+
+def test_a_pth_changed_since_is_read_again(tmp_path, corpus, reads):
+    model = _source_model(tmp_path, corpus)
+    pth = _minimind_pth(tmp_path / "hostile.pth", model)
+    stage = _stage(tmp_path, corpus, pth, model=TINY_MODEL)
+    assert _check(stage)[0] == 0 and len(reads) == 1, reads
+    assert _hostile("legacy", tmp_path, model, tmp_path / "planted") == pth  # the same name, other contents
+    code, said = _check(stage)
+    assert code == 0 and said.count(NOT_CHECKED) == 1, said  # what it holds now, not the cached shapes
+    assert len(reads) == 2, reads

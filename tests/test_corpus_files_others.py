@@ -3,7 +3,8 @@
 and the next `prepare --append` recorded the tampered file's sha256 in meta.json, so every staging after "verified"
 his text. Now: the corpus's files are 0644 whatever the umask; `--append` refuses a corpus whose files another user
 can write or owns (exit 2), and checks each old file against meta.json before it records anything (exit 65 on a
-mismatch, naming the file); staging's sha256 mismatch says when another user could write the file.
+mismatch, naming the file); staging's sha256 mismatch says when another user could write the file. The files
+`tokenizer train` and `tokenizer template` write keep the same rule (perms.published_file_mode).
 
 The attacker is a real uid (64123, no passwd entry needed) writing through his group: the victim's corpus files are
 given his group, 0664, as a setgid team directory and umask 002 give them."""
@@ -62,6 +63,27 @@ def test_prepare_makes_no_corpus_file_others_can_write_under_umask_002(tmp_path,
     os.umask(0o027)
     run_prepare([write_jsonl(tmp_path / "a.jsonl", texts[:100])], tokenizer, tmp_path / "narrow", val_fraction=0.1)
     assert {stat.S_IMODE(p.stat().st_mode) for p in files_of(tmp_path / "narrow")} == {0o640}
+
+
+def test_the_tokenizer_commands_write_no_file_others_can_write_under_umask_002(tmp_path, texts, tokenizer):
+    """tokenizer train and tokenizer template wrote 0664 files under umask 002 (the umask's mode, perms.file_mode): a
+    teammate could edit the victim's tokenizer.json, or the chat template beside it, in a setgid team directory.
+    Now the files of a corpus's rule, perms.published_file_mode: 0644 less the umask."""
+    os.umask(0o002)  # restored by conftest's process_wide_settings_restored
+    trained = tmp_path / "trained" / "tokenizer.json"
+    done = cli("tokenizer", "train", str(write_jsonl(tmp_path / "a.jsonl", texts[:100])), "--vocab-size", "300",
+               "--out", str(trained), "--chat-template", "minimind")
+    assert done.returncode == 0, done.stderr
+    copy = tmp_path / "copy"
+    done = cli("tokenizer", "template", str(tokenizer), "--chat-template", "minimind", "--out", str(copy))
+    assert done.returncode == 0, done.stderr
+    written = [trained, trained.with_name("tokenizer_config.json"), copy / "tokenizer.json",
+               copy / "tokenizer_config.json"]
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {str(p): "0o644" for p in written}
+    os.umask(0o027)  # a narrower umask narrows it
+    done = cli("tokenizer", "template", str(tokenizer), "--chat-template", "minimind", "--out", str(copy), "--force")
+    assert done.returncode == 0, done.stderr
+    assert {stat.S_IMODE(p.stat().st_mode) for p in written[2:]} == {0o640}
 
 
 def _tamper(path: Path, as_other: bool) -> None:

@@ -4,7 +4,12 @@ directory, linked to the victim's private file (0600, in a 0700 directory), was 
 rule (place_rule.link_followed, as the views' run argument): a link is followed only when it is the caller's, root's
 or the owner's of what it leads to; another's is refused, exit 2, naming it, its owner and its target, nothing
 written, nothing of the file said. The victim is root (this process); the attacker a real uid (64123, no passwd entry
-needed) that makes his link himself, through setpriv, in a sticky shared directory both may write."""
+needed) that makes his link himself, through setpriv, in a sticky shared directory both may write.
+
+A tokenizer (or a chat template) the victim names keeps the same rule (sources/local.py read_source): a teammate's
+`tok.json`, linked to her private tokenizer.json, was read with her rights by `prepare --tokenizer` (and `corpus report
+--tokenizer`, `tokenizer template`, `tokenizer check`, `export --tokenizer`, and `tokenizer train --chat-template`
+through a directory link on the way), and by prepare copied into a corpus he reads."""
 from __future__ import annotations
 
 import json
@@ -16,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from minilmd.corpus.chat_templates import ChatTemplateError, template_text
+from minilmd.corpus.prepare.options import PrepareTokenizer
 from minilmd.corpus.sources import local
 from minilmd.corpus.sources.local import LinkRefused, open_source
+from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text
 
 OTHER = 64123
 SECRET = "my bank PIN is 4321 and password hunter2"
@@ -167,3 +175,73 @@ def test_a_directory_swapped_for_a_link_after_the_look_is_refused_never_followed
     monkeypatch.setattr(local, "real_source", swapped_after_the_look)
     with pytest.raises(LinkRefused, match=f"{tmp_path / 'real'} is a symbolic link now"):
         open_source(tmp_path / "real" / "a.jsonl")
+
+
+@pytest.fixture
+def private_tokenizer(team, tokenizer) -> tuple[Path, Path]:
+    """(the team directory, the victim's private tokenizer.json: 0600 in her 0700 directory, a template beside it)."""
+    shared, secret = team
+    mine = secret.parent / "tok"
+    mine.mkdir(mode=0o700)
+    copy = mine / "tokenizer.json"
+    shutil.copyfile(tokenizer, copy)
+    copy.chmod(0o600)
+    (mine / "chat_template.jinja").write_text("{{ messages }}", encoding="utf-8")
+    return shared, copy
+
+
+@needs_root
+def test_another_users_link_to_her_private_tokenizer_is_refused_by_every_reader(private_tokenizer):
+    shared, secret = private_tokenizer
+    link, through = shared / "tok.json", shared / "tokdir"
+    as_other("ln", "-s", str(secret), str(link))
+    as_other("ln", "-s", str(secret.parent), str(through))  # a link on the way, not the last component
+    with pytest.raises(TokenizerError, match=f"{link} is a symbolic link of uid {OTHER} to {secret}, a file of"):
+        read_tokenizer_text(link)
+    for named in (through, through / "tokenizer.json"):  # the directory, or the file in it
+        with pytest.raises(TokenizerError, match=f"{through} is a symbolic link of uid {OTHER} to {secret.parent}"):
+            PrepareTokenizer.load(named, chat=True)
+    with pytest.raises(ChatTemplateError, match=f"{through} is a symbolic link of uid {OTHER}"):
+        template_text(str(through / "chat_template.jinja"))
+
+    from minilmd.trainer.model.export_paths import ExportError, read_explicit  # export --tokenizer's reader
+
+    with pytest.raises(ExportError, match=f"{link} is a symbolic link of uid {OTHER}"):
+        read_explicit(link, 1 << 24)
+
+
+@pytest.mark.slow  # four commands, each a process of its own
+@needs_root
+def test_the_tokenizer_commands_refuse_it_with_exit_2_and_write_nothing(private_tokenizer, tmp_path):
+    shared, secret = private_tokenizer
+    link = shared / "tok.json"
+    as_other("ln", "-s", str(secret), str(link))
+    out = shared / "prep"
+    refused(cli("prepare", str(shared / "a.jsonl"), "--tokenizer", str(link), "--out", str(out), "--seq-len", "64",
+                "--workers", "0"), link, secret)
+    assert not out.exists() and not [p for p in shared.iterdir() if p.name.startswith(".prep")]
+    refused(cli("corpus", "report", str(shared / "a.jsonl"), "--tokenizer", str(link)), link, secret)
+    refused(cli("tokenizer", "check", str(link)), link, secret)
+    copy = tmp_path / "copy"
+    refused(cli("tokenizer", "template", str(link), "--chat-template", "minimind", "--out", str(copy)), link, secret)
+    assert not copy.exists()
+
+
+@needs_root
+def test_his_link_to_his_own_tokenizer_and_her_own_link_are_followed(private_tokenizer, tokenizer):
+    shared, secret = private_tokenizer
+    his = shared / "his.json"
+    shutil.copyfile(tokenizer, his)
+    os.chown(his, OTHER, OTHER)  # his file: his link to it chooses nothing of hers
+    as_other("ln", "-s", str(his), str(shared / "his-link.json"))
+    assert read_tokenizer_text(shared / "his-link.json") == tokenizer.read_text(encoding="utf-8")
+    mine = shared / "my-link.json"
+    mine.symlink_to(secret)  # her own link to her own file: followed
+    assert PrepareTokenizer.load(mine).json == tokenizer.read_text(encoding="utf-8")
+
+
+def test_a_link_loop_named_as_a_tokenizer_is_said_not_a_traceback(tmp_path):
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    with pytest.raises(TokenizerError, match="not a readable tokenizer.json .more than 40 symbolic links on the way"):
+        read_tokenizer_text(tmp_path / "a.json")

@@ -170,8 +170,10 @@ def _write_tokenizer(out: str, text: str, group_share: bool) -> None:
 
     from minilmd.corpus.chat_templates import OUT_ADVICE
     from minilmd.fsio import write_out_text
+    from minilmd.perms import published_file_mode
 
-    write_out_text(Path(out), text, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
+    write_out_text(Path(out), text, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share,
+                   mode=published_file_mode())  # as a corpus's files: only its owner writes it, whatever the umask
 
 
 @tokenizer_app.command("template")

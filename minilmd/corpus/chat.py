@@ -49,7 +49,7 @@ from minilmd.corpus.sources.line_shape import other_format
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
 from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.protocol import SPECIAL_TOKENS
-from minilmd.untrusted import Unreadable, read_bytes
+from minilmd.untrusted import Unreadable
 
 TEXT_KEYS = ("role", "content", "reasoning_content")
 PLAIN_ROLES = ("system", "user", "assistant")
@@ -252,10 +252,12 @@ def tokenizer_dir(tokenizer: str | Path) -> Path:
 
 
 def _read_text(path: Path, owners: tuple[int, ...], tokenizer: Path) -> str:
-    """A small text file beside a tokenizer, its links resolved first (a Hugging Face cache is links into its blobs)
-    and the file then read as untrusted (minilmd/untrusted.py: regular, bounded, never a blocking open), when it and
-    any link to it belong to one of `owners` (_owners_beside); else a ChatError naming its owner, before a byte of it
-    is parsed. Raises Unreadable."""
+    """A small text file beside a tokenizer, its links followed by the one link rule (sources/local.py read_source:
+    a Hugging Face cache is links into its blobs) and the file read as untrusted (regular, bounded, never a blocking
+    open), when it and any link to it belong to one of `owners` (_owners_beside); else a ChatError naming its owner
+    (or the link refused), before a byte of it is parsed. Raises Unreadable."""
+    from minilmd.corpus.sources.local import LinkRefused, read_source
+
     for st in (os.lstat(path), os.stat(path)):  # the link (when it is one), then what it names
         if not owner_in(st, owners):
             raise ChatError(
@@ -265,7 +267,9 @@ def _read_text(path: Path, owners: tuple[int, ...], tokenizer: Path) -> str:
                 "(`minilmd tokenizer template COPY --chat-template minimind`, or copy that file too once you have "
                 "read it: the copy is yours)")
     try:  # the owner checked again on the file opened (it may have been swapped since)
-        return read_bytes(path.resolve(), max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners).decode("utf-8")
+        return read_source(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners)[0].decode("utf-8")
+    except LinkRefused as e:
+        raise ChatError(str(e)) from None
     except UnicodeDecodeError:
         raise Unreadable("not UTF-8", path, kind="not_utf8") from None
 

@@ -86,11 +86,14 @@ def template_text(spec: str) -> str:
     its "chat_template")."""
     if spec in BUILT_IN:
         return BUILT_IN[spec]
-    from minilmd.untrusted import Unreadable, read_bytes
+    from minilmd.corpus.sources.local import LinkRefused, read_source
+    from minilmd.untrusted import Unreadable
 
     path = Path(spec)
-    try:  # a regular file, bounded, no link followed, never a blocking open (a FIFO)
-        text = read_bytes(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
+    try:  # a regular file, bounded, never a blocking open (a FIFO), a link followed by the one link rule only
+        text = read_source(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES)[0].decode("utf-8")
+    except LinkRefused as e:
+        raise ChatTemplateError(f"--chat-template {spec}: {e}") from None
     except (Unreadable, UnicodeDecodeError) as e:
         raise ChatTemplateError(f"--chat-template {spec}: not {' or '.join(BUILT_IN)}, and not a readable template "
                                 f"file ({e})") from None
@@ -137,17 +140,18 @@ def write_beside(tokenizer_json: str | Path, config: dict, tokenizer_text: str, 
     """Write `config` as the tokenizer_config.json beside `tokenizer_json` (whose text is `tokenizer_text`), where
     chat.py looks for the template, recording that tokenizer (tokenizer_beside.RECORD: the config is its alone): as
     tokenizer train writes the tokenizer.json (fsio.write_out_text: at the directory's descriptor, under the place
-    rule; PlaceRefused there)."""
+    rule; PlaceRefused there; perms.published_file_mode: only its owner writes it, whatever the umask)."""
     import json
 
     from minilmd.corpus.tokenizer_beside import RECORD, record_for
     from minilmd.fsio import write_out_text
     from minilmd.names import TOKENIZER_CONFIG
+    from minilmd.perms import published_file_mode
 
     path = Path(tokenizer_json).with_name(TOKENIZER_CONFIG)
     config = {**config, RECORD: record_for(Path(tokenizer_json), tokenizer_text)}
     write_out_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n", "--out", "the tokenizer",
-                   OUT_ADVICE, group_share=group_share)
+                   OUT_ADVICE, group_share=group_share, mode=published_file_mode())
     return path
 
 

@@ -48,14 +48,23 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:
 def read_tokenizer_text(path: str | Path, *, follow_links: bool = True) -> str:
     """The text of a tokenizer.json, read once as untrusted (minilmd/untrusted.py: a regular file only, so a FIFO
     never blocks and /dev/zero is never read; at most TOKENIZER_MAX_BYTES; nesting bounded, so no reader of the text
-    meets a RecursionError). `follow_links`: a tokenizer the user named has its links resolved first (a Hugging
-    Face cache is links into its blobs); a corpus's own file, which another user may have changed, is read without
-    following one. Whoever loads it, encodes with it and copies it uses this one text (a file swapped after the
-    read changes nothing). TokenizerError for anything else."""
+    meets a RecursionError). `follow_links`: a tokenizer the user named has its links followed by the one link rule
+    of the sources (minilmd/corpus/sources/local.py read_source: a Hugging Face cache is links into its blobs, but
+    a teammate's link in a team directory to her private file is refused, never read with her rights); a corpus's
+    own file, which another user may have changed, is read without following one. Whoever loads it, encodes with
+    it and copies it uses this one text (a file swapped after the read changes nothing). TokenizerError for
+    anything else (a refused link too: exit 2)."""
+    from minilmd.corpus.sources.local import LinkRefused, read_source
+
     path = Path(path)
     try:
-        data = read_bytes(path.resolve() if follow_links else path, max_bytes=TOKENIZER_MAX_BYTES)
+        if follow_links:
+            data, _ = read_source(path, max_bytes=TOKENIZER_MAX_BYTES)
+        else:
+            data = read_bytes(path, max_bytes=TOKENIZER_MAX_BYTES)
         text = data.decode("utf-8")
+    except LinkRefused as e:
+        raise TokenizerError(str(e)) from None
     except Unreadable as e:
         if e.missing:
             raise TokenizerError(f"{path}: no such tokenizer file") from None

@@ -62,6 +62,7 @@ from minilmd.trainer.model.export_paths import (
     checked_out,
     fresh_export_dir,
     pth_out_problem,
+    read_explicit,
     resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
@@ -158,7 +159,7 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
     validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
     else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
-        given = _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
+        given = read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
         _check_vocab(Path(explicit), given, checked.state if checked is not None else _state(resolve_checkpoint(path)))
         return FoundTokenizer(Path(explicit), given)
     ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
@@ -206,15 +207,6 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
         except ChatError:
             continue
     return None
-
-
-def _read_explicit(path: Path, max_bytes: int) -> bytes:
-    """--tokenizer's file: its links followed (the user's own choice), then read as untrusted (a regular file, of
-    at most max_bytes: a FIFO or a device named by mistake is refused, never opened)."""
-    try:
-        return read_bytes(path.resolve(), max_bytes=max_bytes)
-    except Unreadable as e:
-        raise ExportError(f"--tokenizer {path}: {'no such file' if e.missing else e.why}") from None
 
 
 def _checkpoint_file(ckpt: Path, name: str, max_bytes: int, looked: list[str],

@@ -35,7 +35,7 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.protocol import EXIT_CONFIG, EXIT_IO
-from minilmd.untrusted import holds_any
+from minilmd.untrusted import Unreadable, holds_any
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -459,3 +459,18 @@ def validated_tensors(checked: Validated) -> dict:
     from safetensors.torch import load
 
     return load(checked.weights)
+
+
+def read_explicit(path: Path, max_bytes: int) -> bytes:
+    """export's --tokenizer file (export.py find_tokenizer): its links followed by the one link rule of the sources
+    (minilmd/corpus/sources/local.py read_source: a teammate's link to the user's private file is refused), then
+    read as untrusted (a regular file, of at most max_bytes: a FIFO or a device named by mistake is refused, never
+    opened)."""
+    from minilmd.corpus.sources.local import LinkRefused, read_source
+
+    try:
+        return read_source(path, max_bytes=max_bytes)[0]
+    except LinkRefused as e:
+        raise ExportError(f"--tokenizer {path}: {e}") from None
+    except Unreadable as e:
+        raise ExportError(f"--tokenizer {path}: {'no such file' if e.missing else e.why}") from None

@@ -136,7 +136,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             open_prepared(tmp.inside)  # the invariants, checked by the same code the trainer runs
             lock.check_parent()
             umask = perms.current_umask()
-            mode_tree(tmp.fd, CORPUS_FILE_MODE & ~umask, CORPUS_DIR_MODE & ~umask)  # never others' to write
+            mode_tree(tmp.fd, perms.published_file_mode(), CORPUS_DIR_MODE & ~umask)  # never others' to write
             tmp.mode_self(CORPUS_DIR_MODE & ~umask)
             # only the directory checked above is replaced (its identity), and `out` is never missing
             kept = parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
@@ -154,11 +154,9 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 
 CORPUS_DIR_MODE = 0o755
 """A prepared corpus's directories: for every reader (as its files), written by its owner alone (umask narrows it)."""
-CORPUS_FILE_MODE = 0o644
-"""A prepared corpus's files, whatever the umask made them (umask 002, Debian's and Ubuntu's default, made them
-0664: in a setgid team directory a teammate edited tokens.bin, hostile audit 6 F2): written by their owner alone, and
-`prepare --append` refuses to grow a corpus whose files another user can write (append_check.py). A narrower umask
-narrows it (027: 0640)."""
+# A prepared corpus's files are perms.published_file_mode() whatever the umask made them (0644 less the umask): written
+# by their owner alone, and `prepare --append` refuses to grow a corpus whose files another user can write
+# (append_check.py).
 
 
 

@@ -1,7 +1,8 @@
-"""A local source (the input of `prepare`, `prepare --append`, `tokenizer train`, `corpus report` and `corpus count`)
-reached under the one link rule, minilmd/place_rule.py `link_followed`, as the views' run argument is
-(daemon/views/runarg.py): a symbolic link on the way is followed only when it is the caller's, root's, or the owner's
-of the file it leads to (his link to his own file chooses nothing of hers).
+"""A local source (the input of `prepare`, `prepare --append`, `tokenizer train`, `corpus report` and `corpus count`),
+and every other file the user names for them to read (a tokenizer.json, the files beside it, a --chat-template file,
+export's --tokenizer: read_source), reached under the one link rule, minilmd/place_rule.py `link_followed`, as the
+views' run argument is (daemon/views/runarg.py): a symbolic link on the way is followed only when it is the caller's,
+root's, or the owner's of the file it leads to (his link to his own file chooses nothing of hers).
 
 A glob over a team directory names links the user never made: a teammate's `b.jsonl` there, linked to her private
 file (0600, in a 0700 directory), was read with her rights and published in a corpus he reads (hostile audit 6 F1).
@@ -17,17 +18,17 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Set
+from collections.abc import Collection, Set
 from pathlib import Path
 
 from minilmd.perms import owner_in, user_words
-from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, real_path
-from minilmd.untrusted import file_kind, printable
+from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, TooManyLinks, real_path
+from minilmd.untrusted import Unreadable, file_kind, mode_kind, printable, read_open
 
 OPEN_SOURCE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
-LINK_ADVICE = ("a link among the sources is followed only when it is yours, root's or the owner's of the file it "
-               "leads to (anyone else's chooses what your command reads, and what it publishes); nothing written. "
-               "Name the file itself if you mean it, or remove the link")
+LINK_ADVICE = ("a link on the way to a file you name (a source, a tokenizer) is followed only when it is yours, "
+               "root's or the owner's of the file it leads to (anyone else's chooses what your command reads, and "
+               "what it publishes); nothing written. Name the file itself if you mean it, or remove the link")
 
 
 class LinkRefused(PlaceRefused):
@@ -73,16 +74,19 @@ def _refused(given: str | os.PathLike, e: ForeignLink, reached: Path | None) -> 
                        f"{printable(target)}{leads}: {LINK_ADVICE}")
 
 
-def open_source(path: str | os.PathLike) -> tuple[int, Path]:
+NOT_REGULAR = ", not a regular file: give the JSONL file itself"
+
+
+def open_source(path: str | os.PathLike, ask: str = NOT_REGULAR) -> tuple[int, Path]:
     """(a descriptor of the regular file `path` leads to, read-only and blocking, its real path). LinkRefused as
-    real_source says; ValueError for what is not a regular file; OSError (its filename the path given) when it
-    cannot be opened."""
+    real_source says; Unreadable (a ValueError) for what is not a regular file (what it is, then `ask`); OSError
+    (its filename the path given) when it cannot be opened."""
     real, owners = real_source(path)
     fd = _open_unlinked(real, path)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{file_kind(st.st_mode)}, not a regular file: give the JSONL file itself")
+            raise Unreadable(f"{file_kind(st.st_mode)}{ask}", kind=mode_kind(st.st_mode))
         if owners and not owner_in(st, owners):  # swapped since the look: another's file now, his link chose it
             raise LinkRefused(f"{printable(path)}: {printable(real)} was replaced while being opened (now a file of "
                               f"{user_words(st.st_uid)}, reached through another user's link); {LINK_ADVICE}")
@@ -91,6 +95,32 @@ def open_source(path: str | os.PathLike) -> tuple[int, Path]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_source(path: str | os.PathLike, *, max_bytes: int,
+                owner: Collection[int] | None = None) -> tuple[bytes, Path]:
+    """(the bytes of the file `path` leads to, its real path): opened by open_source (the one link rule, never a
+    blocking open) and read as untrusted.read_bytes reads (at most max_bytes), a file of one of `owner` when given.
+    For a file the user names that is not a source (a tokenizer.json, the files beside it, a --chat-template
+    file): a teammate's link to her private file is refused there as among the sources. LinkRefused as
+    real_source says; Unreadable for the rest (missing, not a regular file, too big, another's file, EIO)."""
+    try:
+        fd, real = open_source(path, "")  # what it is said as untrusted.read_bytes says it: "a FIFO"
+    except TooManyLinks as e:  # a loop: said as what the file is
+        raise Unreadable(str(e), path, kind="link") from None
+    except Unreadable as e:
+        raise Unreadable(e.why, path, kind=e.kind) from None
+    except FileNotFoundError:
+        raise Unreadable("missing", path, missing=True) from None
+    except OSError as e:
+        raise Unreadable(e.strerror or str(e), path, os_error=e) from None
+    try:
+        st = os.fstat(fd)
+        if owner is not None and not owner_in(st, owner):
+            raise Unreadable(f"owned by {user_words(st.st_uid)}", path, kind="owner")
+        return read_open(fd, path, max_bytes=max_bytes), real
+    finally:
+        os.close(fd)
 
 
 def _open_unlinked(real: Path, given: str | os.PathLike) -> int:
