@@ -16,7 +16,8 @@ from pathlib import Path
 
 from chat_synthetic import TEMPLATE_CONFIG
 from data_helpers import MINIMIND_TOKENIZER
-from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
+from minilmd.corpus.chat import ChatTemplate, TurnError
+from minilmd.corpus.chat_files import load_template, read_tokenizer_config
 from minilmd.corpus.demo_chat import preference_pairs  # noqa: F401 - the tests' pairs are the demo's
 
 TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
@@ -59,7 +60,7 @@ def chat_templates(chat_tokenizer: Path) -> dict[str, tuple[ChatTemplate, str]]:
     """The templates the chat tests render with, name -> (template, its tokenizer.json text): the tests' own
     ("test"), chat_synthetic's ("synthetic") and MiniMind's ("minimind") where it is found."""
     tok = (chat_tokenizer / "tokenizer.json").read_text(encoding="utf-8")
-    out = {"test": (ChatTemplate.load(chat_tokenizer), tok),
+    out = {"test": (load_template(chat_tokenizer), tok),
            "synthetic": (ChatTemplate.from_config(TEMPLATE_CONFIG), tok)}
     found = minimind_dir()
     if found is not None:

@@ -13,7 +13,7 @@ import pytest
 
 from chat_helpers import HAND_MADE, a, read_conversations, s, u, write_chat_jsonl
 from minilmd.corpus.analysis.stats import bucketed_pad_share, width_class
-from minilmd.corpus.chat import ChatTemplate
+from minilmd.corpus.chat_files import load_template
 from minilmd.corpus.format import TokenStream, open_prepared, verify_prepared
 from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import InputError
@@ -71,7 +71,7 @@ def test_the_session_chat_corpus_meets_the_reader_contract(chat_corpus, chat_tok
     assert verify_prepared(root) == []
     pc = open_prepared(root, verify_hash=True)
     assert pc.vocab_size == vocab and pc.tokenizer_config_path == root / "tokenizer_config.json"
-    assert ChatTemplate.load(root).source == ChatTemplate.load(chat_tokenizer).source  # the template travelled
+    assert load_template(root).source == load_template(chat_tokenizer).source  # the template travelled
     for split in (pc.train, pc.val):
         assert split.loss_mask is not None and split.loss_mask.dtype == np.uint8
         assert split.loss_mask.size == split.n_tokens and split.doc_lengths.max() <= 128
@@ -143,7 +143,7 @@ def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_ar
         [u("问"), a("很长的回答。" * 40)],  # cut inside the reply
         [s("系统" * 200), u("问"), a("答")],  # the reply falls past the cut
     ]
-    tok, template = Tokenizer.from_file(str(chat_tokenizer / "tokenizer.json")), ChatTemplate.load(chat_tokenizer)
+    tok, template = Tokenizer.from_file(str(chat_tokenizer / "tokenizer.json")), load_template(chat_tokenizer)
     whole = [encode_conversation(tok, template, c) for c in conversations]
     seq_len = whole[0][0].size + 4
     assert whole[1][0].size > seq_len and not whole[2][1][:seq_len].any()

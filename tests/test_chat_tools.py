@@ -15,7 +15,8 @@ import pytest
 
 from chat_helpers import CALLS, MINIMIND_DIR, TOOLS, chat_tokenizer_dir, tool_line
 from data_helpers import REPO
-from minilmd.corpus.chat import ChatTemplate, check_conversation, read_tokenizer_config
+from minilmd.corpus.chat import ChatTemplate, check_conversation
+from minilmd.corpus.chat_files import read_tokenizer_config
 from minilmd.corpus.format import open_prepared
 
 MINIMIND_SRC = REPO / ".." / "shared" / "minimind"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.config import ConfigError, load_config
-from minilmd.corpus import chat
+from minilmd.corpus import chat, chat_files
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
@@ -111,7 +111,7 @@ READERS = {
         d / names.LATEST), (checkpoint_dirs.PointerError,)),
     "BEST pointer": Reader(names.BEST, checkpoint_dirs.read_best),
     "tokenizer.json": Reader(names.TOKENIZER_FILE, load_tokenizer, (TokenizerError,)),
-    "tokenizer_config.json": Reader(names.TOKENIZER_CONFIG, chat.read_tokenizer_config, (chat.ChatError,)),
+    "tokenizer_config.json": Reader(names.TOKENIZER_CONFIG, chat_files.read_tokenizer_config, (chat.ChatError,)),
     "remote LATEST pointer": Reader(names.LATEST, lambda d: open_remote(str(d)).read_text(names.LATEST)),
     "remote checkpoint manifest": Reader(f"{names.step_name(1)}/{names.MANIFEST}",
                                          lambda d: open_remote(str(d)).manifest_or_problems(names.step_name(1))),

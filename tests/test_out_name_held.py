@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from minilmd.corpus.chat import ChatError, read_tokenizer_config
+from minilmd.corpus.chat import ChatError
+from minilmd.corpus.chat_files import read_tokenizer_config
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
 
 WRITE = ("import sys\nfrom minilmd.cli.tokenizer import _write_tokenizer\n"

@@ -21,7 +21,7 @@ import pytest
 
 from minilmd import init_source, names
 from minilmd.checkpoint import MAX_JSON_PART, CheckpointInvalid, read_manifest
-from minilmd.corpus import chat, chat_templates
+from minilmd.corpus import chat_files, chat_templates
 from minilmd.daemon.jobs import remote_local, syncworker
 from minilmd.daemon.phases import initwait
 from minilmd.plan import update_share
@@ -92,5 +92,5 @@ def test_every_reader_of_a_trainer_state_that_validation_accepts_reads_it(tmp_pa
 def test_a_tokenizer_config_beside_a_tokenizer_is_taken_as_a_chat_template_file_too(tmp_path):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     (tmp_path / names.TOKENIZER_CONFIG).write_bytes(padded({"chat_template": template}, 2 << 20))
-    assert chat.read_tokenizer_config(tmp_path)["chat_template"] == template
+    assert chat_files.read_tokenizer_config(tmp_path)["chat_template"] == template
     assert chat_templates.template_text(str(tmp_path / names.TOKENIZER_CONFIG)) == template

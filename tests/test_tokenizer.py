@@ -124,7 +124,7 @@ def test_tokenizer_train_chat_template_makes_a_tokenizer_prepare_format_chat_tak
 
     from chat_helpers import HAND_MADE, write_chat_jsonl
     from minilmd.cli import app
-    from minilmd.corpus.chat import ChatTemplate
+    from minilmd.corpus.chat_files import load_template
     from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE
 
     runner = CliRunner()
@@ -138,7 +138,7 @@ def test_tokenizer_train_chat_template_makes_a_tokenizer_prepare_format_chat_tak
     prepared = runner.invoke(app, ["prepare", str(conversations), "--tokenizer", str(tok), "--format", "chat",
                                    "--out", str(tmp_path / "corpus"), "--workers", "0", "--val-fraction", "0.3"])
     assert prepared.exit_code == 0, prepared.output
-    assert ChatTemplate.load(tmp_path / "corpus").render([{"role": "user", "content": "q"}], True) == \
+    assert load_template(tmp_path / "corpus").render([{"role": "user", "content": "q"}], True) == \
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
     # your own: a Jinja file, or a tokenizer_config.json whose chat_template is taken

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from minilmd.cli import app
-from minilmd.corpus.chat import ChatError, read_tokenizer_config
+from minilmd.corpus.chat import ChatError
+from minilmd.corpus.chat_files import read_tokenizer_config
 from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE, tokenizer_config
 from minilmd.corpus.tokenizer_beside import RECORD
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chat_helpers import HAND_MADE, write_chat_jsonl
-from minilmd.corpus.chat import ChatTemplate
+from minilmd.corpus.chat_files import load_template
 from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE
 from minilmd.corpus.tokenizer import load_tokenizer
 
@@ -60,7 +60,7 @@ def test_template_in_place_writes_only_the_config_and_the_ids_stay_the_same(tmp_
     prepared = prepare_chat(tmp_path, "tokenizer.json", "sft")
     assert prepared.returncode == 0, prepared.stderr
     assert load_tokenizer(tmp_path / "sft").encode(SAMPLE).ids == before_ids  # the corpus's copy: the same ids
-    assert ChatTemplate.load(tmp_path / "sft").render([{"role": "user", "content": "q"}], True) == \
+    assert load_template(tmp_path / "sft").render([{"role": "user", "content": "q"}], True) == \
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 

@@ -35,10 +35,8 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
@@ -46,10 +44,7 @@ from minilmd.corpus.chat_sandbox import compile_template
 from minilmd.corpus.chat_tools import TOOL_KEYS, check_tool_keys, conversation_tools, schema_keys, tool_text
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.corpus.sources.line_shape import other_format
-from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
-from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.protocol import SPECIAL_TOKENS
-from minilmd.untrusted import Unreadable
 
 TEXT_KEYS = ("role", "content", "reasoning_content")
 PLAIN_ROLES = ("system", "user", "assistant")
@@ -245,135 +240,6 @@ def special_token_names(config: dict) -> dict[str, str]:
     return out
 
 
-def tokenizer_dir(tokenizer: str | Path) -> Path:
-    """The directory of a tokenizer given as its tokenizer.json or as the directory holding it."""
-    path = Path(tokenizer)
-    return path if path.is_dir() else path.parent
-
-
-def _read_text(path: Path, owners: tuple[int, ...], tokenizer: Path) -> str:
-    """A small text file beside a tokenizer, its links followed by the one link rule (sources/local.py read_source:
-    a Hugging Face cache is links into its blobs) and the file read as untrusted (regular, bounded, never a blocking
-    open), when it and any link to it belong to one of `owners` (_owners_beside); else a ChatError naming its owner
-    (or the link refused), before a byte of it is parsed. Raises Unreadable."""
-    from minilmd.corpus.sources.local import LinkRefused, read_source
-
-    for st in (os.lstat(path), os.stat(path)):  # the link (when it is one), then what it names
-        if not owner_in(st, owners):
-            raise ChatError(
-                f"{path} belongs to {user_words(st.st_uid)}, neither you nor the owner of {tokenizer}: minilmd "
-                "renders no chat template another user put beside a tokenizer (a team or sticky directory). Ask that "
-                "user to remove it, or copy the tokenizer into a directory of yours and give it a template there "
-                "(`minilmd tokenizer template COPY --chat-template minimind`, or copy that file too once you have "
-                "read it: the copy is yours)")
-    try:  # the owner checked again on the file opened (it may have been swapped since)
-        return read_source(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES, owner=owners)[0].decode("utf-8")
-    except LinkRefused as e:
-        raise ChatError(str(e)) from None
-    except UnicodeDecodeError:
-        raise Unreadable("not UTF-8", path, kind="not_utf8") from None
-
-
-def _owners_beside(tokenizer_file: Path) -> tuple[int, ...]:
-    """Whose files beside a tokenizer are read: the user's, root's and the tokenizer's owner's (a tokenizer taken
-    from another user comes with that user's template). A file another user put beside the user's own tokenizer,
-    in a team or sticky directory, is not: it would render every reply of the user's corpus."""
-    try:
-        theirs: tuple[int, ...] = (os.stat(tokenizer_file).st_uid,)
-    except OSError:
-        theirs = ()  # the tokenizer's own reader says what is wrong with it
-    return (own_uid(), 0, *theirs)
-
-
-def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> dict:
-    """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
-    resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
-    followed, the user's own choice, but it and chat_template.jinja are read only when they are the user's or the
-    tokenizer owner's (_read_text); a checkpoint's or a corpus's files, which may be another user's,
-    are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
-    there is no template."""
-    from minilmd.corpus.tokenizer_beside import without_record
-
-    folder = tokenizer_dir(tokenizer)
-    path = folder / TOKENIZER_CONFIG
-    file = Path(tokenizer) if Path(tokenizer) != folder else folder / TOKENIZER_FILE
-    owners = _owners_beside(file)
-    try:  # whatever is there is read (a FIFO, a directory: unreadable, said), not taken for "no template"
-        config_text = _read_text(path, owners, file) if path.exists() else None
-    except ChatError:
-        raise
-    except Unreadable as e:
-        raise ChatError(f"{path}: unreadable ({e.why})") from None
-    except (OSError, ValueError) as e:
-        raise ChatError(f"{path}: not readable JSON ({e})") from None
-    not_its = _not_its(config_text, folder, Path(tokenizer))
-    template = None
-    if (folder / CHAT_TEMPLATE_FILE).exists() and not not_its:
-        try:
-            template = _read_text(folder / CHAT_TEMPLATE_FILE, owners, file)
-        except Unreadable as e:
-            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
-        except OSError as e:
-            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.strerror})") from None
-    try:
-        return without_record(chat_config(None if not_its else config_text, template, folder,
-                                          tokenizer_name=str(tokenizer), data_format=data_format))
-    except ChatError as e:
-        raise ChatError(f"{e}; {not_its}" if not_its else str(e)) from None
-
-
-def _not_its(config_text: str | None, folder: Path, tokenizer: Path) -> str:
-    """Why the files beside `tokenizer` (its directory's tokenizer_config.json, chat_template.jinja) are another
-    tokenizer's (minilmd/corpus/tokenizer_beside.py); "" when they are its own, or there is no config."""
-    from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text
-    from minilmd.corpus.tokenizer_beside import belongs
-
-    if config_text is None:
-        return ""
-    try:
-        config = loads_bounded(config_text)
-    except ValueError:
-        return ""  # chat_config says what is wrong with it
-    if not isinstance(config, dict):
-        return ""
-    file = tokenizer if tokenizer != folder else folder / TOKENIZER_FILE
-    try:
-        data = read_tokenizer_text(file).encode("utf-8")
-    except TokenizerError:
-        data = None  # the tokenizer's own reader says what is wrong with it
-    return belongs(config, file, data)
-
-
-def chat_config(config_text: str | None, template: str | None, folder: Path,
-                tokenizer_name: str | None = None, data_format: str = "chat") -> dict:
-    """The text of a tokenizer_config.json (None: there is none) and of a chat_template.jinja beside it (None: none,
-    else preferred) -> the config with its `chat_template` resolved to one string; `folder` names them in a
-    ChatError, raised when there is no template, and `tokenizer_name` (the tokenizer as the user gave it) names the
-    tokenizer without one (`folder` otherwise: `.` for a tokenizer.json of the working directory said nothing)."""
-    path = folder / TOKENIZER_CONFIG
-    try:
-        config = loads_bounded(config_text) if config_text is not None else {}
-    except ValueError as e:
-        raise ChatError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ChatError(f"{path}: not a JSON object")
-    source = config.get("chat_template")
-    if template is not None:
-        source = template
-    elif isinstance(source, list):
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
-    if not isinstance(source, str) or not source.strip():
-        who = tokenizer_name or folder
-        raise ChatError(f"{who}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
-                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format {data_format} renders conversations "
-                        f"with the tokenizer's own template. `minilmd tokenizer template {who} --chat-template "
-                        f"minimind` gives it one (add `--out DIR`, a directory of its own, where another tokenizer's "
-                        f"{TOKENIZER_CONFIG} is beside it), its vocabulary unchanged (a model trained with it can be "
-                        "fine-tuned); `tokenizer train --chat-template` would train another vocabulary")
-    return {**config, "chat_template": source}
-
-
 @dataclass
 class ChatTemplate:
     """A tokenizer's chat template, compiled: `render` as apply_chat_template(tokenize=False), `turns` for the
@@ -396,11 +262,6 @@ class ChatTemplate:
     @classmethod
     def from_config(cls, config: dict, limits: TemplateLimits | None = None) -> ChatTemplate:
         return cls(config["chat_template"], special_token_names(config), limits or TemplateLimits())
-
-    @classmethod
-    def load(cls, tokenizer: str | Path) -> ChatTemplate:
-        """The template of the tokenizer (a tokenizer.json, or its directory)."""
-        return cls.from_config(read_tokenizer_config(tokenizer))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The text apply_chat_template(messages, tokenize=False, add_generation_prompt=...) produces.

@@ -12,8 +12,8 @@ bytes: one retrained over that name since has no template until it is given one)
 transformers loads), or, where the directory has no tokenizer.json, to the tokenizer when it is the directory's only
 .json file besides the config (told by a listing of at most untrusted.MAX_DIR_ENTRIES entries: a directory that holds
 more, or cannot be listed, gives such a config to no tokenizer, and says so). The record is minilmd's own: it is
-dropped from the config a corpus, a checkpoint or an export carries (chat.read_tokenizer_config), where the tokenizer
-is that directory's tokenizer.json.
+dropped from the config a corpus, a checkpoint or an export carries (chat_files.read_tokenizer_config), where the
+tokenizer is that directory's tokenizer.json.
 """
 from __future__ import annotations
 

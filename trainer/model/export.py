@@ -184,7 +184,8 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
     chat_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat corpus's),
     else in the prepared corpus it was trained on (`checked` as find_tokenizer's). None when none of
     them has a template (a model pretrained on text)."""
-    from minilmd.corpus.chat import ChatError, chat_config, read_tokenizer_config
+    from minilmd.corpus.chat import ChatError
+    from minilmd.corpus.chat_files import chat_config, read_tokenizer_config
     from minilmd.names import TOKENIZER_CONFIG_MAX_BYTES
 
     if explicit:

@@ -72,12 +72,13 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
     renders' plus its encodes'."""
     import os
 
-    from minilmd.corpus.chat import ChatTemplate, parse_chat_block
+    from minilmd.corpus.chat import parse_chat_block
+    from minilmd.corpus.chat_files import load_template
     from minilmd.corpus.sources.jsonl import Source
     from minilmd.corpus.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    template = ChatTemplate.load(tokenizer)
+    template = load_template(tokenizer)
     floors = {name: how for name, how in FLOORS.items() if hasattr(tok, how[0])}
     seconds, cpu = dict.fromkeys(floors, 0.0), dict.fromkeys(floors, 0.0)
     input_bytes = tokens = conversations = 0

@@ -104,13 +104,13 @@ class PrepareTokenizer:
     json: str
     vocab_size: int
     chat_config: dict | None = None
-    """chat: its tokenizer_config.json, the template resolved (chat.read_tokenizer_config)."""
+    """chat: its tokenizer_config.json, the template resolved (chat_files.read_tokenizer_config)."""
 
     @classmethod
     def load(cls, tokenizer: str | Path, chat: bool = False, data_format: str = "chat") -> PrepareTokenizer:
         """The tokenizer the user named (a tokenizer.json or its directory; links followed: the user's choice);
         `data_format`: the --format that needs its template (named when it has none)."""
-        from minilmd.corpus.chat import read_tokenizer_config
+        from minilmd.corpus.chat_files import read_tokenizer_config
 
         path = Path(tokenizer)
         if path.is_dir():
@@ -121,7 +121,8 @@ class PrepareTokenizer:
     def of_corpus(cls, corpus, chat: bool = False) -> PrepareTokenizer:
         """A prepared corpus's own tokenizer (and chat template): the bytes its PreparedCorpus read once and checked
         against meta.json (an append's corpus, opened through the locked directory), never its files read again."""
-        from minilmd.corpus.chat import ChatError, chat_config
+        from minilmd.corpus.chat import ChatError
+        from minilmd.corpus.chat_files import chat_config
         from minilmd.corpus.tokenizer import TokenizerError
 
         path = corpus.tokenizer_path
