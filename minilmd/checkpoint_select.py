@@ -190,13 +190,11 @@ def validate_once(path: Path, expected: Expectation | None) -> None:
 def _identity(path: Path) -> tuple | None:
     """The lstat of a checkpoint directory and of each of its entries (no link followed), or None when it cannot
     be taken or it holds more entries than any checkpoint does (then nothing is remembered)."""
+    from minilmd.untrusted import listed
+
     try:
-        with os.scandir(path) as entries:
-            names = [e.name for _, e in zip(range(REUSE_MAX_ENTRIES + 1), entries, strict=False)]
-        if len(names) > REUSE_MAX_ENTRIES:
-            return None
-        stats = [(name, os.lstat(path / name)) for name in [".", *sorted(names)]]
-    except OSError:
+        stats = [(name, os.lstat(path / name)) for name in [".", *sorted(listed(path, max_entries=REUSE_MAX_ENTRIES))]]
+    except OSError:  # TooManyEntries too
         return None
     return tuple((name, st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
                  for name, st in stats)
