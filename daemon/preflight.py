@@ -11,7 +11,7 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
-(daemon/host/gpu.py lock_dir_waits), and a default scratch root another user made first is never used: the launch
+(daemon/host/gpu.py lock_dir_wait), and a default scratch root another user made first is never used: the launch
 makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good. The checks the
 supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
 fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
@@ -30,7 +30,7 @@ from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
-from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_waits
+from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_wait
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_room import remote_room_problems
@@ -57,12 +57,17 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     `run --check` to say. `start` gets where the launch starts (daemon/jobs/resumefrom.py: "resumes from step N
     (scratch|remote: ...)", "starts from step 0: ...") and a note per checkpoint it would pass by."""
     waits: list[str] = []
-    cfg = load_checked(config_path, overrides, waits=waits,
-                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_waits(cfg, waits)
-                       + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                       + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
-                       + resume_problems(cfg, start, fresh) + memory_problems(cfg)
-                       + remote_room_problems(cfg) + knobs.problems())
+
+    def more_checks(cfg: RunConfig) -> list[str]:
+        problems = run_space_problem(cfg, waits)  # a scratch big enough that others fill now: a line in waits
+        if lock_wait := lock_dir_wait(cfg):  # a gpu.lock_dir another user may rearrange: waited for, never refused
+            waits.append(lock_wait)
+        return (problems + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
+                + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
+                + resume_problems(cfg, start, fresh) + memory_problems(cfg) + remote_room_problems(cfg)
+                + knobs.problems())
+
+    cfg = load_checked(config_path, overrides, waits=waits, more_checks=more_checks)
     return cfg, waits
 
 

@@ -126,7 +126,8 @@ def _pass_behind(path: Path) -> float:
 
 
 def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,
-                log: Callable[[str], None] = print, set_aside: bool = True) -> Path | None:
+                log: Callable[[str], None] = print, set_aside: bool = True,
+                reuse: bool = False) -> Path | None:
     """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
 
     One that is damaged is logged with its reason, quarantined when it is in the first root (the local one, the
@@ -135,10 +136,12 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
     remote's checkpoint aside is the supervisor's (daemon/jobs/remote_write.py set_aside, with its checks). One
     that belongs to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused,
     not replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint. `set_aside`
-    False (a reader such as `minilmd sample RUN_DIR`): nothing is moved, a damaged one of the first root too."""
+    False (a reader such as `minilmd sample RUN_DIR`): nothing is moved, a damaged one of the first root too.
+    `reuse`: a validation this process made a moment ago of the same unchanged checkpoint stands (validate_once:
+    the supervisor's start looks at scratch's newest twice, at launch and in staging)."""
     for root_index, path in resume_order(roots):
         try:
-            validate(path, expected)
+            (validate_once if reuse else validate)(path, expected)
             return path
         except CheckpointInvalid as e:
             if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
@@ -150,6 +153,51 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
                 kept = "not the local root's" if root_index else "only read here"
                 log(f"checkpoint {path} is invalid: {why} -- not moved ({kept}), trying an older one")
     return None
+
+
+REUSE_FOR_S = 300.0
+"""How long validate_once lets a validation stand: a start's two looks are seconds apart (longer only while the
+launch waits for a GPU); a later look hashes again."""
+REUSE_MAX_ENTRIES = 64
+_validated: dict[tuple[str, str], tuple[tuple, float]] = {}
+
+
+def validate_once(path: Path, expected: Expectation | None) -> None:
+    """validate(path, expected), unless this process validated `path` against the same expectation less than
+    REUSE_FOR_S ago and nothing in it has changed since (`_identity`). Raises as validate does; a failure is never
+    remembered.
+
+    Why it is safe, against a damaged or a hostile scratch too: every byte validate hashed is in a file whose lstat
+    (inode, size, mode, mtime and ctime in ns) `_identity` records before the hash and again after it (a change
+    while hashing: nothing remembered). A write, a truncation, a chmod, a rename over it or a link put in its place
+    changes them, and ctime cannot be set back by anyone but root (utime sets it to now). Scratch is this run's
+    (0700, claimed: minilmd/scratch.py), so no other user can write there at all. What no stat shows (memory
+    going bad under tmpfs) is no worse than before: the old code's staging validated seconds before the trainer,
+    which validates again whatever it resumes (this is not used there), and quarantines a damaged one."""
+    import time
+
+    key, before = (str(path), repr(expected)), _identity(path)
+    if before is not None and (seen := _validated.get(key)) and seen[0] == before and \
+            time.monotonic() - seen[1] < REUSE_FOR_S:
+        return
+    validate(path, expected)
+    if before is not None and _identity(path) == before:
+        while len(_validated) >= REUSE_MAX_ENTRIES:
+            _validated.pop(next(iter(_validated)))
+        _validated[key] = (before, time.monotonic())
+
+
+def _identity(path: Path) -> tuple | None:
+    """The lstat of a checkpoint directory and of each of its entries (no link followed), or None when it cannot
+    be taken or it holds more entries than any checkpoint does (then nothing is remembered)."""
+    from minilmd.untrusted import listed
+
+    try:
+        stats = [(name, os.lstat(path / name)) for name in [".", *sorted(listed(path, max_entries=REUSE_MAX_ENTRIES))]]
+    except OSError:  # TooManyEntries too
+        return None
+    return tuple((name, st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+                 for name, st in stats)
 
 
 _valid_cache: dict[tuple, bool] = {}

@@ -29,6 +29,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
@@ -94,10 +95,26 @@ def root(run_dir: Path | None, uid: int | None = None) -> Path:
 
 
 def recorded(run_dir: Path, uid: int | None = None) -> Path | None:
-    """The private root run.dir's record names: only from a file of this user's (no link followed, bounded), and
-    only a root of the form `<base>/minilmd-<uid>-<8 of mkdtemp's letters>` under today's base; None when there is
-    no record, or what is there is none of ours (a link, another's file, not such a root: `settle` judges the
-    default root then, and records a new one if it is taken). RecordUnreadable when it could not be read."""
+    """The private root run.dir's record names (`record`), None when it records none of ours."""
+    rec = record(run_dir, uid)
+    return rec.root if rec is not None else None
+
+
+@dataclass(frozen=True)
+class Record:
+    """run.dir's record of a private root, as `record` believes it."""
+
+    root: Path
+    because: str | None
+    """Why the default root was not used, in the words `settle` wrote (None: a record without them)."""
+
+
+def record(run_dir: Path, uid: int | None = None) -> Record | None:
+    """The one reader of run.dir's record: only from a file of this user's (or `uid`'s: no link followed,
+    bounded), and only a root of the form `<base>/minilmd-<uid>-<8 of mkdtemp's letters>` under today's base; None
+    when there is no record, or what is there is none of ours (a link, another's file, not such a root: `settle`
+    judges the default root then, and records a new one if it is taken). RecordUnreadable when it could not be
+    read."""
     uid = own_uid() if uid is None else uid
     try:
         rec = read_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD, max_bytes=RECORD_MAX_BYTES, owner=uid)
@@ -107,11 +124,10 @@ def recorded(run_dir: Path, uid: int | None = None) -> Path | None:
         return None  # missing (ENOENT), or not a record of ours
     except OSError as e:  # pragma: no cover - read_json raises Unreadable only
         raise RecordUnreadable(f"{names.SCRATCH_ROOT_RECORD}: {e}") from None
-    path = rec.get("root")
-    if not isinstance(path, str):
+    path, because = rec.get("root"), rec.get("because")
+    if not isinstance(path, str) or not _private_form(Path(path), uid):
         return None
-    p = Path(path)
-    return p if _private_form(p, uid) else None
+    return Record(Path(path), because if isinstance(because, str) else None)
 
 
 def taken(path: Path) -> str | None:
@@ -171,11 +187,27 @@ def in_use(run_dir: Path, made: Path) -> str:
     if not _private_form(made, own_uid()):
         return ""
     try:
-        why = read_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD, max_bytes=RECORD_MAX_BYTES,
-                        owner=own_uid()).get("because")
-    except (Unreadable, OSError):
-        why = None
-    return f"scratch in the private root {made}" + (f" (the default: {why})" if isinstance(why, str) else "")
+        rec = record(run_dir)
+    except RecordUnreadable:
+        rec = None
+    why = rec.because if rec is not None and rec.root == made else None
+    return f"scratch in the private root {made}" + (f" (the default: {why})" if why else "")
+
+
+def status_words(run_dir: Path, owner: int) -> tuple[str, dict | None]:
+    """For `minilmd status` of a run directory of `owner`'s: (a line, the same for --json) naming the private root
+    its record names and why, ("", None) when the run uses the default root. `run_dir`: a path the record is read
+    through (status's: the run directory's descriptor)."""
+    try:
+        rec = record(run_dir, owner)
+    except RecordUnreadable as e:
+        return (f"  scratch root: {names.SCRATCH_ROOT_RECORD} cannot be read now ({e})",
+                {"unreadable": str(e)})
+    if rec is None:
+        return "", None
+    why = f" (the default: {rec.because})" if rec.because else ""
+    return (f"  scratch root: the private root {rec.root}{why}; every restart of the run uses it "
+            f"({names.SCRATCH_ROOT_RECORD})", {"root": str(rec.root), "because": rec.because})
 
 
 def check_note(scratch_dir: Path, by_default: bool) -> str:

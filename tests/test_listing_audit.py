@@ -69,6 +69,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "trainer/bench/checkpoint.py": ("private", BENCH_TMP, {("_dir_size", ".rglob"): 1}),
     "scripts/gpu_check_part.py": ("private", SCRIPT_WORK, {("kill_leftovers", ".glob"): 1}),
     "scripts/lora_size.py": ("private", SCRIPT_WORK + " (a checkpoint it saved itself)", {("<module>", ".iterdir"): 1}),
+    "scripts/scratch_start_cost.py": ("private", SCRIPT_WORK + " (a checkpoint it saved itself)",
+                                      {("measure", ".iterdir"): 1}),
 }
 
 

@@ -13,7 +13,7 @@ from fakes_nvml import FREE, FakeNvml
 from minilmd.config import GpuSection, load_config
 from minilmd.daemon import preflight
 from minilmd.daemon.host import leases
-from minilmd.daemon.host.gpu import GpuAdmission, lock_dir_waits, open_nvml_or_reason
+from minilmd.daemon.host.gpu import GpuAdmission, lock_dir_wait, open_nvml_or_reason
 from second_user import sh_as_user as as_nobody
 from second_user import shared  # noqa: F401 - a fixture
 from supervisor_helpers import write_config
@@ -84,13 +84,13 @@ def test_run_check_says_the_run_waits_for_an_unsafe_lock_dir_only_where_it_lease
     as_nobody("mkdir -m 1777 locks", shared)
     config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"},
                           gpu={"lock_dir": str(shared / "locks")})
-    waits: list[str] = []
-    assert lock_dir_waits(load_config(config), waits) == []
-    assert len(waits) == 1 and waits[0].startswith("gpu.lock_dir: the lock directory ") and \
-        f"{shared / 'locks'} belongs to user nobody" in waits[0] and "the run waits in waiting_gpu" in waits[0], waits
+    wait = lock_dir_wait(load_config(config))
+    assert wait is not None and wait.startswith("gpu.lock_dir: the lock directory ") and \
+        f"{shared / 'locks'} belongs to user nobody" in wait and "the run waits in waiting_gpu" in wait, wait
     for device in ("cpu",) + (("auto",) if isinstance(open_nvml_or_reason(), str) else ()):
+        assert lock_dir_wait(load_config(config, [f"train.device=\"{device}\""])) is None  # no lease taken
         cfg_waits = preflight.check_with_waits(str(config), [f"train.device=\"{device}\""])[1]
-        assert not any(w.startswith("gpu.lock_dir") for w in cfg_waits)  # no lease taken: nothing to wait for
+        assert not any(w.startswith("gpu.lock_dir") for w in cfg_waits)  # nothing to wait for
 
 
 def test_a_missing_lock_dir_and_its_parents_made_under_the_private_policy_stay_reachable_by_every_user(shared):

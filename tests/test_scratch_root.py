@@ -84,3 +84,33 @@ def test_a_record_that_is_a_link_or_another_users_file_is_no_record(base, tmp_pa
     if UID == 0:
         os.chown(run_dir / SCRATCH_ROOT_RECORD, 65534, 65534)
         assert scratch_root.recorded(run_dir) is None
+
+
+def test_status_names_a_private_scratch_root_and_why_only_when_the_run_has_one(base, tmp_path):
+    """`minilmd status` (text and --json) said nothing of it: the start event and `run --check` did."""
+    import io
+
+    from minilmd import names
+    from minilmd.daemon.base.runstate import new_state
+    from minilmd.daemon.views.status import status
+    from minilmd.fsio import atomic_write_json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    atomic_write_json(run_dir / names.STATE, new_state("r", run_dir, "x.toml"))
+
+    def shown(as_json: bool) -> str:
+        out = io.StringIO()
+        assert status(run_dir, as_json=as_json, out=out) == 0
+        return out.getvalue()
+
+    scratch_root.settle(run_dir)  # the default root is free: no record, no line
+    assert "scratch root" not in shown(False) and "scratch_root" not in json.loads(shown(True))
+    (base / f"minilmd-{UID}").rmdir()
+    (base / f"minilmd-{UID}").write_text("")  # taken: the next start makes a private root
+    own, _ = scratch_root.settle(run_dir)
+    why = f"{base / f'minilmd-{UID}'} is a file of "
+    line = next(x for x in shown(False).splitlines() if x.startswith("  scratch root: "))
+    assert f"the private root {own} (the default: {why}" in line, line
+    said = json.loads(shown(True))["scratch_root"]
+    assert said["root"] == str(own) and said["because"].startswith(why), said

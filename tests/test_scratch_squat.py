@@ -58,6 +58,9 @@ def test_a_squatted_default_scratch_root_is_never_used_and_the_run_goes_on_in_a_
     assert list(theirs.iterdir()) == []  # nothing of the run in his directory, though root could write there
     start = [e["message"] for e in events(run_dir) if e["event"] == "start"]
     assert f"scratch in the private root {own} (the default: {theirs} belongs to user nobody" in start[0], start
+    out = shared.users.minilmd("root", "status", str(run_dir))  # before: no word of it
+    assert f"scratch root: the private root {own} (the default: {theirs} belongs to user nobody" in text_of(out), \
+        text_of(out)
 
     # a restart (a longer budget) finds the same private root, and resumes from its checkpoint there
     out = shared.users.minilmd("root", "run", str(config), "--set", "train.max_steps=40")

@@ -183,6 +183,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                             ("copy_minimind", "shutil.rmtree"): 1},
         "scripts/gpu_check_train.py": {("part_run", ".write_text"): 1},
         "scripts/lora_size.py": {("<module>", "shutil.rmtree"): 1, ("<module>", "tempfile.mkdtemp"): 1},
+        "scripts/scratch_start_cost.py": {("main", "shutil.rmtree"): 1, ("main", "tempfile.mkdtemp"): 1,
+                                          ("measure", "shutil.rmtree"): 1},
     }.items()},
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "

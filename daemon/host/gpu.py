@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from minilmd.plan.footprint import Offer
 
 __all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices", "mig_refusal",
-           "open_nvml_or_reason", "lock_dir_waits"]
+           "open_nvml_or_reason", "lock_dir_wait"]
 
 
 class Nvml(Protocol):
@@ -195,23 +195,21 @@ def taken_from_us(d: DeviceStatus) -> str | None:
     return None
 
 
-def lock_dir_waits(cfg: RunConfig, waits: list[str]) -> list[str]:
-    """For `run --check` and the launch (daemon/preflight.py): gpu.lock_dir unsafe to lease in (leases.py
-    lock_dir_problem: another user's directory, one he may rearrange, a link of his), when this run leases GPUs:
-    train.device = "cuda", or "auto" where NVML is there. Never a refusal: anyone may `mkdir /tmp/minilmd-gpu-locks`
-    before the first run, and exit 2 (final for systemd and the tmux launcher) would end every user's run for good.
-    The line goes to `waits` (`run --check` says it); the run waits in waiting_gpu, every device busy with the same
-    words ("lease not taken safely: ..."), polling, and leases as soon as an admin has removed or fixed it. No
-    lease is ever taken through such a directory: its owner could remove a lease and put two runs on one card.
-    Returns [] (no problem), so that it chains with the other checks."""
+def lock_dir_wait(cfg: RunConfig) -> str | None:
+    """For `run --check` and the launch (daemon/preflight.py puts it among the waits): gpu.lock_dir unsafe to lease
+    in (leases.py lock_dir_problem: another user's directory, one he may rearrange, a link of his), when this run
+    leases GPUs: train.device = "cuda", or "auto" where NVML is there; None otherwise. Never a refusal: anyone may
+    `mkdir /tmp/minilmd-gpu-locks` before the first run, and exit 2 (final for systemd and the tmux launcher) would
+    end every user's run for good. The run waits in waiting_gpu, every device busy with the same words ("lease not
+    taken safely: ..."), polling, and leases as soon as an admin has removed or fixed it. No lease is ever taken
+    through such a directory: its owner could remove a lease and put two runs on one card."""
     if cfg.train.device == "cpu":
-        return []
+        return None
     problem = leases.lock_dir_problem(cfg.gpu.lock_dir)
     if problem is None or (cfg.train.device == "auto" and isinstance(open_nvml_or_reason(), str)):
-        return []  # auto without NVML trains on the CPU: no lease is taken
-    waits.append(f"gpu.lock_dir: {problem}; no lease is taken through it: the run waits in waiting_gpu (every GPU "
-                 f"busy, saying why) and leases once it is removed or fixed")
-    return []
+        return None  # auto without NVML trains on the CPU: no lease is taken
+    return (f"gpu.lock_dir: {problem}; no lease is taken through it: the run waits in waiting_gpu (every GPU busy, "
+            f"saying why) and leases once it is removed or fixed")
 
 
 def device_problems(cfg: RunConfig) -> list[str]:

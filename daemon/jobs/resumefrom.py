@@ -128,7 +128,8 @@ def _in_scratch(cfg: RunConfig) -> Start:
 
     passed: list[str] = []
     try:
-        path = find_latest([cfg.checkpoint_dir], expectation(cfg), log=passed.append, set_aside=False)
+        path = find_latest([cfg.checkpoint_dir], expectation(cfg), log=passed.append, set_aside=False,
+                           reuse=True)  # staging looks again: one hash (checkpoint_select.validate_once)
     except CheckpointMismatch as e:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:

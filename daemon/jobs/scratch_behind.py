@@ -158,7 +158,7 @@ def scratch_newest(checkpoint_dir: Path, expected: Expectation | None) -> int | 
     validates. CheckpointMismatch when it is of another model, corpus or tokenizer."""
     from minilmd.checkpoint_select import find_latest
 
-    path = find_latest([checkpoint_dir], expected, log=lambda _: None, set_aside=False)
+    path = find_latest([checkpoint_dir], expected, log=lambda _: None, set_aside=False, reuse=True)
     return step_of(path) if path is not None else None
 
 

@@ -286,6 +286,7 @@ def _status(run: Dir, as_json: bool, out) -> int:
     lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd))
     lines += orphan_lines(run_dir, state, alone, inside)
     lines += _lineage_lines(run, state) + _corpus_owner_lines(run)
+    lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
     if claims:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit, run.fd):  # `minilmd stop` left it
@@ -338,11 +339,21 @@ def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unread
     starting = lock_supervisor_or_none(run_dir, run.fd) if raw is None and not unreadable else None
     end = ended_in_events(run.inside, state_owners(run_dir, run.fd)) if raw is None and not unreadable and \
         not starting else None
+    own_root = _scratch_root(run)[1]
     print(json.dumps({"running": alive or starting is not None, "state": state, "caught_up": bool(caught_up),
                       "stop_request": left, **({"unreadable": unreadable} if unreadable else {}),
+                      **({"scratch_root": own_root} if own_root else {}),
                       **({"starting_pid": starting.pid} if starting else {}),
                       **({"ended_in_events": end.to_dict()} if end else {})},
                      indent=2, sort_keys=True), file=out)
+
+
+def _scratch_root(run: Dir) -> tuple[str, dict | None]:
+    """The private scratch root run.dir's record names (another user took the default's: minilmd/scratch_root.py),
+    read through the run directory's descriptor as its owner's file; ("", None) when the run uses the default."""
+    from minilmd.scratch_root import status_words
+
+    return status_words(run.inside, os.fstat(run.fd).st_uid)
 
 
 def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:
