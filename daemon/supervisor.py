@@ -59,7 +59,7 @@ from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.ending import Ending
-from minilmd.daemon.host import sdnotify
+from minilmd.daemon.host import registry, sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
@@ -113,14 +113,14 @@ class Supervisor(Ending):
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
         except OSError as e:
-            if not full_at_start(self.run_dir, e):
+            if not self._full_at_start(e):
                 raise
             return protocol.SUPERVISOR_RUN_DIR_FULL
         try:
             self._prepare_files()
         except OSError as e:
             lock.release()
-            if full_at_start(self.run_dir, e):
+            if self._full_at_start(e):
                 return protocol.SUPERVISOR_RUN_DIR_FULL
             print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             return 1
@@ -164,6 +164,14 @@ class Supervisor(Ending):
         finally:
             self._shutdown(lock)
         return self.loop.exit_status
+
+    def _full_at_start(self, e: OSError) -> bool:
+        """full_at_start, and the run registered (its registry lies elsewhere, with room perhaps), so that `status`
+        lists it: "could not start" (daemon/views/lastwords.py), not unknown. False when e is another error."""
+        if not full_at_start(self.run_dir, e):
+            return False
+        registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, lambda *_: None)
+        return True
 
     def _prepare_files(self) -> None:
         self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo)

@@ -2,8 +2,8 @@
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that another user could redirect (run.dir,
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
-is empty or whose train split holds no micro-batch (rowcount.too_few_rows), a preference corpus most of whose replies
-train.seq_len cuts away (rowcount.pairs_fit), an init.from
+is empty or whose train split holds no micro-batch (rowcount.too_few_rows), a corpus most of whose replies
+train.seq_len cuts away (DPO's pairs, SFT's reply tokens: minilmd/replycut.py), an init.from
 that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
 than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
@@ -64,7 +64,7 @@ from minilmd.path_checks import (
     textfile_problems,
 )
 from minilmd.raw_corpus import prepare_hint
-from minilmd.rowcount import kind_of_rows, pairs_fit, too_few_rows
+from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
 from minilmd.urls import is_url, protocol_of
@@ -211,21 +211,21 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
                  + (f" (it was {fraction})" if fraction is not None else ""))
     if not unread and (too_few := _too_few_rows(cfg, meta)):
         p.append(f"data.prepared = {prepared!r}: {too_few}")
-    if not unread and data_format_of(meta) == "dpo" and (cut := pairs_fit(meta, cfg.train.seq_len)[0]):
+    from minilmd.replycut import replies_cut  # numpy: only where a corpus is checked
+    if not unread and (cut := replies_cut(cfg, meta)[0]):
         p.append(f"data.prepared = {prepared!r}: {cut}")
     return p, ""
 
 
-def pairs_cut_warning(cfg: RunConfig) -> str:
-    """What train.seq_len cuts away of a local preference corpus's pairs when it is not refused (rowcount.pairs_fit's
-    warning, from its meta.json read on shared storage as the checks above read it): a line for `run --check`; ""
-    when it cuts none, or the corpus cannot be read now."""
+def replies_cut_warning(cfg: RunConfig) -> str:
+    """What train.seq_len cuts away of a local corpus's replies when it is not refused (replycut.replies_cut's
+    warning: DPO's pairs, SFT's conversations): a line for `run --check`; "" when none, or unreadable now."""
+    from minilmd.replycut import replies_cut
+
     if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
     answered, meta, _ = bounded_probe(read_corpus_meta, cfg.data.prepared)
-    if not answered or meta is None or data_format_of(meta) != "dpo":
-        return ""
-    return pairs_fit(meta, cfg.train.seq_len)[1]
+    return replies_cut(cfg, meta)[1] if answered and meta is not None else ""
 
 
 def _too_few_rows(cfg: RunConfig, meta: dict) -> str:

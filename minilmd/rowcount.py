@@ -5,6 +5,7 @@ keeps a copy (issue 43: prepare's report said 10 steps an epoch where the packed
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from minilmd.config_sections import ONE_DOCUMENT_A_ROW
 
@@ -125,8 +126,46 @@ def pairs_fit(meta: dict, seq_len: int, counts: dict[str, tuple[int, int]] | Non
     said = (f"train.seq_len = {seq_len} cuts away the whole final reply of {which} (their prompts are {seq_len} "
             f"tokens or longer): DPO learns nothing from them, their loss a constant ln 2; {fix}, or prepare the "
             f"corpus again at --seq-len {seq_len}, which drops them")
-    refused = 2 * kept < total or any(lost == n for lost, n in counts.values())
+    refused = past_half(total - kept, total) or any(lost == n for lost, n in counts.values())
     return (said, "") if refused else ("", said)
+
+
+def past_half(lost: int, total: int) -> bool:
+    """The line past which a cut at train.seq_len refuses a run (exit 2) rather than warns: more than half of what
+    trains is lost (DPO: its pairs, pairs_fit; SFT: its reply tokens, replies_fit)."""
+    return 2 * lost > total
+
+
+@dataclass(frozen=True)
+class RepliesCut:
+    """What train.seq_len cuts of one split of an SFT corpus (counted by minilmd/replycut.py): conversations left
+    with no target in their row, of how many; targets past the rows, of how many. `sampled`: the long documents
+    were a sample (the counts are scaled estimates)."""
+    without_reply: int
+    items: int
+    targets_lost: int
+    targets: int
+    sampled: bool = False
+
+
+def replies_fit(counts: dict[str, RepliesCut], seq_len: int, prepared_at: object) -> tuple[str, str]:
+    """(problem, warning) of an SFT run whose rows keep a conversation's first seq_len tokens (replycut.py counts
+    what that cuts per split): a problem (refused, exit 2) past half of the reply tokens lost, a warning when any
+    conversation is left without a reply token or any reply token is cut; each names the counts and the fix."""
+    counts = {split: c for split, c in counts.items() if c.targets_lost or c.without_reply}
+    if not counts:
+        return "", ""
+    lost, total = sum(c.targets_lost for c in counts.values()), sum(c.targets for c in counts.values())
+    about = "about " if any(c.sampled for c in counts.values()) else ""
+    which = "; ".join(f"{split}: {about}{c.without_reply:,} of {c.items:,} conversations keep no reply token, "
+                      f"{about}{c.targets_lost:,} of {c.targets:,} reply tokens cut "
+                      f"({c.targets_lost / max(c.targets, 1):.0%})" for split, c in counts.items())
+    higher = (f"raise train.seq_len to {prepared_at}, the --seq-len the corpus was prepared at"
+              if isinstance(prepared_at, int) and prepared_at > seq_len else "raise train.seq_len")
+    said = (f"train.seq_len = {seq_len} cuts each conversation's row at {seq_len} tokens ({which}): the cut replies "
+            f"train nothing; {higher}, or prepare the corpus again at --seq-len {seq_len} (it drops the "
+            f"conversations left without a reply and counts what it cuts)")
+    return (said, "") if past_half(lost, total) else ("", said)
 
 
 _RANKS = {"min": 0.0, "median": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}

@@ -59,3 +59,15 @@ def test_val_fraction_zero_is_a_corpus_without_val_by_request(tmp_path, tokenize
     assert done.returncode == 0, done.stderr
     assert "--val-fraction 0: no val split" in done.stderr
     assert open_prepared(tmp_path / "p").val.n_docs == 0
+
+
+def test_documents_that_are_all_one_text_are_said_to_be_so_not_given_a_fraction_that_empties_train(tmp_path,
+                                                                                                   tokenizer):
+    text = next(t for t in TEXTS if not split_is_val(t, 0.05))
+    src = write_jsonl(tmp_path / "same.jsonl", [text] * 40)  # a newcomer's one line repeated (user7 #6)
+    for fraction in ("0.05", "0.99"):  # all in train, then all in val: no fraction splits one text
+        refused = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", fraction)
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 65, refused.stderr
+        assert "all 40 documents are the same text (whitespace aside)" in said and "at least two distinct" in said
+        assert "puts at least one" not in said, said

@@ -142,3 +142,62 @@ def test_run_check_notes_a_run_dir_whose_file_system_is_nearly_full(tmp_path, co
     assert not (disk / "run").exists()  # --check makes nothing
     roomy = cli("run", str(write_config(tmp_path, corpus, name="roomy")), "--check")
     assert roomy.returncode == 0 and "its file system has" not in roomy.stdout + roomy.stderr, roomy.stdout
+
+
+def _fill(disk) -> None:
+    """Every byte of the file system at `disk` taken (a file written until ENOSPC)."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+        except OSError:
+            pass
+    assert os.statvfs(disk).f_bavail == 0
+
+
+def test_a_run_lock_alone_is_a_supervisor_that_could_not_start_and_a_full_run_dir_is_named(tmp_path, monkeypatch,
+                                                                                           small_tmpfs):
+    """User7 #5: a run.dir with 0 bytes free at launch leaves only its (empty) run lock, not even events.jsonl;
+    `status` said "has not started here, or is just starting", and the overview did not list it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    (roomy / names.LOCK).touch()  # a supervisor's lock, let go, and nothing else: it could write nothing then
+    one = _status(roomy)
+    assert f"{roomy}: could not start: a supervisor took its run lock" in one and "was run.dir full" in one, one
+    assert "no state.json yet" not in one, one
+    disk = small_tmpfs("64k")
+    run_dir = disk / "run"
+    run_dir.mkdir()
+    (run_dir / names.LOCK).touch()
+    _fill(disk)
+    one = " ".join(_status(run_dir).split())
+    assert f"{run_dir}: could not start: run.dir is full (0 bytes free on its file system now)" in one, one
+    assert "free space there, then start the run again" in one and "not started" not in one, one
+    as_json = io.StringIO()
+    assert status(run_dir, as_json=True, out=as_json) == 0
+    assert "run.dir is full" in json.loads(as_json.getvalue())["could_not_start"]
+    registry.register("s", run_dir, tmp_path / "s.toml")  # as the supervisor does when it ends so (supervisor.py)
+    table = io.StringIO()
+    assert overview.status_all(out=table) == 0
+    row = next(line for line in table.getvalue().splitlines() if line.startswith("s "))
+    assert "could not start" in row and "not started" not in row, table.getvalue()
+    assert "s: could not start: run.dir is full" in table.getvalue(), table.getvalue()
+
+
+@pytest.mark.slow
+def test_a_launch_on_a_run_dir_with_no_byte_free_is_listed_as_could_not_start(tmp_path, corpus, small_tmpfs):
+    disk = small_tmpfs("64k")
+    _fill(disk)
+    config = write_config(tmp_path, corpus, name="nofree", run={"dir": str(disk / "run")})
+    out = tmp_path / "sup.out"
+    rc = wait_or_kill(start_supervisor(config, out), 120)
+    assert rc == protocol.SUPERVISOR_RUN_DIR_FULL, out.read_text()
+    assert not (disk / "run" / names.EVENTS).exists()  # the case: nothing written but the lock
+    one = cli("status", str(disk / "run")).stdout
+    assert "could not start: run.dir is full (0 bytes free" in " ".join(one.split()), one
+    table = cli("status").stdout
+    row = next(line for line in table.splitlines() if line.rstrip().endswith(str(disk / "run")))
+    assert "could not start" in row, table

@@ -9,10 +9,16 @@ Only the events after the last supervisor's "start" count, and none while a supe
 supervisor writes its "start" event only after the lock, its adopt notes, the remote's take-over and the orphan hunt
 (daemon/supervisor.py), and until then it is shown "starting (supervisor pid N)", not ended by its predecessor's
 words. Torch-free, light imports.
+
+A run.dir with no room at all at launch leaves not even events.jsonl: only the run lock, which the supervisor makes
+before anything else (daemon/supervisor.py) and empties at its end. A lock nobody holds beside no state.json and no
+events.jsonl is that: a supervisor that started and could write nothing (`could_not_start`, with run.dir's free
+space now as the evidence of why), not a run that never started (user7 #5).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,17 +98,47 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def could_not_start(run_dir: Path, dir_fd: int | None = None) -> str | None:
+    """Why a run directory without state.json could not start, when its run lock is there but no events.jsonl
+    (module docstring; the caller has found no supervisor holding the lock): its free space now says whether it is
+    full. None when that is not the case."""
+    def there(name: str) -> bool:
+        try:
+            os.lstat(name if dir_fd is not None else run_dir / name, dir_fd=dir_fd)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # there, but not looked into: no evidence either way
+    if not there(names.LOCK) or there(names.EVENTS):
+        return None
+    try:
+        st = os.fstatvfs(dir_fd) if dir_fd is not None else os.statvfs(run_dir)
+        free: int | None = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    wrote = f"a supervisor took its run lock ({names.LOCK}) and could write nothing after it, not even {names.EVENTS}"
+    if free == 0:
+        return (f"could not start: run.dir is full (0 bytes free on its file system now): {wrote} (`minilmd run` "
+                f"exits {protocol.SUPERVISOR_RUN_DIR_FULL} then); free space there, then start the run again")
+    now = f"; {free:,} bytes free now" if free is not None else ""
+    return f"could not start: {wrote} (was run.dir full or unwritable then? `minilmd run` said why{now})"
+
+
 def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     """What `minilmd status RUN_DIR` says of a run directory without state.json (not escaped: printable() them):
     that a supervisor holding the run lock is starting; else how its last supervisor ended when events.jsonl
-    records it, else that none has started (or is just starting). `dir_fd`: the run directory judged
-    (runarg.open_run), its lock and events.jsonl read through it; run_dir then only names it."""
+    records it, else that one could not start (could_not_start), else that none has started (or is just
+    starting). `dir_fd`: the run directory judged (runarg.open_run), its lock and events.jsonl read through it;
+    run_dir then only names it."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
     if (holder := lock_supervisor_or_none(run_dir, dir_fd)) is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}"),
                           state_owners(run_dir, dir_fd))
+    if end is None and (why := could_not_start(run_dir, dir_fd)):
+        return [f"{run_dir}: {why}"]
     if end is None:
         return [f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)"]
     at = f" at {fmt_time(end.time)}" if end.time is not None else ""
@@ -114,11 +150,14 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
 def no_state_row(run_dir: Path, owner: int) -> dict:
     """The overview's row (daemon/views/overview.py) of a registered run directory without state.json: "starting",
     running, with "starting (supervisor pid N)" to show, while a supervisor holds its run lock; else "failed" with
-    "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else "not
-    started"."""
+    "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else "could
+    not start" with "could_not_start" (could_not_start's words), else "not started"."""
     if (holder := lock_supervisor_or_none(run_dir)) is not None:
         return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
     end = ended_in_events(run_dir, owner)
+    if end is None and (why := could_not_start(run_dir)):
+        return {"phase": "could not start", "ended": protocol.ENDED_FAILED, "running": False, "reason": why,
+                "could_not_start": why}
     if end is None:
         return {"phase": "not started", "running": False}
     return {"phase": end.phase, "ended": protocol.ENDED_FAILED, "running": False, "reason": end.reason,

@@ -225,6 +225,8 @@ def status_all(as_json: bool = False, out=None) -> int:
         if r.get("events_exit") is not None:
             print(printable(f"{r['run']}: {r['phase']} (exit {r['events_exit']}): {r.get('reason')} (no "
                             f"{names.STATE}: from its {names.EVENTS})"), file=out)
+        if r.get("could_not_start"):  # no state.json nor events.jsonl: only its run lock (lastwords.py)
+            print(printable(f"{r['run']}: {r['could_not_start']}"), file=out)
     _vanished_hint(rows, out)
     _notes(scan.notes, out)
     return 0

@@ -23,7 +23,7 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_ow
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
-from minilmd.daemon.views.lastwords import ended_in_events, no_state_lines
+from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
@@ -340,11 +340,13 @@ def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unread
     end = ended_in_events(run.inside, state_owners(run_dir, run.fd)) if raw is None and not unreadable and \
         not starting else None
     own_root = _scratch_root(run)[1]
+    why = could_not_start(run_dir, run.fd) if raw is None and not unreadable and not starting and not end else None
     print(json.dumps({"running": alive or starting is not None, "state": state, "caught_up": bool(caught_up),
                       "stop_request": left, **({"unreadable": unreadable} if unreadable else {}),
                       **({"scratch_root": own_root} if own_root else {}),
                       **({"starting_pid": starting.pid} if starting else {}),
-                      **({"ended_in_events": end.to_dict()} if end else {})},
+                      **({"ended_in_events": end.to_dict()} if end else {}),
+                      **({"could_not_start": why} if why else {})},
                      indent=2, sort_keys=True), file=out)
 
 

@@ -118,8 +118,9 @@ def _init_wait(cfg, resumes: bool = False) -> str:
 def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
-    memory_fit), train on some preference pairs nothing (train.seq_len cuts
-    their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
+    memory_fit), train on some conversations or preference pairs nothing (train.seq_len
+    cuts their replies away: minilmd/replycut.py), what the config may not mean (probes.stage_notes), take longer
+    to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), fill run.dir's file system
     (under 4 MiB free: daemon/phases/rundirwatch.py room_note), fill run.remote (room for fewer than sync.keep + 1
     checkpoints: daemon/jobs/remote_room.py), keep its checkpoints only in
@@ -130,13 +131,13 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
-    from minilmd.probes import pairs_cut_warning, stage_notes
+    from minilmd.probes import replies_cut_warning, stage_notes
     from minilmd.scratch_root import check_note as root_taken
 
     notes = [taken] if (taken := root_taken(cfg.scratch_dir, not cfg.run.scratch)) else []
     notes += [why] if (why := cpu_fallback(cfg)) else []
     notes += [near] if (near := memory_fit(cfg)[1]) else []  # a micro-batch close to the device's memory
-    notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
+    notes += [cut] if (cut := replies_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
     notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec
     notes += [full] if (full := room_note(cfg.run_dir)) else []  # run.dir's file system nearly full: exit 73 soon

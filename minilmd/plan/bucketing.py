@@ -32,12 +32,19 @@ a real position (tests/test_sft_loss.py proves it for loss and gradients).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.rowcount import full_buckets, too_few_rows
+from minilmd.replycut import rows_cut, targets_past
+from minilmd.rowcount import full_buckets, replies_fit, too_few_rows
+
+if TYPE_CHECKING:
+    from minilmd.corpus.format import TokenStream
 
 _STREAM_BUCKETS = 2
 
@@ -74,9 +81,8 @@ class DocumentRows:
         sums = np.add.reduceat(self.loss_mask, starts, dtype=np.int64)
         sums[np.diff(self.doc_starts) == 0] = 0  # reduceat gives the next element for an empty range
         sums -= self.loss_mask[starts].astype(np.int64)
-        for d in np.flatnonzero(np.diff(self.doc_starts) > self.seq_len):
-            end = int(self.doc_starts[d + 1])
-            sums[d] -= int(self.loss_mask[int(starts[d]) + self.seq_len:end].sum(dtype=np.int64))
+        cut = np.flatnonzero(np.diff(self.doc_starts) > self.seq_len)
+        sums[cut] -= targets_past(self.loss_mask, self.doc_starts, self.seq_len, cut)  # the count run --check shows
         return sums
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -211,3 +217,21 @@ class BucketedSampler(PaddedSampler):
     def widest_batch(self, micro_batch_size: int) -> Batch:
         """The longest document micro_batch_size times, at the widest width: what the widest micro-batch costs."""
         return self.docs.batch(np.full(micro_batch_size, int(np.argmax(self.docs.lengths)), np.int64), self.widest())
+
+
+def check_replies_fit(sampler: Sampler, val: TokenStream, meta: dict, cfg: RunConfig, warn: bool) -> None:
+    """The trainer's count of what train.seq_len cuts away of an SFT corpus's replies (replycut.py: a row keeps a
+    conversation's first seq_len tokens), over every document of both splits: ConfigError (exit 2) when
+    rowcount.replies_fit refuses it, as `run --check` does; printed as a warning (`warn`: the main rank) when any
+    is cut. Nothing for rows that cut no conversation (packed windows, text) nor DPO's pairs (pairs.py)."""
+    rows = getattr(sampler, "docs", None)
+    if type(rows) is not DocumentRows or rows.loss_mask is None or val.loss_mask is None:
+        return
+    val_rows = DocumentRows(val.tokens, val.doc_starts, rows.seq_len, val.loss_mask)
+    counts = {split: rows_cut(r.n_targets, np.diff(r.doc_starts), r.loss_mask, r.doc_starts, r.seq_len)
+              for split, r in (("train", rows), ("val", val_rows)) if r.n_docs and r.loss_mask is not None}
+    problem, warning = replies_fit(counts, rows.seq_len, (meta.get("chat") or {}).get("seq_len"))
+    if problem:
+        raise ConfigError([f"data.prepared = {cfg.data.prepared!r}: {problem}"], cfg.source)
+    if warning and warn:
+        print(f"minilmd train: warning: {warning}", flush=True)

@@ -61,7 +61,7 @@ from minilmd.fsio import is_disk_full
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
-from minilmd.plan.bucketing import BucketedSampler
+from minilmd.plan.bucketing import BucketedSampler, check_replies_fit
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
 from minilmd.plan.sampler_base import Batch, Sampler
@@ -151,6 +151,7 @@ class Trainer:
         sampler = self.preference.sampler if self.preference else make_sampler(
             cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed, train.loss_mask, t.micro_batch_size,
             cfg.data.doc_mask)
+        check_replies_fit(sampler, val, self.corpus.meta, cfg, self.dist.is_main)  # SFT's replies seq_len cuts
         self.cursor = SamplerCursor(sampler, self.corpus, cfg.data.mode, t.seq_len, t.seed, t.micro_batch_size,
                                     cfg.data.doc_mask)
         self.val_batches = [] if self.preference else validation_batches(  # DPO's: once its reference is known

@@ -307,7 +307,8 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
     duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
     leaked, leak_examples = leak_check(tmp, found, opened)
-    _check_splits(found, leaked, opts.val_fraction, 2 if opts.data_format == "dpo" else 1)
+    _check_splits(found, leaked, opts.val_fraction, 2 if opts.data_format == "dpo" else 1,
+                  duplicates["largest_group"])
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
     meta = build_meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
     add_report_meta(meta, found, duplicates, train_lengths, val_lengths, opts.drop_scripts)
@@ -323,15 +324,23 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     return meta
 
 
-def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float, per_item: int = 1) -> None:
+def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float, per_item: int = 1,
+                  largest_group: int = 0) -> None:
     """InputError (exit 65) when a split would be empty: `minilmd train` needs documents to train on and a val
     split for its validation loss. The message gives the smallest --val-fraction that puts a document into val
     (the split rule is a hash of each text: raising the fraction only moves documents from train to val).
     --val-fraction 0 asks for no val split: then only train must not be empty. `per_item`: documents an item of
-    the split rule holds (a preference pair: 2), which the message counts."""
+    the split rule holds (a preference pair: 2), which the message counts. `largest_group`: the most copies of
+    one text (duplicate_stats); when every item is that one text, no fraction splits them, and the message says so
+    instead of a fraction that would empty train (user7 #6)."""
     n, n_val = found.documents // per_item, int(leaked.size) // per_item
     unit = "pairs" if per_item == 2 else "documents"
     n_train = n - n_val
+    if n > 1 and largest_group >= n and val_fraction > 0 and (n_train == 0 or int(leaked.size) == int(leaked.sum())):
+        raise InputError(f"the {'train' if n_train == 0 else 'val'} split is empty: all {n:,} {unit} are the same "
+                         f"text (whitespace aside), and a text and its copies always fall into one split (the split "
+                         f"is by a hash of each text), so no --val-fraction splits them: a train and a val split "
+                         f"need at least two distinct {unit}")
     if n_train == 0:
         raise InputError(f"the train split is empty: all {n:,} {unit} fell into val at --val-fraction "
                          f"{val_fraction}; lower it (the split is by a hash of each text), or add {unit}")
