@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,26 @@ def test_minimind_out_directory_names_its_pth_files(tmp_path):
     empty.mkdir()
     assert _refusal(empty) == "a directory without manifest.json (not a checkpoint) and without LATEST (not a " \
                               "checkpoint root)"
+
+
+MINIMIND = Path(__file__).resolve().parents[1] / ".." / "shared" / "minimind"  # MiniMind's own code
+SAVE = """from model.model_minimind import MiniMindConfig, MiniMindForCausalLM
+MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2)).save_pretrained('hf-minimind')
+"""
+
+
+@pytest.mark.slow  # MiniMind's save_pretrained and the conversion in subprocesses (transformers' import): ~10 s
+def test_minimind_own_save_pretrained_converts_as_printed(tmp_path):
+    if not (MINIMIND / "model" / "model_minimind.py").is_file():
+        pytest.skip("no MiniMind checkout in ../shared to save a model with")
+    checkout = tmp_path / "minimind"  # a copy: importing it writes __pycache__ beside it, never in ../shared
+    shutil.copytree(MINIMIND / "model", checkout / "model", ignore=shutil.ignore_patterns("*.json", "__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(checkout),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    saved = subprocess.run([sys.executable, "-c", SAVE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert saved.returncode == 0, saved.stderr
+    command = _refusal(tmp_path / "hf-minimind").splitlines()[1].strip()
+    ran = subprocess.run(["bash", "-ec", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, (command, ran.stderr)
+    assert pth_problems(resolve(str(tmp_path / "hf-minimind.pth")), MODEL, lambda key: True) == []
