@@ -39,6 +39,7 @@ from minilmd.config_sections import (
     toml_key,
 )
 from minilmd.config_values import TrainTokens, check_values, machine_checks_wait
+from minilmd.minimind_names import unknown_key_hint
 from minilmd.perms import own_uid
 from minilmd.urls import is_url
 
@@ -213,7 +214,9 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     explicit, mistyped = set(), set()
     for section, body in raw.items():
         if section not in classes:
-            problems.append(f"unknown section [{section}] (known: {', '.join(classes)})")
+            hint = unknown_key_hint("", section)  # a MiniMind name at the top, outside any section
+            problems.append(f"unknown section [{section}]"
+                            + (f": {hint}" if hint else f" (known: {', '.join(classes)})"))
             continue
         if not isinstance(body, dict):
             problems.append(f"[{section}] must be a table, not {type(body).__name__}")
@@ -224,7 +227,9 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
         target = getattr(cfg, section)
         for key, value in body.items():
             if key not in hints:
-                problems.append(f"unknown key {section}.{key} (known: {', '.join(hints)})")
+                hint = unknown_key_hint(section, key)
+                problems.append(f"unknown key {section}.{key}"
+                                + (f": {hint}" if hint else f" (known: {', '.join(hints)})"))
                 continue
             if not _type_ok(value, hints[key]):
                 problems.append(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")

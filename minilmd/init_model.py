@@ -22,6 +22,34 @@ MOE_KEYS = (".mlp.experts.", ".mlp.gate.weight")
 MOE_MODEL = ("its tensors are of a Mixture-of-Experts MiniMind model (use_moe: mlp.experts.N, mlp.gate): minilmd "
              "trains the dense model only")
 
+MINIMIND_LORA_KEYS = (".lora.A.weight", ".lora.B.weight")
+"""Every key of what MiniMind's save_lora (model/model_lora.py) writes: `<layer>.lora.A.weight` (rank x in) and
+`<layer>.lora.B.weight` (out x rank), on each square Linear of the model (apply_lora), fp16."""
+
+
+def minimind_lora(shapes: dict[str, tuple[int, ...]], name: str = "") -> str:
+    """What a MiniMind LoRA adapter file (lora_*.pth: only MINIMIND_LORA_KEYS) is and what to do with it, with the
+    command that merges it into its base in a MiniMind checkout (merge_lora there: B A added to each weight, as
+    MiniMind's LoRA has no scaling) and the sizes read off its shapes; "" for any other state dict. Not loaded as
+    minilmd's adapters: those are a minilmd run's, scaled by alpha / rank, on the layers [lora] targets names."""
+    if not shapes or not all(key.endswith(MINIMIND_LORA_KEYS) for key in shapes):
+        return ""
+    a_shapes = [shape for key, shape in sorted(shapes.items()) if key.endswith(".lora.A.weight") and len(shape) == 2]
+    rank, hidden = a_shapes[0] if a_shapes else (16, 0)
+    layers = len({key.split(".")[2] for key in shapes if key.startswith("model.layers.")})
+    adapter = f"out/{name or 'lora_NAME_' + str(hidden) + '.pth'}"
+    merged = adapter.removesuffix(".pth") + "_merged.pth"
+    return (f"a MiniMind LoRA adapter (model_lora.py's save_lora: rank {rank} on {len(shapes) // 2} Linear "
+            f"layers), not a model: merge it into the base it was trained on (train_lora.py's --from_weight, full_sft "
+            f"by default) in the MiniMind checkout, then give init.from the merged .pth (MiniMindConfig as the base "
+            f"was built):\n"
+            f"      python -c \"import torch; from model.model_minimind import MiniMindConfig, MiniMindForCausalLM; "
+            f"from model.model_lora import apply_lora, merge_lora; m = MiniMindForCausalLM(MiniMindConfig("
+            f"hidden_size={hidden}, num_hidden_layers={layers})); m.load_state_dict(torch.load('out/full_sft_"
+            f"{hidden}.pth')); apply_lora(m, rank={rank}); merge_lora(m, '{adapter}', '{merged}')\"\n"
+            f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
+            f"(docs/operations.md, \"MiniMind's files\")")
+
 
 def resume_file(name: str) -> str:
     """Why MiniMind's `*_resume.pth` cannot start a run, and which file can. Not taken for its 'model' entry: it
@@ -55,15 +83,18 @@ def model_mismatch(source: dict, run: dict, written: Callable[[str], bool]) -> s
 
 
 def shapes_mismatch(got: dict[str, tuple[int, ...]], model: dict | ModelSection,
-                    written: Callable[[str], bool]) -> str:
+                    written: Callable[[str], bool], name: str = "") -> str:
     """"" when a MiniMind state dict of tensors of these shapes (lm_head.weight, the tied head, left out) loads into
     `model` (the run's [model]); else why not: the model fields their shapes imply where they differ from the
     run's, in `model_mismatch`'s words ("its tensors' shapes are of another model config: ..."), else the tensors
-    that differ. The one rule of the trainer (trainer/checkpoint/init_weights.py) and `run --check`."""
+    that differ; a MiniMind LoRA file (`name`) as one. The one rule of the trainer (trainer/checkpoint/
+    init_weights.py) and `run --check`."""
     run_model = as_model_section(model)
     expected = expected_state_shapes(run_model)
     if got == expected:
         return ""
+    if lora := minimind_lora(got, name):
+        return lora
     if any(mark in key for key in got for mark in MOE_KEYS):  # no [model] lines to paste make it this model
         return MOE_MODEL
     implied = implied_model(got)

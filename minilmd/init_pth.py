@@ -10,7 +10,9 @@ Torch-free.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from minilmd.init_kinds import InitSource, InitSourceError, untrusted_failure
@@ -67,9 +69,7 @@ def pth_shapes_of(source: InitSource, model: dict) -> dict[str, tuple[int, ...]]
     not its tensors) through the descriptor `read_pth` reads it by, refused as read_pth refuses one (no link, its
     directory's owner's or ours, no larger than a .pth of the run's `model`); pth_shapes.NotReadHere for one that
     reader does not read (the trainer does, with torch). Raises as `read_pth` does. The same file is read once
-(_last_read), however many checks ask."""
-    import os
-
+    (_last_read), however many checks ask."""
     from minilmd.init_place import owners_of, reopen
     from minilmd.pth_shapes import NotReadHere, ResumeFile, pth_shapes
     from minilmd.untrusted import Unreadable, open_regular
@@ -132,7 +132,7 @@ def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]
     head = shapes.pop(TIED_HEAD_KEY, None)
     if head is not None and EMBED_KEY in shapes and head != shapes[EMBED_KEY]:  # by shape: the trainer by value
         return [HEAD_NOT_TIED]
-    mismatch = shapes_mismatch(shapes, model, written)
+    mismatch = shapes_mismatch(shapes, model, written, source.path.name)
     return [mismatch] if mismatch else []
 
 
@@ -149,6 +149,21 @@ def pth_note(source: InitSource, model: dict) -> str:
     except (ValueError, OSError):
         pass
     return ""
+
+
+def minimind_lora_file(path: str | os.PathLike) -> str:
+    """init_model.minimind_lora's words of the file at `path` (one a command was given where it takes a checkpoint
+    directory: `sample --lora`) when it is a MiniMind LoRA adapter, read as `pth_shapes_of` reads one (no link
+    followed, never blocked, only its directory and data.pkl, bounded); "" for any other file or one not read."""
+    from minilmd.init_model import minimind_lora
+    from minilmd.pth_shapes import pth_shapes
+    from minilmd.untrusted import Unreadable, open_regular
+
+    try:
+        with os.fdopen(open_regular(path), "rb") as f:
+            return minimind_lora(pth_shapes(f), Path(path).name)
+    except (Unreadable, ValueError, OSError):
+        return ""
 
 
 def _bound(model: dict | None) -> int:

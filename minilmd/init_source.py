@@ -31,6 +31,7 @@ from pathlib import Path
 
 from minilmd.config import MAX_CONFIG_BYTES, ConfigError, RunConfig, config_from_bytes, load_config
 from minilmd.dirfd import Dir
+from minilmd.init_foreign import not_a_checkpoint
 from minilmd.init_kinds import (
     UNREACHABLE_ERRNOS,
     InitSource,
@@ -40,7 +41,7 @@ from minilmd.init_kinds import (
 )
 from minilmd.init_model import model_mismatch
 from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
-from minilmd.names import BEST, HF_CONFIG, LATEST, MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
+from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
 from minilmd.names import INIT_PTH as STAGED_PTH
 from minilmd.names import INIT_RECORD as STAGED_RECORD
@@ -334,14 +335,8 @@ def _from_root(root, checkpoint: str, owners: tuple[int, ...]) -> InitSource:
             return _pointed(root, BEST, owners)
         except InitSourceError as e:
             raise InitSourceError(f"{e} (init.checkpoint = \"last\" takes its LATEST instead)") from None
-    if root.lstat(LATEST) is None:
-        if root.lstat(MODEL_FILE) is not None and root.lstat(HF_CONFIG) is not None:  # the hf layout, looked at
-            raise InitSourceError(f"a directory with {MODEL_FILE} but without {MANIFEST}: an export (`minilmd "
-                                  f"export --format hf`, for transformers), not a checkpoint; init.from takes a "
-                                  f"checkpoint, its root or run, or a MiniMind .pth (`minilmd export CHECKPOINT "
-                                  f"--format minimind [--merge] --out model.pth`)")
-        raise InitSourceError(f"a directory without {MANIFEST} (not a checkpoint) and without LATEST (not a "
-                              "checkpoint root)")
+    if root.lstat(LATEST) is None:  # a MiniMind model in transformers format, MiniMind's out/, an export: said
+        raise InitSourceError(not_a_checkpoint(root, owners))
     return _pointed(root, LATEST, owners)
 
 

@@ -3,6 +3,7 @@ spelled out (it printed "..." before), or says why eval_llm.py cannot load that 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +27,24 @@ def test_a_model_of_minimind_shape_gets_the_whole_eval_llm_command(tmp_path):
                                    str(tmp_path / "my model.pth")])
     assert out.exit_code == 0, out.output
     assert f"cp '{tmp_path / 'my model.pth'}' out/pretrain_64.pth" in out.output
-    assert ("python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size 64 "
-            "--num_hidden_layers 2") in out.output
+    assert ("echo 0 | python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size 64 "
+            "--num_hidden_layers 2 --max_new_tokens 100") in out.output
     assert "..." not in out.output
+
+
+def test_the_eval_llm_command_runs_unattended_with_flags_eval_llm_has():
+    """user7 #7: eval_llm.py asks "[0] auto test [1] manual input" on stdin and answers up to 8192 tokens a prompt
+    (minutes on a CPU): the command printed answered neither. Now it pipes the choice and bounds the answer, with
+    flags MiniMind's own eval_llm.py declares (read from ../shared, where there is one)."""
+    said = minimind_eval_command("m.pth", vars(ModelSection(hidden_size=64, num_hidden_layers=2)))
+    command = next(line.strip() for line in said.splitlines() if "eval_llm.py --" in line)
+    assert command.startswith("echo 0 | python eval_llm.py ") and "--max_new_tokens 100" in command
+    if not (MINIMIND / "eval_llm.py").is_file():
+        pytest.skip("no MiniMind checkout in ../shared to read eval_llm.py's flags from")
+    source = (MINIMIND / "eval_llm.py").read_text(encoding="utf-8")
+    declared = set(re.findall(r"add_argument\(\s*['\"](--\w+)", source))
+    assert set(re.findall(r"--\w+", command)) <= declared, declared
+    assert "input('[0] " in source  # the one question `echo 0` answers: its own test prompts
 
 
 MINIMIND = Path(__file__).resolve().parents[1] / ".." / "shared" / "minimind"  # MiniMind's own code
@@ -40,9 +56,10 @@ import torch
 parser = argparse.ArgumentParser()
 for flag in ("--load_from", "--save_dir", "--weight"):
     parser.add_argument(flag, type=str)
-for flag in ("--hidden_size", "--num_hidden_layers", "--use_moe"):
+for flag in ("--hidden_size", "--num_hidden_layers", "--use_moe", "--max_new_tokens"):
     parser.add_argument(flag, default=0, type=int)
 args = parser.parse_args()
+assert int(input('[0] auto test [1] manual input')) == 0 and 0 < args.max_new_tokens <= 1000
 moe_suffix = '_moe' if args.use_moe else ''
 {LOADS}
 state = torch.load(ckp, map_location="cpu")
@@ -66,12 +83,13 @@ def test_the_advice_runs_as_pasted_in_a_checkout_without_out_from_an_export_made
     out = CliRunner().invoke(app, ["export", str(tmp_path / "ckpt"), "--format", "minimind", "--out", "my model.pth"])
     assert out.exit_code == 0, out.output
     commands = [line.strip() for line in out.output.splitlines() if line.startswith("  ")]
-    assert len(commands) == 2 and commands[1].startswith("python eval_llm.py"), out.output
+    assert len(commands) == 2 and commands[1].startswith("echo 0 | python eval_llm.py"), out.output
     checkout = tmp_path / "minimind"
     (checkout / "model").mkdir(parents=True)
     (checkout / "eval_llm.py").write_text(FAKE_EVAL_LLM, encoding="utf-8")
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     ran = subprocess.run(["bash", "-ec", "\n".join(commands)], cwd=checkout, capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL,
                          env={**os.environ, "PATH": path}, timeout=300)
     assert ran.returncode == 0, (out.output, ran.stderr)
     assert "eval_llm loaded ./out/pretrain_64.pth" in ran.stdout, ran.stdout

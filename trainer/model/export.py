@@ -25,11 +25,9 @@
   the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample` and `minilmd
   chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run recorded
   (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into each
-  checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried), and so is the
-  corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's private directory, or
-  gone); one that is there but refused is an ExportError naming it and why, never silently replaced by another place's.
-  minilmd's checkpoints and corpora carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is
-  read beside --tokenizer only.
+  checkpoint) when the run recorded one. A file not there is passed by (the next place is tried), so is the corpus's
+  when unreadable (only named by the trainer_state: gone, or private); one there but refused is an ExportError naming
+  it and why. The chat template is resolved in tokenizer_config.json (chat_template.jinja: beside --tokenizer only).
 """
 from __future__ import annotations
 
@@ -337,9 +335,9 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False, grou
 
 def write_minimind(path: str | Path, out: str | Path, merge: bool = False, group_share: bool = False,
                    force: bool = False) -> tuple[Path, Validated]:
-    """(export_minimind's file, the one validation of the checkpoint it was written from, without its weights'
-    bytes): what `minilmd export` tells of it (minimind_eval_command, find_chat_config) without reading the
-    checkpoint a second time. An --out already there is replaced only with `force` (OutRefused: fsio.out_taken)."""
+    """(export_minimind's file, the one validation of its checkpoint, without the weights' bytes): what `minilmd
+    export` tells of it (minimind_eval_command, find_chat_config) unread again. An --out there is replaced only with
+    `force` (OutRefused: fsio.out_taken)."""
     import torch
 
     if not_a_file := pth_out_problem(out):  # --force replaces a file, never puts one inside a directory
@@ -372,16 +370,17 @@ def minimind_weight(listed: frozenset[str], chat: bool) -> str:
     return "full_sft" if chat else "pretrain"
 
 
+EVAL_NEW_TOKENS = 100  # the answer length the printed eval_llm.py command asks for (its default: 8192)
+
+
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False,
                           weight: str | None = None) -> str:
-    """How to run an exported .pth with MiniMind's eval_llm.py, as commands that work when pasted in the checkout:
-    it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs, the checkout; `mkdir -p out` first)
-    into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every other field, and
-    decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text (no chat
-    template), as this model was trained. A model whose other fields differ from those defaults does not load
-    there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
-    `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer; `weight`
-    (minimind_weight: "dpo" for a DPO run's) overrides that choice."""
+    """How to run an exported .pth with MiniMind's eval_llm.py, as commands that run unattended when pasted in the
+    checkout: it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs; `mkdir -p out` first) into
+    MiniMindConfig(hidden_size, num_hidden_layers), MiniMind's defaults for the rest (a model that differs there
+    does not load: the answer says which, and points to --format hf), decoding with its model/ tokenizer. It asks
+    "[0] auto test [1] manual input" on stdin (`echo 0` answers) and answers up to 8192 tokens a prompt by default
+    (minutes on CPU: bounded). `--weight pretrain`: BOS + text, as trained; chat: `full_sft`; `weight` overrides."""
     from minilmd.config import ModelSection
 
     m = as_model_section(model_cfg)
@@ -399,10 +398,11 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool
     # eval_llm.py reads ./out/NAME from where it runs, the checkout's root; a checkout has no out/ until a trainer
     # of its own saved there, and the .pth's path must hold from there too: absolute, whatever export's cwd was
     return (f"In a MiniMind checkout, in the directory of its eval_llm.py (its model/ must hold the tokenizer this "
-            f"run used, MiniMind's own for a run prepared with it):\n"
+            f"run used, MiniMind's own for a run prepared with it); `echo 0` answers its stdin question (0: its own "
+            f"test prompts; 1: type yours), --max_new_tokens {EVAL_NEW_TOKENS} bounds each answer:\n"
             f"  mkdir -p out && cp {shlex.quote(os.path.abspath(pth))} out/{name}\n"
-            f"  python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size {m.hidden_size} "
-            f"--num_hidden_layers {m.num_hidden_layers}")
+            f"  echo 0 | python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size "
+            f"{m.hidden_size} --num_hidden_layers {m.num_hidden_layers} --max_new_tokens {EVAL_NEW_TOKENS}")
 
 
 def hf_config(model_cfg: dict[str, Any], dtype: str = "float32") -> dict[str, Any]:

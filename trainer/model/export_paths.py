@@ -337,6 +337,18 @@ def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     return out_dir
 
 
+def _not_a_directory(path: Path) -> str:
+    """Why `path`, not a directory, is no checkpoint: nothing there, or a file (a MiniMind LoRA adapter said as
+    one: user7 #2, `sample --lora lora_identity_512.pth` said "no such checkpoint directory" of a file there)."""
+    from minilmd.init_pth import minimind_lora_file
+
+    if not os.path.lexists(path):
+        return "no such checkpoint directory"
+    lora = minimind_lora_file(path) if path.suffix == ".pth" else ""
+    return "a file, not a checkpoint directory" + (f"; it is {lora}; MiniMind's eval_llm.py --lora_weight runs it "
+                                                   f"as it is" if lora else "")
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
     names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest. Of a root,
@@ -351,7 +363,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     except PointerError as e:
         raise ExportError(str(e)) from None
     if not path.is_dir():
-        raise ExportError(f"{path}: no such checkpoint directory")
+        raise ExportError(f"{path}: {_not_a_directory(path)}")
     if is_run_dir(path):
         return _run_checkpoint(path)
     if not (path / MODEL_FILE).is_file():

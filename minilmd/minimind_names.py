@@ -1,0 +1,64 @@
+"""MiniMind's hyperparameter names (the argparse flags of its trainer/train_*.py, and the MiniMindConfig fields a
+config copies) and what each is in a minilmd run config: the one table of them. A user migrating writes
+`batch_size`, `learning_rate`, `epochs`... and got only "unknown key" (user7 #4); config.py's unknown-key message
+now says the minilmd key and the difference in units (`unknown_key_hint`), and docs/operations.md's table is
+checked against MINIMIND_NAMES by tests/test_minimind_names.py. Torch-free, imports nothing of minilmd."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class MiniMindName(NamedTuple):
+    key: str
+    """The minilmd config key ("section.key"), or "" where minilmd has none."""
+    note: str
+    """How the value differs (units, meaning), or why there is no key."""
+
+
+MINIMIND_NAMES: dict[str, MiniMindName] = {
+    "batch_size": MiniMindName("train.micro_batch_size", "rows per device per forward/backward, as MiniMind's"),
+    "learning_rate": MiniMindName("train.lr", "the peak of a cosine schedule down to lr x train.min_lr_ratio "
+                                              "(0.1, as MiniMind's get_lr)"),
+    "epochs": MiniMindName("train.max_epochs", "passes over the prepared train split, fractions allowed; or a "
+                                               "budget in steps (train.max_steps) or tokens (train.max_tokens)"),
+    "accumulation_steps": MiniMindName("train.grad_accum", "micro-batches per optimizer step, the same"),
+    "max_seq_len": MiniMindName("train.seq_len", "tokens per row; the corpus is cut at prepare's --seq-len"),
+    "data_path": MiniMindName("data.prepared", "a directory `minilmd prepare FILE.jsonl --out DIR` wrote, not "
+                                               "the .jsonl"),
+    "grad_clip": MiniMindName("train.grad_clip", "the same"),
+    "dtype": MiniMindName("train.dtype", "\"auto\", \"bf16\" or \"fp32\""),
+    "device": MiniMindName("train.device", "\"auto\", \"cpu\" or \"cuda\"; the GPU is chosen by [gpu]"),
+    "log_interval": MiniMindName("train.log_every", "steps, the same"),
+    "save_interval": MiniMindName("train.checkpoint_every", "steps (an integer) or a duration (\"5m\")"),
+    "save_dir": MiniMindName("run.remote", "where checkpoints are kept (step directories; `minilmd export "
+                                           "--format minimind` writes MiniMind's .pth)"),
+    "from_weight": MiniMindName("init.from", "the path of a .pth or of a minilmd checkpoint, run or config"),
+    "use_compile": MiniMindName("train.compile", "true, false or \"auto\""),
+    "hidden_size": MiniMindName("model.hidden_size", "the same"),
+    "num_hidden_layers": MiniMindName("model.num_hidden_layers", "the same"),
+    "beta": MiniMindName("dpo.beta", "the same (MiniMind's train_dpo.py: 0.15; here 0.1)"),
+    "lora_name": MiniMindName("", "a LoRA run is one with lora.rank above 0 (MiniMind's: 16); its adapter is "
+                                  "kept in its checkpoints"),
+    "flash_attn": MiniMindName("model.attention", "\"auto\" picks the fastest kernel there is"),
+    "use_wandb": MiniMindName("log.tensorboard", "TensorBoard files in run.dir, not wandb"),
+    "wandb_project": MiniMindName("", "no wandb; log.tensorboard writes TensorBoard files"),
+    "use_moe": MiniMindName("", "minilmd trains the dense model only"),
+    "dropout": MiniMindName("", "no dropout in the model (lora.dropout is the adapters')"),
+    "from_resume": MiniMindName("", "a run resumes from its newest checkpoint by itself"),
+    "save_weight": MiniMindName("", "checkpoints are step directories; `minilmd export --format minimind --out "
+                                    "FILE.pth` names the .pth"),
+    "num_workers": MiniMindName("", "the prepared corpus is memory-mapped: no loader workers"),
+}
+"""MiniMind's name -> its minilmd key and how it differs. Names minilmd spells the same (grad_clip, hidden_size)
+are here too: written in another section (`[train] hidden_size`) they are unknown there."""
+
+
+def unknown_key_hint(section: str, key: str) -> str:
+    """What an unknown `section.key` is, when `key` is a MiniMind name: "did you mean train.lr? (MiniMind's
+    learning_rate: ...)", or "MiniMind's use_moe: minilmd has no such key: ..."; "" for any other name."""
+    found = MINIMIND_NAMES.get(key)
+    if found is None or found.key == f"{section}.{key}":
+        return ""
+    if not found.key:
+        return f"MiniMind's {key}: minilmd has no such key: {found.note}"
+    return f"did you mean {found.key}? (MiniMind's {key}: {found.note})"
