@@ -119,6 +119,9 @@ its proof (daemon/slurm/job.py names it on the command line)."""
 RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
 """The module run as torchrun with RDZV_BACKEND (`python -m RDZV_LAUNCHER`): launched by daemon/slurm/job.py,
 recognised as torchrun by daemon/child/process.py."""
+TORCHRUN_LAUNCHER = "minilmd.trainer.loop.torchrun_exit"
+"""The module run as torchrun on one server (`python -m TORCHRUN_LAUNCHER`, daemon/child/process.py build_command):
+torchrun whose exit status is its ranks' own (73 for a run.dir full, 75 for a stop) where torch's says 1."""
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 """cuBLAS's workspace, fixed so that its reductions do not depend on what it finds (train.deterministic): read when
 its first handle is made, so set before CUDA starts, in the supervisor's launch environment and at the trainer's

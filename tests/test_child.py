@@ -114,7 +114,7 @@ def test_build_command_plain_and_torchrun(tmp_path, monkeypatch):
     assert plain == [*pychild.module_argv("minilmd.cli"), "train", str(tmp_path / "run.toml"),
                      "--set", 'data.prepared="/s/c"', "--set", "train.micro_batch_size=8"]
     multi = build_command(tmp_path / "run.toml", {}, nproc=4)
-    assert multi[:-2] == pychild.module_argv("torch.distributed.run", "--standalone", "--nproc_per_node",
+    assert multi[:-2] == pychild.module_argv("minilmd.trainer.loop.torchrun_exit", "--standalone", "--nproc_per_node",
                                                          "4", "--max-restarts", "0", "-m", "minilmd.cli")
 
 

@@ -44,8 +44,9 @@ LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
-TORCHRUN_MODULES = ("torch.distributed.run", names.RDZV_LAUNCHER)
-"""The modules a command runs torchrun as: torch's own, and torchrun with a Slurm job's own rendezvous."""
+TORCHRUN_MODULES = ("torch.distributed.run", names.TORCHRUN_LAUNCHER, names.RDZV_LAUNCHER)
+"""The modules a command runs torchrun as: torch's own, torchrun with its ranks' exit status, and torchrun with a
+Slurm job's own rendezvous (which passes the ranks' status on too)."""
 
 
 def is_torchrun(command: list[str]) -> bool:
@@ -103,10 +104,10 @@ def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 
     for key, value in overrides.items():
         sets += ["--set", f"{key}={_toml_literal(value)}"]
     if nproc > 1:
-        # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
-        # Its ranks run `sys.executable -u -m minilmd.cli`: launch()'s PYTHONSAFEPATH and "/" guard them
-        # (minilmd/pychild.py).
-        prefix = pychild.module_argv("torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        # `python -m TORCHRUN_LAUNCHER` is torchrun without depending on the script being on PATH, exiting with its
+        # ranks' own status (73, 75) where torchrun says 1 (trainer/loop/torchrun_exit.py). Its ranks run
+        # `sys.executable -u -m minilmd.cli`: launch()'s PYTHONSAFEPATH and "/" guard them (minilmd/pychild.py).
+        prefix = pychild.module_argv(names.TORCHRUN_LAUNCHER, "--standalone", "--nproc_per_node", str(nproc),
                                      "--max-restarts", "0", "-m", "minilmd.cli")
     else:
         prefix = trainer_prefix()

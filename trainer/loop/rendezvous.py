@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     # it, and rank 0's worker listen there later: another user could take the port in between and the other
     # ranks meet in his store. The shared store is bound by the agent itself and held (trainer/loop/distributed.py)
     os.environ.pop(SHARE_OPT_OUT_ENV, None)
-    from torch.distributed.run import main as torchrun
+    from minilmd.trainer.loop.torchrun_exit import main as torchrun  # the ranks' own exit status, as on one server
 
     torchrun(sys.argv[1:] if argv is None else argv)
 
