@@ -121,7 +121,8 @@ RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
 recognised as torchrun by daemon/child/process.py."""
 TORCHRUN_LAUNCHER = "minilmd.trainer.loop.torchrun"
 """The module run as torchrun on one host (gpu.count > 1): torch.distributed.run with its stdout and stderr through
-minilmd/terminal.py (its failure summary quotes a rank's error); launched and recognised by daemon/child/process.py."""
+minilmd/terminal.py (its failure summary quotes a rank's error), exiting with its ranks' own status (73 for a run.dir
+full, 75 for a stop) where torch's says 1; launched and recognised by daemon/child/process.py."""
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 """cuBLAS's workspace, fixed so that its reductions do not depend on what it finds (train.deterministic): read when
 its first handle is made, so set before CUDA starts, in the supervisor's launch environment and at the trainer's

@@ -29,19 +29,19 @@ def fill_leaving(disk: Path, room: int, name: str = "another-job") -> Path:
 
 
 def fill(disk: Path, name: str = "filler") -> Path:
-    """Fill the tmpfs to its last byte."""
+    """Fill the tmpfs to its last byte. Unbuffered: a buffered file's close flushed again what the disk had just
+    refused, and raised ENOSPC out of the `with` (seen in tests/test_rundir_full_ranks.py)."""
     path = disk / name
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:
         chunk = b"\0" * (1 << 16)
         try:
             while True:
                 f.write(chunk)
-                f.flush()
         except OSError:
             pass
     for size in (4096, 512, 1):  # the last pages, byte by byte at the end
         try:
-            with open(path, "ab") as f:
+            with open(path, "ab", buffering=0) as f:
                 while True:
                     f.write(b"\0" * size)
                     f.flush()

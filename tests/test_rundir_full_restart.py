@@ -6,23 +6,32 @@ found room (another user's big file removed meanwhile), and waited for a person.
 itself (state.json written, the reserve whole): room again restarts the trainer from its save; a run.dir still full
 ends the run with 73 after the last sync, as before.
 
+Observed before (few_kib_left): a run.dir left with 16 KiB free counted as room again (state.json fits, the reserve
+was whole already), and the trainer was restarted into a sure exit 73, a loop bounded only by
+restart.no_progress_limit. Now room again means rundirwatch.RESTART_ROOM free: less ends the run with 73 as a full
+one, no restart.
+
 A real supervisor and the fake trainer (FAKE_RUN_DIR_FULL: it saves and exits 73 on a full run.dir, as the real
 one does, tests/test_rundir_full_trainer.py), run.dir on a small tmpfs; the trainer's exit is held until the test
 has emptied the disk or not (FAKE_STOP_HOLD), so the supervisor judges only then.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from filling import fill
-from minilmd import checkpoint_dirs, protocol
+from filling import fill, fill_leaving
+from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
-from minilmd.daemon.base.runstate import read_heartbeat
+from minilmd.daemon.base.runstate import EventLog, RunState, new_state, read_heartbeat
+from minilmd.daemon.base.states import Cause, Phase
+from minilmd.daemon.phases.rundirwatch import RESTART_ROOM, RunDirWatch
 from supervisor_helpers import start_supervisor, state, wait_for, wait_or_kill, write_config
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("emptied", [True, False], ids=["emptied", "stays_full"])
+@pytest.mark.parametrize("emptied", ["emptied", "stays_full", "few_kib_left"])
 def test_a_trainer_that_found_run_dir_full_is_restarted_once_there_is_room_again(tmp_path, corpus, small_tmpfs,
                                                                                 emptied):
     disk = small_tmpfs("4m")
@@ -38,8 +47,10 @@ def test_a_trainer_that_found_run_dir_full_is_restarted_once_there_is_room_again
         filler = fill(disk)
         go.touch()
         wait_for(lambda: release.with_name("release.holding").exists(), 120, "the trainer's save on a full run.dir")
-        if emptied:
+        if emptied != "stays_full":
             filler.unlink()  # the other user's file is gone before the supervisor judges the trainer's exit 73
+        if emptied == "few_kib_left":
+            filler = fill_leaving(disk, 16 << 10)  # and another one takes all but 16 KiB
         release.touch()
         rc = wait_or_kill(sup, 120)
     finally:
@@ -48,7 +59,7 @@ def test_a_trainer_that_found_run_dir_full_is_restarted_once_there_is_room_again
     text = out.read_text()
     assert "run_dir_full (exit 73)" in text, text[-3000:]  # the trainer did exit 73
     st = state(cfg.run_dir)
-    if emptied:
+    if emptied == "emptied":
         assert rc == 0, text[-3000:]
         assert st["phase"] == "done", st.get("reason")
         assert [r["cause"] for r in st["restarts"]] == ["run_dir_full"], st["restarts"]
@@ -56,9 +67,32 @@ def test_a_trainer_that_found_run_dir_full_is_restarted_once_there_is_room_again
     else:
         assert rc == protocol.SUPERVISOR_RUN_DIR_FULL, text[-3000:]
         assert st["outcome"]["exit"] == protocol.SUPERVISOR_RUN_DIR_FULL and "run.dir is full" in st["reason"], st
+        assert st["restarts"] == [], st["restarts"]  # no restart into a sure exit 73
+        if emptied == "few_kib_left":
+            assert "free, under the 1 MiB a restarted trainer needs there" in st["reason"], st["reason"]
         assert checkpoint_dirs.read_latest(cfg.run.remote) == "step-00000006", text[-3000:]  # its save, synced
         filler.unlink()
 
 
 class _NoBeat:
     step = 0
+
+
+def test_room_again_after_an_exit_73_is_room_for_a_restarted_trainer_not_a_few_kib(tmp_path, small_tmpfs):
+    """still_full after a trainer's exit 73, on a real tmpfs: 16 KiB free takes state.json and the events (the
+    reserve is whole already) but is no room for a restart; RESTART_ROOM free is."""
+    disk = small_tmpfs("4m")
+    run_dir = disk / "run"
+    run_dir.mkdir()
+    events = EventLog(run_dir, echo=False)
+    room = RunDirWatch(None, run_dir, RunState(run_dir / names.STATE, new_state("s", run_dir, "c.toml")), events)
+    filler = fill_leaving(disk, 16 << 10)
+    assert room.still_full(Phase.TRAINING, Cause.RUN_DIR_FULL)
+    assert room.full is None and room.short and room.short.endswith(
+        "free, under the 1 MiB a restarted trainer needs there")  # its own writes went through
+    assert "free, under the 1 MiB" in room.stop("the trainer ended (run_dir_full)")
+    assert not room.still_full(Phase.TRAINING, Cause.CRASH)  # a crash is not judged by the floor
+    filler.unlink()
+    assert RESTART_ROOM < os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    assert not room.still_full(Phase.TRAINING, Cause.RUN_DIR_FULL)
+    events.close()

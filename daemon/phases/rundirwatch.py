@@ -6,10 +6,11 @@ STATE_EVERY_S) and reads those `unwritten` after each write: it says once on std
 cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on until its own
 writes there find it full (it then saves to scratch at the next step boundary and exits 73, trainer/loop/guards.py);
 no trainer can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before
-it launches one and when one has ended (room is tested: a trainer's exit 73 is not believed alone, with room it is
-restarted), and when it is full stops after the last sync (`stop()` is the phase's reason, `outcome()` the final
-message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start and given up when run.dir is
-full: the room the final state.json and the last events need, so that `minilmd status` says what happened.
+it launches one and when one has ended (room is tested: a trainer's exit 73 is not believed alone, with room, at
+least RESTART_ROOM free, it is restarted), and when it is full stops after the last sync (`stop()` is the phase's
+reason, `outcome()` the final message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start
+and given up when run.dir is full: the room the final state.json and the last events need, so that `minilmd
+status` says what happened.
 `full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
 """
 from __future__ import annotations
@@ -31,6 +32,16 @@ STATE_EVERY_S = 1.0
 RESERVE_BYTES = 256 * 1024
 """Size of the reserve file the supervisor keeps in run.dir and deletes when run.dir is full: room for the final
 state.json and the last events, so that `minilmd status` says what happened."""
+
+
+RESTART_ROOM = 1 << 20
+"""The free space run.dir needs before a trainer that exited 73 (run.dir full) is restarted: less is no room
+returned, and the run stays stopped for a full run.dir. A fixed floor, not the size of the last writes: what a
+restarted trainer writes there first is known in kind, not in size from its last attempt (the attempt log's header
+and start lines, torch's warnings, a few KiB; a heartbeat through a temp file, a block each; a metrics line of about
+300 bytes and a log line per step). 1 MiB holds the start and thousands of steps' lines; the few KiB another user's
+removed file may leave would be taken by the start alone, the trainer's restart (a staging check, a resume from its
+save) ending in a sure exit 73 again, the loop bounded only by restart.no_progress_limit."""
 
 
 ROOM_NOTED_BELOW = 4 << 20
@@ -109,6 +120,8 @@ class RunDirWatch:
         self.events = events
         self.full: str | None = None  # why run.dir cannot be written, while it cannot
         self.stopping = False  # the trainer ended while run.dir was full: stop, exit 73
+        self.short: str | None = None  # why run.dir, written again, has no room for a restarted trainer (still_full)
+        self.why: str | None = None  # the full run.dir the run stops for, as stop() said it
         self.last_save = 0.0
         make_reserve(run_dir)  # no room for it: the run starts all the same, its last words may be lost
 
@@ -141,13 +154,14 @@ class RunDirWatch:
         """Whether run.dir is full now, tested for real: state.json is written once more, and the reserve is made
         whole again where it is not (written: RESERVE_BYTES of room). A trainer that `ended` for a full run.dir
         (exit 73, saved first) is not believed alone: another user's file removed since gives the room back, and
-        the trainer is restarted (restart.no_progress_limit bounds a run.dir that fills again at each launch). A
-        trainer that finished needs no relaunch: False."""
+        the trainer is restarted once RESTART_ROOM is free (restart.no_progress_limit bounds a run.dir that fills
+        again at each launch). A trainer that finished needs no relaunch: False."""
         self.save()
         self.watch(phase)
         if self.full is None and not self._reserve_whole():
             self.full = f"no room for the {size_text(RESERVE_BYTES)} reserve"
-        return self.full is not None and ended != Cause.DONE
+        self.short = restart_room_short(self.run_dir) if self.full is None and ended == Cause.RUN_DIR_FULL else None
+        return (self.full is not None or self.short is not None) and ended != Cause.DONE
 
     def _reserve_whole(self) -> bool:
         """The reserve made (again) when it was given up or never made. True also when its name holds something
@@ -163,7 +177,8 @@ class RunDirWatch:
         if error is not None:
             self.full = self.full or f"{error.filename}: {error.strerror}"
         self.stopping = True
-        return f"{what} while run.dir is full ({self.full}): no new trainer; the last sync, then stop"
+        self.why = self.full or self.short  # kept: a state.json written meanwhile clears `full` (watch)
+        return f"{what} while run.dir is full ({self.why}): no new trainer; the last sync, then stop"
 
     def outcome(self, sync_problem: str) -> str:
         """The run's last words after a stop for a full run.dir (exit 73); the reserve's room is given to them."""
@@ -173,7 +188,7 @@ class RunDirWatch:
             else "no checkpoint yet"
         if steps and self.cfg.run.remote:
             where += f" ({sync_problem})" if sync_problem else f" and synced to {self.cfg.run.remote}"
-        return (f"stopped because run.dir is full ({self.full}): not restarted (exit "
+        return (f"stopped because run.dir is full ({self.why or self.full}): not restarted (exit "
                 f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
                 f"run again")
 
@@ -192,6 +207,15 @@ class RunDirWatch:
         """Before the final state.json and exit event: a full run.dir gives them the reserve's room."""
         if self.full:
             release_reserve(self.run_dir)
+
+
+def restart_room_short(run_dir: Path) -> str | None:
+    """Why run.dir has no room for a restarted trainer (under RESTART_ROOM free), or None. Asked of the directory
+    the supervisor has just written state.json in: a file system that does not answer would have hung that write."""
+    free = _free_bytes(run_dir)
+    if free is None or free >= RESTART_ROOM:
+        return None
+    return f"{size_text(free)} free, under the {size_text(RESTART_ROOM)} a restarted trainer needs there"
 
 
 def room_note(run_dir: Path) -> str | None:

@@ -55,7 +55,7 @@ from minilmd.plan.sampler_base import Batch
 from minilmd.probes import DPO_WITHOUT_INIT
 from minilmd.trainer.loop import step as step_mod
 from minilmd.trainer.loop.exits import StoppedInPass
-from minilmd.trainer.loop.guards import StopFlag, agree
+from minilmd.trainer.loop.guards import StopFlag
 from minilmd.trainer.loop.objective_dpo import sequence_logps
 from minilmd.trainer.model.loss import chunk_rows_for
 
@@ -214,7 +214,7 @@ class Preference:
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
                 progress.advance(len(pairs))
                 host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=progress.note())
-                stop, save_due = agree(host.dist, host.stop.requested, host.saves.pass_due())  # the same batch
+                stop, save_due = host.stop.agreed(host.dist, host.saves.pass_due())  # the same batch
                 if stop:
                     raise StoppedInPass(host.stop.why(), host.stop.exit_status(), progress.done, progress.total)
                 if save_due and progress.done < progress.total:  # at the end: the complete one, saved next

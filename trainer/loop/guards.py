@@ -1,7 +1,7 @@
 """What stops trainer/loop/train.py's loop between two steps: a SIGTERM/SIGINT (StopFlag: its handlers only record
 it) or a full run.dir (StopFlag.writes: the trainer's own writes there, its log included: OutputOnFullDisk), agreed on
-by every rank (agree), and a non-finite training loss (LossGuard: checked every step, read without a host sync per
-step on CUDA)."""
+by every rank (agree: the stop, and whether run.dir is full: every rank's exit status), and a non-finite training
+loss (LossGuard: checked every step, read without a host sync per step on CUDA)."""
 from __future__ import annotations
 
 import math
@@ -47,6 +47,15 @@ class StopFlag:
 
     def exit_status(self) -> int:
         return EXIT_RUN_DIR_FULL if self.writes.full is not None else EXIT_STOPPED
+
+    def agreed(self, dist: Dist, save_due: bool) -> tuple[bool, bool]:
+        """(stop, save) as every rank will act on them (agree). A run.dir that another rank found full is this
+        rank's too: every rank then exits 73, and torchrun passes one status on (trainer/loop/torchrun.py;
+        before, the rank that found it exited 73 and the others 75, and torchrun said 1: a crash)."""
+        stop, save, full = agree(dist, self.requested, save_due, self.writes.full is not None)
+        if full and self.writes.full is None:
+            self.writes.full = "another rank's write there found no room"
+        return stop, save
 
 
 class OutputOnFullDisk:
@@ -126,17 +135,18 @@ class LossGuard:
                                f"non-finite model (lower train.lr or check the data)")
 
 
-def agree(dist: Dist, stop: bool, save_due: bool) -> tuple[bool, bool]:
-    """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves.
+def agree(dist: Dist, stop: bool, save_due: bool, full: bool = False) -> tuple[bool, bool, bool]:
+    """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves, and any
+    rank's full run.dir is every rank's (`full`: StopFlag.agreed gives them all its exit status, 73).
 
     The flags travel as a CPU tensor through a gloo group (Dist.control_group beside NCCL): reading the result
     waits only for the other ranks' host threads, never for this GPU's queue of kernels, so the host keeps
     running ahead of the device. A CUDA tensor through NCCL made `.item()` a full host-device sync every step.
     Agreeing every N steps instead would also avoid the sync but delay a stop or a duration-based save by up
-    to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 8 bytes costs tens of
+    to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 12 bytes costs tens of
     microseconds of host time per step, off the device's critical path."""
     if not dist.active:
-        return stop, save_due
-    flags = torch.tensor([int(stop), int(save_due and dist.is_main)], dtype=torch.int32)
+        return stop, save_due, full
+    flags = torch.tensor([int(stop), int(save_due and dist.is_main), int(full)], dtype=torch.int32)
     torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=dist.control_group)
-    return bool(flags[0]), bool(flags[1])
+    return bool(flags[0]), bool(flags[1]), bool(flags[2])

@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     # it, and rank 0's worker listen there later: another user could take the port in between and the other
     # ranks meet in his store. The shared store is bound by the agent itself and held (trainer/loop/distributed.py)
     os.environ.pop(SHARE_OPT_OUT_ENV, None)
-    from torch.distributed.run import main as torchrun
+    from minilmd.trainer.loop.torchrun import run  # the ranks' own exit status, as on one server
 
-    torchrun(sys.argv[1:] if argv is None else argv)
+    run(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

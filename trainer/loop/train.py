@@ -82,7 +82,7 @@ from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
 from minilmd.trainer.loop.faults import FaultInjector
-from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree, tolerating_full_run_dir
+from minilmd.trainer.loop.guards import LossGuard, StopFlag, tolerating_full_run_dir
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.reporting import Reports
@@ -335,7 +335,7 @@ class Trainer:
                                       self.total_steps)
         first_step = self.step
         while True:
-            stop, save_due = agree(self.dist, self.stop.requested, self.saves.due(self.step))
+            stop, save_due = self.stop.agreed(self.dist, self.saves.due(self.step))
             if self.step >= self.total_steps:
                 if not self.saves.saved(self.step):
                     self.save()
