@@ -15,7 +15,7 @@ import os
 import pytest
 
 from minilmd import fsio, init_source, safetensors_scan, untrusted
-from minilmd.corpus import chat
+from minilmd.corpus import chat_files
 from minilmd.daemon.host import registry
 from minilmd.init_pth import InitSourceTooBig, copy_pth
 from minilmd.init_source import InitSource, InitSourceError, Predecessor
@@ -30,8 +30,8 @@ def refusal(call) -> Unreadable:
 
 def test_a_tokenizer_file_not_utf8_is_not_utf8(tmp_path):
     (tmp_path / "tokenizer_config.json").write_bytes(b"\xff{}")
-    assert refusal(lambda: chat._read_text(tmp_path / "tokenizer_config.json", (os.getuid(),),
-                                           tmp_path / "tokenizer.json")).kind == "not_utf8"
+    assert refusal(lambda: chat_files._read_text(tmp_path / "tokenizer_config.json", (os.getuid(),),
+                                                 tmp_path / "tokenizer.json")).kind == "not_utf8"
 
 
 def test_a_predecessor_whose_run_directory_cannot_be_looked_at_is_io(tmp_path):
