@@ -83,6 +83,19 @@ def is_default_form(scratch: Path, run_name: str) -> bool:
         scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
 
 
+def not_looked_in(scratch: Path) -> str | None:
+    """Why a reader of a run (`status`, `stop`, `sample/export/verify RUN_DIR`) does not look in its scratch: the
+    per-user root it lies in (one of the default's or the private form, by its name), the scratch itself or its
+    checkpoints directory stands there as someone else's (`taken`). After a reboot emptied base, anyone may make
+    those names first (base is listed by everyone, a private root's name too), and nothing in his directory is the
+    run's: his "newer checkpoint" is never shown, never called unsynced. None: looked in (also when it is gone).
+    The one rule of every reader (checkpoint_select.run_roots, daemon/views/newest.py, status's lineage)."""
+    uid = own_uid()
+    root_form = scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid)
+    places = ([scratch.parent] if root_form else []) + [scratch, scratch / names.CHECKPOINTS]
+    return next((why for place in places if (why := taken(place))), None)
+
+
 def _private_form(path: Path, uid: int) -> bool:
     return path.parent == Path(base()) and re.fullmatch(rf"minilmd-{uid}-[a-z0-9_]{{8}}", path.name) is not None
 
@@ -160,7 +173,8 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
 
 def said(why: str, made: Path) -> str:
     return (f"the default scratch root is not used: {why}, made before this run could make it (nothing of this "
-            f"run goes there); this run's scratch root is {made}, made new (0700, a name nobody could know) and "
+            f"run goes there); this run's scratch root is {made}, made new (0700, a random name that was free; "
+            f"not a secret: readers look in it only while it is this user's) and "
             f"recorded in run.dir ({names.SCRATCH_ROOT_RECORD}) so that every restart finds it; an admin may remove "
             f"the other user's directory: this run keeps its own root")
 

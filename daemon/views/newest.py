@@ -8,7 +8,7 @@ on which step exists: the one rule is the supervisor's own (daemon/base/runstate
 metrics lines and the heartbeat newer than state.json, then the checkpoint directories in scratch beside the newest
 one known (a save not logged yet, or a metrics.jsonl that cannot be read). Everything is read as the views read
 untrusted files: metrics.jsonl from its end, a regular file only (minilmd/fsio.py `tail_lines`), every value retyped
-(`StateJson.from_dict`), the scratch listing bounded and no link followed.
+(`StateJson.from_dict`), the scratch listing bounded, no link followed, and only in a scratch still the run's.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from minilmd import names
 from minilmd.daemon.base.runstate import RunState, json_records, read_heartbeat
 from minilmd.daemon.base.statesections import LocalCheckpoint, StateJson
 from minilmd.fsio import tail_lines
+from minilmd.scratch_root import not_looked_in
 from minilmd.untrusted import Unreadable, dir_names
 
 METRICS_LINES = 400
@@ -57,10 +58,14 @@ def changed_sections(state: StateJson, shown: StateJson) -> dict:
 
 def newest_local(local: LocalCheckpoint | None) -> LocalCheckpoint | None:
     """The newest complete checkpoint in scratch: `local`, or a newer one saved beside it (its directory holds a
-    manifest) that state.json has not seen, e.g. the save of an orphaned trainer `stop` let finish."""
+    manifest) that state.json has not seen, e.g. the save of an orphaned trainer `stop` let finish. Only in a scratch
+    that is still the run's (scratch_root.not_looked_in): after a reboot another user may have made its names first,
+    and a step he plants there is no checkpoint of the run (state.json's word alone is shown, as for a scratch gone)."""
     if local is None or not local.path:
         return local
     root = Path(local.path).parent
+    if not_looked_in(root.parent):
+        return local
     newest = max(_saved_steps(root), default=None)
     if newest is None or (local.step is not None and newest <= local.step):
         return local

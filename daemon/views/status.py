@@ -352,10 +352,12 @@ def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]
     descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
     from minilmd.bounded import bounded_probe
     from minilmd.daemon.phases.initwait import lineage
+    from minilmd.scratch_root import not_looked_in
 
     if (cfg := _own_config(run)) is None:
         return []
-    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    local = None if not_looked_in(cfg.scratch_dir) else cfg.checkpoint_dir  # another user's now: not the run's
+    answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
     return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 
 
