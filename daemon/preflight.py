@@ -246,7 +246,7 @@ def claim_scratch(cfg: RunConfig, sleep=time.sleep) -> None:
 def _settle_and_claim(cfg: RunConfig) -> str | None:
     """One try of claim_scratch: None when claimed; why there is no room, in words, when there is none."""
     try:
-        if not cfg.run.scratch:  # decided once, here: every attempt's command names the scratch in it
+        if cfg.scratch_root_settled:  # decided once, here: every attempt's command names the scratch in it
             settled, moved = scratch_root.settle(cfg.run_dir)
             cfg.fix_scratch_root(settled)
             if moved:

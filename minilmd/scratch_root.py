@@ -74,6 +74,17 @@ def default_name(run_name: str) -> str:
     return f"{run_name}-slurm{job}" if job.isdigit() else run_name
 
 
+def in_default_root(scratch: Path) -> bool:
+    """Whether a run.scratch set by hand lies directly in this user's per-user default root,
+    `<base>/minilmd-<uid>/NAME` (the demo writes its scratch so, and a config copied from it, or one that spelled the
+    default out): that root is no choice of the user's, only where minilmd keeps her scratches, so it is settled as
+    an unset run.scratch's is (a private root where another user took it, NAME kept in it; before, exit 2, final,
+    hostile audit 7 F4). A run.scratch anywhere else is her choice: used as written, refused when not hers. Not in a
+    trainer the supervisor started (RUN_DIR_ENV): it is given the settled scratch, never looks it up again."""
+    return (scratch.parent == Path(default_scratch_root(own_uid(), base()))
+            and not os.environ.get(names.RUN_DIR_ENV))
+
+
 def is_default_form(scratch: Path, run_name: str) -> bool:
     """Whether `scratch` is where a default scratch of this user's goes: the default name in the per-user root or
     in a root of the private form (`<base>/minilmd-<uid>-XXXXXXXX`). Reads nothing: a default scratch (also when
