@@ -34,7 +34,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.fsio import atomic_write_json
 from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SLURM_JOB_ENV, default_scratch_root
-from minilmd.perms import own_uid, owned_by_me, user_words
+from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -94,17 +94,19 @@ def is_default_form(scratch: Path, run_name: str) -> bool:
         scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
 
 
-def not_looked_in(scratch: Path) -> str | None:
+def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
     """Why a reader of a run (`status`, `stop`, `sample/export/verify RUN_DIR`) does not look in its scratch: the
     per-user root it lies in (one of the default's or the private form, by its name), the scratch itself or its
     checkpoints directory stands there as someone else's (`taken`). After a reboot emptied base, anyone may make
     those names first (base is listed by everyone, a private root's name too), and nothing in his directory is the
     run's: his "newer checkpoint" is never shown, never called unsynced. None: looked in (also when it is gone).
-    The one rule of every reader (checkpoint_select.run_roots, daemon/views/newest.py, status's lineage)."""
-    uid = own_uid()
+    The one rule of every reader (checkpoint_select.run_roots, daemon/views/newest.py, status's lineage). `owner`:
+    the run's user, when the reader is another (root's `status` of her run: her directories are hers); this user's
+    when None."""
+    uid = own_uid() if owner is None else owner
     root_form = scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid)
     places = ([scratch.parent] if root_form else []) + [scratch, scratch / names.CHECKPOINTS]
-    return next((why for place in places if (why := taken(place))), None)
+    return next((why for place in places if (why := taken(place, uid))), None)
 
 
 def _private_form(path: Path, uid: int) -> bool:
@@ -138,10 +140,10 @@ def recorded(run_dir: Path, uid: int | None = None) -> Path | None:
     return p if _private_form(p, uid) else None
 
 
-def taken(path: Path) -> str | None:
-    """Why `path` cannot be a root of this user's because someone else put something there first (another user's
-    directory, a link, a file), in words naming its owner; None when it is missing or a directory of ours. Reads
-    only."""
+def taken(path: Path, owner: int | None = None) -> str | None:
+    """Why `path` cannot be a root of this user's (of `owner`'s when given) because someone else put something there
+    first (another user's directory, a link, a file), in words naming its owner; None when it is missing or a
+    directory of ours. Reads only."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -153,7 +155,7 @@ def taken(path: Path) -> str | None:
         return f"{path} is a symbolic link of {who}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is a file of {who}, not a directory"
-    if not owned_by_me(st):
+    if not (owned_by_me(st) if owner is None else owner_in(st, (owner,))):
         return f"{path} belongs to {who}"
     return None
 

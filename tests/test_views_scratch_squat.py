@@ -91,3 +91,17 @@ def test_the_same_scratch_of_her_own_is_looked_in(rebooted):
     out = io.StringIO()
     assert views_stop.stop(run_dir, out=out) == 3
     assert "the newest checkpoint, step 99999, is only in scratch" in out.getvalue(), out.getvalue()
+
+
+def test_roots_status_of_a_users_run_looks_in_her_own_scratch(tmp_path):
+    """The rule is the run's user's, not the reader's: root's `status` of her run shows the save in her scratch
+    that state.json has not seen (her directories are not "another user's" to it)."""
+    if UID != 0:
+        pytest.skip("needs root to read another user's run")
+    from test_views_stale import killed_run, status_text
+
+    run_dir, root = killed_run(tmp_path, saved=(50, 250))
+    for path in (run_dir, run_dir / names.STATE, root.parent, root, *root.iterdir(), *root.glob("*/*")):
+        os.chown(path, OTHER, OTHER)
+    text = status_text(run_dir)
+    assert "local checkpoint: step 250 (" in text, text

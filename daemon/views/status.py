@@ -356,7 +356,8 @@ def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]
 
     if (cfg := _own_config(run)) is None:
         return []
-    local = None if not_looked_in(cfg.scratch_dir) else cfg.checkpoint_dir  # another user's now: not the run's
+    owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
+    local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
     answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
     return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 
