@@ -221,14 +221,17 @@ def others_entry(parent: dirfd.Dir, out: Path) -> str | None:
     """Why `out` (in `parent`, looked at through its descriptor, no link followed) is not to be replaced: it is
     another user's, said with its owner; None when nothing is there or it is ours. A team directory (--group-share)
     lets a member rename over a teammate's file, so before, `plot --out` replaced his figure silently, where a
-    sticky directory refused it (dirfd.NameHeld); now refused in both, --force or not: his file is his to remove
-    (hostile audit 7 F3). One he makes between this look and the rename is replaced: he chose to race her write."""
+    sticky directory refused it (dirfd.NameHeld); now refused here too, --force or not: his file is his to remove
+    (hostile audit 7 F3). In a sticky directory the kernel's refusal is left to say it (NameHeld), but for root,
+    whom the kernel lets replace it. One he makes between this look and the rename is replaced: he chose to race her write."""
     try:
         st = os.stat(out.name, dir_fd=parent.fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
     if perms.owned_by_me(st):
         return None
+    if os.fstat(parent.fd).st_mode & stat.S_ISVTX and perms.own_uid() != 0:
+        return None  # the kernel refuses the rename there, and dirfd.NameHeld says whose it is (exit 74, as before)
     who = perms.user_words(st.st_uid)
     return (f"{out} is already there and belongs to {who}: another user's file is never replaced (--force or "
             f"not); choose another name, or have {who} remove it")

@@ -98,10 +98,19 @@ def test_roots_status_of_a_users_run_looks_in_her_own_scratch(tmp_path):
     that state.json has not seen (her directories are not "another user's" to it)."""
     if UID != 0:
         pytest.skip("needs root to read another user's run")
-    from test_views_stale import killed_run, status_text
-
-    run_dir, root = killed_run(tmp_path, saved=(50, 250))
+    run_dir, root = tmp_path / "run", tmp_path / "scratch" / names.CHECKPOINTS
+    run_dir.mkdir()
+    for step in (50, 250):  # 250: saved after state.json was last written (an orphaned trainer's save)
+        (root / names.step_name(step)).mkdir(parents=True)
+        (root / names.step_name(step) / names.MANIFEST).write_text("{}")
+    t = time.time() - 60
+    st = new_state("r", run_dir, str(tmp_path / "r.toml"))
+    st.update(phase="stopped", since=t, updated=t, supervisor=None,
+              local_checkpoint={"step": 50, "time": t, "path": str(root / names.step_name(50))},
+              sync={"state": "off", "since": t, "error": None, "attempts": 0}, remote_checkpoint=None)
+    atomic_write_json(run_dir / names.STATE, st)
     for path in (run_dir, run_dir / names.STATE, root.parent, root, *root.iterdir(), *root.glob("*/*")):
         os.chown(path, OTHER, OTHER)
-    text = status_text(run_dir)
-    assert "local checkpoint: step 250 (" in text, text
+    out = io.StringIO()
+    assert views.status(run_dir, out=out) == 0
+    assert "local checkpoint: step 250 (" in out.getvalue(), out.getvalue()
