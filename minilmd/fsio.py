@@ -223,7 +223,8 @@ def others_entry(parent: dirfd.Dir, out: Path) -> str | None:
     lets a member rename over a teammate's file, so before, `plot --out` replaced his figure silently, where a
     sticky directory refused it (dirfd.NameHeld); now refused here too, --force or not: his file is his to remove
     (hostile audit 7 F3). In a sticky directory the kernel's refusal is left to say it (NameHeld), but for root,
-    whom the kernel lets replace it. One he makes between this look and the rename is replaced: he chose to race her write."""
+    whom the kernel lets replace it. One he makes between this look and the rename is replaced: he chose to race
+    her write."""
     try:
         st = os.stat(out.name, dir_fd=parent.fd, follow_symlinks=False)
     except FileNotFoundError:
