@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import perms, pychild
+from minilmd import perms, pychild, scratch_root
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
@@ -44,6 +44,7 @@ DEMO_CONFIG = """\
 name = "demo"
 dir = "{root}/run"
 scratch = "{scratch}"           # this user's own, 0700; it carries owner.json naming the run dir above
+# (when a name in /dev/shm/minilmd-<uid>/: where another user took that directory, the launch uses a private root)
 remote = "{root}/nfs"              # stands for the NFS share: durable checkpoints land here
 
 [data]
@@ -110,9 +111,18 @@ def stage_scratch(root_path: Path, stage: str, prefix: str) -> Path:
     """The scratch of a demo stage (`stage`: demo, demo-sft, demo-dpo) in `root_path`: the per-user default on
     /dev/shm, else <prefix>scratch beside the run; what an earlier demo left in it removed, and only that: the
     scratch marked for this stage's run directory, <prefix>run, never another user's or another run's."""
-    default = scratchmod.default_path(demo_scratch_name(stage, root_path))
-    scratch = default if default.parent.parent.is_dir() else root_path / f"{prefix}scratch"
-    left = scratchmod.remove_own(scratch, root_path / f"{prefix}run")
+    name, run = demo_scratch_name(stage, root_path), root_path / f"{prefix}run"
+    default = scratchmod.default_path(name)
+    if not default.parent.parent.is_dir():  # no /dev/shm
+        scratch = left_at = root_path / f"{prefix}scratch"
+    else:
+        # Written in the per-user default root, whose root the launch settles as an unset run.scratch's
+        # (scratch_root.in_default_root): a private one where another user took it, so neither the demo nor a
+        # config copied from it ends (exit 2) for his mkdir. An earlier demo's is where its run.dir's record says.
+        scratch, left_at = default, scratchmod.default_path(name, run_dir=run)
+        if scratch_root.taken(left_at.parent):
+            return scratch  # another user's root, no record: nothing of this demo's in it
+    left = scratchmod.remove_own(left_at, run)
     if left:
         sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
     return scratch

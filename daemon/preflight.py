@@ -12,7 +12,8 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
 (daemon/host/gpu.py lock_dir_wait), and a default scratch root another user made first is never used: the launch
-makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good. The checks the
+makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good, nor a base whose
+room (its inodes) another user's files used up: the claim waits for room then (`claim_scratch`). The checks the
 supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
 fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
 user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
@@ -25,8 +26,10 @@ Torch-free.
 from __future__ import annotations
 
 import os
+import time
 
 from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
+from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
@@ -37,6 +40,7 @@ from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
+from minilmd.fsio import is_disk_full
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 from minilmd.urls import CHAIN, is_url, protocol_of
@@ -221,8 +225,33 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
+    claim_scratch(cfg)
+    return cfg, resumes(said)
+
+
+def claim_scratch(cfg: RunConfig, sleep=time.sleep) -> None:
+    """The default scratch's root settled (scratch_root.settle) and scratch claimed for this run: ConfigError (exit
+    2) when refused. No room to make them (ENOSPC, EDQUOT: fsio.is_disk_full, the one rule; a tmpfs's inodes used up
+    by another user's files, a quota) is no refusal but a wait, as a scratch full by bytes is (staging's `no room
+    in scratch`): said once, then tried again with the restart backoff for as long as it takes. Before, it was exit
+    2, final for systemd and the tmux launcher: another user's empty files ended an unattended run for good
+    (hostile audit 7 F2)."""
+    tries = 0
+    while (full := _settle_and_claim(cfg)) is not None:
+        tries += 1
+        wait = exponential(cfg.restart.backoff_initial_s, tries, cfg.restart.backoff_max_s)
+        if tries == 1:
+            print(f"minilmd run: waits: {full}; not a failure: waiting for room (another user's files there?), "
+                  f"tried again with backoff (next in {wait:.0f}s) for as long as it takes", flush=True)
+        sleep(wait)
+    if tries:
+        print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
+
+
+def _settle_and_claim(cfg: RunConfig) -> str | None:
+    """One try of claim_scratch: None when claimed; why there is no room, in words, when there is none."""
     try:
-        if not cfg.run.scratch:  # decided once, here: every attempt's command names the scratch in it
+        if cfg.scratch_root_settled:  # decided once, here: every attempt's command names the scratch in it
             settled, moved = scratch_root.settle(cfg.run_dir)
             cfg.fix_scratch_root(settled)
             if moved:
@@ -230,6 +259,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     except scratch_root.RecordUnreadable as e:
         raise ScratchRootUnknown(e) from None
     except OSError as e:  # the private root or its record could not be made (base or run.dir full, say)
+        if is_disk_full(e):
+            return f"the default scratch root is another user's, and a private one cannot be made now: {_no_room(e)}"
         raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
                            f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
     try:
@@ -237,8 +268,22 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     except scratch.ScratchRefused as e:
         raise ConfigError(e.problems, cfg.source) from None
     except OSError as e:
+        if is_disk_full(e):
+            return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e)}"
         raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
-    return cfg, resumes(said)
+    return None
+
+
+def _no_room(e: OSError) -> str:
+    """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes."""
+    where = os.path.dirname(str(e.filename)) if e.filename else scratch_root.base()
+    try:
+        vfs = os.statvfs(where)
+    except OSError:
+        return f"{e.strerror} ({where})"
+    if vfs.f_files and not vfs.f_favail:
+        return f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
+    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
 
 
 def resumes(start: list[str]) -> bool:

@@ -89,13 +89,13 @@ def run_roots(run_dir: Path) -> RunRoots:
     RunDirUnusable when that run.toml cannot be used."""
     from minilmd.config import ConfigError, load_config
     from minilmd.corpus_meta import corpus_train_tokens
-    from minilmd.scratch_root import RecordUnreadable, taken
+    from minilmd.scratch_root import RecordUnreadable, not_looked_in
 
     try:
         cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
         roots = checkpoint_roots(cfg)  # a default scratch in a private root: run.dir's record names it
-        if cfg.scratch_is_default and (squatted := taken(cfg.scratch_dir.parent)):  # no run of ours went there
-            raise RunDirUnusable(f"{run_dir}: its default scratch root is not looked in: {squatted}")
+        if squatted := not_looked_in(cfg.scratch_dir):  # another user's: no run of ours went there
+            raise RunDirUnusable(f"{run_dir}: its scratch is not looked in: {squatted}")
     except (ConfigError, OSError, RecordUnreadable) as e:
         why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
         raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "

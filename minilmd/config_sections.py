@@ -423,7 +423,13 @@ class RunConfig:
 
     @property
     def scratch_dir(self) -> Path:
-        return Path(self.run.scratch) if self.run.scratch else self._default_scratch
+        return self._default_scratch if self.scratch_root_settled else Path(self.run.scratch)
+
+    @property
+    def scratch_root_settled(self) -> bool:
+        """Whether the launch settles the scratch's root (scratch_root.settle: a private one where another user took
+        the default's): run.scratch unset, or set directly in the per-user default root (in_default_root)."""
+        return not self.run.scratch or scratch_root.in_default_root(Path(self.run.scratch))
 
     @property
     def scratch_is_default(self) -> bool:
@@ -438,6 +444,8 @@ class RunConfig:
         RecordUnreadable when that record cannot be read)."""
         if self._scratch_root is None:  # looked up once: every later look of this config sees the same root
             self._scratch_root = scratch_root.root(self.run_dir if self.run.dir else None)
+        if self.run.scratch:  # its own name, in the settled root
+            return self._scratch_root / Path(self.run.scratch).name
         return scratch_root.default_path(self.run.name, in_root=self._scratch_root)
 
     @property

@@ -8,7 +8,8 @@
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
 - Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
-  its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`).
+  its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`),
+  never over another user's file (`others_entry`).
 - A full disk or quota: `is_disk_full` (ENOSPC, EDQUOT), the one test every part asks.
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
   line, one block in memory at a time) and `new_lines` (follow a log), of a file
@@ -210,9 +211,33 @@ def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, 
 
 def write_out_bytes(out: Path, data: bytes, label: str, what: str, advice: str, *, group_share: bool = False,
                     mode: int | None = None) -> None:
-    """write_out_text's rule for bytes (plot's picture, rendered in memory first)."""
+    """write_out_text's rule for bytes (plot's picture, rendered in memory first). Another user's entry at `out`
+    (a file, a link, anything) is never replaced: PlaceRefused naming its owner (`others_entry`)."""
     with open_out_parent(out, label, what, advice, group_share=group_share) as parent:
+        if held := others_entry(parent, out):
+            raise dirfd.PlaceRefused(held)
         parent.write_atomic(out.name, data, perms.file_mode() if mode is None else mode)
+
+
+def others_entry(parent: dirfd.Dir, out: Path) -> str | None:
+    """Why `out` (in `parent`, looked at through its descriptor, no link followed) is not to be replaced: it is
+    another user's, said with its owner; None when nothing is there or it is ours. A team directory (--group-share)
+    lets a member rename over a teammate's file, so before, `plot --out` replaced his figure silently, where a
+    sticky directory refused it (dirfd.NameHeld); now refused here too, --force or not: his file is his to remove
+    (hostile audit 7 F3). In a sticky directory the kernel's refusal is left to say it (NameHeld), but for root,
+    whom the kernel lets replace it. One he makes between this look and the rename is replaced: he chose to race
+    her write."""
+    try:
+        st = os.stat(out.name, dir_fd=parent.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if perms.owned_by_me(st):
+        return None
+    if os.fstat(parent.fd).st_mode & stat.S_ISVTX and perms.own_uid() != 0:
+        return None  # the kernel refuses the rename there, and dirfd.NameHeld says whose it is (exit 74, as before)
+    who = perms.user_words(st.st_uid)
+    return (f"{out} is already there and belongs to {who}: another user's file is never replaced (--force or "
+            f"not); choose another name, or have {who} remove it")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:

@@ -92,7 +92,7 @@ def root_taken(cfg: RunConfig) -> bool:
     """The default scratch's root is another user's (or a link, a file): the launch never uses it, and makes a
     private root instead (minilmd/scratch_root.py settle), so it is no problem of the config's: `run --check` says
     it as a note (scratch_root.check_note)."""
-    return bool(scratch_root.check_note(cfg.scratch_dir, not cfg.run.scratch))
+    return bool(scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled))
 
 
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:

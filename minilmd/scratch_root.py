@@ -35,7 +35,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.fsio import atomic_write_json
 from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SLURM_JOB_ENV, default_scratch_root
-from minilmd.perms import own_uid, owned_by_me, user_words
+from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -75,6 +75,17 @@ def default_name(run_name: str) -> str:
     return f"{run_name}-slurm{job}" if job.isdigit() else run_name
 
 
+def in_default_root(scratch: Path) -> bool:
+    """Whether a run.scratch set by hand lies directly in this user's per-user default root,
+    `<base>/minilmd-<uid>/NAME` (the demo writes its scratch so, and a config copied from it, or one that spelled the
+    default out): that root is no choice of the user's, only where minilmd keeps her scratches, so it is settled as
+    an unset run.scratch's is (a private root where another user took it, NAME kept in it; before, exit 2, final,
+    hostile audit 7 F4). A run.scratch anywhere else is her choice: used as written, refused when not hers. Not in a
+    trainer the supervisor started (RUN_DIR_ENV): it is given the settled scratch, never looks it up again."""
+    return (scratch.parent == Path(default_scratch_root(own_uid(), base()))
+            and not os.environ.get(names.RUN_DIR_ENV))
+
+
 def is_default_form(scratch: Path, run_name: str) -> bool:
     """Whether `scratch` is where a default scratch of this user's goes: the default name in the per-user root or
     in a root of the private form (`<base>/minilmd-<uid>-XXXXXXXX`). Reads nothing: a default scratch (also when
@@ -82,6 +93,21 @@ def is_default_form(scratch: Path, run_name: str) -> bool:
     uid = own_uid()
     return scratch.name == default_name(run_name) and (
         scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
+
+
+def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
+    """Why a reader of a run (`status`, `stop`, `sample/export/verify RUN_DIR`) does not look in its scratch: the
+    per-user root it lies in (one of the default's or the private form, by its name), the scratch itself or its
+    checkpoints directory stands there as someone else's (`taken`). After a reboot emptied base, anyone may make
+    those names first (base is listed by everyone, a private root's name too), and nothing in his directory is the
+    run's: his "newer checkpoint" is never shown, never called unsynced. None: looked in (also when it is gone).
+    The one rule of every reader (checkpoint_select.run_roots, daemon/views/newest.py, status's lineage). `owner`:
+    the run's user, when the reader is another (root's `status` of her run: her directories are hers); this user's
+    when None."""
+    uid = own_uid() if owner is None else owner
+    root_form = scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid)
+    places = ([scratch.parent] if root_form else []) + [scratch, scratch / names.CHECKPOINTS]
+    return next((why for place in places if (why := taken(place, uid))), None)
 
 
 def _private_form(path: Path, uid: int) -> bool:
@@ -130,10 +156,10 @@ def record(run_dir: Path, uid: int | None = None) -> Record | None:
     return Record(Path(path), because if isinstance(because, str) else None)
 
 
-def taken(path: Path) -> str | None:
-    """Why `path` cannot be a root of this user's because someone else put something there first (another user's
-    directory, a link, a file), in words naming its owner; None when it is missing or a directory of ours. Reads
-    only."""
+def taken(path: Path, owner: int | None = None) -> str | None:
+    """Why `path` cannot be a root of this user's (of `owner`'s when given) because someone else put something there
+    first (another user's directory, a link, a file), in words naming its owner; None when it is missing or a
+    directory of ours. Reads only."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -145,7 +171,7 @@ def taken(path: Path) -> str | None:
         return f"{path} is a symbolic link of {who}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is a file of {who}, not a directory"
-    if not owned_by_me(st):
+    if not (owned_by_me(st) if owner is None else owner_in(st, (owner,))):
         return f"{path} belongs to {who}"
     return None
 
@@ -176,7 +202,8 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
 
 def said(why: str, made: Path) -> str:
     return (f"the default scratch root is not used: {why}, made before this run could make it (nothing of this "
-            f"run goes there); this run's scratch root is {made}, made new (0700, a name nobody could know) and "
+            f"run goes there); this run's scratch root is {made}, made new (0700, a random name that was free; "
+            f"not a secret: readers look in it only while it is this user's) and "
             f"recorded in run.dir ({names.SCRATCH_ROOT_RECORD}) so that every restart finds it; an admin may remove "
             f"the other user's directory: this run keeps its own root")
 

@@ -30,7 +30,9 @@ def _run(tmp_path: Path) -> Path:
     return logged_run(tmp_path, 20)
 
 
-def test_a_teammates_link_at_out_is_replaced_never_written_through(teammate, tmp_path):
+def test_a_teammates_link_at_out_is_refused_naming_him_never_written_through(teammate, tmp_path):
+    """Refused without --group-share (the team directory), and with it (his entry: hostile audit 7 F3; before, his
+    link was replaced). Never written through."""
     pytest.importorskip("matplotlib")
     (uid, gid), where = teammate
     team = group_dir(where, gid, "team")
@@ -44,13 +46,19 @@ def test_a_teammates_link_at_out_is_replaced_never_written_through(teammate, tmp
     assert "--group-share" in refused.stderr and "nothing written" in refused.stderr
     assert notes.read_text() == NOTES and (team / "curves.png").is_symlink()
 
+    his = _plot(run_dir, team / "curves.png", "--group-share")
+    assert his.returncode == 2, his.stderr
+    assert f"(uid {uid}): another user's file is never replaced" in his.stderr, his.stderr
+    assert "nothing written" in his.stderr, his.stderr
+    assert notes.read_text() == NOTES and (team / "curves.png").is_symlink()
+    assert sorted(os.listdir(team)) == ["curves.png"]  # no temp file left
+
+    os.unlink(team / "curves.png")  # gone: written, hers
     done = _plot(run_dir, team / "curves.png", "--group-share")
     assert done.returncode == 0, done.stderr
-    assert notes.read_text() == NOTES
     picture = team / "curves.png"
     assert not picture.is_symlink() and picture.read_bytes()[:4] == b"\x89PNG"
     assert os.lstat(picture).st_uid == os.geteuid()
-    assert sorted(os.listdir(team)) == ["curves.png"]  # no temp file left
 
 
 def test_a_teammates_link_in_place_of_outs_directory_is_refused(teammate, tmp_path):

@@ -104,7 +104,7 @@ def test_a_command_never_looks_for_checkpoints_in_a_squatted_default_root(squatt
     run_dir.mkdir()
     (run_dir / RUN_CONFIG_COPY).write_text(f'[run]\nname = "r"\ndir = "{run_dir}"\n'
                                            f'[data]\nprepared = "{run_dir}"\n[train]\nmax_steps = 1\n')
-    with pytest.raises(RunDirUnusable, match=f"its default scratch root is not looked in: {default} is a file"):
+    with pytest.raises(RunDirUnusable, match=f"its scratch is not looked in: {default} is a file"):
         run_roots(run_dir)
     default.unlink()
     default.mkdir(mode=0o700)  # ours again

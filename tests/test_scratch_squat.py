@@ -93,8 +93,11 @@ def test_the_private_root_is_made_again_under_its_recorded_name_after_a_reboot_a
     out = shared.users.minilmd("root", "run", str(config), "--set", "train.max_steps=40")
     assert out.returncode == 0, text_of(out)[-3000:]
     assert recorded_root(run_dir) == own and own.stat().st_uid == 0 and (own / "same-name" / SCRATCH_OWNER).is_file()
-    # a run.scratch set by hand inside his directory is the user's own choice: still refused, nothing made there
-    by_hand = shared.config("root", "h", scratch=str(theirs / "h"))
+    # a run.scratch set by hand below a directory of his is the user's own choice: still refused, nothing made
+    # there (one directly in the default root is that root's: tests/test_scratch_written_default.py)
+    subprocess.run([*AS_NOBODY, "mkdir", "-m", "755", str(theirs / "hand")], check=True, timeout=30)
+    by_hand = shared.config("root", "h", scratch=str(theirs / "hand" / "h"))
     out = shared.users.minilmd("root", "run", str(by_hand))
     assert out.returncode == 2 and "belongs to user nobody" in text_of(out), text_of(out)
-    assert list(theirs.iterdir()) == [] and not (base / "minilmd-0-h").exists()
+    assert list(theirs.iterdir()) == [theirs / "hand"] and list((theirs / "hand").iterdir()) == []
+    assert not (base / "minilmd-0-h").exists()

@@ -242,15 +242,15 @@ LINEAGE_PATH_SHOWN = 1024
 planted megabyte printed a megabyte) is shown cut, saying how much was left out (untrusted.clipped)."""
 
 
-def lineage(checkpoint_dir: Path, limit: int = 8, synced: Path | None = None) -> list[str]:
+def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = None) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
-    run.remote, once scratch is gone): each step's source, its step and fingerprint,
+    run.remote, once scratch is gone, or not looked in: None): each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read). Each is another
     run's, often another user's: read as init.from's checkpoint is (init_source.source_state: in its directory
     opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours)."""
     chain: list[str] = []
-    found = local_checkpoint_steps(checkpoint_dir)  # names only: `minilmd status` shows the lineage, numpy-free
-    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else synced
+    found = local_checkpoint_steps(checkpoint_dir) if checkpoint_dir is not None else []  # names only: numpy-free
+    path: Path | None = checkpoint_dir / step_name(found[-1]) if checkpoint_dir is not None and found else synced
     while path is not None and len(chain) < limit:
         try:
             init = source_state(InitSource("checkpoint", path)).get("init")

@@ -8,7 +8,7 @@ on which step exists: the one rule is the supervisor's own (daemon/base/runstate
 metrics lines and the heartbeat newer than state.json, then the checkpoint directories in scratch beside the newest
 one known (a save not logged yet, or a metrics.jsonl that cannot be read). Everything is read as the views read
 untrusted files: metrics.jsonl from its end, a regular file only (minilmd/fsio.py `tail_lines`), every value retyped
-(`StateJson.from_dict`), the scratch listing bounded and no link followed.
+(`StateJson.from_dict`), the scratch listing bounded, no link followed, and only in a scratch still the run's.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from minilmd import names
 from minilmd.daemon.base.runstate import RunState, json_records, read_heartbeat
 from minilmd.daemon.base.statesections import LocalCheckpoint, StateJson
 from minilmd.fsio import tail_lines
+from minilmd.scratch_root import not_looked_in
 from minilmd.untrusted import Unreadable, dir_names
 
 METRICS_LINES = 400
@@ -37,7 +38,7 @@ def caught_up(run_dir: Path, state: StateJson) -> StateJson:
     held = RunState(run_dir / names.STATE, state.to_dict())  # never saved: the supervisor's rule, on a copy
     held.apply_progress(records, beat)
     fresh = StateJson.from_dict(held.to_dict())  # metrics.jsonl is anyone's who can write run.dir: retyped
-    fresh.local_checkpoint = newest_local(fresh.local_checkpoint)
+    fresh.local_checkpoint = newest_local(fresh.local_checkpoint, _owner(run_dir))
     return fresh
 
 
@@ -55,12 +56,25 @@ def changed_sections(state: StateJson, shown: StateJson) -> dict:
     return {key: value for key, value in shown.to_dict().items() if value != was.get(key)}
 
 
-def newest_local(local: LocalCheckpoint | None) -> LocalCheckpoint | None:
+def _owner(run_dir: Path) -> int | None:
+    """The run's user: its run directory's owner (root's `status` of her run looks in her scratch)."""
+    try:
+        return os.stat(run_dir).st_uid
+    except OSError:
+        return None
+
+
+def newest_local(local: LocalCheckpoint | None, owner: int | None = None) -> LocalCheckpoint | None:
     """The newest complete checkpoint in scratch: `local`, or a newer one saved beside it (its directory holds a
-    manifest) that state.json has not seen, e.g. the save of an orphaned trainer `stop` let finish."""
+    manifest) that state.json has not seen, e.g. the save of an orphaned trainer `stop` let finish. Only in a scratch
+    that is still the run's (scratch_root.not_looked_in): after a reboot another user may have made its names first,
+    and a step he plants there is no checkpoint of the run (state.json's word alone is shown, as for a scratch gone).
+    `owner`: the run's user (None: this user)."""
     if local is None or not local.path:
         return local
     root = Path(local.path).parent
+    if not_looked_in(root.parent, owner):
+        return local
     newest = max(_saved_steps(root), default=None)
     if newest is None or (local.step is not None and newest <= local.step):
         return local

@@ -365,10 +365,13 @@ def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]
     descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
     from minilmd.bounded import bounded_probe
     from minilmd.daemon.phases.initwait import lineage
+    from minilmd.scratch_root import not_looked_in
 
     if (cfg := _own_config(run)) is None:
         return []
-    answered, chain, _ = bounded_probe(lineage, cfg.checkpoint_dir, 8, _synced(cfg.run.remote, state))
+    owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
+    local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
+    answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
     return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 
 

@@ -77,7 +77,7 @@ def _stop(run: Dir, timeout: float, out) -> int:
             _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(scope, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
-        return _checkpoint_report(state, out, always=False)
+        return _checkpoint_report(state, out, always=False, owner=scope.owner)
     if not restart_may_follow:  # started again since that end: its SIGTERM is a stop (a Slurm job tells by it)
         request = _leave_request(scope, run, out)
     if live.host and live.host != socket.gethostname():
@@ -113,7 +113,7 @@ def _stop(run: Dir, timeout: float, out) -> int:
     outcome = state.outcome
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
           f"({printable(outcome.reason) if outcome else None})", file=out)
-    return _checkpoint_report(state, out, always=True)
+    return _checkpoint_report(state, out, always=True, owner=scope.owner)
 
 
 def _leave_request(scope: procs.RunScope, run: Dir, out) -> Path | None:
@@ -199,7 +199,7 @@ def _stop_orphans_within(scope: procs.RunScope, timeout: float, grace: float, ou
     return protocol.STOP_FAILED
 
 
-def _checkpoint_report(state: StateJson, out, always: bool) -> int:
+def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = None) -> int:
     """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
     local_step = state.local_checkpoint.step if state.local_checkpoint else None
     remote = state.remote_checkpoint
@@ -210,7 +210,7 @@ def _checkpoint_report(state: StateJson, out, always: bool) -> int:
               f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
             print(f"  last error{_error_context(state, time.time())}: {printable(state.last_error)}", file=out)
-    unsynced = _only_in_scratch(state)
+    unsynced = _only_in_scratch(state, owner)
     if unsynced is None:
         return protocol.STOP_DONE
     step, path = unsynced
@@ -223,13 +223,13 @@ def _checkpoint_report(state: StateJson, out, always: bool) -> int:
     return protocol.STOP_UNSYNCED
 
 
-def _only_in_scratch(state: StateJson) -> tuple[int, str] | None:
+def _only_in_scratch(state: StateJson, owner: int | None = None) -> tuple[int, str] | None:
     """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
     or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
     beside the checkpoint state.json names, for a save state.json has not seen."""
     if state.sync.state == SyncState.OFF:
         return None
-    local = newest_local(state.local_checkpoint)  # what `status` says too (daemon/views/newest.py)
+    local = newest_local(state.local_checkpoint, owner)  # what `status` says too (daemon/views/newest.py)
     step, path = (local.step, local.path) if local else (None, None)
     if step is None:
         return None

@@ -134,7 +134,7 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     from minilmd.probes import replies_cut_warning, stage_notes
     from minilmd.scratch_root import check_note as root_taken
 
-    notes = [taken] if (taken := root_taken(cfg.scratch_dir, not cfg.run.scratch)) else []
+    notes = [taken] if (taken := root_taken(cfg.scratch_dir, cfg.scratch_root_settled)) else []
     notes += [why] if (why := cpu_fallback(cfg)) else []
     notes += [near] if (near := memory_fit(cfg)[1]) else []  # a micro-batch close to the device's memory
     notes += [cut] if (cut := replies_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half

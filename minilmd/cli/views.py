@@ -60,7 +60,7 @@ def plot_command(
     run_dirs: list[str] = typer.Argument(..., help="One or more run directories, or run configs naming them "
                                          "(several: overlaid)."),
     out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg (replaced whole; a link there is replaced, "
-                            "never written through)."),
+                            "never written through; another user's file or link there is refused)."),
     x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
     title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
     group_share: bool = group_share_option(),
