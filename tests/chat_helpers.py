@@ -9,13 +9,16 @@ that a renderer without transformers' trim_blocks/lstrip_blocks renders other te
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import sys
+import types
 from pathlib import Path
 
 from chat_synthetic import TEMPLATE_CONFIG
-from data_helpers import MINIMIND_TOKENIZER
+from data_helpers import MINIMIND_TOKENIZER, REPO
 from minilmd.corpus.chat import ChatTemplate, TurnError
 from minilmd.corpus.chat_files import load_template, read_tokenizer_config
 from minilmd.corpus.demo_chat import preference_pairs  # noqa: F401 - the tests' pairs are the demo's
@@ -46,6 +49,8 @@ TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
 """
 
 MINIMIND_DIR = MINIMIND_TOKENIZER.parent
+MINIMIND_SRC = REPO / ".." / "shared" / "minimind"
+"""MiniMind's source (dataset/lm_dataset.py), where ../shared is at hand."""
 
 
 def minimind_dir() -> Path | None:
@@ -222,3 +227,25 @@ def tool_conversations() -> list[list[dict]]:
     out = [check_conversation({"conversations": c})[0] for c in lines]
     assert all(out) and out[0] == first
     return out
+
+
+def minimind_lm_dataset(monkeypatch):
+    """MiniMind's own lm_dataset.py, imported from ../shared. Where HF `datasets` is not installed, its
+    `load_dataset(..., features=...)` is played by a stand-in doing what `datasets` does with that schema: every
+    message holds exactly the schema's keys, null where the line has none. MiniMind's random system prompt and
+    empty-think removal are turned off (random.random() = 0: a line with tools never gets the system prompt)."""
+    def load_dataset(kind, data_files, split, features=None):
+        keys = list(features["conversations"][0])
+        with open(data_files, encoding="utf-8") as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+        return [{"conversations": [{k: m.get(k) for k in keys} for m in r["conversations"]]} for r in rows]
+
+    if importlib.util.find_spec("datasets") is None:
+        stub = types.ModuleType("datasets")
+        stub.load_dataset, stub.Features, stub.Sequence, stub.Value = load_dataset, dict, list, lambda kind: kind
+        monkeypatch.setitem(sys.modules, "datasets", stub)
+    spec = importlib.util.spec_from_file_location("minimind_lm_dataset", MINIMIND_SRC / "dataset" / "lm_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module.random, "random", lambda: 0.0)
+    return module

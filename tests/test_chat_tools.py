@@ -4,7 +4,6 @@ those of MiniMind's own SFTDataset (dataset/lm_dataset.py, run on the same line 
 typo is still refused by name."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,13 +12,10 @@ import types
 import numpy as np
 import pytest
 
-from chat_helpers import CALLS, MINIMIND_DIR, TOOLS, chat_tokenizer_dir, tool_line
-from data_helpers import REPO
+from chat_helpers import CALLS, MINIMIND_DIR, MINIMIND_SRC, TOOLS, chat_tokenizer_dir, minimind_lm_dataset, tool_line
 from minilmd.corpus.chat import ChatTemplate, check_conversation
 from minilmd.corpus.chat_files import read_tokenizer_config
 from minilmd.corpus.format import open_prepared
-
-MINIMIND_SRC = REPO / ".." / "shared" / "minimind"
 
 TOOL_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' + messages[0].content + '\\n<tools>' + tools | tojson + '</tools><|im_end|>\\n' }}
@@ -59,7 +55,7 @@ def test_a_tool_call_line_is_accepted_its_nulls_absent_and_its_strings_parsed():
     (lambda c: c[2].update(tool_calls=[{"function": "f", "arguments": {}}]), "bad_tool_calls",
      'entry 0: "function" is a JSON str, not an object'),
     (lambda c: c[3].update(tool_call_id="c1", toolcallid="c1"), "unknown_message_key", "message 3 has 'toolcallid' ("),
-    (lambda c: c[3].update(content=None), "content_not_string", 'message 3 "content" is a JSON NoneType'),
+    (lambda c: c[0].update(content=None), "content_not_string", 'message 0 "content" is null on the first message'),
     (lambda c: c[0].update(tools=[{"name": "\udc80"}]), "invalid_utf8", "message 0 tools or tool_calls: lone"),
     (lambda c: c[2].update(tool_calls='[{"name": "f", "arguments": "\\udc80"}]'), "invalid_utf8", "surrogate"),
     (lambda c: c[0].update(tools="[" * 200 + "]" * 200), "bad_tools", "nested deeper than"),
@@ -104,28 +100,6 @@ def test_prepare_renders_tool_calls_trains_the_calls_and_not_the_results(tokeniz
     assert "tool_response" not in trained and "get_weather" not in trained.split("<tool_call>")[0]  # specs: prompt
 
 
-def _minimind_lm_dataset(monkeypatch):
-    """MiniMind's own lm_dataset.py, imported from ../shared. Where HF `datasets` is not installed, its
-    `load_dataset(..., features=...)` is played by a stand-in doing what `datasets` does with that schema: every
-    message holds exactly the schema's keys, null where the line has none. MiniMind's random system prompt and
-    empty-think removal are turned off (random.random() = 0: a line with tools never gets the system prompt)."""
-    def load_dataset(kind, data_files, split, features=None):
-        keys = list(features["conversations"][0])
-        with open(data_files, encoding="utf-8") as f:
-            rows = [json.loads(x) for x in f if x.strip()]
-        return [{"conversations": [{k: m.get(k) for k in keys} for m in r["conversations"]]} for r in rows]
-
-    if importlib.util.find_spec("datasets") is None:
-        stub = types.ModuleType("datasets")
-        stub.load_dataset, stub.Features, stub.Sequence, stub.Value = load_dataset, dict, list, lambda kind: kind
-        monkeypatch.setitem(sys.modules, "datasets", stub)
-    spec = importlib.util.spec_from_file_location("minimind_lm_dataset", MINIMIND_SRC / "dataset" / "lm_dataset.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module.random, "random", lambda: 0.0)
-    return module
-
-
 @pytest.mark.slow  # transformers loads MiniMind's tokenizer: seconds
 @pytest.mark.skipif(not (MINIMIND_SRC / "dataset" / "lm_dataset.py").is_file()
                     or not (MINIMIND_DIR / "tokenizer_config.json").is_file(),
@@ -141,7 +115,7 @@ def test_tokens_and_targets_equal_minimind_s_own_sft_dataset_on_the_same_line(mo
     line = tool_line()
     src = tmp_path / "sft_tools.jsonl"
     src.write_text(json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
-    module = _minimind_lm_dataset(monkeypatch)
+    module = minimind_lm_dataset(monkeypatch)
     theirs = module.SFTDataset(str(src), hf, max_length=2048)
     input_ids, labels = (t.tolist() for t in theirs[0])
     template = ChatTemplate.from_config(read_tokenizer_config(MINIMIND_DIR))
@@ -254,7 +228,7 @@ def test_the_lines_render_as_minimind_s_create_chat_prompt_renders_them(monkeypa
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(MINIMIND_DIR))
     sft = types.SimpleNamespace(tokenizer=hf)
-    module = _minimind_lm_dataset(monkeypatch)
+    module = minimind_lm_dataset(monkeypatch)
     template = ChatTemplate.from_config(read_tokenizer_config(MINIMIND_DIR))
     nameless = _changed(lambda c: c[2].update(tool_calls=json.dumps([{"arguments": {"city": "北京"}}])))
     for line in [nameless] + [_changed(change) for change, _ in DROPPED.values()]:

@@ -14,7 +14,6 @@ supervisor's loop must go on meanwhile. Torch-free.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from minilmd.daemon.child.oomevidence import (
     read_oom_kills,
 )
 from minilmd.daemon.child.orphans import REAP_S, record_launch
+from minilmd.daemon.child.torchrun_summary import root_cause_signal
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable, clipped
 
@@ -428,8 +428,7 @@ def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
 
 def _torchrun_worker_signal(log_path: Path) -> int | None:
     try:
-        tail = "\n".join(tail_lines(log_path, 1 << 20, max_bytes=16384)[0])
+        lines = tail_lines(log_path, 1 << 20, max_bytes=16384)[0]
     except Unreadable:  # a FIFO or a link put there: never opened
         return None
-    m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
-    return int(m[-1]) if m else None
+    return root_cause_signal(lines)

@@ -4,14 +4,15 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 
 - Input lines: `{"conversations": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}`, with
   MiniMind's tool-call schema (`tools` on a system message, `tool_calls` on an assistant one, `role: "tool"`
-  results: chat_tools.py); a null value is an absent key. A line is bad (reason and detail, as jsonl.parse_block
+  results: chat_tools.py); a null value is an absent key, and so is an empty string in a tool key
+  (chat_tools.without_absent); a null or absent content is "". A line is bad (reason and detail, as jsonl.parse_block
   names them) when it is not valid UTF-8 or JSON, not an object with a "conversations" list, the list is empty, a
-  message is not an object, has a role outside the four, a content that is not a string (or holds a lone
-  surrogate; null only beside tool_calls), a key other than role, content, reasoning_content (a string), tools and
-  tool_calls, a tool field MiniMind could not render, or when no message is the assistant's. Other keys of the
+  message is not an object, has a role outside the four, a content that is not a string (or holds a lone surrogate;
+  null on a first message that is a system one), a key other than role, content, reasoning_content (a string), tools
+  and tool_calls, a tool field MiniMind could not render, or when no message is the assistant's. Other keys of the
   line (an "id") are ignored; what MiniMind's template never renders (OpenAI's `tool_call_id` and `name`, a tool
   key off its role) is dropped from the message and named (chat_tools.py). A preference pair's sides (--format
-  dpo) keep the three roles and keys.
+  dpo) keep the three roles and keys, `tool_call_id` and `name` dropped and named alike.
 - The template: `chat_template.jinja` in the tokenizer's directory when there is one (transformers prefers it),
   else `chat_template` of its `tokenizer_config.json` (a string, or a list of named templates: "default"). It runs
   in the environment transformers' `_compile_jinja_template` builds: jinja2's ImmutableSandboxedEnvironment with
@@ -41,7 +42,14 @@ from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
-from minilmd.corpus.chat_tools import TOOL_KEYS, check_tool_keys, conversation_tools, schema_keys, tool_text
+from minilmd.corpus.chat_tools import (
+    TOOL_KEYS,
+    check_tool_keys,
+    conversation_tools,
+    schema_keys,
+    tool_text,
+    without_absent,
+)
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.corpus.sources.line_shape import other_format
 from minilmd.protocol import SPECIAL_TOKENS
@@ -97,17 +105,19 @@ def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
+        m = without_absent(m)  # null, and "" in a tool key: an absent key (HF datasets writes every key of its schema)
         if not m.keys() <= allowed or tools and ("tools" in m or "tool_calls" in m):  # the first test: most lines
-            m, bad = schema_keys(i, m, allowed, keys, tools, ignored)
+            m, bad = schema_keys(i, m, allowed, keys, ignored)
             if bad:
                 return None, bad
-        if None in m.values():  # null: an absent key (HF datasets writes every key of its schema)
-            m = {k: v for k, v in m.items() if v is not None or k in ("role", "content")}
         role = m.get("role")
         if role not in roles:
             return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(roles)})")
-        if m.get("content") is None and role == "assistant" and "tool_calls" in m:
-            m["content"] = ""  # OpenAI's null content beside tool calls; MiniMind's template renders it as ""
+        if m.get("content") is None:  # null or absent: MiniMind's template renders "" (`content is string`) ...
+            if i == 0 and role == "system":  # ... but adds a first system message's to a string, and fails
+                return None, ("content_not_string", 'message 0 "content" is null on the first message, a system one: '
+                                                    "MiniMind's template adds it to a string and fails")
+            m = {**m, "content": ""}
         for key in ("content", "reasoning_content") if "reasoning_content" in m else ("content",):
             value = m.get(key)
             if not isinstance(value, str):

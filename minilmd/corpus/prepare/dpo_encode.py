@@ -9,6 +9,9 @@ then rejected, adjacent and in one split.
   side's last message is not the assistant's (`dpo_no_final_reply`), when the two sides' messages before that last
   reply differ (`dpo_prompt_differs`: the pair must answer one prompt), or when the two final replies are the same
   (`dpo_same_replies`: a margin of 0 whatever the model, a constant loss of ln 2 with no gradient).
+- Keys MiniMind's template never renders (OpenAI's `tool_call_id` and `name`) are dropped from a side's messages and
+  the pair kept, counted and named as a chat line's are (chat.check_conversation's `ignored`, each note naming the
+  side).
 - The loss mask covers the final assistant reply of each side only: the prompt, earlier replies included, is the
   same on both sides, so its log-probabilities cancel in the DPO objective.
 - Length: a side longer than seq_len is cut to its first seq_len tokens (the pair counts as `cut`), or with on_long
@@ -33,8 +36,10 @@ from minilmd.corpus.sources.line_shape import other_format
 SIDES = ("chosen", "rejected")
 
 
-def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, str] | None]:
-    """((chosen, rejected), None) for a good line's JSON value, (None, (reason, detail)) for a bad one."""
+def check_pair(obj, ignored: list[str] | None = None
+               ) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, str] | None]:
+    """((chosen, rejected), None) for a good line's JSON value, (None, (reason, detail)) for a bad one; the keys
+    dropped from its sides named in `ignored` (`chosen: message 2 (role 'user') "name"`)."""
     if not isinstance(obj, dict) or not all(side in obj for side in SIDES):
         other = other_format(obj, "dpo")  # a chat line, a text line: --format chat, text
         if other:
@@ -46,7 +51,8 @@ def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, st
         if not isinstance(obj[side], list) or not obj[side]:  # check_conversation would name a "conversations" key
             what = "an empty list" if isinstance(obj[side], list) else f"a JSON {type(obj[side]).__name__}"
             return None, ("dpo_side_not_messages", f"{side} is {what}; a side is a list of messages")
-        messages, bad = check_conversation({"conversations": obj[side]}, tools=False)
+        notes: list[str] = []
+        messages, bad = check_conversation({"conversations": obj[side]}, tools=False, ignored=notes)
         if bad is not None:
             return None, (bad[0], f"{side}: {bad[1]}")
         assert messages is not None
@@ -54,6 +60,8 @@ def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, st
             return None, ("dpo_no_final_reply", f"{side}: its last message is the {messages[-1]['role']}'s; a side "
                                                 "ends with the assistant reply that is judged")
         sides.append(messages)
+        if ignored is not None:
+            ignored.extend(f"{side}: {note}" for note in notes)
     chosen, rejected = sides
     if chosen[:-1] != rejected[:-1]:
         at = next((i for i, (c, r) in enumerate(zip(chosen[:-1], rejected[:-1], strict=False)) if c != r),
@@ -77,16 +85,26 @@ class ParsedPairBlock:
     pairs: list[tuple[list[dict], list[dict]]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     bad: list[tuple[int, str, str]] = field(default_factory=list)
+    ignored: list[tuple[int, str]] = field(default_factory=list)
     blank: int = 0
     n_lines: int = 0
 
 
 def parse_pair_block(blob: bytes, first_line: int) -> ParsedPairBlock:
-    """Whole lines of DPO JSONL -> the pairs and the bad lines with their reasons."""
+    """Whole lines of DPO JSONL -> the pairs, the bad lines with their reasons, and (line, keys dropped) of the
+    pairs kept without keys their template never renders (as chat.parse_chat_block)."""
     out = ParsedPairBlock()
-    for lineno, pair in checked_lines(blob, first_line, out, check_pair):
+    notes: list[str] = []  # each line's, cleared before it is checked
+
+    def check(obj):
+        notes.clear()
+        return check_pair(obj, notes)
+
+    for lineno, pair in checked_lines(blob, first_line, out, check):
         out.pairs.append(pair)
         out.lines.append(lineno)
+        if notes:
+            out.ignored.append((lineno, "; ".join(notes)))
     return out
 
 
@@ -128,6 +146,7 @@ class PairBlockEncoder(ChatBlockEncoder):
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}
         train_min, text_bytes = NO_DIGEST, 0
+        ignored, ignored_kept = dict(parsed.ignored), []  # (line, keys dropped): most blocks have none
         for line, (chosen, rejected) in zip(parsed.lines, parsed.pairs, strict=True):
             both = by_line.get(line, [])
             if len(both) != 2:  # a side the template could not render: the line is bad already
@@ -141,6 +160,8 @@ class PairBlockEncoder(ChatBlockEncoder):
                 continue
             counts["cut"] += int(any(cut for _, _, cut in sides))  # type: ignore[misc]
             counts["special_text"] += int(has_special_text(chosen) or has_special_text(rejected))
+            if ignored and line in ignored:
+                ignored_kept.append((line, ignored[line]))
             data = pair_canonical(chosen, rejected).encode("utf-8")
             text_bytes += len(data)
             digest = digest64(data)
@@ -160,7 +181,8 @@ class PairBlockEncoder(ChatBlockEncoder):
                 side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages),
                                       int(mask.sum()), int(cut)))
         bad = sorted(set(bad))  # a line both of whose sides failed is named once
-        return encoded_block(parsed, bad, text_bytes, train_min, out, counts)
+        counts["ignored_keys"] = len(ignored_kept)
+        return encoded_block(parsed, bad, text_bytes, train_min, out, counts, ignored_kept)
 
     def _side(self, got) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """(ids, mask on the final reply, cut) of one side at seq_len; None when on_long drops it."""
