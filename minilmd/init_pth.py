@@ -87,25 +87,26 @@ def pth_shapes_of(source: InitSource, model: dict) -> dict[str, tuple[int, ...]]
                 raise _too_big(source, model, bound)
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             last = _last_read
-            found: dict[str, tuple[int, ...]] | NotReadHere | ResumeFile
+            found: dict[str, tuple[int, ...]] | tuple[type[NotReadHere | ResumeFile], str]
             if last is not None and last[0] == key:
                 found = last[1]
             else:
                 try:
                     found = pth_shapes(f)
                 except (NotReadHere, ResumeFile) as e:  # what it is, said again as found
-                    found = e
+                    found = (type(e), str(e))
                 _remember(key, found)
-    if isinstance(found, (NotReadHere, ResumeFile)):
-        raise found
+    if isinstance(found, tuple):  # a fresh one each time: one raised again grows its traceback, keeps its frames
+        raise found[0](found[1])
     return dict(found)  # the caller's own: pth_problems pops the head from it
 
 
 _last_read: tuple[tuple, Any] | None = None
 """The last .pth whose shapes pth_shapes_of read: (its file's identity: device, inode, size, mtime, ctime, as fstat
-said on the descriptor opened; its shapes, or the NotReadHere or ResumeFile it raised). `run --check` asks twice
-(pth_problems, then pth_note for its note): a .pth of gigabytes on NFS was read and unpickled twice. The file is
-opened and looked at each time (a .pth replaced since, or changed in place, has another identity and is read
+said on the descriptor opened; its shapes, or the type and words of the NotReadHere or ResumeFile it raised, never
+the exception itself: raised again, one instance grew its traceback and kept its frames alive). `run --check` asks
+twice (pth_problems, then pth_note for its note): a .pth of gigabytes on NFS was read and unpickled twice. The file
+is opened and looked at each time (a .pth replaced since, or changed in place, has another identity and is read
 again); only its reading is not repeated. One entry: a long-lived supervisor keeps no more."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import traceback
 import zipfile
 
 import pytest
@@ -248,3 +249,21 @@ def test_a_pth_changed_since_is_read_again(tmp_path, corpus, reads):
     code, said = _check(stage)
     assert code == 0 and said.count(NOT_CHECKED) == 1, said  # what it holds now, not the cached shapes
     assert len(reads) == 2, reads
+
+
+def test_a_pth_not_read_here_is_a_fresh_exception_at_each_ask(tmp_path):
+    """Review 9b #9: the cache kept the NotReadHere it caught and raised that one instance again: each raise added
+    its frames to the same traceback (3 asks, 6 frames) and kept their locals alive."""
+    from minilmd.init_kinds import InitSource
+    from minilmd.init_pth import pth_shapes_of
+
+    pth = tmp_path / "legacy.pth"
+    pth.write_bytes(b"\x80\x02not a zip" * 10)
+    raised = []
+    for _ in range(3):
+        with pytest.raises(NotReadHere, match="not a zip archive") as caught:
+            pth_shapes_of(InitSource("minimind", pth), {**TINY_MODEL, "vocab_size": 6400})
+        raised.append(caught.value)
+    assert len({id(e) for e in raised}) == 3 and len({str(e) for e in raised}) == 1, raised
+    depths = [len(traceback.extract_tb(e.__traceback__)) for e in raised]
+    assert depths[0] == depths[1] == depths[2], depths

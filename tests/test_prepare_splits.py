@@ -69,5 +69,25 @@ def test_documents_that_are_all_one_text_are_said_to_be_so_not_given_a_fraction_
         refused = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", fraction)
         said = " ".join(refused.stderr.split())
         assert refused.returncode == 65, refused.stderr
-        assert "all 40 documents are the same text (whitespace aside)" in said and "at least two distinct" in said
-        assert "puts at least one" not in said, said
+        assert "all 40 documents are the same text once whitespace is removed" in said, said
+        assert "exact copies fall into one split" in said and "at least two distinct" in said, said
+        assert "puts at least one" not in said and "here all" not in said, said  # none in val to remove
+
+
+def test_documents_of_one_text_but_for_whitespace_split_and_lose_their_val_ones_to_the_leak_check(tmp_path,
+                                                                                                tokenizer):
+    """Review 9b #11: copies of one text counted by the whitespace-free leak key were said to "always fall into
+    one split (the split is by a hash of each text)": variants in whitespace hash apart, so some fall into val,
+    and there the leak check removes them as repeats of the train ones."""
+    base = TEXTS[1]
+    variants = [base[:i] + " " + base[i:] for i in range(1, len(base))]  # one text, a space put in somewhere
+    in_val = [split_is_val(v, 0.5) for v in variants]
+    assert any(in_val) and not all(in_val)  # the split hashes the exact text: the variants fall into both
+    src = write_jsonl(tmp_path / "spaced.jsonl", variants)
+    refused = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", "0.5")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 65, refused.stderr
+    assert f"the val split is empty: all {len(variants)} documents are the same text once whitespace is removed, " \
+           "so no --val-fraction splits them" in said, said
+    assert "removed by the leak check" in said and f"(here all {sum(in_val)} that fell into val were)" in said, said
+    assert "always fall into one split" not in said, said

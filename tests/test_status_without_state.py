@@ -156,18 +156,20 @@ def _fill(disk) -> None:
     assert os.statvfs(disk).f_bavail == 0
 
 
-def test_a_run_lock_alone_is_a_supervisor_that_could_not_start_and_a_full_run_dir_is_named(tmp_path, monkeypatch,
-                                                                                           small_tmpfs):
+def test_a_free_run_lock_alone_on_a_full_run_dir_could_not_start_and_with_room_is_not_said_so(tmp_path,
+                                                                                           monkeypatch, small_tmpfs):
     """User7 #5: a run.dir with 0 bytes free at launch leaves only its (empty) run lock, not even events.jsonl;
-    `status` said "has not started here, or is just starting", and the overview did not list it."""
+    `status` said "has not started here, or is just starting", and the overview did not list it. Review 9b #5: a
+    supervisor killed before its first event leaves the same files, so with room now the older words stay; #4: the
+    overview showed "could not start (not running)"."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
     roomy = tmp_path / "roomy"
     roomy.mkdir()
-    (roomy / names.LOCK).touch()  # a supervisor's lock, let go, and nothing else: it could write nothing then
+    (roomy / names.LOCK).touch()  # a supervisor's lock, let go, and nothing else; room now: no evidence of why
     one = _status(roomy)
-    assert f"{roomy}: could not start: a supervisor took its run lock" in one and "was run.dir full" in one, one
-    assert "no state.json yet" not in one, one
+    assert f"{roomy}: no state.json yet (the supervisor has not started here, or is just starting)" in one, one
+    assert "could not start" not in one, one
     disk = small_tmpfs("64k")
     run_dir = disk / "run"
     run_dir.mkdir()
@@ -183,8 +185,50 @@ def test_a_run_lock_alone_is_a_supervisor_that_could_not_start_and_a_full_run_di
     table = io.StringIO()
     assert overview.status_all(out=table) == 0
     row = next(line for line in table.getvalue().splitlines() if line.startswith("s "))
-    assert "could not start" in row and "not started" not in row, table.getvalue()
+    assert " could not start " in row and "not started" not in row and "not running" not in row, table.getvalue()
     assert "s: could not start: run.dir is full" in table.getvalue(), table.getvalue()
+
+
+def test_a_full_run_dir_whose_lock_is_held_or_cannot_be_opened_is_not_said_to_have_failed(tmp_path, monkeypatch,
+                                                                                          small_tmpfs):
+    """Review 9b #5: a lock held by a supervisor that has not written its pid yet, and a lock that cannot be opened
+    (another user's, mode 0600: whether anyone holds it cannot be told), were "could not start: run.dir is full" on
+    a full run.dir, though that supervisor may be starting now."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    disk = small_tmpfs("64k")
+    held, unopenable = disk / "held", disk / "unopenable"
+    held.mkdir()
+    unopenable.mkdir()
+    monkeypatch.chdir(unopenable)  # a short name to bind: a socket's path is bounded
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(names.LOCK)  # open() of it fails (ENXIO), as one of another user's lock (EACCES) does, even for root
+    fd = os.open(held / names.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # taken, its body (the pid) not written yet: RunLock.acquire's next step
+        _fill(disk)
+        one = " ".join(_status(held).split())
+        assert f"{held}: starting (supervisor pid not known yet); no state.json yet" in one, one
+        one = " ".join(_status(unopenable).split())
+        assert f"{unopenable}: no state.json yet, and whether a supervisor holds its run lock cannot be told " \
+               f"({names.LOCK}: No such device or address)" in one, one
+        for run_dir in (held, unopenable):
+            as_json = io.StringIO()
+            assert status(run_dir, as_json=True, out=as_json) == 0
+            assert "could_not_start" not in json.loads(as_json.getvalue()), as_json.getvalue()
+        registry.register("h", held, tmp_path / "h.toml")
+        registry.register("u", unopenable, tmp_path / "u.toml")
+        table = io.StringIO()
+        assert overview.status_all(out=table) == 0
+        said = table.getvalue()
+        assert "could not start" not in said, said
+        row = next(line for line in said.splitlines() if line.startswith("h "))
+        assert "starting (supervisor pid not known yet)" in row, said
+        row = next(line for line in said.splitlines() if line.startswith("u "))
+        assert f"unreadable ({names.LOCK}: No such device or address: cannot tell if starting)" in row, said
+    finally:
+        os.close(fd)
+        server.close()
 
 
 @pytest.mark.slow

@@ -143,26 +143,35 @@ class RunLock:
 def lock_holder(run_dir: str | os.PathLike, dir_fd: int | None = None) -> LockInfo | None:
     """Who owns the run right now (a live supervisor), or None. Never takes the lock for longer than a probe, and
     never creates the run directory: `minilmd status` and `minilmd stop` use it on directories that may not be runs.
-    `dir_fd`: the run directory opened (the views': daemon/views/runarg.py open_run), the lock opened through it."""
+    `dir_fd`: the run directory opened (the views': daemon/views/runarg.py open_run), the lock opened through it.
+    OSError when the lock cannot be opened."""
+    return lock_look(run_dir, dir_fd)[0]
+
+
+def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[LockInfo | None, bool]:
+    """(its holder's body, or None; whether the lock is provably free: a regular file whose flock this look took
+    and let go at once). A held lock's body may not name its pid yet (pid None: the holder writes it just after its
+    flock). (None, False) when there is no lock file, or a link or not a regular file there. OSError when it cannot
+    be opened: whether anyone holds it cannot be told (another user's lock of mode 0600)."""
     path = Path(run_dir) / LOCK if dir_fd is None else LOCK
     try:
         fd = os.open(path, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP):
-            return None  # no lock, or a symlink that no supervisor of ours made
+            return None, False  # no lock, or a symlink that no supervisor of ours made
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        return None
+        return None, False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _read_body(fd)
+                return _read_body(fd), False
             raise
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        return None, True
     finally:
         os.close(fd)
 

@@ -11,9 +11,13 @@ supervisor writes its "start" event only after the lock, its adopt notes, the re
 words. Torch-free, light imports.
 
 A run.dir with no room at all at launch leaves not even events.jsonl: only the run lock, which the supervisor makes
-before anything else (daemon/supervisor.py) and empties at its end. A lock nobody holds beside no state.json and no
-events.jsonl is that: a supervisor that started and could write nothing (`could_not_start`, with run.dir's free
-space now as the evidence of why), not a run that never started (user7 #5).
+before anything else (daemon/supervisor.py) and empties at its end (user7 #5). The same files are left by a
+supervisor killed in the seconds between its lock and its first event (its "start" comes after the take-over, the
+init wait and the orphan hunt), and a lock held by one starting now looks alike while it writes its pid or where the
+lock cannot be opened (another user's, mode 0600). So "could not start: run.dir is full" (`could_not_start`) is said
+only on strict evidence: the lock provably free (opened, its flock taken), no events.jsonl, and 0 bytes free on
+run.dir's file system now; a lock that cannot be opened is said to be that, "cannot tell"; else the older words, "no
+state.json yet" / "not started" (review 9b #5).
 """
 from __future__ import annotations
 
@@ -25,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from minilmd import names, protocol
 from minilmd.daemon.base.states import Phase
-from minilmd.daemon.views.liveness import lock_supervisor_or_none
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
 
@@ -91,7 +94,23 @@ def _starting_words(holder: LockInfo) -> str:
     import socket
 
     where = f" on {holder.host}" if holder.host and holder.host != socket.gethostname() else ""
-    return f"starting (supervisor pid {holder.pid}{where})"
+    pid = f"pid {holder.pid}" if holder.pid else "pid not known yet"  # between its flock and its pwrite
+    return f"starting (supervisor {pid}{where})"
+
+
+def _lock_now(run_dir: Path, dir_fd: int | None) -> tuple[LockInfo | None, str]:
+    """(the run lock's holder, its pid perhaps not written yet; None when none holds it or there is none) and why it
+    cannot be looked at ("" when it can): lock_look's open failed, so whether a supervisor holds it cannot be told."""
+    from minilmd.daemon.host.lock import lock_look
+
+    try:
+        return lock_look(run_dir, dir_fd)[0], ""
+    except OSError as e:
+        return None, e.strerror or type(e).__name__
+
+
+def _cannot_tell(unknown: str) -> str:
+    return f"whether a supervisor holds its run lock cannot be told ({names.LOCK}: {unknown})"
 
 
 def _int(value) -> int | None:
@@ -99,30 +118,35 @@ def _int(value) -> int | None:
 
 
 def could_not_start(run_dir: Path, dir_fd: int | None = None) -> str | None:
-    """Why a run directory without state.json could not start, when its run lock is there but no events.jsonl
-    (module docstring; the caller has found no supervisor holding the lock): its free space now says whether it is
-    full. None when that is not the case."""
-    def there(name: str) -> bool:
-        try:
-            os.lstat(name if dir_fd is not None else run_dir / name, dir_fd=dir_fd)
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True  # there, but not looked into: no evidence either way
-    if not there(names.LOCK) or there(names.EVENTS):
+    """Why a run directory without state.json (the caller's finding) could not start, on strict evidence (module
+    docstring): its run lock there and provably free now, no events.jsonl, and 0 bytes free on its file system now:
+    a supervisor that took the lock and could write nothing after it (`minilmd run` exit 73). None otherwise: a lock
+    held, or that cannot be opened, or none; an events.jsonl; room now (then a supervisor killed before its first
+    event leaves the same files)."""
+    from minilmd.daemon.host.lock import lock_look
+
+    try:
+        free_lock = lock_look(run_dir, dir_fd)[1]
+    except OSError:
+        return None  # cannot tell: the caller says so
+    if not free_lock:
         return None
     try:
-        st = os.fstatvfs(dir_fd) if dir_fd is not None else os.statvfs(run_dir)
-        free: int | None = st.f_bavail * st.f_frsize
+        os.lstat(names.EVENTS if dir_fd is not None else run_dir / names.EVENTS, dir_fd=dir_fd)
+        return None
+    except FileNotFoundError:
+        pass
     except OSError:
-        free = None
-    wrote = f"a supervisor took its run lock ({names.LOCK}) and could write nothing after it, not even {names.EVENTS}"
-    if free == 0:
-        return (f"could not start: run.dir is full (0 bytes free on its file system now): {wrote} (`minilmd run` "
-                f"exits {protocol.SUPERVISOR_RUN_DIR_FULL} then); free space there, then start the run again")
-    now = f"; {free:,} bytes free now" if free is not None else ""
-    return f"could not start: {wrote} (was run.dir full or unwritable then? `minilmd run` said why{now})"
+        return None  # there, but not looked into: no evidence
+    try:
+        st = os.fstatvfs(dir_fd) if dir_fd is not None else os.statvfs(run_dir)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize:
+        return None
+    return (f"could not start: run.dir is full (0 bytes free on its file system now): a supervisor took its run "
+            f"lock ({names.LOCK}) and could write nothing after it, not even {names.EVENTS} (`minilmd run` exits "
+            f"{protocol.SUPERVISOR_RUN_DIR_FULL} then); free space there, then start the run again")
 
 
 def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
@@ -133,10 +157,13 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     run_dir then only names it."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
-    if (holder := lock_supervisor_or_none(run_dir, dir_fd)) is not None:
+    holder, unknown = _lock_now(run_dir, dir_fd)
+    if holder is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}"),
                           state_owners(run_dir, dir_fd))
+    if end is None and unknown:
+        return [f"{run_dir}: no state.json yet, and {_cannot_tell(unknown)}: one may be starting, or none has"]
     if end is None and (why := could_not_start(run_dir, dir_fd)):
         return [f"{run_dir}: {why}"]
     if end is None:
@@ -144,17 +171,21 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     at = f" at {fmt_time(end.time)}" if end.time is not None else ""
     return [f"{run_dir}: {end.words()}",
             f"  no {names.STATE}: its supervisor could not write one; this end is what its {names.EVENTS} "
-            f"records{at}"]
+            f"records{at}"] + [f"  {_cannot_tell(unknown)}: a supervisor starting now would not show"] * bool(unknown)
 
 
 def no_state_row(run_dir: Path, owner: int) -> dict:
     """The overview's row (daemon/views/overview.py) of a registered run directory without state.json: "starting",
     running, with "starting (supervisor pid N)" to show, while a supervisor holds its run lock; else "failed" with
-    "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else "could
-    not start" with "could_not_start" (could_not_start's words), else "not started"."""
-    if (holder := lock_supervisor_or_none(run_dir)) is not None:
+    "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else
+    "unreadable" with "why" when its lock cannot be opened (cannot tell), else "could not start" with
+    "could_not_start" (could_not_start's words, on its strict evidence), else "not started"."""
+    holder, unknown = _lock_now(run_dir, None)
+    if holder is not None:
         return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
     end = ended_in_events(run_dir, owner)
+    if end is None and unknown:
+        return {"phase": "unreadable", "running": False, "why": f"{names.LOCK}: {unknown}: cannot tell if starting"}
     if end is None and (why := could_not_start(run_dir)):
         return {"phase": "could not start", "ended": protocol.ENDED_FAILED, "running": False, "reason": why,
                 "could_not_start": why}

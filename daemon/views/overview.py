@@ -11,7 +11,9 @@ successful sync's age, restarts; "(stop requested)" after the phase while `minil
 wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when that moved it).
 A run without state.json is "starting (supervisor pid N)" while a supervisor holds its run lock, else "not started",
 or "failed (exit N)" when its supervisor gave up before it could write one (its events.jsonl records that end:
-daemon/views/lastwords.py; a line after the table gives the reason).
+daemon/views/lastwords.py; a line after the table gives the reason), or "could not start" when its run lock alone is
+there, free, on a run.dir with 0 bytes free now (a line after the table says so), or "unreadable (supervisor.lock:
+why: cannot tell if starting)" when its lock cannot be opened.
 Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
@@ -142,6 +144,11 @@ SHOWN_ENDINGS = {protocol.ENDED_STOPPED: "stopped", protocol.ENDED_EARLY_STOPPED
 """A "done" run as the table shows it, by how it ended (the row's "ended", protocol.how_ended); finished: "done"."""
 
 
+OWN_PHASES = ("vanished", "unreadable", "not started", "could not start")
+"""The overview's own phases, for a row that no supervisor runs for (none of them is a phase of state.json), shown
+without "(not running)": nothing there was running to stop."""
+
+
 def shown_phase(r: dict) -> str:
     """The phase as the table shows it: "done" is told apart by how the run ended (SHOWN_ENDINGS: "stopped" on
     request, "early-stopped" before its budget, its Slurm job "requeued" or "cancelled"; "done" its budget
@@ -159,7 +166,7 @@ def _cells(r: dict) -> list[str]:
     phase = printable(shown_phase(r))[:PHASE_WIDTH]
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
-    elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
+    elif r.get("phase") not in (*FINAL_PHASES, *OWN_PHASES) and not r.get("running"):
         phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("events_exit") is not None:
         phase += f" (exit {r['events_exit']})"  # no state.json: its events.jsonl's end (lastwords.py)

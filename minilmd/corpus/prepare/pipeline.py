@@ -331,16 +331,20 @@ def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float, per
     (the split rule is a hash of each text: raising the fraction only moves documents from train to val).
     --val-fraction 0 asks for no val split: then only train must not be empty. `per_item`: documents an item of
     the split rule holds (a preference pair: 2), which the message counts. `largest_group`: the most copies of
-    one text (duplicate_stats); when every item is that one text, no fraction splits them, and the message says so
-    instead of a fraction that would empty train (user7 #6)."""
+    one text, whitespace aside (duplicate_stats, by leak key); when every item is that one text, no fraction splits
+    them (the split hashes the exact text, so exact copies share a split, and the leak check removes a val variant
+    of a train text), and the message says so instead of a fraction that would empty train (user7 #6)."""
     n, n_val = found.documents // per_item, int(leaked.size) // per_item
     unit = "pairs" if per_item == 2 else "documents"
     n_train = n - n_val
     if n > 1 and largest_group >= n and val_fraction > 0 and (n_train == 0 or int(leaked.size) == int(leaked.sum())):
+        # one leak key for all (duplicate_stats counts by it): exact copies hash alike, and a variant in val is a leak
+        here = f" (here all {n_val:,} that fell into val were)" if n_train and n_val else ""
         raise InputError(f"the {'train' if n_train == 0 else 'val'} split is empty: all {n:,} {unit} are the same "
-                         f"text (whitespace aside), and a text and its copies always fall into one split (the split "
-                         f"is by a hash of each text), so no --val-fraction splits them: a train and a val split "
-                         f"need at least two distinct {unit}")
+                         f"text once whitespace is removed, so no --val-fraction splits them: exact copies fall "
+                         f"into one split (the split is by a hash of each exact text), and a val {unit[:-1]} that "
+                         f"equals a train one but for whitespace is removed by the leak check{here}; a train and a "
+                         f"val split need at least two distinct {unit} (whitespace aside)")
     if n_train == 0:
         raise InputError(f"the train split is empty: all {n:,} {unit} fell into val at --val-fraction "
                          f"{val_fraction}; lower it (the split is by a hash of each text), or add {unit}")
