@@ -82,7 +82,7 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     calls = tmp_path / "scontrol-calls"
     assert calls.exists() and calls.read_text().splitlines() == ["requeue 42"], (left, event_texts(run_dir))
     assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
-    cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the requeued job resumes from it, " \
+    cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the next start resumes from it, " \
           f"or from scratch's step "
     assert cut in left["reason"] and left["slurm"]["last_sync_cut"].startswith(cut), left["reason"]
     assert [m for m in event_texts(run_dir, "sync") if m.startswith(cut)], event_texts(run_dir, "sync")
@@ -107,6 +107,40 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     assert not [p.name for p in remote.iterdir() if p.name.startswith(names.TMP_PREFIX)], \
         (cut_short, sorted(os.listdir(remote)))
     assert state(run_dir)["outcome"]["ended"] == "requeued"
+
+
+# --- a trainer still saving at the job's deadline (review9a): its save is cut, the job requeued -----------------------
+# Before: the stopping phase waited up to restart.hang_timeout for the save; the cut came only after the trainer's
+# exit, and Slurm's kill first: no requeue. The fake trainer holds its stop's save until a file that never comes
+# (FAKE_STOP_HOLD) and restart.hang_timeout is an hour: only the job's deadline ends the wait.
+
+@pytest.mark.slow
+def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_itself(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 100_000, "checkpoint_every": 5},
+                          restart={"hang_timeout": "1h"})
+    run_dir = load_config(config).run_dir
+    job_line(tmp_path, 0, time.time() + 3600)
+    env = slurm_env(tmp_path, 0)
+    env["FAKE_STOP_HOLD"] = f"before:{tmp_path / 'never'}"
+    sup = start_supervisor(config, tmp_path / "sup.out", **env)
+    try:
+        wait_for(lambda: remote_step(run_dir) >= 5, 180, "a checkpoint synced")
+        job_line(tmp_path, 0, time.time() + jobend.REQUEUE_MARGIN_S + 10)
+        sup.send_signal(signal.SIGUSR1)
+        assert wait_or_kill(sup, 300) == 0, (tmp_path / "sup.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    assert (tmp_path / "never.holding").exists(), "the save was never held"
+    left = state(run_dir)
+    assert (tmp_path / "scontrol-calls").read_text().splitlines() == ["requeue 42"], event_texts(run_dir)
+    assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
+    kept = left["remote_checkpoint"]["step"]
+    assert "the trainer's save cut at the job's end" in left["reason"], left["reason"]
+    assert f"run.remote keeps step {kept}" in left["reason"], left["reason"]
+    assert [m for m in event_texts(run_dir, "stop") if "SIGKILL to trainer pid" in m], event_texts(run_dir, "stop")
+    remote = load_config(config).run.remote
+    assert checkpoint_dirs.read_latest(remote) == names.step_name(kept)
 
 
 # --- the same on a real one-node Slurm (tests/slurm_cluster.py): its EndTime, its requeue ---------------------------
