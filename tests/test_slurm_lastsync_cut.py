@@ -148,16 +148,30 @@ def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
+CUT_AFTER_S = 90
+"""The time limit, once a checkpoint is synced, this long from now: the save and the copy's start fit before the
+deadline (REQUEUE_MARGIN_S before it), and the copy, 2 s an operation, does not end before it (a save still
+running then is cut too: the assertions allow it)."""
+
+
+def run_seconds(run_time: str) -> int:
+    """scontrol's RunTime ("[D-]HH:MM:SS") in seconds."""
+    days, _, clock = run_time.rpartition("-")
+    hours, minutes, seconds = (int(p) for p in clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds
 
 
 @pytest.mark.slow
 @pytest.mark.fuse
 def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requeued(tmp_path, corpus, faultfs,
                                                                                      slurm):
-    """A job of 3 minutes: the test sends the warning itself (`scancel --batch --signal=USR1`, once a checkpoint is
-    synced) and the script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The
-    last sync, 2 s an operation on the remote, cannot end before Slurm's EndTime; it is cut 20 s before it, and the
-    job requeues itself: Slurm shows it requeued once, never killed at its time limit."""
+    """A job of 10 minutes, however slowly it starts on a loaded machine: once a checkpoint is synced, the test
+    slows the remote to 2 s an operation, brings the time limit to CUT_AFTER_S from now (`scontrol update
+    TimeLimit`, which moves Slurm's EndTime) and sends the warning itself (`scancel --batch --signal=USR1`); the
+    script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The last sync cannot end
+    before Slurm's EndTime; it is cut REQUEUE_MARGIN_S before it, and the job requeues itself: Slurm shows it
+    requeued once, never killed at its time limit. Before, a 3-minute limit armed at submission could pass before
+    the first checkpoint was synced on a loaded machine."""
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote"), "scratch": ""},
                           train={"max_steps": 100_000, "checkpoint_every": 5})
     run_dir = load_config(config).run_dir
@@ -167,13 +181,15 @@ def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requ
     env["MINILMD"] = str(Path(sys.executable).with_name("minilmd"))
     (tmp_path / "node-tmp").mkdir()
     out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path / 'job.out'}",
-                          "--time=3", "--signal=B:HUP@5", str(SBATCH), str(config)],
+                          "--time=10", "--signal=B:HUP@5", str(SBATCH), str(config)],
                          capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
     job = out.stdout.strip().split(";")[0]
     try:
         wait_for(lambda: remote_step(run_dir) >= 5, LONG, "a checkpoint synced", interval=0.5)
         faultfs.stall("remote*", 2.0, op="*")
+        limit = run_seconds(slurm.job_field(job, "RunTime")) + CUT_AFTER_S
+        slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={limit // 60}:{limit % 60:02d}")
         slurm.run("scancel", "--batch", "--signal=USR1", job)
         wait_for(lambda: slurm.job_field(job, "Restarts") == "1", LONG, "the job requeued", interval=2)
     finally:
