@@ -149,9 +149,9 @@ SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
 CUT_AFTER_S = 90
-"""The time limit, once a checkpoint is synced, this long from now: the save and the copy's start fit before the
-deadline (REQUEUE_MARGIN_S before it), and the copy, 2 s an operation, does not end before it (a save still
-running then is cut too: the assertions allow it)."""
+"""The time limit, once a checkpoint is synced, this long from now (Slurm rounds it up to a whole minute: 90 to 150 s):
+the save and the copy's start fit before the deadline (REQUEUE_MARGIN_S before it), and the copy, 2 s an operation,
+does not end before it (a save still running then is cut too: the assertions allow it)."""
 
 
 def run_seconds(run_time: str) -> int:
