@@ -1,11 +1,11 @@
 """How a run ends: the trainer stopped, the last sync, the final phase and what is given back at exit.
 
 The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so that the loop and its ending read
-apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer
-gets SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), a staging copy still running
-is waited for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue, which the job's end
-does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit, whatever
-phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
+apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer gets
+SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), a staging copy still running is waited
+for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue,
+which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit,
+whatever phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
 """
 from __future__ import annotations
