@@ -1,11 +1,11 @@
 """How a run ends: the trainer stopped, the last sync, the final phase and what is given back at exit.
 
 The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so that the loop and its ending read
-apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer
-gets SIGTERM (SIGKILL after the save grace), a staging copy still running is waited for a bounded time, then
-the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue, which the job's end
-does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit, whatever
-phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
+apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer gets
+SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), a staging copy still running is waited
+for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue,
+which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit,
+whatever phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
+from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
@@ -32,6 +33,9 @@ from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm import lastsynccut
 from minilmd.daemon.slurm.job import SlurmJob
+
+SAVE_CUT_REAP_S = 2.0
+"""How long a trainer SIGKILLed at the Slurm job's end is waited for to be reaped (within jobend.REQUEUE_MARGIN_S)."""
 
 
 class Ending:
@@ -79,6 +83,9 @@ class Ending:
         child = self.loop.child
         if child is not None:
             rc = child.poll()
+            if rc is None and self.slurm and lastsynccut.reached(self.slurm, self.cfg):
+                self._cut_save(child)  # the job's end is near: its save is waited for no longer
+                return
             if rc is None:
                 patience = save_grace(self.cfg)
                 if child.killed_at is not None:
@@ -104,6 +111,21 @@ class Ending:
             self._finish(problem)
         elif self.sync.room_wait:
             self._say(self.sync.room_wait)
+
+    def _cut_save(self, child) -> None:
+        """A preempted Slurm job's trainer still saving at the job's deadline (a slow save, a torchrun group's slow
+        teardown): SIGKILL its group, as after restart.hang_timeout, and finish as requeued while there is time for
+        it. The save is atomic: the checkpoint before it stays."""
+        assert self.slurm is not None  # only a Slurm job has a deadline
+        waited = now() - (child.stop_sent or now())
+        words = lastsynccut.save_cut(self.slurm, self.sync, self.cfg, self.state, waited)
+        self.events.emit("stop", f"{words}: SIGKILL to trainer pid {child.pid}")
+        self.state.record_error(words)
+        if child.killed_at is None:
+            child.kill(why="by the supervisor at the Slurm job's end, still saving")
+        if (rc := wait_bounded(child.popen, SAVE_CUT_REAP_S, self.notifier.watchdog)) is not None:
+            self._on_child_end(rc)  # else _shutdown says it is not reaped
+        self._finish(words)
 
     def _finish(self, sync_problem: str) -> None:
         if missing := self._nothing_to_sync():
@@ -184,6 +206,8 @@ class Ending:
         if problem:
             self._fail(1, problem)
             return
+        if self.slurm.sync_cut and not requeue:  # stopped or cancelled for good: the cut is this run's last word
+            self.state.record_error(f"{self.loop.ended}, but {self.slurm.sync_cut}")
         self._go(Phase.DONE, reason)
         if requeue and (problem := self.slurm.requeue()) is not None:
             self.loop.exit_status = 1

@@ -31,7 +31,7 @@ SENDS = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate", "pth
 SIGNAL_MODULES = {"os", "signal"}
 WRAPPER_CALLS = Counter({
     ("daemon/child/process.py", "self.kill"): 1,  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
-    ("daemon/ending.py", "child.kill"): 1,
+    ("daemon/ending.py", "child.kill"): 2,  # the save grace spent; a Slurm job's deadline reached (_cut_save)
     ("daemon/child/trainerwatch.py", "child.kill"): 2,  # a hang; the second stop signal (kill_on_second_stop)
 })
 """Calls of daemon/child/process.py's Child.kill, which signals through procs.py only, each with how many: one more

@@ -183,14 +183,14 @@ def test_a_last_sync_still_copying_at_the_jobs_end_is_abandoned_and_the_job_requ
         clock.at = T0 + 100 - jobend.REQUEUE_MARGIN_S  # the deadline
         words = lastsynccut.due(job, sync, sync.cfg, sync.state, emit, clock) or ""
         assert words.startswith("last sync cut at the job's end: run.remote holds no checkpoint of this run; the "
-                                "requeued job starts from step 0, or from scratch's step 4 if it lands on this node")
+                                "next start begins at step 0, or from scratch's step 4 if it runs on this node")
         assert sync.worker is None and syncer.abandoned == words  # its copy stops at its next chunk
         assert sync.state.sync.state == "failed" and sync.state.sync.error == words
         assert [m for m in said if m.startswith(words) and "abandoned" in m], said
         assert lastsynccut.due(job, sync, sync.cfg, sync.state, emit, clock) == words  # cut once, said once
     asked = len(runner.calls)
     plan = job.plan(False, None, words)
-    assert runner.calls[asked:] == [] and short.calls == [["scontrol", "show", "job", "-o", "42"]]
+    assert runner.calls[asked:] == [] and short.calls == [["scontrol", "show", "job", "-o", "42"]] * 2  # end, plan
     assert plan.requeue and plan.problem is None and plan.ended == "requeued" and words in plan.reason
     assert job.state["slurm"]["last_sync_cut"] == words
     finished = job.plan(True, None, words)  # the budget done, its last checkpoint not synced: requeued to sync it
@@ -209,8 +209,8 @@ def test_outside_a_preemption_or_before_the_deadline_the_last_sync_is_never_cut(
 
 def test_words_of_a_cut_name_the_remotes_step_and_scratchs(tmp_path):
     behind = lastsynccut.cut_words(20, 30, tmp_path)
-    assert behind.startswith("last sync cut at the job's end: run.remote keeps step 20; the requeued job resumes "
-                             "from it, or from scratch's step 30 if it lands on this node")
+    assert behind.startswith("last sync cut at the job's end: run.remote keeps step 20; the next start resumes "
+                             "from it, or from scratch's step 30 if it runs on this node")
     assert "the newest" in lastsynccut.cut_words(30, 30, tmp_path)
 
 
@@ -249,3 +249,123 @@ def test_an_abandoned_copy_stops_before_it_is_put_in_place_and_removes_its_half_
     assert not [p for p in remote.iterdir() if p.name.startswith(".tmp-")], list(remote.iterdir())
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     ck.validate(remote / "step-00000010", EXPECTED)
+
+
+# --- review9a: the end asked at the signal, in a known format; a stop request; an abandon after the last chunk -------
+
+def test_the_jobs_end_is_asked_at_the_signal_within_the_short_bound():
+    """Before: asked on the first stopping tick after the trainer's save, with the 10 s runner, eating the margin."""
+    line = f"JobState=RUNNING Reason=None Restarts=0 EndTime={iso(T0 + 250)}"
+    runner, short = FakeScontrol(line), FakeScontrol(line)
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), runner, signal_runner=short,
+                         environ={})
+    assert runner.calls == [["scontrol", "show", "job", "-o", "42"]]  # the job's start
+    assert job.preempt("USR1") and not job.preempt("SIGTERM")
+    assert short.calls == [["scontrol", "show", "job", "-o", "42"]] and len(runner.calls) == 1
+    assert job.job_end().at == T0 + 250 and len(short.calls) == 1
+
+
+TIME_FORMAT_SCONTROL = """#!/bin/sh
+# EndTime as a real scontrol prints it under $SLURM_TIME_FORMAT (scontrol(1) ENVIRONMENT)
+case "$SLURM_TIME_FORMAT" in
+  "%s") end="$FAKE_END_EPOCH" ;;
+  relative) end="Tomorr 04:00" ;;
+  "") end="$FAKE_END_ISO" ;;
+  *) end="06.12 04:00" ;;
+esac
+echo "JobId=$4 JobState=RUNNING Reason=None Restarts=0 EndTime=$end"
+"""
+
+
+@pytest.mark.parametrize("users_format", ["relative", "%d.%m %H:%M"])
+def test_end_time_is_read_whatever_time_format_the_user_set(tmp_path, monkeypatch, users_format):
+    """Before: scontrol ran in the user's SLURM_TIME_FORMAT, EndTime was not read and a SIGTERM's end fell back to
+    KillWait's 30 s, cutting a long grace's last sync at once. Now it is asked as epoch seconds."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(TIME_FORMAT_SCONTROL)
+    (bin_dir / "scontrol").chmod(stat.S_IRWXU)
+    end = int(time.time()) + 600
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_TIME_FORMAT", users_format)
+    monkeypatch.setenv("FAKE_END_EPOCH", str(end))
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), environ={})
+    job.preempt("SIGTERM")
+    assert job.job_end() == jobend.JobEnd(float(end), "scontrol's EndTime"), job.job_end()
+    # a Slurm that ignores the format prints local time: read as before
+    assert jobend.read({}, {"EndTime": iso(T0 + 60)}, "SIGTERM", T0).at == T0 + 60
+
+
+def test_a_stop_request_in_a_slurm_job_with_no_end_told_cuts_no_sync(tmp_path):
+    """`minilmd stop`'s SIGTERM in a Slurm job, scontrol silent, no SLURM_JOB_END_TIME: before, the KillWait guess
+    cut the last sync 10 s after the stop and the run ended `stopped`, exit 0, with its last sync not done."""
+    from minilmd.daemon.base import stoprequest
+
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), FakeScontrol(), environ={})
+    job.preempt("SIGTERM")
+    assert job.job_end().guessed
+    late = Clock(time.time() + 10 * jobend.WARNING_S)
+    with last_sync_running(tmp_path) as (sync, syncer, said):
+        sync.cfg.run.dir = str(tmp_path / "run")
+        (tmp_path / "run").mkdir()
+        stoprequest.leave(tmp_path / "run", os.getuid())
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, Events(), late) is None
+        assert sync.worker is not None and not syncer.__dict__.get("abandoned")
+        for leftover in (tmp_path / "run").iterdir():  # the request, whatever its name: a SIGTERM of Slurm's now
+            leftover.unlink()
+        assert lastsynccut.due(job, sync, sync.cfg, sync.state, Events(), late)  # Slurm's SIGTERM: cut
+    # a stop whose sync was cut says where the next start resumes, never a requeued job
+    stopped = job.plan(False, 4, job.sync_cut, stop_asked="minilmd stop by root")
+    assert stopped.ended == "stopped" and "not requeued; last sync cut" in stopped.reason, stopped
+    assert "requeued job" not in stopped.reason and "the next start" in stopped.reason, stopped
+
+
+class PuttingWatch(ReadWatch):
+    """The supervisor abandons the sync just after its last chunk was read back, as it is put in place."""
+
+    syncer: Syncer
+
+    def reading(self, what: str, size: int = 0) -> None:
+        super().reading(what, size)
+        if what.startswith("putting "):
+            self.syncer.abandoned = "the job's end is near"
+
+
+def test_an_abandon_after_the_last_chunk_puts_nothing_in_place(dirs, weights):
+    """Before: only a chunk checked `abandoned`; an abandon after the last one let the left-behind thread rename
+    the copy, repoint LATEST and prune, while state.json said the remote kept the older step."""
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    save(local, 20, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.watch = watch = PuttingWatch()
+    watch.syncer = syncer
+    with pytest.raises(SyncAbandoned, match="abandoned: the job's end is near"):
+        syncer.sync_newest()
+    assert sorted(p.name for p in remote.iterdir() if not p.name.startswith(".")) == ["LATEST", "step-00000010"]
+    assert not [p for p in remote.iterdir() if p.name.startswith(".tmp-")], list(remote.iterdir())
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
+
+
+def test_an_abandon_during_the_lora_base_copy_stops_the_sync(dirs, weights, monkeypatch):
+    """Before: basecopy.push_or_say took the SyncAbandoned for a base problem and the sync went on to copy."""
+    from minilmd.daemon.jobs import basecopy
+
+    local, remote = dirs
+    save(local, 10, weights)
+    base = local.parent / "init"
+    base.mkdir()
+    (base / basecopy.INIT_RECORD).write_text("{}")
+    syncer = Syncer(local, str(remote), EXPECTED, base=base)
+
+    def abandoned_midway(*args, **kwargs):
+        syncer.abandoned = "the job's end is near"
+        syncer._moved(1)  # the base copy's next chunk
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(basecopy, "push_found", abandoned_midway)
+    with pytest.raises(SyncAbandoned):
+        syncer.sync_newest()
+    assert syncer.base_problem is None, syncer.base_problem  # not taken for a base the remote lacks
+    assert not checkpoint_dirs.list_checkpoints(remote)

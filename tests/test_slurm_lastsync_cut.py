@@ -82,7 +82,7 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     calls = tmp_path / "scontrol-calls"
     assert calls.exists() and calls.read_text().splitlines() == ["requeue 42"], (left, event_texts(run_dir))
     assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
-    cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the requeued job resumes from it, " \
+    cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the next start resumes from it, " \
           f"or from scratch's step "
     assert cut in left["reason"] and left["slurm"]["last_sync_cut"].startswith(cut), left["reason"]
     assert [m for m in event_texts(run_dir, "sync") if m.startswith(cut)], event_texts(run_dir, "sync")
@@ -109,21 +109,69 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     assert state(run_dir)["outcome"]["ended"] == "requeued"
 
 
+# --- a trainer still saving at the job's deadline (review9a): its save is cut, the job requeued -----------------------
+# Before: the stopping phase waited up to restart.hang_timeout for the save; the cut came only after the trainer's
+# exit, and Slurm's kill first: no requeue. The fake trainer holds its stop's save until a file that never comes
+# (FAKE_STOP_HOLD) and restart.hang_timeout is an hour: only the job's deadline ends the wait.
+
+@pytest.mark.slow
+def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_itself(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 100_000, "checkpoint_every": 5},
+                          restart={"hang_timeout": "1h"})
+    run_dir = load_config(config).run_dir
+    job_line(tmp_path, 0, time.time() + 3600)
+    env = slurm_env(tmp_path, 0)
+    env["FAKE_STOP_HOLD"] = f"before:{tmp_path / 'never'}"
+    sup = start_supervisor(config, tmp_path / "sup.out", **env)
+    try:
+        wait_for(lambda: remote_step(run_dir) >= 5, 180, "a checkpoint synced")
+        job_line(tmp_path, 0, time.time() + jobend.REQUEUE_MARGIN_S + 10)
+        sup.send_signal(signal.SIGUSR1)
+        assert wait_or_kill(sup, 300) == 0, (tmp_path / "sup.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    assert (tmp_path / "never.holding").exists(), "the save was never held"
+    left = state(run_dir)
+    assert (tmp_path / "scontrol-calls").read_text().splitlines() == ["requeue 42"], event_texts(run_dir)
+    assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
+    kept = left["remote_checkpoint"]["step"]
+    assert "the trainer's save cut at the job's end" in left["reason"], left["reason"]
+    assert f"run.remote keeps step {kept}" in left["reason"], left["reason"]
+    assert [m for m in event_texts(run_dir, "stop") if "SIGKILL to trainer pid" in m], event_texts(run_dir, "stop")
+    remote = load_config(config).run.remote
+    assert checkpoint_dirs.read_latest(remote) == names.step_name(kept)
+
+
 # --- the same on a real one-node Slurm (tests/slurm_cluster.py): its EndTime, its requeue ---------------------------
 
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
+CUT_AFTER_S = 90
+"""The time limit, once a checkpoint is synced, this long from now (Slurm rounds it up to a whole minute: 90 to 150 s):
+the save and the copy's start fit before the deadline (REQUEUE_MARGIN_S before it), and the copy, 2 s an operation,
+does not end before it (a save still running then is cut too: the assertions allow it)."""
+
+
+def run_seconds(run_time: str) -> int:
+    """scontrol's RunTime ("[D-]HH:MM:SS") in seconds."""
+    days, _, clock = run_time.rpartition("-")
+    hours, minutes, seconds = (int(p) for p in clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds
 
 
 @pytest.mark.slow
 @pytest.mark.fuse
 def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requeued(tmp_path, corpus, faultfs,
                                                                                      slurm):
-    """A job of 3 minutes: the test sends the warning itself (`scancel --batch --signal=USR1`, once a checkpoint is
-    synced) and the script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The
-    last sync, 2 s an operation on the remote, cannot end before Slurm's EndTime; it is cut 20 s before it, and the
-    job requeues itself: Slurm shows it requeued once, never killed at its time limit."""
+    """A job of 10 minutes, however slowly it starts on a loaded machine: once a checkpoint is synced, the test
+    slows the remote to 2 s an operation, brings the time limit to CUT_AFTER_S from now (`scontrol update
+    TimeLimit`, which moves Slurm's EndTime) and sends the warning itself (`scancel --batch --signal=USR1`); the
+    script's own warning is replaced by a harmless SIGHUP (a log reopen) 5 s before the end. The last sync cannot end
+    before Slurm's EndTime; it is cut REQUEUE_MARGIN_S before it, and the job requeues itself: Slurm shows it
+    requeued once, never killed at its time limit. Before, a 3-minute limit armed at submission could pass before
+    the first checkpoint was synced on a loaded machine."""
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote"), "scratch": ""},
                           train={"max_steps": 100_000, "checkpoint_every": 5})
     run_dir = load_config(config).run_dir
@@ -133,13 +181,15 @@ def test_on_a_real_slurm_the_cut_comes_before_the_time_limit_and_the_job_is_requ
     env["MINILMD"] = str(Path(sys.executable).with_name("minilmd"))
     (tmp_path / "node-tmp").mkdir()
     out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path / 'job.out'}",
-                          "--time=3", "--signal=B:HUP@5", str(SBATCH), str(config)],
+                          "--time=10", "--signal=B:HUP@5", str(SBATCH), str(config)],
                          capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
     job = out.stdout.strip().split(";")[0]
     try:
         wait_for(lambda: remote_step(run_dir) >= 5, LONG, "a checkpoint synced", interval=0.5)
         faultfs.stall("remote*", 2.0, op="*")
+        limit = run_seconds(slurm.job_field(job, "RunTime")) + CUT_AFTER_S
+        slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={limit // 60}:{limit % 60:02d}")
         slurm.run("scancel", "--batch", "--signal=USR1", job)
         wait_for(lambda: slurm.job_field(job, "Restarts") == "1", LONG, "the job requeued", interval=2)
     finally:

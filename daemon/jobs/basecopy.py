@@ -75,11 +75,15 @@ def on_remote(remote: RemoteStore, staged: Path) -> bool:
     return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
-def push_or_say(remote: RemoteStore, staged: Path, host: str, pid: int, taken) -> tuple[int, str | None]:
+def push_or_say(remote: RemoteStore, staged: Path, host: str, pid: int, taken,
+                passes: tuple[type[BaseException], ...] = ()) -> tuple[int, str | None]:
     """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does); a copy
-    that fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too."""
+    that fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too.
+    `passes`: what is raised on, not said (the sync's SyncAbandoned: the whole sync stops there)."""
     try:
         pushed = push_found(remote, staged, host, pid, taken)
+    except passes:
+        raise
     except Exception as e:  # noqa: BLE001
         return 0, f"the LoRA base not copied to {remote.show(REMOTE_BASE)} ({type(e).__name__}: {e})"
     return pushed.nbytes, pushed.missing

@@ -152,9 +152,14 @@ class Syncer(Fetcher):
 
     def _moved(self, nbytes: int) -> None:
         """A chunk copied or read back: progress for the ReadWatch, and the point where an abandoned sync stops."""
+        self._go_on()
+        self.watch.answer(nbytes)
+
+    def _go_on(self) -> None:
+        """SyncAbandoned once the supervisor gave up on this sync: checked at each chunk and again before anything
+        is put in place (the rename, LATEST, retention), so that an abandon after the last chunk changes nothing."""
         if self.abandoned:
             raise SyncAbandoned(f"sync to {self.remote_url} abandoned: {self.abandoned}")
-        self.watch.answer(nbytes)
 
     # --- local -> remote ---------------------------------------------------------------------------------------
     def sync_newest(self) -> SyncResult:
@@ -228,6 +233,7 @@ class Syncer(Fetcher):
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
         self.watch.answer()
+        self._go_on()  # no older step pruned by a sync given up on
         removed = self._retention(scan)
         try:
             sync_pass.sync_further_pass(self, scan)
@@ -290,6 +296,7 @@ class Syncer(Fetcher):
             if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
                 raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
             self.watch.reading(f"putting {name} in place on {self.remote_url}")
+            self._go_on()  # abandoned after its last chunk: the verified copy is removed, not put in place
         except BaseException:
             with contextlib.suppress(OSError):  # the copy's own error is the one raised
                 remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
@@ -366,7 +373,7 @@ class Syncer(Fetcher):
             return
         self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
         nbytes, self.base_problem = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
-                                                         taken=self._base_taken)
+                                                         taken=self._base_taken, passes=(SyncAbandoned,))
         if self.base_problem:  # the checkpoints are synced all the same
             self._once(("base", self.base_problem), f"sync: the LoRA base has no durable copy: {self.base_problem}; "
                                                     f"tried again at each sync: the run does not end done without it")
@@ -405,6 +412,7 @@ class Syncer(Fetcher):
 
     def _point_latest(self, name: str, scan: Scan, verify: bool) -> None:
         """Point the remote LATEST at `name` unless it already names a newer intact checkpoint (by `scan`)."""
+        self._go_on()
         remote = self.remote
         current = (remote.read_text(LATEST) or "").strip()
         if current == name:

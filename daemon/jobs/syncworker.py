@@ -192,7 +192,8 @@ class SyncWorker:
 
     def abandon(self, why: str) -> bool:
         """Give up on the running sync, if any (a Slurm job's end is near: daemon/slurm/lastsynccut.py); True if one
-        ran. Its copy stops at its next chunk and removes its half copy (sync.py SyncAbandoned); one blocked in the
+        ran. Its copy stops at its next chunk, or after its last before anything is put in place (the rename, LATEST,
+        retention: sync.py `_go_on`), and removes its half copy (SyncAbandoned); one blocked in the
         remote until the process exits leaves its temporary name, which a later sync of the run removes
         (sync_leftovers.py). Nothing is put in place: the remote keeps its previous checkpoint."""
         worker, self.worker, self.copying = self.worker, None, None

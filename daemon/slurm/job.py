@@ -56,8 +56,13 @@ Runner = Callable[[list[str]], str]
 """Runs a Slurm command and returns its stdout; raises OSError or subprocess.SubprocessError (tests replace it)."""
 
 
+TIME_FORMAT = {"SLURM_TIME_FORMAT": "%s"}
+"""Slurm's times as epoch seconds (scontrol(1) ENVIRONMENT: a strftime format), not in whatever format the user set
+(`relative`, a custom one): daemon/slurm/jobend.py reads EndTime."""
+
+
 def run_command(args: list[str], timeout: float = SCONTROL_TIMEOUT_S) -> str:
-    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **TIME_FORMAT})
     if out.returncode != 0:
         raise subprocess.SubprocessError(f"{' '.join(args)}: exit {out.returncode}: "
                                          f"{(out.stderr or out.stdout).strip()[:300]}")
@@ -352,18 +357,21 @@ class SlurmJob:
         return True
 
     def preempt(self, signal_name: str) -> bool:
-        """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves)."""
+        """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves). The
+        job's end is asked now, before the save, so that the margin before it is not spent asking later."""
         first = not self.preempted_by
         if first:
             self.preempted_by, self.preempted_at = signal_name, time.time()
+            self.job_end()
         return first
 
     def job_end(self) -> jobend.JobEnd:
-        """When Slurm ends this preempted job: asked once (one `scontrol show job`, bounded), then kept."""
+        """When Slurm ends this preempted job: asked once (one `scontrol show job`, within SIGNAL_TIMEOUT_S), then
+        kept."""
         if self._end is None:
             environ = os.environ if self.environ is None else self.environ
-            self._end = jobend.read(environ, job_info(self.alloc.job_id, self.runner), self.preempted_by or "USR1",
-                                    self.preempted_at or time.time())
+            self._end = jobend.read(environ, job_info(self.alloc.job_id, self.signal_runner),
+                                    self.preempted_by or "USR1", self.preempted_at or time.time())
             self.emit("slurm", self._end.words())
         return self._end
 

@@ -1,17 +1,19 @@
 """When Slurm ends this job, read once at its preemption, and the last sync's deadline before it.
 
-A preempted job's last sync (daemon/slurm/lastsynccut.py) must end before Slurm kills the job, or `scontrol requeue`
-never runs and the run stops for good. The end is asked of Slurm when the supervisor first needs it (the stopping
-phase, the trainer's save done), bounded by the runner's timeout, and kept:
+A preempted job's trainer save and last sync (daemon/slurm/lastsynccut.py) must end before Slurm kills the job, or
+`scontrol requeue` never runs and the run stops for good. The end is asked of Slurm once, at the signal (SlurmJob.
+preempt, before the trainer's save: Slurm has moved EndTime by then), bounded by SIGNAL_TIMEOUT_S, and kept:
 
-- `scontrol show job`'s EndTime (local time, `2026-12-06T04:00:00`): Slurm's own view now, moved earlier by a
-  preemption with a grace time (the end becomes the preemption's time plus the grace) or a `scontrol update
-  TimeLimit`;
+- `scontrol show job`'s EndTime: Slurm's own view now, moved earlier by a preemption with a grace time (the end
+  becomes the preemption's time plus the grace) or a `scontrol update TimeLimit`. scontrol runs with
+  SLURM_TIME_FORMAT=%s (daemon/slurm/job.py run_command), so it prints epoch seconds, whatever format the user
+  set and unambiguous in a DST fall-back hour; a Slurm that ignores it prints local time (`2026-12-06T04:00:00`),
+  also read (the earlier instant in a fall-back hour: conservative);
 - SLURM_JOB_END_TIME (epoch seconds) where the job's environment has it: set from the start of the job, so it
   misses such a move. Not set by Slurm 22.05 (its libslurmfull has no such name: checked on the test cluster's
   22.05.8); newer releases set it. The earlier of the two is taken;
 - neither: the warning's own length from the signal, `--signal=B:USR1@300`'s 300 s after a USR1, Slurm's default
-  KillWait (30 s) after a SIGTERM.
+  KillWait (30 s) after a SIGTERM (`guessed`: a SIGTERM of `minilmd stop` ends no job, and then nothing is cut).
 
 A SIGTERM at the time limit itself finds EndTime reached: Slurm's SIGKILL then follows that SIGTERM by KillWait, so
 the end is taken as the signal plus KILL_WAIT_S. An end still ahead is taken as it is, though a kill may come
@@ -29,12 +31,14 @@ WARNING_S = 300.0
 KILL_WAIT_S = 30.0
 """Slurm's default KillWait: its SIGKILL follows the SIGTERM it sends at the job's end by this much."""
 REQUEUE_MARGIN_S = 20.0
-"""The last sync is cut this long before the job's end, for what must still run after it and before the kill: the
-loop's next tick (0.2 s), `scontrol show job` for the plan (whether Slurm requeues the job itself, or it is
-cancelled: bounded at daemon/slurm/job.py's SIGNAL_TIMEOUT_S, 3 s, after a cut), state.json and the events written
-to run.dir (a shared filesystem: a second or two), `scontrol requeue` (bounded at SCONTROL_TIMEOUT_S, 10 s, for a
-busy slurmctld) and the supervisor's exit: 13 s of bounds, the rest for the writes. More would cut copies that had
-time to end; a SIGTERM at the time limit leaves only KillWait's 30 s, of which it keeps 10 for the sync."""
+"""The one home of the margin (the docs refer here): a trainer still saving, or a last sync still copying, is cut
+this long before the job's end, for what must still run after it and before the kill: the loop's next tick (0.2 s),
+a SIGKILLed trainer's reaping (SAVE_CUT_REAP_S, 2 s, daemon/ending.py), `scontrol show job` for the plan (whether
+Slurm requeues the job itself, or it is cancelled: bounded at daemon/slurm/job.py's SIGNAL_TIMEOUT_S, 3 s, after a
+cut), state.json and the events written to run.dir (a shared filesystem: a second or two), `scontrol requeue`
+(bounded at SCONTROL_TIMEOUT_S, 10 s, for a busy slurmctld) and the supervisor's exit: 15 s of bounds, the rest for
+the writes. The job's end itself was asked at the signal, before any of it. More would cut copies that had time to
+end; a SIGTERM at the time limit leaves only KillWait's 30 s, of which it keeps 10 for the save and the sync."""
 MAX_AHEAD_S = 400 * 24 * 3600.0
 """An end further than this is no end (Slurm's `UNLIMITED` time limit gives a date years ahead): no deadline."""
 
@@ -45,6 +49,8 @@ class JobEnd:
 
     at: float | None
     source: str
+    guessed: bool = False
+    """Neither scontrol nor the environment told it: the warning's lead from the signal."""
 
     @property
     def deadline(self) -> float | None:
@@ -70,7 +76,10 @@ def _epoch(value: str) -> float | None:
 
 
 def _end_time(value: str) -> float | None:
-    """scontrol's EndTime (local time, no zone), or None (`Unknown`, `None`, anything else)."""
+    """scontrol's EndTime: epoch seconds (SLURM_TIME_FORMAT=%s), else local time with no zone; None for `Unknown`,
+    `None`, anything else."""
+    if (epoch := _epoch(value)) is not None:
+        return epoch
     try:
         return datetime.fromisoformat(value.strip()).timestamp() if "T" in value else None
     except ValueError:
@@ -94,4 +103,4 @@ def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: floa
     lead = WARNING_S if signal_name == "USR1" else KILL_WAIT_S
     why = "the --signal=B:USR1@300 warning's lead" if signal_name == "USR1" else "Slurm's default KillWait"
     return JobEnd(signalled_at + lead, f"neither scontrol nor {END_TIME_ENV} told it: {lead:.0f}s after the "
-                                       f"{signal_name}, {why}")
+                                       f"{signal_name}, {why}; none if it was `minilmd stop`'s", guessed=True)

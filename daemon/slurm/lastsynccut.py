@@ -1,13 +1,16 @@
-"""A preempted Slurm job's last sync, cut at the job's end so that the requeue still runs.
+"""A preempted Slurm job's trainer save and last sync, cut at the job's end so that the requeue still runs.
 
 After a preemption (or the time-limit warning) the last sync is waited for while it moves (daemon/jobs/syncworker.py
 `final_sync`); on one server that is right, in a Slurm job the job's end kills it all: a copy slower than the grace
 ends with the supervisor SIGKILLed before `scontrol requeue`, the job never requeued (the run stops for good) and
 state.json left saying the sync runs. So once the job's end (daemon/slurm/jobend.py) is REQUEUE_MARGIN_S away, a
-last sync still copying is abandoned, one not begun is not begun, and the run ends as requeued, its reason saying
-where the requeued job resumes. The sync is atomic (daemon/jobs/sync.py): a copy goes to a temporary name and is put
+trainer still saving is SIGKILLed (daemon/ending.py; the save is atomic too), a last sync still copying is abandoned,
+one not begun is not begun, and the run ends as requeued, its reason saying where the next start resumes. A guessed
+end (neither scontrol nor the environment told it) cuts nothing after `minilmd stop`'s SIGTERM: the job is not
+ending. The sync is atomic (daemon/jobs/sync.py): a copy goes to a temporary name and is put
 in place only once whole and read back, so the remote keeps its previous good checkpoint, and LATEST names it; the
-abandoned copy stops at its next chunk and removes its temporary name itself, and one the exit cuts short is removed
+abandoned copy stops at its next chunk, or before it is renamed into place, LATEST repointed or older steps pruned,
+and removes its temporary name itself, and one the exit cuts short is removed
 by the next sync of the run (daemon/jobs/sync_leftovers.py: at once on this node, whose pid is gone by then; from
 another node once a day old, since a name of another host may be a live copy there). Outside a Slurm job, and in
 one not preempted, nothing of this applies. Torch-free.
@@ -18,6 +21,7 @@ from collections.abc import Callable
 
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import now
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.slurm.job import SlurmJob
@@ -32,11 +36,8 @@ def due(slurm: SlurmJob, sync: SyncWorker, cfg, state, emit: Callable[..., None]
     if not slurm.preempted_by or not sync.enabled or (sync.worker is not None and sync.worker.done):
         return None  # not preempted, no remote, or a sync just ended: final_sync collects it first
     local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
-    if local is None:
-        return None  # nothing to sync: final_sync ends at once
-    deadline = slurm.job_end().deadline
-    if deadline is None or clock() < deadline:
-        return None
+    if local is None or not reached(slurm, cfg, clock):
+        return None  # nothing to sync (final_sync ends at once), or time left
     remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     running = sync.running_for()
     words = cut_words(remote, local, cfg.checkpoint_dir)
@@ -49,12 +50,41 @@ def due(slurm: SlurmJob, sync: SyncWorker, cfg, state, emit: Callable[..., None]
     return words
 
 
-def cut_words(remote: int | None, local: int, checkpoint_dir) -> str:
-    """Where the requeued job resumes, in words."""
-    if remote is not None and remote >= local:
-        return (f"last sync cut at the job's end: run.remote keeps step {remote}, the newest; the requeued job "
-                f"resumes from it")
-    on_remote = f"run.remote keeps step {remote}; the requeued job resumes from it" if remote is not None else \
-        "run.remote holds no checkpoint of this run; the requeued job starts from step 0"
-    return (f"last sync cut at the job's end: {on_remote}, or from scratch's step {local} if it lands on this node "
+def reached(slurm: SlurmJob, cfg, clock: Callable[[], float] = now) -> bool:
+    """Whether the preempted job's deadline (its end less REQUEUE_MARGIN_S) has come. A guessed end (neither
+    scontrol nor the environment told it) is none after `minilmd stop`'s SIGTERM: that request ends no job."""
+    if not slurm.preempted_by:
+        return False
+    end = slurm.job_end()
+    if end.deadline is None or clock() < end.deadline:
+        return False
+    return not (end.guessed and stoprequest.read(cfg.run_dir)[0] is not None)
+
+
+def save_cut(slurm: SlurmJob, sync: SyncWorker, cfg, state, waited: float) -> str:
+    """The words of a trainer's save cut at the job's end (SIGKILLed `waited` seconds after its SIGTERM; the
+    caller kills it), SlurmJob.sync_cut set for its plan, a running sync abandoned: no last sync then."""
+    local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
+    what = f"the trainer's save cut at the job's end (still saving {waited:.0f}s after its SIGTERM: SIGKILL; a " \
+           f"save is put in place whole or not at all)"
+    if sync.enabled:
+        words = cut_words(remote, local, cfg.checkpoint_dir, what=f"{what}, and the last sync")
+    else:
+        words = f"{what}: the next start resumes from scratch's newest checkpoint if it runs on this node"
+    slurm.sync_cut = words
+    sync.abandon(words)
+    return words
+
+
+def cut_words(remote: int | None, local: int | None, checkpoint_dir, what: str = "last sync") -> str:
+    """Where the run's next start (the requeued job, or a start by hand after a stop) resumes, in words."""
+    if remote is not None and (local is None or remote >= local):
+        return (f"{what} cut at the job's end: run.remote keeps step {remote}, the newest; the next start resumes "
+                f"from it")
+    on_remote = f"run.remote keeps step {remote}; the next start resumes from it" if remote is not None else \
+        "run.remote holds no checkpoint of this run; the next start begins at step 0"
+    if local is None:
+        return f"{what} cut at the job's end: {on_remote}"
+    return (f"{what} cut at the job's end: {on_remote}, or from scratch's step {local} if it runs on this node "
             f"({checkpoint_dir / names.step_name(local)})")
