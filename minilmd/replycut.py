@@ -41,13 +41,18 @@ class CorpusLies(ValueError):
     refused, not counted."""
 
 
-def prepared_at(meta: object) -> int:
-    """The --seq-len a chat corpus was prepared at (its meta.json's chat.seq_len: no document is longer). Raises
-    CorpusLies when meta.json does not give it as a positive integer."""
-    value = meta_value(meta, "chat", "seq_len")
-    if type(value) is not int or value < 1:
-        raise CorpusLies(f"its {CORPUS_META} gives chat.seq_len = {value!r}, not the positive --seq-len of a chat "
-                         f"corpus `minilmd prepare` wrote (prepare it again)")
+def prepared_at(meta: object) -> int | None:
+    """The --seq-len a chat corpus was prepared at (its meta.json's chat.seq_len: no document is longer); None when
+    meta.json does not say it (a corpus built by hand). Raises CorpusLies when it says it malformed: a `chat` that is
+    not a table, a seq_len that is not a positive integer."""
+    chat = meta_value(meta, "chat")
+    value = chat.get("seq_len") if isinstance(chat, dict) else chat
+    if value is None:
+        return None
+    if not isinstance(chat, dict) or type(value) is not int or value < 1:
+        said = f"chat = {chat!r}" if not isinstance(chat, dict) else f"chat.seq_len = {value!r}"
+        raise CorpusLies(f"its {CORPUS_META} gives {said[:80]}, not the positive --seq-len of a chat corpus "
+                         f"`minilmd prepare` wrote (prepare it again)")
     return value
 
 
@@ -88,7 +93,7 @@ def tally(kept: np.ndarray, lost: np.ndarray, items: int, targets: int, scale: f
                       sampled=scale != 1.0)
 
 
-def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, targets: int, prepared_seq_len: int,
+def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, targets: int, prepared_seq_len: int | None,
                      limit: int = SAMPLE_DOCS) -> RepliesCut:
     """`run --check`'s count of one split of a prepared chat corpus (`targets`: its meta.json's target_tokens,
     `prepared_seq_len` its chat.seq_len): the loss mask of its documents longer than seq_len, at most `limit` of them
@@ -102,10 +107,10 @@ def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, targets: int, p
         raise OSError(f"{split_dir}: not enough memory to count its replies") from None
 
 
-def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int, limit: int) -> RepliesCut:
+def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None, limit: int) -> RepliesCut:
     import numpy as np  # here: the supervisor checks a text corpus without numpy
 
-    if prepared_seq_len > _MAX_ROW:
+    if prepared_seq_len is not None and prepared_seq_len > _MAX_ROW:
         raise OSError(f"prepared at --seq-len {prepared_seq_len:,}: documents that long are not read here")
     lengths = _doc_lengths(split / DOC_LENGTHS)
     fd = open_regular(split / LOSS_MASK)
@@ -119,7 +124,7 @@ def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int, limit
             read = long_docs[np.linspace(0, long_docs.size - 1, limit).astype(np.int64)]
         kept, lost = np.zeros(read.size, np.int64), np.zeros(read.size, np.int64)
         for i, d in enumerate(read.tolist()):
-            n = int(lengths[d])  # at most prepared_seq_len: _check_index
+            n = int(lengths[d])  # at most prepared_seq_len and _MAX_ROW: _check_index
             mask = np.frombuffer(os.pread(fd, n, int(starts[d])), np.uint8)
             if mask.size != n:
                 raise OSError(f"{split / LOSS_MASK}: shorter than {DOC_LENGTHS} says")
@@ -129,18 +134,19 @@ def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int, limit
     return tally(kept, lost, int(lengths.size), targets, long_docs.size / read.size if read.size else 1.0)
 
 
-def _check_index(lengths: np.ndarray, mask_bytes: int, prepared_seq_len: int, split: Path) -> None:
+def _check_index(lengths: np.ndarray, mask_bytes: int, prepared_seq_len: int | None, split: Path) -> None:
     """The index agrees with the mask and meta.json, or CorpusLies: no length below 0 or past the --seq-len the
-    corpus was prepared at (prepare cut or dropped longer ones), and their sum the mask's size (a byte a token)."""
-    if not lengths.size:
-        total = 0
-    elif int(lengths.min()) < 0:
+    corpus was prepared at (prepare cut or dropped longer ones), and their sum the mask's size (a byte a token). A
+    corpus that does not say its --seq-len, with a document past _MAX_ROW: OSError (not read here)."""
+    longest = int(lengths.max()) if lengths.size else 0
+    if lengths.size and int(lengths.min()) < 0:
         raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {int(lengths.min()):,} tokens long")
-    elif int(lengths.max()) > prepared_seq_len:
-        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {int(lengths.max()):,} tokens long, longer than "
-                         f"the --seq-len {prepared_seq_len:,} its {CORPUS_META} says it was prepared at")
-    else:
-        total = int(lengths.sum())
+    if prepared_seq_len is not None and longest > prepared_seq_len:
+        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {longest:,} tokens long, longer than the --seq-len "
+                         f"{prepared_seq_len:,} its {CORPUS_META} says it was prepared at")
+    if longest > _MAX_ROW:
+        raise OSError(f"{split / DOC_LENGTHS}: a document of {longest:,} tokens is not read here")
+    total = int(lengths.sum())
     if total != mask_bytes:
         raise CorpusLies(f"{split / DOC_LENGTHS} counts {total:,} tokens but {split / LOSS_MASK} holds "
                          f"{mask_bytes:,}")

@@ -166,11 +166,11 @@ def test_a_malformed_meta_is_said_not_an_attribute_error(tmp_path, corpus):
     pc = open_prepared(corpus[0])
     cfg = load_config(_config(tmp_path, corpus, "m", 40))
     sampler = make_sampler("bucketed", pc.train.tokens, pc.train.doc_starts, 40, 0, pc.train.loss_mask, 4)
-    for chat in ("x", {"seq_len": "96"}, None):
-        with pytest.raises(DataError, match=r"chat\.seq_len = .*not the positive --seq-len"):
+    for chat in ("x", {"seq_len": "96"}, {"seq_len": 0}):
+        with pytest.raises(DataError, match=r"gives chat.*not the positive --seq-len"):
             check_replies_fit(sampler, pc.val, {**pc.meta, "chat": chat}, cfg, warn=False)
         problem, _ = replies_cut(cfg, {**pc.meta, "chat": chat})
-        assert "chat.seq_len" in problem, problem
+        assert "not the positive --seq-len" in problem, problem
 
 
 def _lying_copy(tmp_path, root, lengths_of) -> Path:

@@ -218,7 +218,7 @@ def check_replies_fit(sampler: Sampler, val: TokenStream, meta: dict, cfg: RunCo
     """The trainer's count of what train.seq_len cuts away of an SFT corpus's replies (replycut.py: a row keeps a
     conversation's first seq_len tokens), over every document of both splits, from the rows' own counts
     (DocumentRows.targets_lost): ConfigError (exit 2) when rowcount.replies_fit refuses it (the exact count decides: the
-    trainer runs no sampled one), as `run --check` does; DataError (exit 65) when meta.json gives no chat.seq_len;
+    trainer runs no sampled one), as `run --check` does; DataError (exit 65) when its chat.seq_len is malformed;
     printed as a warning (`warn`: the main rank) when any is cut. Nothing for rows that cut no conversation (packed
     windows, text) nor DPO's pairs (pairs.py)."""
     rows = getattr(sampler, "docs", None)
