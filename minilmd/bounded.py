@@ -21,10 +21,11 @@ def shared_storage_check(check, *args) -> list[str]:
     return result if answered else []
 
 
-def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
-    """fn(*args) on shared storage, in a thread for SHARED_STORAGE_PROBE_S at most: (True, its result, "") when it
-    returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount: the thread is left
-    behind, a daemon)."""
+def bounded_probe(fn, *args, timeout_s: float | None = None) -> tuple[bool, Any, str]:
+    """fn(*args) on shared storage, in a thread for `timeout_s` (None: SHARED_STORAGE_PROBE_S) at most: (True, its
+    result, "") when it returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount:
+    the thread is left behind, a daemon)."""
+    timeout_s = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
     result: list = []
     failed: list[str] = []
 
@@ -36,8 +37,8 @@ def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()
-    worker.join(SHARED_STORAGE_PROBE_S)
+    worker.join(timeout_s)
     if result:
         return True, result[0], ""
-    return False, None, failed[0] if failed else f"did not answer within {SHARED_STORAGE_PROBE_S:g} s (stalled)"
+    return False, None, failed[0] if failed else f"did not answer within {timeout_s:g} s (stalled)"
 

@@ -64,23 +64,28 @@ from minilmd.path_checks import (
     textfile_problems,
 )
 from minilmd.raw_corpus import prepare_hint
+from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
 from minilmd.urls import is_url, protocol_of
 
 
-def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
+def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None, count_replies: bool = True
+                ) -> ExtraCheck:
     """path_problems, then `more_checks`' (the order of the one ConfigError)."""
-    return lambda cfg: path_problems(cfg, waits) + (more_checks(cfg) if more_checks is not None else [])
+    return lambda cfg: path_problems(cfg, waits, count_replies) + (more_checks(cfg) if more_checks else [])
 
 
 def load_checked(path: str | os.PathLike, overrides: list[str] | None = None,
-                 more_checks: ExtraCheck | None = None, waits: list[str] | None = None) -> RunConfig:
+                 more_checks: ExtraCheck | None = None, waits: list[str] | None = None,
+                 count_replies: bool = True) -> RunConfig:
     """load_config, then path_problems and `more_checks`: every problem in one ConfigError. With `waits` (the
     supervisor's check: it waits), an init.from that cannot be reached now, and the corpus of a run that has
-    started before gone with its share, are no problem but a line there."""
-    return load_config(path, overrides, _with_paths(more_checks, waits), train_tokens_of=corpus_train_tokens)
+    started before gone with its share, are no problem but a line there. `count_replies` False: the trainer's,
+    which counts the replies train.seq_len cuts exactly at its start, not by run --check's sample."""
+    return load_config(path, overrides, _with_paths(more_checks, waits, count_replies),
+                       train_tokens_of=corpus_train_tokens)
 
 
 def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None) -> RunConfig:
@@ -95,7 +100,7 @@ def root_taken(cfg: RunConfig) -> bool:
     return bool(scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled))
 
 
-def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
+def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies: bool = True) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
     it is), the prepared corpus, the Prometheus textfile, init.from, the probe corpus, the remote. `waits`: see
@@ -112,7 +117,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         if is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
-            p += _corpus_problems(cfg, waits)
+            p += _corpus_problems(cfg, waits, count_replies)
     if cfg.log.prometheus_textfile:
         p += textfile_problems(cfg.log.prometheus_textfile)
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
@@ -127,19 +132,22 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     return p
 
 
-def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
-    """_check_prepared_dir on shared storage. A corpus that is not there at all, or an empty directory, is a typo
-    at a first launch, but its share gone or not mounted (an NFS outage, a mount not back yet after a reboot) at
-    the restart of a run that has started before (its state.json is there): with `waits`, no problem but a line
-    there, since staging trains from the verified copy in scratch or waits for the share (daemon/jobs/staging.py),
-    as at any other restart. Unless it is a typo: a data.prepared other than the one the staged copy's record names
-    (minilmd/shared_place.py staged_from; no record is no evidence) that is not there while the directory above it
-    holds other entries (shared_place.gone_or_typo): refused, as at a first launch, never trained from the old copy
-    nor waited for."""
+def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: bool = True) -> list[str]:
+    """_check_prepared_dir on shared storage, then (`count_replies`) the replies train.seq_len cuts, in a probe of their
+    own (reply_check.replies_verdict: a slow count never hides the corpus's other problems). A corpus that is not there
+    at all, or an empty directory, is a typo at a first launch, but its share gone or not mounted (an NFS outage, a
+    mount not back yet after a reboot) at the restart of a run that has started before (its state.json is there): with
+    `waits`, no problem but a line there, since staging trains from the verified copy in scratch or waits for the share
+    (daemon/jobs/staging.py), as at any other restart. Unless it is a typo: a data.prepared other than the one the
+    staged copy's record names (minilmd/shared_place.py staged_from; no record is no evidence) that is not there while
+    the directory above it holds other entries (shared_place.gone_or_typo): refused, as at a first launch, never trained
+    from the old copy nor waited for."""
     answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
     if not answered:
         return []
-    problems, absent = found
+    problems, absent, meta = found
+    if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
+        problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
     if not (absent and waits is not None and has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
@@ -168,30 +176,31 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
     return found[1] if answered else why
 
 
-def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
-    """(What is wrong with the corpus, how it is absent: "" when it is there.) The corpus is a prepared one, and
-    what the trainer would refuse in it after staging is said now: a vocabulary other than model.vocab_size (a
-    config error: the config does not match the data), an empty val split. (Ids beyond its own vocabulary are the
-    corpus's fault, a data error, found when the trainer opens it.) Absent: not there at all (its share gone), or an
-    empty directory (a mount point whose share is not mounted reads as its empty stub), or one that cannot be listed
-    now (minilmd/shared_place.py decides, as staging does); a directory holding other files but no meta.json is
-    there, and not a prepared corpus. One that cannot be listed is no problem here (a mount that fails is not a
-    config error: staging waits for it), as a probe that does not answer."""
+def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
+    """(What is wrong with the corpus, how it is absent: "" when it is there, its meta.json: None when not read.) The
+    corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary other than
+    model.vocab_size (a config error: the config does not match the data), an empty val split. (Ids beyond its own
+    vocabulary are the corpus's fault, a data error, found when the trainer opens it.) Absent: not there at all (its
+    share gone), or an empty directory (a mount point whose share is not mounted reads as its empty stub), or one that
+    cannot be listed now (minilmd/shared_place.py decides, as staging does); a directory holding other files but no
+    meta.json is there, and not a prepared corpus. One that cannot be listed is no problem here (a mount that fails is
+    not a config error: staging waits for it), as a probe that does not answer."""
     prepared = cfg.data.prepared
     found = look(prepared, CORPUS_META)
     absent = f"is {found.what} now ({found.hint})" if found.outage else ""
     if found.place is Place.GONE:
-        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], absent
+        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], absent, None
     if found.place is Place.EMPTY:
         return [f"data.prepared = {prepared!r}: an empty directory (its share not mounted?); run `minilmd "
-                f"prepare` first"], absent
+                f"prepare` first"], absent, None
     if found.place is Place.UNREADABLE:
-        return [], absent
+        return [], absent, None
     if found.place is Place.NOT_A_DIRECTORY:  # a raw corpus given as the prepared one: the command to run said
         hint = prepare_hint(prepared, cfg.train.seq_len)
-        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`{hint and '; ' + hint}"], ""
+        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"
+                f"{hint and '; ' + hint}"], "", None
     if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
-        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], "", None
     read = read_corpus_meta(prepared)
     meta = read or {}
     p = []
@@ -211,21 +220,7 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
                  + (f" (it was {fraction})" if fraction is not None else ""))
     if not unread and (too_few := _too_few_rows(cfg, meta)):
         p.append(f"data.prepared = {prepared!r}: {too_few}")
-    from minilmd.replycut import replies_cut  # numpy: only where a corpus is checked
-    if not unread and (cut := replies_cut(cfg, meta)[0]):
-        p.append(f"data.prepared = {prepared!r}: {cut}")
-    return p, ""
-
-
-def replies_cut_warning(cfg: RunConfig) -> str:
-    """What train.seq_len cuts away of a local corpus's replies when it is not refused (replycut.replies_cut's
-    warning: DPO's pairs, SFT's conversations): a line for `run --check`; "" when none, or unreadable now."""
-    from minilmd.replycut import replies_cut
-
-    if not cfg.data.prepared or is_url(cfg.data.prepared):
-        return ""
-    answered, meta, _ = bounded_probe(read_corpus_meta, cfg.data.prepared)
-    return replies_cut(cfg, meta)[1] if answered and meta is not None else ""
+    return p, "", read
 
 
 def _too_few_rows(cfg: RunConfig, meta: dict) -> str:

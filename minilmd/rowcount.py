@@ -132,7 +132,7 @@ def pairs_fit(meta: dict, seq_len: int, counts: dict[str, tuple[int, int]] | Non
 
 def past_half(lost: int, total: int) -> bool:
     """The line past which a cut at train.seq_len refuses a run (exit 2) rather than warns: more than half of what
-    trains is lost (DPO: its pairs, pairs_fit; SFT: its reply tokens, replies_fit)."""
+    trains is lost (DPO: its pairs, pairs_fit; SFT: its train split's reply tokens, replies_fit)."""
     return 2 * lost > total
 
 
@@ -150,12 +150,15 @@ class RepliesCut:
 
 def replies_fit(counts: dict[str, RepliesCut], seq_len: int, prepared_at: object) -> tuple[str, str]:
     """(problem, warning) of an SFT run whose rows keep a conversation's first seq_len tokens (replycut.py counts
-    what that cuts per split): a problem (refused, exit 2) past half of the reply tokens lost, a warning when any
-    conversation is left without a reply token or any reply token is cut; each names the counts and the fix."""
+    what that cuts per split): a problem (refused, exit 2) past half of the train split's reply tokens lost, a
+    warning when any conversation of either split is left without a reply token or any reply token is cut; each
+    names the counts and the fix. The train split alone decides the refusal: it is what the run learns from, whereas
+    a cut val split only narrows what the val loss measures (and a val split with cuts and a train split without
+    loses no training)."""
+    train = counts.get("train")
     counts = {split: c for split, c in counts.items() if c.targets_lost or c.without_reply}
     if not counts:
         return "", ""
-    lost, total = sum(c.targets_lost for c in counts.values()), sum(c.targets for c in counts.values())
     about = "about " if any(c.sampled for c in counts.values()) else ""
     which = "; ".join(f"{split}: {about}{c.without_reply:,} of {c.items:,} conversations keep no reply token, "
                       f"{about}{c.targets_lost:,} of {c.targets:,} reply tokens cut "
@@ -165,7 +168,7 @@ def replies_fit(counts: dict[str, RepliesCut], seq_len: int, prepared_at: object
     said = (f"train.seq_len = {seq_len} cuts each conversation's row at {seq_len} tokens ({which}): the cut replies "
             f"train nothing; {higher}, or prepare the corpus again at --seq-len {seq_len} (it drops the "
             f"conversations left without a reply and counts what it cuts)")
-    return (said, "") if past_half(lost, total) else ("", said)
+    return (said, "") if train is not None and past_half(train.targets_lost, train.targets) else ("", said)
 
 
 _RANKS = {"min": 0.0, "median": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}

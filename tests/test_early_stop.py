@@ -86,7 +86,7 @@ def test_a_meta_json_that_cannot_be_read_is_not_taken_for_a_text_corpus_by_the_m
     (prepared / "meta.json").write_text('{"format": "minilmd-prepared", "data_format": "dpo", "vocab_size": 3')
     cfg = load_config(write_config(tmp_path, (prepared, 300), name="torn", model=dict(TINY_MODEL),
                                    early_stop={"patience": 2, "metric": "val_reward_accuracy"}))
-    problems, _ = _check_prepared_dir(cfg)
+    problems, _, _ = _check_prepared_dir(cfg)
     assert not any("needs a preference corpus" in p for p in problems), problems
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, scratch
+from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, replycut, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.config import ConfigError, load_config
 from minilmd.corpus import chat, chat_files
@@ -80,6 +80,12 @@ def _run_config_copy(d: Path):
     return load_config(d / names.RUN_CONFIG_COPY, untrusted=True)
 
 
+def _replies_cut(d: Path):
+    """run --check's count of a chat split whose index is hostile, beside a loss mask of 64 tokens."""
+    (d / "train" / names.LOSS_MASK).write_bytes(bytes(64))
+    return replycut.chat_replies_cut(d / "train", 8, 100, 96)
+
+
 READERS = {
     "registry entry": Reader("e.json", _entry, (Unreadable,)),
     "state.json": Reader(names.STATE, runstate.load_state, (Unreadable,)),
@@ -115,6 +121,8 @@ READERS = {
     "remote LATEST pointer": Reader(names.LATEST, lambda d: open_remote(str(d)).read_text(names.LATEST)),
     "remote checkpoint manifest": Reader(f"{names.step_name(1)}/{names.MANIFEST}",
                                          lambda d: open_remote(str(d)).manifest_or_problems(names.step_name(1))),
+    "chat doc_lengths.npy (chat_replies_cut)": Reader(f"train/{names.DOC_LENGTHS}", _replies_cut,
+                                                      (OSError, replycut.CorpusLies)),
     "safetensors header": Reader(names.MODEL_FILE, lambda d: scan_safetensors(d / names.MODEL_FILE), (ValueError,),
                                  kinds=False),
 }

@@ -7,6 +7,9 @@ count by hand over the corpus's masks. Before: `run --check` said OK and the tra
 from __future__ import annotations
 
 import json
+import shutil
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,13 +17,17 @@ from typer.testing import CliRunner
 
 from chat_helpers import prepared_chat, read_conversations, write_jsonl
 from in_process import train_in_process
+from minilmd import reply_check
 from minilmd.cli import app
 from minilmd.config import ConfigError, load_config
 from minilmd.corpus.format import open_prepared
-from minilmd.plan.bucketing import check_replies_fit
+from minilmd.plan.bucketing import DocumentRows, check_replies_fit
+from minilmd.plan.sampler_base import DataError
 from minilmd.plan.samplers import make_sampler
+from minilmd.probes import corpus_out_of_reach, load_checked, path_problems
 from minilmd.protocol import EXIT_CONFIG
-from minilmd.replycut import chat_replies_cut
+from minilmd.reply_check import replies_cut_warning
+from minilmd.replycut import CorpusLies, chat_replies_cut, replies_cut, row_targets
 from minilmd.rowcount import RepliesCut, replies_fit
 from trainer_corpus import write_config
 
@@ -58,12 +65,12 @@ def _config(tmp_path, corpus, name, seq_len):
 
 
 def _refused_and_warned(root) -> tuple[int, int]:
-    """A seq_len that loses more than half the reply tokens, and one that leaves some conversation without any but
-    loses less than half."""
+    """A seq_len that loses more than half the train split's reply tokens, and one that leaves some conversation
+    without any but loses less than half."""
     counts = {t: _by_hand(root, t) for t in range(8, PREPARED_AT, 4)}
 
     def share(t):
-        return sum(c[2] for c in counts[t].values()) / sum(c[3] for c in counts[t].values())
+        return counts[t]["train"][2] / counts[t]["train"][3]
     refused = max(t for t in counts if share(t) > 0.5)
     warned = min(t for t in counts if share(t) < 0.5 and counts[t]["train"][0])
     return refused, warned
@@ -76,11 +83,11 @@ def test_the_count_matches_a_hand_count_and_the_trainer_refuses_or_warns(tmp_pat
     for seq_len in (refused, warned, PREPARED_AT):
         hand = _by_hand(root, seq_len)
         for split in ("train", "val"):
-            cut = chat_replies_cut(root / split, seq_len, hand[split][3])  # run --check's: only the long ones read
+            cut = chat_replies_cut(root / split, seq_len, hand[split][3], PREPARED_AT)  # run --check's: the long ones
             assert (cut.without_reply, cut.items, cut.targets_lost, cut.targets) == hand[split]
             assert not cut.sampled
     assert _by_hand(root, warned)["train"][0] > 0  # the observation: conversations that train nothing
-    sampled = chat_replies_cut(root / "train", warned, _by_hand(root, warned)["train"][3], limit=3)
+    sampled = chat_replies_cut(root / "train", warned, _by_hand(root, warned)["train"][3], PREPARED_AT, limit=3)
     assert sampled.sampled and sampled.targets_lost > 0  # a bound on what is read: an estimate, said to be one
 
     def trainer_check(seq_len):  # what the trainer runs at its start, over its own rows
@@ -123,3 +130,119 @@ def test_run_check_and_the_trainer_say_it(tmp_path, corpus):
     assert w.exit_code == 0 and f"note: train.seq_len = {warned} cuts" in " ".join(w.output.split()), w.output
     p = train_in_process(_config(tmp_path, corpus, "short", refused))
     assert p.returncode == EXIT_CONFIG and f"train.seq_len = {refused} cuts" in " ".join(p.stderr.split()), p.stderr
+
+
+def test_the_rows_keep_each_documents_lost_targets_counted_as_by_hand(corpus):
+    """The trainer's count comes from DocumentRows' one pass (targets_lost), not a second loop over the documents;
+    row_targets, the one home of the rule, matches a per-document count, empty and exactly-seq_len documents too."""
+    root = corpus[0]
+    pc = open_prepared(root)
+    for seq_len in (12, 40, PREPARED_AT):
+        rows = DocumentRows(pc.train.tokens, pc.train.doc_starts, seq_len, pc.train.loss_mask)
+        masks = [np.asarray(pc.train.document_mask(d)) for d in range(pc.train.n_docs)]
+        assert rows.targets_lost.tolist() == [int(m[seq_len:].sum()) for m in masks]
+        assert rows.n_targets.tolist() == [int(m[1:seq_len].sum()) for m in masks]
+        hand = _by_hand(root, seq_len)["train"]
+        cut = rows.replies_cut()
+        assert (cut.without_reply, cut.items, cut.targets_lost, cut.targets) == hand and not cut.sampled
+    rng = np.random.default_rng(0)
+    lengths = np.array([0, 5, 8, 9, 0, 1, 30, 8, 0], np.int64)  # empty ones, at seq_len, past it, last one empty
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    mask = rng.integers(0, 2, int(starts[-1]), dtype=np.uint8)
+    kept, lost = row_targets(mask, starts, 8)
+    docs = [mask[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert kept.tolist() == [int(m[1:8].sum()) for m in docs] and lost.tolist() == [int(m[8:].sum()) for m in docs]
+
+
+def test_val_cuts_alone_warn_and_the_train_split_decides():
+    cut_val = {"train": RepliesCut(0, 100, 0, 1000), "val": RepliesCut(5, 10, 90, 100)}
+    problem, warning = replies_fit(cut_val, 64, 256)
+    assert not problem and "val: 5 of 10 conversations keep no reply token" in warning  # val only measures
+    problem, _ = replies_fit({"train": RepliesCut(0, 100, 501, 1000), "val": RepliesCut(0, 10, 0, 100)}, 64, 256)
+    assert problem  # 501 of train's 1000 lost: refused, though 501 of both splits' 1100 is less than half
+
+
+def test_a_malformed_meta_is_said_not_an_attribute_error(tmp_path, corpus):
+    pc = open_prepared(corpus[0])
+    cfg = load_config(_config(tmp_path, corpus, "m", 40))
+    sampler = make_sampler("bucketed", pc.train.tokens, pc.train.doc_starts, 40, 0, pc.train.loss_mask, 4)
+    for chat in ("x", {"seq_len": "96"}, {"seq_len": 0}):
+        with pytest.raises(DataError, match=r"gives chat.*not the positive --seq-len"):
+            check_replies_fit(sampler, pc.val, {**pc.meta, "chat": chat}, cfg, warn=False)
+        problem, _ = replies_cut(cfg, {**pc.meta, "chat": chat})
+        assert "not the positive --seq-len" in problem, problem
+
+
+def _lying_copy(tmp_path, root, lengths_of) -> Path:
+    """A copy of the corpus whose train/doc_lengths.npy is lengths_of(the true lengths)."""
+    copy = tmp_path / "lying"
+    shutil.copytree(root, copy)
+    index = copy / "train" / "doc_lengths.npy"
+    np.save(index, lengths_of(np.load(index)))
+    return copy
+
+
+@pytest.mark.parametrize("lie", ["huge", "negative", "past_prepared", "short_sum"])
+def test_an_index_that_lies_is_refused_with_words_never_read_by_it(tmp_path, corpus, monkeypatch, lie):
+    """A damaged or hostile doc_lengths.npy sizes no read: before, 2**40 asked for a 1 TiB buffer (MemoryError,
+    a thread traceback and a corpus "stalled")."""
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    def lengths_of(true):
+        lied = true.astype(np.int64)
+        if lie == "huge":
+            lied[-1] = 2 ** 40
+        elif lie == "negative":
+            lied[0] = -lied[0]
+        elif lie == "past_prepared":
+            lied = np.concatenate([[lied[:2].sum()], lied[2:]])
+        else:
+            lied = lied[:-1]
+        return lied
+    root = _lying_copy(tmp_path, corpus[0], lengths_of)
+    words = {"huge": "longer than the --seq-len 96", "negative": "tokens long", "past_prepared": "tokens long",
+             "short_sum": "counts"}[lie]
+    with pytest.raises(CorpusLies, match=words):
+        chat_replies_cut(root / "train", 40, 10 ** 6, PREPARED_AT)
+    cfg = load_config(_config(tmp_path, (root, corpus[1]), "lie", 40))
+    problems = path_problems(cfg)
+    assert any("doc_lengths.npy" in p and "not a corpus the trainer can read" in p for p in problems), problems
+
+
+def test_a_slow_count_hides_no_other_corpus_problem(tmp_path, corpus, monkeypatch):
+    """The count has its own bound: a count that does not answer leaves the vocabulary mismatch said, the corpus
+    reachable, and ends in a note that the trainer counts at its start."""
+    import minilmd.replycut as replycut
+
+    release = threading.Event()
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    monkeypatch.setattr(reply_check, "COUNT_BOUND_S", 0.2)  # the count never answers: no wait of 5 s
+    monkeypatch.setattr(replycut, "replies_cut", lambda cfg, meta: (release.wait(120), ("", ""))[1])
+    try:
+        cfg = load_config(write_config(tmp_path, corpus, name="slow", train={"seq_len": 40},
+                                       model={"vocab_size": corpus[1] + 1}))
+        problems = path_problems(cfg)
+        assert any("model.vocab_size" in p for p in problems), problems
+        assert corpus_out_of_reach(cfg) == ""
+        assert replies_cut_warning(cfg) == reply_check.not_counted()
+    finally:
+        release.set()
+
+
+def test_run_check_counts_each_split_once_and_the_trainer_none(tmp_path, corpus, monkeypatch):
+    """`run --check` asks for the problem and then the note: one count per split. The trainer's load counts no
+    sample (its start counts exactly: DocumentRows)."""
+    import minilmd.replycut as replycut
+
+    counted, real = [], replycut.chat_replies_cut
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    monkeypatch.setattr(replycut, "chat_replies_cut", lambda split, *a, **k: (counted.append(Path(split).name),
+                                                                              real(split, *a, **k))[1])
+    warned = _refused_and_warned(corpus[0])[1]
+    path = _config(tmp_path, corpus, "once", warned)
+    r = CliRunner().invoke(app, ["run", "--check", str(path)])
+    assert r.exit_code == 0 and f"note: train.seq_len = {warned} cuts" in " ".join(r.output.split()), r.output
+    assert sorted(counted) == ["train", "val"]
+    counted.clear()
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    load_checked(path, count_replies=False)
+    assert counted == []

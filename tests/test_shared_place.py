@@ -167,7 +167,7 @@ def test_the_config_check_waits_for_a_corpus_share_gone_behind_a_link(tmp_path, 
 
     place = _make(case, tmp_path)
     cfg = load_config(write_config(tmp_path, (place, 512), remote=False))
-    problems, absent = _check_prepared_dir(cfg)
+    problems, absent, _ = _check_prepared_dir(cfg)
     said = {"empty dir": "is an empty directory now (its share not mounted?)",
             "gone": "is not there now (its share gone?)",
             "link leading nowhere": f"is a link to nowhere now (-> {tmp_path / 'nfs' / 'wiki'}: its share gone or "

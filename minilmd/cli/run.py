@@ -131,7 +131,8 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
-    from minilmd.probes import replies_cut_warning, stage_notes
+    from minilmd.probes import stage_notes
+    from minilmd.reply_check import replies_cut_warning
     from minilmd.scratch_root import check_note as root_taken
 
     notes = [taken] if (taken := root_taken(cfg.scratch_dir, cfg.scratch_root_settled)) else []

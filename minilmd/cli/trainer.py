@@ -30,7 +30,7 @@ def train_command(
     from minilmd.protocol import EXIT_CONFIG
 
     try:  # judged before torch is imported (seconds of CPU): a mistyped config is said at once
-        cfg = load_checked(config, set_, more_checks=epoch_without_budget)
+        cfg = load_checked(config, set_, more_checks=epoch_without_budget, count_replies=False)  # counted exactly
     except ConfigError as e:
         typer.echo(f"minilmd train: {e}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None

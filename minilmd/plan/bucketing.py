@@ -40,8 +40,8 @@ from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.replycut import rows_cut, targets_past
-from minilmd.rowcount import full_buckets, replies_fit, too_few_rows
+from minilmd.replycut import CorpusLies, prepared_at, row_targets, tally
+from minilmd.rowcount import RepliesCut, full_buckets, replies_fit, too_few_rows
 
 if TYPE_CHECKING:
     from minilmd.corpus.format import TokenStream
@@ -56,8 +56,9 @@ def row_lengths(doc_starts: np.ndarray, seq_len: int) -> np.ndarray:
 
 
 class DocumentRows:
-    """Rows of single documents and their counts, precomputed once per split: `lengths[d]` (tokens of its row) and
-    `n_targets[d]` (targets of its row)."""
+    """Rows of single documents and their counts, precomputed once per split: `lengths[d]` (tokens of its row),
+    `n_targets[d]` (targets of its row) and, in a chat corpus, `targets_lost[d]` (its targets past seq_len, which
+    the row leaves out: replycut.row_targets, the count run --check shows and check_replies_fit judges)."""
 
     def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, loss_mask: np.ndarray | None = None):
         if seq_len < 3:
@@ -66,24 +67,18 @@ class DocumentRows:
         self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
         self.n_docs = len(self.doc_starts) - 1
         self.lengths = row_lengths(self.doc_starts, seq_len)
+        self.targets_lost: np.ndarray | None = None
         if loss_mask is None:
             self.n_targets = self.lengths - 1
         else:
-            self.n_targets = self._chat_targets()
+            self.n_targets, self.targets_lost = row_targets(loss_mask, self.doc_starts, seq_len)
 
-    def _chat_targets(self) -> np.ndarray:
-        """Mask sums over each row but its first token: one pass over the mask (reduceat), then the few documents
-        that are cut at seq_len, one by one."""
-        assert self.loss_mask is not None
-        if not self.n_docs:
-            return np.zeros(0, np.int64)
-        starts = self.doc_starts[:-1]
-        sums = np.add.reduceat(self.loss_mask, starts, dtype=np.int64)
-        sums[np.diff(self.doc_starts) == 0] = 0  # reduceat gives the next element for an empty range
-        sums -= self.loss_mask[starts].astype(np.int64)
-        cut = np.flatnonzero(np.diff(self.doc_starts) > self.seq_len)
-        sums[cut] -= targets_past(self.loss_mask, self.doc_starts, self.seq_len, cut)  # the count run --check shows
-        return sums
+    def replies_cut(self) -> RepliesCut:
+        """What seq_len cuts of this chat split's replies, exact (replycut.tally over every cut document)."""
+        assert self.targets_lost is not None
+        cut = np.diff(self.doc_starts) > self.seq_len
+        return tally(self.n_targets[cut], self.targets_lost[cut], self.n_docs,
+                     int(self.n_targets.sum()) + int(self.targets_lost.sum()))
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, targets) of document d's row, unpadded."""
@@ -221,16 +216,21 @@ class BucketedSampler(PaddedSampler):
 
 def check_replies_fit(sampler: Sampler, val: TokenStream, meta: dict, cfg: RunConfig, warn: bool) -> None:
     """The trainer's count of what train.seq_len cuts away of an SFT corpus's replies (replycut.py: a row keeps a
-    conversation's first seq_len tokens), over every document of both splits: ConfigError (exit 2) when
-    rowcount.replies_fit refuses it, as `run --check` does; printed as a warning (`warn`: the main rank) when any
-    is cut. Nothing for rows that cut no conversation (packed windows, text) nor DPO's pairs (pairs.py)."""
+    conversation's first seq_len tokens), over every document of both splits, from the rows' own counts
+    (DocumentRows.targets_lost): ConfigError (exit 2) when rowcount.replies_fit refuses it (the exact count decides: the
+    trainer runs no sampled one), as `run --check` does; DataError (exit 65) when its chat.seq_len is malformed;
+    printed as a warning (`warn`: the main rank) when any is cut. Nothing for rows that cut no conversation (packed
+    windows, text) nor DPO's pairs (pairs.py)."""
     rows = getattr(sampler, "docs", None)
-    if type(rows) is not DocumentRows or rows.loss_mask is None or val.loss_mask is None:
+    if type(rows) is not DocumentRows or rows.targets_lost is None or val.loss_mask is None:
         return
     val_rows = DocumentRows(val.tokens, val.doc_starts, rows.seq_len, val.loss_mask)
-    counts = {split: rows_cut(r.n_targets, np.diff(r.doc_starts), r.loss_mask, r.doc_starts, r.seq_len)
-              for split, r in (("train", rows), ("val", val_rows)) if r.n_docs and r.loss_mask is not None}
-    problem, warning = replies_fit(counts, rows.seq_len, (meta.get("chat") or {}).get("seq_len"))
+    counts = {split: r.replies_cut() for split, r in (("train", rows), ("val", val_rows)) if r.n_docs}
+    try:
+        at = prepared_at(meta)
+    except CorpusLies as e:
+        raise DataError(f"data.prepared = {cfg.data.prepared!r}: {e}") from None
+    problem, warning = replies_fit(counts, rows.seq_len, at)
     if problem:
         raise ConfigError([f"data.prepared = {cfg.data.prepared!r}: {problem}"], cfg.source)
     if warning and warn:

@@ -457,7 +457,7 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status. `checked`:
     the config the command line already loaded and judged (load_checked, before it imported torch), not read again."""
     try:
-        cfg = checked or load_checked(config_path, overrides, more_checks=epoch_without_budget)
+        cfg = checked or load_checked(config_path, overrides, more_checks=epoch_without_budget, count_replies=False)
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if (refused := settle_run_dir_of(cfg)) is not None:  # before scratch's claim records it: its real path
             return refused
