@@ -8,6 +8,9 @@ training (its config), for a checkpoint (init_source.model_problems) and for a M
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shlex
 from collections.abc import Callable
 
 from minilmd.config import toml_value
@@ -27,28 +30,54 @@ MINIMIND_LORA_KEYS = (".lora.A.weight", ".lora.B.weight")
 `<layer>.lora.B.weight` (out x rank), on each square Linear of the model (apply_lora), fp16."""
 
 
-def minimind_lora(shapes: dict[str, tuple[int, ...]], name: str = "") -> str:
-    """What a MiniMind LoRA adapter file (lora_*.pth: only MINIMIND_LORA_KEYS) is and what to do with it, with the
-    command that merges it into its base in a MiniMind checkout (merge_lora there: B A added to each weight, as
-    MiniMind's LoRA has no scaling) and the sizes read off its shapes; "" for any other state dict. Not loaded as
-    minilmd's adapters: those are a minilmd run's, scaled by alpha / rank, on the layers [lora] targets names."""
+def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = "") -> str:
+    """What a MiniMind LoRA adapter file (lora_*.pth at `path`: only MINIMIND_LORA_KEYS) is and what to do with it,
+    with the command that merges it into its base in a MiniMind checkout (merge_lora there: B A added to each weight,
+    as MiniMind's LoRA has no scaling) and the sizes read off its shapes, and whether MiniMind's eval_llm.py runs it
+    as it is; "" for any other state dict. Not loaded as minilmd's adapters: those are a minilmd run's, scaled by
+    alpha / rank, on the layers [lora] targets names."""
     if not shapes or not all(key.endswith(MINIMIND_LORA_KEYS) for key in shapes):
         return ""
     a_shapes = [shape for key, shape in sorted(shapes.items()) if key.endswith(".lora.A.weight") and len(shape) == 2]
     rank, hidden = a_shapes[0] if a_shapes else (16, 0)
     layers = len({key.split(".")[2] for key in shapes if key.startswith("model.layers.")})
-    adapter = f"out/{name or 'lora_NAME_' + str(hidden) + '.pth'}"
-    merged = adapter.removesuffix(".pth") + "_merged.pth"
+    # train_lora.py saves the adapter as {save_dir}/{lora_name}_{hidden}.pth, beside the base it read,
+    # {save_dir}/{from_weight}_{hidden}.pth (full_sft by default): the base is looked for beside the file, whose
+    # path is made absolute, as the command runs in the checkout (for its `model` package)
+    folder, name = os.path.split(os.path.abspath(path)) if path else ("out", f"lora_NAME_{hidden}.pth")
+    suffix = f"_{hidden}.pth"
+    prefix = name.removesuffix(suffix) if name.endswith(suffix) else name.removesuffix(".pth")
+    base, merged = os.path.join(folder, f"full_sft{suffix}"), os.path.join(folder, f"{prefix}_merged{suffix}")
+    code = (f"import torch; from model.model_minimind import MiniMindConfig, MiniMindForCausalLM; from "
+            f"model.model_lora import apply_lora, merge_lora; m = MiniMindForCausalLM(MiniMindConfig(hidden_size="
+            f"{hidden}, num_hidden_layers={layers})); m.load_state_dict(torch.load({json.dumps(base)})); "
+            f"apply_lora(m, rank={rank}); merge_lora(m, {json.dumps(os.path.join(folder, name))}, "
+            f"{json.dumps(merged)})")
     return (f"a MiniMind LoRA adapter (model_lora.py's save_lora: rank {rank} on {len(shapes) // 2} Linear "
             f"layers), not a model: merge it into the base it was trained on (train_lora.py's --from_weight, full_sft "
-            f"by default) in the MiniMind checkout, then give init.from the merged .pth (MiniMindConfig as the base "
-            f"was built):\n"
-            f"      python -c \"import torch; from model.model_minimind import MiniMindConfig, MiniMindForCausalLM; "
-            f"from model.model_lora import apply_lora, merge_lora; m = MiniMindForCausalLM(MiniMindConfig("
-            f"hidden_size={hidden}, num_hidden_layers={layers})); m.load_state_dict(torch.load('out/full_sft_"
-            f"{hidden}.pth')); apply_lora(m, rank={rank}); merge_lora(m, '{adapter}', '{merged}')\"\n"
+            f"by default, which it reads beside where it saves the adapter: the command's base is that file, "
+            f"{base}; give it another if yours is elsewhere) in the MiniMind checkout, then give init.from the merged "
+            f".pth (MiniMindConfig as the base was built):\n"
+            f"      python -c {shlex.quote(code)}\n"
             f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
-            f"(docs/operations.md, \"MiniMind's files\")")
+            f"(docs/operations.md, \"MiniMind's files\");\n"
+            f"    {_eval_llm_runs(rank, hidden, layers, name, prefix)}")
+
+
+def _eval_llm_runs(rank: int, hidden: int, layers: int, name: str, prefix: str) -> str:
+    """Whether MiniMind's eval_llm.py runs the adapter `name` as it is: it applies rank 16 only (apply_lora's
+    default), and loads ./{save_dir}/{lora_weight}_{hidden_size}.pth with its base ./{save_dir}/{weight}_..., both
+    paths relative to the checkout it runs in. Else the merged file runs, as --weight."""
+    flags = f"--hidden_size {hidden} --num_hidden_layers {layers}"
+    where = ("DIR the file's directory, as a path relative to the checkout (eval_llm.py reads ./DIR/NAME_"
+             f"{hidden}.pth)")
+    if rank == 16 and name.endswith(f"_{hidden}.pth"):
+        return (f"MiniMind's eval_llm.py runs it as it is, with its base beside it: python eval_llm.py --save_dir DIR "
+                f"--weight full_sft --lora_weight {prefix} {flags}, {where}")
+    why = (f"it applies rank 16 only, apply_lora's default, and this adapter is rank {rank}" if rank != 16 else
+           f"it reads --lora_weight NAME as NAME_{hidden}.pth, which this file's name is not")
+    return (f"MiniMind's eval_llm.py cannot run it as it is ({why}); it runs the merged file: python eval_llm.py "
+            f"--save_dir DIR --weight {prefix}_merged {flags}, {where}")
 
 
 def resume_file(name: str) -> str:
@@ -83,17 +112,17 @@ def model_mismatch(source: dict, run: dict, written: Callable[[str], bool]) -> s
 
 
 def shapes_mismatch(got: dict[str, tuple[int, ...]], model: dict | ModelSection,
-                    written: Callable[[str], bool], name: str = "") -> str:
+                    written: Callable[[str], bool], path: str | os.PathLike = "") -> str:
     """"" when a MiniMind state dict of tensors of these shapes (lm_head.weight, the tied head, left out) loads into
     `model` (the run's [model]); else why not: the model fields their shapes imply where they differ from the
     run's, in `model_mismatch`'s words ("its tensors' shapes are of another model config: ..."), else the tensors
-    that differ; a MiniMind LoRA file (`name`) as one. The one rule of the trainer (trainer/checkpoint/
+    that differ; a MiniMind LoRA file (at `path`) as one. The one rule of the trainer (trainer/checkpoint/
     init_weights.py) and `run --check`."""
     run_model = as_model_section(model)
     expected = expected_state_shapes(run_model)
     if got == expected:
         return ""
-    if lora := minimind_lora(got, name):
+    if lora := minimind_lora(got, path):
         return lora
     if any(mark in key for key in got for mark in MOE_KEYS):  # no [model] lines to paste make it this model
         return MOE_MODEL

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from minilmd.init_kinds import InitSource, InitSourceError, untrusted_failure
@@ -133,7 +132,7 @@ def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]
     head = shapes.pop(TIED_HEAD_KEY, None)
     if head is not None and EMBED_KEY in shapes and head != shapes[EMBED_KEY]:  # by shape: the trainer by value
         return [HEAD_NOT_TIED]
-    mismatch = shapes_mismatch(shapes, model, written, source.path.name)
+    mismatch = shapes_mismatch(shapes, model, written, source.path)
     return [mismatch] if mismatch else []
 
 
@@ -162,7 +161,7 @@ def minimind_lora_file(path: str | os.PathLike) -> str:
 
     try:
         with os.fdopen(open_regular(path), "rb") as f:
-            return minimind_lora(pth_shapes(f), Path(path).name)
+            return minimind_lora(pth_shapes(f), path)
     except (Unreadable, ValueError, OSError):
         return ""
 

@@ -43,9 +43,13 @@ def test_a_minimind_lora_file_as_init_from_is_named_with_the_merge_command(tmp_p
     assert checked.exit_code == SUPERVISOR_CONFIG, checked.output
     said = " ".join(checked.output.split())
     assert "a MiniMind LoRA adapter (model_lora.py's save_lora: rank 8 on 4 Linear layers), not a model" in said
-    assert ("MiniMindConfig(hidden_size=64, num_hidden_layers=2)); m.load_state_dict(torch.load('out/full_sft_64.pth'))"
-            "; apply_lora(m, rank=8); merge_lora(m, 'out/lora_identity_64.pth', 'out/lora_identity_64_merged.pth')"
-            in said), said
+    out = pth.parent  # the base beside the adapter, as train_lora.py keeps them, wherever that is
+    assert (f'MiniMindConfig(hidden_size=64, num_hidden_layers=2)); m.load_state_dict(torch.load("{out}/full_sft_64'
+            f'.pth")); apply_lora(m, rank=8); merge_lora(m, "{out}/lora_identity_64.pth", "{out}/lora_identity_merged'
+            f'_64.pth")' in said), said
+    assert ("eval_llm.py cannot run it as it is (it applies rank 16 only, apply_lora's default, and this adapter is "
+            "rank 8); it runs the merged file: python eval_llm.py --save_dir DIR --weight lora_identity_merged "
+            "--hidden_size 64 --num_hidden_layers 2" in said), said
     assert "missing [" not in said and "unexpected [" not in said
     from minilmd.trainer.checkpoint.init_weights import load_init
 
@@ -93,7 +97,7 @@ def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_r
     merged = subprocess.run(["bash", "-ec", command], cwd=checkout, env={**env, "PATH": os.pathsep.join(
         [str(Path(sys.executable).parent), os.environ.get("PATH", "")])}, capture_output=True, text=True, timeout=300)
     assert merged.returncode == 0, (command, merged.stderr)
-    out = checkout / "out" / "lora_identity_64_merged.pth"
+    out = checkout / "out" / "lora_identity_merged_64.pth"  # a name eval_llm.py's --weight reads
     assert pth_problems(resolve(str(out)), model, lambda key: True) == []
     base, weights = torch.load(checkout / "out" / "full_sft_64.pth"), torch.load(out)
     q = "model.layers.0.self_attn.q_proj.weight"
@@ -110,6 +114,14 @@ def test_a_minimind_adapter_given_for_a_checkpoint_directory_is_said_to_be_one(t
         resolve_checkpoint(pth)
     said = str(e.value)
     assert said.startswith(f"{pth}: a file, not a checkpoint directory; it is a MiniMind LoRA adapter"), said
-    assert "merge_lora" in said and "eval_llm.py --lora_weight" in said
+    assert "merge_lora" in said
+    assert ("eval_llm.py runs it as it is, with its base beside it: python eval_llm.py --save_dir DIR --weight "
+            "full_sft --lora_weight lora_identity --hidden_size 64 --num_hidden_layers 2" in " ".join(said.split()))
+    torch.save(_adapter(64, 2, 16), tmp_path / "my_adapter.pth")  # a name eval_llm.py's --lora_weight cannot read
+    with pytest.raises(ExportError) as e:
+        resolve_checkpoint(tmp_path / "my_adapter.pth")
+    assert ("eval_llm.py cannot run it as it is (it reads --lora_weight NAME as NAME_64.pth, which this file's name "
+            "is not); it runs the merged file: python eval_llm.py --save_dir DIR --weight my_adapter_merged"
+            in " ".join(str(e.value).split())), str(e.value)
     with pytest.raises(ExportError, match="no such checkpoint directory"):
         resolve_checkpoint(tmp_path / "gone")

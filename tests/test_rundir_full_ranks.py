@@ -27,7 +27,7 @@ from minilmd.config import load_config
 from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.process import classify, is_torchrun, launch
-from minilmd.trainer.loop.torchrun import ranks_status
+from minilmd.trainer.loop.torchrun import ranks_status, shared_status
 from trainer_corpus import write_config
 from waiting import wait_until
 
@@ -98,8 +98,21 @@ def _step(run_dir) -> int:
 
 @pytest.mark.parametrize("exits,status", [
     ((73, 73), 73), ((73, -signal.SIGTERM), 73), ((-signal.SIGTERM, 75), 75),  # a SIGTERM: torchrun's stop of the rest
-    ((73, 1), None), ((73, 75), None), ((73, -signal.SIGKILL), None), ((-signal.SIGTERM,), None), ((1,), 1)])
+    # any status they share, as one trainer's exit with it: config or data refused (final), CUDA OOM, a failed flush
+    ((2, 2), 2), ((65, -signal.SIGTERM), 65), ((-signal.SIGTERM, 76), 76), ((74, 74), 74), ((120,), 120),
+    ((73, 1), None), ((73, 75), None), ((2, 65), None), ((76, 1), None), ((73, -signal.SIGKILL), None),
+    ((-signal.SIGTERM,), None), ((1,), 1)])
 def test_torchrun_passes_on_the_status_its_failed_ranks_share(exits, status):
     failures = {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="<N/A>")
                 for rank, code in enumerate(exits)}
     assert ranks_status(ChildFailedError("train", failures)) == status
+
+
+@pytest.mark.parametrize("ends,status", [
+    ([75, 75], 75), ([73, 73], 73), ([2, 2], 2),
+    # after torchrun's own stop signal every rank got SIGTERM: one that died of it, or of the SIGKILL at the end of
+    # the agent's grace, did not save; one it abandoned still running (None) neither
+    ([75, -signal.SIGTERM], None), ([75, -signal.SIGKILL], None), ([75, None], None), ([75, 73], None),
+    ([0, 75], None), ([], None)])
+def test_after_a_stop_signal_to_torchrun_its_status_is_the_one_every_rank_gave(ends, status):
+    assert shared_status(ends) == status

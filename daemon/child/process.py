@@ -105,8 +105,9 @@ def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 
         sets += ["--set", f"{key}={_toml_literal(value)}"]
     if nproc > 1:
         # torch.distributed.run (torchrun without depending on the script being on PATH) with its stdout and stderr
-        # escaped (its failure summary in the attempt log quotes a rank's error) and its ranks' own exit status (73,
-        # 75) where torch's says 1 (trainer/loop/torchrun.py).
+        # escaped (its failure summary in the attempt log quotes a rank's error) and, where torch's says 1, the exit
+        # status every failed rank gave, whichever it is (73, 75, 2, 65, 76 ...: classified as one trainer's), also
+        # after its own stop signal (trainer/loop/torchrun.py).
         # Its ranks run `sys.executable -u -m minilmd.cli`: launch()'s PYTHONSAFEPATH and "/" guard them
         # (minilmd/pychild.py).
         prefix = pychild.module_argv(names.TORCHRUN_LAUNCHER, "--standalone", "--nproc_per_node", str(nproc),

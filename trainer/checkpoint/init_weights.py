@@ -144,7 +144,7 @@ def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
     if head is not None and EMBED_KEY in state and not torch.equal(head, state[EMBED_KEY]):
         raise _refuse(cfg, HEAD_NOT_TIED)
     mismatch = shapes_mismatch({k: tuple(v.shape) for k, v in state.items()}, cfg.model, cfg.is_set,
-                               Path(cfg.init.from_).name)
+                               cfg.init.from_)
     if mismatch:  # `run --check`'s rule and words, there of the shapes read without torch (minilmd/pth_shapes.py)
         raise _refuse(cfg, mismatch)
     return {k: v.to(torch.float32).contiguous() for k, v in state.items()}

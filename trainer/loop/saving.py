@@ -109,11 +109,23 @@ class Saves:
 
     def finish(self, step: int, phase: str = "") -> None:
         """Before an exit: save `step` if it is not saved, wait for the write, and say `step` (and `phase`,
-        "exiting": the supervisor allows restart.exit_timeout for the teardown) in the heartbeat."""
+        "exiting": the supervisor allows restart.exit_timeout for the teardown) in the heartbeat.
+
+        Under torchrun every rank waits at a barrier until rank 0's write is on disk (`exit_barrier`): torchrun stops
+        the ranks still running as soon as one exits with a nonzero status (a stop's 75, a full run.dir's 73),
+        SIGTERM then SIGKILL 30 s later, so a rank that exited at once cut a write longer than that (review9c #3)."""
         if not self.saved(step):
             self.save(step)
         self.wait()
+        self.exit_barrier()
         self.log.heartbeat(step, phase=phase, force=True)
+
+    def exit_barrier(self) -> None:
+        """All ranks meet once rank 0's last write is durable. On the gloo group (the control group beside NCCL):
+        bounded by its timeout (default_pg_timeout, 30 min); a rank 0 that died instead closes its connections, which
+        ends the wait with an error on the others (a crash beside rank 0's own end, never a hang)."""
+        if self.dist.active:
+            torch_dist.barrier(group=self.dist.control_group)
 
     def barrier(self) -> None:
         if self.dist.active:

@@ -1,5 +1,5 @@
 """torchrun as the supervisor starts it for gpu.count > 1: `python -m minilmd.trainer.loop.torchrun ARGS...` is
-`python -m torch.distributed.run ARGS...` with two differences, each a promise torch's own does not keep.
+`python -m torch.distributed.run ARGS...` with these differences, each a promise torch's own does not keep.
 
 - Its stdout and stderr go through minilmd/terminal.py first. The agent writes into the attempt log: its warnings,
   and, when a rank fails, the ChildFailedError summary, which quotes the rank's error file (the exception text of a
@@ -9,16 +9,28 @@
   handlers torch gives its loggers are made on the wrapper (one made earlier is pointed at it:
   terminal.escape_std_streams; the Slurm job's torchrun, rendezvous.py, relies on that). What torch's C++ code
   writes to the descriptor itself passes neither (docs/failure-modes.md, the attempt log row).
-- Its exit status is the ranks' own when every rank that failed gave the same one (`run`). torchrun exits 1 whatever
-  its ranks exited with: a rank's 73 (run.dir full, saved to scratch first: protocol EXIT_RUN_DIR_FULL) or 75
-  (stopped, saved) reached the supervisor as a crash. The ranks agree on a stop between two steps
-  (trainer/loop/guards.py), so a run.dir that rank 1 finds full ends every rank with 73; torchrun stops the ranks
-  still running once the first one has ended (SIGTERM), so its report may hold one rank, all, or some ended by that
-  SIGTERM. When the ranks in it exited with one positive status, those SIGTERMs aside, this exits with that status;
-  a mix (one rank crashed, 1, another 73) or another signal (a negative exit code, read from the log by
-  daemon/child/process.py) leaves torchrun's own exit 1. The attempt's log lives in run.dir: on a full run.dir the
-  report cannot be written, and Python's flush of the streams at exit, failing, would turn any status into 120, so
-  the streams that hold what they could not write are replaced before the exit (`_exit_quietly`).
+- Its exit status is the ranks' own when every rank that failed gave the same one (`run`), as one trainer's would
+  be: torchrun exits 1 whatever its ranks exited with, so a rank's 73 (run.dir full, saved to scratch first:
+  protocol EXIT_RUN_DIR_FULL) or 75 (stopped, saved) reached the supervisor as a crash. The ranks agree on a stop
+  between two steps (trainer/loop/guards.py), so a run.dir that rank 1 finds full ends every rank with 73; torchrun
+  stops the ranks still running once the first one has ended (SIGTERM), so its report may hold one rank, all, or
+  some ended by that SIGTERM. When the ranks in it exited with one positive status, those SIGTERMs aside, this
+  exits with that status, whichever it is (`ranks_status`): 73 and 75, and also a shared 2 or 65 (config or data
+  refused: final), 74, 76 (CUDA OOM: fault.json) or 120, each classified by the supervisor as one trainer's exit
+  with it (before, any status but 73 and 75 was exit 1, a crash, restarted); a shared 1 is torch's own exit. A mix
+  (one rank crashed, 1, another 73) or another signal (a negative exit code, read from the log by
+  daemon/child/process.py) leaves torchrun's exit 1 and its report.
+- A stop signal to torchrun itself (the supervisor's SIGTERM to the trainer's group, systemd's stop): torch's agent
+  raises SignalException after it has sent the signal on to the ranks and waited for them (its shutdown grace,
+  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s, then SIGKILL). The ranks' exit statuses are read as the agent's close
+  leaves them (`_record_rank_ends`); every rank ended with the same positive status (each saved and exited 75, or
+  73) is this process's status, as for a rank's own (before: exit 1 always, the ranks' 75 lost). A rank SIGKILLed
+  at the end of that grace, one still running, or a mix leaves exit 1 and torch's traceback: a stop save that takes
+  rank 0 longer than the agent's grace is still cut there (the supervisor's own grace, restart.hang_timeout, is
+  not passed to the agent; unlike a rank's own exit, where every rank waits for rank 0's write: Saves.finish).
+- The attempt's log lives in run.dir: on a full run.dir the report cannot be written, and Python's flush of the
+  streams at exit, failing, would turn any status into 120, so the streams that hold what they could not write are
+  replaced before every exit that follows torchrun's end, exit 1 and its traceback included (`_exit_quietly`).
 """
 from __future__ import annotations
 
@@ -26,7 +38,8 @@ import io
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+import traceback
+from typing import TYPE_CHECKING, NoReturn
 
 from minilmd import terminal
 from minilmd.untrusted import printable
@@ -42,28 +55,66 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(argv: list[str]) -> None:
     """torchrun with `argv`; its ranks' shared status as this process's exit status (module docstring)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    ends = _record_rank_ends()
     try:
         torchrun(argv)
     except ChildFailedError as e:
         code = ranks_status(e)
-        if code is None or code == 1:  # torch's own exit and report (a traceback: `ChildFailedError`) say it already
-            raise
-        _say(f"torchrun: every rank that ended exited {code}: exit status {code} (torchrun's own would be 1)\n"
-             f"{e.format_msg()}\n")
-        _exit_quietly(code)
+        if code is None or code == 1:  # torch's own exit and report (a traceback: `ChildFailedError`)
+            _exit_quietly(1, _traceback(e))
+        _exit_quietly(code, f"torchrun: every rank that ended exited {code}: exit status {code} (torchrun's own "
+                            f"would be 1)\n{e.format_msg()}\n")
+    except SignalException as e:
+        code = shared_status(ends)
+        if code is None:
+            _exit_quietly(1, _traceback(e))
+        _exit_quietly(code, f"torchrun: stopped by {signal.Signals(e.sigval).name}; every rank exited {code}: exit "
+                            f"status {code} (torchrun's own would be 1)\n")
 
 
 def ranks_status(error: ChildFailedError) -> int | None:
-    """The one positive exit status the failed ranks in torchrun's report gave, else None. A rank ended by SIGTERM
-    beside them is one torchrun stopped itself once the first had ended (its report counts it as failed): no cause."""
-    codes = {failure.exitcode for failure in error.failures.values()}
-    said = {code for code in codes if code > 0}
-    if len(said) != 1 or codes - said - {-signal.SIGTERM}:
+    """The one positive exit status the failed ranks in torchrun's report gave, whichever it is, else None. A rank
+    ended by SIGTERM beside them is one torchrun stopped itself once the first had ended (its report counts it as
+    failed): no cause."""
+    return shared_status([failure.exitcode for failure in error.failures.values()], spared=-signal.SIGTERM)
+
+
+def shared_status(codes: list[int | None], spared: int | None = None) -> int | None:
+    """The one positive status every rank of `codes` exited with (None: still running), those that exited `spared`
+    aside; else None."""
+    said = {code for code in codes if code is not None and code > 0}
+    if len(said) != 1 or any(code is None or (code not in said and code != spared) for code in codes):
         return None
     return said.pop()
+
+
+def _record_rank_ends() -> list[int | None]:
+    """A list that holds, once torch's agent has closed its ranks (PContext.close: after they all exited, or after
+    its stop signal, grace and SIGKILL), each rank's exit status (Popen.poll: None for one it had to abandon). The
+    agent does not hand them on with the SignalException it raises after a stop signal."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    ends: list[int | None] = []
+    close = api.PContext.close
+
+    def recording_close(self, *args, **kwargs):
+        try:
+            close(self, *args, **kwargs)
+        finally:
+            handlers = getattr(self, "subprocess_handlers", None) or {}
+            ends[:] = [handler.proc.poll() for handler in handlers.values()]
+
+    api.PContext.close = recording_close  # type: ignore[method-assign]
+    return ends
+
+
+def _traceback(error: BaseException) -> str:
+    """What Python would print of `error` left uncaught (torch's report is the ChildFailedError's text)."""
+    return "".join(traceback.format_exception(error))
 
 
 def _say(text: str) -> None:
@@ -75,9 +126,10 @@ def _say(text: str) -> None:
         pass
 
 
-def _exit_quietly(code: int) -> None:
-    """Exit with `code`, never 120: a stream whose flush fails is replaced by one that keeps nothing before Python's
-    own flush at exit (the refused one is held in _REFUSED, so that it is not finalised, flushing, in between)."""
+def _exit_quietly(code: int, report: str) -> NoReturn:
+    """Say `report`, then exit with `code`, never 120: a stream whose flush fails is replaced by one that keeps
+    nothing before Python's own flush at exit (the refused one is held in _REFUSED, so that it is not finalised,
+    flushing, in between). The streams are flushed first, so that what they hold comes before the report."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         try:
@@ -86,6 +138,7 @@ def _exit_quietly(code: int) -> None:
         except (OSError, ValueError):
             _REFUSED.append(stream)
             setattr(sys, name, io.StringIO())
+    _say(report)
     sys.exit(code)
 
 

@@ -345,8 +345,7 @@ def _not_a_directory(path: Path) -> str:
     if not os.path.lexists(path):
         return "no such checkpoint directory"
     lora = minimind_lora_file(path) if path.suffix == ".pth" else ""
-    return "a file, not a checkpoint directory" + (f"; it is {lora}; MiniMind's eval_llm.py --lora_weight runs it "
-                                                   f"as it is" if lora else "")
+    return "a file, not a checkpoint directory" + (f"; it is {lora}" if lora else "")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
