@@ -182,7 +182,8 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
     record it in run.dir. Returns the root the run uses from now on (never a taken one; the caller carries it:
     RunConfig.fix_scratch_root) and what was done in words (for stdout and the run's events), None when the usual
     root serves. An OSError of the usual root's mkdir (base missing) is left to the claim to say; one making the
-    private root or its record (base or run.dir full) is raised, and so is RecordUnreadable."""
+    private root (base full) is raised; one writing its record is RecordUnwritten (the root removed again), and
+    RecordUnreadable is raised as it comes."""
     uid = own_uid()
     usual = root(run_dir, uid)
     try:
@@ -195,9 +196,22 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
     if why is None:
         return usual, None
     made = Path(tempfile.mkdtemp(prefix=f"minilmd-{uid}-", dir=base()))  # 0700, a name that was free
-    atomic_write_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD,
-                      {"root": str(made), "because": why, "since": time.time()})
+    try:
+        atomic_write_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD,
+                          {"root": str(made), "because": why, "since": time.time()})
+    except OSError as e:  # unrecorded, no restart would find it: a retry's root beside it would leak one a try
+        os.rmdir(made)  # this try's own, empty: made a moment ago
+        raise RecordUnwritten(e) from e
     return made, said(why, made)
+
+
+class RecordUnwritten(Exception):
+    """run.dir's record of a new private root could not be written (`error`: run.dir full, say); the root this try
+    made is removed again, so that a retry leaves no directory behind in base."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def said(why: str, made: Path) -> str:
