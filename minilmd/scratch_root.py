@@ -82,17 +82,21 @@ def in_default_root(scratch: Path) -> bool:
     an unset run.scratch's is (a private root where another user took it, NAME kept in it; before, exit 2, final,
     hostile audit 7 F4). A run.scratch anywhere else is her choice: used as written, refused when not hers. Not in a
     trainer the supervisor started (RUN_DIR_ENV): it is given the settled scratch, never looks it up again."""
-    return (scratch.parent == Path(default_scratch_root(own_uid(), base()))
-            and not os.environ.get(names.RUN_DIR_ENV))
+    return root_form(scratch.parent, own_uid(), private=False) and not os.environ.get(names.RUN_DIR_ENV)
 
 
 def is_default_form(scratch: Path, run_name: str) -> bool:
     """Whether `scratch` is where a default scratch of this user's goes: the default name in the per-user root or
     in a root of the private form (`<base>/minilmd-<uid>-XXXXXXXX`). Reads nothing: a default scratch (also when
     written out, or passed to a trainer) is held to a default's rules (its root private to this user)."""
-    uid = own_uid()
-    return scratch.name == default_name(run_name) and (
-        scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
+    return scratch.name == default_name(run_name) and root_form(scratch.parent, own_uid())
+
+
+def root_form(path: Path, uid: int, private: bool = True) -> bool:
+    """Whether `path` is, by its name, a root of `uid`'s default scratches: the per-user `<base>/minilmd-<uid>`, or
+    (`private`) a private one `<base>/minilmd-<uid>-XXXXXXXX`. Reads nothing: the one test of in_default_root,
+    is_default_form and not_looked_in."""
+    return path == Path(default_scratch_root(uid, base())) or (private and _private_form(path, uid))
 
 
 def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
@@ -105,8 +109,7 @@ def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
     the run's user, when the reader is another (root's `status` of her run: her directories are hers); this user's
     when None."""
     uid = own_uid() if owner is None else owner
-    root_form = scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid)
-    places = ([scratch.parent] if root_form else []) + [scratch, scratch / names.CHECKPOINTS]
+    places = ([scratch.parent] if root_form(scratch.parent, uid) else []) + [scratch, scratch / names.CHECKPOINTS]
     return next((why for place in places if (why := taken(place, uid))), None)
 
 
