@@ -9,6 +9,7 @@ no passwd entry), chowned by the test (root). systemd's socket is a datagram soc
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -117,3 +118,16 @@ def test_a_run_dir_with_no_room_for_the_private_roots_record_is_exit_73_and_leav
         assert sorted(p.name for p in shm.iterdir()) == [squat.name]  # the private root that try made: removed
     finally:
         subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
+def test_no_room_is_measured_where_a_hand_set_scratch_goes_not_in_base(base, tmp_path, monkeypatch):
+    """An error naming no file (a marker's write, say) is measured at the scratch's own place: a run.scratch set by
+    hand on a full tmpfs is said to be there, not in base (before: base's free space was named)."""
+    from minilmd.daemon.scratchclaim import _no_room
+
+    fill_inodes(base)
+    elsewhere = tmp_path / "base"
+    elsewhere.mkdir()
+    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(elsewhere))
+    words = _no_room(OSError(errno.ENOSPC, "No space left on device"), base / "hand")
+    assert f"{base} has no inode left" in words, words
