@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import os
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 
 import pytest
 
 from minilmd import names
 from minilmd.daemon import preflight
 from minilmd.daemon.host.lock import lock_holder
-from supervisor_helpers import write_config
+from minilmd.daemon.views import stop as views_stop
+from supervisor_helpers import start_supervisor, wait_or_kill, write_config
 from tmpfs_helpers import OTHER, UID, base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
 
 
@@ -131,3 +134,26 @@ def test_no_room_is_measured_where_a_hand_set_scratch_goes_not_in_base(base, tmp
     monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(elsewhere))
     words = _no_room(OSError(errno.ENOSPC, "No space left on device"), base / "hand")
     assert f"{base} has no inode left" in words, words
+
+
+def test_minilmd_stop_ends_a_launch_waiting_for_room(base, tmp_path, corpus):
+    """`minilmd run` waiting for the inodes of a full base, a real process; `minilmd stop` finds it by the run lock,
+    SIGTERMs it, and it exits 0 having started nothing (before: `stop` said "not running" and the wait went on)."""
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""})
+    fill_inodes(base)
+    log = tmp_path / "run.out"
+    proc = start_supervisor(config, log)
+    try:
+        deadline = time.monotonic() + 120
+        while "waits:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "waits:" in log.read_text(), log.read_text()
+        out = io.StringIO()
+        views_stop.stop(tmp_path / "s" / "run", timeout=120, out=out)
+        assert "SIGTERM sent to supervisor pid" in out.getvalue(), out.getvalue()
+        assert wait_or_kill(proc, 120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "stopped (SIGTERM) while waiting for room for scratch" in log.read_text(), log.read_text()
