@@ -13,7 +13,8 @@ minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.
 so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
 (daemon/host/gpu.py lock_dir_wait), and a default scratch root another user made first is never used: the launch
 makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good, nor a base whose
-room (its inodes) another user's files used up: the claim waits for room then (`claim_scratch`). The checks the
+room (its inodes) another user's files used up: the claim waits for room then, the run lock held and systemd told
+(daemon/scratchclaim.py `claim_scratch`). The checks the
 supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
 fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
 user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
@@ -26,10 +27,8 @@ Torch-free.
 from __future__ import annotations
 
 import os
-import time
 
 from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
-from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
@@ -40,7 +39,7 @@ from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
-from minilmd.fsio import is_disk_full
+from minilmd.daemon.scratchclaim import LaunchEnds, RunDirFull, ScratchRootUnknown, claim_scratch
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 from minilmd.urls import CHAIN, is_url, protocol_of
@@ -229,63 +228,6 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     return cfg, resumes(said)
 
 
-def claim_scratch(cfg: RunConfig, sleep=time.sleep) -> None:
-    """The default scratch's root settled (scratch_root.settle) and scratch claimed for this run: ConfigError (exit
-    2) when refused. No room to make them (ENOSPC, EDQUOT: fsio.is_disk_full, the one rule; a tmpfs's inodes used up
-    by another user's files, a quota) is no refusal but a wait, as a scratch full by bytes is (staging's `no room
-    in scratch`): said once, then tried again with the restart backoff for as long as it takes. Before, it was exit
-    2, final for systemd and the tmux launcher: another user's empty files ended an unattended run for good
-    (hostile audit 7 F2)."""
-    tries = 0
-    while (full := _settle_and_claim(cfg)) is not None:
-        tries += 1
-        wait = exponential(cfg.restart.backoff_initial_s, tries, cfg.restart.backoff_max_s)
-        if tries == 1:
-            print(f"minilmd run: waits: {full}; not a failure: waiting for room (another user's files there?), "
-                  f"tried again with backoff (next in {wait:.0f}s) for as long as it takes", flush=True)
-        sleep(wait)
-    if tries:
-        print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
-
-
-def _settle_and_claim(cfg: RunConfig) -> str | None:
-    """One try of claim_scratch: None when claimed; why there is no room, in words, when there is none."""
-    try:
-        if cfg.scratch_root_settled:  # decided once, here: every attempt's command names the scratch in it
-            settled, moved = scratch_root.settle(cfg.run_dir)
-            cfg.fix_scratch_root(settled)
-            if moved:
-                print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
-    except scratch_root.RecordUnreadable as e:
-        raise ScratchRootUnknown(e) from None
-    except OSError as e:  # the private root or its record could not be made (base or run.dir full, say)
-        if is_disk_full(e):
-            return f"the default scratch root is another user's, and a private one cannot be made now: {_no_room(e)}"
-        raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
-                           f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
-    try:
-        scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
-    except scratch.ScratchRefused as e:
-        raise ConfigError(e.problems, cfg.source) from None
-    except OSError as e:
-        if is_disk_full(e):
-            return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e)}"
-        raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
-    return None
-
-
-def _no_room(e: OSError) -> str:
-    """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes."""
-    where = os.path.dirname(str(e.filename)) if e.filename else scratch_root.base()
-    try:
-        vfs = os.statvfs(where)
-    except OSError:
-        return f"{e.strerror} ({where})"
-    if vfs.f_files and not vfs.f_favail:
-        return f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
-    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
-
-
 def resumes(start: list[str]) -> bool:
     """Whether the launch's `start` (check_with_waits's) is from a checkpoint of the run's own, in scratch or on
     run.remote: no first start (daemon/phases/initwait.py at_start), though a new machine lost state.json."""
@@ -294,32 +236,10 @@ def resumes(start: list[str]) -> bool:
     return any(isinstance(line, (Resumes, Done)) for line in start)
 
 
-class LaunchEnds(Exception):
-    """The launch ends before the supervisor starts, said on stdout, with `exit_status`."""
-
-    exit_status = 1
-
-
 class NothingToDo(LaunchEnds):
     """The run is done: its newest checkpoint is at its budget's end (daemon/jobs/rundone.py)."""
 
     exit_status = protocol.SUPERVISOR_DONE
-
-
-class ScratchRootUnknown(LaunchEnds):
-    """run.dir's record of the private scratch root could not be read (scratch_root.RecordUnreadable): said, and
-    exit 1, so that systemd starts the launch again; never the default root, which another user may have made."""
-
-    def __init__(self, why: scratch_root.RecordUnreadable):
-        super().__init__(str(why))
-        print(f"minilmd run: nothing started: {why}; the default scratch root is not used instead (it may be "
-              f"another user's); start the run again once run.dir reads", flush=True)
-
-
-class RunDirFull(LaunchEnds):
-    """run.dir could not be made: its file system is full (`minilmd run` exits 73)."""
-
-    exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
 
 
 def settle_run_dir(cfg: RunConfig) -> None:

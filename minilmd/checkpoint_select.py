@@ -49,12 +49,20 @@ class RunRoots:
     run_dir: Path
     cfg: RunConfig
     roots: list[Path]
-    """checkpoint_roots(cfg): its scratch's, then its run.remote's when that is a local path."""
+    """checkpoint_roots(cfg): its scratch's, then its run.remote's when that is a local path; without the scratch's
+    when it is not looked in (`skipped`)."""
+    skipped: str = ""
+    """Why its scratch is not looked in (scratch_root.not_looked_in: another user's stands there), "" when it is."""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """ROOT_KINDS of `roots`, in their order."""
+        return ROOT_KINDS[1:] if self.skipped else ROOT_KINDS
 
     def found(self) -> list[tuple[str, Path]]:
         """(kind, root) of the roots that are there, in order (ROOT_KINDS); all of them when none is."""
-        there = [(kind, root) for kind, root in zip(ROOT_KINDS, self.roots, strict=False) if os.path.lexists(root)]
-        return there or list(zip(ROOT_KINDS, self.roots, strict=False))
+        there = [(kind, root) for kind, root in zip(self.kinds, self.roots, strict=False) if os.path.lexists(root)]
+        return there or list(zip(self.kinds, self.roots, strict=False))
 
     @property
     def where(self) -> str:
@@ -65,7 +73,9 @@ class RunRoots:
     def gone(self) -> str:
         """`; its scratch S is gone (...)` when the scratch's checkpoint root is not there (a finished run removes
         its scratch once its last checkpoint is on run.remote; a reboot empties /dev/shm) and another root is, else
-        "": the one home of these words, for `verify/sample/chat/export RUN_DIR`."""
+        "": the one home of these words, for `verify/sample/chat/export RUN_DIR`; its scratch not looked in, why."""
+        if self.skipped:
+            return f"; its scratch {self.cfg.scratch_dir} is not looked in: {self.skipped}"
         if os.path.lexists(self.roots[0]) or not any(os.path.lexists(root) for root in self.roots[1:]):
             return ""
         return f"; its scratch {self.roots[0]} is gone (removed at the run's end, or by a reboot)"
@@ -74,7 +84,8 @@ class RunRoots:
     def unread(self) -> str:
         """` (its run.remote R is not read here)` when it has one that is not among the roots (s3://...), else ""."""
         remote = self.cfg.run.remote
-        return f" (its run.remote {remote} is not read here)" if len(self.roots) == 1 and remote else ""
+        return f" (its run.remote {remote} is not read here)" if "run.remote" not in self.kinds[:len(self.roots)] \
+            and remote else ""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -86,7 +97,9 @@ def is_run_dir(path: Path) -> bool:
 def run_roots(run_dir: Path) -> RunRoots:
     """Where the checkpoints of a run directory are: its run.toml read as another run's copy (load_config's
     untrusted: no link followed, this user's own), and the roots a resume of the run takes (checkpoint_roots).
-    RunDirUnusable when that run.toml cannot be used."""
+    A scratch that is not the run's (scratch_root.not_looked_in, judged for the run directory's owner, as `status`
+    and `stop` judge it) is left out, said (`skipped`), and its run.remote used; RunDirUnusable when it has no local
+    run.remote then, or when that run.toml cannot be used."""
     from minilmd.config import ConfigError, load_config
     from minilmd.corpus_meta import corpus_train_tokens
     from minilmd.scratch_root import RecordUnreadable, not_looked_in
@@ -94,13 +107,23 @@ def run_roots(run_dir: Path) -> RunRoots:
     try:
         cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
         roots = checkpoint_roots(cfg)  # a default scratch in a private root: run.dir's record names it
-        if squatted := not_looked_in(cfg.scratch_dir):  # another user's: no run of ours went there
+        squatted = not_looked_in(cfg.scratch_dir, _owner(run_dir))  # another user's: no run of ours went there
+        if squatted and len(roots) == 1:
             raise RunDirUnusable(f"{run_dir}: its scratch is not looked in: {squatted}")
     except (ConfigError, OSError, RecordUnreadable) as e:
         why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
         raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "
                              f"checkpoints are, cannot be used ({why})") from None
-    return RunRoots(run_dir, cfg, roots)
+    return RunRoots(run_dir, cfg, roots[1:], squatted) if squatted else RunRoots(run_dir, cfg, roots)
+
+
+def _owner(run_dir: Path) -> int:
+    """The run's user: the owner of the run directory as opened (its descriptor's, as `status` judges it)."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
 
 
 def resume_order(roots: Iterable[str | os.PathLike]) -> list[tuple[int, Path]]:

@@ -203,9 +203,10 @@ def open_out_dir(out_dir: Path, label: str, what: str, advice: str, *, group_sha
 def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False,
                    mode: int | None = None) -> None:
     """`out` replaced whole by `text` (a temp file, fsync, rename: a reader sees the old or the new), written at
-    the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link planted at
-    `out` is replaced, never followed, and one planted on the way is refused or not followed. The file's mode is
-    `mode`, else the permissions policy's (perms.file_mode)."""
+    the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link of ours at `out`
+    is replaced, never followed; another user's entry there (a file, a link, anything) is never replaced:
+    PlaceRefused naming its owner (`others_entry`); a link planted on the way is refused or not followed. The file's
+    mode is `mode`, else the permissions policy's (perms.file_mode)."""
     write_out_bytes(out, text.encode("utf-8"), label, what, advice, group_share=group_share, mode=mode)
 
 

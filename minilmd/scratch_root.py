@@ -82,17 +82,21 @@ def in_default_root(scratch: Path) -> bool:
     an unset run.scratch's is (a private root where another user took it, NAME kept in it; before, exit 2, final,
     hostile audit 7 F4). A run.scratch anywhere else is her choice: used as written, refused when not hers. Not in a
     trainer the supervisor started (RUN_DIR_ENV): it is given the settled scratch, never looks it up again."""
-    return (scratch.parent == Path(default_scratch_root(own_uid(), base()))
-            and not os.environ.get(names.RUN_DIR_ENV))
+    return root_form(scratch.parent, own_uid(), private=False) and not os.environ.get(names.RUN_DIR_ENV)
 
 
 def is_default_form(scratch: Path, run_name: str) -> bool:
     """Whether `scratch` is where a default scratch of this user's goes: the default name in the per-user root or
     in a root of the private form (`<base>/minilmd-<uid>-XXXXXXXX`). Reads nothing: a default scratch (also when
     written out, or passed to a trainer) is held to a default's rules (its root private to this user)."""
-    uid = own_uid()
-    return scratch.name == default_name(run_name) and (
-        scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid))
+    return scratch.name == default_name(run_name) and root_form(scratch.parent, own_uid())
+
+
+def root_form(path: Path, uid: int, private: bool = True) -> bool:
+    """Whether `path` is, by its name, a root of `uid`'s default scratches: the per-user `<base>/minilmd-<uid>`, or
+    (`private`) a private one `<base>/minilmd-<uid>-XXXXXXXX`. Reads nothing: the one test of in_default_root,
+    is_default_form and not_looked_in."""
+    return path == Path(default_scratch_root(uid, base())) or (private and _private_form(path, uid))
 
 
 def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
@@ -105,8 +109,7 @@ def not_looked_in(scratch: Path, owner: int | None = None) -> str | None:
     the run's user, when the reader is another (root's `status` of her run: her directories are hers); this user's
     when None."""
     uid = own_uid() if owner is None else owner
-    root_form = scratch.parent == Path(default_scratch_root(uid, base())) or _private_form(scratch.parent, uid)
-    places = ([scratch.parent] if root_form else []) + [scratch, scratch / names.CHECKPOINTS]
+    places = ([scratch.parent] if root_form(scratch.parent, uid) else []) + [scratch, scratch / names.CHECKPOINTS]
     return next((why for place in places if (why := taken(place, uid))), None)
 
 
@@ -182,7 +185,8 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
     record it in run.dir. Returns the root the run uses from now on (never a taken one; the caller carries it:
     RunConfig.fix_scratch_root) and what was done in words (for stdout and the run's events), None when the usual
     root serves. An OSError of the usual root's mkdir (base missing) is left to the claim to say; one making the
-    private root or its record (base or run.dir full) is raised, and so is RecordUnreadable."""
+    private root (base full) is raised; one writing its record is RecordUnwritten (the root removed again), and
+    RecordUnreadable is raised as it comes."""
     uid = own_uid()
     usual = root(run_dir, uid)
     try:
@@ -195,9 +199,22 @@ def settle(run_dir: Path) -> tuple[Path, str | None]:
     if why is None:
         return usual, None
     made = Path(tempfile.mkdtemp(prefix=f"minilmd-{uid}-", dir=base()))  # 0700, a name that was free
-    atomic_write_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD,
-                      {"root": str(made), "because": why, "since": time.time()})
+    try:
+        atomic_write_json(Path(run_dir) / names.SCRATCH_ROOT_RECORD,
+                          {"root": str(made), "because": why, "since": time.time()})
+    except OSError as e:  # unrecorded, no restart would find it: a retry's root beside it would leak one a try
+        os.rmdir(made)  # this try's own, empty: made a moment ago
+        raise RecordUnwritten(e) from e
     return made, said(why, made)
+
+
+class RecordUnwritten(Exception):
+    """run.dir's record of a new private root could not be written (`error`: run.dir full, say); the root this try
+    made is removed again, so that a retry leaves no directory behind in base."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def said(why: str, made: Path) -> str:

@@ -90,8 +90,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/scratch_root.py": ("private", "the default scratch's per-user root in the sticky base (/dev/shm): "
                                 "mkdir 0700 never replaces what is there (what stands there is then judged, lstat, "
                                 "and another user's, a link or a file is never used), and mkdtemp makes a new name "
-                                "O_EXCL, 0700; the record goes in run.dir through fsio (run.dir's rule)", {
-        ("settle", "os.mkdir"): 1, ("settle", "tempfile.mkdtemp"): 1}),
+                                "O_EXCL, 0700; the record goes in run.dir through fsio (run.dir's rule); a root "
+                                "whose record could not be written is rmdir'd at once: the name this try's mkdtemp "
+                                "made, which in the sticky base no one else may rename, and rmdir removes only an "
+                                "empty directory", {
+        ("settle", "os.mkdir"): 1, ("settle", "tempfile.mkdtemp"): 1, ("settle", "os.rmdir"): 1}),
     "minilmd/shared_place.py": ("private", PRIVATE_SCRATCH + " (the staged corpus's source record)", {
         ("record_staged_from", "os.unlink"): 1}),
     "minilmd/checkpoint_dirs.py": ("private", PRIVATE_SCRATCH + " (quarantine of a local checkpoint)", {

@@ -114,3 +114,39 @@ def test_roots_status_of_a_users_run_looks_in_her_own_scratch(tmp_path):
     out = io.StringIO()
     assert views.status(run_dir, out=out) == 0
     assert "local checkpoint: step 250 (" in out.getvalue(), out.getvalue()
+
+
+def test_sample_export_and_verify_skip_a_scratch_another_user_took_and_read_the_remote(rebooted):
+    """`sample/export/verify RUN_DIR` (checkpoint_select.run_roots) judge the scratch as `status` and `stop` do: his
+    root is left out, said, and her run.remote read (before: the whole run refused, `its scratch is not looked
+    in`, though her remote held her checkpoints; review9c finding 5)."""
+    from minilmd.checkpoint_select import run_roots
+    from minilmd.checkpoint_verify import verify_run
+
+    run_dir, private = rebooted
+    remote = run_dir.parent / "remote"
+    run = run_roots(run_dir)
+    assert run.roots == [remote] and run.found() == [("run.remote", remote)] and run.unread == ""
+    assert f"its scratch {private / 'r'} is not looked in: {private} belongs to" in run.gone, run.gone
+    report = verify_run(run_dir)
+    assert [r["kind"] for r in report["run"]["roots"]] == ["run.remote"], report
+    assert [c["root"] for c in report["checkpoints"]] == ["run.remote"] and "99999" not in json.dumps(report)
+
+
+def test_roots_sample_of_a_users_run_looks_in_her_own_scratch(tmp_path):
+    """run_roots judges the scratch for the run directory's owner, as `status` does: root reading her run (its
+    run.toml one root may read: its own copy) finds her scratch hers (before: judged for root, her own directories
+    were "another user's" and the run refused)."""
+    if UID != 0:
+        pytest.skip("needs root to read another user's run")
+    from minilmd.checkpoint_select import run_roots
+
+    run_dir, scratch = tmp_path / "run", tmp_path / "scratch"
+    run_dir.mkdir()
+    (scratch / names.CHECKPOINTS).mkdir(parents=True)
+    (run_dir / names.RUN_CONFIG_COPY).write_text(f'[run]\nname = "r"\ndir = "{run_dir}"\nscratch = "{scratch}"\n'
+                                                 f'[data]\nprepared = "{run_dir}"\n[train]\nmax_steps = 1\n')
+    for path in (run_dir, scratch, scratch / names.CHECKPOINTS):
+        os.chown(path, OTHER, OTHER)
+    run = run_roots(run_dir)
+    assert run.roots == [scratch / names.CHECKPOINTS] and not run.skipped

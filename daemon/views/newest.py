@@ -27,9 +27,10 @@ METRICS_LINES = 400
 """How many of metrics.jsonl's last lines are read: the newest train, eval and checkpoint lines are among them."""
 
 
-def caught_up(run_dir: Path, state: StateJson) -> StateJson:
+def caught_up(run_dir: Path, state: StateJson, owner: int | None) -> StateJson:
     """state as the supervisor would have made it from what the trainer wrote after state.json was last written;
-    state itself when the files say nothing newer. A copy: nothing is written."""
+    state itself when the files say nothing newer. A copy: nothing is written. `owner`: the run's
+    user (newest_local)."""
     since = state.updated or 0.0
     records = [rec for rec in _metrics_tail(run_dir) if _newer(rec.get("time"), since) and _well_typed(rec)]
     beat = read_heartbeat(run_dir)
@@ -38,14 +39,15 @@ def caught_up(run_dir: Path, state: StateJson) -> StateJson:
     held = RunState(run_dir / names.STATE, state.to_dict())  # never saved: the supervisor's rule, on a copy
     held.apply_progress(records, beat)
     fresh = StateJson.from_dict(held.to_dict())  # metrics.jsonl is anyone's who can write run.dir: retyped
-    fresh.local_checkpoint = newest_local(fresh.local_checkpoint, _owner(run_dir))
+    fresh.local_checkpoint = newest_local(fresh.local_checkpoint, owner)
     return fresh
 
 
-def current(run_dir: Path, state: StateJson, alive: bool) -> StateJson:
+def current(run_dir: Path, state: StateJson, alive: bool, owner: int | None) -> StateJson:
     """state as the views show it (`status`, its --json, the overview's rows): state.json itself while a supervisor
-    is alive (it copies the trainer's files in itself), `caught_up` once none is."""
-    return state if alive else caught_up(run_dir, state)
+    is alive (it copies the trainer's files in itself), `caught_up` once none is. `owner`: the run's user, as the
+    reader judged it (status: its run directory's descriptor's owner; the overview: the registry entry's user)."""
+    return state if alive else caught_up(run_dir, state, owner)
 
 
 def changed_sections(state: StateJson, shown: StateJson) -> dict:
@@ -54,14 +56,6 @@ def changed_sections(state: StateJson, shown: StateJson) -> dict:
     "state" keeps state.json's shape; whether any were is its "caught_up"."""
     was = state.to_dict()
     return {key: value for key, value in shown.to_dict().items() if value != was.get(key)}
-
-
-def _owner(run_dir: Path) -> int | None:
-    """The run's user: its run directory's owner (root's `status` of her run looks in her scratch)."""
-    try:
-        return os.stat(run_dir).st_uid
-    except OSError:
-        return None
 
 
 def newest_local(local: LocalCheckpoint | None, owner: int | None = None) -> LocalCheckpoint | None:

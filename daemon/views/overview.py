@@ -77,7 +77,7 @@ def row(entry: registry.Entry, t: float) -> dict:
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
     alive = supervisor_alive(written)
-    state = current(entry.run_dir, written, alive)  # with no supervisor: what its trainer wrote since, as `status`
+    state = current(entry.run_dir, written, alive, entry.uid)  # no supervisor: what its trainer wrote since, as status
     progress, sync = state.progress, state.sync
     last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
     waited_since = state.gpu_wait.since if state.gpu_wait else None

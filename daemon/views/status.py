@@ -270,7 +270,7 @@ def _status(run: Dir, as_json: bool, out) -> int:
     written = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(written)
     # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
-    state = current(inside, written, alive) if written is not None else None
+    state = current(inside, written, alive, os.fstat(run.fd).st_uid) if written is not None else None
     state, claims = _as_read(run, state) if state is not None else (None, None)
     if as_json:
         _print_json(run, raw, changed_sections(written, state) if written is not None and state is not None

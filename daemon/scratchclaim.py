@@ -1,0 +1,181 @@
+"""The launch's claim of scratch (daemon/preflight.py launch): the default scratch's root settled
+(minilmd/scratch_root.py settle), scratch made this run's (minilmd/scratch.py claim), and the wait when there is no
+room to make them, with how the launch ends before any supervisor runs (`LaunchEnds`).
+
+No room (ENOSPC, EDQUOT: fsio.is_disk_full, the one rule; a tmpfs's inodes used up by another user's files, a quota)
+is no refusal but a wait, as a scratch full by bytes is (staging's `no room in scratch`): another user's empty files
+must not end an unattended run for good (hostile audit 7 F2). The wait keeps the promises of a running supervisor
+(review9c finding 1; before, it waited unseen before the run lock and systemd's READY: the unit's TimeoutStartSec
+killed it every 5 min, and its 5th start in an hour left the unit failed; `minilmd stop` said "not running"):
+- it holds the run lock (daemon/host/lock.py RunLock), so `minilmd stop` finds this process (it carries the run's
+  identity: minilmd/procs.py) and SIGTERMs it, and no second supervisor starts beside it;
+- it tells systemd READY=1 with a STATUS line saying what it waits for, and pings its watchdog;
+- a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at once: `StoppedWaiting`, exit 0, nothing started.
+The lock is given back once scratch is made; the supervisor takes it again at once (Supervisor.run).
+A run.dir with no room for the private root's record is run.dir full: exit 73 (`RunDirFull`), as everywhere.
+Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from minilmd import protocol, scratch, scratch_root
+from minilmd.backoff import exponential
+from minilmd.config import ConfigError, RunConfig
+from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
+from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.phases.rundirwatch import full_at_start
+from minilmd.fsio import is_disk_full
+
+SLICE_S = 1.0
+"""How long the wait sleeps between two looks at a stop and the watchdog."""
+
+
+class LaunchEnds(Exception):
+    """The launch ends before the supervisor starts, said on stdout, with `exit_status`."""
+
+    exit_status = 1
+
+
+class ScratchRootUnknown(LaunchEnds):
+    """run.dir's record of the private scratch root could not be read (scratch_root.RecordUnreadable): said, and
+    exit 1, so that systemd starts the launch again; never the default root, which another user may have made."""
+
+    def __init__(self, why: scratch_root.RecordUnreadable):
+        super().__init__(str(why))
+        print(f"minilmd run: nothing started: {why}; the default scratch root is not used instead (it may be "
+              f"another user's); start the run again once run.dir reads", flush=True)
+
+
+class RunDirFull(LaunchEnds):
+    """run.dir could not be made or written: its file system is full (`minilmd run` exits 73)."""
+
+    exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
+
+
+class StoppedWaiting(LaunchEnds):
+    """A stop (SIGTERM, SIGINT) while the launch waited for room for scratch: nothing started, exit 0."""
+
+    exit_status = protocol.SUPERVISOR_DONE
+
+
+def claim_scratch(cfg: RunConfig, sleep: Callable[[float], None] = time.sleep,
+                  notifier: Notifier | None = None) -> None:
+    """Scratch settled and claimed for this run; ConfigError (exit 2) when refused. No room: said once, then tried
+    again with the restart backoff for as long as it takes, the run lock held and systemd told (module docstring)."""
+    full = _settle_and_claim(cfg)
+    if full is None:
+        return
+    notifier = notifier or Notifier()
+    lock = RunLock(cfg.run_dir)
+    try:
+        lock.acquire()
+    except (LockHeld, LockUnsafe) as e:
+        raise ConfigError([str(e)], cfg.source) from None
+    except OSError as e:
+        if full_at_start(cfg.run_dir, e):
+            raise RunDirFull(str(cfg.run_dir)) from e
+        raise
+    stop = _StopSignals()
+    try:
+        tries = 0
+        while full is not None:
+            tries += 1
+            wait = exponential(cfg.restart.backoff_initial_s, tries, cfg.restart.backoff_max_s)
+            if tries == 1:
+                print(f"minilmd run: waits: {full}; not a failure: waiting for room (another user's files there?), "
+                      f"tried again with backoff (next in {wait:.0f}s) for as long as it takes; the run lock is "
+                      f"held meanwhile (`minilmd stop` ends the wait)", flush=True)
+                notifier.ready(_status(cfg, full))
+            else:
+                notifier.status(_status(cfg, full))
+            left = wait
+            while left > 0 and not stop.got:
+                step = min(left, SLICE_S)
+                sleep(step)
+                left -= step
+                notifier.watchdog()
+            if stop.got:
+                notifier.stopping()
+                print(f"minilmd run: stopped ({stop.got}) while waiting for room for scratch: nothing started, "
+                      f"nothing made in {scratch_root.base()}", flush=True)
+                raise StoppedWaiting(stop.got)
+            full = _settle_and_claim(cfg)
+        print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
+    finally:
+        stop.restore()
+        lock.release()
+
+
+def _status(cfg: RunConfig, full: str) -> str:
+    return f"{cfg.run.name}: waiting for room for scratch ({full})"[:200]
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT recorded while the wait runs (`got`: the signal's name), the earlier handlers put back."""
+
+    def __init__(self):
+        self.got = ""
+        self._before = {sig: signal.signal(sig, self._record) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _record(self, signum, _frame) -> None:
+        self.got = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+
+
+def _settle_and_claim(cfg: RunConfig) -> str | None:
+    """One try of claim_scratch: None when claimed; why there is no room, in words, when there is none."""
+    try:
+        if cfg.scratch_root_settled:  # decided once, here: every attempt's command names the scratch in it
+            settled, moved = scratch_root.settle(cfg.run_dir)
+            cfg.fix_scratch_root(settled)
+            if moved:
+                print(f"minilmd run: {moved}", flush=True)  # the start event says it again (scratch_root.in_use)
+    except scratch_root.RecordUnreadable as e:
+        raise ScratchRootUnknown(e) from None
+    except scratch_root.RecordUnwritten as e:  # run.dir's own file: full is exit 73, as any run.dir full
+        if full_at_start(cfg.run_dir, e.error):
+            raise RunDirFull(str(cfg.run_dir)) from e.error
+        raise ConfigError([f"run.dir {cfg.run_dir}: the record of this run's private scratch root cannot be "
+                           f"written: {e.error.strerror or e.error}"], cfg.source) from None
+    except OSError as e:  # the private root could not be made (base full, say)
+        if is_disk_full(e):
+            return (f"the default scratch root is another user's, and a private one cannot be made now: "
+                    f"{_no_room(e, scratch_root.base())}")
+        raise ConfigError([f"the default scratch root is another user's, and a private one could not be made in "
+                           f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
+    try:
+        scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    except scratch.ScratchRefused as e:
+        raise ConfigError(e.problems, cfg.source) from None
+    except OSError as e:
+        if is_disk_full(e):
+            return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e, cfg.scratch_dir.parent)}"
+        raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
+    return None
+
+
+def _no_room(e: OSError, near: str | os.PathLike) -> str:
+    """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes.
+    Measured where the error's file was to go, else at `near` (the place being made's parent: a hand-set run.scratch
+    lies on its own file system, not base's); the nearest existing directory up from there."""
+    where = os.path.dirname(str(e.filename)) if e.filename else str(near)
+    while True:
+        try:
+            vfs = os.statvfs(where)
+            break
+        except FileNotFoundError:
+            if os.path.dirname(where) == where:
+                return f"{e.strerror} ({where})"
+            where = os.path.dirname(where)
+        except OSError:
+            return f"{e.strerror} ({where})"
+    if vfs.f_files and not vfs.f_favail:
+        return f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
+    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
