@@ -3,16 +3,16 @@ default's name first.
 
 The default scratch is `<base>/minilmd-<uid>/<run.name>` (base: /dev/shm, a Slurm job's $TMPDIR): a fixed name in a
 directory every user may write (sticky). Anyone may `mkdir /dev/shm/minilmd-<uid of another user>` before her run
-makes it (after a reboot, a requeue on another node). Nothing of his is ever used (minilmd/scratch.py refuses it), but
-a refusal is exit 2, final for systemd and the tmux launcher: one mkdir would end her unattended run for good. So,
-at launch (`settle`), when the root the run would use is taken (another user's directory, a link, not a directory),
-the run makes a root of its own with an unguessable name, `<base>/minilmd-<uid>-<8 random>` (tempfile.mkdtemp:
-created new, O_EXCL, 0700, never one that was there), and records it in run.dir (names.SCRATCH_ROOT_RECORD). Every
-later start of the run reads the record, so it finds the same scratch, its checkpoints included; a reboot that
-emptied base has it made again under the same name, and should that name be taken too (base is listed by everyone),
-a new one is made and recorded. A record is used only when it is this user's file in run.dir and names a root of
-this form under today's base; anything else there is no record. Never a wait: the run goes on at once, in a place
-nobody else can have made.
+makes it (after a reboot, a requeue on another node). Nothing of his is ever used (minilmd/scratch.py refuses it),
+but a refusal is exit 2, final for systemd and the tmux launcher: one mkdir would end her unattended run for good.
+So, at launch (`settle`), when the root the run would use is taken (another user's directory, a link, not a
+directory), the run makes a root of its own with a name that was free (not a secret: base is listed by everyone),
+`<base>/minilmd-<uid>-<8 random>` (tempfile.mkdtemp: created new, O_EXCL, 0700, never one that was there), and
+records it in run.dir (names.SCRATCH_ROOT_RECORD). Every later start of the run reads the record, so it finds the
+same scratch, its checkpoints included; a reboot that emptied base has it made again under the same name, and should
+that name be taken too (base is listed by everyone), a new one is made and recorded. A record is used only when it is
+this user's file in run.dir and names a root of this form under today's base; anything else there is no record. Never
+a wait: the run goes on at once, in a place nobody else can have made.
 
 The root is decided once, by `settle` at the supervisor's launch, which judges the root it returns (a taken one is
 never returned), and is carried from there: the supervisor's config holds it (RunConfig.fix_scratch_root) and every

@@ -25,14 +25,17 @@ def tokenizer_train_command(
                                       "with a chat template, for prepare --format chat: minimind (MiniMind's "
                                       "ChatML, think block included) or FILE (a Jinja template, or a "
                                       "tokenizer_config.json whose chat_template is taken)."),
-    force: bool = force_option("an existing --out (and, with --chat-template, the tokenizer_config.json beside it)"),
+    force: bool = force_option("an existing --out (and, with --chat-template, the tokenizer_config.json beside it) "
+                               "of yours: another user's file or link there is never replaced, --force or not "
+                               "(exit 2)"),
     group_share: bool = group_share_option(),
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
     Exit status: 0, 65 bad input (every bad line named, as prepare names them; or no document at all), 2 bad
     arguments (a --chat-template that does not load or render; an --out, or the
-    tokenizer_config.json beside it, already there without --force), 74 a read or write failed, 130 interrupted
+    tokenizer_config.json beside it, already there without --force, or another user's with it), 74 a read or write
+    failed, 130 interrupted
     (Ctrl-C, SIGTERM: at once, nothing written)."""
     import sys
     from pathlib import Path
@@ -185,15 +188,16 @@ def tokenizer_template_command(
     out: str = typer.Option("", "--out", help="Where to write the tokenizer.json (a name ending in .json; anything "
                             "else is a directory to hold it), the tokenizer_config.json beside it. Default: "
                             "TOKENIZER's own, left as it is: only the tokenizer_config.json is written."),
-    force: bool = force_option("an existing --out, or the tokenizer_config.json beside it"),
+    force: bool = force_option("an existing --out, or the tokenizer_config.json beside it, of yours: another user's "
+                               "file or link there is never replaced, --force or not (exit 2)"),
     group_share: bool = group_share_option(),
 ) -> None:
     """Give an existing tokenizer a chat template, for prepare --format chat: its vocabulary unchanged (the same
     tokenizer.json, byte for byte), so a model pretrained with it can be fine-tuned on a chat corpus prepared with it.
 
     Exit status: 0, 2 bad arguments (a tokenizer minilmd cannot use, a template that does not load or render, an
-    output already there without --force, an --out directory other users can change without --group-share), 74 a
-    write failed."""
+    output already there without --force, or another user's with it, an --out directory other users can change
+    without --group-share), 74 a write failed."""
     from pathlib import Path
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside

@@ -18,8 +18,8 @@
   exits with that status, whichever it is (`ranks_status`): 73 and 75, and also a shared 2 or 65 (config or data
   refused: final), 74, 76 (CUDA OOM: fault.json) or 120, each classified by the supervisor as one trainer's exit
   with it (before, any status but 73 and 75 was exit 1, a crash, restarted); a shared 1 is torch's own exit. A mix
-  (one rank crashed, 1, another 73) or another signal (a negative exit code, read from the log by
-  daemon/child/process.py) leaves torchrun's exit 1 and its report.
+  (one rank crashed, 1, another 73) or another signal (a negative exit code, read from the agent's summary by
+  daemon/child/torchrun_summary.py) leaves torchrun's exit 1 and its report.
 - A stop signal to torchrun itself (the supervisor's SIGTERM to the trainer's group, systemd's stop): torch's agent
   raises SignalException after it has sent the signal on to the ranks and waited for them (its shutdown grace,
   TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s, then SIGKILL). The ranks' exit statuses are read as the agent's close
