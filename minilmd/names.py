@@ -256,10 +256,11 @@ def sync_tmp_name(name: str, host: str, pid: int) -> str:
 
 def remote_tmp_owner(name: str, host: str) -> int | None:
     """The pid of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA base's
-    copy, sync_tmp_name, or a pointer's temp file, pointer_tmp_tag), None for any other name: another host's, or
-    no sync's."""
+    copy, sync_tmp_name, or a pointer's or the claim's temp file, pointer_tmp_tag), None for any other name: another
+    host's, or no sync's."""
     copy = rf"{re.escape(TMP_PREFIX)}(?:step-[0-9]{{8,}}|init)-"
-    m = re.fullmatch(rf"(?:{copy}|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-([0-9]+)(?:-\w+\.tmp)?", name)
+    files = "|".join(re.escape(n) for n in (LATEST, BEST, REMOTE_OWNER))  # a pointer's, the claim's (put_new)
+    m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-\w+\.tmp)?", name)
     return int(m.group(1)) if m else None
 
 

@@ -157,10 +157,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
-    "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
-                                    "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
-                                    {("_write_new", "tempfile.TemporaryDirectory"): 1,
-                                     ("_write_new", ".write_bytes"): 1}),
     # --- the device checks and the scripts: their own --work directory ------------------------------------------
     **{script: ("private", SCRIPT_WORK, sites_of_script) for script, sites_of_script in {
         "scripts/docmask_val_pair.py": {("run_pair", "tempfile.TemporaryDirectory"): 1},

@@ -206,6 +206,13 @@ class Remote:
             raise FileNotFoundError(errno.ENOENT, f"{self.show(name)} is not there")
         self.fs.pipe_file(self.path(name), data)
 
+    def put_new(self, name: str, data: bytes) -> None:
+        """The file `name` made with `data` where there is none (FileExistsError otherwise): one PUT, which an
+        object store makes whole or not at all (LocalRemote: a temporary renamed into place without replacing)."""
+        if self.fs.exists(self.path(name)):
+            raise FileExistsError(errno.EEXIST, f"{self.show(name)} is there already")
+        self.fs.pipe_file(self.path(name), data)
+
     def makedirs(self, *names: str) -> None:
         """The root and names below it, made as needed (an object store has no links)."""
         self.fs.makedirs(self.path(*names), exist_ok=True)

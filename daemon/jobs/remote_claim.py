@@ -6,8 +6,11 @@ the first run's checkpoint and prune it: both pruned each other's when they ran 
 
 A config copied for a second run whose run.remote was left as it was would otherwise resume from the first run's
 checkpoint, sync its own steps there and prune the first run's with `sync.keep`. So:
-- the first sync of a run writes the claim (through the RemoteStore Protocol: a local remote's file made new, never
-  through a link, O_EXCL; an object store's written once), before it copies or removes anything, and every later
+- the first sync of a run writes the claim (RemoteStore.put_new: a local remote's made whole under a temporary name
+  and renamed into place, never over a file there nor through a link; an object store's in one PUT), so a write that
+  fails (a full share, EIO) leaves no half claim, and is a failed sync, retried (a full remote: the wait for room);
+  the cut claim an older minilmd left is replaced (`_our_leftover`). It is made before the sync copies or removes
+  anything, and every later
   sync reads it again first: a remote claimed by another run is refused (SyncError: nothing copied, nothing pruned),
   and the retention re-reads it right before it deletes anything;
 - `minilmd run --check` and the launch refuse such a remote (exit 2, daemon/preflight.py), naming both runs and the
@@ -25,7 +28,6 @@ the run it names is seen, and says so in events.jsonl. Torch-free.
 """
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,11 +94,12 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
         return (f"run.remote {store.url}: {e}: the run neither syncs there nor resumes from there while it stands "
                 f"(a claim no sync of this user wrote); have its owner remove it, or give run.remote a directory "
                 f"of this run's own")
+    except NotARecord as e:
+        if not _our_leftover(store, claim):
+            return _no_record(store, e)
+        owner = None  # the cut start of this run's own claim: no claim (ensure writes it whole)
     except ValueError as e:
-        consent = f"start it once with `minilmd run {CONSENT} CONFIG`, or " if isinstance(e, NotARecord) else ""
-        return (f"run.remote {store.url}: {e}: whose checkpoints these are is unknown, so the run neither syncs "
-                f"there nor resumes from there; if they are this run's, {consent}remove {store.show(REMOTE_OWNER)} "
-                f"(the next sync claims the remote again)")
+        return _no_record(store, e)
     if owner is not None:
         return None if run_owner.is_run(owner, claim.run_dir) else _another_run(store, owner, claim)
     steps = _steps(store)
@@ -105,29 +108,56 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
     return _unclaimed(store, steps, claim)
 
 
+def _no_record(store: RemoteStore, e: ValueError) -> str:
+    consent = f"start it once with `minilmd run {CONSENT} CONFIG`, or " if isinstance(e, NotARecord) else ""
+    return (f"run.remote {store.url}: {e}: whose checkpoints these are is unknown, so the run neither syncs "
+            f"there nor resumes from there; if they are this run's, {consent}remove {store.show(REMOTE_OWNER)} "
+            f"(the next sync claims the remote again)")
+
+
+def _our_leftover(store: RemoteStore, claim: Claim) -> bool:
+    """Whether the remote's owner.json, not a record, is what an interrupted write of this run's own claim left: this
+    user's regular file (cat_own) holding less than the claim and nothing but its start (an empty file included),
+    the claim an older minilmd wrote in place when the write failed (ENOSPC, EIO). It names no other run (another
+    run's claim starts otherwise: its run_dir, its host), so ensure replaces it; anything else stays a refusal."""
+    try:
+        raw = store.cat_own(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
+    except (OSError, Unreadable):
+        return False
+    whole = _encoded(claim)
+    return len(raw) < len(whole) and whole.startswith(raw)
+
+
 def ensure(store: RemoteStore, claim: Claim) -> bool:
     """Make the remote this run's before a sync writes there (its root made): ClaimRefused when `problem` says
-    why not; the claim written when there is none. True when it was written now."""
+    why not; the claim written when there is none (or only the cut start of this run's own: `_our_leftover`,
+    replaced whole). True when it was written now. A write that fails raises its OSError: a failed sync, retried
+    (a full remote: the wait for room, remote_room.py), never a claim half made."""
     if why := problem(store, claim):
         raise ClaimRefused(why)
-    if read(store) is not None:
-        return False
-    _write_new(store, claim)
+    try:
+        if read(store) is not None:
+            return False
+    except NotARecord:  # this run's cut claim (problem said so): replaced in one rename, only this user's file
+        try:
+            store.replace_own(REMOTE_OWNER, _encoded(claim))
+        except FileNotFoundError:
+            _write_new(store, claim)  # removed meanwhile: made new, never over another's
+    else:
+        _write_new(store, claim)
+    if why := problem(store, claim):  # another run's sync made its claim first
+        raise ClaimRefused(why)
     return True
 
 
 def _write_new(store: RemoteStore, claim: Claim) -> None:
-    """The claim written where there is none; ClaimRefused when another run's sync made its own first."""
-    with tempfile.TemporaryDirectory(prefix="minilmd-claim-") as tmp:
-        local = Path(tmp) / REMOTE_OWNER
-        local.write_bytes(_encoded(claim))
-        try:
-            store.put(local, REMOTE_OWNER)  # a local remote's: made new (O_EXCL), never a file already there
-        except OSError:
-            if read(store) is None:
-                raise
-    if why := problem(store, claim):  # another run's sync made its claim first
-        raise ClaimRefused(why)
+    """The claim made where there is none, whole or not at all (RemoteStore.put_new: a temporary renamed into place,
+    never over a file that stands there); one made meanwhile by another run's sync is left, for `problem` to judge.
+    Any other failure (ENOSPC, EIO) raises as it is."""
+    try:
+        store.put_new(REMOTE_OWNER, _encoded(claim))
+    except FileExistsError:
+        pass
 
 
 def _encoded(claim: Claim) -> bytes:

@@ -122,17 +122,44 @@ class Publishing:
         if why := remote_write.why_foreign(in_root(root, name), file=True, st=old):
             raise NotOurs(errno.EPERM, f"{self.show(name)} is {why}: not this user's, never replaced")
         judged = (old.st_dev, old.st_ino)
-        fd, tmp = root.create_new(f".{name}.{self.tmp_tag}", ".tmp", perms.file_mode())
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        made = root.identity_of(tmp)
+        tmp, made = self._written_beside(root, name, data)
         try:
             self._swap_in(root, tmp, name, judged)
         finally:  # the new file when it is not in place, else nothing (the old one is gone already)
             root.remove_file(tmp, made)
         os.fsync(root.fd)
+
+    def put_new(self, name: str, data: bytes) -> None:
+        """The root's file `name` made whole or not at all (the claim, owner.json, at a run's first sync): written
+        under a temporary name of this sync's (`.owner.json.<host>-<pid>-<random>.tmp`: sync_leftovers knows it),
+        fsynced, then renamed to `name` only while that is free (RENAME_NOREPLACE, or a link where the file system
+        lacks it: Dir.rename_new). A write that fails (ENOSPC, EIO) leaves nothing, the temporary removed, and
+        raises as it failed: a half-written file at `name` once read as a claim that is no JSON, refused for good.
+        FileExistsError, nothing changed, when anything stands at `name`."""
+        root = self._root()
+        tmp, made = self._written_beside(root, name, data)
+        try:
+            if not root.rename_new(tmp, name):
+                raise FileExistsError(errno.EEXIST, f"{self.show(name)} is there already: left as it is")
+        finally:  # the temporary when it is not in place, else nothing (renamed away)
+            root.remove_file(tmp, made)
+        os.fsync(root.fd)
+
+    def _written_beside(self, root: Dir, name: str, data: bytes) -> tuple[str, tuple[int, int]]:
+        """`data` in a new file (O_EXCL) beside `name`, fsynced: its name and identity. When the write fails (a full
+        remote, EIO) the file is removed and the error raised."""
+        fd, tmp = root.create_new(f".{name}.{self.tmp_tag}", ".tmp", perms.file_mode())
+        st = os.fstat(fd)
+        made = (st.st_dev, st.st_ino)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            root.remove_file(tmp, made)
+            raise
+        return tmp, made
 
     def _swap_in(self, root: Dir, tmp: str, name: str, judged: tuple[int, int]) -> None:
         """replace_own's rename: the old file (`judged`) out of `name`, removed; the new one (`tmp`) in its place."""

@@ -17,7 +17,7 @@ from minilmd.daemon.base.runstate import process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
-from minilmd.names import BEST, LATEST, TMP_PREFIX, atomic_tmp_prefix, host_tag, remote_tmp_owner
+from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix, host_tag, remote_tmp_owner
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
@@ -33,7 +33,7 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
     if isinstance(remote, LocalRemote):
         remote.made.keep_only(set(names))
     for n in names:
-        if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
+        if not n.startswith((TMP_PREFIX, *(atomic_tmp_prefix(f) for f in (LATEST, BEST, REMOTE_OWNER)))):
             continue
         pid = remote_tmp_owner(n, host_tag())
         if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
@@ -41,7 +41,7 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
             continue
         if n.startswith(TMP_PREFIX) and basecopy.another_base_left(remote, n, ours):
             _keep_base_copy(remote, n, once, log)
-        elif why := remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
+        elif why := remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's or the claim's: a file
             leave(n, why)
 
 
