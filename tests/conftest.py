@@ -185,6 +185,19 @@ def chat_corpus(chat_jsonl, chat_tokenizer) -> tuple[Path, int]:
 
 
 @pytest.fixture(scope="session")
+def chat_corpus_short(chat_jsonl, chat_tokenizer) -> tuple[Path, int]:
+    """chat_jsonl prepared as chat_corpus is, at seq_len 32: supervisor_helpers.BASELINE's, for the runs that train
+    at it. On chat_corpus (prepared at 128) such a run cuts 80 % of its reply tokens, which run --check and the
+    trainer refuse (minilmd/replycut.py). Read-only."""
+    root = built_once("chat-corpus-32", lambda out: prepared_chat(chat_jsonl, chat_tokenizer, out / "corpus",
+                                                                   seq_len=32)) / "corpus"
+    made = root, vocab_of(root)
+    digest = tree_digest(root)
+    yield made
+    assert_unchanged("chat corpus at 32", digest, root)
+
+
+@pytest.fixture(scope="session")
 def dpo_jsonl(chat_jsonl) -> Path:
     """MiniMind DPO lines built from chat_jsonl's real dialogs (chat_helpers.preference_pairs: the real reply
     chosen, another dialog's reply rejected). Read-only."""
@@ -259,13 +272,13 @@ def run_data(mode: str, doc_mask: bool) -> dict:
 @pytest.fixture(scope="session")
 def undisturbed(corpus, tmp_path_factory, request):
     """undisturbed(mode="packed", doc_mask=False, chat=False) -> Undisturbed: trained the first time a run is asked
-    for, then reused; chat=True trains on chat_corpus (made only then) instead of corpus."""
+    for, then reused; chat=True trains on chat_corpus_short (made only then) instead of corpus."""
     runs: dict[str, tuple[Undisturbed, Path, str]] = {}
 
     def get(mode: str = "packed", doc_mask: bool = False, chat: bool = False) -> Undisturbed:
         key = mode + ("-doc_mask" if doc_mask else "") + ("-chat" if chat else "")
         if key not in runs:
-            on = request.getfixturevalue("chat_corpus") if chat else corpus
+            on = request.getfixturevalue("chat_corpus_short") if chat else corpus
             tmp = tmp_path_factory.mktemp(f"undisturbed-{key}")
             final = train_undisturbed(tmp, on, data=run_data(mode, doc_mask), **BASELINE)
             run_dir = load_config(tmp / "plain.toml").run_dir

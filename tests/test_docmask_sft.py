@@ -110,7 +110,7 @@ def test_padding_free_and_static_padding_give_the_same_loss_and_gradients(tmp_pa
 
 
 @pytest.mark.slow
-def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_corpus, undisturbed):
+def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_corpus_short, undisturbed):
     import json
     import signal
 
@@ -122,7 +122,7 @@ def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_cor
 
     padding_free = {"data": {"mode": "packed", "doc_mask": True}, **BASELINE}
     final = undisturbed("packed", doc_mask=True, chat=True).checkpoint  # shared with test_docmask_run.py
-    killed = supervised_config(tmp_path, chat_corpus, "killed", remote=False, **padding_free)
+    killed = supervised_config(tmp_path, chat_corpus_short, "killed", remote=False, **padding_free)
     code, out = attempt(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out
     code, out = attempt_here(killed)  # nothing kills this one: in the test's process

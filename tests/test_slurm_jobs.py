@@ -162,9 +162,14 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
     assert "resumed from" in logs[-1].read_text()
     starts = [line for line in (tmp_path / "job.out").read_text().splitlines() if line.startswith("minilmd-")]
     assert len(starts) == 3, starts
-    # each start found its node scratch empty and fetched the newest checkpoint from the remote
+    # each start found its node scratch empty and fetched the newest checkpoint from the remote; but where the
+    # admin's requeue found slurmctld too busy to say the job's end (scontrol within 3 s), the supervisor took
+    # KillWait's default 30 s, cut the held trainer's save at the deadline and kept the node scratch (the cut last
+    # sync counts as unsynced: daemon/slurm/job.py remove_scratch), which the third start, on this node, resumed from
+    cut = any("cut at the job's end" in e.get("message", "") for e in events(cfg.run_dir) if e.get("event") == "stop")
     fetched = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "fetch" and "fetched" in e["message"]]
-    assert len(fetched) == 2, [e.get("message") for e in events(cfg.run_dir) if e.get("event") == "fetch"]
+    assert len(fetched) == (1 if cut else 2), [e.get("message") for e in events(cfg.run_dir)
+                                               if e.get("event") in ("fetch", "stop")]
     node_scratch = tmp_path / "node-tmp" / f"minilmd-{os.geteuid()}" / f"sl-slurm{job}"
     assert any(str(node_scratch) in m for m in fetched), fetched
     assert not node_scratch.exists()  # removed at the end, the remote holding the last checkpoint
