@@ -11,23 +11,17 @@ still the last sync stalled, exit 1, as before.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from held_sync import last_sync_running
 from minilmd import checkpoint_dirs
-from minilmd.config import RunConfig, load_config
+from minilmd.config import load_config
 from minilmd.daemon.base.knobs import Knobs
-from minilmd.daemon.base.runstate import RunState, now
-from minilmd.daemon.base.worker import Inbox, ReadWatch
-from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs.sync import SyncResult
-from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.base.runstate import now
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import start_supervisor, state, wait_for, wait_or_kill, write_config
 from waiting import wait_until
@@ -35,58 +29,8 @@ from waiting import wait_until
 LIMIT_S = 10.0
 
 
-class HeldSyncer:
-    """A Syncer whose copy runs until `release` is set, reporting what it does on its ReadWatch as sync.py does;
-    the test moves its clock (when it last moved a byte) by hand."""
-
-    base_problem = None  # no LoRA base
-    copying = None
-
-    def __init__(self):
-        self.watch = ReadWatch()
-        self.started, self.release = threading.Event(), threading.Event()
-
-    def sync_newest(self) -> SyncResult:
-        self.watch.reading("copying step-00000004 to /nfs/r/.tmp-step-00000004", 2_400_000_000)
-        self.started.set()
-        self.release.wait(60)
-        return SyncResult(step=4, path="/nfs/r/step-00000004", verified=True, copied=True)
-
-
-class OneSyncer(Infra):
-    def __init__(self, syncer: HeldSyncer):
-        self.the_syncer = syncer
-
-    def syncer(self, cfg, expected, log):
-        return self.the_syncer
-
-    def prune_local(self, root, keep, protect, log):
-        return []
-
-
-@contextlib.contextmanager
-def last_sync_running(tmp_path) -> Iterator[tuple[SyncWorker, HeldSyncer, list[str]]]:
-    """The stopping phase's last sync begun, its copy held (released on leaving)."""
-    cfg = RunConfig()
-    cfg.run.scratch, cfg.run.remote = str(tmp_path / "scratch"), "/nfs/r"
-    ckpt = cfg.checkpoint_dir / "step-00000004"
-    ckpt.mkdir(parents=True)
-    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": {"size": 2_400_000_000}}}))
-    said: list[str] = []
-    syncer = HeldSyncer()
-    sync = SyncWorker(cfg, OneSyncer(syncer), RunState(tmp_path / "state.json", {}),
-                      lambda kind, msg, **d: said.append(msg), Inbox(lambda *a, **k: None),
-                      Knobs(sync_stalled_after_s=LIMIT_S))
-    try:
-        assert sync.final_sync(None) is None  # begun
-        assert syncer.started.wait(30)
-        yield sync, syncer, said
-    finally:
-        syncer.release.set()
-
-
 def test_a_last_sync_that_still_moves_is_waited_for_however_long_it_runs(tmp_path):
-    with last_sync_running(tmp_path) as (sync, syncer, said):
+    with last_sync_running(tmp_path, Knobs(sync_stalled_after_s=LIMIT_S)) as (sync, syncer, said):
         assert sync.worker is not None
         sync.worker.started -= 10 * LIMIT_S  # running for 100 s: 2 x the limit was the end before
         syncer.watch.began -= 10 * LIMIT_S
@@ -103,7 +47,7 @@ def test_a_last_sync_that_still_moves_is_waited_for_however_long_it_runs(tmp_pat
 
 
 def test_a_sync_that_moves_nothing_is_stalled_and_the_last_one_given_up_on_after_twice_the_limit(tmp_path):
-    with last_sync_running(tmp_path) as (sync, syncer, said):
+    with last_sync_running(tmp_path, Knobs(sync_stalled_after_s=LIMIT_S)) as (sync, syncer, said):
         assert sync.worker is not None
         sync.worker.started -= 10 * LIMIT_S
         syncer.watch.answered = now() - 1.5 * LIMIT_S  # nothing moved for 15 s: stalled, waited for still

@@ -11,26 +11,20 @@ a fake runner, or a script on PATH.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from held_sync import last_sync_running
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
-from minilmd.config import RunConfig
-from minilmd.daemon.base.runstate import RunState
-from minilmd.daemon.base.worker import Inbox, ReadWatch
-from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs.sync import SyncAbandoned, Syncer, SyncResult
-from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.base.worker import ReadWatch
+from minilmd.daemon.jobs.sync import SyncAbandoned, Syncer
 from minilmd.daemon.slurm import job as slurm
 from minilmd.daemon.slurm import jobend, lastsynccut
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
@@ -53,54 +47,6 @@ class FakeScontrol:
 class Events(list):
     def __call__(self, kind, message, **details):
         self.append((kind, message))
-
-
-class HeldSyncer:
-    """A Syncer whose copy runs until `release` is set (the supervisor's view of a slow copy)."""
-
-    base_problem = None
-    copying = None
-
-    def __init__(self):
-        self.watch = ReadWatch()
-        self.started, self.release = threading.Event(), threading.Event()
-
-    def sync_newest(self) -> SyncResult:
-        self.watch.reading("copying step-00000004 to /nfs/r/.tmp-step-00000004", 2_400_000_000)
-        self.started.set()
-        self.release.wait(60)
-        return SyncResult(step=4, path="/nfs/r/step-00000004", verified=True, copied=True)
-
-
-class OneSyncer(Infra):
-    def __init__(self, syncer: HeldSyncer):
-        self.the_syncer = syncer
-
-    def syncer(self, cfg, expected, log):
-        return self.the_syncer
-
-    def prune_local(self, root, keep, protect, log):
-        return []
-
-
-@contextlib.contextmanager
-def last_sync_running(tmp_path) -> Iterator[tuple[SyncWorker, HeldSyncer, list[str]]]:
-    """The stopping phase's last sync of step 4 begun, its copy held (released on leaving)."""
-    cfg = RunConfig()
-    cfg.run.scratch, cfg.run.remote = str(tmp_path / "scratch"), "/nfs/r"
-    ckpt = cfg.checkpoint_dir / "step-00000004"
-    ckpt.mkdir(parents=True)
-    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": {"size": 2_400_000_000}}}))
-    said: list[str] = []
-    syncer = HeldSyncer()
-    sync = SyncWorker(cfg, OneSyncer(syncer), RunState(tmp_path / "state.json", {}),
-                      lambda kind, msg, **d: said.append(msg), Inbox(lambda *a, **k: None))
-    try:
-        assert sync.final_sync(None) is None  # begun
-        assert syncer.started.wait(30)
-        yield sync, syncer, said
-    finally:
-        syncer.release.set()
 
 
 def iso(ts: float) -> str:
