@@ -19,8 +19,8 @@ faults), and one helpers module per topic that several test modules share: sync_
 resume_helpers.py, scratch_helpers.py, deploy_helpers.py, init_from_helpers.py, hostile_files_helpers.py,
 import_helpers.py, rename_flags.py, base_copy_helpers.py, slurm_helpers.py, held_sync.py, tmpfs_helpers.py;
 source_tree.py reads and parses the project's own source once per process for every guard that walks it;
-audit_calls.py reads a call under any spelling for the audits of calls, signal_backstop.py is the signal audit's run-
-time side (signals_sent_through_procs).
+audit_calls.py reads a call under any spelling for the audits of calls, signal_backstop.py is the signal audit's
+run-time side (signals_sent_through_procs).
 A test module imports no other test module (tests/test_layers.py checks): what two share lives in a helpers module.
 """
 from __future__ import annotations
