@@ -273,17 +273,18 @@ def unavailable_mount() -> str | None:
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    """A function make(size) -> Path: a fresh tmpfs of that size (int bytes or '1m'), unmounted after the test."""
+    """A function make(size, options) -> Path: a fresh tmpfs of that size (int bytes or '1m') and mount options
+    ("mode=0755" unless given: "nr_inodes=8,mode=1777" for a /dev/shm with few inodes), unmounted after the test."""
     reason = unavailable_mount()
     if reason:
         pytest.skip(reason)
     mounted: list[Path] = []
     counter = itertools.count()
 
-    def make(size: int | str) -> Path:
+    def make(size: int | str, options: str = "mode=0755") -> Path:
         where = tmp_path / f"small-tmpfs-{next(counter)}"
         where.mkdir()
-        done = _run(["mount", "-t", "tmpfs", "-o", f"size={_parse_size(size)},mode=0755", "tmpfs", str(where)])
+        done = _run(["mount", "-t", "tmpfs", "-o", f"size={_parse_size(size)},{options}", "tmpfs", str(where)])
         if done.returncode != 0:
             if "permission denied" in done.stderr.lower() or "not permitted" in done.stderr.lower():
                 pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")

@@ -15,7 +15,6 @@ import io
 import os
 import signal
 import socket
-import subprocess
 import tempfile
 import time
 
@@ -88,39 +87,32 @@ def test_the_wait_holds_the_run_lock_tells_systemd_and_ends_on_sigterm(base, tmp
 
 
 def test_a_run_dir_with_no_room_for_the_private_roots_record_is_exit_73_and_leaves_no_root(tmp_path, corpus,
-                                                                                          monkeypatch, capsys):
+                                                                                          monkeypatch, capsys,
+                                                                                          small_tmpfs):
     if UID != 0:
-        pytest.skip("needs root to mount a tmpfs and make another user's directory")
-    full = tmp_path / "rd"
-    full.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=2", "tmpfs", str(full)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
-        run_dir = full / "run"
-        run_dir.mkdir()  # the tmpfs's last inode: no file can be made in run.dir now
-        shm = tmp_path / "shm"
-        shm.mkdir()
-        shm.chmod(0o1777)
-        monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(shm))
-        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-        squat = shm / f"minilmd-{UID}"
-        squat.mkdir()
-        os.chown(squat, OTHER, OTHER)  # the default root his: the launch makes a private one and records it
-        config = write_config(tmp_path, corpus, remote=False, run={"scratch": "", "dir": str(run_dir)})
+        pytest.skip("needs root to make another user's directory")
+    full = small_tmpfs("1m", "nr_inodes=2")
+    run_dir = full / "run"
+    run_dir.mkdir()  # the tmpfs's last inode: no file can be made in run.dir now
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)
+    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(shm))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    squat = shm / f"minilmd-{UID}"
+    squat.mkdir()
+    os.chown(squat, OTHER, OTHER)  # the default root his: the launch makes a private one and records it
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": "", "dir": str(run_dir)})
 
-        def never(wait: float) -> None:
-            raise AssertionError(f"waited ({wait}s) for room that run.dir, not the base, lacks")
+    def never(wait: float) -> None:
+        raise AssertionError(f"waited ({wait}s) for room that run.dir, not the base, lacks")
 
-        monkeypatch.setattr(preflight, "claim_scratch", functools.partial(preflight.claim_scratch, sleep=never))
-        with pytest.raises(preflight.LaunchEnds) as ended:
-            preflight.launch(str(config))
-        assert ended.value.exit_status == 73, ended.value
-        assert "is full" in capsys.readouterr().out
-        assert sorted(p.name for p in shm.iterdir()) == [squat.name]  # the private root that try made: removed
-    finally:
-        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+    monkeypatch.setattr(preflight, "claim_scratch", functools.partial(preflight.claim_scratch, sleep=never))
+    with pytest.raises(preflight.LaunchEnds) as ended:
+        preflight.launch(str(config))
+    assert ended.value.exit_status == 73, ended.value
+    assert "is full" in capsys.readouterr().out
+    assert sorted(p.name for p in shm.iterdir()) == [squat.name]  # the private root that try made: removed
 
 
 def test_no_room_is_measured_where_a_hand_set_scratch_goes_not_in_base(base, tmp_path, monkeypatch):

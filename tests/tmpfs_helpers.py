@@ -4,7 +4,6 @@ The other user is a real uid (64123, no passwd entry), his files chowned by the 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,13 @@ UID = os.geteuid()
 
 
 @pytest.fixture
-def base(tmp_path, monkeypatch) -> Path:
+def base(small_tmpfs, monkeypatch) -> Path:
     """A tmpfs of 8 inodes (its root one of them; 128 MB: the check wants room for the run), mode 1777 as
-    /dev/shm, the scratch base; unmounted after."""
-    if UID != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    where = tmp_path / "shm"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m,nr_inodes=8,mode=1777", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
+    /dev/shm, the scratch base; unmounted after (faults_fixtures.small_tmpfs)."""
+    where = small_tmpfs("128m", "nr_inodes=8,mode=1777")
     monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(where))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    return where
 
 
 def fill_inodes(base: Path) -> list[Path]:
