@@ -336,7 +336,8 @@ class SlurmJob:
     def finishing(self, cfg, sync_problem: str) -> None:
         """The run ends in this job: the per-job default scratch goes once the remote holds the last checkpoint."""
         if cfg.scratch_is_default:
-            self.remove_scratch(cfg.scratch_dir, cfg.run_dir, synced=bool(cfg.run.remote) and not sync_problem)
+            kept = "there is no run.remote" if not cfg.run.remote else sync_problem
+            self.remove_scratch(cfg.scratch_dir, cfg.run_dir, kept)
 
     def stop_step(self, command: list[str]) -> bool:
         """Ask a trainer launched through srun to save and stop: SIGTERM to the job's steps (`scancel --signal=TERM
@@ -418,11 +419,13 @@ class SlurmJob:
             return f"scontrol requeue {self.alloc.job_id} failed: {e}"
         return None
 
-    def remove_scratch(self, scratch: Path, run_dir: Path, synced: bool) -> None:
+    def remove_scratch(self, scratch: Path, run_dir: Path, kept: str) -> None:
         """Node-local scratch is the job's alone: once the remote holds the last checkpoint it goes, so that a
-        requeued job (perhaps on another node) starts from the remote, and the node's RAM or disk is freed."""
-        if not synced:
-            self.emit("slurm", f"keeping {scratch}: the remote does not hold its last checkpoint")
+        requeued job (perhaps on another node) starts from the remote, and the node's RAM or disk is freed. `kept`:
+        why the last sync cannot say so (no run.remote, its failure, its cut at the job's end); "" when it does."""
+        if kept:
+            self.emit("slurm", f"keeping {scratch}: the last sync did not put its newest checkpoint on the remote "
+                               f"({kept})")
             return
         from minilmd import scratch as scratchmod
 
