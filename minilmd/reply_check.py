@@ -38,7 +38,8 @@ def not_counted() -> str:
 
 def not_read(why: str) -> str:
     """The note of a count that could not read the corpus's files (`why`: which, and what failed)."""
-    return f"the replies train.seq_len cuts away were not counted here ({why}): {TRAINER_COUNTS}"
+    return f"the replies train.seq_len cuts away were not counted here, a file could not be read: {why}; " + \
+        TRAINER_COUNTS
 
 
 STALLED = "did not answer"
