@@ -7,8 +7,9 @@ lost, and a conversation whose replies all lie past them trains nothing. `row_ta
 over every document (exact: DocumentRows keeps them), `run --check` over at most SAMPLE_DOCS of the long ones per
 split (`chat_replies_cut`: only the documents longer than seq_len are read, found from doc_lengths.npy, the index,
 checked first against the mask and meta.json; more than that many are sampled evenly and the counts scaled, and said
-to be estimates). rowcount.replies_fit is what a run makes of the count (refused past half of the train split's
-reply tokens, a warning on any)."""
+to be estimates; each file it opens is recorded in `seen` with its identity, for minilmd/reply_check.py's cache).
+rowcount.replies_fit is what a run makes of the count (refused past half of the train split's reply tokens, a warning
+on any)."""
 from __future__ import annotations
 
 import copy
@@ -34,6 +35,19 @@ _MAX_INDEX_BYTES = 1 << 30
 _MAX_ROW = 1 << 24
 """The longest document `run --check` reads in one piece (a corpus prepared at a --seq-len past it is not counted
 there: the trainer counts it at its start)."""
+COUNT_VERSION = 2
+"""The version of `run --check`'s count: part of reply_check's cache key, so that a count kept from an older rule is
+never reused. Raise it whenever what the count reads or how it counts changes."""
+
+Seen = dict[str, "tuple[int, ...] | None"]
+"""{path: its identity (file_identity) when the count opened it, None before (or when it could not be opened)}: the
+files a count read, filled as it goes (a count that does not answer in time leaves what it had opened so far)."""
+
+
+def file_identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells a file rewritten from the one read before: device and inode (replaced by a rename), size and
+    mtime (rewritten in place), ctime too, which no one can set back (os.utime sets mtime, and moves ctime)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode
 
 
 class CorpusLies(ValueError):
@@ -94,26 +108,36 @@ def tally(kept: np.ndarray, lost: np.ndarray, items: int, targets: int, scale: f
 
 
 def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, targets: int, prepared_seq_len: int | None,
-                     limit: int = SAMPLE_DOCS) -> RepliesCut:
+                     limit: int = SAMPLE_DOCS, seen: Seen | None = None) -> RepliesCut:
     """`run --check`'s count of one split of a prepared chat corpus (`targets`: its meta.json's target_tokens,
     `prepared_seq_len` its chat.seq_len): the loss mask of its documents longer than seq_len, at most `limit` of them
     evenly spaced (module docstring). Raises CorpusLies when the index disagrees with the mask or meta.json, OSError
-    when a file cannot be read as one of the corpus's (Unreadable, a bad .npy, a short mask, too large to read)."""
+    when a file cannot be read as one of the corpus's (Unreadable, a bad .npy, a mask shorter than the index says: one
+    truncated or being written, too large to read), its words naming the file. `seen`: module docstring."""
     try:
-        return _count(Path(split_dir), seq_len, targets, prepared_seq_len, limit)
+        return _count(Path(split_dir), seq_len, targets, prepared_seq_len, limit, {} if seen is None else seen)
     except Unreadable as e:
         raise OSError(str(e)) from None
     except MemoryError:
         raise OSError(f"{split_dir}: not enough memory to count its replies") from None
 
 
-def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None, limit: int) -> RepliesCut:
+def _open_counted(path: Path, seen: Seen) -> int:
+    """open_regular, the file recorded in `seen` (module docstring)."""
+    seen[str(path)] = None
+    fd = open_regular(path)
+    seen[str(path)] = file_identity(os.fstat(fd))
+    return fd
+
+
+def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None, limit: int,
+           seen: Seen) -> RepliesCut:
     import numpy as np  # here: the supervisor checks a text corpus without numpy
 
     if prepared_seq_len is not None and prepared_seq_len > _MAX_ROW:
         raise OSError(f"prepared at --seq-len {prepared_seq_len:,}: documents that long are not read here")
-    lengths = _doc_lengths(split / DOC_LENGTHS)
-    fd = open_regular(split / LOSS_MASK)
+    lengths = _doc_lengths(split / DOC_LENGTHS, seen)
+    fd = _open_counted(split / LOSS_MASK, seen)
     try:
         _check_index(lengths, os.fstat(fd).st_size, prepared_seq_len, split)
         starts = np.zeros(lengths.size + 1, np.int64)
@@ -125,7 +149,10 @@ def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None
         kept, lost = np.zeros(read.size, np.int64), np.zeros(read.size, np.int64)
         for i, d in enumerate(read.tolist()):
             n = int(lengths[d])  # at most prepared_seq_len and _MAX_ROW: _check_index
-            mask = np.frombuffer(os.pread(fd, n, int(starts[d])), np.uint8)
+            try:
+                mask = np.frombuffer(os.pread(fd, n, int(starts[d])), np.uint8)
+            except OSError as e:  # EIO: name the file, which pread's error does not
+                raise OSError(f"{split / LOSS_MASK}: {e.strerror or e}") from None
             if mask.size != n:
                 raise OSError(f"{split / LOSS_MASK}: shorter than {DOC_LENGTHS} says")
             (kept[i],), (lost[i],) = row_targets(mask, np.array([0, n]), seq_len)
@@ -137,7 +164,8 @@ def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None
 def _check_index(lengths: np.ndarray, mask_bytes: int, prepared_seq_len: int | None, split: Path) -> None:
     """The index agrees with the mask and meta.json, or CorpusLies: no length below 0 or past the --seq-len the
     corpus was prepared at (prepare cut or dropped longer ones), and their sum the mask's size (a byte a token). A
-    corpus that does not say its --seq-len, with a document past _MAX_ROW: OSError (not read here)."""
+    corpus that does not say its --seq-len, with a document past _MAX_ROW, or a mask shorter than the sum (truncated,
+    or being written: not read now, as an unreadable one): OSError (not read here)."""
     longest = int(lengths.max()) if lengths.size else 0
     if lengths.size and int(lengths.min()) < 0:
         raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {int(lengths.min()):,} tokens long")
@@ -147,15 +175,18 @@ def _check_index(lengths: np.ndarray, mask_bytes: int, prepared_seq_len: int | N
     if longest > _MAX_ROW:
         raise OSError(f"{split / DOC_LENGTHS}: a document of {longest:,} tokens is not read here")
     total = int(lengths.sum())
+    if total > mask_bytes:  # a file cut short (a copy not finished, one rewritten now) is not read, not a lie
+        raise OSError(f"{split / LOSS_MASK}: {mask_bytes:,} bytes, shorter than the {total:,} tokens {DOC_LENGTHS} "
+                      f"counts (truncated, or being written)")
     if total != mask_bytes:
         raise CorpusLies(f"{split / DOC_LENGTHS} counts {total:,} tokens but {split / LOSS_MASK} holds "
                          f"{mask_bytes:,}")
 
 
-def _doc_lengths(path: Path) -> np.ndarray:
+def _doc_lengths(path: Path, seen: Seen) -> np.ndarray:
     import numpy as np  # here: the supervisor checks a text corpus without numpy
 
-    fd = open_regular(path)
+    fd = _open_counted(path, seen)
     try:
         if os.fstat(fd).st_size > _MAX_INDEX_BYTES:
             raise OSError(f"{path}: larger than {_MAX_INDEX_BYTES} bytes")
@@ -170,13 +201,13 @@ def _doc_lengths(path: Path) -> np.ndarray:
     return lengths.astype(np.int64, copy=False)
 
 
-def replies_cut(cfg: RunConfig, meta: dict) -> tuple[str, str]:
+def replies_cut(cfg: RunConfig, meta: dict, seen: Seen | None = None) -> tuple[str, str]:
     """`run --check`'s (problem, warning) of what train.seq_len cuts away of the replies of the corpus whose
     meta.json is `meta`: a preference corpus's pairs from meta.json (rowcount.pairs_fit), an SFT corpus's
     conversations from its loss mask (chat_replies_cut, rowcount.replies_fit) when its rows are single
     conversations (the run as trained: its stage's defaults applied); a problem too when the corpus's files disagree
     (CorpusLies). Raises OSError when a file cannot be read now (the trainer counts again at its start). Unbounded:
-    its callers bound it (minilmd/reply_check.py)."""
+    its callers bound it (minilmd/reply_check.py). `seen`: the files read (module docstring)."""
     if data_format_of(meta) == "dpo":
         return pairs_fit(meta, cfg.train.seq_len)
     trained = copy.deepcopy(cfg)
@@ -188,7 +219,7 @@ def replies_cut(cfg: RunConfig, meta: dict) -> tuple[str, str]:
         return "", ""
     try:
         at = prepared_at(meta)
-        counts = {split: chat_replies_cut(Path(cfg.data.prepared) / split, seq_len, targets, at)
+        counts = {split: chat_replies_cut(Path(cfg.data.prepared) / split, seq_len, targets, at, seen=seen)
                   for split in SPLITS
                   if isinstance(targets := meta_value(meta, "splits", split, "target_tokens"), int) and targets > 0}
     except CorpusLies as e:

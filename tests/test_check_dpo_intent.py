@@ -1,5 +1,5 @@
 """`run --check` says, as `note:` lines, what a DPO (or SFT) config would do that its user does not mean
-(minilmd/probes.py stage_notes): an init.from checkpoint root of a run still training (a launch starts from its
+(minilmd/stage_notes.py stage_notes): an init.from checkpoint root of a run still training (a launch starts from its
 half-trained newest checkpoint; only the run's config or directory waits), DPO without init.from or from a model
 trained on text, a corpus prepared with another tokenizer or chat template than init.from's checkpoint, and settings
 the corpus's stage ignores. On main each of these passed `--check` without a word, and the trainer trained DPO from
@@ -141,7 +141,7 @@ def test_a_dpo_stage_pointed_at_a_text_corpus_after_sft_is_said_and_a_copy_of_th
         tmp_path, corpus, chat_corpus):
     """Walk 4 #3: dpo.toml with data.prepared a pretraining corpus (`[dpo] beta = 0.1`, the default, init.from the
     SFT stage) passed `--check` with "OK" and no word; the supervisor says it too once it has staged init.from."""
-    from minilmd.probes import init_from_notes
+    from minilmd.stage_notes import init_from_notes
 
     config = write_config(tmp_path, corpus, name="dpotext", dpo={"beta": 0.1},
                           init={"from": str(tmp_path / "nfs-sft")})

@@ -7,6 +7,7 @@ count by hand over the corpus's masks. Before: `run --check` said OK and the tra
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -216,7 +217,7 @@ def test_a_slow_count_hides_no_other_corpus_problem(tmp_path, corpus, monkeypatc
     release = threading.Event()
     monkeypatch.setattr(reply_check, "_verdicts", {})
     monkeypatch.setattr(reply_check, "COUNT_BOUND_S", 0.2)  # the count never answers: no wait of 5 s
-    monkeypatch.setattr(replycut, "replies_cut", lambda cfg, meta: (release.wait(120), ("", ""))[1])
+    monkeypatch.setattr(replycut, "replies_cut", lambda cfg, meta, seen: (release.wait(120), ("", ""))[1])
     try:
         cfg = load_config(write_config(tmp_path, corpus, name="slow", train={"seq_len": 40},
                                        model={"vocab_size": corpus[1] + 1}))
@@ -246,3 +247,90 @@ def test_run_check_counts_each_split_once_and_the_trainer_none(tmp_path, corpus,
     monkeypatch.setattr(reply_check, "_verdicts", {})
     load_checked(path, count_replies=False)
     assert counted == []
+
+
+def _copy_of(tmp_path, corpus, name) -> tuple[Path, int]:
+    copy = tmp_path / name
+    shutil.copytree(corpus[0], copy)
+    return copy, corpus[1]
+
+
+def _after_the_clock_moves_past(path: Path, tmp_path: Path) -> None:
+    """Return once a file written now gets a later ctime than `path`'s: a rewrite then changes its ctime, whatever
+    the clock's granularity (an event waited on, not a sleep)."""
+    tick = tmp_path / "tick"
+    while True:
+        tick.write_bytes(b"")
+        if tick.stat().st_ctime_ns > path.stat().st_ctime_ns:
+            return
+
+
+@pytest.mark.parametrize("how", ["in_place_same_size_and_mtime", "renamed_over"])
+def test_a_corpus_rewritten_under_the_same_meta_is_counted_again(tmp_path, corpus, monkeypatch, how):
+    """The count is kept once a process (a supervisor asks at each restart) for the same meta.json and the same
+    files: shards rewritten under an unchanged meta.json get a fresh count. Before, the cache was keyed on meta.json
+    alone and gave the old corpus's count."""
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    root, vocab = _copy_of(tmp_path, corpus, "rewritten")
+    warned = _refused_and_warned(root)[1]
+    cfg = load_config(_config(tmp_path, (root, vocab), "rewritten", warned))
+    meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    before = reply_check.replies_verdict(cfg, meta)
+    assert f"train.seq_len = {warned} cuts" in before[1] and reply_check.replies_verdict(cfg, meta) == before
+    mask_path = root / "train" / "loss_mask.bin"
+    mask = np.fromfile(mask_path, np.uint8)
+    starts = np.concatenate([[0], np.cumsum(np.load(root / "train" / "doc_lengths.npy"))])
+    other = np.ones_like(mask)
+    other[starts[:-1]] = 0  # every token a target but each document's first: the same size, refused now
+    assert not np.array_equal(other, mask)
+    _after_the_clock_moves_past(mask_path, tmp_path)
+    if how == "renamed_over":
+        other.tofile(root / "train" / "loss_mask.new")
+        os.replace(root / "train" / "loss_mask.new", mask_path)
+    else:
+        old = mask_path.stat()
+        with open(mask_path, "r+b") as f:
+            f.write(other.tobytes())
+        os.utime(mask_path, ns=(old.st_atime_ns, old.st_mtime_ns))  # only ctime tells
+        assert mask_path.stat().st_size == old.st_size and mask_path.stat().st_mtime_ns == old.st_mtime_ns
+    assert json.loads((root / "meta.json").read_text(encoding="utf-8")) == meta
+    after = reply_check.replies_verdict(cfg, meta)
+    assert after == replies_cut(cfg, meta) and f"train.seq_len = {warned} cuts" in after[0], (before, after)
+
+
+def _truncated(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("damaged", ["loss_mask.bin", "doc_lengths.npy"])
+def test_a_count_that_cannot_read_a_file_says_so_and_the_run_still_starts(tmp_path, corpus, monkeypatch, damaged):
+    """A truncated file (a copy not finished, one being rewritten): `run --check` says in one line what it could not
+    read and that the trainer counts exactly at its start, and passes; the launch's check passes too. Before: a
+    truncated index said nothing, a truncated mask refused the run as a corpus whose files lie."""
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    root, vocab = _copy_of(tmp_path, corpus, "truncated")
+    refused = _refused_and_warned(root)[0]  # counted, it would refuse: unread, the trainer decides
+    _truncated(root / "train" / damaged)
+    path = _config(tmp_path, (root, vocab), "truncated", refused)
+    r = CliRunner().invoke(app, ["run", "--check", str(path)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.output.splitlines() if "were not counted here" in line]
+    assert len(notes) == 1 and f"train/{damaged}" in notes[0], r.output
+    assert "the trainer counts them exactly at its start" in said, said
+    load_checked(path)  # the launch's check: no ConfigError
+
+
+@pytest.mark.fuse
+def test_a_count_failing_with_eio_says_so_and_the_run_still_starts(faultfs, tmp_path, corpus, monkeypatch):
+    """A share that fails reads (EIO, tests/faultfs.py): the count names the file and the error, never refuses."""
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    root = faultfs.root / "nfs" / "corpus"
+    shutil.copytree(corpus[0], root)
+    faultfs.fail_reads("*train/loss_mask.bin")
+    path = _config(tmp_path, (root, corpus[1]), "eio", _refused_and_warned(corpus[0])[0])
+    r = CliRunner().invoke(app, ["run", "--check", str(path)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "train/loss_mask.bin: Input/output error" in said, r.output
+    assert faultfs.hits("error", "read")
+    load_checked(path)

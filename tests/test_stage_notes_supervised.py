@@ -1,4 +1,4 @@
-"""What `run --check` notes of init.from's checkpoint (minilmd/probes.py init_from_notes: another tokenizer or chat
+"""What `run --check` notes of init.from's checkpoint (minilmd/stage_notes.py init_from_notes: another tokenizer or chat
 template than the corpus's), said by the supervisor once it has staged that checkpoint: into supervisor.log and
 events.jsonl (event "note") and state.json's notes, which `minilmd status` shows. Real supervisors, the fake
 trainer: SFT stages queued behind a pretraining run that has no checkpoint yet (nothing for `--check` to compare),

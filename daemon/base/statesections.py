@@ -407,7 +407,8 @@ class StateJson(Section):
     """Config overrides the supervisor chose (train.micro_batch_size after an OOM...)."""
     notes: list[str] = field(default_factory=list)
     """What the run does that its config may not mean, said once init.from's checkpoint is staged
-    (minilmd/probes.py init_from_notes: another tokenizer or chat template than the corpus's...); notes, not errors."""
+    (minilmd/stage_notes.py init_from_notes: another tokenizer or chat template than the corpus's...); notes, not
+    errors."""
     shape_changes: list[str] = field(default_factory=list)
     """Each resume that changed the batch stream since the run's first start ("step N: train.seq_len = 64 (was
     32)", minilmd/batch_stream.py, said by staging): `status` says the run is not bit-reproducible."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import initstage
-from minilmd.probes import init_from_notes
+from minilmd.stage_notes import init_from_notes
 
 
 def base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -> bool:
@@ -19,7 +19,7 @@ def base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) ->
 def stage_inputs(cfg, log, reads: ReadWatch, base_from_remote) -> tuple[dict[str, str], list[str] | None]:
     """initstage.stage_inputs (the `--set`s naming the staged copies), and, when it staged init.from's checkpoint
     for a run with none of its own (a fresh start from it), what that checkpoint says against the corpus
-    (probes.init_from_notes, `run --check`'s notes, read here in the staging thread as `--check` reads them:
+    (stage_notes.init_from_notes, `run --check`'s notes, read here in the staging thread as `--check` reads them:
     bounded, shared storage): a predecessor still training at `--check` had no checkpoint to compare, and a launch
     without `--check` says nothing. None when nothing was said: a LoRA run stages its base at every start, and what
     its first start noted stands."""

@@ -315,7 +315,7 @@ class StagingWorker:
         return pending
 
     def _say_notes(self, notes: list[str]) -> None:
-        """What init.from's checkpoint, just staged, says the run may not mean (probes.init_from_notes): into
+        """What init.from's checkpoint, just staged, says the run may not mean (stage_notes.init_from_notes): into
         supervisor.log and events.jsonl (event "note") and state.json's notes, which `status` shows. Notes, never a
         refusal: the same tokenizer saved again has other bytes."""
         self.state.notes = list(notes)

@@ -82,7 +82,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     lines += _restart_lines(state, t)
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
-    lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (probes.init_from_notes)
+    lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (init_from_notes)
     if state.last_error:  # the why's words again (a failed run's) are its first line only
         said = state.last_error.split("\n", 1)[0] if state.last_error == state.reason else state.last_error
         lines += _block(f"  last error{_error_context(state, t)}: ", said)

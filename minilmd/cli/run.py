@@ -119,7 +119,7 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
     memory_fit), train on some conversations or preference pairs nothing (train.seq_len
-    cuts their replies away: minilmd/replycut.py), what the config may not mean (probes.stage_notes), take longer
+    cuts their replies away: minilmd/replycut.py), what the config may not mean (stage_notes.stage_notes), take longer
     to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), fill run.dir's file system
     (under 4 MiB free: daemon/phases/rundirwatch.py room_note), fill run.remote (room for fewer than sync.keep + 1
@@ -131,9 +131,9 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
     from minilmd.daemon.preflight import memory_fit, systemd_stop_note
-    from minilmd.probes import stage_notes
     from minilmd.reply_check import replies_cut_warning
     from minilmd.scratch_root import check_note as root_taken
+    from minilmd.stage_notes import stage_notes
 
     notes = [taken] if (taken := root_taken(cfg.scratch_dir, cfg.scratch_root_settled)) else []
     notes += [why] if (why := cpu_fallback(cfg)) else []

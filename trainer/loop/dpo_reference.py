@@ -52,7 +52,7 @@ from minilmd.metrics import MetricsLog
 from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_PASS, HEARTBEAT_REFERENCE
 from minilmd.plan.pairs import PairRows, PairSampler, check_pairs_fit, validation_pairs
 from minilmd.plan.sampler_base import Batch
-from minilmd.probes import DPO_WITHOUT_INIT
+from minilmd.stage_notes import DPO_WITHOUT_INIT
 from minilmd.trainer.loop import step as step_mod
 from minilmd.trainer.loop.exits import StoppedInPass
 from minilmd.trainer.loop.guards import StopFlag
@@ -112,7 +112,7 @@ class Preference:
             return None
         preference = cls(cfg, corpus)
         check_pairs_fit(preference.rows, preference.val, corpus.meta, cfg, is_main)
-        if is_main and not cfg.init.from_:  # from random weights: `run --check` notes it too (probes.stage_notes)
+        if is_main and not cfg.init.from_:  # from random weights: `run --check` notes it too (stage_notes.stage_notes)
             print(f"minilmd train: warning: {DPO_WITHOUT_INIT}", flush=True)
         return preference
 
