@@ -473,7 +473,7 @@ def validated_tensors(checked: Validated) -> dict:
 
 
 def read_explicit(path: Path, max_bytes: int) -> bytes:
-    """export's --tokenizer file (export.py find_tokenizer): its links followed by the one link rule of the sources
+    """The --tokenizer file (tokenizer_files.find_tokenizer): its links followed by the one link rule of the sources
     (minilmd/corpus/sources/local.py read_source: a teammate's link to the user's private file is refused), then
     read as untrusted (a regular file, of at most max_bytes: a FIFO or a device named by mistake is refused, never
     opened)."""
