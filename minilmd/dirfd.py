@@ -15,10 +15,7 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   O_NOFOLLOW, O_EXCL), never by a path through its name;
 - `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its
   own, reached by code that takes paths as `inside` (/proc/self/fd/N: the directory the descriptor holds);
-- `Dir.publish` renames such a directory into place (RENAME_NOREPLACE, or RENAME_EXCHANGE with what stood there),
-  checking identities (device, inode) on both sides: it replaces only the directory the caller checked earlier, and
-  a directory that is not the one expected is swapped back and left, never deleted; the old version, looked at
-  again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
+- such a directory is renamed into place by minilmd/dirpublish.py's `publish`, identities checked on both sides;
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
   at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there,
   `Dir.replacing` one written bit by bit; `Dir.make_dir`, `Dir.open_new`, `Dir.open_or_make` and `Dir.remove_dir`
@@ -37,11 +34,11 @@ import functools
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Iterator, Set
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO
 
-from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
+from minilmd.dirtree import TooDeep, empty_tree
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
@@ -92,12 +89,6 @@ def _renamed(src_fd: int, src: str, dst_fd: int, dst: str, dst_path: Path) -> No
         if sticky and not owned_by_me(held):
             raise NameHeld(dst_path, held.st_uid) from None
         raise
-
-
-class Kept(NamedTuple):
-    """An old version publish did not delete: where it is now, and why (what the caller's `foreign` said)."""
-    where: Path
-    why: str
 
 
 # --- renameat2 -----------------------------------------------------------------------------------------------------
@@ -347,99 +338,6 @@ class Dir:
     def exchange(self, a: str, b: str) -> bool:
         """Swap the entries a and b in one step (both must exist): False where the file system cannot (NFS)."""
         return renameat2(self.fd, a, self.fd, b, RENAME_EXCHANGE)
-
-    def publish(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity | None, aside: str, *,
-                foreign: Callable[[Dir], str] | None = None, keep_as: str | None = None) -> Kept | None:
-        """The complete directory `tmp` (here at `tmp_name`) put at `final`, durably. `replaces`: the identity of
-        the directory at `final` the caller checked (None: nothing may stand there). Replaced, with nothing lost,
-        when a name leads elsewhere than expected; only the checked old version is deleted, after the swap, and
-        only when `foreign(old)` (looked at again then, through its descriptor) says it holds nothing but the
-        caller's (""): what was added to it since the caller's check (hours, for a prepare) is never deleted. Such
-        an old version is left, at `keep_as` when that name is free: the Kept returned says where and why. `tmp` is
-        closed once published."""
-        fsync_tree(tmp.fd)
-        if self.identity_of(tmp_name) != tmp.identity:
-            raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one")
-        kept = None
-        if replaces is None:
-            if not self.rename_new(tmp_name, final):
-                raise Replaced(f"{self.path / final}: appeared while this ran (it was not there when checked)")
-            if self.identity_of(final) != tmp.identity:  # swapped between the check and the rename: put back
-                raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one; "
-                               + self._put_back(final, tmp_name, "the directory found"))
-        else:
-            old = self._replace(tmp, tmp_name, final, replaces, aside)
-            kept = self._remove_old(old, replaces, foreign, keep_as)
-        os.fsync(self.fd)
-        tmp.close()  # published: no longer a temporary directory (discard leaves it)
-        return kept
-
-    def _replace(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity, aside: str) -> str:
-        """The swap: tmp at final, the old version (returned: its name now) beside it, both identities checked."""
-        if self.identity_of(final) != replaces:
-            raise Replaced(f"{self.path / final}: not the directory checked when this began (someone moved another "
-                           "one there); nothing was replaced")
-        if self.exchange(tmp_name, final):
-            old = tmp_name
-        else:  # NFS: the old version aside first, put back if the second rename fails
-            if not self.rename_new(final, aside):
-                raise Replaced(f"{self.path / aside}: taken; nothing was replaced")
-            if self.identity_of(aside) != replaces:
-                raise Replaced(f"{self.path / final}: not the directory checked when this began; nothing was "
-                               "replaced; " + self._put_back(aside, final, "the directory found"))
-            try:
-                self.rename(tmp_name, self, final)
-            except BaseException:
-                if not self.rename_new(aside, final):
-                    raise Replaced(f"{self.path / final}: the new version could not be put there, and the old one "
-                                   f"could not be put back: it is at {self.path / aside}") from None
-                raise
-            old = aside
-        if self.identity_of(old) != replaces or self.identity_of(final) != tmp.identity:
-            put_back = self._undo(old, final)
-            raise Replaced(f"{self.path / final}: another directory was moved there while this ran; "
-                           + ("it was put back and nothing was deleted" if put_back else
-                              f"it could not be put back (it is at {self.path / old}); nothing was deleted"))
-        return old
-
-    def _put_back(self, name: str, to: str, what: str) -> str:
-        """`name` renamed back to `to`; the words that say whether it was."""
-        if self.rename_new(name, to):
-            return f"{what} was put back"
-        return f"{what} could not be put back (it is at {self.path / name}, {self.path / to} is taken)"
-
-    def _undo(self, old: str, final: str) -> bool:
-        """The swap undone: True when `old` is at `final` again."""
-        try:
-            if self.exchange(old, final):
-                return True
-        except OSError:
-            pass
-        return self.rename_new(old, final)
-
-    def _remove_old(self, old: str, replaces: Identity, foreign: Callable[[Dir], str] | None,
-                    keep_as: str | None) -> Kept | None:
-        """The old version `old` deleted when it still holds only the caller's (`foreign`); else left (at keep_as
-        when free) and said. A tree that cannot be read, or is too deep for remove_tree, is left too."""
-        why = ""
-        try:
-            with Dir.at(self, old) as opened:
-                if opened.identity != replaces:
-                    why = "not the directory checked when this began"
-                elif foreign is not None:
-                    why = foreign(opened)
-        except OSError as e:
-            why = f"it cannot be looked at again ({e.strerror or e})"
-        if not why:
-            try:
-                if self.remove_tree(old, replaces):
-                    return None
-                why = "it could not be removed whole"
-            except OSError as e:  # a part it may not remove (another user's directory inside): the rest is left
-                why = f"it could not be removed whole ({e.strerror or e})"
-        if keep_as is not None and self.rename_new(old, keep_as):
-            old = keep_as
-        return Kept(self.path / old, why)
 
     # --- removing ---
 

@@ -379,7 +379,7 @@ def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str
 
 def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int] | None:
     """(host, pid, start ticks) of the export that made the export_tmp_name `name` for output `out_name` (with or
-    without the random suffix minilmd/dirfd.py's make_temp adds, and `.old`, what Dir.publish sets aside on NFS);
+    without the random suffix minilmd/dirfd.py's make_temp adds, and `.old`, what dirpublish.publish sets aside on NFS);
     None for any other name."""
     m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name)
     return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None

@@ -13,7 +13,7 @@ from minilmd.daemon.base.knobs import Knobs
 from minilmd.daemon.base.runstate import RunState
 from minilmd.daemon.base.worker import Inbox, ReadWatch
 from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs.sync import SyncResult
+from minilmd.daemon.jobs.sync_errors import SyncResult
 from minilmd.daemon.jobs.syncworker import SyncWorker
 
 

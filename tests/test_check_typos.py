@@ -136,7 +136,7 @@ def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
     it; under a place that answers it makes the remote and its parent, as it always did."""
     from minilmd.daemon.base.worker import error_words
     from minilmd.daemon.jobs.remote_local import LocalRemote
-    from minilmd.daemon.jobs.sync import SyncError
+    from minilmd.daemon.jobs.sync_errors import SyncError
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()

@@ -1,7 +1,7 @@
 """minilmd/dirfd.py, the one way to write where others can change, on its own (the attacks by a second user that
 it stops are tests/test_shared_write_attacks.py): the rule of a place, a temporary directory of a random name used
-through its descriptor, a publication that replaces only the directory it was told, a removal only of what is
-expected, and a file replaced atomically without following a link."""
+through its descriptor, a publication that replaces only the directory it was told (minilmd/dirpublish.py), a
+removal only of what is expected, and a file replaced atomically without following a link."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ import pytest
 
 from minilmd import perms
 from minilmd.dirfd import Dir, PlaceRefused, Replaced, dir_problem, place_problem
+from minilmd.dirpublish import publish
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -113,12 +114,12 @@ def test_publish_replaces_only_the_directory_it_was_told_and_deletes_nothing_els
         os.rename(tmp_path / "out", tmp_path / "out-moved")
         _corpus(tmp_path / "out", "her other corpus")  # moved to the name meanwhile
         with pytest.raises(Replaced, match="nothing was replaced"):
-            here.publish(tmp, name, "out", checked, aside=name + ".old")
+            publish(here, tmp, name, "out", checked, aside=name + ".old")
         assert _tree(tmp_path / "out") == {"meta.json": b"her other corpus"}
         assert _tree(tmp_path / "out-moved") == {"meta.json": b"old"}
         os.rename(tmp_path / "out", tmp_path / "other")
         os.rename(tmp_path / "out-moved", tmp_path / "out")
-        here.publish(tmp, name, "out", checked, aside=name + ".old")  # the one checked: replaced
+        publish(here, tmp, name, "out", checked, aside=name + ".old")  # the one checked: replaced
         assert _tree(tmp_path / "out") == {"meta.json": b"new"}
         assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out"]
 
@@ -128,12 +129,12 @@ def test_publish_of_a_new_output_refuses_a_name_taken_meanwhile_and_a_swapped_te
         tmp, name = here.make_temp(".out.prepare-h-1-2")
         _corpus(tmp_path / "out", "appeared")
         with pytest.raises(Replaced, match="appeared while this ran"):
-            here.publish(tmp, name, "out", None, aside=name + ".old")
+            publish(here, tmp, name, "out", None, aside=name + ".old")
         assert _tree(tmp_path / "out") == {"meta.json": b"appeared"}
         os.rename(tmp_path / name, tmp_path / "moved")
         _corpus(tmp_path / name, "his")
         with pytest.raises(Replaced, match="temporary directory was replaced"):
-            here.publish(tmp, name, "new", None, aside=name + ".old")
+            publish(here, tmp, name, "new", None, aside=name + ".old")
         assert not (tmp_path / "new").exists() and _tree(tmp_path / name) == {"meta.json": b"his"}
         here.discard(tmp, name)
         assert _tree(tmp_path / name) == {"meta.json": b"his"}  # not ours: never emptied nor removed
@@ -216,7 +217,7 @@ def test_publish_says_where_the_old_version_is_when_it_cannot_be_put_back(tmp_pa
         checked = here.identity_of("out")
         tmp, name = here.make_temp(".out.prepare-h-1-2")
         with pytest.raises(Replaced, match=f"could not be put back \\(it is at {tmp_path / (name + '.old')}\\)"):
-            here.publish(tmp, name, "out", checked, aside=name + ".old")
+            publish(here, tmp, name, "out", checked, aside=name + ".old")
     assert _tree(tmp_path / (name + ".old")) == {"meta.json": b"old"}  # nothing deleted
     assert _tree(tmp_path / "out") == {"meta.json": b"his"}
 
@@ -230,8 +231,8 @@ def test_publish_leaves_an_old_version_that_changed_since_it_was_checked(tmp_pat
         tmp, name = here.make_temp(".out.prepare-h-1-2")
         (tmp.inside / "meta.json").write_text("new")
         (tmp_path / "out" / "thesis.txt").write_text("hers")
-        kept = here.publish(tmp, name, "out", checked, aside=name + ".old", keep_as="out.kept",
-                            foreign=lambda old: ", ".join(sorted(set(os.listdir(old.fd)) - {"meta.json"})))
+        kept = publish(here, tmp, name, "out", checked, aside=name + ".old", keep_as="out.kept",
+                       foreign=lambda old: ", ".join(sorted(set(os.listdir(old.fd)) - {"meta.json"})))
     assert kept == (tmp_path / "out.kept", "thesis.txt")
     assert _tree(tmp_path / "out.kept") == {"meta.json": b"old", "thesis.txt": b"hers"}
     assert _tree(tmp_path / "out") == {"meta.json": b"new"}

@@ -1,6 +1,6 @@
 """The tokenizer files an export copies, and `minilmd sample` / `minilmd chat` load, come from a checkpoint or a
-prepared corpus that may be another user's (trainer/model/export.py find_tokenizer): a symbolic link there is never
-followed (nothing of the file it names reaches the export), a FIFO never opened, an oversize file never read, a
+prepared corpus that may be another user's (trainer/model/tokenizer_files.py find_tokenizer): a symbolic link there is
+never followed (nothing of the file it names reaches the export), a FIFO never opened, an oversize file never read, a
 tokenizer other than the one the run recorded refused; an explicit --tokenizer (the user's own) is followed."""
 from __future__ import annotations
 
@@ -211,7 +211,8 @@ def test_a_chat_config_planted_beside_a_checkpoint_and_not_in_its_manifest_is_re
 def test_sample_refuses_a_chat_config_planted_beside_a_checkpoint_as_export_does(tmp_path, tok):
     """`minilmd sample` and `minilmd chat` keep the validation their load made (export.load_model) and so refuse
     an unlisted tokenizer file as export does (before: they read it as the checkpoint's)."""
-    from minilmd.trainer.model.export import find_chat_config, load_model
+    from minilmd.trainer.model.export import load_model
+    from minilmd.trainer.model.tokenizer_files import find_chat_config
 
     ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=9), step=1, tokenizer=tok)
     (ckpt / "tokenizer_config.json").write_text('{"chat_template": "PLANTED {{ messages }}"}')

@@ -37,8 +37,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/child/stackdump.py": ("private", "/proc: the kernel's list of processes (the trainer's group's members)",
                                   {("_group_members", "os.listdir"): 1}),
     "minilmd/dirtree.py": ("private", "dirfd's tree walk through descriptors, depth bounded (MAX_TREE_DEPTH): a "
-                           "temporary directory this run made (flushed before it is published: Dir.publish, a sync's "
-                           "tree), a directory proven this run's before it is emptied (Dir.empty), or prepare's "
+                           "temporary directory this run made (flushed before it is published: dirpublish.publish, a "
+                           "sync's tree), a directory proven this run's before it is emptied (Dir.empty), or prepare's "
                            "0700 temporary corpus given its modes before it is published (mode_tree)", {
         ("depth_within", "os.scandir"): 1, ("empty_tree", "os.scandir"): 1, ("fsync_tree", "os.scandir"): 1,
         ("mode_tree", "os.scandir"): 1}),

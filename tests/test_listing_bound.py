@@ -119,7 +119,8 @@ def test_a_sync_and_a_fetch_of_a_remote_root_past_the_bound_say_so_and_go_on_onc
     lister (LocalRemote.names), fail as for a root that cannot be read now (retried: the SyncError the sync worker and
     staging retry) and say what it is, the bound and the directory. Before, the root was read whole through fsspec's
     ls, whatever it held."""
-    from minilmd.daemon.jobs.sync import Syncer, SyncError
+    from minilmd.daemon.jobs.sync import Syncer
+    from minilmd.daemon.jobs.sync_errors import SyncError
 
     local, remote = tmp_path / "scratch", tmp_path / "remote"
     save(local, 10, weights)

@@ -31,7 +31,7 @@ from minilmd.daemon.child.policy import decide
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import staging
-from minilmd.daemon.jobs.sync import RemoteFull, SyncResult
+from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncResult
 from minilmd.daemon.jobs.syncworker import FINAL_SYNC_TRIES, SyncWorker
 from minilmd.daemon.views.status import summary_lines
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights

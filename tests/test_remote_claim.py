@@ -18,7 +18,8 @@ from minilmd import checkpoint_dirs, names, run_owner, scratch
 from minilmd.config import load_config
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from supervisor_helpers import cli, events, run_supervisor, write_config
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - fixtures
 

@@ -21,7 +21,7 @@ from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import remote_room, syncworker
 from minilmd.daemon.jobs.scratch_room import checkpoint_bytes
-from minilmd.daemon.jobs.sync import RemoteFull, SyncResult
+from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncResult
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.names import CORPUS_TOKENIZER
 from supervisor_helpers import cli, write_config

@@ -26,7 +26,8 @@ from dir_watch import DirWatch, look
 from minilmd import perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_local import LocalRemote
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.daemon.preflight import REMOTE_OWN
 from minilmd.names import LATEST, REMOTE_OWNER
 from minilmd.untrusted import Unreadable

@@ -19,7 +19,8 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon.jobs import remote_claim
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from second_user import as_teammate, second_user, shared, team  # noqa: F401 - fixtures
 from supervisor_helpers import (
     cli,

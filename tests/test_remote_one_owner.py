@@ -24,7 +24,8 @@ import pytest
 from minilmd import names, perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs import sync as sync_module
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE, REMOTE_MARK, sync_tmp_name
 from second_user import second_user, sh_as_user
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture

@@ -15,7 +15,8 @@ import pytest
 
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_write import root_refused
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.dirfd import PlaceRefused
 from minilmd.names import LATEST, MANIFEST
 from supervisor_helpers import cli, write_config

@@ -24,7 +24,8 @@ import pytest
 
 from minilmd import names, perms
 from minilmd.daemon.jobs import remote_claim, remote_write
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.names import LATEST
 from second_user import second_user
 from supervisor_helpers import cli, write_config

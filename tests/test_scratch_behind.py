@@ -16,7 +16,8 @@ from minilmd import bounded
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
 from minilmd.daemon.jobs import resumefrom, scratch_behind
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.names import LATEST, step_name
 from supervisor_helpers import write_config
 from sync_helpers import EXPECTED, save, weights  # noqa: F401  (fixtures)

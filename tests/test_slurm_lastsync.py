@@ -24,7 +24,8 @@ from held_sync import last_sync_running
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.daemon.base.worker import ReadWatch
-from minilmd.daemon.jobs.sync import SyncAbandoned, Syncer
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncAbandoned
 from minilmd.daemon.slurm import job as slurm
 from minilmd.daemon.slurm import jobend, lastsynccut
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures

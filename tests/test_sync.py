@@ -19,7 +19,8 @@ from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs import remote_local
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote
-from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncError
 from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
 from minilmd.untrusted import Unreadable
 from sync_helpers import (  # noqa: F401 - dirs, weights: fixtures

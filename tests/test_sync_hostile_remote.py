@@ -18,7 +18,8 @@ from minilmd import dirfd, names, perms
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.init_source import STAGED_PTH
 from minilmd.names import (
     LATEST,

@@ -100,7 +100,7 @@ class ReadWatch:
 
 def error_words(e: BaseException) -> str:
     """A failed sync in words for status and the logs, no Python class name: an OSError's own ("[Errno 2] No such
-    file or directory: '/nfs/x'"), minilmd's own errors' messages (daemon/jobs/sync.py SyncError names the
+    file or directory: '/nfs/x'"), minilmd's own errors' messages (daemon/jobs/sync_errors.py SyncError names the
     checkpoint, the remote and the cause); the class name only of anything else (a bug's, which it helps find)."""
     if isinstance(e, OSError) or type(e).__module__.startswith("minilmd."):
         return str(e)

@@ -3,17 +3,18 @@ of the newest valid remote checkpoint (or of a newer one than scratch's: daemon/
 the loop polls; the fetch retried, with backoff, for as long as the remote cannot be read (scratch empty, or behind
 a newer remote step).
 
-The copy and the fetch themselves are daemon/jobs/staging.py and daemon/jobs/sync.py (blocking; a stalled NFS may hold
-them
-for minutes). `StagingWorker.tick()` is called by the loop in the staging phase and answers None while the work goes
-on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run (backoff, give up) is
-the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
-hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
-"remote unavailable" in status. So is a remote that lists nothing because it is out of reach (not there, an empty
-mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py).
-A source whose reads block (a stalled mount: no error, no answer) for longer than MINILMD_SYNC_STALLED_AFTER, while the
-corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is shown as stalled (state.json
-"staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
+The copy and the fetch themselves are daemon/jobs/staging.py and daemon/jobs/sync.py (blocking; a stalled NFS may
+hold them for minutes); the fetch's side of this worker (when to fetch, the wait for the remote) is
+daemon/jobs/stagingfetch.py. `StagingWorker.tick()` is called by the loop in the staging phase and answers None
+while the work goes on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run
+(backoff, give up) is the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a
+failure: the remote may hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps
+retrying the fetch and shows "remote unavailable" in status. So is a remote that lists nothing because it is out of
+reach (not there, an empty mount point, a link to nowhere) when the run has synced before, unless `run --fresh`
+(daemon/jobs/remotewait.py). A source whose reads block (a stalled mount: no error, no answer) for longer than
+MINILMD_SYNC_STALLED_AFTER, while the corpus, the probe or init.from (or a LoRA base's copy on the remote) is
+staged, is shown as stalled (state.json "staging.stalled": "<what> not answering since T (stalled)") until a read of
+it returns. Torch-free.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remote
 from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
+from minilmd.daemon.jobs.stagingfetch import StagingFetch
 from minilmd.names import step_of
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
@@ -63,7 +65,7 @@ class StagingFailed:
     """Final (retrying cannot help): the supervisor's exit status; None when a retry after a backoff may help."""
 
 
-class StagingWorker:
+class StagingWorker(StagingFetch):
     """Owns the staging/fetch thread and the fetch's retry timing. `state` is the run's RunState (its "staging"
     entry, and "sync" while the remote cannot be read, are written here), `emit(kind, message, **details)` logs an
     event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
@@ -365,39 +367,6 @@ class StagingWorker:
         self.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
         self.worker = Worker("staging", self._stage_job)
 
-    def _remote_unavailable(self, staged: Path, error: str) -> None:
-        """Scratch holds no checkpoint, or an older one than the remote's (`remote_newer`), and the remote could not
-        be read (or scratch had no room for its step): never start from step 0 or scratch's older step; retry with
-        backoff for as long as it takes (not the trainer's fault: no_progress_limit does not count it). Status shows
-        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`), staging "waiting_remote"."""
-        scratch_full = self.fetch_full
-        self.awaiting_remote = staged
-        self.fetch_failures += 1
-        delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
-        self.fetch_retry_at = now() + delay
-        message = f"{'no room in scratch' if scratch_full else 'remote unavailable'}: {error}"
-        sync, staging = self.state.sync, self.state.staging
-        if not scratch_full:
-            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
-        staging.state, staging.error = StagingState.WAITING_REMOTE, message
-        self.state.record_error(message)
-        fresh = " (`minilmd run --fresh` starts from step 0 instead)" if self.fetch_failures == 1 else ""
-        why = "not going on from scratch's older step (its syncs would write a second history over the remote's)" \
-            if self.remote_newer is not None else \
-            f"scratch holds no checkpoint and the remote may hold one: not starting from step 0{fresh}"
-        self.emit("fetch", f"{message}; {why}; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
-        self.state.save()
-
-    def _flag_stalled_fetch(self) -> None:
-        started = self.fetch_started
-        if started and now() - started > self.stalled_after_s and \
-                self.state.sync.state != SyncState.UNAVAILABLE:
-            message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
-                      f"{now() - started:.0f}s"
-            sync = self.state.sync
-            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
-            self.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
-
     def _flag_stalled_read(self) -> None:
         """A source whose reads have not returned for `stalled_after_s`: stalled, in state.json and the log
         (once); a read that returns again ends it."""
@@ -436,61 +405,3 @@ class StagingWorker:
         finally:
             self.reads.reading("")  # the fetch has its own stall report ("remote unavailable")
         return (staged, *self._fetch_job(staged))
-
-    def _fetch_job(self, staged: Path):
-        """(expectation, fetched path or None, fetch error text or None). A checkpoint of another model or corpus
-        on the remote raises (final); any other failure to read the remote is returned, to be retried."""
-        if not self.cfg.run.remote:
-            return None, None, None
-        from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
-        from minilmd.daemon.jobs import scratch_behind
-
-        expected = self.infra.expectation(self.cfg, staged)
-        self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
-        if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
-            try:
-                verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
-                                                            expected, self.remote_newer)
-            finally:
-                self.fetch_started = 0.0
-            if verdict.wait:  # retried (`_remote_unavailable`), scratch's older step never resumed meanwhile
-                self.remote_newer, self.fetch_full = verdict.newer, verdict.scratch_full
-                return expected, None, verdict.wait
-            taken, self.unlooked, self.set_aside, self.remote_newer = verdict.taken, verdict.unlooked, \
-                verdict.set_aside, None
-            self.fetched_why = taken.words() if taken else ""
-            return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
-        self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
-        self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
-        try:
-            fetched = self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir)
-            if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
-                return expected, None, self._nothing_fetched()
-        except CheckpointMismatch:
-            raise
-        except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
-            if not self.fresh:
-                return expected, None, f"{type(e).__name__}: {e}"
-            self.from_step_0 = f"{self.cfg.run.remote} cannot be read ({type(e).__name__}: {e}), and `--fresh` " \
-                               f"was given"
-            return expected, None, None
-        finally:
-            self.fetch_started = 0.0
-        return expected, fetched, None
-
-    def _nothing_fetched(self) -> str | None:
-        """The remote lists no checkpoint: why the fetch must wait, when the remote is absent and the run synced
-        before (daemon/jobs/remotewait.py); else None, and `from_step_0` says why the run starts from step 0."""
-        remote = self.cfg.run.remote
-        absent = remotewait.remote_absent(remote)
-        if absent and self.records is None:
-            self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
-                                              self.state.previous_unreadable)
-        found = self.records or remotewait.Records(remotewait.NEVER, "")
-        wait, why = remotewait.decision(remote, absent, found, self.fresh,
-                                        bool(absent) and remotewait.not_made_yet(remote))
-        if wait:
-            return why
-        self.from_step_0 = why
-        return None
-

@@ -24,18 +24,16 @@ On a local remote (others write it too) nothing is written through a link, and o
 deletion also needs remote_made.why_kept's proof that the run made it (a step: its manifest naming it).
 A LoRA run's staged base goes to `<remote>/init` once, before its first checkpoint (daemon/jobs/basecopy.py).
 
+Steps 3 and 4 are daemon/jobs/sync_copy.py's; what a sync returns and raises is daemon/jobs/sync_errors.py's.
 `fetch_latest()` does the way back for a resume when the local scratch has nothing (daemon/jobs/fetch.py).
 Everything is blocking and raises SyncError with its cause; the supervisor runs it in a worker thread and retries
 with backoff. Torch-free.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import checkpoint as ck
@@ -46,63 +44,22 @@ from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_leftov
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
+from minilmd.daemon.jobs.sync_copy import CopyUp
+from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs, SyncAbandoned, SyncError, SyncResult
 from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 - sync.STALE_TMP_SECONDS, as before
 from minilmd.names import (
     BEST,
     LATEST,
-    MANIFEST,
     REMOTE_OWNER,
     host_tag,
     pointer_tmp_tag,
     step_name,
     step_of,
     step_or_none,
-    sync_tmp_name,
 )
 
 
-class SyncError(RuntimeError):
-    """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
-
-
-class RemoteNotOurs(SyncError):
-    """The remote's owner record (owner.json) is not this run's claim any more: replaced, renamed or made another
-    run's since this run synced there. Nothing is written there; like a remote out of reach, retried (its owner may
-    put it right), but said with its reason (daemon/jobs/syncworker.py) and never a failed run (daemon/ending.py)."""
-
-
-class SyncAbandoned(SyncError):
-    """The supervisor gave up on this sync (a Slurm job's end is near: daemon/slurm/lastsynccut.py): raised at the
-    copy's next chunk, whose half copy is then removed as after any failed copy (`_copy_up`)."""
-
-
-class RemoteFull(SyncError):
-    """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
-
-    def __init__(self, message: str, free: int | None):
-        super().__init__(message)
-        self.free = free
-
-
-@dataclass
-class SyncResult:
-    step: int | None
-    """Step of the newest checkpoint on the remote after this sync (None: nothing to sync, remote empty)."""
-    path: str | None
-    """Its remote path (URL for fsspec remotes)."""
-    verified: bool
-    """The remote copy was read back and matched its manifest (now, or when it was copied)."""
-    copied: bool = False
-    """False when the remote already held this step (or a newer one)."""
-    bytes: int = 0
-    """Bytes copied by this sync."""
-    seconds: float = 0.0
-    removed: tuple[str, ...] = ()
-    """Remote checkpoints deleted by retention."""
-
-
-
-class Syncer(Fetcher):
+class Syncer(CopyUp, Fetcher):
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
 
@@ -267,85 +224,6 @@ class Syncer(Fetcher):
         this run's, a pointer may still name: read)."""
         return scan[name][1] if name in scan else self.remote.intact(name)[1]
 
-    def _copy_up(self, local: Path, scan: Scan, replacing: bool = False) -> int:
-        """Copy a local checkpoint to the remote and verify it there; the bytes copied. Once verified, it is in
-        `scan` as intact, with the manifest the check read (a local remote) or the one written (elsewhere).
-        `replacing`: the copy takes the place of the remote's step 0 of a stopped reference pass behind it
-        (sync_pass.py; a store that renames into place only)."""
-        remote = self.remote
-        manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
-        name = local.name
-        if remote.renames_into_place:
-            target = sync_tmp_name(name, host_tag(), os.getpid())
-        else:
-            target = name  # no rename on this store: the manifest, written last, makes it exist
-        # an earlier try's removed; another's entry or a link there is left, and the copy made under a fresh name
-        target = remote.make_tmp(target, taken=lambda found, fresh: self._once(
-            ("taken", target), f"sync: {found}; copying under {remote.show(fresh)} instead (a fresh name each time "
-                               f"it is still there)"))
-        size = sum(int(entry["size"]) for entry in manifest["files"].values())
-        try:
-            self.watch.reading(f"copying {name} to {remote.show(target)}", size)
-            nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
-            self.watch.reading(f"reading back {name} at {remote.show(target)}", size)
-            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), remote.hasher(target, manifest))
-            if problems:
-                raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
-                                + "; ".join(problems[:3]))
-            nbytes += remote.put(local / MANIFEST, target, MANIFEST)
-            if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
-                raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
-            self.watch.reading(f"putting {name} in place on {self.remote_url}")
-            self._go_on()  # abandoned after its last chunk: the verified copy is removed, not put in place
-        except BaseException:
-            with contextlib.suppress(OSError):  # the copy's own error is the one raised
-                remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
-            raise
-        if replacing:  # in place of the remote's stopped reference pass, while it is still behind this copy
-            if not sync_pass.publish_further(remote, target, manifest):
-                with contextlib.suppress(OSError):
-                    remote.rm(target)  # this sync's verified copy, which has nowhere to go
-                raise SyncError(f"{remote.show(name)} changed while a further reference pass was copied: left as "
-                                f"it is")
-        elif remote.renames_into_place and name in remote.names():  # a damaged earlier copy: set it aside
-            try:
-                self._clear_for_copy(name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    remote.rm(target)  # this sync's verified copy, which has nowhere to go
-                raise
-        if remote.renames_into_place:
-            if not replacing:
-                remote.rename_dir(target, name)
-                self.watch.answer()
-            # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
-            # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
-            if name not in remote.names():
-                problems = [f"{name} is not in the listing of {remote.url}"]
-            else:
-                manifest, problems = remote.intact(name)  # what retention then judges it by
-            if problems:
-                raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
-                                + "; ".join(problems[:3]))
-        scan[name] = (manifest, [])
-        return nbytes
-
-    def _clear_for_copy(self, name: str) -> None:
-        """Make way for a verified copy of `name`: a leftover without a manifest removed, a damaged copy quarantined;
-        only this user's real directories (remote_write.py): another's entry is never removed, moved nor written
-        into, and the copy fails saying what is there."""
-        remote = self.remote
-        try:
-            if remote.manifest(name) is None:
-                if why := remote.rm(name):
-                    raise SyncError(f"{remote.show(name)} is {why}: not this run's, left as it is; {name} not copied")
-            else:
-                dest = remote.set_aside(name, "damaged; replaced by a verified copy during sync")
-                self.log(f"sync: damaged remote {remote.show(name)} quarantined to {dest}, replaced by a verified "
-                         f"copy")
-        except OSError as e:
-            raise SyncError(f"cannot make way for the copy of {name}: {e}") from e
-
     def _once(self, key: tuple[str, str], msg: str) -> None:
         if key not in self._told:
             self._told.add(key)
@@ -398,17 +276,6 @@ class Syncer(Fetcher):
                 return
             self.log(f"sync: BEST {name} copied to {remote.show(name)} and verified")
         remote.write_latest(name, BEST)
-
-    def _copy_valid(self, local: Path, scan: Scan, not_copied: str, replacing: bool = False) -> int | None:
-        """_copy_up of a checkpoint besides the newest, once it validates: the bytes copied; None when it does not
-        validate, said after `not_copied` (the caller's words for it)."""
-        try:
-            ck.validate(local, self.expected)
-        except ck.CheckpointError as e:
-            self.log(f"{not_copied}: {'; '.join(e.problems[:3])}")
-            return None
-        self.copying = local
-        return self._copy_up(local, scan, replacing=replacing)
 
     def _point_latest(self, name: str, scan: Scan, verify: bool) -> None:
         """Point the remote LATEST at `name` unless it already names a newer intact checkpoint (by `scan`)."""

@@ -29,6 +29,7 @@ from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.base.worker import Inbox, Worker, error_words
+from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
 from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 
@@ -247,8 +248,6 @@ class SyncWorker:
         remote at the end of a finished run counts no try: retried)."""
         if not self.final_tries:
             return f"retry in {retry:.0f}s"
-        from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now
-
         if isinstance(error, RemoteFull) and self.final_waits_for_room:
             return f"retry in {retry:.0f}s (a full remote counts no try)"
         if self.final_tries >= FINAL_SYNC_TRIES:
@@ -324,8 +323,6 @@ class SyncWorker:
             retry = exponential(SYNC_RETRY_FIRST_S, self.failures, cap_s=every)
             self.next_at = now() + retry
             said = error_words(worker.error)
-            from minilmd.daemon.jobs.sync import RemoteFull, RemoteNotOurs  # loaded by the worker: sync imports numpy
-
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
                 said = f"{self._remote_full()}: {said}"

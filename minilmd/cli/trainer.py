@@ -215,11 +215,11 @@ def export(
         try:
             from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
                 export_hf,
-                find_chat_config,
                 minimind_eval_command,
                 minimind_weight,
                 write_minimind,
             )
+            from minilmd.trainer.model.tokenizer_files import find_chat_config
 
             if format == "minimind":
                 path, checked = write_minimind(checkpoint, out, merge, group_share, force)

@@ -3,8 +3,8 @@
 The prompt is the conversation rendered by the model's own chat template with `add_generation_prompt=True`
 (minilmd/corpus/chat.py, the text transformers' apply_chat_template gives), encoded without added special tokens;
 generation (generate.py, KV cache) stops at `<|im_end|>` and only the reply is printed. The template is found as
-export.find_chat_config finds it: beside --tokenizer, in the checkpoint, or in the prepared corpus it was trained
-on. A conversation that outgrows the model's max_position_embeddings loses its oldest exchanges first (a system
+tokenizer_files.find_chat_config finds it: beside --tokenizer, in the checkpoint, or in the prepared corpus it was
+trained on. A conversation that outgrows the model's max_position_embeddings loses its oldest exchanges first (a system
 message stays); when even the last user message does not fit with room for a reply, it is refused.
 """
 from __future__ import annotations
@@ -38,12 +38,13 @@ class ChatSession:
                  seed: int | None = None, lora: str | None = None, no_lora: bool = False):
         from tokenizers import Tokenizer
 
-        from minilmd.trainer.model.export import ExportError, find_chat_config, find_tokenizer, load_model
+        from minilmd.trainer.model.export import ExportError, load_model
+        from minilmd.trainer.model.tokenizer_files import find_chat_config, find_tokenizer
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model, loaded = load_model(checkpoint, device, lora, no_lora)
-        checked = None if lora else loaded  # with --lora, the adapter's validation, not CHECKPOINT's (export._state)
+        checked = None if lora else loaded  # with --lora, the adapter's, not CHECKPOINT's (tokenizer_files._state)
         config = find_chat_config(checkpoint, tokenizer, checked=checked)
         if config is None:
             raise ExportError(f"{checkpoint}: no chat template found (a model trained on a chat corpus carries its "

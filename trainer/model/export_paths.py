@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
+from minilmd.dirpublish import publish
 from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent
 from minilmd.names import (
     BEST,
@@ -173,13 +174,13 @@ class ExportCopy:
         return os.fdopen(os.open(name, OPEN_NEW, 0o666, dir_fd=self.tmp.fd), "wb")
 
     def publish_dir(self) -> Path:
-        """The complete copy itself renamed onto --out, durably (Dir.publish: identities checked on both sides).
+        """The complete copy itself renamed onto --out, durably (dirpublish.publish: identities checked on both sides).
         An empty directory at --out is replaced, and removed only while it is still empty; anything else there is
         refused (fresh_export_dir said so before the export began)."""
         replaces = self._empty_out()
         self.tmp.mode_self(0o777 & ~perms.current_umask())  # what mkdir gave the copy before: --share's policy
-        kept = self.parent.publish(self.tmp, self.name, self.out.name, replaces, aside=self.name + ".old",
-                                   foreign=_not_empty)
+        kept = publish(self.parent, self.tmp, self.name, self.out.name, replaces, aside=self.name + ".old",
+                       foreign=_not_empty)
         if kept is not None:
             _SAY(f"{self.out}: the empty directory it replaced was not deleted ({kept.why}): it is at {kept.where}")
         return self.out
@@ -208,7 +209,8 @@ class ExportCopy:
 
 
 def _not_empty(there: Dir) -> str:
-    """Dir.publish's `foreign` for the empty --out an export replaces: why it may not be deleted ("" when empty)."""
+    """dirpublish.publish's `foreign` for the empty --out an export replaces: why it may not be deleted ("" when
+    empty)."""
     return "it is no longer empty" if holds_any(there.fd) else ""
 
 
@@ -248,7 +250,7 @@ def _open_parent(out: Path, group_share: bool = False) -> Dir:
     when another user could rearrange it or a directory above it (minilmd/dirfd.py's rule, prepare's): he could
     put a link to the victim's directory where the export writes, or a FIFO where it publishes. `group_share`
     (--group-share) waives the rule for the directory of --out alone, a team directory: the copy is made in it
-    0700 with a random name and published by its descriptor, identities checked (Dir.make_temp, Dir.publish)."""
+    0700 with a random name and published by its descriptor, identities checked (Dir.make_temp, dirpublish.publish)."""
     try:
         return open_out_parent(out, "--out", "the export", OUT_ADVICE, group_share=group_share)
     except PlaceRefused as e:
@@ -473,7 +475,7 @@ def validated_tensors(checked: Validated) -> dict:
 
 
 def read_explicit(path: Path, max_bytes: int) -> bytes:
-    """export's --tokenizer file (export.py find_tokenizer): its links followed by the one link rule of the sources
+    """The --tokenizer file (tokenizer_files.find_tokenizer): its links followed by the one link rule of the sources
     (minilmd/corpus/sources/local.py read_source: a teammate's link to the user's private file is refused), then
     read as untrusted (a regular file, of at most max_bytes: a FIFO or a device named by mistake is refused, never
     opened)."""

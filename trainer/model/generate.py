@@ -80,12 +80,13 @@ def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | Non
     that model was trained on conversations (Validated.trained_on_conversations: then `sample --chat` is said)."""
     from tokenizers import Tokenizer
 
-    from minilmd.trainer.model.export import find_tokenizer, load_model
+    from minilmd.trainer.model.export import load_model
+    from minilmd.trainer.model.tokenizer_files import find_tokenizer
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model, loaded = load_model(checkpoint, device, lora, no_lora)
-    checked = None if lora else loaded  # with --lora, the adapter's validation, not CHECKPOINT's (export._state)
+    checked = None if lora else loaded  # with --lora, the adapter's, not CHECKPOINT's (tokenizer_files._state)
     tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, checked=checked).data)
     prompt_ids = [BOS_ID] + tok.encode(prompt, add_special_tokens=False).ids
     generator = None

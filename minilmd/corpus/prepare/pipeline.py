@@ -60,6 +60,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
+from minilmd.dirpublish import publish
 from minilmd.dirtree import mode_tree
 from minilmd.fsio import atomic_write_text, out_taken
 from minilmd.names import CORPUS_META as META
@@ -139,8 +140,8 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             mode_tree(tmp.fd, perms.published_file_mode(), CORPUS_DIR_MODE & ~umask)  # never others' to write
             tmp.mode_self(CORPUS_DIR_MODE & ~umask)
             # only the directory checked above is replaced (its identity), and `out` is never missing
-            kept = parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
-                                  foreign=_foreign_now, keep_as=temp_name(f"{out.name}.kept-by-prepare"))
+            kept = publish(parent, tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
+                           foreign=_foreign_now, keep_as=temp_name(f"{out.name}.kept-by-prepare"))
             if kept is not None:
                 log(f"prepare: {out} is the new corpus; the directory it replaced was not deleted, since it "
                     f"changed while this ran ({kept.why}): it is at {kept.where}. Take what is yours from it, "

@@ -1,0 +1,48 @@
+"""What a sync gives back: its result (SyncResult) and the ways it fails (SyncError and its kinds).
+
+Apart from sync.py so that each half of the Syncer (its copy up, daemon/jobs/sync_copy.py; its fetch) and whoever
+reads an outcome (the sync worker, the tests) names them without importing the Syncer itself. Torch-free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SyncError(RuntimeError):
+    """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
+
+
+class RemoteNotOurs(SyncError):
+    """The remote's owner record (owner.json) is not this run's claim any more: replaced, renamed or made another
+    run's since this run synced there. Nothing is written there; like a remote out of reach, retried (its owner may
+    put it right), but said with its reason (daemon/jobs/syncworker.py) and never a failed run (daemon/ending.py)."""
+
+
+class SyncAbandoned(SyncError):
+    """The supervisor gave up on this sync (a Slurm job's end is near: daemon/slurm/lastsynccut.py): raised at the
+    copy's next chunk, whose half copy is then removed as after any failed copy (`_copy_up`)."""
+
+
+class RemoteFull(SyncError):
+    """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
+
+    def __init__(self, message: str, free: int | None):
+        super().__init__(message)
+        self.free = free
+
+
+@dataclass
+class SyncResult:
+    step: int | None
+    """Step of the newest checkpoint on the remote after this sync (None: nothing to sync, remote empty)."""
+    path: str | None
+    """Its remote path (URL for fsspec remotes)."""
+    verified: bool
+    """The remote copy was read back and matched its manifest (now, or when it was copied)."""
+    copied: bool = False
+    """False when the remote already held this step (or a newer one)."""
+    bytes: int = 0
+    """Bytes copied by this sync."""
+    seconds: float = 0.0
+    removed: tuple[str, ...] = ()
+    """Remote checkpoints deleted by retention."""
