@@ -22,6 +22,7 @@ Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -38,6 +39,7 @@ from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
 from minilmd.fsio import is_disk_full
 from minilmd.perms import own_uid, user_words
+from minilmd.untrusted import TooManyEntries, listed
 
 SLICE_S = 1.0
 """How long the wait sleeps between two looks at a stop and the watchdog."""
@@ -259,26 +261,28 @@ WHOSE_LOOKS = 1000
 
 def _whose(where: str) -> str:
     """Whose entries the full place holds, by owner, most first ("; its entries: 7 of uid 64123, 1 of yours"): who
-    holds the room, as far as the place's own entries tell (what lies deeper is not counted). Links are not
-    followed; "" when it cannot be listed."""
-    counts: dict[int, int] = {}
-    looked = 0
+    holds the room, as far as the place's own entries tell (what lies deeper is not counted). Listed bounded
+    (untrusted.listed), each entry looked at through the place's descriptor, no link followed; "" when it cannot
+    be listed, a note when it holds more than WHOSE_LOOKS entries."""
     try:
-        with os.scandir(where) as entries:
-            for entry in entries:
-                if looked == WHOSE_LOOKS:
-                    break
-                looked += 1
-                try:
-                    uid = entry.stat(follow_symlinks=False).st_uid
-                except OSError:
-                    continue
-                counts[uid] = counts.get(uid, 0) + 1
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    counts: dict[int, int] = {}
+    try:
+        for name in listed(fd, max_entries=WHOSE_LOOKS):
+            with contextlib.suppress(OSError):  # gone since it was listed
+                uid = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
+                counts[uid] = counts.get(uid, 0) + 1
+    except TooManyEntries:
+        return f"; it holds over {WHOSE_LOOKS} entries (whose, not counted)"
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     if not counts:
         return ""
     me = own_uid()
     said = ", ".join(f"{n} of {'yours' if uid == me else user_words(uid)}"
                      for uid, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
-    return f"; its entries: {said}" + (f" (the first {WHOSE_LOOKS} looked at)" if looked == WHOSE_LOOKS else "")
+    return f"; its entries: {said}"
