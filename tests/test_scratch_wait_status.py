@@ -121,6 +121,9 @@ def test_the_run_lock_and_a_stop_pass_to_the_supervisor_never_let_go(base, tmp_p
         assert held is not None and lock_holder(run_dir).pid == os.getpid()
         with pytest.raises(LockHeld):
             RunLock(run_dir).acquire()  # a second launch right at the hand-over: the run is owned
+        second = cli("run", str(config), timeout=180)  # a real one: refused before it makes anything
+        assert second.returncode == 2 and "run already owned by another supervisor" in second.stdout, \
+            second.stdout + second.stderr
         assert preflight.run_lock(held, run_dir) is held.lock and released == []
         assert held.signals.stop == 1  # the supervisor's record: its first tick enters stopping
     finally:
@@ -195,3 +198,26 @@ def test_a_start_after_the_wait_adopts_what_it_would_have_adopted_before_it(tmp_
 
     assert adopted(written) == adopted(old)
     assert adopted(written)["previous_child"] == OLD_CHILD and adopted(written)["attempt"].attempt == 3
+
+
+def test_a_failed_wait_ends_its_record_and_an_unreadable_one_is_left_for_the_supervisor(tmp_path):
+    """A later try's refusal ends the wait as a supervisor's failure (failed, its exit status, the last error); a
+    previous state.json that cannot be read is not written over: the supervisor must find it and say so."""
+    from minilmd.daemon.waitrecord import WaitRecord  # here: the module is new
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text("")
+    previous_record(run_dir, config, ended=False)
+    record = WaitRecord(SimpleNamespace(run_dir=run_dir, run=SimpleNamespace(name="s")), str(config))
+    record.waiting("waiting for room for scratch: full")
+    record.failed(73, "while waiting for room for scratch: run.dir is full")
+    ended = load_state(run_dir)
+    assert (ended["phase"], ended["outcome"]["exit"], ended["outcome"]["ended"]) == ("failed", 73, "failed"), ended
+    assert ended["last_error"] == "while waiting for room for scratch: run.dir is full"
+
+    (run_dir / names.STATE).write_text("{not json")
+    left = WaitRecord(SimpleNamespace(run_dir=run_dir, run=SimpleNamespace(name="s")), str(config))
+    left.waiting("waiting for room for scratch: full")
+    left.stopped("stopped (SIGTERM) while waiting for room for scratch: nothing started")
+    assert (run_dir / names.STATE).read_text() == "{not json"
