@@ -5,9 +5,13 @@ the only one (`Supervisor.phase`). Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child.process import Child
+
+if TYPE_CHECKING:
+    from minilmd.daemon.scratchclaim import Held
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,6 @@ class SupervisorState:
     resumes: bool = False
     """The launch found a checkpoint of the run's own, in scratch or on run.remote (daemon/preflight.py launch): no
     first start, though this machine's state.json is lost (daemon/phases/initwait.py at_start)."""
+    held: Held | None = None
+    """What the launch's wait for room for scratch handed over held (daemon/scratchclaim.py): the run lock, never let
+    go between the wait and the loop, and the stop signals' record; None when the launch did not wait."""

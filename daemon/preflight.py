@@ -13,8 +13,8 @@ minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.
 so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
 (daemon/host/gpu.py lock_dir_wait), and a default scratch root another user made first is never used: the launch
 makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good, nor a base whose
-room (its inodes) another user's files used up: the claim waits for room then, the run lock held and systemd told
-(daemon/scratchclaim.py `claim_scratch`). The checks the
+room (its inodes) another user's files used up: the claim waits for room then, the run lock held, state.json and
+systemd told, and hands the lock to the supervisor held (daemon/scratchclaim.py `claim_scratch`). The checks the
 supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
 fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
 user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
@@ -27,6 +27,7 @@ Torch-free.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
@@ -39,7 +40,14 @@ from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
-from minilmd.daemon.scratchclaim import LaunchEnds, RunDirFull, ScratchRootUnknown, claim_scratch
+from minilmd.daemon.scratchclaim import (  # noqa: F401 - run_lock: the supervisor's, through this module
+    Held,
+    LaunchEnds,
+    RunDirFull,
+    ScratchRootUnknown,
+    claim_scratch,
+    run_lock,
+)
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 from minilmd.urls import CHAIN, is_url, protocol_of
@@ -203,15 +211,27 @@ def systemd_stop_note(cfg: RunConfig) -> str | None:
             f"before the save ends")
 
 
+class Launched(NamedTuple):
+    """What launch() hands the supervisor."""
+
+    cfg: RunConfig
+    resumes: bool
+    """Whether it resumes from a checkpoint of its own (`resumes`)."""
+    held: Held | None
+    """The run lock and the stop signals, held since a wait for room for scratch (daemon/scratchclaim.py); None when
+    it did not wait (the supervisor takes the lock)."""
+
+
 def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
-           claim_remote: bool = False) -> tuple[RunConfig, bool]:
+           claim_remote: bool = False) -> Launched:
     """check(), then run.dir settled (made and judged in one walk: place_rule.settle_run_dir) and put in the config
     as its real path, then scratch claimed for this run; raises ConfigError (exit 2) if any refuses. Everything
     after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
     link planted on the way after check() cannot choose another run directory. The command (`minilmd run`) has
     given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). RunDirFull
     when run.dir's file system is full (said: the caller exits 73); NothingToDo when the run is done (said: exit 0,
-    nothing made). Returns the config and whether it resumes from a checkpoint of its own (`resumes`)."""
+    nothing made). Returns the config, whether it resumes from a checkpoint of its own (`resumes`) and what a wait for
+    scratch holds for the supervisor (`Launched`)."""
     said: list[str] = []  # where it starts: a run already done is no launch (daemon/jobs/rundone.py)
     try:
         cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
@@ -224,8 +244,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise NothingToDo(done)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
-    claim_scratch(cfg)
-    return cfg, resumes(said)
+    held = claim_scratch(cfg, config_path)
+    return Launched(cfg, resumes(said), held)
 
 
 def resumes(start: list[str]) -> bool:

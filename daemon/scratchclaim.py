@@ -10,25 +10,36 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
 - it holds the run lock (daemon/host/lock.py RunLock), so `minilmd stop` finds this process (it carries the run's
   identity: minilmd/procs.py) and SIGTERMs it, and no second supervisor starts beside it;
 - it tells systemd READY=1 with a STATUS line saying what it waits for, and pings its watchdog;
-- a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at once: `StoppedWaiting`, exit 0, nothing started.
-The lock is given back once scratch is made; the supervisor takes it again at once (Supervisor.run).
+- state.json says so: phase waiting_scratch, the reason (which place, how full, whose entries fill it), this process
+  as the run's supervisor (daemon/waitrecord.py), so that `minilmd status` shows the wait;
+- a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at once: `StoppedWaiting`, exit 0, nothing started,
+  state.json `done` (stopped).
+Once scratch is made, the lock and the stop signals are handed to the supervisor held (`Held`: Supervisor.run never
+takes the lock again, its first tick acts on a stop that came meanwhile): there is no moment between the wait and
+the supervisor in which `minilmd stop` finds no holder ("not running") or a SIGTERM ends the process unrecorded.
 A run.dir with no room for the private root's record is run.dir full: exit 73 (`RunDirFull`), as everywhere.
 Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from minilmd import protocol, scratch, scratch_root
 from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
+from minilmd.daemon.waitrecord import WaitRecord
 from minilmd.fsio import is_disk_full
+from minilmd.perms import own_uid, user_words
+from minilmd.untrusted import TooManyEntries, listed
 
 SLICE_S = 1.0
 """How long the wait sleeps between two looks at a stop and the watchdog."""
@@ -62,13 +73,39 @@ class StoppedWaiting(LaunchEnds):
     exit_status = protocol.SUPERVISOR_DONE
 
 
-def claim_scratch(cfg: RunConfig, sleep: Callable[[float], None] = time.sleep,
-                  notifier: Notifier | None = None) -> None:
+@dataclass
+class Held:
+    """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, and the stop signals'
+    record (installed; a stop that came since is its first tick's). `give_back()`: both let go, for a caller that
+    starts no supervisor (a test)."""
+
+    lock: RunLock
+    signals: Signals
+    before: dict
+    """The signal handlers before the wait's (give_back puts them back)."""
+
+    def give_back(self) -> None:
+        self.lock.release()
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+
+def run_lock(held: Held | None, run_dir: str | os.PathLike) -> RunLock:
+    """The run lock, held: the one the wait handed over (never let go since), else taken now (LockHeld, LockUnsafe,
+    OSError: daemon/host/lock.py)."""
+    lock = held.lock if held is not None else RunLock(run_dir)
+    lock.acquire()  # a no-op on the handed one
+    return lock
+
+
+def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float], None] = time.sleep,
+                  notifier: Notifier | None = None) -> Held | None:
     """Scratch settled and claimed for this run; ConfigError (exit 2) when refused. No room: said once, then tried
-    again with the restart backoff for as long as it takes, the run lock held and systemd told (module docstring)."""
+    again with the restart backoff for as long as it takes, the run lock held, state.json and systemd told (module
+    docstring). Returns what the wait holds for the supervisor (None when there was no wait)."""
     full = _settle_and_claim(cfg)
     if full is None:
-        return
+        return None
     notifier = notifier or Notifier()
     lock = RunLock(cfg.run_dir)
     try:
@@ -80,34 +117,60 @@ def claim_scratch(cfg: RunConfig, sleep: Callable[[float], None] = time.sleep,
             raise RunDirFull(str(cfg.run_dir)) from e
         raise
     stop = _StopSignals()
+    record: WaitRecord | None = None
     try:
-        tries = 0
-        while full is not None:
-            tries += 1
-            wait = exponential(cfg.restart.backoff_initial_s, tries, cfg.restart.backoff_max_s)
-            if tries == 1:
-                print(f"minilmd run: waits: {full}; not a failure: waiting for room (another user's files there?), "
-                      f"tried again with backoff (next in {wait:.0f}s) for as long as it takes; the run lock is "
-                      f"held meanwhile (`minilmd stop` ends the wait)", flush=True)
-                notifier.ready(_status(cfg, full))
-            else:
-                notifier.status(_status(cfg, full))
-            left = wait
-            while left > 0 and not stop.got:
-                step = min(left, SLICE_S)
-                sleep(step)
-                left -= step
-                notifier.watchdog()
-            if stop.got:
-                notifier.stopping()
-                print(f"minilmd run: stopped ({stop.got}) while waiting for room for scratch: nothing started, "
-                      f"nothing made in {scratch_root.base()}", flush=True)
-                raise StoppedWaiting(stop.got)
-            full = _settle_and_claim(cfg)
+        record = WaitRecord(cfg, config_path or cfg.source)
+        tries = _wait_for_room(cfg, full, stop, record, notifier, sleep)
         print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
-    finally:
-        stop.restore()
-        lock.release()
+        return stop.hand_over(lock)
+    except BaseException as e:
+        try:
+            if record is not None and isinstance(e, StoppedWaiting):
+                record.stopped(f"stopped ({e}) while waiting for room for scratch: nothing started")
+            elif record is not None and isinstance(e, Exception):  # a refusal or an error of a later try
+                record.failed(_exit_status(e), f"while waiting for room for scratch: {e}")
+        finally:
+            stop.restore()
+            lock.release()
+        raise
+
+
+def _wait_for_room(cfg: RunConfig, full: str | None, stop: _StopSignals, record: WaitRecord, notifier: Notifier,
+                   sleep: Callable[[float], None]) -> int:
+    """Tries again until scratch is made (returns how many waits that took), or StoppedWaiting on a stop."""
+    tries = 0
+    while full is not None:
+        tries += 1
+        wait = exponential(cfg.restart.backoff_initial_s, tries, cfg.restart.backoff_max_s)
+        record.waiting(f"waiting for room for scratch: {full}; tried again in {wait:.3g}s (try {tries}); "
+                       f"`minilmd stop` ends the wait")
+        if tries == 1:
+            print(f"minilmd run: waits: {full}; not a failure: waiting for room (another user's files there?), "
+                  f"tried again with backoff (next in {wait:.0f}s) for as long as it takes; the run lock is "
+                  f"held meanwhile (`minilmd stop` ends the wait)", flush=True)
+            notifier.ready(_status(cfg, full))
+        else:
+            notifier.status(_status(cfg, full))
+        left = wait
+        while left > 0 and not stop.got:
+            step = min(left, SLICE_S)
+            sleep(step)
+            left -= step
+            notifier.watchdog()
+        if stop.got:
+            notifier.stopping()
+            print(f"minilmd run: stopped ({stop.got}) while waiting for room for scratch: nothing started, "
+                  f"nothing made in {scratch_root.base()}", flush=True)
+            raise StoppedWaiting(stop.got)
+        full = _settle_and_claim(cfg)
+    return tries
+
+
+def _exit_status(e: Exception) -> int:
+    """The launch's exit status for an error that ends the wait (`minilmd run`: daemon/supervisor.py run_supervisor)."""
+    if isinstance(e, ConfigError):
+        return protocol.SUPERVISOR_CONFIG
+    return e.exit_status if isinstance(e, LaunchEnds) else 1
 
 
 def _status(cfg: RunConfig, full: str) -> str:
@@ -127,6 +190,16 @@ class _StopSignals:
     def restore(self) -> None:
         for sig, handler in self._before.items():
             signal.signal(sig, handler)
+
+    def hand_over(self, lock: RunLock) -> Held:
+        """The supervisor's signal record (daemon/host/signals.py) installed in place of this one, and a stop this
+        one got before counted in it: no signal between the two is lost, nor ends the process by its default."""
+        signals = Signals()
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGUSR1)}
+        signals.install()
+        if self.got:  # came after the wait's last look
+            signals.stop_as_first_signal()
+        return Held(lock, signals, {**self._before, **before})
 
 
 def _settle_and_claim(cfg: RunConfig) -> str | None:
@@ -177,5 +250,39 @@ def _no_room(e: OSError, near: str | os.PathLike) -> str:
         except OSError:
             return f"{e.strerror} ({where})"
     if vfs.f_files and not vfs.f_favail:
-        return f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
-    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
+        return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
+                f"{_whose(where)}")
+    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(where)}"
+
+
+WHOSE_LOOKS = 1000
+"""The most entries of a full place whose owners are counted (another user's directory may hold millions)."""
+
+
+def _whose(where: str) -> str:
+    """Whose entries the full place holds, by owner, most first ("; its entries: 7 of uid 64123, 1 of yours"): who
+    holds the room, as far as the place's own entries tell (what lies deeper is not counted). Listed bounded
+    (untrusted.listed), each entry looked at through the place's descriptor, no link followed; "" when it cannot
+    be listed, a note when it holds more than WHOSE_LOOKS entries."""
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    counts: dict[int, int] = {}
+    try:
+        for name in listed(fd, max_entries=WHOSE_LOOKS):
+            with contextlib.suppress(OSError):  # gone since it was listed
+                uid = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
+                counts[uid] = counts.get(uid, 0) + 1
+    except TooManyEntries:
+        return f"; it holds over {WHOSE_LOOKS} entries (whose, not counted)"
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if not counts:
+        return ""
+    me = own_uid()
+    said = ", ".join(f"{n} of {'yours' if uid == me else user_words(uid)}"
+                     for uid, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
+    return f"; its entries: {said}"

@@ -60,6 +60,7 @@ from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decid
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import registry, sdnotify
+from minilmd.daemon.host.lock import LockHeld, LockUnsafe
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
@@ -84,7 +85,7 @@ class Supervisor(Ending):
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
                  infra: Infra | None = None, echo: bool = True, fresh: bool = False, claim_remote: bool = False,
-                 resumes: bool = False):
+                 resumes: bool = False, held: preflight.Held | None = None):
         self.cfg = cfg
         self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
         self.claim_remote = claim_remote  # `run --claim-remote`: run.remote made this run's once its lock is held
@@ -93,22 +94,20 @@ class Supervisor(Ending):
         self.infra = infra or Infra()
         self.run_dir = cfg.run_dir  # settled by run() (preflight.launch has already: its real path)
         self.echo = echo
-        self.signals = Signals()
+        self.signals = held.signals if held else Signals()  # the wait's, if it waited: a stop since is the 1st tick's
         self.notifier = Notifier()
         self.rng = random.Random()
-        self.loop = SupervisorState(resumes=resumes)  # the loop's own record beside state.json's (loopstate.py)
+        self.loop = SupervisorState(resumes=resumes, held=held)  # the loop's own record beside state.json's
         # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
-        from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
         from minilmd.place_rule import PlaceRefused, settle_run_dir
 
         try:  # made and judged in one walk, once: every file after goes under its real path (no resolve() later)
             self.run_dir = settle_run_dir(self.run_dir)
             self.cfg.run.dir = str(self.run_dir)
-            lock = RunLock(self.run_dir)
-            lock.acquire()
+            lock = preflight.run_lock(self.loop.held, self.run_dir)  # the launch's wait's, if it waited: kept held
         except (LockHeld, LockUnsafe, PlaceRefused) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
@@ -134,7 +133,7 @@ class Supervisor(Ending):
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
             start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None)
-            self.state.phase = check_start(first_phase(start.waits))  # the start's transition
+            self.state.phase = check_start(first_phase(start.waits), waited=self.loop.held is not None)
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
@@ -485,10 +484,11 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
     then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_claim.py)."""
     try:
-        cfg, resumes = preflight.launch(config_path, overrides, fresh, claim_remote)
+        cfg, resumes, held = preflight.launch(config_path, overrides, fresh, claim_remote)
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
     except preflight.LaunchEnds as e:  # said there: run.dir full (73), or the run already done (0)
         return e.exit_status
-    return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote, resumes=resumes).run()
+    return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote, resumes=resumes,
+                      held=held).run()

@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 from minilmd import protocol
-from minilmd.daemon.base.states import FINAL_PHASES, INITIAL_PHASES, TRANSITIONS, Phase, first_phase
+from minilmd.daemon.base.states import FINAL_PHASES, INITIAL_PHASES, LAUNCH_PHASES, TRANSITIONS, Phase, first_phase
 from minilmd.daemon.child.process import CAUSES
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"
 RUNBOOK = REPO / "docs" / "operations.md"
+STARTS = INITIAL_PHASES | LAUNCH_PHASES
+"""Where a run's record starts: a supervisor's start, or its launch's (a wait for room for scratch)."""
 EDGE = re.compile(r"^\s*(\[\*\]|\w+)\s*-->\s*(\[\*\]|\w+)\s*(?::\s*(\w+))?\s*$")
 
 
@@ -53,7 +55,7 @@ def the_diagram() -> tuple[dict[tuple[str, str], str], set[str], set[str]]:
 
 def mermaid_from_table() -> str:
     """The diagram as it should read; the failure message prints it, ready to paste into the doc."""
-    lines = ["stateDiagram-v2", *(f"    [*] --> {p.value}" for p in sorted(INITIAL_PHASES, key=lambda p: p.value))]
+    lines = ["stateDiagram-v2", *(f"    [*] --> {p.value}" for p in sorted(STARTS, key=lambda p: p.value))]
     lines += [f"    {a.value} --> {b.value}: {name}" for (a, b), name in TRANSITIONS.items()]
     lines += [f"    {p.value} --> [*]" for p in sorted(FINAL_PHASES, key=lambda p: p.value)]
     return "\n".join(lines) + "\n"
@@ -72,12 +74,13 @@ def test_the_diagram_is_the_transition_table():
 def test_the_generated_diagram_parses_back_to_the_table():
     edges, initial, final = parse_state_diagram(mermaid_from_table())
     assert edges == {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
-    assert initial == {p.value for p in INITIAL_PHASES} and final == {p.value for p in FINAL_PHASES}
+    assert initial == {p.value for p in STARTS} and final == {p.value for p in FINAL_PHASES}
 
 
 def test_the_diagram_starts_and_ends_where_the_supervisor_does():
     _, initial, final = the_diagram()
-    assert initial == {p.value for p in INITIAL_PHASES} == {first_phase(pending).value for pending in (True, False)}
+    assert initial == {p.value for p in STARTS}
+    assert INITIAL_PHASES == {first_phase(pending) for pending in (True, False)}
     assert final == {p.value for p in FINAL_PHASES}
 
 

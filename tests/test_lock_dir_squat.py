@@ -50,7 +50,7 @@ def test_a_lock_dir_another_user_made_first_is_waited_for_never_used_and_the_run
     said = [w for w in waits if w.startswith("gpu.lock_dir:")]
     assert said and f"{locks} belongs to user nobody" in said[0] and "the run waits in waiting_gpu" in said[0], waits
     assert "install -d -m 1777 -o root -g root" in said[0]  # the admin's fix
-    cfg, resumes = preflight.launch(str(config))
+    cfg, resumes, _ = preflight.launch(str(config))
 
     seen: dict[str, object] = {}
 

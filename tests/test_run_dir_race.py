@@ -89,7 +89,7 @@ def test_a_link_planted_after_the_check_does_not_take_over_her_other_run(tmp_pat
 
     monkeypatch.undo()
     sh_as_user("rm race", cwd=shared)
-    cfg, _ = preflight.launch(str(config))
+    cfg, _, _ = preflight.launch(str(config))
     assert cfg.run.dir == str(shared / "race" / "run") and (shared / "race").stat().st_uid == os.getuid()
     assert str(shared / "race" / "run") in (scratch / names.SCRATCH_OWNER).read_text()
 
@@ -179,7 +179,7 @@ def test_a_run_dir_through_her_own_link_launches_at_its_real_path(tmp_path, corp
     (tmp_path / "runs").symlink_to(data)
     config = write_config(tmp_path, corpus, name="linked", remote=False, run={"dir": str(tmp_path / "runs" / "x")})
     monkeypatch.setenv(names.SUPERVISOR_RUN_DIR_ENV, str((tmp_path / "runs" / "x").resolve()))
-    cfg, _ = preflight.launch(str(config))
+    cfg, _, _ = preflight.launch(str(config))
     assert cfg.run.dir == str(data / "x") and (data / "x").is_dir()
     assert f'"run_dir": "{data / "x"}"' in (cfg.scratch_dir / names.SCRATCH_OWNER).read_text()
 

@@ -44,7 +44,7 @@ def test_a_scratch_written_in_the_squatted_default_root_goes_to_a_private_root_k
         squatted, tmp_path, corpus):
     base, default = squatted
     config = write_config(tmp_path, corpus, remote=False, run={"scratch": str(default / "demo-1a2b3c4d")})
-    cfg, _ = preflight.launch(str(config))  # before: ConfigError, `... belongs to uid 64123`
+    cfg, _, _ = preflight.launch(str(config))  # before: ConfigError, `... belongs to uid 64123`
     private = cfg.scratch_dir.parent
     assert cfg.scratch_dir.name == "demo-1a2b3c4d" and private != default and private.parent == base
     assert scratch_root.recorded(cfg.run_dir) == private and (cfg.scratch_dir / names.SCRATCH_OWNER).is_file()

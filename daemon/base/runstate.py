@@ -123,6 +123,16 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
                      updated=t).to_dict()
 
 
+def passed_on_child(old: dict) -> dict | None:
+    """The trainer a state.json passes on to the next supervisor (RunState.adopt): the one its supervisor ran, or
+    when it ran none (a launch's wait for scratch, daemon/waitrecord.py; a supervisor ended before its first launch),
+    the one it had adopted itself ("previous_child"): a wait must not make its successor forget an orphan's attempt."""
+    child = old.get("child")
+    if not isinstance(child, dict):
+        child = old.get("previous_child")
+    return child if isinstance(child, dict) else None
+
+
 def dpo_rewards(known: dict | None, rec: dict, prefix: str) -> dict | None:
     """`known` (a DPO run's latest rewards, Progress.rewards) with those of a train (prefix "") or eval ("val_")
     line of metrics.jsonl; None while no line has carried any (not a DPO run)."""
@@ -189,8 +199,8 @@ class RunState(StateJson):
         fits, the last remote checkpoint when it is on `remote` (the run.remote now; one on another remote is kept
         in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history and
         the last error (with its time and step: history, as after a restart of the trainer) if that supervisor did
-        not end (it crashed or was killed), which trainer it ran, and the notes of its init.from (the run goes on
-        from that checkpoint). A field of the wrong type there counts as missing."""
+        not end (it crashed or was killed), which trainer it ran (passed_on_child), and the notes of its init.from
+        (the run goes on from that checkpoint). A field of the wrong type there counts as missing."""
         if not old or not isinstance(old, dict):
             return
         read = StateJson.from_dict(old)
@@ -205,9 +215,8 @@ class RunState(StateJson):
             self.no_progress_streak = read.no_progress_streak
             self.last_error, self.last_error_at, self.last_error_step = \
                 read.last_error, read.last_error_at, read.last_error_step
-        child = old.get("child")
-        self.previous_child = child if isinstance(child, dict) else None
-        self.previous_attempt = read.child
+        self.previous_child = passed_on_child(old)
+        self.previous_attempt = ChildInfo.from_dict(self.previous_child) if self.previous_child else None
         self.adopted = True
 
     def apply_progress(self, records: list[dict], beat: Heartbeat | None) -> None:

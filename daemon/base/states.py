@@ -20,6 +20,7 @@ class Named(str, Enum):
 
 
 class Phase(Named):
+    WAITING_SCRATCH = "waiting_scratch"  # the launch, before its supervisor: no room to make scratch (scratchclaim.py)
     WAITING_INIT = "waiting_init"  # init.from names another run that has not finished: polling its state.json
     WAITING_GPU = "waiting_gpu"  # polling NVML until enough devices look free for stable_polls polls
     STAGING = "staging"  # copying/verifying the prepared corpus into scratch (and fetching a remote checkpoint)
@@ -39,6 +40,9 @@ FIRST_HEARTBEAT = "first heartbeat from attempt"
 FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
 INITIAL_PHASES = frozenset({Phase.WAITING_INIT, Phase.WAITING_GPU})
 """Where a supervisor starts (first_phase): nothing reaches them but the start, or a transition of the table."""
+LAUNCH_PHASES = frozenset({Phase.WAITING_SCRATCH})
+"""The launch's own, before the supervisor's loop runs (daemon/scratchclaim.py, daemon/waitrecord.py): it holds the
+run lock and writes state.json, and hands both over to the supervisor, whose start is then a transition from it."""
 ATTEMPT_PHASES = frozenset({Phase.STARTING, Phase.TRAINING, Phase.BACKOFF})
 """A trainer runs, or is about to run again: the periodic sync and the pruning of scratch go on."""
 
@@ -64,6 +68,10 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.WAITING_SPACE, Phase.STARTING): "space_freed",
     (Phase.WAITING_SPACE, Phase.STAGING): "restage",
     (Phase.STOPPING, Phase.DONE): "stopped",
+    (Phase.WAITING_SCRATCH, Phase.WAITING_INIT): "scratch_made",
+    (Phase.WAITING_SCRATCH, Phase.WAITING_GPU): "scratch_made",
+    (Phase.WAITING_SCRATCH, Phase.DONE): "stopped_waiting",  # nothing started: no trainer to save, nothing to sync
+    (Phase.WAITING_SCRATCH, Phase.FAILED): "gave_up",
 }
 for _live in (Phase.WAITING_INIT, Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF,
               Phase.WAITING_SPACE):
@@ -78,14 +86,17 @@ class IllegalTransition(RuntimeError):
 
 START = "start"
 """The one transition with no phase of this supervisor before it: its start into an INITIAL_PHASES phase (state.json's
-phase is then the previous supervisor's record)."""
+phase is then the previous supervisor's record), or a launch's into LAUNCH_PHASES."""
 
 
-def check_start(first: Phase) -> Phase:
+def check_start(first: Phase, waited: bool = False) -> Phase:
     """The phase a supervisor starts in, checked to be one of INITIAL_PHASES (IllegalTransition if not): the start
-    sets state.json's phase through this, every later change through check_transition."""
+    sets state.json's phase through this, every later change through check_transition. `waited`: the launch waited
+    for scratch (waiting_scratch, LAUNCH_PHASES) and handed its run lock over: the start is that phase's transition."""
     if first not in INITIAL_PHASES:
         raise IllegalTransition(f"no {START} into {first}: a supervisor starts in {sorted(INITIAL_PHASES)}")
+    if waited:
+        check_transition(Phase.WAITING_SCRATCH, first)
     return first
 
 
