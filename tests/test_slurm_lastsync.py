@@ -3,8 +3,9 @@
 
 Before: the last sync of a preempted job was waited for while it moved, however long (daemon/jobs/syncworker.py
 `final_sync`); under Slurm a copy slower than the warning's lead ended with the job SIGKILLed at its end time, before
-`scontrol requeue`: the job was never requeued and state.json kept saying the sync ran. Now the job's end is read
-once (scontrol's EndTime, SLURM_JOB_END_TIME, else the warning's lead) and a last sync still copying
+`scontrol requeue`: the job was never requeued and state.json kept saying the sync ran. Now the job's end is asked
+from the signal on (scontrol's EndTime, SLURM_JOB_END_TIME, else the warning's lead; tests/test_slurm_end_watch.py:
+a scontrol that answers late) and a last sync still copying
 REQUEUE_MARGIN_S before it is abandoned: nothing of it is put in place, the remote keeps its previous checkpoint,
 and the job is requeued, its reason saying where the requeued job resumes. The clock here is a fake one; `scontrol`
 a fake runner, or a script on PATH.
@@ -29,6 +30,7 @@ from minilmd.daemon.jobs.sync_errors import SyncAbandoned
 from minilmd.daemon.slurm import job as slurm
 from minilmd.daemon.slurm import jobend, lastsynccut
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0  # the fake clock's preemption
@@ -48,6 +50,11 @@ class FakeScontrol:
 class Events(list):
     def __call__(self, kind, message, **details):
         self.append((kind, message))
+
+
+def answered(job: slurm.SlurmJob) -> None:
+    """Wait until the preempted job's end is asked (daemon/slurm/endwatch.py: in the background)."""
+    wait_until(lambda: job.end_watch is not None and job.end_watch.settled, 60, "scontrol asked for the job's end")
 
 
 def iso(ts: float) -> str:
@@ -99,8 +106,9 @@ def test_the_jobs_end_is_asked_of_scontrol_on_path_once(tmp_path, monkeypatch):
     events = Events()
     job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, events, environ={})
     assert job.preempt("USR1")
+    answered(job)
     first = job.job_end()
-    assert job.job_end() is first and abs((first.at or 0) - int(end)) <= 1, first
+    assert job.job_end() == first and abs((first.at or 0) - int(end)) <= 1, first
     asked = (tmp_path / "calls").read_text().splitlines()
     assert asked == ["show job -o 42", "show job -o 42"], asked  # one at the job's start, one for its end
     assert [m for k, m in events if k == "slurm" and m.startswith(f"the job ends at {jobend.clock(first.at)}")]
@@ -121,6 +129,7 @@ def test_a_last_sync_still_copying_at_the_jobs_end_is_abandoned_and_the_job_requ
                          environ={})
     job.preempt("USR1")
     job.preempted_at = T0
+    answered(job)
     clock = Clock(T0 + 10)
     with last_sync_running(tmp_path) as (sync, syncer, said):
         emit = lambda kind, message, **d: said.append(message)
@@ -208,6 +217,7 @@ def test_the_jobs_end_is_asked_at_the_signal_within_the_short_bound():
                          environ={})
     assert runner.calls == [["scontrol", "show", "job", "-o", "42"]]  # the job's start
     assert job.preempt("USR1") and not job.preempt("SIGTERM")
+    answered(job)
     assert short.calls == [["scontrol", "show", "job", "-o", "42"]] and len(runner.calls) == 1
     assert job.job_end().at == T0 + 250 and len(short.calls) == 1
 
@@ -238,6 +248,7 @@ def test_end_time_is_read_whatever_time_format_the_user_set(tmp_path, monkeypatc
     monkeypatch.setenv("FAKE_END_EPOCH", str(end))
     job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), environ={})
     job.preempt("SIGTERM")
+    answered(job)
     assert job.job_end() == jobend.JobEnd(float(end), "scontrol's EndTime"), job.job_end()
     # a Slurm that ignores the format prints local time: read as before
     assert jobend.read({}, {"EndTime": iso(T0 + 60)}, "SIGTERM", T0).at == T0 + 60

@@ -56,6 +56,8 @@ def test_only_the_signal_record_writes_its_fields():
 
 
 class Preemptible:
+    preempted_by = ""  # on_signal looks at the job's end only after a preemption
+
     def preempt(self, how: str) -> bool:
         return True
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import signal
 import socket
 import subprocess
 import time
@@ -42,7 +43,7 @@ from typing import Any, NamedTuple
 
 from minilmd import names, procs, pychild
 from minilmd.daemon.host.gpu import Nvml
-from minilmd.daemon.slurm import jobend
+from minilmd.daemon.slurm import endwatch, jobend
 from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED, ENDED_STOPPED
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
@@ -62,11 +63,20 @@ TIME_FORMAT = {"SLURM_TIME_FORMAT": "%s"}
 
 
 def run_command(args: list[str], timeout: float = SCONTROL_TIMEOUT_S) -> str:
-    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **TIME_FORMAT})
-    if out.returncode != 0:
-        raise subprocess.SubprocessError(f"{' '.join(args)}: exit {out.returncode}: "
-                                         f"{(out.stderr or out.stdout).strip()[:300]}")
-    return out.stdout
+    """A Slurm command's stdout; subprocess.TimeoutExpired past `timeout`, the command killed (through procs.py:
+    our own child), or SubprocessError when it fails."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **TIME_FORMAT}) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs.signal_child(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise subprocess.SubprocessError(f"{' '.join(args)}: exit {proc.returncode}: "
+                                         f"{(stderr or stdout).strip()[:300]}")
+    return stdout
 
 
 def _int_list(value: str) -> list[int]:
@@ -213,7 +223,10 @@ def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: 
 def on_signal(job: SlurmJob | None, signals, emit) -> None:
     """The supervisor's signal record (`signals.usr1`, `signals.stop`) in a Slurm job: USR1 is a preemption that
     also asks the stop (the trainer saves, the last sync runs); so is the first SIGTERM. Outside Slurm USR1 does
-    nothing."""
+    nothing. Each tick after a preemption (the stop stays asked) the job's end is looked at, so that it is said
+    in supervisor.log as soon as Slurm answers, or its first try does not (daemon/slurm/endwatch.py)."""
+    if job is not None and job.preempted_by:
+        job.job_end()
     if signals.take_usr1():
         if job is None:
             emit("signal", "SIGUSR1 ignored: this supervisor is not in a Slurm job")
@@ -287,7 +300,10 @@ class SlurmJob:
     """Why the preemption's last sync was cut at the job's end, in words (daemon/slurm/lastsynccut.py); "" if not."""
     environ: Any = None
     """The job's environment (None: this process's), for SLURM_JOB_END_TIME."""
-    _end: jobend.JobEnd | None = field(default=None, init=False, repr=False)
+    end_retry_s: tuple[float, ...] = endwatch.RETRY_DELAYS_S
+    """The waits between the tries at the job's end while scontrol does not answer (tests shorten them)."""
+    end_watch: endwatch.EndWatch | None = field(default=None, init=False, repr=False)
+    """The job's end, asked from the preemption's signal on (daemon/slurm/endwatch.py); None before it."""
     launch_env: dict[str, str] = field(default_factory=dict)
     """What the last command() needs in its environment: the rendezvous secret of an srun attempt ({} otherwise)."""
 
@@ -359,22 +375,24 @@ class SlurmJob:
 
     def preempt(self, signal_name: str) -> bool:
         """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves). The
-        job's end is asked now, before the save, so that the margin before it is not spent asking later."""
+        job's end is asked now, before the save, in the background: the loop goes on meanwhile."""
         first = not self.preempted_by
         if first:
             self.preempted_by, self.preempted_at = signal_name, time.time()
-            self.job_end()
+            self._watch_end()
         return first
 
-    def job_end(self) -> jobend.JobEnd:
-        """When Slurm ends this preempted job: asked once (one `scontrol show job`, within SIGNAL_TIMEOUT_S), then
-        kept."""
-        if self._end is None:
+    def _watch_end(self) -> endwatch.EndWatch:
+        if self.end_watch is None:
             environ = os.environ if self.environ is None else self.environ
-            self._end = jobend.read(environ, job_info(self.alloc.job_id, self.signal_runner),
-                                    self.preempted_by or "USR1", self.preempted_at or time.time())
-            self.emit("slurm", self._end.words())
-        return self._end
+            self.end_watch = endwatch.EndWatch(lambda: job_info(self.alloc.job_id, self.signal_runner),
+                                               self.signal_runner, environ, self.preempted_by or "USR1",
+                                               self.preempted_at or time.time(), self.emit, self.end_retry_s)
+        return self.end_watch
+
+    def job_end(self, now: float | None = None) -> jobend.JobEnd:
+        """When Slurm ends this preempted job, as far as it has answered by `now` (daemon/slurm/endwatch.py)."""
+        return self._watch_end().current(now)
 
     def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> Plan:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to

@@ -1,8 +1,9 @@
-"""When Slurm ends this job, read once at its preemption, and the last sync's deadline before it.
+"""When Slurm ends this job, as known since its preemption, and the last sync's deadline before it.
 
 A preempted job's trainer save and last sync (daemon/slurm/lastsynccut.py) must end before Slurm kills the job, or
-`scontrol requeue` never runs and the run stops for good. The end is asked of Slurm once, at the signal (SlurmJob.
-preempt, before the trainer's save: Slurm has moved EndTime by then), bounded by SIGNAL_TIMEOUT_S, and kept:
+`scontrol requeue` never runs and the run stops for good. The end is asked of Slurm from the signal on (SlurmJob.
+preempt, before the trainer's save: Slurm has moved EndTime by then), in the background and again while it does
+not answer (daemon/slurm/endwatch.py), and read here, the rule's one home, from what has come so far:
 
 - `scontrol show job`'s EndTime: Slurm's own view now, moved earlier by a preemption with a grace time (the end
   becomes the preemption's time plus the grace) or a `scontrol update TimeLimit`. scontrol runs with
@@ -12,15 +13,19 @@ preempt, before the trainer's save: Slurm has moved EndTime by then), bounded by
 - SLURM_JOB_END_TIME (epoch seconds) where the job's environment has it: set from the start of the job, so it
   misses such a move. Not set by Slurm 22.05 (its libslurmfull has no such name: checked on the test cluster's
   22.05.8); newer releases set it. The earlier of the two is taken;
-- neither: the warning's own length from the signal, `--signal=B:USR1@300`'s 300 s after a USR1, Slurm's default
-  KillWait (30 s) after a SIGTERM (`guessed`: a SIGTERM of `minilmd stop` ends no job, and then nothing is cut).
+- neither (scontrol has not answered, or shows no end): the warning's own length from the signal,
+  `--signal=B:USR1@300`'s 300 s after a USR1; after a SIGTERM Slurm's KillWait (`scontrol show config`, asked with
+  the job after a SIGTERM; its default, 30 s, while that has not answered either), the least any SIGTERM of Slurm's
+  leaves before its SIGKILL (`guessed`: a SIGTERM of `minilmd stop` ends no job, and then nothing is cut).
 
-A SIGTERM at the time limit itself finds EndTime reached: Slurm's SIGKILL then follows that SIGTERM by KillWait, so
-the end is taken as the signal plus KILL_WAIT_S. An end still ahead is taken as it is, though a kill may come
-KillWait after it: the earlier, the safer. Torch-free.
+While scontrol has not answered, the end is the fallback (or SLURM_JOB_END_TIME); its answer moves it, earlier or
+later. A SIGTERM at the time limit itself finds EndTime reached: Slurm's SIGKILL then follows that SIGTERM by
+KillWait, so the end is taken as the signal plus KillWait. An end still ahead is taken as it is, though a kill may
+come KillWait after it: the earlier, the safer. Torch-free.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +34,10 @@ END_TIME_ENV = "SLURM_JOB_END_TIME"
 WARNING_S = 300.0
 """The lead of deploy/slurm/*.sbatch's `--signal=B:USR1@300` (tests/test_slurm_lastsync.py reads it there)."""
 KILL_WAIT_S = 30.0
-"""Slurm's default KillWait: its SIGKILL follows the SIGTERM it sends at the job's end by this much."""
+"""Slurm's default KillWait: its SIGKILL follows the SIGTERM it sends at the job's end by this much. Taken while
+`scontrol show config` has not said the cluster's own."""
+MAX_KILL_WAIT_S = 65533.0
+"""slurm.conf's largest KillWait: a larger figure is no KillWait read."""
 REQUEUE_MARGIN_S = 20.0
 """The one home of the margin (the docs refer here): a trainer still saving, or a last sync still copying, is cut
 this long before the job's end, for what must still run after it and before the kill: the loop's next tick (0.2 s),
@@ -37,8 +45,9 @@ a SIGKILLed trainer's reaping (SAVE_CUT_REAP_S, 2 s, daemon/ending.py), `scontro
 Slurm requeues the job itself, or it is cancelled: bounded at daemon/slurm/job.py's SIGNAL_TIMEOUT_S, 3 s, after a
 cut), state.json and the events written to run.dir (a shared filesystem: a second or two), `scontrol requeue`
 (bounded at SCONTROL_TIMEOUT_S, 10 s, for a busy slurmctld) and the supervisor's exit: 15 s of bounds, the rest for
-the writes. The job's end itself was asked at the signal, before any of it. More would cut copies that had time to
-end; a SIGTERM at the time limit leaves only KillWait's 30 s, of which it keeps 10 for the save and the sync."""
+the writes. The job's end itself is asked from the signal on, in the background, before any of it. More would cut
+copies that had time to end; a SIGTERM at the time limit leaves only KillWait (30 s by default), of which it keeps
+10 for the save and the sync."""
 MAX_AHEAD_S = 400 * 24 * 3600.0
 """An end further than this is no end (Slurm's `UNLIMITED` time limit gives a date years ahead): no deadline."""
 
@@ -50,7 +59,7 @@ class JobEnd:
     at: float | None
     source: str
     guessed: bool = False
-    """Neither scontrol nor the environment told it: the warning's lead from the signal."""
+    """Neither scontrol's job nor the environment told it: the warning's lead (or KillWait) from the signal."""
 
     @property
     def deadline(self) -> float | None:
@@ -86,9 +95,18 @@ def _end_time(value: str) -> float | None:
         return None
 
 
-def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: float) -> JobEnd:
-    """The job's end from its environment and `job_line` (scontrol show job's pairs, {} when it did not answer),
-    as the module says."""
+def kill_wait(config: str) -> float | None:
+    """KillWait from `scontrol show config`'s lines (`KillWait                = 30 sec`), or None."""
+    found = re.search(r"^KillWait\s*=\s*(\d+) sec", config, re.M)
+    return float(found.group(1)) if found and int(found.group(1)) <= MAX_KILL_WAIT_S else None
+
+
+def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: float,
+         kill_wait_s: float | None = None) -> JobEnd:
+    """The job's end from its environment, `job_line` (scontrol show job's pairs, {} while it has not answered)
+    and `kill_wait_s` (scontrol show config's KillWait, None while not known), as the module says."""
+    kill = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
+    why_kill = "Slurm's default KillWait" if kill_wait_s is None else "Slurm's KillWait (scontrol show config)"
     known = [(at, source) for at, source in ((_end_time(job_line.get("EndTime", "")), "scontrol's EndTime"),
                                              (_epoch(environ.get(END_TIME_ENV, "")), END_TIME_ENV))
              if at is not None]
@@ -97,10 +115,10 @@ def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: floa
         if at - signalled_at > MAX_AHEAD_S:
             return JobEnd(None, f"{source} is {clock(at)}, over a year ahead")
         if signal_name == "SIGTERM" and at <= signalled_at:
-            return JobEnd(signalled_at + KILL_WAIT_S, f"{source} reached: Slurm's SIGTERM, its KillWait "
-                                                      f"{KILL_WAIT_S:.0f}s by default before SIGKILL")
+            return JobEnd(signalled_at + kill, f"{source} reached: Slurm's SIGTERM, {why_kill} {kill:.0f}s "
+                                               f"before SIGKILL")
         return JobEnd(at, source)
-    lead = WARNING_S if signal_name == "USR1" else KILL_WAIT_S
-    why = "the --signal=B:USR1@300 warning's lead" if signal_name == "USR1" else "Slurm's default KillWait"
+    lead = WARNING_S if signal_name == "USR1" else kill
+    why = "the --signal=B:USR1@300 warning's lead" if signal_name == "USR1" else why_kill
     return JobEnd(signalled_at + lead, f"neither scontrol nor {END_TIME_ENV} told it: {lead:.0f}s after the "
                                        f"{signal_name}, {why}; none if it was `minilmd stop`'s", guessed=True)

@@ -55,8 +55,9 @@ def reached(slurm: SlurmJob, cfg, clock: Callable[[], float] = now) -> bool:
     scontrol nor the environment told it) is none after `minilmd stop`'s SIGTERM: that request ends no job."""
     if not slurm.preempted_by:
         return False
-    end = slurm.job_end()
-    if end.deadline is None or clock() < end.deadline:
+    at = clock()
+    end = slurm.job_end(at)  # as far as Slurm has answered: the deadline moves with its answer
+    if end.deadline is None or at < end.deadline:
         return False
     return not (end.guessed and stoprequest.read(cfg.run_dir)[0] is not None)
 
