@@ -56,7 +56,7 @@ def index_header(fd: int, path: Path, documents: int | None) -> tuple[int, int]:
     except (ValueError, EOFError, SyntaxError, TypeError) as e:
         raise IndexLies(f"{path}: not a readable .npy file ({e})") from None
     if len(shape) != 1 or dtype != np.dtype(INDEX_DTYPE):
-        raise IndexLies(f"{path}: a {dtype} array of shape {shape}, not the 1-D int32 (little-endian) lengths "
+        raise IndexLies(f"{path}: holds {dtype} of shape {shape}, not the 1-D int32 (little-endian) lengths "
                         f"`minilmd prepare` writes")
     held, offset = int(shape[0]), f.tell()
     if documents is not None and held < documents:

@@ -88,7 +88,7 @@ def test_an_index_not_as_prepare_writes_it_is_refused_naming_the_file(tmp_path, 
     true = np.load(index)
     if lie in ("int8", "int64", "uint32"):
         np.save(index, np.zeros(true.size * 8, np.int8) if lie == "int8" else true.astype(lie))
-        words = rf"a {np.dtype(lie)} array of shape .*not the 1-D int32 \(little-endian\) lengths"
+        words = rf"holds {np.dtype(lie)} of shape .*not the 1-D int32 \(little-endian\) lengths"
     elif lie == "fewer":
         np.save(index, true[:-1])
         words = rf"{true.size - 1:,} document lengths, fewer than the {true.size:,} documents its meta.json counts"
