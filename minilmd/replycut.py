@@ -6,16 +6,18 @@ lost, and a conversation whose replies all lie past them trains nothing. `row_ta
 (what a row keeps, what it loses, from the loss mask) and `tally` of what a split makes of it; the trainer takes them
 over every document (exact: DocumentRows keeps them), `run --check` over at most SAMPLE_DOCS of the long ones per
 split (`chat_replies_cut`: only the documents longer than seq_len are read, found from doc_lengths.npy, the index,
-checked first against the mask and meta.json; more than that many are sampled evenly and the counts scaled, and said
-to be estimates; each file it opens is recorded in `seen` with its identity, for minilmd/reply_check.py's cache).
-rowcount.replies_fit is what a run makes of the count (refused past half of the train split's reply tokens, a warning
-on any)."""
+checked first against the mask and meta.json: its dtype the one prepare writes and its header at least the documents
+meta.json lists, before any length is read (minilmd/doc_index.py), then only those lengths, streamed in chunks, and the
+mask's prefix meta.json describes (an append writes its tail first); more than that many are sampled evenly and the
+counts scaled, and said to be estimates; each file it opens is recorded in `seen` with its identity, for
+minilmd/reply_check.py's cache). rowcount.replies_fit is what a run makes of the count (refused past half of the train
+split's reply tokens, a warning on any)."""
 from __future__ import annotations
 
 import copy
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from minilmd.config import RunConfig, apply_stage_defaults
 from minilmd.corpus_meta import data_format_of, meta_value
@@ -30,12 +32,10 @@ if TYPE_CHECKING:
 SAMPLE_DOCS = 4096
 """Documents longer than seq_len whose loss mask `run --check` reads at most per split: at most SAMPLE_DOCS x the
 prepared --seq-len bytes (32 MiB at 8192), one document at a time."""
-_MAX_INDEX_BYTES = 1 << 30
-"""doc_lengths.npy read whole by `run --check`: 8 bytes a document at most (128 M documents)."""
 _MAX_ROW = 1 << 24
 """The longest document `run --check` reads in one piece (a corpus prepared at a --seq-len past it is not counted
 there: the trainer counts it at its start)."""
-COUNT_VERSION = 2
+COUNT_VERSION = 3
 """The version of `run --check`'s count: part of reply_check's cache key, so that a count kept from an older rule is
 never reused. Raise it whenever what the count reads or how it counts changes."""
 
@@ -107,15 +107,16 @@ def tally(kept: np.ndarray, lost: np.ndarray, items: int, targets: int, scale: f
                       sampled=scale != 1.0)
 
 
-def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, targets: int, prepared_seq_len: int | None,
+def chat_replies_cut(split_dir: str | os.PathLike, seq_len: int, listed: object, prepared_seq_len: int | None,
                      limit: int = SAMPLE_DOCS, seen: Seen | None = None) -> RepliesCut:
-    """`run --check`'s count of one split of a prepared chat corpus (`targets`: its meta.json's target_tokens,
-    `prepared_seq_len` its chat.seq_len): the loss mask of its documents longer than seq_len, at most `limit` of them
-    evenly spaced (module docstring). Raises CorpusLies when the index disagrees with the mask or meta.json, OSError
-    when a file cannot be read as one of the corpus's (Unreadable, a bad .npy, a mask shorter than the index says: one
-    truncated or being written, too large to read), its words naming the file. `seen`: module docstring."""
+    """`run --check`'s count of one split of a prepared chat corpus (`listed`: its meta.json's splits.<split> table,
+    documents, tokens and target_tokens; `prepared_seq_len` its chat.seq_len): the loss mask of its documents longer
+    than seq_len, at most `limit` of them evenly spaced (module docstring). Raises CorpusLies when the index disagrees
+    with the mask or meta.json, OSError when a file cannot be read as one of the corpus's (Unreadable, a bad .npy, a
+    mask shorter than the index says: one truncated or being written, too large to read), its words naming the file.
+    `seen`: module docstring."""
     try:
-        return _count(Path(split_dir), seq_len, targets, prepared_seq_len, limit, {} if seen is None else seen)
+        return _count(Path(split_dir), seq_len, listed, prepared_seq_len, limit, {} if seen is None else seen)
     except Unreadable as e:
         raise OSError(str(e)) from None
     except MemoryError:
@@ -130,75 +131,138 @@ def _open_counted(path: Path, seen: Seen) -> int:
     return fd
 
 
-def _count(split: Path, seq_len: int, targets: int, prepared_seq_len: int | None, limit: int,
+def _count(split: Path, seq_len: int, listed: object, prepared_seq_len: int | None, limit: int,
            seen: Seen) -> RepliesCut:
     import numpy as np  # here: the supervisor checks a text corpus without numpy
 
     if prepared_seq_len is not None and prepared_seq_len > _MAX_ROW:
         raise OSError(f"prepared at --seq-len {prepared_seq_len:,}: documents that long are not read here")
-    lengths = _doc_lengths(split / DOC_LENGTHS, seen)
-    fd = _open_counted(split / LOSS_MASK, seen)
+    documents, tokens, targets = _listed(listed, split)
+    index = _open_counted(split / DOC_LENGTHS, seen)
     try:
-        _check_index(lengths, os.fstat(fd).st_size, prepared_seq_len, split)
-        starts = np.zeros(lengths.size + 1, np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        long_docs = np.flatnonzero(lengths > seq_len)
-        read = long_docs
-        if long_docs.size > limit:
-            read = long_docs[np.linspace(0, long_docs.size - 1, limit).astype(np.int64)]
-        kept, lost = np.zeros(read.size, np.int64), np.zeros(read.size, np.int64)
-        for i, d in enumerate(read.tolist()):
-            n = int(lengths[d])  # at most prepared_seq_len and _MAX_ROW: _check_index
-            try:
-                mask = np.frombuffer(os.pread(fd, n, int(starts[d])), np.uint8)
-            except OSError as e:  # EIO: name the file, which pread's error does not
-                raise OSError(f"{split / LOSS_MASK}: {e.strerror or e}") from None
-            if mask.size != n:
-                raise OSError(f"{split / LOSS_MASK}: shorter than {DOC_LENGTHS} says")
-            (kept[i],), (lost[i],) = row_targets(mask, np.array([0, n]), seq_len)
+        offset = _index_header(index, split / DOC_LENGTHS, documents)
+        scan = _scan(index, split, offset, documents, seq_len)
+        fd = _open_counted(split / LOSS_MASK, seen)
+        try:
+            _check_index(scan, tokens, os.fstat(fd).st_size, prepared_seq_len, split)
+            read = min(scan.long_docs, limit)
+            wanted = np.arange(read) if read == scan.long_docs else np.linspace(0, scan.long_docs - 1, limit)
+            kept, lost = _read_long(index, fd, split, offset, documents, seq_len, wanted.astype(np.int64), scan)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
-    return tally(kept, lost, int(lengths.size), targets, long_docs.size / read.size if read.size else 1.0)
+        os.close(index)
+    return tally(kept, lost, documents, targets, scan.long_docs / read if read else 1.0)
 
 
-def _check_index(lengths: np.ndarray, mask_bytes: int, prepared_seq_len: int | None, split: Path) -> None:
-    """The index agrees with the mask and meta.json, or CorpusLies: no length below 0 or past the --seq-len the
-    corpus was prepared at (prepare cut or dropped longer ones), and their sum the mask's size (a byte a token). A
-    corpus that does not say its --seq-len, with a document past _MAX_ROW, or a mask shorter than the sum (truncated,
-    or being written: not read now, as an unreadable one): OSError (not read here)."""
-    longest = int(lengths.max()) if lengths.size else 0
-    if lengths.size and int(lengths.min()) < 0:
-        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {int(lengths.min()):,} tokens long")
-    if prepared_seq_len is not None and longest > prepared_seq_len:
-        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {longest:,} tokens long, longer than the --seq-len "
-                         f"{prepared_seq_len:,} its {CORPUS_META} says it was prepared at")
-    if longest > _MAX_ROW:
-        raise OSError(f"{split / DOC_LENGTHS}: a document of {longest:,} tokens is not read here")
-    total = int(lengths.sum())
-    if total > mask_bytes:  # a file cut short (a copy not finished, one rewritten now) is not read, not a lie
-        raise OSError(f"{split / LOSS_MASK}: {mask_bytes:,} bytes, shorter than the {total:,} tokens {DOC_LENGTHS} "
-                      f"counts (truncated, or being written)")
-    if total != mask_bytes:
-        raise CorpusLies(f"{split / DOC_LENGTHS} counts {total:,} tokens but {split / LOSS_MASK} holds "
-                         f"{mask_bytes:,}")
+def _listed(listed: object, split: Path) -> tuple[int, int, int]:
+    """(documents, tokens, target_tokens) of the split as its meta.json lists them (`listed`: its splits.<split>
+    table), or CorpusLies: the count reads no more of the index and the mask than they describe."""
+    got = [listed.get(key) if isinstance(listed, dict) else None for key in ("documents", "tokens", "target_tokens")]
+    documents, tokens, targets = (n if type(n) is int and n >= 0 else -1 for n in got)
+    if min(documents, tokens, targets) < 0:
+        raise CorpusLies(f"its {CORPUS_META} does not give {split.name}'s documents, tokens and target_tokens as "
+                         f"counts (prepare it again)")
+    return documents, tokens, targets
 
 
-def _doc_lengths(path: Path, seen: Seen) -> np.ndarray:
+def _index_header(fd: int, path: Path, documents: int) -> int:
+    """doc_index.index_header's offset: its lies a CorpusLies, a truncated index an OSError (not read now)."""
+    from minilmd.doc_index import IndexLies, index_header
+
+    try:
+        return index_header(fd, path, documents)[0]
+    except IndexLies as e:
+        raise (OSError(str(e)) if e.truncated else CorpusLies(str(e))) from None
+
+
+class _Scan(NamedTuple):
+    """What one pass over the index found: its shortest and longest document, their sum, the documents longer than
+    seq_len."""
+    shortest: int
+    longest: int
+    total: int
+    long_docs: int
+
+
+def _scan(fd: int, split: Path, offset: int, documents: int, seq_len: int) -> _Scan:
+    """The index's first `documents` lengths, read doc_index.CHUNK_DOCS at a time (never the whole index widened)."""
     import numpy as np  # here: the supervisor checks a text corpus without numpy
 
-    fd = _open_counted(path, seen)
+    from minilmd.doc_index import IndexLies, chunks
+
+    shortest, longest, total, long_docs = 0, 0, 0, 0
     try:
-        if os.fstat(fd).st_size > _MAX_INDEX_BYTES:
-            raise OSError(f"{path}: larger than {_MAX_INDEX_BYTES} bytes")
-        with open(fd, "rb", closefd=False) as f:
-            lengths = np.load(f, allow_pickle=False)
-    except (ValueError, EOFError) as e:
-        raise OSError(f"{path}: not readable ({e})") from None
-    finally:
-        os.close(fd)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise OSError(f"{path}: not a 1-D integer array")
-    return lengths.astype(np.int64, copy=False)
+        for i, chunk in enumerate(chunks(fd, split / DOC_LENGTHS, offset, documents)):
+            low, high = int(chunk.min()), int(chunk.max())
+            shortest, longest = (low, high) if i == 0 else (min(shortest, low), max(longest, high))
+            total += int(chunk.sum(dtype=np.int64))
+            long_docs += int(np.count_nonzero(chunk > seq_len))
+    except IndexLies as e:  # it shrank since its header was read
+        raise OSError(str(e)) from None
+    return _Scan(shortest, longest, total, long_docs)
+
+
+def _read_long(index: int, fd: int, split: Path, offset: int, documents: int, seq_len: int, wanted: np.ndarray,
+               scan: _Scan) -> tuple[np.ndarray, np.ndarray]:
+    """row_targets of the documents longer than seq_len whose ranks among them are `wanted` (ascending), their mask
+    read from `fd` one document at a time, found by a second pass over the index."""
+    import numpy as np  # here: the supervisor checks a text corpus without numpy
+
+    from minilmd.doc_index import IndexLies, chunks
+
+    kept, lost = np.zeros(wanted.size, np.int64), np.zeros(wanted.size, np.int64)
+    done, rank, at = 0, 0, 0  # wanted ones counted, long documents passed, the chunk's first token
+    try:
+        for chunk in chunks(index, split / DOC_LENGTHS, offset, documents) if wanted.size else ():
+            long_here = np.flatnonzero(chunk > seq_len)
+            upto = int(np.searchsorted(wanted, rank + long_here.size))
+            picked = long_here[wanted[done:upto] - rank]
+            ends = np.cumsum(chunk, dtype=np.int64)  # the chunk's one widened array
+            starts = (at + ends[picked] - chunk[picked]).tolist()
+            for i, (start, n) in enumerate(zip(starts, chunk[picked].tolist(), strict=True)):
+                if not seq_len < n <= scan.longest:  # rewritten since the first pass: a length it did not check
+                    raise OSError(f"{split / DOC_LENGTHS}: changed while it was read")
+                kept[done + i], lost[done + i] = _row_of(fd, split, start, n, seq_len)
+            done, rank, at = upto, rank + long_here.size, at + int(ends[-1])
+    except IndexLies as e:
+        raise OSError(str(e)) from None
+    return kept, lost
+
+
+def _row_of(fd: int, split: Path, start: int, n: int, seq_len: int) -> tuple[int, int]:
+    """row_targets of the document of `n` tokens at `start` of the mask open at `fd`."""
+    import numpy as np  # here: the supervisor checks a text corpus without numpy
+
+    try:
+        mask = np.frombuffer(os.pread(fd, n, start), np.uint8)
+    except OSError as e:  # EIO: name the file, which pread's error does not
+        raise OSError(f"{split / LOSS_MASK}: {e.strerror or e}") from None
+    if mask.size != n:
+        raise OSError(f"{split / LOSS_MASK}: shorter than {DOC_LENGTHS} says")
+    (kept,), (lost,) = row_targets(mask, np.array([0, n]), seq_len)
+    return int(kept), int(lost)
+
+
+def _check_index(scan: _Scan, tokens: int, mask_bytes: int, prepared_seq_len: int | None, split: Path) -> None:
+    """The index agrees with the mask and meta.json, or CorpusLies: no length below 0 or past the --seq-len the
+    corpus was prepared at (prepare cut or dropped longer ones), the sum of the lengths meta.json counts its tokens,
+    and the mask at least that long (a byte a token; longer: an append's tail, written before meta.json). A corpus
+    with a document past _MAX_ROW, or a mask shorter than the sum (truncated, or being written: not read now, as an
+    unreadable one): OSError (not read here)."""
+    if scan.shortest < 0:
+        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {scan.shortest:,} tokens long")
+    if prepared_seq_len is not None and scan.longest > prepared_seq_len:
+        raise CorpusLies(f"{split / DOC_LENGTHS} gives a document {scan.longest:,} tokens long, longer than the "
+                         f"--seq-len {prepared_seq_len:,} its {CORPUS_META} says it was prepared at")
+    if scan.longest > _MAX_ROW:
+        raise OSError(f"{split / DOC_LENGTHS}: a document of {scan.longest:,} tokens is not read here")
+    if scan.total != tokens:
+        raise CorpusLies(f"{split / DOC_LENGTHS} counts {scan.total:,} tokens in the {split.name} documents its "
+                         f"{CORPUS_META} lists, which gives {tokens:,}")
+    if tokens > mask_bytes:  # a file cut short (a copy not finished, one rewritten now) is not read, not a lie
+        raise OSError(f"{split / LOSS_MASK}: {mask_bytes:,} bytes, shorter than the {tokens:,} tokens {DOC_LENGTHS} "
+                      f"counts (truncated, or being written)")
 
 
 def replies_cut(cfg: RunConfig, meta: dict, seen: Seen | None = None) -> tuple[str, str]:
@@ -219,7 +283,8 @@ def replies_cut(cfg: RunConfig, meta: dict, seen: Seen | None = None) -> tuple[s
         return "", ""
     try:
         at = prepared_at(meta)
-        counts = {split: chat_replies_cut(Path(cfg.data.prepared) / split, seq_len, targets, at, seen=seen)
+        counts = {split: chat_replies_cut(Path(cfg.data.prepared) / split, seq_len,
+                                          meta_value(meta, "splits", split), at, seen=seen)
                   for split in SPLITS
                   if isinstance(targets := meta_value(meta, "splits", split, "target_tokens"), int) and targets > 0}
     except CorpusLies as e:

@@ -48,7 +48,7 @@ def write_chat_prepared(root: Path, train: list, val: list, vocab_size: int, tok
         np.asarray([t for ids, _ in convs for t in ids], dtype="<u2").tofile(root / split / "tokens.bin")
         mask = np.asarray([m for _, ms in convs for m in ms], dtype=np.uint8)
         mask.tofile(root / split / "loss_mask.bin")
-        np.save(root / split / "doc_lengths.npy", np.asarray([len(ids) for ids, _ in convs], dtype=np.int64))
+        np.save(root / split / "doc_lengths.npy", np.asarray([len(ids) for ids, _ in convs], dtype=np.int32))
         splits[split] = {"documents": len(convs), "tokens": int(sum(len(ids) for ids, _ in convs)),
                          "target_tokens": int(mask.sum())}
     (root / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())

@@ -262,3 +262,45 @@ def test_a_link_or_a_fifo_at_a_split_name_is_refused_at_the_check_never_hashed(t
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+# --- TokenStream: doc_lengths.npy read as prepare writes it, no further than meta.json lists (hostile8 F3) --------
+
+def _grown_index(tmp_path: Path, corpus, extra: np.ndarray) -> Path:
+    """A copy of the corpus whose train/doc_lengths.npy holds its true lengths then `extra` (in extra's dtype): longer
+    than meta.json lists, as an append being published leaves it, which the reader reads the prefix of."""
+    damaged = tmp_path / "corpus"
+    shutil.copytree(corpus[0], damaged)
+    index = damaged / "train" / "doc_lengths.npy"
+    np.save(index, np.concatenate([np.load(index).astype(extra.dtype), extra]))
+    return damaged
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int8", "uint32"])
+def test_the_trainers_index_of_another_dtype_is_refused_naming_it(tmp_path, corpus, dtype):
+    """An index of another dtype, longer than meta.json lists (so no size check caught it): before, read whole by
+    np.load, whatever its size, and widened; now refused before a length is read, naming the file and its dtype."""
+    damaged = _grown_index(tmp_path, corpus, np.full(100_000, 7, dtype))
+    with pytest.raises(CorpusError, match=rf"train/doc_lengths.npy: holds {dtype} of shape .*not the 1-D int32"):
+        TokenStream(damaged / "train")
+
+
+def _peak_of_opening(split: Path) -> tuple[TokenStream, int]:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return TokenStream(split), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_trainers_index_is_read_no_further_than_meta_json_lists(tmp_path, corpus):
+    """An index grown by 4 M lengths (16 MiB) past what meta.json lists: the stream reads the listed prefix only
+    (before, np.load read the whole file first): opening it costs what opening the corpus as listed costs (meta.json
+    read into a bounded buffer, ...), give or take an eighth of the index's size (a generous margin)."""
+    _, listed_peak = _peak_of_opening(corpus[0] / "train")
+    damaged = _grown_index(tmp_path, corpus, np.full(4 << 20, 7, np.int32))
+    stream, peak = _peak_of_opening(damaged / "train")
+    assert stream.n_docs == json.loads((damaged / "meta.json").read_text())["splits"]["train"]["documents"]
+    assert peak < listed_peak + (damaged / "train" / "doc_lengths.npy").stat().st_size // 8, (peak, listed_peak)

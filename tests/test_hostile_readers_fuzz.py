@@ -83,7 +83,7 @@ def _run_config_copy(d: Path):
 def _replies_cut(d: Path):
     """run --check's count of a chat split whose index is hostile, beside a loss mask of 64 tokens."""
     (d / "train" / names.LOSS_MASK).write_bytes(bytes(64))
-    return replycut.chat_replies_cut(d / "train", 8, 100, 96)
+    return replycut.chat_replies_cut(d / "train", 8, {"documents": 16, "tokens": 64, "target_tokens": 100}, 96)
 
 
 READERS = {

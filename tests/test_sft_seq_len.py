@@ -60,6 +60,11 @@ def _by_hand(root, seq_len: int) -> dict[str, tuple[int, int, int, int]]:
     return out
 
 
+def _listed(root, split: str) -> dict:
+    """The split's table in the corpus's meta.json (its documents, tokens and target_tokens)."""
+    return json.loads((root / "meta.json").read_text(encoding="utf-8"))["splits"][split]
+
+
 def _config(tmp_path, corpus, name, seq_len):
     return write_config(tmp_path, corpus, name=name, train={"seq_len": seq_len, "micro_batch_size": 4,
                                                            "grad_accum": 1, "max_steps": 2})
@@ -84,11 +89,11 @@ def test_the_count_matches_a_hand_count_and_the_trainer_refuses_or_warns(tmp_pat
     for seq_len in (refused, warned, PREPARED_AT):
         hand = _by_hand(root, seq_len)
         for split in ("train", "val"):
-            cut = chat_replies_cut(root / split, seq_len, hand[split][3], PREPARED_AT)  # run --check's: the long ones
+            cut = chat_replies_cut(root / split, seq_len, _listed(root, split), PREPARED_AT)  # run --check's: long ones
             assert (cut.without_reply, cut.items, cut.targets_lost, cut.targets) == hand[split]
             assert not cut.sampled
     assert _by_hand(root, warned)["train"][0] > 0  # the observation: conversations that train nothing
-    sampled = chat_replies_cut(root / "train", warned, _by_hand(root, warned)["train"][3], PREPARED_AT, limit=3)
+    sampled = chat_replies_cut(root / "train", warned, _listed(root, "train"), PREPARED_AT, limit=3)
     assert sampled.sampled and sampled.targets_lost > 0  # a bound on what is read: an estimate, said to be one
 
     def trainer_check(seq_len):  # what the trainer runs at its start, over its own rows
@@ -189,21 +194,21 @@ def test_an_index_that_lies_is_refused_with_words_never_read_by_it(tmp_path, cor
     a thread traceback and a corpus "stalled")."""
     monkeypatch.setattr(reply_check, "_verdicts", {})
     def lengths_of(true):
-        lied = true.astype(np.int64)
+        lied = true.copy()  # int32, as prepare writes it: a lie in its values, not in its dtype
         if lie == "huge":
-            lied[-1] = 2 ** 40
+            lied[-1] = 2 ** 31 - 1
         elif lie == "negative":
             lied[0] = -lied[0]
         elif lie == "past_prepared":
-            lied = np.concatenate([[lied[:2].sum()], lied[2:]])
+            lied[0], lied[1] = lied[:2].sum(), 0
         else:
-            lied = lied[:-1]
+            lied[-1] -= 1
         return lied
     root = _lying_copy(tmp_path, corpus[0], lengths_of)
     words = {"huge": "longer than the --seq-len 96", "negative": "tokens long", "past_prepared": "tokens long",
-             "short_sum": "counts"}[lie]
+             "short_sum": "counts .* tokens in the train documents"}[lie]
     with pytest.raises(CorpusLies, match=words):
-        chat_replies_cut(root / "train", 40, 10 ** 6, PREPARED_AT)
+        chat_replies_cut(root / "train", 40, _listed(root, "train"), PREPARED_AT)
     cfg = load_config(_config(tmp_path, (root, corpus[1]), "lie", 40))
     problems = path_problems(cfg)
     assert any("doc_lengths.npy" in p and "not a corpus the trainer can read" in p for p in problems), problems

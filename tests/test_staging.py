@@ -31,7 +31,7 @@ def tokenizer_json(tokenizer) -> tuple[bytes, int]:
 def _split(rng: np.random.Generator, n_docs: int, vocab: int) -> tuple[bytes, bytes, dict]:
     docs = [np.concatenate([[1], rng.integers(3, vocab, rng.integers(5, 40)), [2]]) for _ in range(n_docs)]
     tokens = np.concatenate(docs).astype("<u2")
-    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    lengths = np.array([len(d) for d in docs], dtype=np.int32)  # as prepare writes it
     buf = io.BytesIO()
     np.save(buf, lengths)
     return tokens.tobytes(), buf.getvalue(), {"documents": n_docs, "tokens": int(lengths.sum())}
@@ -346,7 +346,7 @@ def test_source_with_broken_invariants_is_refused_as_invalid(source, tmp_path):
     meta = json.loads((source / "meta.json").read_text())
     meta["splits"]["train"]["documents"] += 1  # hashes all match; the counts do not
     (source / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(SourceInvalid, match="fails its checks: .*meta.json records 201"):
+    with pytest.raises(SourceInvalid, match="fails its checks: .*fewer than the 201 documents its meta.json counts"):
         stage(str(source), tmp_path / "shm")
     assert list((tmp_path / "shm").iterdir()) == []
 

@@ -170,7 +170,7 @@ def conversation_corpus(root: Path, lengths: list[int]) -> Path:
 
     fake_corpus(root, "chat", len(lengths), sum(lengths))
     (root / "train").mkdir()
-    np.save(root / "train" / "doc_lengths.npy", np.array(lengths, dtype=np.int64))
+    np.save(root / "train" / "doc_lengths.npy", np.array(lengths, dtype=np.int32))
     return root
 
 

@@ -36,7 +36,7 @@ def write_prepared(root: Path, train_docs: list[list[int]], val_docs: list[list[
     for split, docs in (("train", train_docs), ("val", val_docs)):
         (root / split).mkdir(parents=True, exist_ok=True)
         stream = np.asarray([t for d in docs for t in (BOS_ID, *d, EOS_ID)], dtype="<u2")
-        lengths = np.asarray([len(d) + 2 for d in docs], dtype=np.int64)
+        lengths = np.asarray([len(d) + 2 for d in docs], dtype=np.int32)  # as prepare writes it
         stream.tofile(root / split / "tokens.bin")
         np.save(root / split / "doc_lengths.npy", lengths)
         splits[split] = {"documents": len(docs), "tokens": int(lengths.sum())}

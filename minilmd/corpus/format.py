@@ -20,12 +20,10 @@ Torch-free (numpy only): the supervisor verifies staged corpora with verify_prep
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from pathlib import Path
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from minilmd.corpus.tokenizer import TokenizerError, tokenizer_from_text
 from minilmd.corpus_meta import (
@@ -37,6 +35,7 @@ from minilmd.corpus_meta import (
     read_meta,
     read_meta_hashed,
 )
+from minilmd.doc_index import IndexLies, index_header, read_prefix
 from minilmd.fsio import dir_table_problems, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
@@ -98,16 +97,12 @@ class TokenStream:
             files[LOSS_MASK] = _open_split_file(self.dir / LOSS_MASK, f" (a chat corpus has one beside {tokens_path})")
         if meta is not None:
             self._check_files(meta, verify_hash, files)
-        try:
-            with open(files[DOC_LENGTHS], "rb", closefd=False) as f:
-                lengths = np.load(f, allow_pickle=False)
-        except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
-            raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
-        if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-            raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")
-        if isinstance(listed_docs, int) and lengths.size > listed_docs:
-            lengths = lengths[:listed_docs]  # the doc_lengths.npy of an append being published: its prefix
-        self.doc_lengths = lengths.astype(np.int64, copy=False)
+        # Only the lengths meta.json lists are read (an append being published renames a longer index in before
+        # meta.json: its prefix), after the header says they are there, in the dtype prepare writes: a hostile index
+        # of any size or dtype costs no more memory than the corpus meta.json describes (doc_index.py).
+        documents = listed_docs if isinstance(listed_docs, int) and listed_docs >= 0 else None
+        lengths = _read_index(files[DOC_LENGTHS], lengths_path, documents)
+        self.doc_lengths = lengths.astype(np.int64)
         if self.doc_lengths.size and self.doc_lengths.min() < 2:
             d = int(np.argmin(self.doc_lengths))
             raise CorpusError(f"{lengths_path}: document {d} has length {int(self.doc_lengths[d])}; every document "
@@ -331,41 +326,26 @@ def _read_small(path: Path, max_bytes: int) -> bytes:
         raise _corpus_error(path, e) from None
 
 
-NPY_HEADER_MAX = 64 << 10
-"""The most bytes read for a .npy file's header (numpy writes 128)."""
-_NPY_HEADERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
-
-
 def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
     """The first `documents` lengths (int64) of a split's doc_lengths.npy, read as untrusted (the corpus may sit in
-    a team directory, another user's): a regular file only (no link followed, no FIFO opened), and of it only the
-    header and those lengths, whatever its size says (an append being published makes it longer). CorpusError for
-    a file that is not that; an OSError of a failing mount as it is."""
+    a team directory, another user's): a regular file only (no link followed, no FIFO opened), the int32 index
+    prepare writes, and of it only the header and those lengths, whatever its size says (an append being published
+    makes it longer). CorpusError for a file that is not that; an OSError of a failing mount as it is."""
+    fd = _open_split_file(path)
     try:
-        fd = open_regular(path)
-    except Unreadable as e:
-        raise _corpus_error(path, e) from None
-    buf, got = bytearray(NPY_HEADER_MAX + 8 * max(documents, 0)), 0  # read into once: no copy of the lengths
-    try:
-        with memoryview(buf) as view:
-            while got < len(buf) and (n := os.readv(fd, [view[got:]])):
-                got += n
+        return _read_index(fd, path, max(documents, 0)).astype(np.int64)
     finally:
         os.close(fd)
-    f = io.BytesIO(bytes(buf[:min(got, NPY_HEADER_MAX)]))
+
+
+def _read_index(fd: int, path: Path, documents: int | None) -> np.ndarray:
+    """The first `documents` lengths (int32; None: all there are, for a split without meta.json) of the index open
+    at `fd` (minilmd/doc_index.py's checks); CorpusError for an index that is not one prepare wrote."""
     try:
-        read_header = _NPY_HEADERS.get(npy_format.read_magic(f))
-        if read_header is None:
-            raise ValueError("a .npy version this reader does not take")
-        shape, _, dtype = read_header(f)
-    except (ValueError, EOFError, SyntaxError) as e:
-        raise CorpusError(f"{path}: not a readable .npy file ({e})") from None
-    if len(shape) != 1 or dtype.kind not in "iu" or shape[0] < documents:
-        raise CorpusError(f"{path}: expected at least {documents} document lengths (a 1-D integer array), got "
-                          f"{dtype} {shape}")
-    if got - f.tell() < documents * dtype.itemsize:
-        raise CorpusError(f"{path}: shorter than its header says")
-    return np.frombuffer(buf, dtype=dtype, count=documents, offset=f.tell()).astype(np.int64, copy=False)
+        offset, held = index_header(fd, path, documents)
+        return read_prefix(fd, path, offset, held if documents is None else documents)
+    except IndexLies as e:
+        raise CorpusError(f"{e}: not a prepared corpus's index (prepare it again)") from None
 
 
 def map_regular(path: Path, dtype, count: int) -> np.ndarray:
