@@ -13,6 +13,7 @@ from minilmd import names
 from minilmd.config import RunConfig, load_config
 from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.daemon.child.process import Child, launch
+from minilmd.scratch import claim
 from trainer_corpus import write_config
 from waiting import wait_until
 
@@ -26,12 +27,19 @@ if rank == "0" and os.environ.get("SLOW_SAVE_S"):
     from minilmd.trainer.checkpoint import save
     write = save.AsyncCheckpointer._write
     def slow_write(self, step, *args):
-        if not os.environ.get("SLOW_ONCE_MARKED") or (pids / "slow").exists():
-            print(f"rank 0: writing step {step} slowly", flush=True)
-            time.sleep(float(os.environ["SLOW_SAVE_S"]))
+        print(f"rank 0: writing step {step} slowly", flush=True)
+        time.sleep(float(os.environ["SLOW_SAVE_S"]))
         write(self, step, *args)
         print(f"rank 0: step {step} written", flush=True)
     save.AsyncCheckpointer._write = slow_write
+if rank == "0" and os.environ.get("SLOW_FINISH_S"):
+    from minilmd.trainer.loop import saving
+    wait = saving.Saves.wait
+    def slow_wait(self):
+        print("rank 0: waiting for its last write, slowly", flush=True)
+        time.sleep(float(os.environ["SLOW_FINISH_S"]))
+        wait(self)
+    saving.Saves.wait = slow_wait
 if rank == "1":
     from minilmd.trainer.loop import saving
     barrier = saving.Saves.exit_barrier
@@ -49,9 +57,11 @@ sys.argv[0] = "minilmd"
 main()
 """
 """`python -m minilmd.cli` for each rank, its pid in RANK_PIDS/rankN. With SLOW_SAVE_S, rank 0's checkpoint writes
-(the background thread's) take that much longer (with SLOW_ONCE_MARKED, only once RANK_PIDS/slow exists), and say
-when they begin and end. Rank 1 says when it enters the exit barrier (Saves.exit_barrier); with HOLD_EXIT_BARRIER it
-waits before it until RANK_PIDS/go exists. Every rank says when it exits (atexit: not on a SIGKILL)."""
+(the background thread's) take that much longer, and say when they begin and end. With SLOW_FINISH_S, rank 0's
+wait for its last write before an exit (Saves.wait, in Saves.finish: whether that step was saved before or not)
+takes that much longer, and says so. Rank 1 says when it enters the exit barrier (Saves.exit_barrier); with
+HOLD_EXIT_BARRIER it waits before it until RANK_PIDS/go exists. Every rank says when it exits (atexit: not on a
+SIGKILL)."""
 
 LAUNCHER_WITHOUT_KNOB = """
 from minilmd.trainer.loop import torchrun
@@ -73,6 +83,9 @@ def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, knob: bool = Tr
     config = write_config(tmp_path, corpus, run={"dir": str(run_dir)},
                           train={"max_steps": 100000, "checkpoint_every": 100000, "micro_batch_size": 2,
                                  **(train or {})})
+    cfg = load_config(config)
+    if attempt == 1:  # scratch made this run's, as the supervisor does before its first launch (a restart's check
+        claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # adopts only a marked scratch)
     wrapper = tmp_path / "ranks.py"
     wrapper.write_text(RANKS)
     if knob:
@@ -83,7 +96,7 @@ def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, knob: bool = Tr
     command = [sys.executable, *launcher, "--standalone", "--nproc_per_node", "2", "--max-restarts", "0",
                str(wrapper), "train", str(config)]
     child = launch(command, run_dir, attempt, devices="", extra_env={"RANK_PIDS": str(pids), **extra})
-    return child, run_dir, load_config(config), pids
+    return child, run_dir, cfg, pids
 
 
 def step(run_dir: Path) -> int:
@@ -95,7 +108,8 @@ def ended(child: Child, stop, timeout: float = 300) -> tuple[int, str]:
     """Once both ranks are at step 2: `stop()`, then the launcher's exit status and the attempt log. Whatever is left
     is SIGKILLed at the end (the launcher's group, its ranks in sessions of their own)."""
     try:
-        wait_until(lambda: step(child.run_dir) >= 2, 300, "the two ranks at step 2")
+        wait_until(lambda: step(child.run_dir) >= 2 or child.popen.poll() is not None, 300, "the two ranks at step 2")
+        assert child.popen.poll() is None, child.log_path.read_text(errors="replace")[-4000:]
         stop()
         rc = child.popen.wait(timeout)
     finally:

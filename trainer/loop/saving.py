@@ -113,7 +113,8 @@ class Saves:
 
         Under torchrun every rank waits at a barrier until rank 0's write is on disk (`exit_barrier`): torchrun stops
         the ranks still running as soon as one exits with a nonzero status (a stop's 75, a full run.dir's 73),
-        SIGTERM then SIGKILL 30 s later, so a rank that exited at once cut a write longer than that (review9c #3)."""
+        SIGTERM then SIGKILL after its grace (30 s before it was the run's), so a rank that exited at once cut a write
+        longer than that (review9c #3)."""
         if not self.saved(step):
             self.save(step)
         self.wait()
@@ -123,7 +124,8 @@ class Saves:
     def exit_barrier(self) -> None:
         """All ranks meet once rank 0's last write is durable. On the gloo group (the control group beside NCCL):
         bounded by its timeout (default_pg_timeout, 30 min); a rank 0 that died instead closes its connections, which
-        ends the wait with an error on the others (a crash beside rank 0's own end, never a hang)."""
+        ends the wait with an error on the others, whether they were in it or entered it later (a crash beside rank
+        0's own end, never a hang: tests/test_torchrun_exit_barrier.py)."""
         if self.dist.active:
             torch_dist.barrier(group=self.dist.control_group)
 
