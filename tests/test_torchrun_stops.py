@@ -3,7 +3,7 @@
 trainer/loop/torchrun.py (review9c #3 and #7).
 
 - A stop whose save rank 0 writes for longer than torchrun's grace: torchrun stops the ranks still running as soon
-  as one exits nonzero (SIGTERM, then SIGKILL after its grace: torch's 30 s in this test). Before, rank 1 exited 75 at
+  as one exits nonzero (SIGTERM, then SIGKILL 30 s later, a grace no option changes). Before, rank 1 exited 75 at
   once, and rank 0, still writing, was SIGKILLed: exit codes {75, -9}, torchrun's exit 1, the save lost. Now every
   rank waits at a barrier until rank 0's write is on disk (Saves.exit_barrier): both exit 75, and so does the job.
 - SIGTERM to torchrun itself (the supervisor's stop, to the trainer's process group): torch's agent passes it to the

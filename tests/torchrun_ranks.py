@@ -74,7 +74,8 @@ torchrun.main()
 def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, knob: bool = True,
           train: dict | None = None) -> tuple[Child, Path, RunConfig, Path]:
     """Launch the two ranks; `extra`: the hooks' environment (and names.TORCHRUN_GRACE_ENV). A later `attempt` in the
-    same tmp_path is a restart of the same run. Returns (child, run dir, config, the pids directory)."""
+    same tmp_path is a restart of the same run. `knob=False`: the launcher as under a torch without the knob for the
+    stop grace. Returns (child, run dir, config, the pids directory)."""
     run_dir = tmp_path / "run"
     pids = tmp_path / "pids"
     if attempt == 1:

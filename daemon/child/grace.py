@@ -45,8 +45,8 @@ def save_grace(cfg: RunConfig) -> float:
 
 def torchrun_grace_env(cfg: RunConfig) -> dict[str, str]:
     """The environment that gives a torchrun group's ranks this grace too (names.TORCHRUN_GRACE_ENV): a stop's
-    SIGTERM reaches them through torch's agent, whose own wait before SIGKILL is 30 s unless told. Whole seconds
-    (torch's knob is an int), rounded up: never less than the supervisor's own wait."""
+    SIGTERM reaches them through torch's agent, whose own wait before SIGKILL is 30 s unless told. Whole seconds,
+    rounded up: never less than the supervisor's own wait."""
     return {names.TORCHRUN_GRACE_ENV: str(ceil(save_grace(cfg)))}
 
 

@@ -113,8 +113,7 @@ class Saves:
 
         Under torchrun every rank waits at a barrier until rank 0's write is on disk (`exit_barrier`): torchrun stops
         the ranks still running as soon as one exits with a nonzero status (a stop's 75, a full run.dir's 73),
-        SIGTERM then SIGKILL after its grace (30 s before it was the run's), so a rank that exited at once cut a write
-        longer than that (review9c #3)."""
+        SIGTERM then SIGKILL 30 s later, so a rank that exited at once cut a write longer than that (review9c #3)."""
         if not self.saved(step):
             self.save(step)
         self.wait()
