@@ -55,7 +55,7 @@ from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
-from minilmd.daemon.child.grace import save_grace
+from minilmd.daemon.child.grace import save_grace, torchrun_grace_env
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.ending import Ending
@@ -323,6 +323,7 @@ class Supervisor(Ending):
             self.loop.child = self.infra.launch(command, self.run_dir, self.loop.attempt, devices,
                                            compile_cache=trainerwatch.compile_cache_root(self.cfg),
                                            extra_env={**names.determinism_env(self.cfg.train.deterministic),
+                                                      **torchrun_grace_env(self.cfg),  # a torchrun's ranks' too
                                                       **(self.slurm.launch_env if self.slurm else {})})
         except OSError as e:
             if not is_disk_full(e):

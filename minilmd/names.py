@@ -119,6 +119,10 @@ its proof (daemon/slurm/job.py names it on the command line)."""
 RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
 """The module run as torchrun with RDZV_BACKEND (`python -m RDZV_LAUNCHER`): launched by daemon/slurm/job.py,
 recognised as torchrun by daemon/child/process.py."""
+TORCHRUN_GRACE_ENV = "MINILMD_TORCHRUN_GRACE_S"
+"""Set by the supervisor on every trainer it launches: the run's save grace in whole seconds (restart.hang_timeout,
+daemon/child/grace.py). On a stop signal the torchrun launchers (trainer/loop/torchrun.py) give their ranks that
+long between the agent's SIGTERM and its SIGKILL, as the supervisor gives a single trainer, instead of torch's 30 s."""
 TORCHRUN_LAUNCHER = "minilmd.trainer.loop.torchrun"
 """The module run as torchrun on one host (gpu.count > 1): torch.distributed.run with its stdout and stderr through
 minilmd/terminal.py (its failure summary quotes a rank's error), exiting with its ranks' own status (73 for a run.dir

@@ -138,8 +138,9 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         slurm.run("scontrol", "requeue", job)
         wait_requeued(slurm, job, 2)
         second = state(cfg.run_dir)
-        # the held trainer never saves (its torchrun, SIGTERMed by Slurm, SIGKILLs it 30 s later; Slurm's KillWait
-        # is longer, tests/slurm_cluster.py): the job resumes from the last synced step, at most the one before 10
+        # the held trainer never saves (it holds through the SIGTERM until a SIGKILL: its torchrun's after the run's
+        # grace, 10 min here, or the first that Slurm's KillWait, tests/slurm_cluster.py, or the supervisor's cut at
+        # the job's end brings): the job resumes from the last synced step, at most the one before 10
         assert preempted_at <= second["slurm"]["preempted_at_step"] < 10, second["slurm"]
         assert "requeued by Slurm" in second["reason"] and second["restarts"] == []
         release(slurm, job, 2)

@@ -20,6 +20,7 @@ Torch-free.
 """
 from __future__ import annotations
 
+from math import ceil
 from pathlib import Path
 
 from minilmd import names
@@ -40,6 +41,13 @@ holds the two equal): how long systemd lets a stop take before its SIGKILL."""
 def save_grace(cfg: RunConfig) -> float:
     """Seconds a trainer of this run gets between SIGTERM and SIGKILL, on every path (restart.hang_timeout)."""
     return cfg.restart.hang_timeout_s
+
+
+def torchrun_grace_env(cfg: RunConfig) -> dict[str, str]:
+    """The environment that gives a torchrun group's ranks this grace too (names.TORCHRUN_GRACE_ENV): a stop's
+    SIGTERM reaches them through torch's agent, whose own wait before SIGKILL is 30 s unless told. Whole seconds,
+    rounded up: never less than the supervisor's own wait."""
+    return {names.TORCHRUN_GRACE_ENV: str(ceil(save_grace(cfg)))}
 
 
 def orphan_save_grace(run_dir: Path, dir_fd: int | None = None) -> float:

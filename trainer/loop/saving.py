@@ -123,7 +123,8 @@ class Saves:
     def exit_barrier(self) -> None:
         """All ranks meet once rank 0's last write is durable. On the gloo group (the control group beside NCCL):
         bounded by its timeout (default_pg_timeout, 30 min); a rank 0 that died instead closes its connections, which
-        ends the wait with an error on the others (a crash beside rank 0's own end, never a hang)."""
+        ends the wait with an error on the others, whether they were in it or entered it later (a crash beside rank
+        0's own end, never a hang: tests/test_torchrun_exit_barrier.py)."""
         if self.dist.active:
             torch_dist.barrier(group=self.dist.control_group)
 

@@ -22,18 +22,20 @@
   daemon/child/torchrun_summary.py) leaves torchrun's exit 1 and its report.
 - A stop signal to torchrun itself (the supervisor's SIGTERM to the trainer's group, systemd's stop): torch's agent
   raises SignalException after it has sent the signal on to the ranks and waited for them (its shutdown grace,
-  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s, then SIGKILL). The ranks' exit statuses are read as the agent's close
-  leaves them (`_record_rank_ends`); every rank ended with the same positive status (each saved and exited 75, or
-  73) is this process's status, as for a rank's own (before: exit 1 always, the ranks' 75 lost). A rank SIGKILLed
-  at the end of that grace, one still running, or a mix leaves exit 1 and torch's traceback: a stop save that takes
-  rank 0 longer than the agent's grace is still cut there (the supervisor's own grace, restart.hang_timeout, is
-  not passed to the agent; unlike a rank's own exit, where every rank waits for rank 0's write: Saves.finish).
+  then SIGKILL). That grace is the run's save grace, the one the supervisor gives a single trainer
+  (restart.hang_timeout, passed as names.TORCHRUN_GRACE_ENV: daemon/child/grace.py), not torch's 30 s, which cut
+  a stop save of rank 0 longer than that while the supervisor would have waited (`_give_grace`); the agent's stop
+  of the other ranks once one has failed keeps torch's 30 s. The ranks' exit statuses are read as the agent's
+  close leaves them (`_record_rank_ends`); every rank ended with the same positive status (each saved and exited
+  75, or 73) is this process's status, as for a rank's own (before: exit 1 always, the ranks' 75 lost). A rank
+  SIGKILLed at the end of the grace, one still running, or a mix leaves exit 1 and torch's traceback.
 - The attempt's log lives in run.dir: on a full run.dir the report cannot be written, and Python's flush of the
   streams at exit, failing, would turn any status into 120, so the streams that hold what they could not write are
   replaced before every exit that follows torchrun's end, exit 1 and its traceback included (`_exit_quietly`).
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -41,7 +43,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, NoReturn
 
-from minilmd import terminal
+from minilmd import names, terminal
 from minilmd.untrusted import printable
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ def run(argv: list[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    ends = _record_rank_ends()
+    ends = _record_rank_ends(_give_grace(os.environ.get(names.TORCHRUN_GRACE_ENV, "")))
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -92,18 +94,50 @@ def shared_status(codes: list[int | None], spared: int | None = None) -> int | N
     return said.pop()
 
 
-def _record_rank_ends() -> list[int | None]:
+def _give_grace(value: str) -> int | None:
+    """The agent's wait between its SIGTERM to the ranks and its SIGKILL on a stop signal to this process: `value`
+    (names.TORCHRUN_GRACE_ENV, whole seconds) through torch's own knob, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, where this
+    torch has it (LaunchConfig.shutdown_timeout; an explicit --shutdown-timeout on the command line still wins);
+    else the seconds for `_record_rank_ends` to give that close in place of its fixed 30 s. None: torch's 30 s kept
+    (unset, or not a whole number of seconds). The knob is torch 2.13's wait on a stop signal only: its stop of the
+    other ranks once one has failed (LocalElasticAgent._stop_workers) keeps 30 s, as it should, since they wait for
+    no save of theirs (an agreed stop's ranks exit only after rank 0's write: Saves.exit_barrier) and a rank stuck in
+    a collective (NCCL) after its peer's crash would hold the restart for the whole grace."""
+    if not value.isdigit():
+        return None
+    if torch_takes_grace():
+        os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = value
+        return None
+    return int(value)
+
+
+def torch_takes_grace() -> bool:
+    """Whether torch's launcher takes a shutdown grace (LaunchConfig.shutdown_timeout); older releases do not."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in {field.name for field in dataclasses.fields(LaunchConfig)}
+
+
+def _record_rank_ends(grace: int | None = None) -> list[int | None]:
     """A list that holds, once torch's agent has closed its ranks (PContext.close: after they all exited, or after
     its stop signal, grace and SIGKILL), each rank's exit status (Popen.poll: None for one it had to abandon). The
-    agent does not hand them on with the SignalException it raises after a stop signal."""
-    from torch.distributed.elastic.multiprocessing import api
+    agent does not hand them on with the SignalException it raises after a stop signal.
+
+    `grace` (a torch without the knob: `_give_grace`): the wait between SIGTERM and SIGKILL of the close the agent
+    makes while it handles a stop signal (inside its `except SignalException`), in place of torch's 30 s; its other
+    closes keep theirs. The one place this launcher leans on torch's internals: PContext.close(death_sig, timeout),
+    and where the agent calls it; should that change, a stop gets torch's 30 s again, which
+    tests/test_torchrun_grace.py catches (it forces this path)."""
+    from torch.distributed.elastic.multiprocessing import SignalException, api
 
     ends: list[int | None] = []
     close = api.PContext.close
 
-    def recording_close(self, *args, **kwargs):
+    def recording_close(self, death_sig=None, timeout=30):
+        if grace is not None and isinstance(sys.exc_info()[1], SignalException):
+            timeout = grace
         try:
-            close(self, *args, **kwargs)
+            close(self, death_sig, timeout)
         finally:
             handlers = getattr(self, "subprocess_handlers", None) or {}
             ends[:] = [handler.proc.poll() for handler in handlers.values()]
