@@ -19,6 +19,7 @@ import pytest
 from second_user import second_user
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # the printed commands run as pasted: a Python process importing torch, each
 NOTES = b"her own notes, 0600\n"
 HIDDEN, RANK = 64, 16
 
