@@ -1,16 +1,31 @@
 """A check of shared storage (NFS) in a thread, bounded: a mount that fails or stalls is not a config error (staging
-and sync retry it and show it in status), so it answers nothing rather than a traceback or a hang. Used by the
-config checks (minilmd/probes.py, path_checks.py) and by the launch's looks at the remote (daemon/jobs). Torch-free.
+and sync retry it and show it in status), so it answers nothing rather than a traceback or a hang. A check that
+raises anything else did answer: what it raised is said as what it is (`Raised`), never as a stall, and no thread
+traceback is printed (hostile audit 8 F4: another user's .pth crashed `run --check`'s init probe, printed a
+traceback, then "OK", then "stalled"). Used by the config checks (minilmd/probes.py, path_checks.py) and by the
+launch's looks at the remote (daemon/jobs). Torch-free.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+from minilmd.untrusted import clipped, printable
+
 SHARED_STORAGE_PROBE_S = 5.0
 """How long the config check waits for the corpus source, the remote or init.from (NFS) to answer before leaving it
 to staging and sync, which retry and show "remote unavailable" (init.from: "init source unreachable", or stalled)
 in status."""
+
+
+class Raised(str):
+    """bounded_probe's `why` when the check raised something other than an OSError (a ValueError of a hostile file,
+    a bug): "failed (TYPE: what it said)". It answered, so it is no stall and nothing to wait for: a caller that
+    refuses says it (isinstance), one that only looks says it as any other failure."""
+
+
+def raised(e: Exception) -> Raised:
+    return Raised(f"failed ({type(e).__name__}: {clipped(printable(str(e)), 300)})")
 
 
 def shared_storage_check(check, *args) -> list[str]:
@@ -24,7 +39,7 @@ def shared_storage_check(check, *args) -> list[str]:
 def bounded_probe(fn, *args, timeout_s: float | None = None) -> tuple[bool, Any, str]:
     """fn(*args) on shared storage, in a thread for `timeout_s` (None: SHARED_STORAGE_PROBE_S) at most: (True, its
     result, "") when it returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount:
-    the thread is left behind, a daemon)."""
+    the thread is left behind, a daemon); (False, None, a `Raised`) when it raised anything else."""
     timeout_s = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
     result: list = []
     failed: list[str] = []
@@ -34,6 +49,8 @@ def bounded_probe(fn, *args, timeout_s: float | None = None) -> tuple[bool, Any,
             result.append(fn(*args))
         except OSError as e:
             failed.append(f"cannot be read ({e})")
+        except Exception as e:  # noqa: BLE001 - said as what it is by the caller, not as a thread's traceback
+            failed.append(raised(e))
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()

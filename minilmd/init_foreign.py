@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 
+from minilmd import perms
 from minilmd.dirfd import Dir
-from minilmd.init_model import MOE_MODEL
+from minilmd.init_model import MOE_MODEL, OUT_PLACEHOLDER, own_place
 from minilmd.init_place import Owners, read_in
 from minilmd.names import HF_CONFIG, LATEST, MANIFEST, MODEL_FILE
 from minilmd.untrusted import Unreadable, dir_names, loads, printable
@@ -21,6 +23,11 @@ MAX_LISTED = 4096
 """The entries of a directory read to find its .pth files (a bigger one is not named file by file)."""
 SHOWN = 8
 """The .pth files named at most."""
+
+CONVERT_CODE = ("import sys, torch; from safetensors.torch import load_file; "
+                'torch.save(load_file(sys.argv[1]), open(sys.argv[2], "xb"))')
+"""safetensors to torch.save's .pth: no pickle read; the .pth made by an exclusive create that refuses a file or a
+link there (torch.save by a path writes through a link: hostile audit 8 F1)."""
 
 NOT_A_CHECKPOINT = f"a directory without {MANIFEST} (not a checkpoint) and without {LATEST} (not a checkpoint root)"
 
@@ -73,12 +80,17 @@ def _minimind_hf(root: Dir, owners: Owners) -> str:
     said = f"a MiniMind model saved in transformers format ({HF_CONFIG}: model_type \"minimind\"), not a checkpoint"
     if _hf_config(root, owners).get("use_moe"):
         return f"{said}; {MOE_MODEL}"
-    out = root.path.parent / f"{root.path.name}.pth"
-    convert = ("import sys, torch; from safetensors.torch import load_file; "
-               "torch.save(load_file(sys.argv[1]), sys.argv[2])")
-    return (f"{said}: its {MODEL_FILE} holds MiniMind's .pth tensor names; convert it once and give init.from the "
-            f".pth:\n      python -c {shlex.quote(convert)} {shlex.quote(str(root.path / MODEL_FILE))} "
-            f"{shlex.quote(str(out))}")
+    weights = root.lstat(MODEL_FILE)
+    if weights is None or not stat.S_ISREG(weights.st_mode) or not perms.owner_in(weights, owners):
+        return (f"{said}: its {MODEL_FILE} holds MiniMind's .pth tensor names, but it is not a regular file of the "
+                f"directory's owner or yours, so no command to convert it is given")
+    place = own_place()  # never beside the directory: a team directory's member could put a link there (audit 8)
+    out = os.path.join(place or OUT_PLACEHOLDER, f"{root.path.name}.pth")
+    where = (f"written to {out}, in a directory of yours; a file there is never replaced" if place else
+             f"put a directory of yours for {OUT_PLACEHOLDER}")
+    return (f"{said}: its {MODEL_FILE} holds MiniMind's .pth tensor names; convert it once ({where}) and give "
+            f"init.from the .pth:\n      python -c {shlex.quote(CONVERT_CODE)} "
+            f"{shlex.quote(str(root.path / MODEL_FILE))} {shlex.quote(out)}")
 
 
 def _pth_files(root: Dir) -> list[str]:

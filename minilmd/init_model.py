@@ -8,9 +8,9 @@ training (its config), for a checkpoint (init_source.model_problems) and for a M
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
+import stat
 from collections.abc import Callable
 
 from minilmd.config import toml_value
@@ -30,38 +30,98 @@ MINIMIND_LORA_KEYS = (".lora.A.weight", ".lora.B.weight")
 `<layer>.lora.B.weight` (out x rank), on each square Linear of the model (apply_lora), fp16."""
 
 
+MERGE_CODE = ('import sys, torch; b = torch.load(sys.argv[1], weights_only=True); a = torch.load(sys.argv[2], '
+              'weights_only=True); d = {k[:-14] + ".weight": a[k[:-14] + ".lora.B.weight"].float() @ a[k].float() '
+              'for k in a if k.endswith(".lora.A.weight")}; assert d.keys() <= b.keys(), "not this base"; torch.save('
+              '{k: v.half() + d[k].half() if k in d else v.half() for k, v in b.items()}, open(sys.argv[3], "xb"))')
+"""MiniMind's merge_lora (each weight plus B A, fp16, no scaling) on the two files' state dicts, with torch alone: both
+loaded weights_only (merge_lora's own torch.load cannot be told to), the merged file made by an exclusive create
+that refuses a file or a link there (torch.save by a path writes through a link: hostile audit 8 F1)."""
+BASE_PLACEHOLDER, OUT_PLACEHOLDER = "BASE.pth", "DIR"
+
+
 def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = "") -> str:
     """What a MiniMind LoRA adapter file (lora_*.pth at `path`: only MINIMIND_LORA_KEYS) is and what to do with it,
-    with the command that merges it into its base in a MiniMind checkout (merge_lora there: B A added to each weight,
-    as MiniMind's LoRA has no scaling) and the sizes read off its shapes, and whether MiniMind's eval_llm.py runs it
-    as it is; "" for any other state dict. Not loaded as minilmd's adapters: those are a minilmd run's, scaled by
-    alpha / rank, on the layers [lora] targets names."""
+    with the command that merges it into its base (MERGE_CODE) and the sizes read off its shapes, and whether
+    MiniMind's eval_llm.py runs it as it is; "" for any other state dict. Not loaded as minilmd's adapters: those
+    are a minilmd run's, scaled by alpha / rank, on the layers [lora] targets names. The command loads only files
+    looked at here, by name: the adapter, and the base beside it only when it is the user's own regular file
+    (`own_file`; a teammate's base, or his link, in a team directory is named and left out: BASE.pth to fill in);
+    it writes the merged file into a directory of the user's own (`own_place`), never beside the adapter."""
     if not shapes or not all(key.endswith(MINIMIND_LORA_KEYS) for key in shapes):
         return ""
     a_shapes = [shape for key, shape in sorted(shapes.items()) if key.endswith(".lora.A.weight") and len(shape) == 2]
     rank, hidden = a_shapes[0] if a_shapes else (16, 0)
     layers = len({key.split(".")[2] for key in shapes if key.startswith("model.layers.")})
     # train_lora.py saves the adapter as {save_dir}/{lora_name}_{hidden}.pth, beside the base it read,
-    # {save_dir}/{from_weight}_{hidden}.pth (full_sft by default): the base is looked for beside the file, whose
-    # path is made absolute, as the command runs in the checkout (for its `model` package)
+    # {save_dir}/{from_weight}_{hidden}.pth (full_sft by default): that base, looked at beside the file
     folder, name = os.path.split(os.path.abspath(path)) if path else ("out", f"lora_NAME_{hidden}.pth")
     suffix = f"_{hidden}.pth"
     prefix = name.removesuffix(suffix) if name.endswith(suffix) else name.removesuffix(".pth")
-    base, merged = os.path.join(folder, f"full_sft{suffix}"), os.path.join(folder, f"{prefix}_merged{suffix}")
-    code = (f"import torch; from model.model_minimind import MiniMindConfig, MiniMindForCausalLM; from "
-            f"model.model_lora import apply_lora, merge_lora; m = MiniMindForCausalLM(MiniMindConfig(hidden_size="
-            f"{hidden}, num_hidden_layers={layers})); m.load_state_dict(torch.load({json.dumps(base)})); "
-            f"apply_lora(m, rank={rank}); merge_lora(m, {json.dumps(os.path.join(folder, name))}, "
-            f"{json.dumps(merged)})")
+    beside = os.path.join(folder, f"full_sft{suffix}")
+    why_not = own_file(beside) if path else f"{beside} was not looked at"
+    base = BASE_PLACEHOLDER if why_not else beside
+    place = own_place()
+    merged = os.path.join(place or OUT_PLACEHOLDER, f"{prefix}_merged{suffix}")
+    said_base = (f"the command's base is that file, {beside}, yours; give it another if yours is elsewhere" if
+                 not why_not else f"{why_not}: put your base's path for {BASE_PLACEHOLDER}")
+    said_out = (f"it writes {merged}, in a directory of yours, and never replaces a file there" if place else
+                f"put a directory of yours for {OUT_PLACEHOLDER} (neither the current directory nor your home is "
+                f"one only you can change)")
+    args = " ".join(shlex.quote(arg) for arg in (base, os.path.join(folder, name), merged))
     return (f"a MiniMind LoRA adapter (model_lora.py's save_lora: rank {rank} on {len(shapes) // 2} Linear "
             f"layers), not a model: merge it into the base it was trained on (train_lora.py's --from_weight, full_sft "
-            f"by default, which it reads beside where it saves the adapter: the command's base is that file, "
-            f"{base}; give it another if yours is elsewhere) in the MiniMind checkout, then give init.from the merged "
-            f".pth (MiniMindConfig as the base was built):\n"
-            f"      python -c {shlex.quote(code)}\n"
+            f"by default, which it reads beside where it saves the adapter: {said_base}) as MiniMind's merge_lora "
+            f"does, with torch ({said_out}), then give init.from the merged .pth (MiniMindConfig as the base was "
+            f"built, hidden_size={hidden}, num_hidden_layers={layers}):\n"
+            f"      python -c {shlex.quote(MERGE_CODE)} {args}\n"
             f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
             f"(docs/operations.md, \"MiniMind's files\");\n"
             f"    {_eval_llm_runs(rank, hidden, layers, name, prefix)}")
+
+
+def own_file(path: str) -> str:
+    """"" when `path` is a regular file of the user's own (lstat: a link is not followed); else why a printed
+    command does not name it: missing, a link, not a regular file, another user's (named: fsio.others_entry's
+    owner rule)."""
+    from minilmd import perms
+    from minilmd.untrusted import printable
+
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"{printable(path)} cannot be looked at ({e.strerror or e}), so it is not named"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{printable(path)} is a symbolic link, so it is not named"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{printable(path)} is not a regular file, so it is not named"
+    if not perms.owned_by_me(st):
+        return f"{printable(path)} belongs to {perms.user_words(st.st_uid)}, not to you, so it is not named"
+    return ""
+
+
+def own_place() -> str:
+    """Where a printed command writes its output: the current directory when it is the user's own and no one else
+    can change it or a directory above it (place_rule's rule), else the home directory when it is; "" for neither.
+    Never the directory of the file given, which may be a team directory whose members plant links."""
+    from minilmd import perms
+    from minilmd.place_rule import place_problem
+
+    for where in (_cwd(), os.path.expanduser("~")):
+        try:
+            mine = bool(where) and perms.owned_by_me(os.lstat(where)) and os.path.isdir(where)
+        except OSError:
+            continue
+        if mine and not place_problem("the output", where, "the output", "", dir_itself=True):
+            return where
+    return ""
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # a removed working directory
+        return ""
 
 
 def _eval_llm_runs(rank: int, hidden: int, layers: int, name: str, prefix: str) -> str:

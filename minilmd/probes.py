@@ -23,8 +23,8 @@ from typing import Any
 
 from minilmd import init_tokenizer, scratch, scratch_root
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
+from minilmd.bounded import Raised, shared_storage_check
 from minilmd.bounded import bounded_probe as bounded_probe
-from minilmd.bounded import shared_storage_check
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, apply_stage_defaults, config_from_dict, load_config
 from minilmd.config_values import early_stop_metric_problem
@@ -132,9 +132,9 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     staged copy's record names (minilmd/shared_place.py staged_from; no record is no evidence) that is not there while
     the directory above it holds other entries (shared_place.gone_or_typo): refused, as at a first launch, never trained
     from the old copy nor waited for."""
-    answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
+    answered, found, why = bounded_probe(_check_prepared_dir, cfg)
     if not answered:
-        return []
+        return [f"data.prepared = {cfg.data.prepared!r}: cannot be checked: {why}"] if isinstance(why, Raised) else []
     problems, absent, meta = found
     if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
         problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
@@ -240,6 +240,8 @@ def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     the directory above it holds other entries (minilmd/shared_place.py gone_or_typo) is a typo, refused as a
     missing data.prepared is, not waited for without end."""
     answered, found, why = bounded_probe(_check_init, cfg)
+    if isinstance(why, Raised):  # it answered, with an error: a refusal, never a stall to wait for (audit 8 F4)
+        return [f"init.from = {cfg.init.from_!r}: cannot be checked: {why}"]
     problems, unreachable = found if answered else ([], why)
     if unreachable is None:
         return problems

@@ -2,7 +2,8 @@
 he plants a link at one of the files' names to the victim's notes, or puts a link to her private directory at OUT.
 The files are written as tokenizer train writes its --out: OUT held to the place rule, each file written at its
 descriptor and renamed into place (minilmd/fsio.py open_out_dir, Dir.replacing). Before, OUT was made by path and
-each file opened by name: the victim's notes became reviews, her private directory got the corpus."""
+each file opened by name: the victim's notes became reviews, her private directory got the corpus. A teammate's link
+at a name is his entry: never replaced, --force or not (fsio.others_entry, hostile audit 8 F2); her own is."""
 from __future__ import annotations
 
 import os
@@ -38,10 +39,15 @@ def test_a_teammates_link_at_a_files_name_is_replaced_never_written_through(team
     assert "--group-share" in refused.stderr and "nothing written" in refused.stderr
     assert notes.read_text() == NOTES and (team / name).is_symlink()
 
-    kept = _demo_corpus(team, *kind, "--group-share")  # a name taken, if only by a link: refused without --force
-    assert kept.returncode == 2 and "already exists; pass --force" in kept.stderr, kept.stderr
-    assert notes.read_text() == NOTES and (team / name).is_symlink()
+    for force in ((), ("--force",)):  # his link is his: kept, --force or not (hostile audit 8 F2)
+        his = _demo_corpus(team, *kind, "--group-share", *force)
+        assert his.returncode == 2 and f"belongs to user nobody (uid {uid}): another user's file is never replaced" \
+            in his.stderr, his.stderr
+        assert notes.read_text() == NOTES and (team / name).is_symlink()
 
+    os.chown(team / name, os.geteuid(), os.getegid(), follow_symlinks=False)  # a link of hers: --force replaces it
+    kept = _demo_corpus(team, *kind, "--group-share")
+    assert kept.returncode == 2 and "already exists; pass --force" in kept.stderr, kept.stderr
     done = _demo_corpus(team, *kind, "--group-share", "--force")
     assert done.returncode == 0, done.stderr
     assert notes.read_text() == NOTES

@@ -42,7 +42,8 @@ def _refusal(path: Path) -> str:
 
 
 @pytest.mark.slow  # the conversion in a subprocess (torch's import): ~5 s
-def test_a_minimind_transformers_directory_gets_a_conversion_whose_pth_starts_a_run(tmp_path):
+def test_a_minimind_transformers_directory_gets_a_conversion_whose_pth_starts_a_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the command writes into the current directory, the user's own
     said = _refusal(_saved_pretrained(tmp_path / "hf-minimind"))
     assert said.startswith("a MiniMind model saved in transformers format (config.json: model_type \"minimind\")")
     assert "minilmd export" not in said, said
@@ -87,7 +88,8 @@ MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2)).save_pr
 
 
 @pytest.mark.slow  # MiniMind's save_pretrained and the conversion in subprocesses (transformers' import): ~10 s
-def test_minimind_own_save_pretrained_converts_as_printed(tmp_path):
+def test_minimind_own_save_pretrained_converts_as_printed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the command writes into the current directory, the user's own
     if not (MINIMIND / "model" / "model_minimind.py").is_file():
         pytest.skip("no MiniMind checkout in ../shared to save a model with")
     checkout = tmp_path / "minimind"  # a copy: importing it writes __pycache__ beside it, never in ../shared

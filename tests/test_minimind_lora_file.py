@@ -1,8 +1,9 @@
 """A MiniMind LoRA adapter file (lora_*.pth, written by MiniMind's save_lora: only `<layer>.lora.A.weight` and
 `.lora.B.weight`) given where minilmd takes a model (user7 #2): init.from printed raw lists of missing and unexpected
-keys. Now `run --check` and the trainer say what it is and print the command that merges it into its base in a
-MiniMind checkout; that command, run against MiniMind's own code (../shared, where there), writes a .pth that
-init.from takes."""
+keys. Now `run --check` and the trainer say what it is and print the command that merges it into its base as
+MiniMind's merge_lora does (torch alone, weights_only, into the user's own directory: tests/test_printed_commands_
+safe.py); its output equals merge_lora's, run with MiniMind's own code (../shared, where there), and init.from takes
+it."""
 from __future__ import annotations
 
 import os
@@ -34,19 +35,24 @@ def _adapter(hidden: int, layers: int, rank: int) -> dict:
 
 
 @pytest.mark.slow  # run --check and the trainer's load: ~4 s
-def test_a_minimind_lora_file_as_init_from_is_named_with_the_merge_command(tmp_path, corpus):
+def test_a_minimind_lora_file_as_init_from_is_named_with_the_merge_command(tmp_path, corpus, monkeypatch):
     pth = tmp_path / "out" / "lora_identity_64.pth"
     pth.parent.mkdir()
     torch.save(_adapter(64, 2, 8), pth)
+    torch.save({}, pth.parent / "full_sft_64.pth")  # the base beside the adapter, as train_lora.py keeps them
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    monkeypatch.chdir(mine)  # the merged file goes into the current directory, the user's own
     config = write_config(tmp_path, corpus, name="sft", init={"from": str(pth)}, model=TINY_MODEL)
     checked = CliRunner().invoke(app, ["run", "--check", str(config)])
     assert checked.exit_code == SUPERVISOR_CONFIG, checked.output
     said = " ".join(checked.output.split())
     assert "a MiniMind LoRA adapter (model_lora.py's save_lora: rank 8 on 4 Linear layers), not a model" in said
-    out = pth.parent  # the base beside the adapter, as train_lora.py keeps them, wherever that is
-    assert (f'MiniMindConfig(hidden_size=64, num_hidden_layers=2)); m.load_state_dict(torch.load("{out}/full_sft_64'
-            f'.pth")); apply_lora(m, rank=8); merge_lora(m, "{out}/lora_identity_64.pth", "{out}/lora_identity_merged'
-            f'_64.pth")' in said), said
+    out = pth.parent
+    assert ("(MiniMindConfig as the base was built, hidden_size=64, num_hidden_layers=2): python -c 'import sys, "
+            "torch; b = torch.load(sys.argv[1], weights_only=True);" in said), said
+    assert f"\"xb\"))' {out}/full_sft_64.pth {out}/lora_identity_64.pth {mine}/lora_identity_merged_64.pth" in said, \
+        said
     assert ("eval_llm.py cannot run it as it is (it applies rank 16 only, apply_lora's default, and this adapter is "
             "rank 8); it runs the merged file: python eval_llm.py --save_dir DIR --weight lora_identity_merged "
             "--hidden_size 64 --num_hidden_layers 2" in said), said
@@ -77,10 +83,19 @@ for name, p in m.named_parameters():
 save_lora(m, 'out/lora_identity_64.pth')
 """
 """A base and an adapter as MiniMind's train_lora.py makes them (B trained away from its zero init)."""
+MERGE = """import torch
+from model.model_minimind import MiniMindConfig, MiniMindForCausalLM
+from model.model_lora import apply_lora, merge_lora
+m = MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2))
+m.load_state_dict(torch.load('out/full_sft_64.pth'))
+apply_lora(m, rank=8)
+merge_lora(m, 'out/lora_identity_64.pth', 'out/minimind_merged.pth')
+"""
+"""MiniMind's own merge of the same files: what the printed command's merge must equal."""
 
 
 @pytest.mark.slow  # MiniMind's code in two subprocesses (transformers' import): ~10 s
-def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_run(tmp_path):
+def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_run(tmp_path, monkeypatch):
     if not (MINIMIND / "model" / "model_lora.py").is_file():
         pytest.skip("no MiniMind checkout in ../shared to run the merge with")
     checkout = tmp_path / "minimind"
@@ -92,6 +107,7 @@ def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_r
     assert made.returncode == 0, made.stderr
     adapter = resolve(str(checkout / "out" / "lora_identity_64.pth"))
     model = vars(ModelSection(hidden_size=64, num_hidden_layers=2))  # MiniMindConfig's defaults otherwise
+    monkeypatch.chdir(checkout / "out")  # where the merged file goes: the current directory, the user's own
     [said] = pth_problems(adapter, model, lambda key: True)
     command = next(line.strip() for line in said.splitlines() if line.strip().startswith("python -c "))
     merged = subprocess.run(["bash", "-ec", command], cwd=checkout, env={**env, "PATH": os.pathsep.join(
@@ -102,6 +118,11 @@ def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_r
     base, weights = torch.load(checkout / "out" / "full_sft_64.pth"), torch.load(out)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(base[q], weights[q])  # B A added
+    theirs = subprocess.run([sys.executable, "-c", MERGE], cwd=checkout, env=env, capture_output=True, text=True,
+                            timeout=300)  # MiniMind's own merge_lora, of the same files
+    assert theirs.returncode == 0, theirs.stderr
+    want = torch.load(checkout / "out" / "minimind_merged.pth")
+    assert want.keys() == weights.keys() and all(torch.equal(want[k], weights[k]) for k in want)
 
 
 def test_a_minimind_adapter_given_for_a_checkpoint_directory_is_said_to_be_one(tmp_path):

@@ -10,7 +10,8 @@ demo time. Three sources, one document per line:
 descriptor, renamed into place once whole (minilmd/fsio.py open_out_dir, Dir.replacing: a link planted at a file's
 name replaced, never written through; a team directory only with --group-share). A file of OUT's that would be
 replaced is refused unless `force` (`refuse_taken`: fsio.out_taken's rule, tokenizer train's; the user's own
-hand-cleaned reviews.jsonl once became the demo's), all of them before anything is written.
+hand-cleaned reviews.jsonl once became the demo's), and another user's always (fsio.others_entry), all of them
+before anything is written.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from minilmd import perms
 from minilmd.dirfd import Dir
-from minilmd.fsio import open_out_dir, open_out_parent, out_taken
+from minilmd.fsio import open_out_dir, open_out_parent, others_entry, out_taken
 
 # A tagged token is `word/tag`; compounds are bracketed as `[中央/n  人民/n]nt`. The tag is letters only.
 _TAG_SUFFIX = re.compile(r"/[A-Za-z]+\b")
@@ -46,8 +47,10 @@ BIG_FILE = "demo_big.jsonl"  # --repeat-to-mb's
 
 def refuse_taken(out: Dir, out_dir: Path, names: Sequence[str], force: bool) -> None:
     """OutTaken naming every one of `names` already in OUT (`out`, opened at `out_dir`), unless `force`: looked
-    up at OUT's descriptor, before anything is written."""
-    taken = [why for name in names if (why := out_taken(out_dir / name, force, there=out.lstat(name) is not None))]
+    up at OUT's descriptor, before anything is written. Another user's file there (a teammate's in a team
+    directory) is refused with or without `force`, naming him (fsio.others_entry: hostile audit 8 F2)."""
+    taken = [why for name in names if (why := others_entry(out, out_dir / name)
+                                       or out_taken(out_dir / name, force, there=out.lstat(name) is not None))]
     if taken:
         raise OutTaken(taken)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.dirpublish import publish
-from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent
+from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry
 from minilmd.names import (
     BEST,
     CHECKPOINTS,
@@ -187,7 +187,11 @@ class ExportCopy:
 
     def publish_file(self, name: str) -> Path:
         """The complete file `name` of the copy renamed onto --out (replacing a file there, as an export always
-        did), at the descriptors, durably; Replaced when the copy's name no longer leads to this copy."""
+        did), at the descriptors, durably; Replaced when the copy's name no longer leads to this copy. Another user's
+        entry at --out (a teammate's file in a team directory) is never replaced, --force or not (fsio.others_entry,
+        plot's rule: hostile audit 8 F2): OutRefused naming him."""
+        if held := others_entry(self.parent, self.out):
+            raise OutRefused(f"{held}; nothing was written")
         if self.parent.identity_of(self.name) != self.tmp.identity:
             raise Replaced(f"{self.out.parent / self.name}: the temporary directory was replaced by another one")
         self.tmp.rename(name, self.parent, self.out.name)

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from minilmd.corpus.sources.bad_tally import SHOWN, BadLineTally
 from minilmd.dirfd import Dir
+from minilmd.fsio import others_entry
 
 LIST_SUFFIX = ".bad-lines.txt"
 SPOOL = "bad-lines.txt"  # in the temporary directory, never published inside the corpus
@@ -69,8 +70,10 @@ class BadLines(BadLineTally):
         tmp.mode_file(SPOOL, 0o644)  # beside the corpus, readable as the corpus is
         target = list_name(out_name)
         try:
-            tmp.rename(SPOOL, parent, target)  # replaces a list of an earlier run; never follows a link
-        except OSError:  # a directory there, or another user's file in a sticky directory: a fresh name
+            if others_entry(parent, parent.path / target):  # a teammate's file in a team directory: kept (audit 8)
+                raise FileExistsError(target)
+            tmp.rename(SPOOL, parent, target)  # replaces a list of an earlier run of ours; never follows a link
+        except OSError:  # a directory there, or another user's entry: a fresh name
             fd, target = parent.create_new(_fresh_prefix(out_name), ".txt")
             os.close(fd)
             tmp.rename(SPOOL, parent, target)

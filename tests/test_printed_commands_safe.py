@@ -1,0 +1,123 @@
+"""The MiniMind commands minilmd prints for the user to paste (hostile audit 8 F1): the LoRA merge (init.from or
+`sample --lora` given a MiniMind adapter) and the safetensors conversion (init.from given a MiniMind transformers
+save). Before, both named their output beside the given file and the merge its base beside it too, in what is often
+a team directory: a teammate's base was loaded, and `torch.save` followed his link at the output name and replaced
+the victim's 0600 notes with a zip. Now each command loads only files looked at when it was printed (the base only
+when it is the user's own regular file), with weights_only, and writes into a directory of the user's own through
+an exclusive create that refuses a file or a link there. The printed command is run here, a real subprocess, in the
+audit's set-up; the teammate is a real second uid (`nobody`, tests/second_user.py), the test root."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from second_user import second_user
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # the printed commands run as pasted: a Python process importing torch, each
+NOTES = b"her own notes, 0600\n"
+HIDDEN, RANK = 64, 16
+
+
+def _place(tmp_path: Path) -> tuple[Path, Path, Path, int]:
+    """(a team directory, root's 2775; her own directory, the current one; her notes; his uid)."""
+    uid, _ = second_user()
+    team, mine = tmp_path / "team", tmp_path / "mine"
+    team.mkdir()
+    team.chmod(0o2775)
+    mine.mkdir(mode=0o700)
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(NOTES)
+    notes.chmod(0o600)
+    return team, mine, notes, uid
+
+
+def _his(path: Path, uid: int) -> None:
+    os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def _command(said: str) -> list[str]:
+    line = next(line.strip() for line in said.splitlines() if line.strip().startswith("python -c "))
+    return [sys.executable, *shlex.split(line)[1:]]
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_merge_command_loads_no_teammates_base_and_writes_only_her_own_place(tmp_path, monkeypatch):
+    from minilmd.init_pth import minimind_lora_file
+
+    team, mine, notes, uid = _place(tmp_path)
+    torch.manual_seed(0)
+    names = [f"model.layers.0.self_attn.{proj}" for proj in ("q_proj", "o_proj")]
+    adapter = {f"{n}.lora.{part}.weight": torch.randn((RANK, HIDDEN) if part == "A" else (HIDDEN, RANK)).half()
+               for n in names for part in ("A", "B")}
+    base = {f"{n}.weight": torch.randn(HIDDEN, HIDDEN).half() for n in names}
+    base["model.norm.weight"] = torch.ones(HIDDEN)
+    torch.save(adapter, team / "lora_vic_64.pth")  # hers
+    torch.save(base, team / "full_sft_64.pth")
+    _his(team / "full_sft_64.pth", uid)  # his base beside her adapter
+    os.symlink(notes, team / "lora_vic_merged_64.pth")
+    _his(team / "lora_vic_merged_64.pth", uid)  # his link at the name the merge once wrote
+    monkeypatch.chdir(mine)
+
+    said = minimind_lora_file(team / "lora_vic_64.pth")  # `sample --lora`'s words; init.from's are the same
+    assert f"{team}/full_sft_64.pth belongs to user nobody (uid {uid}), not to you, so it is not named: put your " \
+           f"base's path for BASE.pth" in said, said
+    argv = _command(said)
+    assert argv[-3:] == ["BASE.pth", str(team / "lora_vic_64.pth"), str(mine / "lora_vic_merged_64.pth")], argv
+    assert "weights_only=True" in argv[2] and "torch.load(sys.argv[1]" in argv[2] and '"xb"' in argv[2]
+    refused = _run(argv, mine)  # as printed: there is no BASE.pth, so nothing is loaded nor written
+    assert refused.returncode != 0 and "BASE.pth" in refused.stderr, refused.stderr
+    assert notes.read_bytes() == NOTES and os.listdir(mine) == []
+
+    os.chown(team / "full_sft_64.pth", os.geteuid(), os.getegid())  # her own base: named, merged into her place
+    argv = _command(minimind_lora_file(team / "lora_vic_64.pth"))
+    assert argv[-3] == str(team / "full_sft_64.pth")
+    done = _run(argv, mine)
+    assert done.returncode == 0, done.stderr
+    assert notes.read_bytes() == NOTES and (team / "lora_vic_merged_64.pth").is_symlink()
+    merged = torch.load(mine / "lora_vic_merged_64.pth", weights_only=True)
+    for n in names:  # MiniMind's merge_lora: each weight plus B A, fp16
+        want = base[f"{n}.weight"] + (adapter[f"{n}.lora.B.weight"].float() @ adapter[f"{n}.lora.A.weight"].float()
+                                      ).half()
+        assert torch.equal(merged[f"{n}.weight"], want)
+    assert merged.keys() == base.keys() and merged["model.norm.weight"].dtype == torch.float16
+
+    again = _run(argv, mine)  # a file there already is never replaced
+    assert again.returncode != 0 and "FileExistsError" in again.stderr
+    (mine / "lora_vic_merged_64.pth").unlink()
+    os.symlink(notes, mine / "lora_vic_merged_64.pth")  # nor a link there followed
+    linked = _run(argv, mine)
+    assert linked.returncode != 0 and "FileExistsError" in linked.stderr and notes.read_bytes() == NOTES
+
+
+def test_the_conversion_command_writes_only_her_own_place_never_through_his_link(tmp_path, monkeypatch):
+    safetensors = pytest.importorskip("safetensors.torch")
+    from minilmd.init_source import InitSourceError, resolve
+
+    team, mine, notes, uid = _place(tmp_path)
+    save = team / "mmhf"
+    save.mkdir()
+    (save / "config.json").write_text('{"model_type": "minimind", "hidden_size": 64}')
+    safetensors.save_file({"model.norm.weight": torch.ones(HIDDEN)}, str(save / "model.safetensors"))
+    os.symlink(notes, team / "mmhf.pth")
+    _his(team / "mmhf.pth", uid)  # his link beside her directory, at the name the conversion once wrote
+    monkeypatch.chdir(mine)
+
+    with pytest.raises(InitSourceError) as e:
+        resolve(str(save))
+    argv = _command(str(e.value))
+    done = _run(argv, mine)  # as printed (before: through his link, her notes became a zip)
+    assert done.returncode == 0, done.stderr
+    assert notes.read_bytes() == NOTES and (team / "mmhf.pth").is_symlink()
+    assert argv[-2:] == [str(save / "model.safetensors"), str(mine / "mmhf.pth")], argv
+    assert torch.load(mine / "mmhf.pth", weights_only=True).keys() == {"model.norm.weight"}
+    again = _run(argv, mine)
+    assert again.returncode != 0 and "FileExistsError" in again.stderr
