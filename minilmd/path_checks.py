@@ -3,8 +3,8 @@ path_problems): a path that is not there while the directory above it holds othe
 launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
 unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
 the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
-run.remote in a view of the kernel (/proc) or whose parent is not there, and whether a path can be written at all.
-Torch-free.
+run.remote in a view of the kernel (/proc) or below missing directories the sync must not make (from the top level,
+below an unmounted share's stub), and whether a path can be written at all. Torch-free.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _started_with(cfg: RunConfig) -> str | None:
         return None
 
 
-def remote_parent_missing(root: str) -> str:
+def remote_parents_refused(root: str) -> str:
     """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
     none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
     `run --check` refuses (`remote_problems`). A chain of missing directories is made only below a directory deeper
@@ -160,12 +160,12 @@ def remote_parent_missing(root: str) -> str:
 def remote_problems(remote: str, started: bool = False, waits: list[str] | None = None) -> list[str]:
     """A local run.remote the first sync can make: a writable directory, or the nearest one above it that is there
     is one, and on storage: no directory can be made in a view of the kernel (/proc, /sys), and as root the writable
-    check cannot tell. Its missing parents must be ones the sync makes (`remote_parent_missing`): refused, exit 2,
+    check cannot tell. Its missing parents must be ones the sync makes (`remote_parents_refused`): refused, exit 2,
     unless the run has `started` before (its state.json: a share gone or not mounted at a restart, after a reboot,
     which the sync and the fetch wait for, with `waits` a line here; daemon/jobs/remotewait.py says whether the
     start waits)."""
     path = Path(remote)
-    if missing := remote_parent_missing(remote):
+    if missing := remote_parents_refused(remote):
         if not started:
             return [f"run.remote = {remote!r}: {missing}"]
         if waits is not None:

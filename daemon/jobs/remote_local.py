@@ -28,7 +28,7 @@ from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
 from minilmd.names import LATEST
-from minilmd.path_checks import remote_parent_missing
+from minilmd.path_checks import remote_parents_refused
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import (
     MAX_DIR_ENTRIES,
@@ -308,7 +308,7 @@ class LocalRemote(Publishing, Remote):
 
     def _make_root(self) -> None:
         """The root made when missing, with the directories above it that are not there, unless the rule of
-        path_checks.remote_parent_missing (the one `run --check` refuses by) says no: a chain made from the top
+        path_checks.remote_parents_refused (the one `run --check` refuses by) says no: a chain made from the top
         level (a typo in a share's path) or below an unmounted share's mount point would put the "durable" copy on
         the local disk. The sync fails then, is retried, and says so, until the share is back. Made by
         construction, never by path: walked from "/" through descriptors (place_rule.walk_to), each directory judged
@@ -320,7 +320,7 @@ class LocalRemote(Publishing, Remote):
         by then). The owner a squashing share gives what is made is learnt as open_root learns it."""
         if os.path.isdir(self.root):
             return
-        if missing := remote_parent_missing(self.root):
+        if missing := remote_parents_refused(self.root):
             raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
         if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
             from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
