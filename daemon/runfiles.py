@@ -15,6 +15,7 @@ from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import Outcome
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
+from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.fsio import atomic_write_text
 from minilmd.untrusted import Unreadable
 
@@ -22,8 +23,9 @@ from minilmd.untrusted import Unreadable
 class RunFiles:
     """The run directory's files, set up (may raise OSError: a full or unwritable run.dir) for `cfg`'s run."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, config_path: Path, echo: bool):
+    def __init__(self, cfg: RunConfig, run_dir: Path, config_path: Path, echo: bool, notifier: Notifier | None = None):
         self.run_dir = run_dir
+        self.notifier = notifier or Notifier({})  # systemd's STATUS, told the step read here (none: no socket)
         (run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
         copy = run_dir / names.RUN_CONFIG_COPY
         if config_path.resolve() != copy.resolve():
@@ -71,7 +73,11 @@ class RunFiles:
             self.textfile.tick(phase)
 
     def read_progress(self) -> None:
+        """The trainer's new metrics lines and its heartbeat into state.json's progress, and its step into systemd's
+        STATUS (rate-limited there: daemon/host/sdnotify.py Notifier.progress)."""
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
+        progress = self.state.progress
+        self.notifier.progress(progress.step, progress.total_steps, progress.loss)
 
     def close(self, exit_status: int, phase: str, ended: str) -> None:
         """The supervisor's last words: its outcome in state.json (`ended`: how the run ended, protocol.ENDED_*) and

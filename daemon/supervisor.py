@@ -173,7 +173,7 @@ class Supervisor(Ending):
         return True
 
     def _prepare_files(self) -> None:
-        self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo)
+        self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo, self.notifier)
         self.events, self.state = self.files.events, self.files.state
         self.room = RunDirWatch(self.cfg, self.run_dir, self.state, self.events)  # makes the reserve
         self.loop.attempt = self.files.last_attempt()
@@ -237,7 +237,7 @@ class Supervisor(Ending):
         self.state.since = now()
         self.state.reason = reason
         self.events.emit(name, f"{old} -> {new}: {reason}", transition=name, old=old, new=new, **details)
-        self.notifier.status(f"{self.cfg.run.name}: {new} ({reason})"[:200])
+        self.notifier.phase(self.cfg.run.name, new, reason)
         self.room.save()
 
     def _restarted(self, at_start: bool = False) -> None:

@@ -3,7 +3,8 @@ path_problems): a path that is not there while the directory above it holds othe
 launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
 unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
 the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
-run.remote in a view of the kernel (/proc), and whether a path can be written at all. Torch-free.
+run.remote in a view of the kernel (/proc) or below missing directories the sync must not make (from the top level,
+below an unmounted share's stub), and whether a path can be written at all. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
 from minilmd.place_rule import dir_problem
 from minilmd.shared_place import gone_or_typo, look, same_source
+from minilmd.untrusted import holds_any
 
 
 def has_started(cfg: RunConfig) -> bool:
@@ -121,12 +123,53 @@ def _started_with(cfg: RunConfig) -> str | None:
         return None
 
 
-def remote_problems(remote: str) -> list[str]:
+def remote_parents_refused(root: str) -> str:
+    """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
+    none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
+    `run --check` refuses (`remote_problems`). A chain of missing directories is made only below a directory deeper
+    than the top level, and never below an unmounted share's mount point (an empty directory, not a mount point).
+    Shares are mounted at or just below the top level (/mnt/nfs, /nfs, /data, /media/usb): a chain made from "/" or
+    a top-level directory is where a share's mount point should be, missing (a typo in the share's path, a mount
+    point never made), and would put the "durable" copy on the local disk, said synced and verified at every sync;
+    one below an empty stub is on the local disk under a share not mounted. Below a deeper directory (a home, a
+    mounted share's own directories) the chain is made as ever."""
+    path = os.path.normpath(os.path.abspath(root))
+    parent = os.path.dirname(path)
+    if not _missing(Path(path)) or not _missing(Path(parent)):
+        return ""
+    first = parent  # the first directory missing on the way down
+    while _missing(Path(os.path.dirname(first))) and os.path.dirname(first) != first:
+        first = os.path.dirname(first)
+    there = os.path.dirname(first)
+    try:
+        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there)
+    except OSError:
+        stub = False
+    if stub:
+        what = f"{there} is an empty directory, not a mount point"
+    elif os.path.dirname(there) == os.path.dirname(os.path.dirname(there)):  # "/" or a directory in it
+        what = f"{there} holds no {os.path.basename(first)}, and nothing is made at the top level, where shares are " \
+               f"mounted"
+    else:
+        return ""
+    return (f"{parent} is not there ({what}): minilmd makes no directory above run.remote there, which would put the "
+            f"copy on the local disk; an unmounted share, or a typo in its path, looks like this: mount the share, "
+            f"or make {parent} yourself")
+
+
+def remote_problems(remote: str, started: bool = False, waits: list[str] | None = None) -> list[str]:
     """A local run.remote the first sync can make: a writable directory, or the nearest one above it that is there
-    is one (the sync makes the rest: daemon/jobs/remote_local.py; never below an unmounted share's empty mount
-    point, which it waits for), and on storage: no directory can be made in a view of the kernel (/proc, /sys), and
-    as root the writable check cannot tell."""
+    is one, and on storage: no directory can be made in a view of the kernel (/proc, /sys), and as root the writable
+    check cannot tell. Its missing parents must be ones the sync makes (`remote_parents_refused`): refused, exit 2,
+    unless the run has `started` before (its state.json: a share gone or not mounted at a restart, after a reboot,
+    which the sync and the fetch wait for, with `waits` a line here; daemon/jobs/remotewait.py says whether the
+    start waits)."""
     path = Path(remote)
+    if missing := remote_parents_refused(remote):
+        if not started:
+            return [f"run.remote = {remote!r}: {missing}"]
+        if waits is not None:
+            waits.append(f"run.remote = {remote!r}: {missing}; the sync fails, retried, until it is there")
     problems = check_writable("run.remote", path)
     above = path
     while _missing(above) and above.parent != above:

@@ -118,7 +118,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
         if is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
-            p += shared_storage_check(remote_problems, cfg.run.remote)
+            p += shared_storage_check(remote_problems, cfg.run.remote, has_started(cfg), waits)
     return p
 
 

@@ -22,8 +22,8 @@ def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1, local
     torchrun = (f"{sys.executable} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} "
                 f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 {addr}"
                 f"-m minilmd.cli train {config}")
-    return ["bash", "-c", f"for attempt in 1 2 3; do {torchrun} && exit 0; echo \"restart $attempt\"; sleep 1; done; "
-                          f"exit 1"]
+    return ["bash", "-c", f"trap 'echo \"stopped\"; exit 130' INT TERM; for attempt in 1 2 3; do {torchrun} && exit 0; "
+                          f"echo \"restart $attempt\"; sleep 1; done; exit 1"]
 
 
 def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:

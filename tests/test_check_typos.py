@@ -6,6 +6,8 @@ mistyped on a run that trained before and whose scratch holds no staged copy (ne
 when there is none). Each of these passed `--check` on main."""
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -144,9 +146,86 @@ def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         remote.makedirs()
     said = error_words(err.value)
-    assert f"{mnt / 'ckpt'} is not there and {mnt} is an empty directory, not a mount point" in said, said
+    assert f"{mnt / 'ckpt'} is not there ({mnt} is an empty directory, not a mount point)" in said, said
     assert "Error" not in said and list(mnt.iterdir()) == []
     assert error_words(SyncError(f"sync to {mnt} failed: {said}")) == f"sync to {mnt} failed: {said}"
     (mnt / "other-run").mkdir()  # the share answers
     remote.makedirs()
     assert (mnt / "ckpt" / "r").is_dir()
+
+
+@pytest.fixture
+def top_level_typo():
+    """A share's path mistyped at the top level (/mnt/nfs for /mnt/nas; here "/" holds no such name): what the sync
+    and the check must never make. Removed after the test if a regression made it."""
+    top = Path("/") / f"minilmd-no-share-{secrets.token_hex(4)}"
+    assert not os.path.lexists(top)
+    yield top
+    if top.is_dir() and not top.is_symlink():
+        shutil.rmtree(top)
+
+
+def test_the_sync_never_makes_a_chain_from_the_top_level(top_level_typo):
+    """/mnt/nfs/me/w0 with /mnt holding other entries and no nfs (a typo of the share, a mount point never made):
+    on main the sync made the chain on the local disk and said every step synced and verified. Now nothing is
+    made, and the error names the missing directory."""
+    from minilmd.daemon.base.worker import error_words
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+
+    remote = LocalRemote(str(top_level_typo / "me" / "w0"))
+    with pytest.raises(FileNotFoundError) as err:
+        remote.makedirs()
+    said = error_words(err.value)
+    assert f"{top_level_typo / 'me'} is not there (/ holds no {top_level_typo.name}, and nothing is made at the top " \
+           f"level, where shares are mounted)" in said and "unmounted share" in said, said
+    assert not os.path.lexists(top_level_typo)
+
+
+def test_a_remote_whose_chain_starts_at_the_top_level_is_refused_and_nothing_is_made(tmp_path, corpus,
+                                                                                    top_level_typo):
+    """On main: `--check` OK ("does not exist yet (the first sync creates it)"), and the run made the chain on the
+    local disk. Now refused at --check (and so at the launch, which checks the same), naming the missing directory
+    and saying what an unmounted share looks like; a chain below a deeper directory passes as before."""
+    remote = top_level_typo / "me" / "w0"
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
+    _refused(config, f"run.remote = '{remote}': {remote.parent} is not there (/ holds no {top_level_typo.name}",
+             "an unmounted share, or a typo in its path, looks like this")
+    assert not os.path.lexists(top_level_typo)
+    below = tmp_path / "mnt" / "nfs" / "me" / "w0"  # a chain below a deeper directory: made by the sync, as ever
+    _, waits = preflight.check_with_waits(str(write_config(tmp_path, corpus, remote=False,
+                                                           run={"remote": str(below)})))
+    assert not any("run.remote" in w and "is not there" in w for w in waits), waits
+
+
+def test_a_remote_under_an_unmounted_share_is_refused_at_a_first_launch(tmp_path, corpus):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()  # the share's mount point, an empty stub: not mounted
+    remote = mnt / "me" / "w0"
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
+    _refused(config, f"run.remote = '{remote}': {remote.parent} is not there ({mnt} is an empty directory, not a "
+                     f"mount point)", "an unmounted share")
+    assert list(mnt.iterdir()) == []
+
+
+@pytest.mark.slow  # a real launch
+def test_the_launch_refuses_a_remote_whose_chain_starts_at_the_top_level(tmp_path, corpus, top_level_typo):
+    remote = top_level_typo / "nfs" / "w0"
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
+    _launch_refused(config, f"run.remote = '{remote}': {remote.parent} is not there", "unmounted share")
+    assert not os.path.lexists(top_level_typo)
+
+
+def test_a_remote_under_an_unmounted_share_of_a_run_that_started_before_is_waited_for(tmp_path, corpus):
+    """At a restart (state.json there), the share gone or not mounted after a reboot: no refusal (exit 2 is final
+    under systemd), a line saying the sync fails until it is there."""
+    from minilmd.config import load_config
+
+    remote = tmp_path / "mnt" / "nfs" / "w0"
+    (tmp_path / "mnt").mkdir()
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
+    run_dir = load_config(config).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_text("{}")
+    _, waits = preflight.check_with_waits(str(config))
+    assert any(w.startswith(f"run.remote = '{remote}': {remote.parent} is not there") for w in waits), waits
+    assert not remote.parent.exists()

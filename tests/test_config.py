@@ -257,3 +257,16 @@ def test_each_duration_is_read_in_seconds_on_its_section(tmp_path):
     assert (r.backoff_initial_s, r.backoff_max_s, r.hang_timeout_s, r.compile_timeout_s, r.exit_timeout_s) == \
         (2.0, 60.0, 7200.0, 2700.0, 1.5)
     assert (cfg.sync.every_s, cfg.gpu.poll_interval_s) == (3600.0, 0.25)
+
+
+def test_an_unknown_key_lists_only_the_keys_a_user_sets(tmp_path):
+    """On main `unknown key eval.every (known: probe, probe_staged, ...)`: probe_staged (and init.staged) are set by
+    the supervisor for its trainer, never by hand."""
+    raw = minimal(tmp_path)
+    raw["eval"] = {"every": 100}
+    raw["init"] = {"mode": "x"}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    text = str(err.value)
+    assert "unknown key eval.every (known: probe, warn_rising" in text, text
+    assert "unknown key init.mode (known: from, " in text and "staged" not in text, text

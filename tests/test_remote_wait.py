@@ -117,7 +117,8 @@ def test_a_restart_with_empty_scratch_waits_for_a_remote_out_of_reach_then_resum
 
 def test_a_run_that_never_synced_starts_from_step_0_with_its_remote_not_there(tmp_path, corpus):
     """A new run's remote is not made yet: said so, not "its share gone?" (on main: `is not there (its share
-    gone?)`, at `--check` and in the first start's log), which stays for a remote under an empty mount point."""
+    gone?)`, at `--check` and in the first start's log); a remote below an empty mount point (a share not mounted) is
+    refused at a first launch, nothing made below it (tests/test_check_typos.py)."""
     config = write_config(tmp_path, corpus, train={"max_steps": 20})
     cfg = load_config(config)
     said = check_output(config)
@@ -125,8 +126,10 @@ def test_a_run_that_never_synced_starts_from_step_0_with_its_remote_not_there(tm
            f"this run has never synced to it" in said and "share gone" not in said, said
     stub = tmp_path / "mnt" / "nfs"
     stub.mkdir(parents=True)  # an unmounted share's mount point: its remote below is not there
-    said = check_output(config, "--set", f'run.remote="{stub / "runs" / "s"}"')
-    assert f"{stub / 'runs' / 's'} is not there (its share gone?), and this run has never synced to it" in said, said
+    refused = cli("run", "--check", str(config), "--set", f'run.remote="{stub / "runs" / "s"}"')
+    said = refused.stdout + refused.stderr  # below the stub nothing is made: a first launch is refused
+    assert refused.returncode == 2 and f"{stub / 'runs'} is not there ({stub} is an empty directory, not a mount " \
+                                       f"point)" in said, said
     assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
     assert any("does not exist yet (the first sync creates it), and this run has never synced to it: starting from "
                "step 0" in m for m in event_texts(cfg.run_dir, "fetch")), event_texts(cfg.run_dir, "fetch")

@@ -30,3 +30,24 @@ def test_a_host_name_that_does_not_resolve_is_not_told_as_a_taken_port():
     said = str(refused.value)
     assert "another process holds it" not in said, said
     assert f"cannot serve its store at no-such-host.invalid:{port}" in said and "resolves here" in said, said
+
+
+def test_a_missing_secret_is_one_line_and_exit_2(monkeypatch, capsys):
+    """Run by hand without `export MINILMD_RDZV_SECRET`: on main torch's agent printed a 34-line traceback ending in
+    the refusal. Now one line, what to set, and exit 2 (a config error: final) before the agent starts."""
+    monkeypatch.delenv(rendezvous.RDZV_SECRET_ENV, raising=False)
+    started = []
+    monkeypatch.setattr("minilmd.trainer.loop.torchrun.run", started.append)
+    for argv in (["--rdzv-backend", "minilmd-c10d"], ["--rdzv_backend=minilmd-c10d"]):
+        with pytest.raises(SystemExit) as ended:
+            rendezvous.main([*argv, "--nnodes", "2", "-m", "minilmd.cli", "train", "run.toml"])
+        assert ended.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("minilmd rendezvous: MINILMD_RDZV_SECRET is not set") and "openssl rand -hex 32" in line
+    assert started == []
+    monkeypatch.setenv(rendezvous.RDZV_SECRET_ENV, "ab" * 32)  # with the secret: torchrun is started
+    rendezvous.main(["--rdzv-backend", "minilmd-c10d", "-m", "minilmd.cli", "train", "run.toml"])
+    assert len(started) == 1
+    monkeypatch.delenv(rendezvous.RDZV_SECRET_ENV)  # c10d, torch's own backend: no secret asked for
+    rendezvous.main(["--rdzv-backend", "c10d", "-m", "minilmd.cli", "train", "run.toml"])
+    assert len(started) == 2

@@ -221,11 +221,15 @@ def device_problems(cfg: RunConfig) -> list[str]:
 
 
 def cpu_fallback(cfg: RunConfig) -> str:
-    """For `run --check`: why train.device = "auto" trains on the CPU here (no NVML: no GPU is ever admitted), ""
-    when it does not (NVML starts, or the device is set)."""
-    if cfg.train.device != "auto" or not (why := _no_nvml()):
-        return ""
-    return f"train.device = auto trains on the CPU here ({why}): set train.device = \"cuda\" to refuse that"
+    """For `run --check`: why train.device = "auto" trains on the CPU here (no NVML: no GPU is ever admitted), and
+    that a gpu.count over 1 is then ignored (one trainer process on the CPU: gpuwait's nproc, as on "cpu"), ""
+    when neither is so (NVML starts, or the device is set)."""
+    why = _no_nvml() if cfg.train.device == "auto" else ""
+    said = [f"train.device = auto trains on the CPU here ({why}): set train.device = \"cuda\" to refuse that"] \
+        if why else []
+    if cfg.gpu.count > 1 and (why or cfg.train.device == "cpu"):
+        said.append(f"gpu.count = {cfg.gpu.count} is ignored on the CPU: one trainer process trains (1 rank)")
+    return "; ".join(said)
 
 
 def device_offer(cfg: RunConfig) -> tuple[Offer | None, bool]:

@@ -1,9 +1,11 @@
 """systemd's sd_notify protocol in a few lines: datagrams like "READY=1" to the socket named by NOTIFY_SOCKET.
 
 Used by the supervisor under `Type=notify` units: READY=1 once it owns the run, STATUS=<one line> on every phase
-change, WATCHDOG=1 (at half of WATCHDOG_USEC) from the main loop and from the waits outside it (the orphan hunt at
-start, stopping the trainer at exit), and STOPPING=1 on stop. Without NOTIFY_SOCKET every call does nothing. No
-dependency. `own_unit` says which unit this process runs as (state.json keeps it for `minilmd stop`).
+change (`phase`) and, while the trainer's step advances, the phase with its step and loss at most every
+PROGRESS_EVERY_S (`progress`, from daemon/runfiles.py where the heartbeat and metrics are read), WATCHDOG=1 (at half
+of WATCHDOG_USEC) from the main loop and from the waits outside it (the orphan hunt at start, stopping the trainer at
+exit), and STOPPING=1 on stop. Without NOTIFY_SOCKET every call does nothing. No dependency. `own_unit` says which
+unit this process runs as (state.json keeps it for `minilmd stop`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import time
 from collections.abc import Mapping
 
 _USER_MANAGER = re.compile(r"^user@\d+\.service$")
+PROGRESS_EVERY_S = 30.0
+"""How often at most STATUS says a newer step within one phase: `systemctl status` shows the latest line, and
+systemd logs none of them, but a trainer logs a step a second or more, each a datagram to PID 1."""
+STATUS_MAX_CHARS = 200
 
 
 def own_unit(env: Mapping[str, str] | None = None, cgroup: str = "/proc/self/cgroup") -> tuple[str, bool] | None:
@@ -50,6 +56,10 @@ class Notifier:
         usec = env.get("WATCHDOG_USEC", "")
         self.watchdog_interval = int(usec) / 1e6 / 2 if usec.isdigit() and int(usec) > 0 else None
         self._last_watchdog = 0.0
+        self._head = ""  # "run: phase" of the last phase change: what a progress line repeats
+        self._said_at = 0.0  # when STATUS was last sent
+        self._step_said: int | None = None  # the step the last STATUS stood for
+        self._step_seen: int | None = None  # the trainer's latest step, as `progress` was last told
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +81,30 @@ class Notifier:
 
     def status(self, text: str) -> None:
         self.send(f"STATUS={text}")
+
+    def phase(self, run: str, phase: str, reason: str) -> None:
+        """A phase change: STATUS at once, with its reason (`run: training (first heartbeat ...)`)."""
+        self._head = f"{run}: {phase}"
+        self._said_at, self._step_said = time.monotonic(), self._step_seen
+        self.status(f"{self._head} ({reason})"[:STATUS_MAX_CHARS])
+
+    def progress(self, step: object, total: object = None, loss: object = None) -> None:
+        """Call every tick with the trainer's latest step (metrics.jsonl and its heartbeat, untrusted: anything but
+        an int is no step): STATUS `run: phase, step S/T, loss L` when the step differs from the one the last
+        STATUS stood for, at most every PROGRESS_EVERY_S. A phase where the trainer does not advance (backoff,
+        waiting_gpu) keeps its line with the reason."""
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        self._step_seen = step
+        if not self.address or not self._head or step == self._step_said:
+            return
+        t = time.monotonic()
+        if t - self._said_at < PROGRESS_EVERY_S:
+            return
+        self._said_at, self._step_said = t, step
+        of = f"/{total}" if isinstance(total, int) and not isinstance(total, bool) else ""
+        lossy = f", loss {loss:.4g}" if isinstance(loss, float) else ""
+        self.status(f"{self._head}, step {step}{of}{lossy}"[:STATUS_MAX_CHARS])
 
     def stopping(self) -> None:
         self.send("STOPPING=1")

@@ -28,35 +28,19 @@ from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
 from minilmd.names import LATEST
+from minilmd.path_checks import remote_parents_refused
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import (
     MAX_DIR_ENTRIES,
     TooManyEntries,
     Unreadable,
     file_kind,
-    holds_any,
     listed,
     open_regular,
     printable,
     read_bytes,
 )
 from minilmd.urls import open_fs
-
-
-def unmounted_above(root: str) -> str:
-    """The nearest directory above `root` that is there when it is the empty stub of an unmounted share (empty, not
-    a mount point) and `root`'s parent is not there (a sync would make a chain below it): "" otherwise."""
-    parent = os.path.dirname(os.path.normpath(root))
-    if os.path.lexists(parent):
-        return ""
-    above = os.path.dirname(parent)
-    while above != parent and not os.path.lexists(above):
-        parent, above = above, os.path.dirname(above)
-    try:
-        empty = os.path.isdir(above) and not holds_any(above)
-    except OSError:
-        return ""
-    return above if empty and not os.path.ismount(above) else ""
 
 
 def _nearest_there(root: str) -> str:
@@ -323,9 +307,10 @@ class LocalRemote(Publishing, Remote):
             self._reopen()
 
     def _make_root(self) -> None:
-        """The root made when missing, with the directories above it that are not there, unless the nearest one
-        that is there is an unmounted share's mount point (`unmounted_above`): the "durable" copy would be on the
-        local disk under it. The sync fails then, is retried, and says so, until the share is back. Made by
+        """The root made when missing, with the directories above it that are not there, unless the rule of
+        path_checks.remote_parents_refused (the one `run --check` refuses by) says no: a chain made from the top
+        level (a typo in a share's path) or below an unmounted share's mount point would put the "durable" copy on
+        the local disk. The sync fails then, is retried, and says so, until the share is back. Made by
         construction, never by path: walked from "/" through descriptors (place_rule.walk_to), each directory judged
         by open_root's rule on what its descriptor holds as it is reached, each missing one made (mkdirat) in its
         parent already judged, then opened without following a link. So nothing is made below a directory the rule
@@ -335,10 +320,8 @@ class LocalRemote(Publishing, Remote):
         by then). The owner a squashing share gives what is made is learnt as open_root learns it."""
         if os.path.isdir(self.root):
             return
-        if stub := unmounted_above(self.root):
-            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not "
-                                                  f"there and {stub} is an empty directory, not a mount point (its "
-                                                  f"share not mounted?): nothing is made below it")
+        if missing := remote_parents_refused(self.root):
+            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
         if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
             from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
 

@@ -26,6 +26,7 @@ from minilmd import names
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
+from minilmd.path_checks import remote_parents_refused
 from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
 from minilmd.urls import open_fs
@@ -51,13 +52,13 @@ def not_made_yet(url: str) -> bool:
     """Whether a local run.remote that is not there is simply not made yet, rather than its share gone: it is no
     link (one to nowhere is a share gone), and the nearest directory above it that is there holds other entries
     (shared_place.gone_or_typo's evidence of a place that answers: an unmounted share's mount point reads as its
-    empty stub). The first sync makes it, itself only (its parent must be there: minilmd/path_checks.py
-    remote_problems). False for a store (s3, sftp): nothing tells there."""
+    empty stub), and the first sync makes it (minilmd/path_checks.py remote_parents_refused: no chain from the top
+    level). False for a store (s3, sftp): nothing tells there."""
     try:
         _, root, local = open_fs(url)
     except (ValueError, ImportError, OSError):
         return False
-    return local and bool(gone_or_typo(root))
+    return local and not remote_parents_refused(root) and bool(gone_or_typo(root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import hmac
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +116,12 @@ def wrap_ddp(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     # No buffer broadcast: the only buffers are the RoPE tables, computed identically on every rank (and
-    # non-persistent), so broadcasting them before every synced forward was pure traffic. Gradients as
-    # views of the allreduce buckets: no copy into and out of the buckets, and no second gradient-sized
-    # allocation.
+    # non-persistent), so broadcasting them before every synced forward was pure traffic. torch 2.13 names it
+    # forward_sync_buffers (broadcast_buffers is deprecated there, a FutureWarning on every rank; the new one
+    # still syncs them once at init: the same tables). Gradients as views of the allreduce buckets: no copy into
+    # and out of the buckets, and no second gradient-sized allocation.
+    new_name = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    no_sync: dict[str, Any] = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
     return DistributedDataParallel(
         model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,
-        broadcast_buffers=False, gradient_as_bucket_view=True)
+        gradient_as_bucket_view=True, **no_sync)

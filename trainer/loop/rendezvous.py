@@ -40,6 +40,7 @@ from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
 from minilmd.names import RDZV_BACKEND as BACKEND
 from minilmd.names import RDZV_SECRET_ENV
+from minilmd.protocol import EXIT_CONFIG
 
 DEFAULT_READ_TIMEOUT_S = 60
 SHARE_OPT_OUT_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -94,6 +95,23 @@ def _secret() -> str:
         raise RendezvousRefused(f"{RDZV_SECRET_ENV} is not set (or shorter than 32 characters): the minilmd-c10d "
                                 f"rendezvous needs the attempt's secret in the environment of every node")
     return secret
+
+
+def _names_backend(argv: list[str]) -> bool:
+    """Whether torchrun's arguments choose this module's rendezvous (`--rdzv-backend minilmd-c10d`, `=` too)."""
+    return BACKEND in argv or any(arg.endswith(f"={BACKEND}") for arg in argv)
+
+
+def _refuse_without_secret(argv: list[str]) -> None:
+    """A secret forgotten by hand (no `export`): one line and exit 2 before torch starts the agent, whose handler
+    would raise the same refusal as a traceback of 34 lines."""
+    try:
+        if _names_backend(argv):
+            _secret()
+    except RendezvousRefused as e:
+        print(f"minilmd rendezvous: {e}; export the same random one on every node, e.g. `export {RDZV_SECRET_ENV}="
+              f"$(openssl rand -hex 32)` (never on a command line)", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
 
 
 def is_host(params: RendezvousParameters, host: str) -> bool:
@@ -165,6 +183,8 @@ def create_handler(params: RendezvousParameters):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    _refuse_without_secret(argv)
     rendezvous_handler_registry.register(BACKEND, create_handler)
     # torch's opt-out of the shared store: rank 0's agent would then pick the workers' port by binding and closing
     # it, and rank 0's worker listen there later: another user could take the port in between and the other
@@ -172,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.pop(SHARE_OPT_OUT_ENV, None)
     from minilmd.trainer.loop.torchrun import run  # the ranks' own exit status, as on one server
 
-    run(sys.argv[1:] if argv is None else argv)
+    run(argv)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,9 @@ def start_lines(cfg: RunConfig, total: int, trainable: int, where: str, steps: t
     t = cfg.train
     rows = (f"preference pairs of up to {t.seq_len} tokens a side, global batch {global_batch} pairs"
             if data_format == "dpo" else f"{cfg.data.mode} rows of {t.seq_len}, global batch {global_batch} rows")
-    lines = [f"training {trained} on {where}, {rows}, steps {steps[0]} -> {steps[1]}"]
+    ignored = f" (gpu.count = {cfg.gpu.count} is ignored on the CPU)" if cfg.gpu.count > 1 and where == "cpu x 1" \
+        else ""  # the supervisor launches one trainer on the CPU (daemon/phases/gpuwait.py nproc)
+    lines = [f"training {trained} on {where}{ignored}, {rows}, steps {steps[0]} -> {steps[1]}"]
     if defaults:
         stage = stage_defaults(data_format, cfg.lora.enabled)[0]
         said = ", ".join(f"{key} = {value!r}" for key, value in defaults.items())

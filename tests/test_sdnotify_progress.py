@@ -1,0 +1,94 @@
+"""systemd's STATUS line follows the trainer's step, not the phase alone: on main it said "training (first
+heartbeat from attempt 1 (step 0))" for the whole run, while deploy/minilmd@.service promises "the phase and step".
+The supervisor's notifier is told the step where the heartbeat and metrics.jsonl are read (daemon/runfiles.py), and
+sends it at most every PROGRESS_EVERY_S, and only when the step moved. A real unix datagram socket stands in for
+systemd's NOTIFY_SOCKET."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from minilmd import names
+from minilmd.config import load_config
+from minilmd.daemon.host import sdnotify
+from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.runfiles import RunFiles
+from supervisor_helpers import write_config
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(tmp_path / "notify"))
+    server.settimeout(30)
+    yield server
+    server.close()
+
+
+def _pending(server: socket.socket) -> list[str]:
+    """The datagrams already sent (none waited for)."""
+    said = []
+    server.setblocking(False)
+    try:
+        while True:
+            said.append(server.recv(4096).decode())
+    except BlockingIOError:
+        pass
+    finally:
+        server.settimeout(30)
+    return said
+
+
+def _trainer_logs(run_dir, step: int, loss: float) -> None:
+    """What a trainer writes at a step: a metrics.jsonl train line and its heartbeat."""
+    with open(run_dir / names.METRICS, "a") as f:
+        f.write(json.dumps({"kind": "train", "step": step, "total_steps": 2000, "loss": loss}) + "\n")
+    (run_dir / names.HEARTBEAT).write_text(f"{step}\n")
+
+
+def test_status_says_the_step_as_it_advances(tmp_path, corpus, notify_socket, monkeypatch):
+    cfg = load_config(write_config(tmp_path, corpus, remote=False))
+    cfg.run_dir.mkdir(parents=True)
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    files = RunFiles(cfg, cfg.run_dir, tmp_path / "s.toml", echo=False, notifier=notifier)
+    try:
+        notifier.phase("u8sd", "training", "first heartbeat from attempt 1 (step 0)")
+        assert notify_socket.recv(4096).decode() == "STATUS=u8sd: training (first heartbeat from attempt 1 (step 0))"
+
+        monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)  # every tick may say a newer step
+        _trainer_logs(cfg.run_dir, 120, 3.25)
+        files.read_progress()
+        assert notify_socket.recv(4096).decode() == "STATUS=u8sd: training, step 120/2000, loss 3.25"
+        files.read_progress()  # the step has not moved: nothing new to say
+        _trainer_logs(cfg.run_dir, 450, 2.5)
+        files.read_progress()
+        assert notify_socket.recv(4096).decode() == "STATUS=u8sd: training, step 450/2000, loss 2.5"
+        assert _pending(notify_socket) == []
+
+        monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 1e9)  # rate-limited: a step a tick is not sent
+        _trainer_logs(cfg.run_dir, 451, 2.4)
+        files.read_progress()
+        assert _pending(notify_socket) == []
+        notifier.phase("u8sd", "backoff", "trainer exited 1")  # a phase change is said at once
+        assert _pending(notify_socket) == ["STATUS=u8sd: backoff (trainer exited 1)"]
+        monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)
+        files.read_progress()  # no step since the phase changed: its line and reason stay
+        assert _pending(notify_socket) == []
+    finally:
+        files.events.close()
+
+
+def test_a_step_that_is_no_int_is_never_said(tmp_path, notify_socket, monkeypatch):
+    """metrics.jsonl is the trainer's file in run.dir, read as untrusted: a step that is a string, a bool or None
+    sends nothing."""
+    monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    notifier.phase("r", "training", "x")
+    notify_socket.recv(4096)
+    for step in ("12; rm -rf", True, None, 1.5):
+        notifier.progress(step, "2000", "nan")
+    assert _pending(notify_socket) == []
+    notifier.progress(7, True, 1)
+    assert _pending(notify_socket) == ["STATUS=r: training, step 7"]
