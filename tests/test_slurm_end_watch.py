@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import threading
 import time
 from types import SimpleNamespace
 
 from minilmd.daemon.host.signals import Signals
+from minilmd.daemon.slurm import endwatch, jobend, lastsynccut
 from minilmd.daemon.slurm import job as slurm
-from minilmd.daemon.slurm import jobend, lastsynccut
 from waiting import wait_until, without_blocking
 
 SCONTROL = """#!/bin/sh
@@ -182,3 +183,52 @@ def test_the_loop_says_the_end_once_slurm_answers_with_no_cut_in_view():
     ends = wait_until(lambda: (slurm.on_signal(job, signals, said), [m for m in said if "the job ends at" in m])[1],
                       60, "the job's end said")
     assert len(ends) == 1 and "(scontrol's EndTime)" in ends[0], said
+
+
+def test_a_sigterms_endtime_is_used_while_killwait_is_still_asked():
+    """`scontrol show job` answers at once, `scontrol show config` is held: the EndTime is the end meanwhile.
+    Before: it was stored only once KillWait came too (up to SIGNAL_TIMEOUT_S later), the fallback kept until then."""
+    end = int(time.time()) + 500
+    config_asked, answer = threading.Event(), threading.Event()
+
+    def runner(args: list[str]) -> str:
+        if args[1:3] == ["show", "job"]:
+            return f"JobId=42 JobState=RUNNING Reason=None Restarts=0 EndTime={end}\n"
+        config_asked.set()
+        answer.wait(120)
+        return "KillWait                = 45 sec\n"
+
+    said = Events()
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, said, lambda args: "", signal_runner=runner,
+                         environ={})
+    assert job.preempt("SIGTERM") and job.end_watch is not None
+    try:
+        assert config_asked.wait(60)
+        taken = wait_until(lambda: job.job_end().at == end and job.job_end(), 60, "the EndTime taken")
+        assert taken.source == "scontrol's EndTime" and not job.end_watch.settled
+    finally:
+        answer.set()
+    wait_until(lambda: job.end_watch.settled, 60, "KillWait answered")
+    assert job.job_end().at == end and len(said) == 1 and "(scontrol's EndTime)" in said[0], said
+
+
+def test_the_same_end_known_another_way_is_not_said_to_have_moved():
+    """Try 1: the job silent, the config failing (the default KillWait, 30 s); try 2: the config answers 30 s, the
+    same end read another way. Before: `the job's end moved from T to T`."""
+    said, go, config_calls = Events(), threading.Event(), []
+
+    def runner(args: list[str]) -> str:
+        config_calls.append(args)
+        if len(config_calls) == 1:
+            raise subprocess.SubprocessError("scontrol show config: exit 1: slurm_load_ctl_conf error")
+        go.wait(120)
+        return "KillWait                = 30 sec\n"
+
+    watch = endwatch.EndWatch(lambda: {}, runner, {}, "SIGTERM", time.time(), said, delays=(0.0,))
+    wait_until(lambda: (watch.current(), said)[1], 60, "the fallback said")
+    assert len(said) == 1 and "Slurm's default KillWait" in said[0], said
+    go.set()
+    wait_until(lambda: watch.settled, 60, "the tries spent")
+    end = watch.current()
+    assert "30s after the SIGTERM, Slurm's KillWait (scontrol show config)" in end.source, end
+    assert len(said) == 1, said
