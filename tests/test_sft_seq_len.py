@@ -234,6 +234,43 @@ def test_a_slow_count_hides_no_other_corpus_problem(tmp_path, corpus, monkeypatc
         release.set()
 
 
+def test_a_slow_count_is_waited_on_and_its_answer_kept_never_started_again(tmp_path, corpus, monkeypatch):
+    """A count slower than its bound (slow, not stalled) is kept, its thread and its answer: the next ask (`run
+    --check` asks for the problem, then for the note) waits on it, an ask at other settings starts no count beside it
+    (one thread reads a corpus), and its answer, once come, is the verdict. Before: every ask after the bound started
+    a count of its own, one more thread reading the share and one more bound waited."""
+    import minilmd.replycut as replycut
+
+    release, entered, started = threading.Event(), threading.Event(), []
+
+    def slow(cfg, meta, seen):
+        started.append(cfg.train.seq_len)
+        entered.set()
+        release.wait(120)
+        return (f"refused at {cfg.train.seq_len}", "") if cfg.train.seq_len == 48 else ("", "counted")
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    monkeypatch.setattr(reply_check, "_counts", {})
+    monkeypatch.setattr(reply_check, "COUNT_BOUND_S", 0.2)  # no answer before release
+    monkeypatch.setattr(replycut, "replies_cut", slow)
+    cfg, other = (load_config(_config(tmp_path, corpus, name, seq_len)) for name, seq_len in (("a", 40), ("b", 48)))
+    meta = json.loads((corpus[0] / "meta.json").read_text(encoding="utf-8"))
+    not_counted = ("", reply_check.not_counted())
+    try:
+        assert reply_check.replies_verdict(cfg, meta) == not_counted
+        assert reply_check.replies_verdict(cfg, meta) == not_counted
+        assert reply_check.replies_verdict(other, meta) == not_counted
+        assert entered.wait(60) and started == [40]
+    finally:
+        release.set()
+    (count,) = reply_check._counts.values()
+    count.thread.join(60)
+    monkeypatch.setattr(reply_check, "COUNT_BOUND_S", 60.0)  # the counts below answer: never a bound reached
+    assert reply_check.replies_verdict(cfg, meta) == ("", "counted") and started == [40]
+    # a count answering with a problem after the check's ask said "not counted" (the check passed): the note says
+    # it was not counted, never nothing
+    assert replies_cut_warning(other) == reply_check.not_counted() and started == [40, 48]
+
+
 def test_run_check_counts_each_split_once_and_the_trainer_none(tmp_path, corpus, monkeypatch):
     """`run --check` asks for the problem and then the note: one count per split. The trainer's load counts no
     sample (its start counts exactly: DocumentRows)."""
@@ -272,7 +309,7 @@ def _after_the_clock_moves_past(path: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("how", ["in_place_same_size_and_mtime", "renamed_over"])
 def test_a_corpus_rewritten_under_the_same_meta_is_counted_again(tmp_path, corpus, monkeypatch, how):
-    """The count is kept once a process (a supervisor asks at each restart) for the same meta.json and the same
+    """The count is kept once a process (`run --check` asks twice) for the same meta.json and the same
     files: shards rewritten under an unchanged meta.json get a fresh count. Before, the cache was keyed on meta.json
     alone and gave the old corpus's count."""
     monkeypatch.setattr(reply_check, "_verdicts", {})

@@ -5,25 +5,28 @@ Before: the end was asked once at the signal, the loop waiting up to SIGNAL_TIME
 answer then left the fallback for good: 300 s after a USR1, 30 s after a SIGTERM. A SIGTERM preemption with a
 longer grace had its save and last sync cut 10 s after the signal, and the requeued job resumed from the last
 synced step. `scontrol` here is a script on PATH, silent (it sleeps past the runner's bound) until the test lets it
-answer, or a runner the test holds. The deadline is judged against a fake clock; nothing is timed.
+answer, or a runner the test holds. The deadline is judged against a fake clock; nothing is timed. The runner
+records each call before it runs it, and bounds a call the fake answers at BOUND_S, so that a loaded machine slows
+the test, never fails it.
 """
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import threading
 import time
 from types import SimpleNamespace
 
 from minilmd.daemon.host.signals import Signals
+from minilmd.daemon.slurm import endwatch, jobend, lastsynccut
 from minilmd.daemon.slurm import job as slurm
-from minilmd.daemon.slurm import jobend, lastsynccut
 from waiting import wait_until, without_blocking
 
 SCONTROL = """#!/bin/sh
 # a slurmctld that does not answer until $FAKE_GO exists: silent ($FAKE_DOWN empty: sleeps past the runner's
 # bound) or down (scontrol's own error, at once); `show config` answers KillWait at once if $FAKE_KILL_WAIT is set
-echo "$*" >> "$FAKE_SLURM_CALLS"
+# (tests/test_slurm_end_watch.py answers() says the same)
 not_yet() {
   [ -z "$FAKE_DOWN" ] || { echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1; }
   exec sleep 60
@@ -39,7 +42,7 @@ esac
 BOUND_S = 10.0
 """Each scontrol call's bound where one must answer (SIGNAL_TIMEOUT_S's stand-in, generous for a loaded machine)."""
 SILENT_BOUND_S = 0.5
-"""The bound where none answers: what a silent call costs."""
+"""The bound of a call the fake does not answer (answers()): what a silent call costs."""
 
 
 class Events(list):
@@ -53,17 +56,28 @@ def fake_slurm(tmp_path, monkeypatch, end: float = 0.0, kill_wait: str = "", dow
     (bin_dir / "scontrol").write_text(SCONTROL)
     (bin_dir / "scontrol").chmod(stat.S_IRWXU)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SLURM_CALLS", str(tmp_path / "calls"))
     monkeypatch.setenv("FAKE_GO", str(tmp_path / "go"))
     monkeypatch.setenv("FAKE_END", str(int(end)))
     monkeypatch.setenv("FAKE_KILL_WAIT", kill_wait)
     monkeypatch.setenv("FAKE_DOWN", "1" if down else "")
 
 
-def preempted_job(signal_name: str, events: Events, bound: float = BOUND_S, **kwargs) -> slurm.SlurmJob:
-    """A SlurmJob preempted by `signal_name`, its scontrol calls bounded at `bound`."""
+def answers(args: list[str], tmp_path) -> bool:
+    """Whether the fake scontrol answers this call now (SCONTROL's rule), rather than stay silent or fail."""
+    return (tmp_path / "go").exists() or (args[1:3] == ["show", "config"] and bool(os.environ["FAKE_KILL_WAIT"]))
+
+
+def preempted_job(signal_name: str, events: Events, tmp_path, silent_bound: float = BOUND_S,
+                  **kwargs) -> slurm.SlurmJob:
+    """A SlurmJob preempted by `signal_name`: each scontrol call recorded in tmp_path/calls, then run, bounded at
+    BOUND_S when the fake answers it, else at `silent_bound`."""
+    def runner(args: list[str]) -> str:
+        with open(tmp_path / "calls", "a", encoding="utf-8") as f:
+            f.write(" ".join(args[1:]) + "\n")
+        return slurm.run_command(args, BOUND_S if answers(args, tmp_path) else silent_bound)
+
     job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, events, lambda args: "",
-                         signal_runner=lambda args: slurm.run_command(args, bound), environ={}, **kwargs)
+                         signal_runner=runner, environ={}, **kwargs)
     assert job.preempt(signal_name)
     return job
 
@@ -74,12 +88,12 @@ def calls(tmp_path) -> list[str]:
 
 
 def test_a_late_answer_moves_a_sigterms_deadline_later_and_the_save_is_not_cut_early(tmp_path, monkeypatch):
-    """A SIGTERM preemption with a 120 s grace; `scontrol show job` silent at the signal, answering at a later
-    try (each bounded at SILENT_BOUND_S: the first one's silence costs that)."""
+    """A SIGTERM preemption with a 120 s grace; `scontrol show job` silent at the signal (its silence costs
+    SILENT_BOUND_S), answering at a later try."""
     end = time.time() + 120
     fake_slurm(tmp_path, monkeypatch, end, kill_wait="30")
     said = Events()
-    job = preempted_job("SIGTERM", said, SILENT_BOUND_S)
+    job = preempted_job("SIGTERM", said, tmp_path, SILENT_BOUND_S)
     at = job.preempted_at
     cfg = SimpleNamespace(run_dir=tmp_path)  # no stop request in it: Slurm's SIGTERM
     # the first try is not answered: the fallback, KillWait's 30 s, and its deadline 10 s after the signal
@@ -105,7 +119,7 @@ def test_a_late_answer_moves_a_usr1s_deadline_earlier(tmp_path, monkeypatch):
     end = time.time() + 60
     fake_slurm(tmp_path, monkeypatch, end, down=True)
     said = Events()
-    job = preempted_job("USR1", said)
+    job = preempted_job("USR1", said, tmp_path)
     cfg = SimpleNamespace(run_dir=tmp_path)
     wait_until(lambda: (job.job_end(), said)[1], 60, "the end said after scontrol's silence")
     assert not lastsynccut.reached(job, cfg, lambda: int(end) - 10)  # the warning's 300 s: not yet
@@ -119,7 +133,7 @@ def test_a_slurmctld_that_never_answers_is_asked_a_bounded_number_of_times_and_t
                                                                                                    monkeypatch):
     fake_slurm(tmp_path, monkeypatch)
     said = Events()
-    job = preempted_job("SIGTERM", said, SILENT_BOUND_S, end_retry_s=(0.1,))
+    job = preempted_job("SIGTERM", said, tmp_path, SILENT_BOUND_S, end_retry_s=(0.1,))
     watch = job.end_watch
     assert watch is not None
     wait_until(lambda: watch.settled, 60, "the tries spent")
@@ -132,7 +146,7 @@ def test_a_slurmctld_that_never_answers_is_asked_a_bounded_number_of_times_and_t
 
 def test_a_sigterms_fallback_is_the_clusters_killwait_when_only_the_config_answers(tmp_path, monkeypatch):
     fake_slurm(tmp_path, monkeypatch, kill_wait="120", down=True)
-    job = preempted_job("SIGTERM", Events(), end_retry_s=(0.1,))
+    job = preempted_job("SIGTERM", Events(), tmp_path, end_retry_s=(0.1,))
     wait_until(lambda: job.end_watch is not None and job.end_watch.settled, 60, "the tries spent")
     end = job.job_end()
     assert end.guessed and end.at == job.preempted_at + 120 and "scontrol show config" in end.source, end
@@ -182,3 +196,52 @@ def test_the_loop_says_the_end_once_slurm_answers_with_no_cut_in_view():
     ends = wait_until(lambda: (slurm.on_signal(job, signals, said), [m for m in said if "the job ends at" in m])[1],
                       60, "the job's end said")
     assert len(ends) == 1 and "(scontrol's EndTime)" in ends[0], said
+
+
+def test_a_sigterms_endtime_is_used_while_killwait_is_still_asked():
+    """`scontrol show job` answers at once, `scontrol show config` is held: the EndTime is the end meanwhile.
+    Before: it was stored only once KillWait came too (up to SIGNAL_TIMEOUT_S later), the fallback kept until then."""
+    end = int(time.time()) + 500
+    config_asked, answer = threading.Event(), threading.Event()
+
+    def runner(args: list[str]) -> str:
+        if args[1:3] == ["show", "job"]:
+            return f"JobId=42 JobState=RUNNING Reason=None Restarts=0 EndTime={end}\n"
+        config_asked.set()
+        answer.wait(120)
+        return "KillWait                = 45 sec\n"
+
+    said = Events()
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, said, lambda args: "", signal_runner=runner,
+                         environ={})
+    assert job.preempt("SIGTERM") and job.end_watch is not None
+    try:
+        assert config_asked.wait(60)
+        taken = wait_until(lambda: job.job_end().at == end and job.job_end(), 60, "the EndTime taken")
+        assert taken.source == "scontrol's EndTime" and not job.end_watch.settled
+    finally:
+        answer.set()
+    wait_until(lambda: job.end_watch.settled, 60, "KillWait answered")
+    assert job.job_end().at == end and len(said) == 1 and "(scontrol's EndTime)" in said[0], said
+
+
+def test_the_same_end_known_another_way_is_not_said_to_have_moved():
+    """Try 1: the job silent, the config failing (the default KillWait, 30 s); try 2: the config answers 30 s, the
+    same end read another way. Before: `the job's end moved from T to T`."""
+    said, go, config_calls = Events(), threading.Event(), []
+
+    def runner(args: list[str]) -> str:
+        config_calls.append(args)
+        if len(config_calls) == 1:
+            raise subprocess.SubprocessError("scontrol show config: exit 1: slurm_load_ctl_conf error")
+        go.wait(120)
+        return "KillWait                = 30 sec\n"
+
+    watch = endwatch.EndWatch(lambda: {}, runner, {}, "SIGTERM", time.time(), said, delays=(0.0,))
+    wait_until(lambda: (watch.current(), said)[1], 60, "the fallback said")
+    assert len(said) == 1 and "Slurm's default KillWait" in said[0], said
+    go.set()
+    wait_until(lambda: watch.settled, 60, "the tries spent")
+    end = watch.current()
+    assert "30s after the SIGTERM, Slurm's KillWait (scontrol show config)" in end.source, end
+    assert len(said) == 1, said

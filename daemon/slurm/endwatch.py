@@ -5,9 +5,10 @@ after a SIGTERM `scontrol show config` for Slurm's KillWait too, each within SIG
 does not answer (busy requeuing or preempting, failing over) is asked again after each of RETRY_DELAYS_S, until
 `scontrol show job` answers or the tries are spent. The loop never waits for it: the trainer's save and the last
 sync begin at once, and each tick reads the end from what has come so far (daemon/slurm/jobend.py's rule, its one
-home: SLURM_JOB_END_TIME and the fallback until scontrol answers). An answer moves the deadline, earlier or later,
-and the change is said once in supervisor.log. Only the loop emits; the thread stores its findings in one
-attribute. Torch-free.
+home: SLURM_JOB_END_TIME and the fallback until scontrol answers), each answer as soon as it comes (the job's
+EndTime is not held while KillWait is asked). An answer moves the deadline, earlier or later, and the change is
+said once in supervisor.log (a change of source alone, the same end, is not a move and is not said). Only the
+loop emits; the thread stores its findings in one attribute. Torch-free.
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class EndWatch:
         for tries, delay in enumerate((0.0, *self._delays), 1):
             time.sleep(delay)
             line = self._ask_job()
+            if line:  # used at once: not held while KillWait is asked (up to SIGNAL_TIMEOUT_S more)
+                self.known = (line, kill_wait, tries, time.time())
             if self.signal_name == "SIGTERM" and kill_wait is None:  # the fallback's, or the time limit's, kill
                 kill_wait = ask_kill_wait(self._runner)
             self.known = (line, kill_wait, tries, time.time())
@@ -80,6 +83,8 @@ class EndWatch:
 
     def _say(self, end: jobend.JobEnd, answered: bool, told_at: float) -> None:
         before, self._said = self._said, end
+        if before is not None and before.at == end.at:  # only how it is known changed (KillWait's default, read)
+            return
         if before is not None:
             self._emit("slurm", f"the job's end moved from {_when(before.at)} to {_when(end.at)}: Slurm answered "
                                 f"{told_at - self.signalled_at:.0f}s after the {self.signal_name}; {end.words()}")
