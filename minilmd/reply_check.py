@@ -120,11 +120,15 @@ def replies_verdict(cfg: RunConfig, meta: dict) -> tuple[str, str]:
 
 
 def _count_or_why(replies_cut, cfg: RunConfig, meta: dict, seen: Seen) -> tuple[tuple[str, str], str]:
-    """(replies_cut's verdict, ""), or (("", ""), why) when it cannot read a file now (its words name the file)."""
+    """(replies_cut's verdict, ""), or (("", ""), why) when it cannot read a file now (its words name the file), or
+    when the count itself fails: said as what it is, never as a count that did not answer (review10b 2; before, the
+    thread died with a traceback and the note said the count had not answered in time)."""
     try:
         return replies_cut(cfg, meta, seen), ""
     except OSError as e:
         return ("", ""), str(e)
+    except Exception as e:  # noqa: BLE001 - a note, never a refusal: the trainer counts exactly at its start
+        return ("", ""), f"{cfg.data.prepared}: the count failed ({type(e).__name__}: {e})"
 
 
 def _identities_of(read: Seen) -> object:

@@ -234,6 +234,23 @@ def test_a_slow_count_hides_no_other_corpus_problem(tmp_path, corpus, monkeypatc
         release.set()
 
 
+def test_a_count_that_fails_says_why_never_that_it_did_not_answer(tmp_path, corpus, monkeypatch):
+    """A count that raises (a defect, a corpus no check foresaw) is a note naming the error, and the run starts; before,
+    its thread died with a traceback and the note said the count had not answered within its bound."""
+    import minilmd.replycut as replycut
+
+    def broken(cfg, meta, seen):
+        raise ValueError("a doc length of -3")
+    monkeypatch.setattr(reply_check, "_verdicts", {})
+    monkeypatch.setattr(reply_check, "_counts", {})
+    monkeypatch.setattr(replycut, "replies_cut", broken)
+    cfg = load_config(_config(tmp_path, corpus, "broken", 40))
+    meta = json.loads((corpus[0] / "meta.json").read_text(encoding="utf-8"))
+    problem, warning = reply_check.replies_verdict(cfg, meta)
+    assert problem == "" and warning != reply_check.not_counted()
+    assert "ValueError: a doc length of -3" in warning and reply_check.TRAINER_COUNTS in warning
+
+
 def test_a_slow_count_is_waited_on_and_its_answer_kept_never_started_again(tmp_path, corpus, monkeypatch):
     """A count slower than its bound (slow, not stalled) is kept, its thread and its answer: the next ask (`run
     --check` asks for the problem, then for the note) waits on it, an ask at other settings starts no count beside it
