@@ -108,10 +108,11 @@ def _synced_at_budget(state: dict) -> bool:
     progress, remote = state.get("progress"), state.get("remote_checkpoint")
     if not isinstance(progress, dict) or not isinstance(remote, dict):
         return False
-    total, synced = progress.get("total_steps"), remote.get("step")
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (total, synced, progress.get("step"))):
+    step, total, synced = progress.get("step"), progress.get("total_steps"), remote.get("step")
+    if not isinstance(step, int) or not isinstance(total, int) or not isinstance(synced, int) or \
+            any(isinstance(n, bool) for n in (step, total, synced)):
         return False
-    return not _before_budget(progress) and synced >= total > 0
+    return step >= total > 0 and synced >= total
 
 
 def _before_budget(progress) -> bool:
