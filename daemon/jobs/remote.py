@@ -157,6 +157,10 @@ class Remote:
         """None: not measurable on an object store."""
         return None
 
+    def inodes_if_none_left(self) -> int | None:
+        """None: an object store has no inodes to run out of."""
+        return None
+
     def hasher(self, name: str, manifest: dict):
         """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""
         return lambda f: self.sha256(name, f, size=manifest["files"][f]["size"])

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import perms
+from minilmd import fsio, perms
 from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
@@ -290,6 +290,11 @@ class LocalRemote(Publishing, Remote):
         with contextlib.suppress(OSError):
             return shutil.disk_usage(self.root).free
         return None
+
+    def inodes_if_none_left(self) -> int | None:
+        """The inode count here when none is left for a new file (fsio.no_inode_left): what a full remote ran
+        out of, when not bytes."""
+        return fsio.inodes_if_none_left(self.root)
 
     # --- writing, at the root's descriptor -------------------------------------------------------------------------
     def put(self, local: Path, *names: str) -> int:

@@ -128,7 +128,9 @@ class Syncer(CopyUp, Fetcher):
             raise
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
             message = f"sync to {self.remote_url} failed: {error_words(e)}"
-            raise (RemoteFull(message, self.remote.free()) if is_disk_full(e) else SyncError(message)) from e
+            if is_disk_full(e):
+                raise RemoteFull(message, self.remote.free(), self.remote.inodes_if_none_left()) from e
+            raise SyncError(message) from e
         finally:
             self.copying = None
             self.watch.reading("")
