@@ -27,6 +27,7 @@ from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
 from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
+from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, printable, read_bytes
 from minilmd.urls import is_url
 
@@ -254,7 +255,7 @@ def _remote_step(remote: RemoteCheckpoint | None, owner: int | None = None) -> i
     if remote is None or not remote.path or is_url(remote.path) or not Path(remote.path).is_absolute():
         return recorded
     root = Path(remote.path).parent
-    answered, named, _ = bounded_probe(_latest_step, root, os.getuid() if owner is None else owner)
+    answered, named, _ = bounded_probe(_latest_step, root, own_uid() if owner is None else owner)
     if not answered or named is None:
         return recorded
     return named if recorded is None else max(recorded, named)
