@@ -229,7 +229,7 @@ class Remote:
         self.makedirs(target, *below)
         return target
 
-    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
+    def rm(self, name: str, file: bool = False, was: str | None = None, claim: bytes | None = None) -> str | None:
         """Remove what a sync made, a name of the root: None (removed, or not there). An object store has no other
         users, nor their renames (LocalRemote: only what is proven this run's)."""
         try:

@@ -390,15 +390,15 @@ class LocalRemote(Publishing, Remote):
         taken(found, fresh)
         return fresh
 
-    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
+    def rm(self, name: str, file: bool = False, was: str | None = None, claim: bytes | None = None) -> str | None:
         """Remove what a sync made, a name of the root: None when removed (or not there). Only a real directory (a
         regular file when `file`: a pointer's temp file) owned by this user and proven this run's
         (remote_made.why_kept; `was`: the name it is recorded by), whatever its name says (others write and rename
         there too), through the root's descriptor: anything else (another user's, a link, ...) is left, and what it
-        is returned."""
+        is returned. `claim`: this run's claim, which the claim's temporary file of a write cut may hold."""
         root = self._root()
         st = root.lstat(name)
-        why = remote_write.remove_ours(root, name, self.made, file, was)
+        why = remote_write.remove_ours(root, name, self.made, file, was, claim)
         if why is None and st is not None and not file:
             self.made.forget(was or name, (st.st_dev, st.st_ino))
         return why

@@ -139,7 +139,8 @@ class Syncer(CopyUp, Fetcher):
         remote = self.remote
         remote.makedirs()
         self._ensure_claim()
-        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log)
+        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
+                                        remote_claim.encoded(self.claim) if self.claim is not None else None)
         self._sync_base()
         self.watch.reading(f"looking at {self.remote_url}")
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
