@@ -139,7 +139,9 @@ class Ending:
             if self.slurm.preempted_by:
                 self._finish_preempted(sync_problem)
                 return
-        if self.loop.stop_requested:
+        # a trainer that ended done (budget reached, or early_stop) has finished: a stop that came during its last
+        # sync, that sync done, changes nothing (recorded "stopped", a later stage's init.from waited for ever)
+        if self.loop.stop_requested and (sync_problem or self.loop.last_cause != Cause.DONE):
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self.loop.ended = protocol.ENDED_STOPPED

@@ -37,7 +37,7 @@ from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
-from minilmd.fsio import is_disk_full
+from minilmd.fsio import is_disk_full, no_inode_left
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import TooManyEntries, listed
 
@@ -249,7 +249,7 @@ def _no_room(e: OSError, near: str | os.PathLike) -> str:
             where = os.path.dirname(where)
         except OSError:
             return f"{e.strerror} ({where})"
-    if vfs.f_files and not vfs.f_favail:
+    if no_inode_left(vfs):
         return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
                 f"{_whose(where)}")
     return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(where)}"

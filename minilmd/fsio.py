@@ -43,6 +43,23 @@ def is_disk_full(e: BaseException) -> bool:
     """ENOSPC or EDQUOT (DISK_FULL_ERRNOS)."""
     return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
+
+def no_inode_left(vfs: os.statvfs_result) -> bool:
+    """Whether a file system is full of inodes, not of bytes (its ENOSPC with bytes to spare: freeing bytes would not
+    help): it counts inodes (f_files; 0 where they are made as needed, as on btrfs and many NFS servers) and has none
+    left for an unprivileged user (f_favail). The one rule of every message that names what ran out."""
+    return bool(vfs.f_files) and not vfs.f_favail
+
+
+def inodes_if_none_left(path: str | os.PathLike) -> int | None:
+    """The inode count of path's file system when none is left for a new file (no_inode_left); None otherwise, or
+    when it cannot be measured."""
+    try:
+        vfs = os.statvfs(path)
+    except OSError:
+        return None
+    return vfs.f_files if no_inode_left(vfs) else None
+
 CHUNK = 1 << 22
 
 

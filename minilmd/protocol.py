@@ -72,6 +72,8 @@ def how_ended(state: dict) -> str | None:
         ended = _ended_by_reason(state)
     if ended == ENDED_FINISHED and _before_budget(state.get("progress")):
         return ENDED_EARLY_STOPPED
+    if ended == ENDED_STOPPED and _synced_at_budget(state):
+        return ENDED_FINISHED
     return ended
 
 
@@ -97,6 +99,20 @@ def restart_may_follow(state: dict) -> bool:
         outcome = state.get("outcome")
         return not isinstance(outcome, dict) or outcome.get("exit") not in FINAL_EXIT_STATUSES
     return False
+
+
+def _synced_at_budget(state: dict) -> bool:
+    """Whether a run recorded `stopped` had in fact finished: its last step at its total_steps and that step on
+    run.remote (remote_checkpoint). An earlier version recorded a stop that came during a finished run's last sync
+    as `stopped` (daemon/ending.py), and a later stage whose init.from named the run waited for it for ever."""
+    progress, remote = state.get("progress"), state.get("remote_checkpoint")
+    if not isinstance(progress, dict) or not isinstance(remote, dict):
+        return False
+    step, total, synced = progress.get("step"), progress.get("total_steps"), remote.get("step")
+    if not isinstance(step, int) or not isinstance(total, int) or not isinstance(synced, int) or \
+            any(isinstance(n, bool) for n in (step, total, synced)):
+        return False
+    return step >= total > 0 and synced >= total
 
 
 def _before_budget(progress) -> bool:

@@ -221,3 +221,42 @@ def test_a_failed_wait_ends_its_record_and_an_unreadable_one_is_left_for_the_sup
     left.waiting("waiting for room for scratch: full")
     left.stopped("stopped (SIGTERM) while waiting for room for scratch: nothing started")
     assert (run_dir / names.STATE).read_text() == "{not json"
+
+
+@pytest.mark.slow
+def test_stop_of_the_wait_after_a_reboot_reports_no_checkpoint_that_is_not_there(base, tmp_path, corpus):
+    """A power cut, then a reboot (reports fault8 F2): state.json, the killed supervisor's, names step 100 in a
+    scratch that is gone and the remote at step 50, while run.remote's LATEST names step 100. `minilmd stop` of the
+    launch waiting for room for scratch: exit 0, nothing started; before, exit 3 "NOT SYNCED: the newest
+    checkpoint, step 100, is only in scratch: PATH" (a path that did not exist) "the remote has step 50"."""
+    config = write_config(tmp_path, corpus, run={"scratch": ""})
+    run_dir, remote = tmp_path / "s" / "run", tmp_path / "s" / "remote"
+    old = previous_record(run_dir, config, ended=False)
+    for step in (50, 100):
+        (remote / names.step_name(step)).mkdir(parents=True)
+        (remote / names.step_name(step) / names.MANIFEST).write_text("{}")
+    (remote / names.LATEST).write_text(names.step_name(100) + "\n")
+    old["local_checkpoint"] = {"step": 100, "time": 1000.0,
+                               "path": str(tmp_path / "gone" / names.CHECKPOINTS / names.step_name(100))}
+    old["remote_checkpoint"] = {"step": 50, "time": 900.0, "verified": True,
+                                "path": str(remote / names.step_name(50))}
+    old["sync"] = {"state": "ok", "since": 900.0, "error": None, "attempts": 0}
+    atomic_write_json(run_dir / names.STATE, old)
+    fill_inodes(base)
+    log = tmp_path / "run.out"
+    proc = start_supervisor(config, log)
+    try:
+        deadline = time.monotonic() + 120
+        while "waits:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "waits:" in log.read_text(), log.read_text()
+        stopped = cli("stop", str(run_dir), timeout=180)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "NOT SYNCED" not in stopped.stdout and "no local checkpoint; remote checkpoint step 100" in \
+            stopped.stdout, stopped.stdout
+        assert "nothing started" in stopped.stdout, stopped.stdout
+        assert wait_or_kill(proc, 120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

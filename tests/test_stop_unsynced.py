@@ -5,6 +5,7 @@ exit status of `minilmd stop`."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import time
@@ -109,3 +110,39 @@ def test_both_docs_list_every_exit_status_of_stop(doc):
     rows = {int(s) for s in re.findall(r"^\| (\d+) \|", table.group(1), re.M)}
     statuses = {getattr(protocol, n) for n in dir(protocol) if n.startswith("STOP_")}
     assert rows == statuses, f"{doc}: rows {sorted(rows)}, protocol.STOP_*: {sorted(statuses)}"
+
+
+def remote_with(tmp_path: Path, latest: int, owner: int | None = None) -> Path:
+    """A run.remote whose LATEST names step `latest` (its directory with a manifest), `owner` its LATEST's."""
+    remote = tmp_path / "remote"
+    (remote / names.step_name(latest)).mkdir(parents=True)
+    (remote / names.step_name(latest) / names.MANIFEST).write_text("{}")
+    (remote / names.LATEST).write_text(names.step_name(latest) + "\n")
+    if owner is not None:
+        os.chown(remote / names.LATEST, owner, owner)
+    return remote
+
+
+def recorded_remote(run_dir: Path, remote: Path, step: int) -> None:
+    st = state(run_dir)
+    st["remote_checkpoint"]["path"] = str(remote / names.step_name(step))
+    atomic_write_json(run_dir / names.STATE, st)
+
+
+def test_a_scratch_checkpoint_gone_is_no_checkpoint_only_in_scratch(tmp_path):
+    """After a reboot (reports fault8 F2): state.json names step 100 in a scratch cleared since; the remote's older
+    record is no reason for exit 3, and the line says no local checkpoint, not a path that does not exist."""
+    run_dir = ended_run(tmp_path, 100, 50)  # nothing saved in scratch
+    rc, text = stopped(run_dir)
+    assert rc == protocol.STOP_DONE and "NOT SYNCED" not in text, text
+
+
+@pytest.mark.parametrize("owner, rc", [(None, protocol.STOP_DONE), (64123, protocol.STOP_UNSYNCED)])
+def test_the_remotes_latest_newer_than_the_record_is_the_remotes_step(tmp_path, owner, rc):
+    """A supervisor killed after its sync put step 100 in place, before its state.json said so: the remote has it
+    (its LATEST, the run's user's); a LATEST of another user proves nothing: exit 3 as before."""
+    run_dir = ended_run(tmp_path, 100, 50, saved=(100,))
+    recorded_remote(run_dir, remote_with(tmp_path, 100, owner), 50)
+    got, text = stopped(run_dir)
+    assert got == rc, text
+    assert ("NOT SYNCED" in text) == (rc == protocol.STOP_UNSYNCED), text

@@ -62,11 +62,14 @@ def test_status_escapes_what_state_json_says_before_the_terminal(tmp_path):
 
 
 def test_stop_of_an_ended_run_escapes_its_reason_and_error(tmp_path):
+    saved = tmp_path / "x" / ("step-5" + ESCAPES)  # there: stop names a scratch checkpoint only where it is
+    saved.mkdir(parents=True)
+    (saved / names.MANIFEST).write_text("{}")
     run_dir = hostile_run(tmp_path, phase="done", last_error="boom" + ESCAPES,
                           supervisor={"pid": 2 ** 22 + 7, "start_ticks": 1, "host": socket.gethostname()},
                           outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "over" + ESCAPES},
                           sync={"state": "ok", "error": "sync" + ESCAPES},
-                          local_checkpoint={"step": 5, "time": time.time(), "path": "/x/step-5" + ESCAPES})
+                          local_checkpoint={"step": 5, "time": time.time(), "path": str(saved)})
     out = io.StringIO()
     views_stop.stop(run_dir, out=out)
     assert_escaped(out.getvalue())

@@ -157,6 +157,10 @@ class Remote:
         """None: not measurable on an object store."""
         return None
 
+    def inodes_if_none_left(self) -> int | None:
+        """None: an object store has no inodes to run out of."""
+        return None
+
     def hasher(self, name: str, manifest: dict):
         """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""
         return lambda f: self.sha256(name, f, size=manifest["files"][f]["size"])
@@ -225,7 +229,7 @@ class Remote:
         self.makedirs(target, *below)
         return target
 
-    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
+    def rm(self, name: str, file: bool = False, was: str | None = None, claim: bytes | None = None) -> str | None:
         """Remove what a sync made, a name of the root: None (removed, or not there). An object store has no other
         users, nor their renames (LocalRemote: only what is proven this run's)."""
         try:

@@ -124,7 +124,7 @@ def _our_leftover(store: RemoteStore, claim: Claim) -> bool:
         raw = store.cat_own(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
     except (OSError, Unreadable):
         return False
-    whole = _encoded(claim)
+    whole = encoded(claim)
     return len(raw) < len(whole) and whole.startswith(raw)
 
 
@@ -140,7 +140,7 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
             return False
     except NotARecord:  # this run's cut claim (problem said so): replaced in one rename, only this user's file
         try:
-            store.replace_own(REMOTE_OWNER, _encoded(claim))
+            store.replace_own(REMOTE_OWNER, encoded(claim))
         except FileNotFoundError:
             _write_new(store, claim)  # removed meanwhile: made new, never over another's
     else:
@@ -155,12 +155,13 @@ def _write_new(store: RemoteStore, claim: Claim) -> None:
     never over a file that stands there); one made meanwhile by another run's sync is left, for `problem` to judge.
     Any other failure (ENOSPC, EIO) raises as it is."""
     try:
-        store.put_new(REMOTE_OWNER, _encoded(claim))
+        store.put_new(REMOTE_OWNER, encoded(claim))
     except FileExistsError:
         pass
 
 
-def _encoded(claim: Claim) -> bytes:
+def encoded(claim: Claim) -> bytes:
+    """The claim as owner.json holds it (and the temporary it is written under)."""
     return run_owner.encode(run_owner.record(claim.run_dir, claim.run_name))
 
 
@@ -338,7 +339,7 @@ def take_over(store: RemoteStore, claim: Claim) -> str:
         return ""
     try:
         if plan.replaces:
-            store.replace_own(REMOTE_OWNER, _encoded(claim))
+            store.replace_own(REMOTE_OWNER, encoded(claim))
         else:
             _write_new(store, claim)
     except FileNotFoundError:

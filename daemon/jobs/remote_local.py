@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import perms
+from minilmd import fsio, perms
 from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
@@ -275,6 +275,11 @@ class LocalRemote(Publishing, Remote):
             return shutil.disk_usage(self.root).free
         return None
 
+    def inodes_if_none_left(self) -> int | None:
+        """The inode count here when none is left for a new file (fsio.no_inode_left): what a full remote ran
+        out of, when not bytes."""
+        return fsio.inodes_if_none_left(self.root)
+
     # --- writing, at the root's descriptor -------------------------------------------------------------------------
     def put(self, local: Path, *names: str) -> int:
         """Copy a local file to a new file of the remote, fsynced; the bytes written. The file is made new (O_EXCL:
@@ -368,15 +373,15 @@ class LocalRemote(Publishing, Remote):
         taken(found, fresh)
         return fresh
 
-    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
+    def rm(self, name: str, file: bool = False, was: str | None = None, claim: bytes | None = None) -> str | None:
         """Remove what a sync made, a name of the root: None when removed (or not there). Only a real directory (a
         regular file when `file`: a pointer's temp file) owned by this user and proven this run's
         (remote_made.why_kept; `was`: the name it is recorded by), whatever its name says (others write and rename
         there too), through the root's descriptor: anything else (another user's, a link, ...) is left, and what it
-        is returned."""
+        is returned. `claim`: this run's claim, which the claim's temporary file of a write cut may hold."""
         root = self._root()
         st = root.lstat(name)
-        why = remote_write.remove_ours(root, name, self.made, file, was)
+        why = remote_write.remove_ours(root, name, self.made, file, was, claim)
         if why is None and st is not None and not file:
             self.made.forget(was or name, (st.st_dev, st.st_ino))
         return why

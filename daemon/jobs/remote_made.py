@@ -17,7 +17,9 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   step (a step renamed to another step's name says its own; a directory without one is no sync's on a local
   remote, where copies are renamed into place whole); one a further copy replaced (a stopped DPO reference pass's
   step 0, moved out of its name by that copy's publish: daemon/jobs/sync_pass.py) names the step it stood at;
-- a pointer's temporary file (LATEST's, BEST's): a regular file holding at most one step name, what one holds.
+- a pointer's temporary file (LATEST's, BEST's): a regular file holding at most one step name, what one holds;
+  the claim's (owner.json's, RemotePublish.put_new): one holding this run's claim, whole or its start (a supervisor
+  killed as it wrote it), which names this run's directory: another run's claim is never one.
 What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
 """
 from __future__ import annotations
@@ -198,13 +200,14 @@ def made_new(root: Dir, name: str) -> Identity:
 
 
 def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = False,
-             was: str | None = None) -> str | None:
+             was: str | None = None, claim: bytes | None = None) -> str | None:
     """Why `name` in root, as lstat `st` found it, may not be removed by a sync: None when it is proven this run's
     (see the module's docstring). `was`: the name it had when this run recorded it (what stood at `init`, moved to
-    a temporary name to be replaced: a step's, proven by its manifest as at its step name)."""
+    a temporary name to be replaced: a step's, proven by its manifest as at its step name). `claim`: this run's
+    claim (owner.json's bytes), which the claim's temporary file holds whole or cut."""
     identity = (st.st_dev, st.st_ino)
     if file:
-        return _pointer_problem(root, name, identity)
+        return _pointer_problem(root, name, identity, claim)
     if is_step_name(was or name):
         return _step_problem(root, name, identity, step_of(was or name))
     if made.proves(was or name, identity):
@@ -233,9 +236,11 @@ def _step_problem(root: Dir, name: str, identity: Identity, step: int) -> str | 
     return None
 
 
-def _pointer_problem(root: Dir, name: str, identity: Identity) -> str | None:
+def _pointer_problem(root: Dir, name: str, identity: Identity, claim: bytes | None = None) -> str | None:
     """None when `name` (the file judged) holds what a pointer's temporary file holds: nothing yet, or one step
-    name (another of this user's files renamed there, the run's owner.json, is left)."""
+    name; or, given `claim`, what the claim's temporary holds: this run's claim, whole or the start of it (a
+    supervisor killed while it wrote or before it renamed it: RemotePublish.put_new). Another of this user's files
+    renamed there (the run's owner.json, another run's claim) is left."""
     try:
         fd = open_regular(name, dir_fd=root.fd)
     except Unreadable as e:
@@ -244,10 +249,12 @@ def _pointer_problem(root: Dir, name: str, identity: Identity) -> str | None:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != identity or not stat.S_ISREG(st.st_mode):
             return "a file moved there while it was looked at: not removed"
-        data = os.read(fd, POINTER_MAX_BYTES + 1)
+        data = os.read(fd, max(POINTER_MAX_BYTES, len(claim or b"")) + 1)
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+    if claim and data and claim.startswith(data):
+        return None  # this run's own claim, or its start: what no other run's claim begins with (its run_dir)
     text = data.decode("utf-8", errors="replace").strip()
     if text and not is_step_name(text):
         return "a file that holds no pointer (another file renamed to a pointer's temporary name?)"

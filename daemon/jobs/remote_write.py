@@ -300,7 +300,8 @@ def in_root(root: Dir, *names: str) -> str:
     return "/".join([str(root.inside), *names])
 
 
-def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False, was: str | None = None) -> str | None:
+def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False, was: str | None = None,
+                claim: bytes | None = None) -> str | None:
     """Remove `name` of the root when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
     why_foreign) and it is proven this run's (remote_made.why_kept: what a name alone never proves, in a root others
     may rename within; `made`: the run's record, `was`: the name it was recorded by); else leave it and say what it
@@ -312,7 +313,7 @@ def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False
     path = in_root(root, name)
     if why := (why_foreign(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
         return why
-    if why := remote_made.why_kept(root, name, st, made, file, was):
+    if why := remote_made.why_kept(root, name, st, made, file, was, claim):
         cut_before_its_record = not (file or was is not None or is_step_name(name))
         if not (cut_before_its_record and _remove_unrecorded(root, name, (st.st_dev, st.st_ino))):
             return why

@@ -128,7 +128,9 @@ class Syncer(CopyUp, Fetcher):
             raise
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
             message = f"sync to {self.remote_url} failed: {error_words(e)}"
-            raise (RemoteFull(message, self.remote.free()) if is_disk_full(e) else SyncError(message)) from e
+            if is_disk_full(e):
+                raise RemoteFull(message, self.remote.free(), self.remote.inodes_if_none_left()) from e
+            raise SyncError(message) from e
         finally:
             self.copying = None
             self.watch.reading("")
@@ -137,7 +139,8 @@ class Syncer(CopyUp, Fetcher):
         remote = self.remote
         remote.makedirs()
         self._ensure_claim()
-        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log)
+        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
+                                        remote_claim.encoded(self.claim) if self.claim is not None else None)
         self._sync_base()
         self.watch.reading(f"looking at {self.remote_url}")
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.

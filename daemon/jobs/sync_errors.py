@@ -24,11 +24,12 @@ class SyncAbandoned(SyncError):
 
 
 class RemoteFull(SyncError):
-    """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
+    """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown);
+    `inodes`: the remote's inode count when none is left for a new file (what ran out: not bytes), else None."""
 
-    def __init__(self, message: str, free: int | None):
+    def __init__(self, message: str, free: int | None, inodes: int | None = None):
         super().__init__(message)
-        self.free = free
+        self.free, self.inodes = free, inodes
 
 
 @dataclass

@@ -21,13 +21,16 @@ from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_pre
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
-with remote_made.why_kept's proof: on a local remote, a directory by the run's record, a file holding a pointer)."""
+with remote_made.why_kept's proof: on a local remote, a directory by the run's record, a file holding a pointer, or
+the claim's temporary holding this run's claim)."""
 
 
 def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[str, str], None],
-                     once: Callable[[tuple[str, str], str], None], log: Callable[[str], None]) -> None:
+                     once: Callable[[tuple[str, str], str], None], log: Callable[[str], None],
+                     claim: bytes | None = None) -> None:
     """Remove (or set aside) the leftovers of interrupted syncs, as the module says; `leave(name, why)` says one left
-    as not this run's, `once(key, message)` says a thing once, `log` the rest (the Syncer's)."""
+    as not this run's, `once(key, message)` says a thing once, `log` the rest (the Syncer's). `claim`: this run's
+    claim (owner.json's bytes), what the claim's temporary of a supervisor killed as it wrote it holds."""
     ours = basecopy.staged_record_hash(base)  # once, not per leftover
     names = remote.names()
     if isinstance(remote, LocalRemote):
@@ -41,7 +44,8 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
             continue
         if n.startswith(TMP_PREFIX) and basecopy.another_base_left(remote, n, ours):
             _keep_base_copy(remote, n, once, log)
-        elif why := remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's or the claim's: a file
+        elif why := remote.rm(n, file=not n.startswith(TMP_PREFIX),  # a pointer's or the claim's: a file
+                              claim=claim if n.startswith(atomic_tmp_prefix(REMOTE_OWNER)) else None):
             leave(n, why)
 
 

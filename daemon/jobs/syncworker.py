@@ -92,6 +92,7 @@ class SyncWorker:
         self.final_tries = 0
         self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
+        self.remote_inodes: int | None = None  # the remote's inode count when none was left (what ran out)
         self.full_said_at: float | None = None  # when `remote_full` was last said; None: not full when last tried
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
@@ -264,6 +265,8 @@ class SyncWorker:
     def _remote_full(self) -> str:
         """The one wording of a full remote, with the numbers of its latest try: every sync's, the last sync's."""
         needs, free = self.remote_full or (None, None)
+        if self.remote_inodes is not None:  # bytes to spare: freeing bytes would not help
+            return f"remote full: no inode left for a new file ({self.remote_inodes:,} in all; {mb(free)} free)"
         return f"remote full (needs {mb(needs)}, free {mb(free)})"
 
     def _remote_full_why(self) -> str:
@@ -272,6 +275,10 @@ class SyncWorker:
         keep = self.cfg.sync.keep
         needs = (self.remote_full or (None, None))[0]
         total = f", about {mb((keep + 1) * needs)} in all" if needs else ""
+        if self.remote_inodes is not None:
+            return (f"{self.cfg.run.remote}'s file system has no inode left: a checkpoint needs a few new files and "
+                    f"directories; remove files there (any of its users') or ask for more inodes; the checkpoints "
+                    f"stay in scratch ({self.cfg.checkpoint_dir}) meanwhile")
         return (f"{self.cfg.run.remote} must hold a new checkpoint beside the ones it keeps (up to sync.keep = {keep} "
                 f"of this run's): the new one is copied in full before the oldest is removed, so room for {keep + 1} "
                 f"checkpoints{total}; free space there or lower sync.keep; the checkpoints stay in scratch "
@@ -325,6 +332,7 @@ class SyncWorker:
             said = error_words(worker.error)
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
+                self.remote_inodes = worker.error.inodes
                 said = f"{self._remote_full()}: {said}"
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")

@@ -10,21 +10,26 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
 
 from minilmd import names, procs, protocol
+from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
-from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
+from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
 from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import Dir, PlaceRefused
-from minilmd.untrusted import printable
+from minilmd.names import POINTER_MAX_BYTES
+from minilmd.perms import own_uid
+from minilmd.untrusted import Unreadable, printable, read_bytes
+from minilmd.urls import is_url
 
 
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
@@ -200,21 +205,27 @@ def _stop_orphans_within(scope: procs.RunScope, timeout: float, grace: float, ou
 
 
 def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = None) -> int:
-    """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
-    local_step = state.local_checkpoint.step if state.local_checkpoint else None
+    """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch. What state.json names is checked
+    where it is: a scratch checkpoint gone (a reboot cleared scratch) is none, and run.remote's LATEST, when newer
+    than state.json's record (a supervisor killed before it wrote it), is the remote's step. Before, a stop of a
+    launch waiting for room for scratch after a reboot reported a step "only in scratch" at a path that did not
+    exist, and the remote's older step from the killed supervisor's record: NOT SYNCED, exit 3, a false alarm."""
+    local_step, local_path = _local_there(state, owner)
     remote = state.remote_checkpoint
+    remote_step = _remote_step(remote, owner)
     if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
         local_words = f"local checkpoint step {local_step}" if local_step is not None else "no local checkpoint"
-        print(f"  {local_words}; remote checkpoint step {remote.step} "
-              f"({'verified' if remote.verified else 'not verified'})" if remote and remote.step is not None else
+        verified = "" if remote is None or remote_step != remote.step else \
+            f" ({'verified' if remote.verified else 'not verified'})"
+        print(f"  {local_words}; remote checkpoint step {remote_step}{verified}" if remote_step is not None else
               f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
             print(f"  last error{_error_context(state, time.time())}: {printable(state.last_error)}", file=out)
-    unsynced = _only_in_scratch(state, owner)
-    if unsynced is None:
+    if state.sync.state == SyncState.OFF or local_step is None or remote_step is not None and \
+            remote_step >= local_step:
         return protocol.STOP_DONE
-    step, path = unsynced
-    on_remote = f"step {remote.step}" if remote and remote.step is not None else "no checkpoint"
+    step, path = local_step, local_path or "scratch"
+    on_remote = f"step {remote_step}" if remote_step is not None else "no checkpoint"
     error = printable(state.sync.error) if state.sync.error else None
     print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
           f"{printable(path)}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
@@ -223,17 +234,45 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
     return protocol.STOP_UNSYNCED
 
 
-def _only_in_scratch(state: StateJson, owner: int | None = None) -> tuple[int, str] | None:
-    """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
-    or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
-    beside the checkpoint state.json names, for a save state.json has not seen."""
-    if state.sync.state == SyncState.OFF:
-        return None
+def _local_there(state: StateJson, owner: int | None = None) -> tuple[int | None, str | None]:
+    """(step, path) of the newest complete local checkpoint (one saved beside state.json's that it has not seen
+    too: an orphan's save), (None, None) when there is none: state.json's names a directory gone, or without its
+    manifest (scratch cleared by a reboot; a directory another user made there is no checkpoint either, as
+    newest_local judges). A checkpoint state.json names without a path is taken at its word."""
     local = newest_local(state.local_checkpoint, owner)  # what `status` says too (daemon/views/newest.py)
-    step, path = (local.step, local.path) if local else (None, None)
-    if step is None:
+    if local is None or local.step is None:
+        return None, None
+    if local.path and not _is_regular(Path(local.path) / names.MANIFEST):
+        return None, None
+    return local.step, local.path
+
+
+def _remote_step(remote: RemoteCheckpoint | None, owner: int | None = None) -> int | None:
+    """The newest step run.remote has of the run: state.json's record, or the step the remote's LATEST names when
+    newer (a file of the run's user, naming a step directory with its manifest, read within the shared storage
+    probe's bound: a hung mount is state.json's word)."""
+    recorded = remote.step if remote is not None else None
+    if remote is None or not remote.path or is_url(remote.path) or not Path(remote.path).is_absolute():
+        return recorded
+    root = Path(remote.path).parent
+    answered, named, _ = bounded_probe(_latest_step, root, own_uid() if owner is None else owner)
+    if not answered or named is None:
+        return recorded
+    return named if recorded is None else max(recorded, named)
+
+
+def _latest_step(root: Path, owner: int) -> int | None:
+    try:
+        name = read_bytes(root / names.LATEST, max_bytes=POINTER_MAX_BYTES, owner=owner).decode().strip()
+    except (Unreadable, UnicodeDecodeError):
         return None
-    synced = state.remote_checkpoint.step if state.remote_checkpoint else None
-    if synced is not None and synced >= step:
+    if not names.is_step_name(name) or not _is_regular(root / name / names.MANIFEST):
         return None
-    return step, path or "scratch"
+    return names.step_of(name)
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

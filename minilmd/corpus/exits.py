@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import typer
 
-from minilmd.fsio import is_disk_full
+from minilmd.fsio import is_disk_full, no_inode_left
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
 
 __all__ = ["EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
@@ -145,7 +145,7 @@ def _room(error: int, where: str) -> str:
     except OSError:
         return f" (the file system mounted at {mount} is full)"
     free = f"{vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free"
-    if vfs.f_files and not vfs.f_favail:  # ENOSPC of inodes, with bytes to spare: freeing bytes would not help
+    if no_inode_left(vfs):  # ENOSPC of inodes, with bytes to spare: freeing bytes would not help
         return f" (the file system mounted at {mount} has no inode left for a new file; {free})"
     return f" (the file system mounted at {mount}: {free} now, with what was written removed)"
 
