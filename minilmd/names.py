@@ -65,6 +65,12 @@ def is_attempt_log(name: str) -> bool:
     return bool(_ATTEMPT_LOG.fullmatch(name))
 
 
+TRAINER_LOCK = "trainer.lock"
+"""In scratch: the exclusive flock of the one trainer that reads and writes its checkpoints (minilmd/trainer_lock.py),
+holding who took it (pid, host, supervised or by hand)."""
+TRAINER_LOCK_MAX_BYTES = 4096
+
+
 # --- Environment variables -----------------------------------------------------------------------------------------
 RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set by the supervisor on every trainer it launches: the trainer runs supervised (it neither prunes scratch nor
