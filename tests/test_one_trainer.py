@@ -1,9 +1,11 @@
 """One trainer per run, with real processes: a `minilmd train` by hand on a config its supervisor is training is
-refused before it reads or writes a checkpoint (minilmd/trainer_lock.py)."""
+refused before it reads or writes a checkpoint (minilmd/trainer_lock.py), and a trainer whose supervisor was
+SIGKILLed stops and saves by itself (minilmd/supervisor_gone.py) instead of training on unsupervised."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,7 +13,8 @@ import pytest
 
 from minilmd import checkpoint_dirs, names, trainer_lock
 from minilmd.config import load_config
-from supervisor_helpers import cli, start_supervisor, step_of_state, wait_for, wait_or_kill, write_config
+from minilmd.procs import process_alive
+from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
 
 LONG = {"train": {"max_steps": 100000, "checkpoint_every": 5, "micro_batch_size": 2, "grad_accum": 1}}
 """A supervised run that trains until the test stops it."""
@@ -59,6 +62,28 @@ def test_a_hand_train_beside_a_supervised_run_is_refused_and_touches_nothing(tmp
         end_run(sup, cfg.run_dir)
     steps = metric_steps(cfg.run_dir)
     assert steps and len(steps) == len(set(steps)), "a step logged twice: two trainers wrote the run's metrics"
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_supervisor_is_sigkilled_saves_and_stops(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False, **LONG)
+    cfg = load_config(config)
+    sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
+    try:
+        wait_for(lambda: checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir), 240, "a supervised checkpoint")
+        record = json.loads((cfg.run_dir / names.TRAINER_RECORD).read_text())
+        trainer, ticks = record["pid"], record["start_ticks"]
+        assert process_alive(trainer, ticks)
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(60)
+        wait_for(lambda: not process_alive(trainer, ticks), 240, "the orphaned trainer to stop by itself")
+    finally:
+        end_run(sup, cfg.run_dir)
+    log = (cfg.run_dir / "logs" / names.attempt_log_name(state(cfg.run_dir).get("attempt") or 1)).read_text()
+    assert f"its supervisor (pid {sup.pid}) has ended" in log
+    saved_at = int(log.rsplit("; saving at step ", 1)[1].split()[0])
+    newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert newest.name == names.step_name(saved_at)
 
 
 def hold_in_child(scratch, run_dir, supervised: bool) -> subprocess.Popen:
