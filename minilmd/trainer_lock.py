@@ -28,8 +28,10 @@ from pathlib import Path
 from minilmd import names
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.perms import own_uid, owned_by_me
+from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, printable, read_json
 
+SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
 _held: list[int] = []
 """The lock's descriptor, kept open for the life of the process: closing it would let the lock go."""
 
@@ -52,6 +54,8 @@ def hold_for(cfg) -> None:
 def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
     """Take the run's trainer lock for this process, or raise TrainerLockRefused naming the holder."""
     try:
+        if not os.path.lexists(scratch):  # a trainer launched without a claim (tests' by-hand launches): made here,
+            os.close(walk_to(scratch, "run.scratch", "the scratch", SCRATCH_ADVICE, 0o700)[0])  # as saving would
         where = Dir.open(scratch, "run.scratch")
     except (PlaceRefused, OSError) as e:
         raise TrainerLockRefused(f"cannot take the trainer lock in {printable(scratch)}: {e}") from None
