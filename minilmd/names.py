@@ -65,10 +65,20 @@ def is_attempt_log(name: str) -> bool:
     return bool(_ATTEMPT_LOG.fullmatch(name))
 
 
+TRAINER_LOCK = "trainer.lock"
+"""In scratch: the exclusive flock of the one trainer that reads and writes its checkpoints (minilmd/trainer_lock.py),
+holding who took it (pid, host, supervised or by hand)."""
+TRAINER_LOCK_MAX_BYTES = 4096
+
+
 # --- Environment variables -----------------------------------------------------------------------------------------
 RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set by the supervisor on every trainer it launches: the trainer runs supervised (it neither prunes scratch nor
 reads the remote), and a restarted supervisor finds an orphaned trainer of its run by it in /proc."""
+SUPERVISOR_PROCESS_ENV = "MINILMD_SUPERVISOR_PROCESS"
+"""Set by the supervisor on every trainer it launches: "PID START_TICKS HOST" of the supervisor itself. A trainer
+(each torchrun rank on that host) whose supervisor is gone stops as a SIGTERM stops it
+(minilmd/supervisor_gone.py): nothing trains unsupervised, with nobody pruning its scratch."""
 FAULT_ENV = "MINILMD_FAULT"
 """Fault injection for tests and the demo: "kind@step[,kind@step...]" (kinds: protocol.FAULT_KINDS)."""
 CHECKPOINT_KILL_ENV = "MINILMD_TEST_CHECKPOINT_KILL"

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from minilmd import trainer_lock
 from minilmd.names import FAULT_ENV
 from minilmd.trainer.loop.faults import parse_faults
 from trainer_corpus import child_env, train_cmd
@@ -141,6 +142,7 @@ def _process_state_restored() -> Iterator[None]:
     try:
         yield
     finally:
+        trainer_lock.release_all()  # a trainer's own process lets it go when it exits
         gc.freeze = freeze
         os.chdir(cwd)
         os.umask(umask)

@@ -92,8 +92,10 @@ def test_a_killed_supervisor_and_its_orphan_then_stop_leaves_a_synced_checkpoint
         wait_for(lambda: state(cfg.run_dir).get("phase") == "training"
                  and (state(cfg.run_dir).get("child") or {}).get("pid") != orphan, 120, "the second trainer")
         assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split()[2]
+        # the orphan stops by itself once its supervisor is gone (minilmd/supervisor_gone.py), and the second one's
+        # hunt finds it only while it is still saving; the hunt of one that trains on: tests/test_orphan_saved_again
         orphan_exit = [e for e in events(cfg.run_dir) if e["event"] == "orphan"]
-        assert orphan_exit and orphan_exit[0]["pids"] == [orphan]
+        assert not orphan_exit or orphan_exit[0]["pids"] == [orphan]
         out = cli("stop", str(cfg.run_dir), timeout=200)
         assert out.returncode == 0, out.stdout + out.stderr
         assert second.wait(30) == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -258,6 +259,12 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
     return threads.trainer_threads(environ, "the supervisor", one_thread, cores, load)
 
 
+def supervisor_identity() -> str:
+    """names.SUPERVISOR_PROCESS_ENV's value: this supervisor's pid, start time and host, by which its trainer (every
+    rank on this host) notices that it is gone and stops (minilmd/supervisor_gone.py)."""
+    return f"{os.getpid()} {process_start_ticks(os.getpid())} {socket.gethostname()}"
+
+
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None,
            compile_cache: Path | None = None) -> Child:
     """Start the trainer in its own session, output appended to its attempt log, in "/" with PYTHONSAFEPATH=1 (no
@@ -271,6 +278,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env[RUN_DIR_ENV] = str(run_dir.resolve())
     env.setdefault("TORCH_COMPILE_DEBUG_DIR", env[RUN_DIR_ENV])  # TORCH_COMPILE_DEBUG's output: not under "/" (cwd)
     env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
+    env[names.SUPERVISOR_PROCESS_ENV] = supervisor_identity()  # the trainer stops once we are gone
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)

@@ -264,11 +264,25 @@ def run_problem(run_dir: Path, command: str = "status", dir_fd: int | None = Non
         found = any(_there(run_dir, name, dir_fd) for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
     except OSError as e:  # a directory we may not look into: whose it is says why
         return _unreadable(run_dir, e, command)
+    if not found and any(_there(run_dir, name, dir_fd) for name in (names.METRICS, names.HEARTBEAT)):
+        return RunProblem(_trained_by_hand(run_dir, command), NOT_A_RUN, run_dir)
     if not found:
         return RunProblem(f"{printable(run_dir)}: not a minilmd run directory (no {names.STATE}, "
                           f"{names.RUN_CONFIG_COPY} or {names.LOCK}); give the run.dir of a run config, or the config "
                           f"itself, e.g. `minilmd {command} /path/to/run`", NOT_A_RUN, run_dir)
     return None
+
+
+def _trained_by_hand(run_dir: Path, command: str) -> str:
+    """What the views say of a run.dir a `minilmd train` by hand wrote (its metrics or heartbeat, no run files): the
+    truth, and where its files are (before: "give ... the config itself", which was what the user gave: user8 #5)."""
+    from minilmd.scratch_root import default_path
+
+    return (f"{printable(run_dir)}: trained by hand (`minilmd train`, no supervisor ran it: no {names.STATE}, "
+            f"{names.RUN_CONFIG_COPY} or {names.LOCK} here), and `minilmd {command}` follows only runs `minilmd run` "
+            f"supervises. Its metrics are in {printable(run_dir / names.METRICS)}; its checkpoints in its "
+            f"run.scratch's {names.CHECKPOINTS} directory ({default_path('RUN_NAME') / names.CHECKPOINTS} by "
+            "default), which `minilmd sample` and `minilmd export` take, as they take the config itself")
 
 
 def _there(run_dir: Path, name: str, dir_fd: int | None) -> bool:

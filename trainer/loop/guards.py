@@ -1,7 +1,8 @@
 """What stops trainer/loop/train.py's loop between two steps: a SIGTERM/SIGINT (StopFlag: its handlers only record
-it) or a full run.dir (StopFlag.writes: the trainer's own writes there, its log included: OutputOnFullDisk), agreed on
-by every rank (agree: the stop, and whether run.dir is full: every rank's exit status), and a non-finite training
-loss (LossGuard: checked every step, read without a host sync per step on CUDA)."""
+it), its supervisor's end (minilmd/supervisor_gone.py: stopped as a SIGTERM stops it) or a full run.dir
+(StopFlag.writes: the trainer's own writes there, its log included: OutputOnFullDisk), agreed on by every rank
+(agree: the stop, and whether run.dir is full: every rank's exit status), and a non-finite training loss
+(LossGuard: checked every step, read without a host sync per step on CUDA)."""
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ import torch.distributed as torch_dist
 
 from minilmd.metrics import RunDirWrites
 from minilmd.protocol import EXIT_RUN_DIR_FULL, EXIT_STOPPED
+from minilmd.supervisor_gone import SupervisorWatch
 from minilmd.trainer.loop.distributed import Dist
 
 
@@ -27,6 +29,7 @@ class StopFlag:
         self.signalled = False
         self.signal_name = ""
         self.writes = RunDirWrites()
+        self.supervisor = SupervisorWatch()
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,11 +41,13 @@ class StopFlag:
 
     @property
     def requested(self) -> bool:
-        return self.signalled or self.writes.full is not None
+        return self.signalled or self.writes.full is not None or self.supervisor.gone()
 
     def why(self) -> str:
         if self.writes.full is not None:
             return f"run.dir is full ({self.writes.full})"
+        if not self.signalled and self.supervisor.ended:
+            return self.supervisor.why()
         return f"{self.signal_name or 'stop'} received"
 
     def exit_status(self) -> int:

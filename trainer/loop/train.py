@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # imported early: the model uses it
 
-from minilmd import compile_cache, perms
+from minilmd import compile_cache, perms, trainer_lock
 from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
@@ -464,7 +464,8 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             own_compile_caches(cfg)
-    except (ConfigError, ScratchRefused) as e:
+        trainer_lock.hold_for(cfg)  # one trainer per scratch, before any checkpoint is read: a second one refused
+    except (ConfigError, ScratchRefused, trainer_lock.TrainerLockRefused) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run(cfg)

@@ -367,6 +367,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         path = named_checkpoint(path)  # ROOT/BEST: the lowest val loss (early_stop)
     except PointerError as e:
         raise ExportError(str(e)) from None
+    if path.suffix == ".toml" and path.is_file():  # a run config: its run's checkpoints, a hand run's scratch too
+        return _config_checkpoint(path)
     if not path.is_dir():
         raise ExportError(f"{path}: {_not_a_directory(path)}")
     if is_run_dir(path):
@@ -388,6 +390,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
             raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
+
+
+def _config_checkpoint(config: Path) -> Path:
+    """A run config stands for its run (run.dir, when a supervisor ran it) or, trained by hand, its scratch's."""
+    from minilmd.checkpoint_select import is_run_dir
+    from minilmd.config import load_config
+    try:
+        cfg = load_config(config)
+    except (OSError, ValueError) as e:  # ConfigError is a ValueError
+        raise ExportError(f"{config}: a file, not a checkpoint directory, nor a run config that loads: {e}") from None
+    return _run_checkpoint(cfg.run_dir) if is_run_dir(cfg.run_dir) else resolve_checkpoint(cfg.checkpoint_dir)
 
 
 def _run_checkpoint(run_dir: Path) -> Path:
