@@ -12,11 +12,16 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
 - it tells systemd READY=1 with a STATUS line saying what it waits for, and pings its watchdog;
 - state.json says so: phase waiting_scratch, the reason (which place, how full, whose entries fill it), this process
   as the run's supervisor (daemon/waitrecord.py), so that `minilmd status` shows the wait;
-- a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at once: `StoppedWaiting`, exit 0, nothing started,
-  state.json `done` (stopped).
-Once scratch is made, the lock and the stop signals are handed to the supervisor held (`Held`: Supervisor.run never
-takes the lock again, its first tick acts on a stop that came meanwhile): there is no moment between the wait and
-the supervisor in which `minilmd stop` finds no holder ("not running") or a SIGTERM ends the process unrecorded.
+- its signals are the supervisor's from its start (daemon/host/signals.py `Signals`: the handlers only record) and
+  are acted on as the supervisor acts on them: a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at
+  once: `StoppedWaiting`, exit 0, nothing started, state.json `done` (stopped); in a Slurm job a SIGUSR1 or a
+  SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
+  (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens nothing (there is no supervisor.log yet) and
+  a SIGUSR1 outside Slurm is ignored, both said; none of them ends the process by its default (review10a F1).
+Once scratch is made, the lock and the same signal record are handed to the supervisor held (`Held`:
+Supervisor.run never takes the lock again, its first tick acts on a stop that came meanwhile): there is no moment
+between the wait and the supervisor in which `minilmd stop` finds no holder ("not running") or a signal ends the
+process unrecorded.
 A run.dir with no room for the private root's record is run.dir full: exit 73 (`RunDirFull`), as everywhere.
 Torch-free.
 """
@@ -29,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minilmd import protocol, scratch, scratch_root
+from minilmd import names, protocol, scratch, scratch_root
 from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
@@ -73,11 +78,24 @@ class StoppedWaiting(LaunchEnds):
     exit_status = protocol.SUPERVISOR_DONE
 
 
+class PreemptedWaiting(LaunchEnds):
+    """Slurm's SIGUSR1 or SIGTERM while the launch waited: the job ended as a preempted supervisor's (requeued, or
+    stopped, cancelled), nothing started; `exit_status` the supervisor's for that end."""
+
+    def __init__(self, why: str, exit_status: int, ended: str):
+        super().__init__(why)
+        self.exit_status, self.ended = exit_status, ended
+
+
+WAIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+"""The signals the supervisor records (daemon/host/signals.py): the wait records the same, from its start."""
+
+
 @dataclass
 class Held:
-    """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, and the stop signals'
-    record (installed; a stop that came since is its first tick's). `give_back()`: both let go, for a caller that
-    starts no supervisor (a test)."""
+    """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, the signals' record
+    (installed at the wait's start; a stop that came since is its first tick's). `give_back()`: lock and handlers
+    let go, for a caller that starts no supervisor (a test)."""
 
     lock: RunLock
     signals: Signals
@@ -116,28 +134,34 @@ def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float]
         if full_at_start(cfg.run_dir, e):
             raise RunDirFull(str(cfg.run_dir)) from e
         raise
-    stop = _StopSignals()
+    before = {sig: signal.getsignal(sig) for sig in WAIT_SIGNALS}
+    signals = Signals()
+    signals.install()
     record: WaitRecord | None = None
     try:
         record = WaitRecord(cfg, config_path or cfg.source)
-        tries = _wait_for_room(cfg, full, stop, record, notifier, sleep)
+        tries = _wait_for_room(cfg, full, signals, record, notifier, sleep)
         print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
-        return stop.hand_over(lock)
+        return Held(lock, signals, before)
     except BaseException as e:
         try:
             if record is not None and isinstance(e, StoppedWaiting):
                 record.stopped(f"stopped ({e}) while waiting for room for scratch: nothing started")
+            elif record is not None and isinstance(e, PreemptedWaiting):
+                record.preempted(e.ended, e.exit_status, str(e))
             elif record is not None and isinstance(e, Exception):  # a refusal or an error of a later try
                 record.failed(_exit_status(e), f"while waiting for room for scratch: {e}")
         finally:
-            stop.restore()
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
             lock.release()
         raise
 
 
-def _wait_for_room(cfg: RunConfig, full: str | None, stop: _StopSignals, record: WaitRecord, notifier: Notifier,
+def _wait_for_room(cfg: RunConfig, full: str | None, signals: Signals, record: WaitRecord, notifier: Notifier,
                    sleep: Callable[[float], None]) -> int:
-    """Tries again until scratch is made (returns how many waits that took), or StoppedWaiting on a stop."""
+    """Tries again until scratch is made (returns how many waits that took); StoppedWaiting on a stop,
+    PreemptedWaiting on Slurm's preemption."""
     tries = 0
     while full is not None:
         tries += 1
@@ -152,18 +176,47 @@ def _wait_for_room(cfg: RunConfig, full: str | None, stop: _StopSignals, record:
         else:
             notifier.status(_status(cfg, full))
         left = wait
-        while left > 0 and not stop.got:
+        while left > 0 and not _wait_ends(cfg, signals):
             step = min(left, SLICE_S)
             sleep(step)
             left -= step
             notifier.watchdog()
-        if stop.got:
+        if _wait_ends(cfg, signals):
             notifier.stopping()
-            print(f"minilmd run: stopped ({stop.got}) while waiting for room for scratch: nothing started, "
-                  f"nothing made in {scratch_root.base()}", flush=True)
-            raise StoppedWaiting(stop.got)
+            _end_on_signal(cfg, signals)
         full = _settle_and_claim(cfg)
     return tries
+
+
+def _wait_ends(cfg: RunConfig, signals: Signals) -> bool:
+    """Whether a signal ends the wait; the others said and let be, as the supervisor's loop does (a SIGHUP reopens
+    supervisor.log there: the wait writes none; a SIGUSR1 outside Slurm is ignored there too)."""
+    if signals.take_hup():
+        print("minilmd run: SIGHUP while waiting for room for scratch: nothing to reopen (no supervisor.log yet)",
+              flush=True)
+    in_slurm = bool(os.environ.get(names.SLURM_JOB_ENV))
+    if signals.usr1 and not in_slurm:
+        signals.take_usr1()
+        print("minilmd run: SIGUSR1 ignored while waiting for room for scratch: not in a Slurm job", flush=True)
+    return bool(signals.stop or signals.usr1)
+
+
+def _end_on_signal(cfg: RunConfig, signals: Signals) -> None:
+    """The wait ends on the signal it got: StoppedWaiting on a stop, PreemptedWaiting in a Slurm job (its SIGTERM,
+    as the supervisor's, is a preemption: daemon/slurm/job.py on_signal)."""
+    got = "USR1" if signals.usr1 else signals.stop_by or "SIGTERM"
+    if not os.environ.get(names.SLURM_JOB_ENV):
+        print(f"minilmd run: stopped ({got}) while waiting for room for scratch: nothing started, nothing made in "
+              f"{scratch_root.base()}", flush=True)
+        raise StoppedWaiting(got)
+    from minilmd.daemon.base import stoprequest
+    from minilmd.daemon.slurm.job import waiting_preempted
+
+    request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s SIGTERM (it wrote this first): no requeue
+    status, ended, why = waiting_preempted(got, request.words() if request else "",
+                                    lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
+    print(f"minilmd run: {why}", flush=True)
+    raise PreemptedWaiting(why, status, ended)
 
 
 def _exit_status(e: Exception) -> int:
@@ -175,31 +228,6 @@ def _exit_status(e: Exception) -> int:
 
 def _status(cfg: RunConfig, full: str) -> str:
     return f"{cfg.run.name}: waiting for room for scratch ({full})"[:200]
-
-
-class _StopSignals:
-    """SIGTERM and SIGINT recorded while the wait runs (`got`: the signal's name), the earlier handlers put back."""
-
-    def __init__(self):
-        self.got = ""
-        self._before = {sig: signal.signal(sig, self._record) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def _record(self, signum, _frame) -> None:
-        self.got = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-
-    def hand_over(self, lock: RunLock) -> Held:
-        """The supervisor's signal record (daemon/host/signals.py) installed in place of this one, and a stop this
-        one got before counted in it: no signal between the two is lost, nor ends the process by its default."""
-        signals = Signals()
-        before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGUSR1)}
-        signals.install()
-        if self.got:  # came after the wait's last look
-            signals.stop_as_first_signal()
-        return Held(lock, signals, {**self._before, **before})
 
 
 def _settle_and_claim(cfg: RunConfig) -> str | None:

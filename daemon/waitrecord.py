@@ -61,6 +61,13 @@ class WaitRecord:
             self.state.reason = why
             self.state.save()
 
+    def preempted(self, ended: str, status: int, why: str) -> None:
+        """Slurm preempted the job during the wait (daemon/slurm/job.py waiting_preempted): `done` as a preempted
+        supervisor's end (`ended`: requeued, stopped, cancelled), `status` 1 when the requeue failed."""
+        if self.state is not None and status:
+            self.state.record_error(why)
+        self._end(Phase.DONE, status, why, ended)
+
     def stopped(self, why: str) -> None:
         """A stop ended the wait: nothing started, exit 0."""
         self._end(Phase.DONE, protocol.SUPERVISOR_DONE, why, protocol.ENDED_STOPPED)
