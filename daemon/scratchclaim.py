@@ -18,10 +18,10 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
   SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
   (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens nothing (there is no supervisor.log yet) and
   a SIGUSR1 outside Slurm is ignored, both said; none of them ends the process by its default (review10a F1).
-Once scratch is made, the lock and the same signal record are handed to the supervisor held (`Held`:
-Supervisor.run never takes the lock again, its first tick acts on a stop that came meanwhile): there is no moment
-between the wait and the supervisor in which `minilmd stop` finds no holder ("not running") or a signal ends the
-process unrecorded.
+Once scratch is made, the lock, the same signal record and the wait's state.json record are handed to the
+supervisor held (`Held`: Supervisor.run never takes the lock again, its first tick acts on a stop that came
+meanwhile, and an early exit of it ends the wait's record): there is no moment between the wait and the supervisor
+in which `minilmd stop` finds no holder ("not running") or a signal ends the process unrecorded.
 A run.dir with no room for the private root's record is run.dir full: exit 73 (`RunDirFull`), as everywhere.
 Torch-free.
 """
@@ -94,13 +94,21 @@ WAIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 @dataclass
 class Held:
     """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, the signals' record
-    (installed at the wait's start; a stop that came since is its first tick's). `give_back()`: lock and handlers
+    (installed at the wait's start; a stop that came since is its first tick's), and the wait's state.json record
+    (`record`: ended by an exit of the supervisor before its own start, `refused`). `give_back()`: lock and handlers
     let go, for a caller that starts no supervisor (a test)."""
 
     lock: RunLock
     signals: Signals
     before: dict
     """The signal handlers before the wait's (give_back puts them back)."""
+    record: WaitRecord | None = None
+
+    def refused(self, status: int, why: str) -> None:
+        """The supervisor exits with `status` before its start: the wait's record ends so (failed), never left
+        `waiting_scratch` with no outcome (review10a F2)."""
+        if self.record is not None:
+            self.record.failed(status, f"after the wait for room for scratch: {why}")
 
     def give_back(self) -> None:
         self.lock.release()
@@ -142,7 +150,7 @@ def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float]
         record = WaitRecord(cfg, config_path or cfg.source)
         tries = _wait_for_room(cfg, full, signals, record, notifier, sleep)
         print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
-        return Held(lock, signals, before)
+        return Held(lock, signals, before, record)
     except BaseException as e:
         try:
             if record is not None and isinstance(e, StoppedWaiting):

@@ -1,0 +1,46 @@
+"""The scratch wait's record after review10a (finding 2): an early exit of the supervisor it handed over to ends
+its record. In this process; the full base a real tmpfs of few inodes (skipped where mounting is refused).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import signal
+
+from minilmd import names
+from minilmd.daemon import preflight
+from minilmd.daemon.base.runstate import load_state
+from minilmd.daemon.supervisor import Supervisor
+from supervisor_helpers import write_config
+from tmpfs_helpers import base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
+
+
+def launch_after_a_wait(config, files, monkeypatch, slept: list | None = None):
+    """preflight.launch whose wait finds room at its second try (the inodes freed during the first wait)."""
+    def room_again(wait: float) -> None:
+        if slept is not None:
+            slept.append(json.loads((config.parent / "s" / "run" / names.STATE).read_text())["updated"])
+        if slept is None or len(slept) >= 4:
+            for path in files:
+                path.unlink(missing_ok=True)
+
+    monkeypatch.setattr(preflight, "claim_scratch", functools.partial(preflight.claim_scratch, sleep=room_again))
+    return preflight.launch(str(config))
+
+
+def test_a_supervisor_that_exits_before_its_start_ends_the_waits_record(base, tmp_path, corpus, monkeypatch):
+    """The supervisor handed the wait's lock cannot set up run.dir (its attempt-log directory is a file): exit 1,
+    and state.json says so (failed, exit 1). Before: left `waiting_scratch` with no outcome, which `status` calls
+    a killed supervisor."""
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""})
+    cfg, resumes, held = launch_after_a_wait(config, fill_inodes(base), monkeypatch)
+    assert held is not None and load_state(cfg.run_dir)["phase"] == "waiting_scratch"
+    (cfg.run_dir / names.ATTEMPT_LOGS).write_text("in the way")
+    try:
+        assert Supervisor(cfg, str(config), resumes=resumes, held=held, echo=False).run() == 1
+    finally:
+        for sig, handler in held.before.items():
+            signal.signal(sig, handler)
+    after = load_state(cfg.run_dir)
+    assert (after["phase"], after["outcome"]["exit"], after["outcome"]["ended"]) == ("failed", 1, "failed"), after
+    assert "after the wait for room for scratch" in after["outcome"]["reason"], after
