@@ -189,6 +189,7 @@ def _wait_for_room(cfg: RunConfig, full: str | None, signals: Signals, record: W
             sleep(step)
             left -= step
             notifier.watchdog()
+            record.alive()
         if _wait_ends(cfg, signals):
             notifier.stopping()
             _end_on_signal(cfg, signals)

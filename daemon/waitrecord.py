@@ -19,6 +19,7 @@ handed the run lock, replaces the record (states.check_start `waited`). Torch-fr
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from minilmd import names, protocol
@@ -29,12 +30,16 @@ from minilmd.daemon.base.statesections import Outcome, StateJson
 from minilmd.daemon.host import sdnotify
 from minilmd.untrusted import Unreadable
 
+BEAT_S = 20.0
+"""How often the waiting record is re-saved at least: well within initwait.STALE_S (60 s)."""
+
 
 class WaitRecord:
     """state.json while the launch waits for scratch; `state` None when the previous one cannot be read (left)."""
 
     def __init__(self, cfg: RunConfig, config_path: str):
         self.state: RunState | None = None
+        self._saved = 0.0
         try:
             old = load_state(cfg.run_dir)
         except Unreadable as e:
@@ -59,7 +64,18 @@ class WaitRecord:
         """The wait goes on, for `why` now (its place, how full, whose entries)."""
         if self.state is not None:
             self.state.reason = why
-            self.state.save()
+            self._save()
+
+    def _save(self) -> None:
+        assert self.state is not None
+        self._saved = time.monotonic()
+        self.state.save()
+
+    def alive(self) -> None:
+        """The wait goes on: state.json re-saved once BEAT_S has passed since it was last, so that a reader that
+        calls an old state.json a dead run's (daemon/phases/initwait.py STALE_S) finds it fresh (review10a F3)."""
+        if self.state is not None and time.monotonic() - self._saved >= BEAT_S:
+            self._save()
 
     def preempted(self, ended: str, status: int, why: str) -> None:
         """Slurm preempted the job during the wait (daemon/slurm/job.py waiting_preempted): `done` as a preempted
@@ -84,4 +100,4 @@ class WaitRecord:
         check_transition(Phase.WAITING_SCRATCH, phase)
         self.state.phase, self.state.since, self.state.reason = phase, now(), why
         self.state.outcome = Outcome(exit=status, phase=phase, time=now(), reason=why, ended=ended)
-        self.state.save()
+        self._save()

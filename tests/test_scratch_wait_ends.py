@@ -1,5 +1,7 @@
-"""The scratch wait's record after review10a (finding 2): an early exit of the supervisor it handed over to ends
-its record. In this process; the full base a real tmpfs of few inodes (skipped where mounting is refused).
+"""The scratch wait's record after review10a (findings 2, 3): an early exit of the supervisor it handed over to
+ends its record; the record stays fresh for the runs waiting on this one (daemon/phases/initwait.py calls a
+state.json older than STALE_S a dead run's). In this process; the full base a real tmpfs of few inodes (skipped
+where mounting is refused).
 """
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import signal
 
 from minilmd import names
-from minilmd.daemon import preflight
+from minilmd.daemon import preflight, waitrecord
 from minilmd.daemon.base.runstate import load_state
 from minilmd.daemon.supervisor import Supervisor
 from supervisor_helpers import write_config
@@ -44,3 +46,17 @@ def test_a_supervisor_that_exits_before_its_start_ends_the_waits_record(base, tm
     after = load_state(cfg.run_dir)
     assert (after["phase"], after["outcome"]["exit"], after["outcome"]["ended"]) == ("failed", 1, "failed"), after
     assert "after the wait for room for scratch" in after["outcome"]["reason"], after
+
+
+def test_the_waiting_record_is_rewritten_while_one_try_waits(base, tmp_path, corpus, monkeypatch):
+    """Within one backoff wait (5 s here, up to restart.backoff_max in a run) state.json is re-saved (every BEAT_S:
+    0 here), so a run whose init.from names this one does not call it "not running" (initwait.STALE_S). Before: once
+    per try only."""
+    monkeypatch.setattr(waitrecord, "BEAT_S", 0.0)
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""},
+                          restart={"backoff_initial": "5s", "backoff_max": "5s", "hang_timeout": "30s"})
+    slept: list[float] = []
+    held = launch_after_a_wait(config, fill_inodes(base), monkeypatch, slept)[2]
+    assert held is not None
+    held.give_back()
+    assert len(slept) >= 4 and len(set(slept[:4])) == 4, slept  # each slice of the first try saw a newer record
