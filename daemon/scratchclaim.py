@@ -42,6 +42,7 @@ from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
+from minilmd.dirfd import OPEN_DIR
 from minilmd.fsio import is_disk_full
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import TooManyEntries, listed
@@ -117,11 +118,26 @@ class Held:
 
 
 def run_lock(held: Held | None, run_dir: str | os.PathLike) -> RunLock:
-    """The run lock, held: the one the wait handed over (never let go since), else taken now (LockHeld, LockUnsafe,
-    OSError: daemon/host/lock.py)."""
-    lock = held.lock if held is not None else RunLock(run_dir)
+    """The run lock, held: the one the wait handed over (never let go since; LockUnsafe unless it is `run_dir`'s,
+    the very directory), else taken now (LockHeld, LockUnsafe, OSError: daemon/host/lock.py)."""
+    if held is None:
+        lock = RunLock(run_dir)
+    else:
+        lock = held.lock
+        if not _same_dir(lock.path.parent, run_dir):
+            raise LockUnsafe(f"the run lock the scratch wait holds is {lock.path}, not in {run_dir}, the run "
+                             f"directory the supervisor settled: nothing started")
     lock.acquire()  # a no-op on the handed one
     return lock
+
+
+def _same_dir(one: str | os.PathLike, other: str | os.PathLike) -> bool:
+    """The same directory (device and inode; lstat: a link to it is not it)."""
+    try:
+        a, b = os.lstat(one), os.lstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float], None] = time.sleep,
@@ -274,11 +290,13 @@ def _settle_and_claim(cfg: RunConfig) -> str | None:
 def _no_room(e: OSError, near: str | os.PathLike) -> str:
     """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes.
     Measured where the error's file was to go, else at `near` (the place being made's parent: a hand-set run.scratch
-    lies on its own file system, not base's); the nearest existing directory up from there."""
+    lies on its own file system, not base's); the nearest existing directory up from there. The place lies where
+    others may write: opened once, no link followed (minilmd/dirfd.py OPEN_DIR, O_NONBLOCK), measured and listed
+    through that descriptor (a link there is said as no place measured, never another directory's numbers)."""
     where = os.path.dirname(str(e.filename)) if e.filename else str(near)
     while True:
         try:
-            vfs = os.statvfs(where)
+            fd = os.open(where, OPEN_DIR | os.O_NONBLOCK)
             break
         except FileNotFoundError:
             if os.path.dirname(where) == where:
@@ -286,25 +304,27 @@ def _no_room(e: OSError, near: str | os.PathLike) -> str:
             where = os.path.dirname(where)
         except OSError:
             return f"{e.strerror} ({where})"
-    if vfs.f_files and not vfs.f_favail:
-        return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
-                f"{_whose(where)}")
-    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(where)}"
+    try:
+        vfs = os.fstatvfs(fd)
+        if vfs.f_files and not vfs.f_favail:
+            return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
+                    f"{_whose(fd)}")
+        return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(fd)}"
+    except OSError:
+        return f"{e.strerror} ({where})"
+    finally:
+        os.close(fd)
 
 
 WHOSE_LOOKS = 1000
 """The most entries of a full place whose owners are counted (another user's directory may hold millions)."""
 
 
-def _whose(where: str) -> str:
-    """Whose entries the full place holds, by owner, most first ("; its entries: 7 of uid 64123, 1 of yours"): who
-    holds the room, as far as the place's own entries tell (what lies deeper is not counted). Listed bounded
-    (untrusted.listed), each entry looked at through the place's descriptor, no link followed; "" when it cannot
-    be listed, a note when it holds more than WHOSE_LOOKS entries."""
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return ""
+def _whose(fd: int) -> str:
+    """Whose entries the full place (`fd`: its descriptor) holds, by owner, most first ("; its entries: 7 of uid
+    64123, 1 of yours"): who holds the room, as far as the place's own entries tell (what lies deeper is not
+    counted). Listed bounded (untrusted.listed), each entry looked at through the place's descriptor, no link
+    followed; "" when it cannot be listed, a note when it holds more than WHOSE_LOOKS entries."""
     counts: dict[int, int] = {}
     try:
         for name in listed(fd, max_entries=WHOSE_LOOKS):
@@ -315,8 +335,6 @@ def _whose(where: str) -> str:
         return f"; it holds over {WHOSE_LOOKS} entries (whose, not counted)"
     except OSError:
         return ""
-    finally:
-        os.close(fd)
     if not counts:
         return ""
     me = own_uid()

@@ -1,17 +1,23 @@
-"""The scratch wait's record after review10a (findings 2, 3): an early exit of the supervisor it handed over to
-ends its record; the record stays fresh for the runs waiting on this one (daemon/phases/initwait.py calls a
-state.json older than STALE_S a dead run's). In this process; the full base a real tmpfs of few inodes (skipped
-where mounting is refused).
+"""The scratch wait's record and lock after review10a (findings 2, 3, 6, 8): an early exit of the supervisor it
+handed over to ends its record; the record stays fresh for the runs waiting on this one (daemon/phases/initwait.py
+calls a state.json older than STALE_S a dead run's); the full place is measured without following a link; the
+handed lock must be the re-settled run directory's. In this process; the full base a real tmpfs of few inodes
+(skipped where mounting is refused).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import signal
 
+import pytest
+
 from minilmd import names
-from minilmd.daemon import preflight, waitrecord
+from minilmd.daemon import preflight, scratchclaim, waitrecord
 from minilmd.daemon.base.runstate import load_state
+from minilmd.daemon.host.lock import LockUnsafe, RunLock
+from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.supervisor import Supervisor
 from supervisor_helpers import write_config
 from tmpfs_helpers import base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
@@ -60,3 +66,30 @@ def test_the_waiting_record_is_rewritten_while_one_try_waits(base, tmp_path, cor
     assert held is not None
     held.give_back()
     assert len(slept) >= 4 and len(set(slept[:4])) == 4, slept  # each slice of the first try saw a newer record
+
+
+def test_the_full_place_is_measured_without_following_a_link(tmp_path):
+    """A link where the full place was: said as not measured, never the numbers and owners of where it leads."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "place").symlink_to(tmp_path / "elsewhere")
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "place" / "scratch"))
+    assert scratchclaim._no_room(full, tmp_path) == f"No space left on device ({tmp_path / 'place'})"
+    real = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "elsewhere" / "scratch"))
+    assert "MB free" in scratchclaim._no_room(real, tmp_path)
+
+
+def test_the_handed_lock_must_be_the_settled_run_directorys(tmp_path):
+    """The lock the wait holds is refused for another run directory than its own (the supervisor's re-settled one),
+    never used as if it held that one."""
+    ours, other = tmp_path / "ours", tmp_path / "other"
+    ours.mkdir()
+    other.mkdir()
+    lock = RunLock(ours)
+    lock.acquire()
+    try:
+        held = scratchclaim.Held(lock, Signals(), {})
+        with pytest.raises(LockUnsafe):
+            preflight.run_lock(held, other)
+        assert preflight.run_lock(held, ours) is lock
+    finally:
+        lock.release()
