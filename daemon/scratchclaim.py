@@ -16,8 +16,9 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
   are acted on as the supervisor acts on them: a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at
   once: `StoppedWaiting`, exit 0, nothing started, state.json `done` (stopped); in a Slurm job a SIGUSR1 or a
   SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
-  (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens nothing (there is no supervisor.log yet) and
-  a SIGUSR1 outside Slurm is ignored, both said; none of them ends the process by its default (review10a F1).
+  (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens supervisor.log (where the wait's transitions
+  are logged, daemon/waitrecord.py) and a SIGUSR1 outside Slurm is ignored, both said; none of them ends the
+  process by its default (review10a F1).
 Once scratch is made, the lock, the same signal record and the wait's state.json record are handed to the
 supervisor held (`Held`: Supervisor.run never takes the lock again, its first tick acts on a stop that came
 meanwhile, and an early exit of it ends the wait's record): there is no moment between the wait and the supervisor
@@ -166,6 +167,7 @@ def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float]
         record = WaitRecord(cfg, config_path or cfg.source)
         tries = _wait_for_room(cfg, full, signals, record, notifier, sleep)
         print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
+        record.made(f"room again in {scratch_root.base()}: scratch made after {tries} waits")
         return Held(lock, signals, before, record)
     except BaseException as e:
         try:
@@ -200,25 +202,25 @@ def _wait_for_room(cfg: RunConfig, full: str | None, signals: Signals, record: W
         else:
             notifier.status(_status(cfg, full))
         left = wait
-        while left > 0 and not _wait_ends(cfg, signals):
+        while left > 0 and not _wait_ends(cfg, signals, record):
             step = min(left, SLICE_S)
             sleep(step)
             left -= step
             notifier.watchdog()
             record.alive()
-        if _wait_ends(cfg, signals):
+        if _wait_ends(cfg, signals, record):
             notifier.stopping()
             _end_on_signal(cfg, signals)
         full = _settle_and_claim(cfg)
     return tries
 
 
-def _wait_ends(cfg: RunConfig, signals: Signals) -> bool:
+def _wait_ends(cfg: RunConfig, signals: Signals, record: WaitRecord) -> bool:
     """Whether a signal ends the wait; the others said and let be, as the supervisor's loop does (a SIGHUP reopens
-    supervisor.log there: the wait writes none; a SIGUSR1 outside Slurm is ignored there too)."""
+    supervisor.log; a SIGUSR1 outside Slurm is ignored)."""
     if signals.take_hup():
-        print("minilmd run: SIGHUP while waiting for room for scratch: nothing to reopen (no supervisor.log yet)",
-              flush=True)
+        record.reopen_log()
+        print("minilmd run: SIGHUP while waiting for room for scratch: supervisor.log reopened", flush=True)
     in_slurm = bool(os.environ.get(names.SLURM_JOB_ENV))
     if signals.usr1 and not in_slurm:
         signals.take_usr1()

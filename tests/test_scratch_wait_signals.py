@@ -8,6 +8,7 @@ tmpfs (skipped where mounting is refused), real signals; the Slurm job is its en
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -40,13 +41,16 @@ def waiting_run(base: Path, tmp_path: Path, corpus, **env):
 
 
 def test_sighup_and_sigusr1_outside_slurm_do_not_end_the_wait(base, tmp_path, corpus):
-    """SIGHUP (reopen the logs: there is none yet) and SIGUSR1 outside a Slurm job (the supervisor ignores it) are
-    said and let be: the wait goes on, state.json still says waiting_scratch, and a SIGTERM then ends it as a stop.
-    Before: either killed the launch by its default action (exit -1 / 138), state.json left `waiting_scratch`."""
+    """SIGHUP (supervisor.log reopened, after logrotate moved it) and SIGUSR1 outside a Slurm job (the supervisor
+    ignores it) are said and let be: the wait goes on, state.json still says waiting_scratch, and a SIGTERM then
+    ends it as a stop; its transitions are in events.jsonl and supervisor.log as the supervisor's are. Before:
+    either signal killed the launch by its default action (exit -1 / 138), state.json left `waiting_scratch`, and
+    nothing of the wait was logged."""
     proc, log, run_dir = waiting_run(base, tmp_path, corpus)
     try:
+        (run_dir / names.SUPERVISOR_LOG).rename(run_dir / "supervisor.log.1")  # logrotate, then its HUP
         proc.send_signal(signal.SIGHUP)
-        wait_for(log, "SIGHUP while waiting for room for scratch", proc)
+        wait_for(log, "SIGHUP while waiting for room for scratch: supervisor.log reopened", proc)
         proc.send_signal(signal.SIGUSR1)
         wait_for(log, "SIGUSR1 ignored while waiting for room for scratch", proc)
         assert proc.poll() is None, log.read_text()
@@ -59,6 +63,12 @@ def test_sighup_and_sigusr1_outside_slurm_do_not_end_the_wait(base, tmp_path, co
             proc.wait()
     after = load_state(run_dir)
     assert (after["phase"], after["outcome"]["ended"]) == ("done", "stopped"), after
+    # the wait's transitions are logged as the supervisor's are, the end in the reopened supervisor.log
+    events = [json.loads(line) for line in (run_dir / names.EVENTS).read_text().splitlines()]
+    assert [e["event"] for e in events] == ["waiting_scratch", "signal", "stopped_waiting"], events
+    assert (events[-1]["old"], events[-1]["new"], events[-1]["exit"]) == ("waiting_scratch", "done", 0), events
+    assert "[stopped_waiting] waiting_scratch -> done" in (run_dir / names.SUPERVISOR_LOG).read_text()
+    assert "[waiting_scratch] the launch waits" in (run_dir / "supervisor.log.1").read_text()
 
 
 @pytest.fixture
