@@ -12,11 +12,17 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
 - it tells systemd READY=1 with a STATUS line saying what it waits for, and pings its watchdog;
 - state.json says so: phase waiting_scratch, the reason (which place, how full, whose entries fill it), this process
   as the run's supervisor (daemon/waitrecord.py), so that `minilmd status` shows the wait;
-- a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at once: `StoppedWaiting`, exit 0, nothing started,
-  state.json `done` (stopped).
-Once scratch is made, the lock and the stop signals are handed to the supervisor held (`Held`: Supervisor.run never
-takes the lock again, its first tick acts on a stop that came meanwhile): there is no moment between the wait and
-the supervisor in which `minilmd stop` finds no holder ("not running") or a SIGTERM ends the process unrecorded.
+- its signals are the supervisor's from its start (daemon/host/signals.py `Signals`: the handlers only record) and
+  are acted on as the supervisor acts on them: a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at
+  once: `StoppedWaiting`, exit 0, nothing started, state.json `done` (stopped); in a Slurm job a SIGUSR1 or a
+  SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
+  (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens supervisor.log (where the wait's transitions
+  are logged, daemon/waitrecord.py) and a SIGUSR1 outside Slurm is ignored, both said; none of them ends the
+  process by its default (review10a F1).
+Once scratch is made, the lock, the same signal record and the wait's state.json record are handed to the
+supervisor held (`Held`: Supervisor.run never takes the lock again, its first tick acts on a stop that came
+meanwhile, and an early exit of it ends the wait's record): there is no moment between the wait and the supervisor
+in which `minilmd stop` finds no holder ("not running") or a signal ends the process unrecorded.
 A run.dir with no room for the private root's record is run.dir full: exit 73 (`RunDirFull`), as everywhere.
 Torch-free.
 """
@@ -29,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minilmd import protocol, scratch, scratch_root
+from minilmd import names, protocol, scratch, scratch_root
 from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
@@ -37,6 +43,7 @@ from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
+from minilmd.dirfd import OPEN_DIR
 from minilmd.fsio import is_disk_full, no_inode_left
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import TooManyEntries, listed
@@ -73,16 +80,37 @@ class StoppedWaiting(LaunchEnds):
     exit_status = protocol.SUPERVISOR_DONE
 
 
+class PreemptedWaiting(LaunchEnds):
+    """Slurm's SIGUSR1 or SIGTERM while the launch waited: the job ended as a preempted supervisor's (requeued, or
+    stopped, cancelled), nothing started; `exit_status` the supervisor's for that end."""
+
+    def __init__(self, why: str, exit_status: int, ended: str):
+        super().__init__(why)
+        self.exit_status, self.ended = exit_status, ended
+
+
+WAIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+"""The signals the supervisor records (daemon/host/signals.py): the wait records the same, from its start."""
+
+
 @dataclass
 class Held:
-    """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, and the stop signals'
-    record (installed; a stop that came since is its first tick's). `give_back()`: both let go, for a caller that
-    starts no supervisor (a test)."""
+    """What the wait hands the supervisor without letting go (Supervisor.run): the run lock, the signals' record
+    (installed at the wait's start; a stop that came since is its first tick's), and the wait's state.json record
+    (`record`: ended by an exit of the supervisor before its own start, `refused`). `give_back()`: lock and handlers
+    let go, for a caller that starts no supervisor (a test)."""
 
     lock: RunLock
     signals: Signals
     before: dict
     """The signal handlers before the wait's (give_back puts them back)."""
+    record: WaitRecord | None = None
+
+    def refused(self, status: int, why: str) -> None:
+        """The supervisor exits with `status` before its start: the wait's record ends so (failed), never left
+        `waiting_scratch` with no outcome (review10a F2)."""
+        if self.record is not None:
+            self.record.failed(status, f"after the wait for room for scratch: {why}")
 
     def give_back(self) -> None:
         self.lock.release()
@@ -91,11 +119,26 @@ class Held:
 
 
 def run_lock(held: Held | None, run_dir: str | os.PathLike) -> RunLock:
-    """The run lock, held: the one the wait handed over (never let go since), else taken now (LockHeld, LockUnsafe,
-    OSError: daemon/host/lock.py)."""
-    lock = held.lock if held is not None else RunLock(run_dir)
+    """The run lock, held: the one the wait handed over (never let go since; LockUnsafe unless it is `run_dir`'s,
+    the very directory), else taken now (LockHeld, LockUnsafe, OSError: daemon/host/lock.py)."""
+    if held is None:
+        lock = RunLock(run_dir)
+    else:
+        lock = held.lock
+        if not _same_dir(lock.path.parent, run_dir):
+            raise LockUnsafe(f"the run lock the scratch wait holds is {lock.path}, not in {run_dir}, the run "
+                             f"directory the supervisor settled: nothing started")
     lock.acquire()  # a no-op on the handed one
     return lock
+
+
+def _same_dir(one: str | os.PathLike, other: str | os.PathLike) -> bool:
+    """The same directory (device and inode; lstat: a link to it is not it)."""
+    try:
+        a, b = os.lstat(one), os.lstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float], None] = time.sleep,
@@ -116,28 +159,35 @@ def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float]
         if full_at_start(cfg.run_dir, e):
             raise RunDirFull(str(cfg.run_dir)) from e
         raise
-    stop = _StopSignals()
+    before = {sig: signal.getsignal(sig) for sig in WAIT_SIGNALS}
+    signals = Signals()
+    signals.install()
     record: WaitRecord | None = None
     try:
         record = WaitRecord(cfg, config_path or cfg.source)
-        tries = _wait_for_room(cfg, full, stop, record, notifier, sleep)
+        tries = _wait_for_room(cfg, full, signals, record, notifier, sleep)
         print(f"minilmd run: room again in {scratch_root.base()}: scratch made after {tries} waits", flush=True)
-        return stop.hand_over(lock)
+        record.made(f"room again in {scratch_root.base()}: scratch made after {tries} waits")
+        return Held(lock, signals, before, record)
     except BaseException as e:
         try:
             if record is not None and isinstance(e, StoppedWaiting):
                 record.stopped(f"stopped ({e}) while waiting for room for scratch: nothing started")
+            elif record is not None and isinstance(e, PreemptedWaiting):
+                record.preempted(e.ended, e.exit_status, str(e))
             elif record is not None and isinstance(e, Exception):  # a refusal or an error of a later try
                 record.failed(_exit_status(e), f"while waiting for room for scratch: {e}")
         finally:
-            stop.restore()
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
             lock.release()
         raise
 
 
-def _wait_for_room(cfg: RunConfig, full: str | None, stop: _StopSignals, record: WaitRecord, notifier: Notifier,
+def _wait_for_room(cfg: RunConfig, full: str | None, signals: Signals, record: WaitRecord, notifier: Notifier,
                    sleep: Callable[[float], None]) -> int:
-    """Tries again until scratch is made (returns how many waits that took), or StoppedWaiting on a stop."""
+    """Tries again until scratch is made (returns how many waits that took); StoppedWaiting on a stop,
+    PreemptedWaiting on Slurm's preemption."""
     tries = 0
     while full is not None:
         tries += 1
@@ -152,18 +202,48 @@ def _wait_for_room(cfg: RunConfig, full: str | None, stop: _StopSignals, record:
         else:
             notifier.status(_status(cfg, full))
         left = wait
-        while left > 0 and not stop.got:
+        while left > 0 and not _wait_ends(cfg, signals, record):
             step = min(left, SLICE_S)
             sleep(step)
             left -= step
             notifier.watchdog()
-        if stop.got:
+            record.alive()
+        if _wait_ends(cfg, signals, record):
             notifier.stopping()
-            print(f"minilmd run: stopped ({stop.got}) while waiting for room for scratch: nothing started, "
-                  f"nothing made in {scratch_root.base()}", flush=True)
-            raise StoppedWaiting(stop.got)
+            _end_on_signal(cfg, signals)
         full = _settle_and_claim(cfg)
     return tries
+
+
+def _wait_ends(cfg: RunConfig, signals: Signals, record: WaitRecord) -> bool:
+    """Whether a signal ends the wait; the others said and let be, as the supervisor's loop does (a SIGHUP reopens
+    supervisor.log; a SIGUSR1 outside Slurm is ignored)."""
+    if signals.take_hup():
+        record.reopen_log()
+        print("minilmd run: SIGHUP while waiting for room for scratch: supervisor.log reopened", flush=True)
+    in_slurm = bool(os.environ.get(names.SLURM_JOB_ENV))
+    if signals.usr1 and not in_slurm:
+        signals.take_usr1()
+        print("minilmd run: SIGUSR1 ignored while waiting for room for scratch: not in a Slurm job", flush=True)
+    return bool(signals.stop or signals.usr1)
+
+
+def _end_on_signal(cfg: RunConfig, signals: Signals) -> None:
+    """The wait ends on the signal it got: StoppedWaiting on a stop, PreemptedWaiting in a Slurm job (its SIGTERM,
+    as the supervisor's, is a preemption: daemon/slurm/job.py on_signal)."""
+    got = "USR1" if signals.usr1 else signals.stop_by or "SIGTERM"
+    if not os.environ.get(names.SLURM_JOB_ENV):
+        print(f"minilmd run: stopped ({got}) while waiting for room for scratch: nothing started, nothing made in "
+              f"{scratch_root.base()}", flush=True)
+        raise StoppedWaiting(got)
+    from minilmd.daemon.base import stoprequest
+    from minilmd.daemon.slurm.job import waiting_preempted
+
+    request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s SIGTERM (it wrote this first): no requeue
+    status, ended, why = waiting_preempted(got, request.words() if request else "",
+                                    lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
+    print(f"minilmd run: {why}", flush=True)
+    raise PreemptedWaiting(why, status, ended)
 
 
 def _exit_status(e: Exception) -> int:
@@ -175,31 +255,6 @@ def _exit_status(e: Exception) -> int:
 
 def _status(cfg: RunConfig, full: str) -> str:
     return f"{cfg.run.name}: waiting for room for scratch ({full})"[:200]
-
-
-class _StopSignals:
-    """SIGTERM and SIGINT recorded while the wait runs (`got`: the signal's name), the earlier handlers put back."""
-
-    def __init__(self):
-        self.got = ""
-        self._before = {sig: signal.signal(sig, self._record) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def _record(self, signum, _frame) -> None:
-        self.got = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-
-    def hand_over(self, lock: RunLock) -> Held:
-        """The supervisor's signal record (daemon/host/signals.py) installed in place of this one, and a stop this
-        one got before counted in it: no signal between the two is lost, nor ends the process by its default."""
-        signals = Signals()
-        before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGUSR1)}
-        signals.install()
-        if self.got:  # came after the wait's last look
-            signals.stop_as_first_signal()
-        return Held(lock, signals, {**self._before, **before})
 
 
 def _settle_and_claim(cfg: RunConfig) -> str | None:
@@ -237,11 +292,13 @@ def _settle_and_claim(cfg: RunConfig) -> str | None:
 def _no_room(e: OSError, near: str | os.PathLike) -> str:
     """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes.
     Measured where the error's file was to go, else at `near` (the place being made's parent: a hand-set run.scratch
-    lies on its own file system, not base's); the nearest existing directory up from there."""
+    lies on its own file system, not base's); the nearest existing directory up from there. The place lies where
+    others may write: opened once, no link followed (minilmd/dirfd.py OPEN_DIR, O_NONBLOCK), measured and listed
+    through that descriptor (a link there is said as no place measured, never another directory's numbers)."""
     where = os.path.dirname(str(e.filename)) if e.filename else str(near)
     while True:
         try:
-            vfs = os.statvfs(where)
+            fd = os.open(where, OPEN_DIR | os.O_NONBLOCK)
             break
         except FileNotFoundError:
             if os.path.dirname(where) == where:
@@ -249,25 +306,27 @@ def _no_room(e: OSError, near: str | os.PathLike) -> str:
             where = os.path.dirname(where)
         except OSError:
             return f"{e.strerror} ({where})"
-    if no_inode_left(vfs):
-        return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
-                f"{_whose(where)}")
-    return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(where)}"
+    try:
+        vfs = os.fstatvfs(fd)
+        if no_inode_left(vfs):
+            return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
+                    f"{_whose(fd)}")
+        return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(fd)}"
+    except OSError:
+        return f"{e.strerror} ({where})"
+    finally:
+        os.close(fd)
 
 
 WHOSE_LOOKS = 1000
 """The most entries of a full place whose owners are counted (another user's directory may hold millions)."""
 
 
-def _whose(where: str) -> str:
-    """Whose entries the full place holds, by owner, most first ("; its entries: 7 of uid 64123, 1 of yours"): who
-    holds the room, as far as the place's own entries tell (what lies deeper is not counted). Listed bounded
-    (untrusted.listed), each entry looked at through the place's descriptor, no link followed; "" when it cannot
-    be listed, a note when it holds more than WHOSE_LOOKS entries."""
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return ""
+def _whose(fd: int) -> str:
+    """Whose entries the full place (`fd`: its descriptor) holds, by owner, most first ("; its entries: 7 of uid
+    64123, 1 of yours"): who holds the room, as far as the place's own entries tell (what lies deeper is not
+    counted). Listed bounded (untrusted.listed), each entry looked at through the place's descriptor, no link
+    followed; "" when it cannot be listed, a note when it holds more than WHOSE_LOOKS entries."""
     counts: dict[int, int] = {}
     try:
         for name in listed(fd, max_entries=WHOSE_LOOKS):
@@ -278,8 +337,6 @@ def _whose(where: str) -> str:
         return f"; it holds over {WHOSE_LOOKS} entries (whose, not counted)"
     except OSError:
         return ""
-    finally:
-        os.close(fd)
     if not counts:
         return ""
     me = own_uid()

@@ -110,23 +110,20 @@ class Supervisor(Ending):
             lock = preflight.run_lock(self.loop.held, self.run_dir)  # the launch's wait's, if it waited: kept held
         except (LockHeld, LockUnsafe, PlaceRefused) as e:
             print(f"minilmd run: {e}", flush=True)
-            return protocol.SUPERVISOR_CONFIG
+            return self._ends_early(protocol.SUPERVISOR_CONFIG, str(e))
         except OSError as e:
             if not self._full_at_start(e):
                 raise
-            return protocol.SUPERVISOR_RUN_DIR_FULL
+            return self._ends_early(protocol.SUPERVISOR_RUN_DIR_FULL, f"run.dir {self.run_dir} is full")
         try:
             self._prepare_files()
         except OSError as e:
-            lock.release()
-            if self._full_at_start(e):
-                return protocol.SUPERVISOR_RUN_DIR_FULL
-            print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
-            return 1
+            if not (full := self._full_at_start(e)):
+                print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
+            return self._ends_early(protocol.SUPERVISOR_RUN_DIR_FULL if full else 1, f"run.dir: {e}", lock)
         if self.claim_remote and (refused := remote_claim.take_over_at_launch(self.cfg, self.events.emit)):
-            lock.release()
             print(f"minilmd run: {refused}", flush=True)
-            return protocol.SUPERVISOR_CONFIG
+            return self._ends_early(protocol.SUPERVISOR_CONFIG, refused, lock)
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
@@ -163,6 +160,14 @@ class Supervisor(Ending):
         finally:
             self._shutdown(lock)
         return self.loop.exit_status
+
+    def _ends_early(self, status: int, why: str, lock=None) -> int:
+        """An exit before the start: the scratch wait's record, if it waited, ends so (scratchclaim.Held.refused)."""
+        if self.loop.held is not None:
+            self.loop.held.refused(status, why)
+        if lock is not None:
+            lock.release()  # after that record's end: the wait's lock, if it waited
+        return status
 
     def _full_at_start(self, e: OSError) -> bool:
         """full_at_start, and the run registered (its registry lies elsewhere, with room perhaps), so that `status`

@@ -13,21 +13,38 @@ record that ran none: runstate.passed_on_child), its waits, devices, Slurm job a
 that cannot be read is left as it is: the supervisor must find it and say so (its remote step is then unknown:
 daemon/jobs/remotewait.py); the wait shows in the run lock's holder and its log only.
 
-The wait's end: a stop writes `done` (ended stopped, exit 0, nothing started), a failure `failed` with its exit
-status, as a supervisor's end does (`minilmd stop` reports it); room again writes nothing: the supervisor's start,
-handed the run lock, replaces the record (states.check_start `waited`). Torch-free.
+The wait's end: a stop writes `done` (ended stopped, exit 0, nothing started), a Slurm preemption `done` as a
+preempted supervisor's end, a failure `failed` with its exit status, as a supervisor's end does (`minilmd stop`
+reports it); room again writes nothing: the supervisor's start, handed the run lock, replaces the record
+(states.check_start `waited`). Its start, that end or `scratch_made` are logged in events.jsonl and supervisor.log as
+the supervisor logs its transitions (`minilmd logs` shows them). Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.config import RunConfig
-from minilmd.daemon.base.runstate import RunState, load_state, new_state, now, passed_on_child
+from minilmd.daemon.base.runstate import EventLog, RunState, load_state, new_state, now, passed_on_child
 from minilmd.daemon.base.states import Phase, check_transition
 from minilmd.daemon.base.statesections import Outcome, StateJson
 from minilmd.daemon.host import sdnotify
 from minilmd.untrusted import Unreadable
+
+
+def _open_log(run_dir: Path) -> EventLog | None:
+    """The run's events.jsonl and supervisor.log, for the wait's transitions; None when supervisor.log cannot be
+    opened (a full run.dir: the wait goes on unlogged, as the supervisor's writes fail quietly)."""
+    try:
+        return EventLog(run_dir, echo=False)  # the launch says its own words on its output
+    except OSError:
+        return None
+
+
+BEAT_S = 20.0
+"""How often the waiting record is re-saved at least: well within initwait.STALE_S (60 s)."""
 
 
 class WaitRecord:
@@ -35,6 +52,9 @@ class WaitRecord:
 
     def __init__(self, cfg: RunConfig, config_path: str):
         self.state: RunState | None = None
+        self._saved = 0.0
+        self.events = _open_log(cfg.run_dir)  # logged even when the record is left (unreadable)
+        self._logged = False
         try:
             old = load_state(cfg.run_dir)
         except Unreadable as e:
@@ -57,9 +77,41 @@ class WaitRecord:
 
     def waiting(self, why: str) -> None:
         """The wait goes on, for `why` now (its place, how full, whose entries)."""
+        if self.events is not None and not self._logged:
+            self._logged = True
+            self.events.emit(Phase.WAITING_SCRATCH, f"the launch waits: {why}", phase=Phase.WAITING_SCRATCH)
         if self.state is not None:
             self.state.reason = why
-            self.state.save()
+            self._save()
+
+    def made(self, words: str) -> None:
+        """Room again, scratch made: logged as the `scratch_made` edge (the supervisor's start says its phase)."""
+        self._log("scratch_made", f"{Phase.WAITING_SCRATCH} -> the supervisor's start: {words}")
+
+    def reopen_log(self) -> None:
+        """SIGHUP: supervisor.log reopened (logrotate moved it), as the supervisor does."""
+        if self.events is not None:
+            with contextlib.suppress(OSError):
+                self.events.reopen()
+                self.events.emit("signal", "SIGHUP: supervisor.log reopened (waiting for room for scratch)")
+
+    def _save(self) -> None:
+        assert self.state is not None
+        self._saved = time.monotonic()
+        self.state.save()
+
+    def alive(self) -> None:
+        """The wait goes on: state.json re-saved once BEAT_S has passed since it was last, so that a reader that
+        calls an old state.json a dead run's (daemon/phases/initwait.py STALE_S) finds it fresh (review10a F3)."""
+        if self.state is not None and time.monotonic() - self._saved >= BEAT_S:
+            self._save()
+
+    def preempted(self, ended: str, status: int, why: str) -> None:
+        """Slurm preempted the job during the wait (daemon/slurm/job.py waiting_preempted): `done` as a preempted
+        supervisor's end (`ended`: requeued, stopped, cancelled), `status` 1 when the requeue failed."""
+        if self.state is not None and status:
+            self.state.record_error(why)
+        self._end(Phase.DONE, status, why, ended)
 
     def stopped(self, why: str) -> None:
         """A stop ended the wait: nothing started, exit 0."""
@@ -71,10 +123,19 @@ class WaitRecord:
             self.state.record_error(why)
         self._end(Phase.FAILED, status, why, protocol.ENDED_FAILED)
 
+    def _log(self, name: str, message: str, **details) -> None:
+        """A transition of the wait in events.jsonl and supervisor.log (the supervisor's `_go` logs its own so),
+        the log closed after it: the supervisor opens its own."""
+        if self.events is not None:
+            self.events.emit(name, message, transition=name, old=Phase.WAITING_SCRATCH, **details)
+            self.events.close()
+            self.events = None
+
     def _end(self, phase: Phase, status: int, why: str, ended: str) -> None:
+        name = check_transition(Phase.WAITING_SCRATCH, phase)
+        self._log(name, f"{Phase.WAITING_SCRATCH} -> {phase}: {why}", new=phase, exit=status)
         if self.state is None:
             return
-        check_transition(Phase.WAITING_SCRATCH, phase)
         self.state.phase, self.state.since, self.state.reason = phase, now(), why
         self.state.outcome = Outcome(exit=status, phase=phase, time=now(), reason=why, ended=ended)
-        self.state.save()
+        self._save()

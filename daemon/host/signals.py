@@ -12,12 +12,14 @@ class Signals:
     fields: tests/test_supervisor_dispatch.py)."""
 
     stop: int = 0  # count of SIGTERM/SIGINT received
+    stop_by: str = ""  # the last one's name ("SIGTERM"), for the words of a stop
     hup: bool = False
     usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
 
     def install(self) -> None:
         def on_stop(signum, frame):
             self.stop += 1
+            self.stop_by = signal.Signals(signum).name
 
         def on_hup(signum, frame):
             self.hup = True

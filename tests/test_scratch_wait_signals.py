@@ -1,0 +1,108 @@
+"""The launch's wait for room for scratch records its signals as the supervisor does (daemon/host/signals.py) and acts
+on them as the supervisor would (review10a findings 1 and 2, docs10a False 2): before, it caught SIGTERM and SIGINT
+only, so Slurm's `--signal=B:USR1@300` warning or a SIGHUP (logrotate, a tmux pane closing) killed the launch
+(exit 138, state.json left `waiting_scratch`, no outcome, no requeue), and in a Slurm job Slurm's SIGTERM ended the
+wait as a user's stop (exit 0, not requeued). Real `minilmd run` processes waiting for the inodes of a real full
+tmpfs (skipped where mounting is refused), real signals; the Slurm job is its environment (SLURM_JOB_ID) and a fake
+`scontrol` on PATH that records its calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.daemon.base.runstate import load_state
+from supervisor_helpers import start_supervisor, wait_or_kill, write_config
+from tmpfs_helpers import base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
+
+JOB = "4242"
+
+
+def wait_for(log: Path, words: str, proc, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while words not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert words in log.read_text(), log.read_text()
+
+
+def waiting_run(base: Path, tmp_path: Path, corpus, **env):
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""})
+    fill_inodes(base)
+    log = tmp_path / "run.out"
+    proc = start_supervisor(config, log, **env)
+    wait_for(log, "waits:", proc)
+    return proc, log, tmp_path / "s" / "run"
+
+
+def test_sighup_and_sigusr1_outside_slurm_do_not_end_the_wait(base, tmp_path, corpus):
+    """SIGHUP (supervisor.log reopened, after logrotate moved it) and SIGUSR1 outside a Slurm job (the supervisor
+    ignores it) are said and let be: the wait goes on, state.json still says waiting_scratch, and a SIGTERM then
+    ends it as a stop; its transitions are in events.jsonl and supervisor.log as the supervisor's are. Before:
+    either signal killed the launch by its default action (exit -1 / 138), state.json left `waiting_scratch`, and
+    nothing of the wait was logged."""
+    proc, log, run_dir = waiting_run(base, tmp_path, corpus)
+    try:
+        (run_dir / names.SUPERVISOR_LOG).rename(run_dir / "supervisor.log.1")  # logrotate, then its HUP
+        proc.send_signal(signal.SIGHUP)
+        wait_for(log, "SIGHUP while waiting for room for scratch: supervisor.log reopened", proc)
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(log, "SIGUSR1 ignored while waiting for room for scratch", proc)
+        assert proc.poll() is None, log.read_text()
+        assert load_state(run_dir)["phase"] == "waiting_scratch"
+        proc.send_signal(signal.SIGTERM)
+        assert wait_or_kill(proc, 120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    after = load_state(run_dir)
+    assert (after["phase"], after["outcome"]["ended"]) == ("done", "stopped"), after
+    # the wait's transitions are logged as the supervisor's are, the end in the reopened supervisor.log
+    events = [json.loads(line) for line in (run_dir / names.EVENTS).read_text().splitlines()]
+    assert [e["event"] for e in events] == ["waiting_scratch", "signal", "stopped_waiting"], events
+    assert (events[-1]["old"], events[-1]["new"], events[-1]["exit"]) == ("waiting_scratch", "done", 0), events
+    assert "[stopped_waiting] waiting_scratch -> done" in (run_dir / names.SUPERVISOR_LOG).read_text()
+    assert "[waiting_scratch] the launch waits" in (run_dir / "supervisor.log.1").read_text()
+
+
+@pytest.fixture
+def slurm_job(tmp_path) -> tuple[dict, Path]:
+    """A Slurm job's environment, its `scontrol` a fake on PATH that records each call and says the job runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                    f"case \"$*\" in *'show job'*) echo 'JobId={JOB} JobState=RUNNING Restarts=0 Reason=None';; "
+                    f"esac\nexit 0\n")
+    fake.chmod(0o755)
+    env = {names.SLURM_JOB_ENV: JOB, names.SLURM_RESTART_COUNT_ENV: "0", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return env, calls
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
+def test_a_slurm_preemption_during_the_wait_requeues_the_job_as_the_supervisor_does(base, tmp_path, corpus,
+                                                                                    slurm_job, sig):
+    """In a Slurm job the time-limit warning (USR1) or Slurm's SIGTERM during the wait is a preemption, as in the
+    supervisor (daemon/slurm/job.py on_signal, SlurmJob.plan): nothing to save, the job is requeued at once
+    (`scontrol requeue JOB`), state.json `done` (requeued), exit 0. Before: USR1 killed the launch (exit 138,
+    state.json waiting_scratch); a SIGTERM ended it as a user's stop, not requeued."""
+    env, calls = slurm_job
+    proc, log, run_dir = waiting_run(base, tmp_path, corpus, **env)
+    try:
+        proc.send_signal(sig)
+        assert wait_or_kill(proc, 120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    after = load_state(run_dir)
+    assert (after["phase"], after["outcome"]["ended"], after["outcome"]["exit"]) == ("done", "requeued", 0), after
+    assert f"requeue {JOB}" in calls.read_text().splitlines(), calls.read_text()
+    assert "nothing started" in after["outcome"]["reason"], after
