@@ -1,6 +1,6 @@
 """A checkpoint root's own step directories only: a symbolic link or another user's directory by a step name,
 planted in a root others can write, is no checkpoint of the root (minilmd/checkpoint_dirs.py list_checkpoints,
-named_checkpoint; trainer/model/export_paths.py resolve_checkpoint).
+named_checkpoint; trainer/model/export_source.py resolve_checkpoint).
 
 Reproduced on the code before: `minilmd export ROOT` took the newest `step-*` holding a manifest, whatever it was:
 a planted link made the export of the root fail (`the checkpoint is a symbolic link`), and another user's valid
@@ -18,7 +18,7 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint
 from minilmd.names import LATEST
 from minilmd.trainer.model.export import read_checkpoint
-from minilmd.trainer.model.export_paths import resolve_checkpoint
+from minilmd.trainer.model.export_source import resolve_checkpoint
 from weights_helpers import make_run, save_run
 
 OTHER_UID = 54321

@@ -1,5 +1,5 @@
 """`minilmd sample`, `chat` and `export` given a run directory, as every other command takes one
-(trainer/model/export_paths.py resolve_checkpoint): the checkpoint a resume of the run would take (the newest that
+(trainer/model/export_source.py resolve_checkpoint): the checkpoint a resume of the run would take (the newest that
 validates, of its scratch's and its run.remote's, checkpoint_select), said on stderr, nothing moved; a run
 directory without its run.toml is told as one, with where checkpoints are kept. Before: `RUN_DIR: not a
 checkpoint (no model.safetensors) and no LATEST or step-* checkpoint under it`, and no word of where they are.
@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from minilmd.cli import app
 from minilmd.config import load_config
 from minilmd.names import MODEL_FILE, RUN_CONFIG_COPY, STATE
-from minilmd.trainer.model.export_paths import ExportError, resolve_checkpoint
+from minilmd.trainer.model.export_paths import ExportError
+from minilmd.trainer.model.export_source import resolve_checkpoint
 from trainer_corpus import write_config
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
@@ -155,7 +156,7 @@ def test_a_run_whose_best_names_another_step_says_so_and_how_to_take_it(run, cap
 
     from minilmd.names import BEST, LATEST, TRAINER_STATE
     from minilmd.trainer.checkpoint import save as ckpt_io
-    from minilmd.trainer.model import export_paths
+    from minilmd.trainer.model import export_source
 
     run_dir, cfg = run
     remote = Path(cfg.run.remote)
@@ -169,7 +170,7 @@ def test_a_run_whose_best_names_another_step_says_so_and_how_to_take_it(run, cap
     assert resolve_checkpoint(run_dir) == cfg.checkpoint_dir / "step-00000003"
     said = capsys.readouterr().err
     assert f"BEST names step 1 (best val loss 2.5000): export {remote / BEST} for it" in said, said
-    export_paths._say_once.cache_clear()  # said once a process: the same line again below
+    export_source._say_once.cache_clear()  # said once a process: the same line again below
     assert resolve_checkpoint(remote) == remote / "step-00000002"  # the root's LATEST: the same line
     assert f"BEST names step 1 (best val loss 2.5000): export {remote / BEST} for it" in capsys.readouterr().err
     (remote / BEST).write_text("step-00000002\n")  # BEST is the one taken: nothing to say

@@ -127,7 +127,8 @@ def test_the_printed_merge_runs_in_a_minimind_checkout_and_its_output_starts_a_r
 
 def test_a_minimind_adapter_given_for_a_checkpoint_directory_is_said_to_be_one(tmp_path):
     """`sample --lora lora_identity_64.pth` said "no such checkpoint directory" of a file there."""
-    from minilmd.trainer.model.export_paths import ExportError, resolve_checkpoint
+    from minilmd.trainer.model.export_paths import ExportError
+    from minilmd.trainer.model.export_source import resolve_checkpoint
 
     pth = tmp_path / "lora_identity_64.pth"
     torch.save(_adapter(64, 2, 16), pth)

@@ -24,11 +24,11 @@ from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS
 from minilmd.trainer.model.export_paths import (
     ExportError,
     fresh_export_dir,
-    resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
     writing,
 )
+from minilmd.trainer.model.export_source import resolve_checkpoint
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""

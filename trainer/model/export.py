@@ -39,11 +39,11 @@ from minilmd.trainer.model.export_paths import (
     checked_out,
     fresh_export_dir,
     pth_out_problem,
-    resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
     writing,
 )
+from minilmd.trainer.model.export_source import resolve_checkpoint
 from minilmd.trainer.model.tokenizer_files import FoundTokenizer, find_chat_config, find_tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -37,7 +37,8 @@ from minilmd.names import (
     TRAINER_STATE,
     TRAINER_STATE_MAX_BYTES,
 )
-from minilmd.trainer.model.export_paths import ExportError, read_explicit, resolve_checkpoint
+from minilmd.trainer.model.export_paths import ExportError, read_explicit
+from minilmd.trainer.model.export_source import resolve_checkpoint
 from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
 from minilmd.urls import is_url
 
