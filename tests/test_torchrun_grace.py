@@ -7,7 +7,7 @@ failed keeps torch's 30 s. Two real gloo ranks on CPU (tests/torchrun_ranks.py).
 Before, torch's agent waited its own 30 s whatever the run's grace: a stop save of rank 0 longer than that was
 SIGKILLed while a single trainer would have been waited for up to restart.hang_timeout (10 min by default).
 
-Torch's 30 s is not waited out for a stop here (too slow on a small box): a grace set well under a save's few
+Torch's 30 s is not waited out for a stop here (too slow on a small box): a grace set well under a save's 20
 seconds cuts it, where torch's 30 s would have let it land (what fails on the old code), and one set well over them
 lets it land. Outcomes only (the checkpoint on disk or not, who was SIGKILLed, the launcher ended), no timing.
 """
@@ -31,17 +31,18 @@ from supervisor_helpers import FAKE_TRAINER, write_config
 from torchrun_ranks import ended, log_says, start
 from waiting import wait_until
 
-SAVE_S = 12
-"""Rank 0's stop save: well over the small grace, well under torch's 30 s."""
+SAVE_S, GRACE_S = 20, 8
+"""Rank 0's stop save: well over the run's grace, under torch's 30 s. The grace leaves rank 0 time to reach its step
+boundary, agree the stop and begin its save on 2 busy cores (at 2 s, the agent's SIGKILL could come first)."""
 
 
 KNOB = pytest.mark.parametrize("knob", [True, False], ids=["torch_knob", "fallback"])
 
 
-@pytest.mark.slow  # two ranks to start, and SAVE_S: ~40 s
+@pytest.mark.slow  # two ranks to start, and GRACE_S: ~40 s
 @KNOB
 def test_a_stop_save_longer_than_the_runs_grace_is_cut_at_that_grace_not_torchs_30s(tmp_path, corpus, knob):
-    child, _, cfg, _ = start(tmp_path, corpus, {"SLOW_SAVE_S": str(SAVE_S), names.TORCHRUN_GRACE_ENV: "2"},
+    child, _, cfg, _ = start(tmp_path, corpus, {"SLOW_SAVE_S": str(SAVE_S), names.TORCHRUN_GRACE_ENV: str(GRACE_S)},
                              knob=knob)
     rc, log = ended(child, lambda: child.signal_group(signal.SIGTERM))  # as the supervisor stops a trainer
     assert "rank 0: writing step" in log, log[-4000:]
