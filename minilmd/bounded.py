@@ -2,11 +2,12 @@
 and sync retry it and show it in status), so it answers nothing rather than a traceback or a hang. A check that
 raises anything else did answer: what it raised is said as what it is (`Raised`), never as a stall, and no thread
 traceback is printed (hostile audit 8 F4: another user's .pth crashed `run --check`'s init probe, printed a
-traceback, then "OK", then "stalled"). Used by the config checks (minilmd/probes.py, path_checks.py) and by the
-launch's looks at the remote (daemon/jobs). Torch-free.
+traceback, then "OK", then "stalled"); to a caller that drops it, in one line on stderr (`say_raised`). Used by the
+config checks (minilmd/probes.py, path_checks.py) and by the launch's looks at the remote (daemon/jobs). Torch-free.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -36,10 +37,12 @@ def shared_storage_check(check, *args) -> list[str]:
     return result if answered else []
 
 
-def bounded_probe(fn, *args, timeout_s: float | None = None) -> tuple[bool, Any, str]:
+def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = False) -> tuple[bool, Any, str]:
     """fn(*args) on shared storage, in a thread for `timeout_s` (None: SHARED_STORAGE_PROBE_S) at most: (True, its
     result, "") when it returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount:
-    the thread is left behind, a daemon); (False, None, a `Raised`) when it raised anything else."""
+    the thread is left behind, a daemon); (False, None, a `Raised`) when it raised anything else. A `Raised` is also
+    said in one line on stderr (`say_raised`), unless the caller `says_why` itself: most callers take any failure as
+    no answer and drop `why`, which would turn a bug into a silent "not answered" (review10b F2)."""
     timeout_s = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
     result: list = []
     failed: list[str] = []
@@ -57,5 +60,17 @@ def bounded_probe(fn, *args, timeout_s: float | None = None) -> tuple[bool, Any,
     worker.join(timeout_s)
     if result:
         return True, result[0], ""
+    if failed and isinstance(failed[0], Raised) and not says_why:
+        say_raised(fn, failed[0])
     return False, None, failed[0] if failed else f"did not answer within {timeout_s:g} s (stalled)"
+
+
+def say_raised(fn, why: Raised) -> None:
+    """One line on stderr (the supervisor's: its window, the journal) naming the look that raised and what it said,
+    never a traceback; dropped when stderr cannot take it."""
+    name = printable(getattr(fn, "__qualname__", None) or type(fn).__name__)
+    try:
+        print(f"minilmd: a look at shared storage ({name}) {why}: taken as no answer", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 

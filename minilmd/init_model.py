@@ -45,9 +45,10 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
     with the command that merges it into its base (MERGE_CODE) and the sizes read off its shapes, and whether
     MiniMind's eval_llm.py runs it as it is; "" for any other state dict. Not loaded as minilmd's adapters: those
     are a minilmd run's, scaled by alpha / rank, on the layers [lora] targets names. The command loads only files
-    looked at here, by name: the adapter, and the base beside it only when it is the user's own regular file
-    (`own_file`; a teammate's base, or his link, in a team directory is named and left out: BASE.pth to fill in);
-    it writes the merged file into a directory of the user's own (`own_place`), never beside the adapter."""
+    looked at here, by name: the adapter, and the base beside it only when it is the user's own regular file in a
+    directory no one else can rearrange (`own_base`; a teammate's base, or his link, or hers in a team directory is
+    named and left out: BASE.pth to fill in); it writes the merged file into a directory of the user's own
+    (`own_place`), never beside the adapter."""
     if not shapes or not all(key.endswith(MINIMIND_LORA_KEYS) for key in shapes):
         return ""
     a_shapes = [shape for key, shape in sorted(shapes.items()) if key.endswith(".lora.A.weight") and len(shape) == 2]
@@ -59,7 +60,7 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
     suffix = f"_{hidden}.pth"
     prefix = name.removesuffix(suffix) if name.endswith(suffix) else name.removesuffix(".pth")
     beside = os.path.join(folder, f"full_sft{suffix}")
-    why_not = own_file(beside) if path else f"{beside} was not looked at"
+    why_not = own_base(beside) if path else f"{beside} was not looked at"
     base = BASE_PLACEHOLDER if why_not else beside
     place = own_place()
     merged = os.path.join(place or OUT_PLACEHOLDER, f"{prefix}_merged{suffix}")
@@ -78,6 +79,24 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
             f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
             f"(docs/operations.md, \"MiniMind's files\");\n"
             f"    {_eval_llm_runs(rank, hidden, layers, name, prefix)}")
+
+
+def own_base(path: str) -> str:
+    """"" when the printed merge may name `path` as its base: `own_file`, in a directory that no one else can
+    rearrange, nor one above it (place_rule's rule, perms' one rule). In a team directory (2775, not sticky) a group
+    member could rename his file over hers between the print and her paste, and the merge would load his weights
+    (weights_only stops code, not a poisoned base). Else why not."""
+    from minilmd.place_rule import place_problem
+    from minilmd.untrusted import printable
+
+    if why := own_file(path):
+        return why
+    try:
+        problem = place_problem("the base", path, "the base", "keep your base in a directory only you can change (so "
+                                "it is not named here)", own_links=True)
+    except OSError as e:  # a share failing on the way (EIO, ESTALE)
+        problem = f"the directory of {path} cannot be looked at ({e.strerror or e}), so it is not named"
+    return printable(problem or "")
 
 
 def own_file(path: str) -> str:

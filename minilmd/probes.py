@@ -132,7 +132,7 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     staged copy's record names (minilmd/shared_place.py staged_from; no record is no evidence) that is not there while
     the directory above it holds other entries (shared_place.gone_or_typo): refused, as at a first launch, never trained
     from the old copy nor waited for."""
-    answered, found, why = bounded_probe(_check_prepared_dir, cfg)
+    answered, found, why = bounded_probe(_check_prepared_dir, cfg, says_why=True)
     if not answered:
         return [f"data.prepared = {cfg.data.prepared!r}: cannot be checked: {why}"] if isinstance(why, Raised) else []
     problems, absent, meta = found
@@ -162,7 +162,7 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
     gives the staged copy back (daemon/supervisor.py): with its share gone, that copy is the only one within reach."""
     if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
-    answered, found, why = bounded_probe(_check_prepared_dir, cfg)
+    answered, found, why = bounded_probe(_check_prepared_dir, cfg, says_why=True)
     return found[1] if answered else why
 
 
@@ -239,7 +239,7 @@ def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     to the trainer's own read, as before). At a first launch (no state.json yet), a path that is not there while
     the directory above it holds other entries (minilmd/shared_place.py gone_or_typo) is a typo, refused as a
     missing data.prepared is, not waited for without end."""
-    answered, found, why = bounded_probe(_check_init, cfg)
+    answered, found, why = bounded_probe(_check_init, cfg, says_why=True)
     if isinstance(why, Raised):  # it answered, with an error: a refusal, never a stall to wait for (audit 8 F4)
         return [f"init.from = {cfg.init.from_!r}: cannot be checked: {why}"]
     problems, unreachable = found if answered else ([], why)

@@ -285,6 +285,18 @@ def test_the_trainers_index_of_another_dtype_is_refused_naming_it(tmp_path, corp
         TokenStream(damaged / "train")
 
 
+def test_the_trainers_truncated_index_is_a_copy_to_finish_not_a_corpus_to_prepare_again(tmp_path, corpus):
+    """An index grown by an append, its copy not finished: longer than meta.json lists (so meta.json's size check
+    passes it on to the index's own), shorter than its header says. Before, "prepare it again" as for one of another
+    dtype; now the copy is said incomplete, to wait for or copy again, as the reply count says it."""
+    damaged = _grown_index(tmp_path, corpus, np.full(1000, 7, np.int32))
+    index = damaged / "train" / "doc_lengths.npy"
+    os.truncate(index, index.stat().st_size - 4)
+    with pytest.raises(CorpusError, match="copy is incomplete") as refused:
+        TokenStream(damaged / "train")
+    assert "prepare it again" not in str(refused.value)
+
+
 def _peak_of_opening(split: Path) -> tuple[TokenStream, int]:
     import tracemalloc
 

@@ -3,9 +3,10 @@
 save). Before, both named their output beside the given file and the merge its base beside it too, in what is often
 a team directory: a teammate's base was loaded, and `torch.save` followed his link at the output name and replaced
 the victim's 0600 notes with a zip. Now each command loads only files looked at when it was printed (the base only
-when it is the user's own regular file), with weights_only, and writes into a directory of the user's own through
-an exclusive create that refuses a file or a link there. The printed command is run here, a real subprocess, in the
-audit's set-up; the teammate is a real second uid (`nobody`, tests/second_user.py), the test root."""
+when it is the user's own regular file, in a directory no one else can rearrange), with weights_only, and writes
+into a directory of the user's own through an exclusive create that refuses a file or a link there. The printed
+command is run here, a real subprocess, in the audit's set-up; the teammate is a real second uid (`nobody`,
+tests/second_user.py), the test root."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from second_user import second_user
+from second_user import second_user, sh_as_user, shared, team  # noqa: F401 - shared, team: fixtures
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # the printed commands run as pasted: a Python process importing torch, each
@@ -77,9 +78,12 @@ def test_the_merge_command_loads_no_teammates_base_and_writes_only_her_own_place
     assert refused.returncode != 0 and "BASE.pth" in refused.stderr, refused.stderr
     assert notes.read_bytes() == NOTES and os.listdir(mine) == []
 
-    os.chown(team / "full_sft_64.pth", os.geteuid(), os.getegid())  # her own base: named, merged into her place
-    argv = _command(minimind_lora_file(team / "lora_vic_64.pth"))
-    assert argv[-3] == str(team / "full_sft_64.pth")
+    hers = tmp_path / "hers"  # her own base beside her adapter in a directory of hers: named, merged into her place
+    hers.mkdir(mode=0o755)
+    os.rename(team / "lora_vic_64.pth", hers / "lora_vic_64.pth")
+    torch.save(base, hers / "full_sft_64.pth")
+    argv = _command(minimind_lora_file(hers / "lora_vic_64.pth"))
+    assert argv[-3] == str(hers / "full_sft_64.pth")
     done = _run(argv, mine)
     assert done.returncode == 0, done.stderr
     assert notes.read_bytes() == NOTES and (team / "lora_vic_merged_64.pth").is_symlink()
@@ -96,6 +100,29 @@ def test_the_merge_command_loads_no_teammates_base_and_writes_only_her_own_place
     os.symlink(notes, mine / "lora_vic_merged_64.pth")  # nor a link there followed
     linked = _run(argv, mine)
     assert linked.returncode != 0 and "FileExistsError" in linked.stderr and notes.read_bytes() == NOTES
+
+
+def test_her_own_base_in_a_team_directory_is_not_named_since_he_can_rename_his_over_it(team, tmp_path, monkeypatch):
+    """Her own base beside her adapter, in a team directory his group may write (review10b F3): a name looked at when
+    the command is printed proves nothing by the time she pastes it, since he can rename his file over hers (done
+    here, as him). Before, the command named her base there and so loaded his weights; now BASE.pth, and why."""
+    from minilmd.init_pth import minimind_lora_file
+
+    torch.manual_seed(0)
+    name = "model.layers.0.self_attn.q_proj"
+    torch.save({f"{name}.lora.A.weight": torch.randn(RANK, HIDDEN).half(),
+                f"{name}.lora.B.weight": torch.randn(HIDDEN, RANK).half()}, team / "lora_vic_64.pth")
+    torch.save({f"{name}.weight": torch.randn(HIDDEN, HIDDEN).half()}, team / "full_sft_64.pth")  # hers
+    (mine := tmp_path / "mine").mkdir(mode=0o700)
+    monkeypatch.chdir(mine)
+
+    said = minimind_lora_file(team / "lora_vic_64.pth")
+    argv = _command(said)
+    assert argv[-3] == "BASE.pth", argv
+    assert f"the base {team}/full_sft_64.pth: the directory {team} above it can be written by other users" in said, said
+    assert "put your base's path for BASE.pth" in said, said
+    sh_as_user("echo his weights > his.pth && mv his.pth full_sft_64.pth", team)  # what he can do before she pastes
+    assert os.stat(team / "full_sft_64.pth").st_uid == second_user()[0]
 
 
 def test_the_conversion_command_writes_only_her_own_place_never_through_his_link(tmp_path, monkeypatch):

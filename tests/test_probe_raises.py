@@ -103,6 +103,24 @@ def test_a_probe_that_raises_is_said_as_what_it_raised_never_a_stall(capfd):
     assert bounded.shared_storage_check(lambda: ["a problem"]) == ["a problem"]
 
 
+def test_a_raise_a_daemon_caller_drops_is_said_in_one_line_never_silent(tmp_path, capfd, monkeypatch):
+    """rundirwatch's room note, one of the daemon's callers that take any failure as no answer and drop `why`
+    (review10b F2): a look that raises (a bug) was a silent "not answered"; now one line on stderr names the look and
+    the error, no traceback. A caller that says `why` itself (says_why) gets no second line."""
+    from minilmd.daemon.phases import rundirwatch
+
+    def raises(path):
+        raise ValueError("a bug in the look")
+
+    monkeypatch.setattr(rundirwatch, "_free_bytes", raises)
+    assert rundirwatch.room_note(tmp_path) is None  # still no answer: the note is left unsaid
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert "minilmd: a look at shared storage (" in err and "raises) failed (ValueError: a bug in the look)" in err
+    assert bounded_probe(raises, tmp_path, says_why=True)[2] == "failed (ValueError: a bug in the look)"
+    assert capfd.readouterr().err == ""
+
+
 def test_check_refuses_an_init_from_whose_probe_raises_naming_it_and_the_error(tmp_path, corpus, capfd,
                                                                              monkeypatch):
     """Any exception of the init probe (a reader's bug a hostile file reaches): before, a traceback, "OK", then

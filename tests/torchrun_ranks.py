@@ -63,19 +63,28 @@ takes that much longer, and says so. Rank 1 says when it enters the exit barrier
 HOLD_EXIT_BARRIER it waits before it until RANK_PIDS/go exists. Every rank says when it exits (atexit: not on a
 SIGKILL)."""
 
-LAUNCHER_WITHOUT_KNOB = """
+LAUNCHER_STORE_GONE = """
+import os
+from pathlib import Path
+from torch.distributed.elastic.agent.server import local_elastic_agent
+monitor = local_elastic_agent.LocalElasticAgent._monitor_workers
+def failing_monitor(self, group):
+    if (Path(os.environ["RANK_PIDS"]) / "store-gone").exists():
+        raise RuntimeError("the rendezvous store is gone (injected)")
+    return monitor(self, group)
+local_elastic_agent.LocalElasticAgent._monitor_workers = failing_monitor
 from minilmd.trainer.loop import torchrun
-torchrun.torch_takes_grace = lambda: False
 torchrun.main()
 """
-"""trainer/loop/torchrun.py as it runs under a torch without the shutdown-grace knob: its fallback."""
+"""trainer/loop/torchrun.py whose agent raises, once RANK_PIDS/store-gone exists, in its watch of the ranks, as it
+does when its rendezvous store fails: an exception other than a stop signal, with the ranks still running."""
 
 
-def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, knob: bool = True,
+def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, store_gone: bool = False,
           train: dict | None = None) -> tuple[Child, Path, RunConfig, Path]:
     """Launch the two ranks; `extra`: the hooks' environment (and names.TORCHRUN_GRACE_ENV). A later `attempt` in the
-    same tmp_path is a restart of the same run. `knob=False`: the launcher as under a torch without the knob for the
-    stop grace. Returns (child, run dir, config, the pids directory)."""
+    same tmp_path is a restart of the same run. `store_gone`: the launcher whose agent raises once the pids
+    directory holds `store-gone` (LAUNCHER_STORE_GONE). Returns (child, run dir, config, the pids directory)."""
     run_dir = tmp_path / "run"
     pids = tmp_path / "pids"
     if attempt == 1:
@@ -89,10 +98,10 @@ def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, knob: bool = Tr
         claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # adopts only a marked scratch)
     wrapper = tmp_path / "ranks.py"
     wrapper.write_text(RANKS)
-    if knob:
+    if not store_gone:
         launcher = ["-m", names.TORCHRUN_LAUNCHER]
     else:
-        (tmp_path / "launcher.py").write_text(LAUNCHER_WITHOUT_KNOB)
+        (tmp_path / "launcher.py").write_text(LAUNCHER_STORE_GONE)
         launcher = [str(tmp_path / "launcher.py")]
     command = [sys.executable, *launcher, "--standalone", "--nproc_per_node", "2", "--max-restarts", "0",
                str(wrapper), "train", str(config)]

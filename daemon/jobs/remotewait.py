@@ -172,7 +172,7 @@ def check_line(cfg, fresh: bool) -> str:
     url = cfg.run.remote
     if not url or local_checkpoint_steps(cfg.checkpoint_dir):
         return ""
-    answered, absent, failed = bounded_probe(remote_absent, url)
+    answered, absent, failed = bounded_probe(remote_absent, url, says_why=True)
     absent = absent if answered else failed
     if not absent:
         return ""

@@ -102,7 +102,7 @@ class Verdict:
 def judge(syncer: Syncer, checkpoint_dir: Path, held: int | None, skip: frozenset[str] = frozenset()) -> Verdict:
     """The rule (module docstring). `held`: scratch's newest valid step (`scratch_newest`), None for none. `skip`:
     remote steps a fetch found invalid just now, passed by."""
-    answered, peeked, why = bounded_probe(peek, syncer, skip)
+    answered, peeked, why = bounded_probe(peek, syncer, skip, says_why=True)
     if answered and peeked[0] == "failed":
         answered, why = False, f"cannot be opened ({peeked[1]})"
     if not answered:

@@ -340,11 +340,15 @@ def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
 
 def _read_index(fd: int, path: Path, documents: int | None) -> np.ndarray:
     """The first `documents` lengths (int32; None: all there are, for a split without meta.json) of the index open
-    at `fd` (minilmd/doc_index.py's checks); CorpusError for an index that is not one prepare wrote."""
+    at `fd` (minilmd/doc_index.py's checks); CorpusError for an index that is not one prepare wrote, or one shorter
+    than its own header says: a copy not finished, whose advice is to copy it again, not to prepare it again (the
+    reply count tells the two apart too: replycut.py)."""
     try:
         offset, held = index_header(fd, path, documents)
         return read_prefix(fd, path, offset, held if documents is None else documents)
     except IndexLies as e:
+        if e.truncated:
+            raise CorpusError(f"{e}: the copy is incomplete: wait for it to finish, or copy (stage) it again") from None
         raise CorpusError(f"{e}: not a prepared corpus's index (prepare it again)") from None
 
 

@@ -24,8 +24,9 @@
   raises SignalException after it has sent the signal on to the ranks and waited for them (its shutdown grace,
   then SIGKILL). That grace is the run's save grace, the one the supervisor gives a single trainer
   (restart.hang_timeout, passed as names.TORCHRUN_GRACE_ENV: daemon/child/grace.py), not torch's 30 s, which cut
-  a stop save of rank 0 longer than that while the supervisor would have waited (`_give_grace`); the agent's stop
-  of the other ranks once one has failed keeps torch's 30 s. The ranks' exit statuses are read as the agent's
+  a stop save of rank 0 longer than that while the supervisor would have waited (`_give_grace`); the agent's other
+  closes keep torch's 30 s: its stop of the other ranks once one has failed, and its close after any other
+  exception (a rendezvous or store error). The ranks' exit statuses are read as the agent's
   close leaves them (`_record_rank_ends`); every rank ended with the same positive status (each saved and exited
   75, or 73) is this process's status, as for a rank's own (before: exit 1 always, the ranks' 75 lost). A rank
   SIGKILLed at the end of the grace, one still running, or a mix leaves exit 1 and torch's traceback.
@@ -35,7 +36,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import signal
@@ -96,26 +96,15 @@ def shared_status(codes: list[int | None], spared: int | None = None) -> int | N
 
 def _give_grace(value: str) -> int | None:
     """The agent's wait between its SIGTERM to the ranks and its SIGKILL on a stop signal to this process: `value`
-    (names.TORCHRUN_GRACE_ENV, whole seconds) through torch's own knob, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, where this
-    torch has it (LaunchConfig.shutdown_timeout; an explicit --shutdown-timeout on the command line still wins);
-    else the seconds for `_record_rank_ends` to give that close in place of its fixed 30 s. None: torch's 30 s kept
-    (unset, or not a whole number of seconds). The knob is torch 2.13's wait on a stop signal only: its stop of the
-    other ranks once one has failed (LocalElasticAgent._stop_workers) keeps 30 s, as it should, since they wait for
-    no save of theirs (an agreed stop's ranks exit only after rank 0's write: Saves.exit_barrier) and a rank stuck in
-    a collective (NCCL) after its peer's crash would hold the restart for the whole grace."""
-    if not value.isdigit():
-        return None
-    if torch_takes_grace():
-        os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = value
-        return None
-    return int(value)
-
-
-def torch_takes_grace() -> bool:
-    """Whether torch's launcher takes a shutdown grace (LaunchConfig.shutdown_timeout); older releases do not."""
-    from torch.distributed.launcher.api import LaunchConfig
-
-    return "shutdown_timeout" in {field.name for field in dataclasses.fields(LaunchConfig)}
+    (names.TORCHRUN_GRACE_ENV, whole seconds), given by `_record_rank_ends` to the one close the agent makes while it
+    handles that signal. None: torch's 30 s kept (unset, or not a whole number of seconds). Not through torch's own
+    knob (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, LaunchConfig.shutdown_timeout): torch 2.13's SimpleElasticAgent.run gives it
+    to the close in its `finally` as well, after any other exception (a rendezvous or store error: a peer's agent
+    gone with the store), where ranks stuck in a collective (NCCL) would then hold the restart for the whole grace
+    (review10b F1). Every other close keeps 30 s, as it should: those ranks wait for no save of theirs (an agreed
+    stop's ranks exit only after rank 0's write: Saves.exit_barrier), the stop of the other ranks once one has failed
+    (LocalElasticAgent._stop_workers) too."""
+    return int(value) if value.isdigit() else None
 
 
 def _record_rank_ends(grace: int | None = None) -> list[int | None]:
@@ -123,11 +112,11 @@ def _record_rank_ends(grace: int | None = None) -> list[int | None]:
     its stop signal, grace and SIGKILL), each rank's exit status (Popen.poll: None for one it had to abandon). The
     agent does not hand them on with the SignalException it raises after a stop signal.
 
-    `grace` (a torch without the knob: `_give_grace`): the wait between SIGTERM and SIGKILL of the close the agent
-    makes while it handles a stop signal (inside its `except SignalException`), in place of torch's 30 s; its other
-    closes keep theirs. The one place this launcher leans on torch's internals: PContext.close(death_sig, timeout),
-    and where the agent calls it; should that change, a stop gets torch's 30 s again, which
-    tests/test_torchrun_grace.py catches (it forces this path)."""
+    `grace` (`_give_grace`): the wait between SIGTERM and SIGKILL of the close the agent makes while it handles a
+    stop signal (inside its `except SignalException`), in place of torch's 30 s; its other closes keep theirs. The
+    one place this launcher leans on torch's internals: PContext.close(death_sig, timeout), and where the agent calls
+    it; should that change, a stop gets torch's 30 s again (the safe side), which tests/test_torchrun_grace.py
+    catches."""
     from torch.distributed.elastic.multiprocessing import SignalException, api
 
     ends: list[int | None] = []

@@ -38,6 +38,7 @@ from minilmd.trainer.model.export_paths import (
     OutRefused,
     checked_out,
     fresh_export_dir,
+    others_out,
     pth_out_problem,
     validated_checkpoint,
     validated_tensors,
@@ -140,7 +141,7 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False, group
     if not_a_file := pth_out_problem(out):  # --force replaces a file, never puts one inside a directory
         raise OutRefused(not_a_file)
     out = checked_out(out, group_share)
-    if taken := out_taken(out, force):
+    if taken := out_taken(out, force) or others_out(out, group_share):  # before GBs are read, converted, written
         raise OutRefused(f"{taken}; nothing was written")
     _, checked, weights, _ = _read_checked(path, merge)
     kept = checked.without_weights()

@@ -177,8 +177,7 @@ class ExportCopy:
     def publish_file(self, name: str) -> Path:
         """The complete file `name` of the copy renamed onto --out (replacing a file there, as an export always
         did), at the descriptors, durably; Replaced when the copy's name no longer leads to this copy. Another user's
-        entry at --out (a teammate's file in a team directory) is never replaced, --force or not (fsio.others_entry,
-        plot's rule: hostile audit 8 F2): OutRefused naming him."""
+        entry at --out is never replaced, --force or not (fsio.others_entry: looked at first by `others_out`)."""
         if held := others_entry(self.parent, self.out):
             raise OutRefused(f"{held}; nothing was written")
         if self.parent.identity_of(self.name) != self.tmp.identity:
@@ -282,6 +281,14 @@ def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
     else:
         _SAY(f"{out.parent / old}: an older minilmd's temporary copy, which does not say whose it is; left as it is: "
              f"remove it once no export to {out} is running")
+
+
+def others_out(out: Path, group_share: bool = False) -> str | None:
+    """fsio.others_entry of --out up front, before the checkpoint is read and converted (publish_file looks again)."""
+    if not os.path.lexists(out):
+        return None
+    with _open_parent(out, group_share) as parent:
+        return others_entry(parent, out)
 
 
 def pth_out_problem(out: str | Path) -> str | None:
