@@ -254,7 +254,7 @@ def _learning_place(root: str) -> Dir | None:
         return None
     with contextlib.suppress(OSError):
         st = os.fstat(opened.fd)
-        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not st.st_mode & 0o022:
+        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not perms.others_can_write(st, opened.fd):
             return opened
     opened.close()
     return None
