@@ -37,7 +37,7 @@ from minilmd.corpus_meta import (
     read_meta,
     read_meta_hashed,
 )
-from minilmd.fsio import dir_table_problems, sha256_file, table_problems
+from minilmd.fsio import dir_table_problems, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -52,7 +52,7 @@ from minilmd.names import (
     split_file,
 )
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.untrusted import Unreadable, open_regular, read_bytes
+from minilmd.untrusted import Unreadable, open_regular, read_bytes, sha256_open
 
 _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
 class TokenStream:
@@ -216,7 +216,7 @@ class TokenStream:
 
         def sha256_of(name: str) -> str:
             # The file open at the descriptor, whatever its name leads to now (a regular file: open_regular's).
-            return sha256_file(f"/proc/self/fd/{opened[name]}", limit=table[name]["size"])
+            return sha256_open(opened[name], self.dir / name, first=table[name]["size"])
 
         for name in list(table):
             size_of(name)
