@@ -35,13 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, run_owner
-from minilmd.dirfd import place_problem
+from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
-
-PRIVATE = 0o700
 
 
 class ScratchRefused(ValueError):

@@ -43,7 +43,10 @@ MAX_LINE_DEPTH = 100
 (minilmd/corpus/sources/jsonl.py, longdoc.py), never a RecursionError."""
 MAX_DIR_ENTRIES = 10_000
 """The most entries `dir_names` reads of a directory: the ones minilmd looks into hold a handful."""
-OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+NO_FOLLOW_NO_BLOCK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""Every open of a file another user may have made, with its access mode: no link followed, never blocked on a FIFO,
+never a controlling terminal, never inherited."""
+OPEN_FLAGS = os.O_RDONLY | NO_FOLLOW_NO_BLOCK
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
