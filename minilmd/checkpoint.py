@@ -45,7 +45,7 @@ from minilmd.checkpoint_expect import (  # noqa: F401  (the errors: every reader
     check_expectation,
 )
 from minilmd.corpus_meta import CORPUS_SUMMARY
-from minilmd.fsio import file_entry_problems, sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
+from minilmd.fsio import file_entry_problems, table_problems
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from minilmd import scratch
 from minilmd.names import COMPILE_CACHE, SCRATCH_BASE_ENV
-from minilmd.perms import owned_by_me
+from minilmd.perms import others_can_write, owned_by_me
 from minilmd.place_rule import dir_problem
 
 CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
@@ -73,7 +73,8 @@ def user_dir_problem(var: str, value: str) -> str | None:
         return f"{var} {value}: {e.strerror}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{var} {value} is no directory"
-    if not owned_by_me(st) or st.st_mode & 0o022:
+    # the directory's real path for its ACL: a link of ours on the way was followed by the stat
+    if not owned_by_me(st) or others_can_write(st, os.path.realpath(value)):
         return (f"{var} {value} is not a directory of yours that only you can write (mode "
                 f"{stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): whoever else can write it can put kernels there "
                 f"that you would load")

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Set
 from pathlib import Path
 from typing import IO
 
-from minilmd.dirtree import TooDeep, empty_tree
+from minilmd.dirtree import OPEN_DIR, TooDeep, empty_tree
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
@@ -52,7 +52,6 @@ RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100
 _FLAGS_NOT_DONE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
 """What renameat2 says where the kernel or the file system does not do its flags (NFS: EINVAL)."""
-OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 PRIVATE = 0o700
 Identity = tuple[int, int]

@@ -11,7 +11,7 @@
   its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`),
   never over another user's file (`others_entry`).
 - A full disk or quota: `is_disk_full` (ENOSPC, EDQUOT), the one test every part asks.
-- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
+- Reading: `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
   line, one block in memory at a time) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
@@ -19,7 +19,6 @@ Torch-free; the supervisor imports it.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
-from minilmd.untrusted import Unreadable, file_kind, open_regular
+from minilmd.untrusted import Unreadable, file_kind, open_regular, sha256_regular
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """No room (the file system's, or the user's quota): the write would fit elsewhere, or later; nothing is wrong with
@@ -59,8 +58,6 @@ def inodes_if_none_left(path: str | os.PathLike) -> int | None:
     except OSError:
         return None
     return vfs.f_files if no_inode_left(vfs) else None
-
-CHUNK = 1 << 22
 
 
 # --- writing ------------------------------------------------------------------------------------------------------
@@ -258,18 +255,6 @@ def others_entry(parent: dirfd.Dir, out: Path) -> str | None:
             f"not); choose another name, or have {who} remove it")
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:
-    """Hex sha256 of a file (of its first `limit` bytes when given), read in chunks (corpus files and checkpoints
-    can be GBs)."""
-    h = hashlib.sha256()
-    left = -1 if limit is None else limit
-    with open(path, "rb") as f:
-        while left and (block := f.read(chunk if left < 0 else min(chunk, left))):
-            h.update(block)
-            left -= len(block) if left > 0 else 0
-    return h.hexdigest()
-
-
 FileTable = Mapping[str, Mapping]
 """{name: {"size": bytes, "sha256": hex digest}}: a checkpoint's manifest["files"], a corpus's meta["files"]."""
 
@@ -310,17 +295,18 @@ def table_problems(table: FileTable, size_of: Callable[[str], int | None],
 
 
 def local_size(path: str | os.PathLike) -> int | None:
-    """A file's size, None when it does not exist (size_of for table_problems on a local directory)."""
+    """A file's size, None when it does not exist (size_of for table_problems on a local directory; a link's own,
+    never followed)."""
     try:
-        return os.stat(path).st_size
+        return os.lstat(path).st_size
     except FileNotFoundError:
         return None
 
 
 def not_regular(path: str | os.PathLike) -> str | None:
-    """What a path that exists is when it is not a regular file (links followed), else None."""
+    """What a path that exists is when it is not a regular file (a link too: never followed), else None."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.lstat(path).st_mode
     except OSError:
         return None  # missing or unreadable: table_problems says so as before
     return None if stat.S_ISREG(mode) else file_kind(mode)
@@ -329,15 +315,22 @@ def not_regular(path: str | os.PathLike) -> str | None:
 def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: bool = True,
                        listed_in: str = "the manifest") -> list[str]:
     """table_problems for the files of a local directory, each named by its path. A listed name that is not a
-    regular file (a FIFO listed with size 0 would block the hash, a link to /dev/zero never end it) is a problem
-    before anything is read."""
+    regular file (a FIFO listed with size 0 would block the hash, a link to /dev/zero never end it; no link is
+    followed, as PreparedCorpus follows none) is a problem before anything is read; each is hashed as
+    untrusted.sha256_regular reads one (no link followed, never blocked, exactly its listed size), so one swapped
+    for a link or a FIFO after that look is a problem too, not followed nor waited on."""
     root = Path(root)
     odd = [f"{root / name}: {kind}, not a regular file" for name in table if (kind := not_regular(root / name))]
     if odd:
         return odd
-    return table_problems(table, lambda name: local_size(root / name),
-                          (lambda name: sha256_file(root / name)) if full_hash else None, listed_in,
-                          label=lambda name: str(root / name))
+    try:
+        return table_problems(table, lambda name: local_size(root / name),
+                              (lambda name: sha256_regular(root / name, size=table[name]["size"]))
+                              if full_hash else None, listed_in, label=lambda name: str(root / name))
+    except Unreadable as e:
+        if e.os_error is not None:
+            raise e.os_error from None  # a read error (EIO): the caller's to judge, as before
+        return [f"{e}, not a regular file of the listed size"]
 
 
 # --- reading logs -------------------------------------------------------------------------------------------------

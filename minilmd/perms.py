@@ -115,19 +115,18 @@ def own_link(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st)
 
 
-def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
-                         team: bool = False) -> bool:
-    """Another user can create, rename or remove entries in this directory: group or others may write to it, and
-    it is not sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root
-    may remove or rename it). Group members count as others (a shared server's groups are wide), except in a group
+def others_can_write(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
+                     team: bool = False) -> bool:
+    """Another user can write to this directory (add an entry: a kernel to a compile cache, a name to a scratch) or
+    this file: others may write to it, or its group, which counts as others (`_group_is_others`) but for a group
     whose only member is this user (`private_group`: the user private groups of Debian and Ubuntu, whose umask 002
     makes every new directory 0775); that is trusted only on a local file system (`local_fs`: on NFS with AUTH_SYS
     the server believes the gids any client sends, so a user of another node in that gid there writes too) and
     when `where` (the directory's path as `st` saw it, or a descriptor of it) shows no ACL, which could let a named
-    user write behind the group bits. `team`: a team directory the owner opted in
-    to (group-writable): only a world-writable one counts."""
-    if st.st_mode & stat.S_ISVTX and owned_by_me_or_root(st):
-        return False
+    user write behind the group bits. A sticky bit does not help here: it keeps others from removing or renaming
+    entries, not from adding them (others_can_rearrange). `team`: a team directory the owner opted in to
+    (group-writable): only a world-writable one counts. The one rule of "may another user write here": the audit
+    (tests/test_mode_bits_audit.py) lists a write or sticky bit of a mode tested anywhere else."""
     if st.st_mode & stat.S_IWOTH:
         return True
     if not st.st_mode & stat.S_IWGRP or team:
@@ -135,8 +134,18 @@ def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | No
     return _group_is_others(st, where)
 
 
+def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
+                         team: bool = False) -> bool:
+    """Another user can create, rename or remove entries in this directory: others_can_write, unless it is sticky
+    with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root may remove or
+    rename it)."""
+    if st.st_mode & stat.S_ISVTX and owned_by_me_or_root(st):
+        return False
+    return others_can_write(st, where, team=team)
+
+
 def _group_is_others(st: os.stat_result, where: str | os.PathLike | int | None) -> bool:
-    """The group of `st` counts as other users (others_can_rearrange's rule): it is not this user's alone, or that
+    """The group of `st` counts as other users (others_can_write's rule): it is not this user's alone, or that
     cannot be trusted (not a local file system, an ACL at `where`, no `where` to look at)."""
     return where is None or not private_group(st.st_gid) or not local_fs(st.st_dev) or has_acl(where)
 
@@ -144,21 +153,21 @@ def _group_is_others(st: os.stat_result, where: str | os.PathLike | int | None) 
 def who_else_writes(st: os.stat_result, where: str | os.PathLike | int | None = None) -> str | None:
     """Who besides this user and root can change the file `st` describes (lstat or fstat), in words, or None: its
     owner, when another user (he can chmod it at will); every user, or its group, when its mode lets them (a group
-    counts as others by others_can_rearrange's rule; `where`, the file's path or a descriptor of it, for its ACL).
+    counts as others by others_can_write's rule; `where`, the file's path or a descriptor of it, for its ACL).
     The one judgement of "may another user have changed this file" (a corpus's files, for `prepare --append` and
     staging)."""
     mode = stat.S_IMODE(st.st_mode)
     if not owned_by_me_or_root(st):
         return f"owned by {user_words(st.st_uid)}, mode {mode:o}"
+    if not others_can_write(st, where):
+        return None
     if st.st_mode & stat.S_IWOTH:
         return f"writable by every user, mode {mode:o}"
-    if st.st_mode & stat.S_IWGRP and _group_is_others(st, where):
-        try:
-            group = f"group {grp.getgrgid(st.st_gid).gr_name} (gid {st.st_gid})"
-        except KeyError:
-            group = f"gid {st.st_gid}"
-        return f"writable by its {group}, mode {mode:o}"
-    return None
+    try:
+        group = f"group {grp.getgrgid(st.st_gid).gr_name} (gid {st.st_gid})"
+    except KeyError:
+        group = f"gid {st.st_gid}"
+    return f"writable by its {group}, mode {mode:o}"
 
 
 def local_fs(dev: int) -> bool:

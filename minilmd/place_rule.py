@@ -32,7 +32,7 @@ import stat
 from collections.abc import Set
 from pathlib import Path
 
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root, user_words
+from minilmd.perms import others_can_rearrange, others_can_write, owned_by_me, owned_by_me_or_root, user_words
 
 WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How the walk opens each directory on the way: no link followed, no read permission needed (a 0711 home)."""
@@ -172,10 +172,11 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
         why = " (sticky or not: its owner may remove or rename anything in it)" if sticky else ""
         return (f"{where} belongs to {owner}, who could replace {what} by a link to your files "
                 f"or by a directory of his{why}; {advice}")
-    if not owned_by_me_or_root(st) and st.st_mode & 0o022 and not sticky:
+    acl = above if acl_at is None else acl_at
+    if not owned_by_me_or_root(st) and not sticky and others_can_write(st, acl):
         return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written by "
                 f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
-    if others_can_rearrange(st, above if acl_at is None else acl_at, team=team_above):  # group members: others
+    if others_can_rearrange(st, acl, team=team_above):  # group members: others
         if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
             return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written "
                     f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "

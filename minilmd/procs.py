@@ -20,6 +20,8 @@ the lock's body: anyone who can write the run directory writes them) names its p
 - a process of the supervisor's own child's group: the kernel says the leader is our child, not yet reaped
   (waitid WNOWAIT), so its pid, the group's id, names no one else's group;
 - and each is signalled through a pidfd opened before these checks: a pid recycled meanwhile is never hit;
+- a tracer (py-spy dump: ptrace stops the process while it reads it) is attached under the same proofs, made again
+  right before it attaches and checked after it returns (`Launch.py_spy_dump`, `py_spy_dump_child`);
 - a Slurm job's steps (`scancel --signal`, which Slurm delivers to every task of them) only when the job is the one
   this process runs in: its own SLURM_JOB_ID, never an id read from a file.
 Linux only, as all of minilmd. Torch-free, standard library only.
@@ -35,6 +37,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from minilmd import names
 from minilmd.perms import owner_in, signal_uid, user_words
@@ -285,6 +288,13 @@ class Launch:
         """`sig` to that process of this launch, proven again at the moment of sending. Whether it was sent."""
         return bool(self.launch_id) and _send(pid, ticks, sig, lambda: self._why_not(pid, ticks)) is None
 
+    def py_spy_dump(self, py_spy: str, pid: int, ticks: int, run: Callable[[list[str]], Ran]) -> Ran | str:
+        """`py_spy dump --pid PID` given to `run` for that process of this launch (a torchrun worker: not our child,
+        so its pid may be recycled since the scan), proven again right before: `run`'s answer, else why not."""
+        if not self.launch_id:
+            return "no launch id to prove it by"
+        return _py_spy_dump(py_spy, pid, ticks, lambda: self._why_not(pid, ticks), run)
+
 
 # --- the supervisor's own child and its group ----------------------------------------------------------------
 
@@ -328,6 +338,36 @@ def signal_group_member(leader: int, pid: int, ticks: int | None, sig: int) -> b
         return None if member and _our_unreaped_child(leader) else "not in our child's process group"
 
     return _send(pid, ticks, sig, why_not) is None
+
+
+# --- a tracer attached: ptrace stops the process and reads its memory, so only one proven the run's -------------
+
+Ran = TypeVar("Ran")
+
+
+def _py_spy_dump(py_spy: str, pid: int, ticks: int | None, proof: Callable[[], str | None],
+                 run: Callable[[list[str]], Ran]) -> Ran | str:
+    """`run([py_spy, "dump", "--pid", PID])` when `pid` still started at `ticks` (None: as it is now) and `proof()`
+    finds nothing against it; `run`'s answer, else why not. py-spy attaches by pid (no pidfd to give it): a process
+    that is not our child can still end and its pid be taken between the proof and the attach, a window this narrows
+    but cannot close; a start time that changed by the end says so, and what py-spy read is not answered."""
+    now = process_start_ticks(pid)
+    if now is None or (ticks is not None and now != ticks):
+        return "it has ended"
+    why = proof()
+    if why is not None:
+        return why
+    ran = run([py_spy, "dump", "--pid", str(pid)])
+    if process_start_ticks(pid) != now:
+        return "it ended during the dump: what py-spy read may be another process's, so it is not kept"
+    return ran
+
+
+def py_spy_dump_child(py_spy: str, pid: int, run: Callable[[list[str]], Ran]) -> Ran | str:
+    """`py_spy dump --pid PID` given to `run` for our own child `pid` while it is not reaped (so the pid names no
+    one else): `run`'s answer, else why not."""
+    return _py_spy_dump(py_spy, pid, None, lambda: None if _our_unreaped_child(pid) else "not our unreaped child",
+                        run)
 
 
 # --- the Slurm job this process runs in ---------------------------------------------------------------------

@@ -35,13 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, run_owner
-from minilmd.dirfd import place_problem
+from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, atomic_tmp_prefix
-from minilmd.perms import own_uid, owned_by_me, user_words
+from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
-
-PRIVATE = 0o700
 
 
 class ScratchRefused(ValueError):
@@ -183,7 +181,7 @@ def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
             problem = _dir_problem(what, path, st)
             # the scratch itself: no other user may even add a name (a sticky bit does not help); claim() makes the
             # per-user root 0700
-            if problem is None and path == scratch and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if problem is None and path == scratch and others_can_write(st, path):
                 problem = (f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
                            f"could swap what the run stages there; chmod go-w {path}, or set run.scratch")
             if problem:

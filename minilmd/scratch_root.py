@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
+from minilmd.dirfd import PRIVATE
 from minilmd.fsio import atomic_write_json
 from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SLURM_JOB_ENV, default_scratch_root
 from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.untrusted import Unreadable, read_json
 
-PRIVATE = 0o700
 RECORD_MAX_BYTES = 4096
 """The largest record read: a path and a sentence."""
 

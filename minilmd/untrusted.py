@@ -43,7 +43,10 @@ MAX_LINE_DEPTH = 100
 (minilmd/corpus/sources/jsonl.py, longdoc.py), never a RecursionError."""
 MAX_DIR_ENTRIES = 10_000
 """The most entries `dir_names` reads of a directory: the ones minilmd looks into hold a handful."""
-OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+NO_FOLLOW_NO_BLOCK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""Every open of a file another user may have made, with its access mode: no link followed, never blocked on a FIFO,
+never a controlling terminal, never inherited."""
+OPEN_FLAGS = os.O_RDONLY | NO_FOLLOW_NO_BLOCK
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -199,6 +202,29 @@ def sha256_regular(path: str | os.PathLike, *, size: int | None = None, max_byte
     sink = Hashing()
     copy_regular(path, sink, size=size, max_bytes=max_bytes)
     return sink.sha256.hexdigest()
+
+
+def sha256_open(fd: int, path: str | os.PathLike, *, first: int | None = None, chunk: int = 8 << 20) -> str:
+    """The sha256 of the regular file open at `fd` (one the caller opened as open_regular opens one, or made:
+    what its name leads to now is never read), from its start: its first `first` bytes (fewer where it ends
+    sooner), else the size fstat gives. Read through a read-only descriptor of its own, opened through the
+    kernel's /proc/self/fd link to that very open file (no name looked up), so a write-only `fd` is hashed too and
+    its offset, which the caller may use next, is left as it is. Unreadable for a descriptor that is no regular
+    file; a read's OSError (EIO) as it comes: the file is already judged, only its storage can fail."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(file_kind(st.st_mode), path, kind=mode_kind(st.st_mode))
+    own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if (os.fstat(own).st_dev, os.fstat(own).st_ino) != (st.st_dev, st.st_ino):
+            raise Unreadable("changed while being read", path, kind="changed")  # fd closed and reused meanwhile
+        sha256, at, end = hashlib.sha256(), 0, st.st_size if first is None else first
+        while at < end and (block := os.pread(own, min(chunk, end - at), at)):
+            sha256.update(block)
+            at += len(block)
+        return sha256.hexdigest()
+    finally:
+        os.close(own)
 
 
 class Hashing:

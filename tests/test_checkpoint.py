@@ -19,6 +19,7 @@ from minilmd.model_shapes import expected_state_shapes
 from minilmd.names import QUARANTINE, REASON_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from minilmd.untrusted import sha256_regular
 from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, saved_steps, trainer_state
 
 torch.set_num_threads(1)
@@ -182,13 +183,13 @@ def rewrite_trainer_state(path: Path, change) -> None:
     change(state)
     state_file.write_text(json.dumps(state))
     manifest = json.loads((path / ck.MANIFEST).read_text())
-    manifest["files"][ck.TRAINER_STATE] = {"sha256": ck.sha256_file(state_file), "size": state_file.stat().st_size}
+    manifest["files"][ck.TRAINER_STATE] = {"sha256": sha256_regular(state_file), "size": state_file.stat().st_size}
     (path / ck.MANIFEST).write_text(json.dumps(manifest))
 
 
 def files_intact(path: Path) -> bool:
     manifest = json.loads((path / ck.MANIFEST).read_text())
-    return ck.verify_manifest(manifest, lambda n: (path / n).stat().st_size, lambda n: ck.sha256_file(path / n)) == []
+    return ck.verify_manifest(manifest, lambda n: (path / n).stat().st_size, lambda n: sha256_regular(path / n)) == []
 
 
 def test_a_trainer_state_naming_another_step_than_the_manifest_is_invalid(tmp_path, run):
@@ -285,7 +286,7 @@ def test_verify_manifest_with_callbacks(tmp_path, run):
     path = save_run(tmp_path, 3, *run)
     manifest = json.loads((path / ck.MANIFEST).read_text())
     sizes = {n: (path / n).stat().st_size for n in manifest["files"]}
-    good = ck.verify_manifest(manifest, sizes.get, lambda n: ck.sha256_file(path / n))
+    good = ck.verify_manifest(manifest, sizes.get, lambda n: sha256_regular(path / n))
     assert good == []
     sizes.pop(ck.TRAINER_STATE)
     assert ck.verify_manifest(manifest, sizes.get, lambda n: "0") == ["trainer_state.json: missing (listed in "

@@ -21,6 +21,7 @@ from minilmd import checkpoint as ck
 from minilmd.config import ConfigError, RunConfig
 from minilmd.model_shapes import as_model_section
 from minilmd.trainer.model.export import read_checkpoint
+from minilmd.untrusted import sha256_regular
 from waiting import without_blocking
 from weights_helpers import CHECKPOINT_MODEL, make_run, save_run
 
@@ -130,7 +131,7 @@ def test_the_weights_validated_are_those_handed_back_whatever_is_swapped_in_afte
     ck.validate(ours)  # the swapped-in pair is consistent: a second read would have loaded it
     assert (ours / ck.MODEL_FILE).read_bytes() != original
     assert validated.weights == original
-    assert validated.manifest_sha256 == ck.sha256_file(checkpoints[0] / ck.MANIFEST)
+    assert validated.manifest_sha256 == sha256_regular(checkpoints[0] / ck.MANIFEST)
     from safetensors.torch import load
 
     assert _same_tensors(load(validated.weights), _tensors(checkpoints[0] / ck.MODEL_FILE))
@@ -227,7 +228,7 @@ def test_init_from_loads_the_weights_it_validated_not_a_link_swapped_in_since(ch
     _swap_once_the_weights_were_read(monkeypatch, link_to_the_others)
     weights, record = load_init(_init_from(ours))
     assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
-    assert record["manifest_sha256"] == ck.sha256_file(checkpoints[0] / ck.MANIFEST)
+    assert record["manifest_sha256"] == sha256_regular(checkpoints[0] / ck.MANIFEST)
 
 
 def test_init_from_a_checkpoint_swapped_for_another_while_read_loads_nothing_of_either(checkpoints, ours,

@@ -19,8 +19,8 @@ from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus_meta import CorpusError
-from minilmd.fsio import sha256_file
 from minilmd.protocol import EOS_ID
+from minilmd.untrusted import sha256_regular
 
 
 def _prepare(sources, tok_dir, out, data_format="dpo", **kw):
@@ -148,7 +148,7 @@ def test_the_reader_refuses_a_split_of_an_odd_number_of_documents(tmp_path, dpo_
     (val / "loss_mask.bin").write_bytes(mask)
     meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
     for name in ("doc_lengths.npy", "tokens.bin", "loss_mask.bin"):
-        meta["files"][f"val/{name}"] = {"size": (val / name).stat().st_size, "sha256": sha256_file(val / name)}
+        meta["files"][f"val/{name}"] = {"size": (val / name).stat().st_size, "sha256": sha256_regular(val / name)}
     meta["splits"]["val"].update(documents=int(lengths.size - 1), tokens=keep, target_tokens=sum(mask))
     (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     with pytest.raises(CorpusError, match="documents are pairs"):

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import pytest
 
 from minilmd import fsio
+from minilmd.untrusted import Unreadable, sha256_open, sha256_regular
 
 
 def _entry(data: bytes) -> dict:
@@ -92,7 +94,7 @@ def test_table_problems_reports_every_missing_and_wrong_sized_file_before_hashin
     table = {"a": _entry(b"aaaa"), "b": _entry(b"bbb"), "c": _entry(b"c")}
     hashed = []
     problems = fsio.table_problems(table, lambda n: fsio.local_size(root / n),
-                                   lambda n: hashed.append(n) or fsio.sha256_file(root / n), listed_in="meta.json")
+                                   lambda n: hashed.append(n) or sha256_regular(root / n), listed_in="meta.json")
     assert problems == ["b: size 2 bytes, meta.json says 3 (truncated or changed)",
                         "c: missing (listed in meta.json)"]
     assert hashed == []  # sizes are cheap; nothing is read while any of them is wrong
@@ -105,6 +107,53 @@ def test_table_problems_then_checks_every_sha256(tmp_path):
     assert len(problems) == 1 and problems[0].startswith(f"{root / 'b'}: sha256 mismatch (manifest.json says ")
     assert fsio.dir_table_problems(root, table, full_hash=False) == []  # sizes only
     assert fsio.dir_table_problems(root, {"a": table["a"]}) == []
+
+
+def test_a_listed_link_or_fifo_is_refused_not_followed_nor_waited_on(tmp_path, monkeypatch):
+    """fsio hashed with a hasher of its own (open by path: links followed, a FIFO's open blocks) after an os.stat
+    that followed links too: a link to a file with the listed bytes passed, and a FIFO put in after the look hung
+    the check. It hashes as untrusted.sha256_regular reads now (no link followed, never blocked)."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    outside = _make(tmp_path, {"secret": b"their bytes"}) / "secret"
+    (root / "ln").symlink_to(outside)
+    assert fsio.dir_table_problems(root, {"ln": _entry(b"their bytes")}) == [
+        f"{root / 'ln'}: a symbolic link, not a regular file"]
+    os.mkfifo(root / "fifo")
+    assert fsio.dir_table_problems(root, {"fifo": _entry(b"")}) == [f"{root / 'fifo'}: a FIFO, not a regular file"]
+    # the FIFO (and the link) put in after the look: the hash itself refuses them
+    monkeypatch.setattr(fsio, "not_regular", lambda path: None)
+    monkeypatch.setattr(fsio, "local_size", lambda path: 0 if path.name == "fifo" else len(b"their bytes"))
+    unblock = threading.Timer(60, lambda: os.close(os.open(root / "fifo", os.O_WRONLY | os.O_NONBLOCK)))
+    unblock.start()  # a reader stuck in open() would be let go after a minute, to fail here rather than hang
+    try:
+        problems = fsio.dir_table_problems(root, {"fifo": _entry(b"")})
+    finally:
+        unblock.cancel()
+    assert problems == [f"{root / 'fifo'}: a FIFO, not a regular file of the listed size"]
+    assert fsio.dir_table_problems(root, {"ln": _entry(b"their bytes")}) == [
+        f"{root / 'ln'}: a symbolic link, not a regular file of the listed size"]
+
+
+def test_sha256_open_hashes_the_open_file_and_leaves_its_offset(tmp_path):
+    """The hash of a descriptor (format.py's open split files, the append's grown ones): of that very file, from its
+    start, without moving the offset its reader reads from next; a FIFO's descriptor is refused, not read."""
+    path = _make(tmp_path, {"a": b"0123456789"}) / "a"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.lseek(fd, 4, os.SEEK_SET)
+        assert sha256_open(fd, path, first=6) == hashlib.sha256(b"012345").hexdigest()
+        assert sha256_open(fd, path) == hashlib.sha256(b"0123456789").hexdigest()
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 4
+    finally:
+        os.close(fd)
+    os.mkfifo(tmp_path / "fifo")
+    fd = os.open(tmp_path / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(Unreadable, match="a FIFO"):
+            sha256_open(fd, tmp_path / "fifo")
+    finally:
+        os.close(fd)
 
 
 def test_table_problems_lets_read_errors_through(tmp_path):

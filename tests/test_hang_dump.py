@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from minilmd import names, procs
 from minilmd.config import load_config
 from minilmd.daemon.child.process import launch
 from minilmd.daemon.child.stackdump import _DUMP_MARK, _proc_stat, dump_stack
@@ -108,3 +110,41 @@ def test_after_a_real_hang_the_restart_names_the_dump_that_is_in_the_log(tmp_pat
             if json.loads(line)["event"] == "child_exit"][0]["message"]
     assert restart["cause"] == "hang" and f"the faulthandler dumped {threads} thread stack(s)" in said
     assert signal.SIGKILL == -restart["exit"]
+
+
+def test_py_spy_attaches_only_to_processes_proven_the_launchs_right_before(tmp_path, monkeypatch):
+    """py-spy's ptrace stops the process it reads: like a signal, it is attached to a torchrun worker (not our
+    child: its pid may have been taken since the scan) only once minilmd/procs.py proves it is still that process
+    of the launch. A fake py-spy on PATH records each pid it is given: the launch's worker yes; a process of ours
+    that does not carry the launch, and the worker under a start time it no longer has (a recycled pid), no."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    asked = tmp_path / "asked"
+    fake = bin_dir / "py-spy"
+    fake.write_text(f"#!/bin/sh\necho \"$3\" >> {asked}\necho 'Thread 1 (idle)'\n", encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = start(run_dir, "import time\nprint('READY'.lower(), flush=True)\ntime.sleep(600)\n")
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    env = {**os.environ, names.RUN_DIR_ENV: str(run_dir.resolve()), names.LAUNCH_ID_ENV: child.launch_id}
+    worker, stranger = subprocess.Popen(sleep, env=env), subprocess.Popen(sleep)
+    try:
+        ticks = {p.pid: wait_until(lambda p=p: procs.process_start_ticks(p.pid), 30, "a start time")
+                 for p in (worker, stranger)}
+        launch_of = child.launch()
+        assert launch_of is not None
+        others = ((worker.pid, ticks[worker.pid]), (stranger.pid, ticks[stranger.pid]),
+                  (worker.pid, ticks[worker.pid] - 1))
+        said = dump_stack(child.pid, child.log_path, others=others, launch=launch_of)
+        assert said == "py-spy dumped the stacks into the attempt log"
+        assert asked.read_text().split() == [str(child.pid), str(worker.pid)]
+        log = child.log_path.read_text()
+        assert f"py-spy dump --pid {stranger.pid} not run: its environment does not carry" in log
+        assert f"py-spy dump --pid {worker.pid} not run: it has ended" in log  # the stale start time
+    finally:
+        for p in (worker, stranger):
+            p.kill()
+            p.wait()
+        child.kill_group()

@@ -14,6 +14,7 @@ from anywhere but procs.py, however it was spelled, a name bound at the module's
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import threading
 from collections import Counter
@@ -91,22 +92,57 @@ def test_every_signal_is_sent_through_procs():
 
 
 KILL_COMMANDS = {"scancel", "kill", "pkill", "killall", "skill", "kill-session", "kill-server", "kill-window",
-                 "kill-pane"}
+                 "kill-pane", "py-spy", "gdb", "strace", "ltrace", "gcore", "ptrace"}
 """Programs (and tmux's, systemctl's subcommands) that signal processes: Slurm's scancel, the shell's kill, tmux
-kill-session (every process in the session), `systemctl kill`."""
+kill-session (every process in the session), `systemctl kill`; and the tracers, whose ptrace stops a process and
+reads its memory (py-spy dump, gdb, strace, ltrace, gcore): as a signal, only to a process proven the run's."""
+
+PID_OPTIONS = ("--pid", "-p")
+"""The option by which a tool is told which process to act on (py-spy, gdb, strace, ltrace, pidstat, perf, lsof):
+given a value not written in the code (a variable, an f-string), a process chosen at run time, which procs.py is
+to prove the run's first, whatever the program (a name the audit cannot read: `shutil.which("py-spy")`)."""
+
+
+def _pid_given_at_run_time(elts: list[ast.expr]) -> bool:
+    """An argv with `--pid X`, `-p X` or `--pid=X` where X is not a literal."""
+    for i, e in enumerate(elts):
+        if isinstance(e, ast.Constant) and e.value in PID_OPTIONS and i + 1 < len(elts) \
+                and not isinstance(elts[i + 1], ast.Constant):
+            return True
+        if isinstance(e, ast.JoinedStr) and e.values and isinstance(e.values[0], ast.Constant) \
+                and str(e.values[0].value).startswith(tuple(f"{o}=" for o in PID_OPTIONS)):
+            return True
+    return False
+
+
+def _pid_in_a_shell_string(node: ast.expr) -> bool:
+    """A shell f-string with `--pid {x}`, `-p {x}` or `--pid={x}`."""
+    if not isinstance(node, ast.JoinedStr):
+        return False
+    for before, after in itertools.pairwise(node.values):
+        if isinstance(before, ast.Constant) and isinstance(after, ast.FormattedValue) \
+                and str(before.value).rstrip(" =").split(" ")[-1] in PID_OPTIONS:
+            return True
+    return False
 
 
 def kill_commands(path: Path) -> list[int]:
-    """Lines of `path` where a command that signals processes is built in code, not in prose: one of
+    """Lines of `path` where a command that signals (or traces) processes is built in code, not in prose: one of
     KILL_COMMANDS (by its basename: /bin/kill is kill) as an element of a list or a tuple (an argv: `["scancel",
-    ...]`, `["tmux", "kill-session", ...]`), or any word of a command given to a call that starts a process (a shell
-    string, an f-string, an argv, a name assigned the program: audit_calls.spawned_commands)."""
+    ...]`, `["tmux", "kill-session", ...]`), any word of a command given to a call that starts a process (a shell
+    string, an f-string, an argv, a name assigned the program: audit_calls.spawned_commands), or an argv or shell
+    f-string that names its process by a pid given at run time (PID_OPTIONS), whatever the program."""
     module = source_tree.tree(path)
+    names = audit_calls.qualified_names(module)
     lines = {e.lineno for node in audit_calls.nodes(module) if isinstance(node, (ast.List, ast.Tuple))
              for e in node.elts
              if isinstance(e, ast.Constant) and isinstance(e.value, str)
              and e.value.rsplit("/", 1)[-1] in KILL_COMMANDS}
     lines |= {line for line, words in audit_calls.spawned_commands(module) if KILL_COMMANDS & set(words)}
+    lines |= {node.lineno for node in audit_calls.nodes(module)
+              if isinstance(node, (ast.List, ast.Tuple)) and _pid_given_at_run_time(node.elts)}
+    lines |= {node.lineno for node in audit_calls.nodes(module) if isinstance(node, ast.Call)
+              and audit_calls.spawner(node, names) and any(_pid_in_a_shell_string(a) for a in node.args)}
     return sorted(lines)
 
 
@@ -125,6 +161,29 @@ def test_commands_that_signal_are_run_from_procs_only(tmp_path):
                    '    subprocess.run(["tmux", "kill-session", "-t", "x"])\n'
                    '    subprocess.run(["systemctl", "kill", "unit"])\n', encoding="utf-8")
     assert kill_commands(bad) == [3, 6, 7, 8, 9]
+
+
+TRACERS = '''\
+import os, shutil, subprocess
+
+def f(pid, exe):
+    py_spy = shutil.which("py-spy")
+    subprocess.run([py_spy, "dump", "--pid", str(pid)])
+    subprocess.run(["strace", "-f", "-p", "1"])
+    argv = [exe, f"--pid={pid}"]
+    os.system(f"gdb -batch -p {pid}")
+    subprocess.run(["mkdir", "-p", "/tmp/x"])
+    subprocess.run(["ls", "-p", str(exe)])
+'''
+
+
+def test_a_tracer_or_a_pid_given_at_run_time_is_seen_outside_procs(tmp_path):
+    """A tracer (ptrace stops the process) is run from procs.py only, like a signal: by name (strace, gdb), and, for
+    a program the audit cannot name (`shutil.which("py-spy")` in a variable), by the pid it is given at run time;
+    a literal after -p (mkdir -p /tmp/x) is not a process chosen at run time."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(TRACERS, encoding="utf-8")
+    assert kill_commands(bad) == [5, 6, 7, 8, 10]
 
 
 def test_the_listing_sees_each_way_to_send(tmp_path):

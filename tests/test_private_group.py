@@ -127,3 +127,26 @@ def test_the_gpu_lock_directory_is_judged_by_the_same_rule(tmp_path, groups):
     assert f"the directory {locks} {REFUSED} (mode 775, not sticky)" in (leases.lock_dir_problem(locks) or "")
     with pytest.raises(leases.LeaseUnsafe, match=REFUSED):
         leases.open_lease(locks, "gpu-a.lock")
+
+
+def test_a_compile_cache_and_a_scratch_in_a_private_group_are_kept_by_the_same_rule(tmp_path, groups):
+    """compile_cache, scratch, the squash-root remote and the place rule each wrote "others can write" again as
+    `st_mode & 0o022`, which counts every group as others: a 0775 TORCHINDUCTOR_CACHE_DIR of this user's own group
+    (Ubuntu's umask 002) was refused ("whoever else can write it can put kernels there") and the run compiled cold,
+    where the place rule accepts the same directory. perms.others_can_write is the one rule now: a group of others
+    too is still refused, by both."""
+    from minilmd import compile_cache, scratch
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    cache = _team_dir(tmp_path, groups.group(members=(me,)), mode=0o775, name="inductor")
+    space = _team_dir(tmp_path, groups.group(members=(me,)), mode=0o775, name="scratch")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert compile_cache.user_dir_problem("TORCHINDUCTOR_CACHE_DIR", str(cache)) is None
+    assert scratch.problems(space, run_dir, is_default=False) == []
+    second_user()
+    shared = groups.group(members=(me, "nobody"))
+    for folder in (cache, space):
+        os.chown(folder, -1, shared)
+    assert REFUSED in (compile_cache.user_dir_problem("TORCHINDUCTOR_CACHE_DIR", str(cache)) or "")
+    assert REFUSED in " ".join(scratch.problems(space, run_dir, is_default=False))

@@ -26,6 +26,7 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DONE
+from minilmd.untrusted import sha256_regular
 from resume_helpers import attempt, attempt_here, heartbeat_step, losses_by_step, start
 from trainer_corpus import write_config
 from waiting import wait_until
@@ -91,6 +92,6 @@ def test_bucketed_sft_killed_anywhere_resumes_bit_identical(tmp_path, chat_corpu
     states = [json.loads((d / ck.TRAINER_STATE).read_text()) for d in checkpoint_dirs.list_checkpoints(ckpt_dir)]
     assert len(states) == 2 and states[-1]["step"] == steps and states[0]["step"] >= 8
     want = json.loads((a / ck.TRAINER_STATE).read_text())["init"]
-    assert want["manifest_sha256"] == ck.sha256_file(source / ck.MANIFEST) and want["step"] == 2
+    assert want["manifest_sha256"] == sha256_regular(source / ck.MANIFEST) and want["step"] == 2
     assert all({**s["init"], "from": None, "path": None} == {**want, "from": None, "path": None} for s in states)
     assert all(s["config"]["data"]["mode"] == "bucketed" and s["config"]["train"]["lr"] == 1e-5 for s in states)

@@ -160,6 +160,24 @@ def test_a_request_that_is_a_link_is_neither_honoured_nor_removed(tmp_path):
     assert stoprequest.clear(tmp_path) and (tmp_path / names.STOP_REQUEST).is_symlink() and target.exists()
 
 
+def test_a_run_directory_reached_through_another_users_link_is_not_cleared(tmp_path):
+    """clear() opened the run directory by its path (links followed, no owner looked at) where its twin, the clear
+    of a start by hand of a run already done, walks it with Dir.open: the two removals of one file kept two rules.
+    Both walk it now, so a link of another user's on the way leads no removal into the directory it names."""
+    real = tmp_path / "real"
+    real.mkdir()
+    path = stoprequest.leave(real, os.getuid())
+    run_dir = tmp_path / "run"
+    run_dir.symlink_to(real)
+    if os.geteuid() != 0:
+        pytest.skip("a link of another user's needs root")
+    os.lchown(run_dir, 4242, 4242)
+    left = stoprequest.clear(run_dir)
+    assert left and "left" in left and "link" in left, left
+    assert path.exists()
+    assert stoprequest.clear(real) is None and not path.exists()  # the directory itself: cleared
+
+
 def test_a_request_left_then_read_then_cleared(tmp_path):
     path = stoprequest.leave(tmp_path, os.getuid())
     assert path == tmp_path / names.STOP_REQUEST and not path.stat().st_mode & 0o022  # no one else writes it

@@ -101,7 +101,8 @@ class _Names:
                 return True  # `w = os.O_WRONLY`, `from os import O_CREAT as C`: a flag under a name of its own
             if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in seen and \
                     (imported := _imported_constant(self.aliases[node.id])) is not None:
-                if imported.creates(imported.constants[node.id], seen | {node.id}):
+                # by its name there: `from minilmd.untrusted import OPEN_FLAGS as OPEN_OLD` is untrusted's OPEN_FLAGS
+                if imported.creates(imported.constants[self.aliases[node.id].rpartition(".")[2]], seen | {node.id}):
                     return True  # flags a module of the project defines (jsonlines.LOG_APPEND): followed there
             if isinstance(node, ast.Name) and node.id not in self.aliases and node.id not in seen:
                 if node.id not in self.constants or self.creates(self.constants[node.id], seen | {node.id}):

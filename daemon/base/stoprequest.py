@@ -134,15 +134,31 @@ def _run_owner(run_dir: Path, dir_fd: int | None = None) -> int | None:
 
 def clear(run_dir: Path) -> str | None:
     """Remove the request; None when removed (or gone), else why it was left (not a regular file of this user's or
-    root's: never ours to delete). Removed only while its name still leads to the file judged (Dir.remove_file)."""
-    with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), run_dir) as where:
-        st = where.lstat(names.STOP_REQUEST)
-        if st is None:
-            return None
-        if not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
-            return f"{run_dir / names.STOP_REQUEST} is no stop request of this user's: left"
-        where.remove_file(names.STOP_REQUEST, (st.st_dev, st.st_ino))
+    root's: never ours to delete; a run directory the place rule refuses now, a link of another user's on its way).
+    run_dir is opened as every removal of the request opens it (`_open_run_dir`)."""
+    try:
+        with _open_run_dir(run_dir) as where:
+            return _remove_request(where, run_dir)
+    except PlaceRefused as e:
+        return f"{run_dir / names.STOP_REQUEST} left: {printable(str(e))}"
+
+
+def _open_run_dir(run_dir: Path) -> Dir:
+    """The run directory, for removing its request: Dir.open's walk (no link followed but one of this user's or
+    root's, every directory on the way under the place rule), never a plain open of the path."""
+    return Dir.open(run_dir, "run.dir", owners={own_uid()})
+
+
+def _remove_request(where: Dir, run_dir: Path) -> str | None:
+    """The request in `where` removed when it is a regular file of this user's or root's, only while its name still
+    leads to the file judged (Dir.remove_file); None when removed or gone, else why it was left."""
+    st = where.lstat(names.STOP_REQUEST)
+    if st is None:
         return None
+    if not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
+        return f"{run_dir / names.STOP_REQUEST} is no stop request of this user's: left"
+    where.remove_file(names.STOP_REQUEST, (st.st_dev, st.st_ino))
+    return None
 
 
 def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | None:
@@ -156,11 +172,9 @@ def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | No
     if request is None or problem:
         return None
     try:
-        with Dir.open(run_dir, "run.dir", owners={own_uid()}) as where:
-            st = where.lstat(names.STOP_REQUEST)
-            if st is None or not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
+        with _open_run_dir(run_dir) as where:
+            if _remove_request(where, run_dir) is not None:
                 return None
-            where.remove_file(names.STOP_REQUEST, (st.st_dev, st.st_ino))
     except (OSError, ValueError) as e:  # PlaceRefused is a ValueError
         return f"{request.words()}: left ({printable(str(e))})"
     return f"{request.words()}: cleared, this start is no launcher's automatic restart"

@@ -32,25 +32,38 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     stopped (state T: SIGSTOP, SIGTSTP; t: a debugger), so nothing may come: the answer then says so, with the
     process state, why that state runs no handler, and where the kernel holds it. `others`: the launch's
     processes outside the child's group (torchrun's workers: each in a session of its own), (pid, start ticks): each
-    signalled only while `launch` (minilmd/procs.py) proves it is still that process of the launch; the group's
-    members only while the child is ours and unreaped (procs.signal_group_member)."""
+    signalled, or py-spy attached to it, only while `launch` (minilmd/procs.py) proves it is still that process of the
+    launch; the group's members only while the child is ours and unreaped (procs.signal_group_member,
+    procs.py_spy_dump_child)."""
     py_spy = shutil.which("py-spy")
     if py_spy:
         failed = ""
-        for target in (pid, *(p for p, _ in others)):  # torchrun's workers too: py-spy of the agent shows only it
+
+        def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+
+        # torchrun's workers too (py-spy of the agent shows only it), each proven the launch's right before the
+        # attach as a signal would be (minilmd/procs.py): a worker is not our child, its pid may be someone's by now
+        targets = [(pid, None), *((p, ticks) for p, ticks in others if launch is not None)]
+        for target, ticks in targets:
             try:
-                out = subprocess.run([py_spy, "dump", "--pid", str(target)], capture_output=True, text=True,
-                                     errors="replace", timeout=timeout)
+                out = (procs.py_spy_dump_child(py_spy, target, run) if ticks is None or launch is None
+                       else launch.py_spy_dump(py_spy, target, ticks, run))
             except (OSError, subprocess.SubprocessError) as e:
                 failed = f"py-spy failed: {e}"
                 break
+            if isinstance(out, str):
+                said = f"py-spy dump --pid {target} not run: {out}"
+                text = ""
+            else:
+                said = f"py-spy dump --pid {target} (hang detected by the supervisor)"
+                text = out.stdout + out.stderr
             # py-spy names each frame's file and function, which someone else may have named with a terminal's
             # escapes: written as printable writes them, as the trainer's own output is (minilmd/terminal.py)
             with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {target} (hang detected by the supervisor)\n"
-                          f"{printable(out.stdout + out.stderr, lines=True)}\n")
-            if out.returncode != 0 and target == pid:
-                failed = f"py-spy exit {out.returncode}"
+                log.write(f"\n{SUPERVISOR_LINE}{said}\n{printable(text, lines=True)}\n")
+            if target == pid and (isinstance(out, str) or out.returncode != 0):
+                failed = f"py-spy: {out}" if isinstance(out, str) else f"py-spy exit {out.returncode}"
                 break
         if not failed:
             return "py-spy dumped the stacks into the attempt log"

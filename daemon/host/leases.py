@@ -34,9 +34,9 @@ from pathlib import Path
 
 from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import PlaceRefused, place_problem, walk_to
+from minilmd.untrusted import NO_FOLLOW_NO_BLOCK as OPEN_FLAGS
 from minilmd.untrusted import loads
 
-OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 """Every open of a lease file (at the lock directory's descriptor)."""
 SHARED_DIR_MODE = 0o1777
 """The lock directory as its first user creates it: every user's runs create their lease files in it, like /tmp."""

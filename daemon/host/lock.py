@@ -25,9 +25,9 @@ from pathlib import Path
 from minilmd.names import LOCK
 from minilmd.perms import own_uid, owned_by_me
 from minilmd.procs import supervisor_id
+from minilmd.untrusted import NO_FOLLOW_NO_BLOCK as OPEN_FLAGS
 from minilmd.untrusted import loads
 
-OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 """Never through a symlink, never blocked on a FIFO, never a controlling terminal, never inherited by the trainer."""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, SourceInvalid, SourceUnreachable
-from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir, sha256_file
+from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
@@ -45,7 +45,7 @@ from minilmd.names import (
     SPLITS,
     STAGING_TMP_PREFIX,
 )
-from minilmd.untrusted import loads
+from minilmd.untrusted import Unreadable, loads, sha256_regular
 
 PROBE_DIR = "probe"
 
@@ -216,8 +216,10 @@ def probe_problems(staged: Path) -> list[str]:
     problems = []
     for rel, entry in files.items():
         try:
-            if os.stat(staged / rel).st_size != entry["size"] or sha256_file(staged / rel) != entry["sha256"]:
+            if sha256_regular(staged / rel, size=entry["size"]) != entry["sha256"]:
                 problems.append(f"{staged / rel}: differs from its {CORPUS_META} entry")
+        except Unreadable as e:  # it names the file: a link, a FIFO, another size than listed
+            problems.append(str(e))
         except OSError as e:
             problems.append(f"{staged / rel}: {e}")
     return problems
@@ -291,12 +293,12 @@ def init_problems(staged: Path) -> list[str]:
         if record.get("kind") == "minimind":
             if isinstance(record.get("size"), int) and os.stat(copy).st_size != record["size"]:
                 return [f"{copy}: {os.stat(copy).st_size} bytes, its record lists {record['size']}"]
-            return [] if sha256_file(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
-        if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
+            return [] if sha256_regular(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
+        if sha256_regular(copy / MANIFEST) != record.get("manifest_sha256"):
             return [f"{copy / MANIFEST}: differs from the source's"]
         manifest = loads((copy / MANIFEST).read_bytes(), expect=None)
         return [f"{copy / rel}: differs from its {MANIFEST}" for rel, entry in manifest_files(manifest).items()
-                if sha256_file(copy / rel) != entry.get("sha256")]
+                if sha256_regular(copy / rel) != entry.get("sha256")]
     except (OSError, ValueError, Unreadable) as e:
         return [f"{staged}: {e}"]
 

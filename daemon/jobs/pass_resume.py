@@ -23,6 +23,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.names import step_name
 
 PASS_STEP = step_name(0)
+"""The step a stopped reference pass saves (the run's first checkpoint): resumed from here, synced from here."""
 
 
 @dataclass(frozen=True)

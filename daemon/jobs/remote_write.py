@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from minilmd import perms
 from minilmd.daemon.jobs import remote_made
-from minilmd.dirfd import RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
+from minilmd.dirfd import OPEN_DIR, RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
 from minilmd.names import (
     LATEST,
     QUARANTINE,
@@ -49,7 +49,6 @@ from minilmd.names import (
 from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in
 from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OWN_UIDS = LearntOwners()
 """The owners this process's own entries on a remote show: its uid (perms.own_uid, asked at each look, never a copy
 taken at import), and the one a server maps it to, learnt from each directory `mkdir_new` makes (NFS's root_squash,
@@ -120,7 +119,7 @@ def not_made_here(path: str, expected: tuple[int, int] | None = None) -> str | N
     if why := why_foreign(path):
         return why
     with contextlib.suppress(FileNotFoundError):
-        fd = os.open(path, DIR_FLAGS)
+        fd = os.open(path, OPEN_DIR)
         try:
             st = os.fstat(fd)
             uid = st.st_uid
@@ -249,12 +248,12 @@ def _learning_place(root: str) -> Dir | None:
         return None
     there = _nearest_there(root)
     try:
-        opened = Dir(os.open(there, DIR_FLAGS), pathlib.Path(there))
+        opened = Dir(os.open(there, OPEN_DIR), pathlib.Path(there))
     except OSError:
         return None
     with contextlib.suppress(OSError):
         st = os.fstat(opened.fd)
-        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not st.st_mode & 0o022:
+        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not perms.others_can_write(st, opened.fd):
             return opened
     opened.close()
     return None

@@ -20,11 +20,9 @@ from typing import Protocol
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_contents import further_pass, pass_words, reference_pass
+from minilmd.daemon.jobs.pass_resume import PASS_STEP
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
-from minilmd.names import step_name, step_of
-
-PASS_STEP = step_name(0)
-"""The step a stopped reference pass saves (the run's first checkpoint)."""
+from minilmd.names import step_of
 
 
 class Syncer(Protocol):

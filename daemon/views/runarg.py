@@ -46,7 +46,7 @@ link or config on the way to one (refused)."""
 CANNOT_READ = 1
 """Exit status: a directory this user may not look into (another user's private run), as protocol.STOP_FAILED."""
 
-JUDGED_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+JUDGED_DIR = place_rule.WALK_DIR
 """How the run directory is opened to be judged and read: no link followed (a real path's last name is none: one
 now was put there since), search permission enough (a 0711 run directory), as the lookups by path were."""
 MOVED = "no longer the run directory named a moment ago: moved or replaced since (by whoever can rename a directory " \

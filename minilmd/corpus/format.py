@@ -36,7 +36,7 @@ from minilmd.corpus_meta import (
     read_meta_hashed,
 )
 from minilmd.doc_index import IndexLies, index_header, read_prefix
-from minilmd.fsio import dir_table_problems, sha256_file, table_problems
+from minilmd.fsio import dir_table_problems, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -51,7 +51,7 @@ from minilmd.names import (
     split_file,
 )
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.untrusted import Unreadable, open_regular, read_bytes
+from minilmd.untrusted import Unreadable, open_regular, read_bytes, sha256_open
 
 _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
 class TokenStream:
@@ -211,7 +211,7 @@ class TokenStream:
 
         def sha256_of(name: str) -> str:
             # The file open at the descriptor, whatever its name leads to now (a regular file: open_regular's).
-            return sha256_file(f"/proc/self/fd/{opened[name]}", limit=table[name]["size"])
+            return sha256_open(opened[name], self.dir / name, first=table[name]["size"])
 
         for name in list(table):
             size_of(name)

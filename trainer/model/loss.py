@@ -30,8 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from minilmd.plan.footprint import CHUNK_TOKENS as CHUNK_TOKENS  # the chunks' one home: the memory estimate counts them
 from minilmd.plan.footprint import chunk_rows_for as chunk_rows_for
-
-IGNORE_INDEX = -100
+from minilmd.plan.sampler_base import IGNORE_INDEX as IGNORE_INDEX  # the labels' one home: the sampler writes them
 
 
 def next_token_loss(logits: torch.Tensor, next_labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -62,7 +62,6 @@ from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
-from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -75,7 +74,7 @@ from minilmd.names import (
     prepare_tmp_name,
 )
 from minilmd.perms import others_can_rearrange, owned_by_me
-from minilmd.untrusted import listed, sha256_regular
+from minilmd.untrusted import listed, sha256_open, sha256_regular
 
 STALE_PARTS = DOC_LENGTHS + ".append-*.npy"  # a killed append's part, in a split directory
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
@@ -351,7 +350,7 @@ def _append_bytes(src: Path, dst: int, keep_size: int, chunk: int = 8 << 20) -> 
 
 
 def _sha256_fd(fd: int) -> str:
-    return sha256_file(f"/proc/self/fd/{fd}")  # the file open at fd, whatever its name leads to now
+    return sha256_open(fd, f"/proc/self/fd/{fd}")  # the file open at fd, whatever its name leads to now
 
 
 def _open_split_files(splits: dict[str, Dir], chat: bool) -> dict[tuple[str, str], int]:

@@ -23,12 +23,12 @@ from minilmd.corpus_meta import CorpusError
 from minilmd.dirfd import Dir
 from minilmd.names import CORPUS_META
 from minilmd.perms import owned_by_me, who_else_writes
+from minilmd.untrusted import OPEN_FLAGS as OPEN_OLD
 from minilmd.untrusted import file_kind, printable
 
 CHUNK = 8 << 20
 SAY_FROM_BYTES = 1 << 30
 """A check of at least this many bytes is said on the log as it starts (it reads them all: a minute per few GB)."""
-OPEN_OLD = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 def check_old_files(corpus_dir: Dir, root: Path, files: dict[str, dict], log) -> None:

@@ -15,12 +15,11 @@ from minilmd.corpus.prepare.collect import Collector
 from minilmd.corpus.prepare.dpo_meta import report_pairs
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
 from minilmd.corpus_meta import DATA_FORMATS, FORMAT, MASKED_FORMATS
-from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.rowcount import packed_too_small
-from minilmd.untrusted import printable
+from minilmd.untrusted import printable, sha256_regular
 
 MIN_VAL_CONVERSATIONS = 64
 """Fewer val conversations than this (data.val_windows' default: the rows a val loss reads) are warned of: a
@@ -34,7 +33,7 @@ def file_table(tmp: Path, train_tokens_sha: str, chat: bool = False) -> dict[str
     top = [CORPUS_TOKENIZER, TOKENIZER_CONFIG] if chat else [CORPUS_TOKENIZER]
     for rel in [split_file(s, n) for s in SPLITS for n in names] + top:
         path = tmp / rel
-        sha = train_tokens_sha if rel == split_file(SPLITS[0], TOKENS) else sha256_file(path)
+        sha = train_tokens_sha if rel == split_file(SPLITS[0], TOKENS) else sha256_regular(path)
         files[rel] = {"size": path.stat().st_size, "sha256": sha}
     return files
 
@@ -56,7 +55,7 @@ def build_meta(tmp: Path, tok: PrepareTokenizer, opts: PrepareOptions, found: Co
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "vocab_size": tok.vocab_size,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "tokenizer_sha256": sha256_file(tmp / CORPUS_TOKENIZER),
+        "tokenizer_sha256": sha256_regular(tmp / CORPUS_TOKENIZER),
         "token_dtype": "uint16 little-endian",
         "doc_lengths_dtype": "int32",
         "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from minilmd.perms import owner_in, user_words
 from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, TooManyLinks, real_path
+from minilmd.untrusted import OPEN_FLAGS as OPEN_SOURCE
 from minilmd.untrusted import Unreadable, file_kind, mode_kind, printable, read_open
 
-OPEN_SOURCE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
 LINK_ADVICE = ("a link on the way to a file you name (a source, a tokenizer) is followed only when it is yours, "
                "root's or the owner's of the file it leads to (anyone else's chooses what your command reads, and "
                "what it publishes); nothing written. Name the file itself if you mean it, or remove the link")

@@ -1,0 +1,80 @@
+"""One home for each constant: a module-level constant defined twice with the same value (IGNORE_INDEX = -100 in the
+sampler that writes the labels and in the loss that ignores them; OPEN_DIR, PRIVATE, PASS_STEP) agrees only until one
+of them changes, and nothing then says the other should have. The audit lists, over the code and the scripts
+(source_tree.audited_files):
+- a name assigned at module level in two modules with the same definition (as ast.unparse writes it);
+- a set of os.O_* flags written at module level in two modules, under any names (untrusted.OPEN_FLAGS was written
+  again as OPEN_SOURCE and OPEN_OLD).
+A constant that is one module's own business and merely shares another's spelling is listed in LOCAL, with why.
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import source_tree
+
+LOCAL: dict[str, str] = {
+    "GIB": "a unit of the module's own words or arithmetic (1024 ** 3 wherever written), not a setting",
+    "ROOT": "a script's own repository root, found from its own file",
+    "VERSION": "the format version of each module's own file (a checkpoint's manifest, a corpus's meta.json): both "
+               "1 today, each bumped on its own",
+}
+"""Names whose same definition in two modules is intended: each module's own, nothing links the two."""
+
+
+def _constants(path: Path) -> list[tuple[str, ast.expr, int]]:
+    """(name, value, line) of each module-level `NAME = value` (NAME in upper case) of `path`."""
+    found = []
+    for node in source_tree.tree(path).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id.lstrip("_").isupper() and node.value is not None:
+                found.append((target.id, node.value, node.lineno))
+    return found
+
+
+def _open_flags(value: ast.expr) -> frozenset[str] | None:
+    """The os.O_* names of `os.O_A | os.O_B | ...`, None for anything else."""
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "os" \
+            and value.attr.startswith("O_"):
+        return frozenset({value.attr})
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitOr):
+        left, right = _open_flags(value.left), _open_flags(value.right)
+        return left | right if left is not None and right is not None else None
+    return None
+
+
+def defined_twice(files: list[Path], local: dict[str, str] = LOCAL) -> list[str]:
+    by_definition: dict[tuple[str, str], list[str]] = defaultdict(list)
+    by_flags: dict[frozenset[str], list[str]] = defaultdict(list)
+    for path in files:
+        rel = source_tree.relative(path)
+        for name, value, line in _constants(path):
+            if name not in local:
+                by_definition[(name, ast.unparse(value))].append(f"{rel}:{line}")
+            if (flags := _open_flags(value)) is not None and len(flags) > 1:
+                by_flags[flags].append(f"{rel}:{line} {name}")
+    found = [f"{name} = {value}: {', '.join(where)}" for (name, value), where in sorted(by_definition.items())
+             if len({w.split(':')[0] for w in where}) > 1]
+    found += [f"{' | '.join(sorted(flags))}: {', '.join(where)}" for flags, where in sorted(
+        by_flags.items(), key=lambda item: sorted(item[0])) if len({w.split(':')[0] for w in where}) > 1]
+    return found
+
+
+def test_each_constant_has_one_home():
+    problems = defined_twice(list(source_tree.audited_files()))
+    assert not problems, ("a constant defined again in another module: import it from its one home (or, when it "
+                          "is truly the module's own, list it in LOCAL with why):\n" + "\n".join(problems))
+
+
+def test_the_audit_sees_a_constant_and_a_flag_set_written_twice(tmp_path):
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    one.write_text("import os\nIGNORE_INDEX = -100\nOPEN = os.O_RDONLY | os.O_NOFOLLOW\nVERSION = 1\n"
+                   "SHOWN = 3\n", encoding="utf-8")
+    two.write_text("import os\nIGNORE_INDEX = -100\nFLAGS = os.O_NOFOLLOW | os.O_RDONLY\nVERSION = 1\n"
+                   "SHOWN = 5\ndef f():\n    IGNORE = -100\n", encoding="utf-8")
+    assert defined_twice([one, two]) == ["IGNORE_INDEX = -100: one.py:2, two.py:2",
+                                         "O_NOFOLLOW | O_RDONLY: one.py:3 OPEN, two.py:3 FLAGS"]
