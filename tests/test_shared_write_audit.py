@@ -156,7 +156,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1, ("EventLog._echo", "os.open"): 1}),
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
-    "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
+    "daemon/attempt.py": ("gap", RUN_DIR, {("Attempt._launch", ".unlink"): 1}),  # moved from supervisor.py
     # --- the device checks and the scripts: their own --work directory ------------------------------------------
     **{script: ("private", SCRIPT_WORK, sites_of_script) for script, sites_of_script in {
         "scripts/docmask_val_pair.py": {("run_pair", "tempfile.TemporaryDirectory"): 1},
