@@ -55,7 +55,7 @@ class Ending:
     slurm: SlurmJob | None
     notifier: Notifier
 
-    if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py)
+    if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py; _on_child_end: daemon/attempt.py)
         @property
         def phase(self) -> Phase: ...
 

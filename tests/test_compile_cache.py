@@ -255,7 +255,7 @@ def test_a_slurm_jobs_trainer_finds_the_scratch_the_supervisor_claimed_though_it
 
 
 def test_the_standalone_trainer_keeps_its_claimed_scratch_once_its_compile_caches_are_set(tmp_path, monkeypatch):
-    from trainer.loop.train import own_compile_caches
+    from trainer.loop.entry import own_compile_caches
 
     shared_tmp = tmp_path / "node-tmp"
     shared_tmp.mkdir()

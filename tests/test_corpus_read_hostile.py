@@ -169,13 +169,14 @@ def test_a_checkpoint_carries_the_tokenizer_checked_at_open_not_what_its_name_ho
     again by its name at every save, never compared) changes nothing in it."""
     from minilmd.config import load_config
     from minilmd.trainer.loop import train as train_mod
+    from minilmd.trainer.loop.distributed import init_distributed
     from trainer_corpus import write_config
 
     copy = tmp_path / "corpus"
     shutil.copytree(corpus[0], copy)
     checked = (copy / "tokenizer.json").read_bytes()
     cfg = load_config(write_config(tmp_path, (copy, corpus[1]), train={"max_steps": 3, "checkpoint_every": 3}))
-    trainer = train_mod.Trainer(cfg, train_mod.init_distributed(cfg))
+    trainer = train_mod.Trainer(cfg, init_distributed(cfg))
     (copy / "tokenizer.json").write_bytes((chat_tokenizer / "tokenizer.json").read_bytes())  # once it is open
     assert trainer.train() == 0
     saved = sorted(Path(cfg.checkpoint_dir).glob("step-*/tokenizer.json"))

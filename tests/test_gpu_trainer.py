@@ -19,7 +19,9 @@ from minilmd.names import FAULT, HEARTBEAT
 from minilmd.plan import mfu
 from minilmd.protocol import EXIT_CUDA_OOM
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.loop import entry
 from minilmd.trainer.loop import train as train_mod
+from minilmd.trainer.loop.distributed import init_distributed
 from trainer_corpus import write_config
 
 NCCL_CALLOC = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system "
@@ -77,7 +79,7 @@ def test_other_errors_are_not_a_cuda_oom(exc):
 
 
 def _no_signal_handlers(monkeypatch):
-    monkeypatch.setattr(train_mod.StopFlag, "install", lambda self: None)  # pytest keeps its own SIGINT handler
+    monkeypatch.setattr(entry.StopFlag, "install", lambda self: None)  # pytest keeps its own SIGINT handler
 
 
 @pytest.mark.slow
@@ -85,13 +87,13 @@ def test_an_oom_at_context_creation_and_a_cublas_one_mid_run_exit_76_with_a_faul
                                                                                     monkeypatch):
     _no_signal_handlers(monkeypatch)
     cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 4, "checkpoint_every": 100}))
-    assert train_mod.settle_run_dir_of(cfg) is None  # main()'s, before run(): run.dir made, its real path
+    assert entry.settle_run_dir_of(cfg) is None  # main()'s, before run(): run.dir made, its real path
 
     def context_oom(cfg):
         raise torch.AcceleratorError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
 
-    monkeypatch.setattr(train_mod, "init_distributed", context_oom)
-    assert train_mod.run(cfg) == EXIT_CUDA_OOM
+    monkeypatch.setattr(entry, "init_distributed", context_oom)
+    assert entry.run(cfg) == EXIT_CUDA_OOM
     fault = json.loads((cfg.run_dir / FAULT).read_text())
     assert fault["kind"] == "cuda_oom" and fault["source"] == "cuda" and fault["step"] == 0
     assert fault["message"] == "CUDA error: out of memory"
@@ -106,7 +108,7 @@ def test_an_oom_at_context_creation_and_a_cublas_one_mid_run_exit_76_with_a_faul
         return real_step(self)
 
     monkeypatch.setattr(train_mod.Trainer, "train_step", cublas_at_step_2)
-    assert train_mod.run(cfg) == EXIT_CUDA_OOM
+    assert entry.run(cfg) == EXIT_CUDA_OOM
     fault = json.loads((cfg.run_dir / FAULT).read_text())
     assert (fault["source"], fault["step"], fault["micro_batch_size"]) == ("cublas", 2, 4)
 
@@ -234,7 +236,7 @@ def test_the_first_compiled_step_runs_under_a_compiling_heartbeat_and_later_ones
     monkeypatch.setattr(torch, "compile", fake_compile)
     cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 3, "grad_accum": 2, "compile": True,
                                                             "checkpoint_every": 100}))
-    trainer = train_mod.Trainer(cfg, train_mod.init_distributed(cfg))
+    trainer = train_mod.Trainer(cfg, init_distributed(cfg))
     assert trainer.compiled
     assert trainer.train() == 0
     assert seen[:2] == ["0 compiling\n"] * 2  # both micro-batches of the first step

@@ -109,6 +109,7 @@ def test_the_trainer_times_apart_only_its_evaluations_saves_and_compiling_step(t
     minutes on the CPU)."""
     from minilmd.config import load_config
     from minilmd.trainer.loop import train as train_mod
+    from minilmd.trainer.loop.distributed import init_distributed
     from trainer_corpus import write_config
 
     kinds: list[str | None] = []
@@ -128,7 +129,7 @@ def test_the_trainer_times_apart_only_its_evaluations_saves_and_compiling_step(t
     monkeypatch.setattr(torch, "compile", fake_compile)
     cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 6, "compile": True, "log_every": 1,
                                                             "eval_every": 3, "checkpoint_every": 4}))
-    assert train_mod.Trainer(cfg, train_mod.init_distributed(cfg)).train() == 0
+    assert train_mod.Trainer(cfg, init_distributed(cfg)).train() == 0
     assert [k for k in kinds if k] == ["compile_s", "eval_s", "checkpoint_s"]  # step 1; after step 3; before 5
     lines = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     train = {m["step"]: m for m in lines if m["kind"] == "train"}

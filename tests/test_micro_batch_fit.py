@@ -134,7 +134,8 @@ def test_memory_taken_for_a_while_by_others_is_a_note_at_a_start_never_a_refusal
     import psutil
     import torch
 
-    from minilmd.trainer.loop.train import Dist, refuse_what_cannot_fit
+    from minilmd.trainer.loop.entry import refuse_what_cannot_fit
+    from minilmd.trainer.loop.train import Dist
 
     cfg = load_config(write_config(tmp_path, corpus))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: FakeMemory(total=64 * GIB, available=1024 ** 2))
@@ -165,7 +166,7 @@ def test_on_a_card_too_small_the_trainer_ends_as_a_cuda_oom_the_supervisor_retri
     memory a restart does not change, it stays a config error."""
     from minilmd.protocol import EXIT_CUDA_OOM
     from minilmd.trainer.loop import exits
-    from minilmd.trainer.loop.train import too_big
+    from minilmd.trainer.loop.entry import too_big
 
     cfg = RunConfig()
     cfg.run.dir = str(tmp_path)

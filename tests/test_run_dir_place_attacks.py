@@ -212,7 +212,7 @@ def test_a_run_dir_another_user_makes_between_the_check_and_the_start_gets_nothi
 
 
 def test_the_trainer_on_its_own_judges_the_run_dir_it_makes_again(tmp_path, corpus, shared):
-    from minilmd.trainer.loop.train import main
+    from minilmd.trainer.loop.entry import main
 
     late = shared / "late-train"
     config = write_config(tmp_path, corpus, name="raced-train", remote=False, run={"dir": str(late)})

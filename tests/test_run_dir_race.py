@@ -198,7 +198,7 @@ def test_a_run_dir_that_leads_elsewhere_than_when_the_command_started_is_refused
 def test_minilmd_train_on_its_own_makes_nothing_through_his_link(tmp_path, corpus, shared):
     """make_run_dir made run.dir by mkdir(parents=True) by path, then judged it: through his link at a missing
     `race`, the directories appeared in her private directory before the refusal. Now the walk refuses first."""
-    from minilmd.trainer.loop.train import main
+    from minilmd.trainer.loop.entry import main
 
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
@@ -215,15 +215,15 @@ def test_minilmd_train_claims_no_scratch_for_her_other_run_through_his_link(tmp_
     run.dir by the walk: his link planted right after the config was read made owner.json name her other run, the
     walk then refused (exit 2), and her later launch was refused ("belongs to another run"). Now main() settles
     run.dir first: refused, scratch not claimed, her other run untouched."""
-    from minilmd.trainer.loop import train
+    from minilmd.trainer.loop import entry
 
     monkeypatch.delenv(names.RUN_DIR_ENV, raising=False)
     other = _her_other_run(tmp_path)
     config = write_config(tmp_path, corpus, name="raced-train-main", remote=False,
                           run={"dir": str(shared / "race" / "run")})
-    _plant_after(monkeypatch, train, "load_checked", f"ln -s {other.parent} race", shared)
+    _plant_after(monkeypatch, entry, "load_checked", f"ln -s {other.parent} race", shared)
     before = _files(other)
-    assert train.main(str(config)) == SUPERVISOR_CONFIG
+    assert entry.main(str(config)) == SUPERVISOR_CONFIG
     assert "symbolic link of user nobody" in capfd.readouterr().err
     assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
     assert _files(other) == before

@@ -156,7 +156,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1, ("EventLog._echo", "os.open"): 1}),
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
-    "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
+    "daemon/attempt.py": ("gap", RUN_DIR, {("Attempt._launch", ".unlink"): 1}),  # moved from supervisor.py
     # --- the device checks and the scripts: their own --work directory ------------------------------------------
     **{script: ("private", SCRIPT_WORK, sites_of_script) for script, sites_of_script in {
         "scripts/docmask_val_pair.py": {("run_pair", "tempfile.TemporaryDirectory"): 1},
@@ -214,7 +214,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl; the heartbeat by fsio.atomic_write_text)", {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1,
         ("MetricsLog.write", "open"): 1}),
-    "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),
+    "trainer/loop/entry.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),  # moved from train.py
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
                                  "copy in a fresh 0700 directory of tempfile's", {

@@ -92,5 +92,5 @@ def test_the_loops_state_is_written_into_its_record_only():
     parts are made by __init__, run and _prepare_files only."""
     assert self_writes_outside("class A:\n    def f(self):\n        self.ended = 1\n        self.loop.ended = 2\n",
                                {"__init__"}) == ["f.ended"]
-    for module in ("supervisor.py", "ending.py"):
+    for module in ("supervisor.py", "attempt.py", "ending.py"):
         assert self_writes_outside((DAEMON / module).read_text(), {"__init__", "run", "_prepare_files"}) == [], module

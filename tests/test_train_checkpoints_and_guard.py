@@ -12,7 +12,8 @@ from minilmd import checkpoint, checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.names import METRICS, RUN_DIR_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.loop.train import Trainer, init_distributed
+from minilmd.trainer.loop.distributed import init_distributed
+from minilmd.trainer.loop.train import Trainer
 from trainer_corpus import write_config
 
 

@@ -67,7 +67,7 @@ def test_minilmd_run_says_which_run_dir_is_full(tmp_path, corpus, full_fs, capsy
 def test_minilmd_train_on_a_full_file_system_exits_74_with_the_path(tmp_path, corpus, full_fs, capfd, monkeypatch):
     """Before: a traceback, `OSError: [Errno 28] No space left on device: 'run'`, exit 1 (restarted for nothing)."""
     from minilmd.names import RUN_DIR_ENV
-    from minilmd.trainer.loop.train import main
+    from minilmd.trainer.loop.entry import main
 
     monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     config = write_config(tmp_path, corpus, name="full-train", remote=False, run={"dir": str(full_fs / "run")})

@@ -34,7 +34,7 @@ def train_command(
     except ConfigError as e:
         typer.echo(f"minilmd train: {e}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
-    from minilmd.trainer.loop.train import main as train_main
+    from minilmd.trainer.loop.entry import main as train_main
 
     raise typer.Exit(train_main(config, set_, checked=cfg))  # its probes (the corpus, init.from) not run twice
 

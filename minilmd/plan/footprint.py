@@ -1,6 +1,6 @@
 """What a run needs in memory before its first step, against what its device offers: the one rule that refuses a
 `train.micro_batch_size` (or a validation set) that cannot fit, at `run --check`, at the launch before staging
-(daemon/preflight.py) and in the trainer at its start (trainer/loop/train.py run), exit 2 each: a config error, never
+(daemon/preflight.py) and in the trainer at its start (trainer/loop/entry.py run), exit 2 each: a config error, never
 restarted. Before, a micro-batch of 1e8 rows passed `--check`, and the trainer ran for minutes without a step or
 died in a NumPy allocation traceback.
 

@@ -89,7 +89,8 @@ def preference_refusal(cfg: RunConfig, command: str) -> str | None:
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     """A Trainer for `mode` (one of MODES) writing only under `tmp` (its run dir and scratch)."""
     from minilmd.trainer.loop import determinism
-    from minilmd.trainer.loop.train import Trainer, init_distributed
+    from minilmd.trainer.loop.distributed import init_distributed
+    from minilmd.trainer.loop.train import Trainer
 
     cfg = copy.deepcopy(cfg)
     cfg.run.dir, cfg.run.scratch, cfg.run.remote = f"{tmp}/{mode}/run", f"{tmp}/{mode}/scratch", ""

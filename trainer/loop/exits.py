@@ -1,4 +1,4 @@
-"""The exit status of a trainer that failed (trainer/loop/train.py run(); the statuses in minilmd/protocol.py): a bad
+"""The exit status of a trainer that failed (trainer/loop/entry.py run(); the statuses in minilmd/protocol.py): a bad
 config, bad data, a checkpoint of another run, a full scratch, a crash, or a stop before its loop began; what is
 written for the supervisor (fault.json) and said on stderr."""
 from __future__ import annotations

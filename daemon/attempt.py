@@ -1,0 +1,186 @@
+"""One attempt of the trainer: its launch, its watch at each tick, its end and the action policy.py decides on it.
+
+The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin as daemon/ending.py keeps the ending, so
+that the loop's phases and the life of one child read apart: `_launch` (STAGING, BACKOFF or WAITING_SPACE ->
+STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang watch, the end polled), `_on_child_end`
+(the death classified, daemon/child/policy.py's decision) and `_act` on it. The phase still changes through the loop's
+`_go()` alone. Torch-free.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minilmd import names, protocol
+from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.config import RunConfig
+from minilmd.daemon.base.runstate import EventLog, RunState, now, read_heartbeat
+from minilmd.daemon.base.states import FIRST_HEARTBEAT, Action, Phase
+from minilmd.daemon.base.statesections import Restart
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.grace import torchrun_grace_env
+from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.child.process import Death
+from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs.stagingworker import StagingWorker
+from minilmd.daemon.loopstate import SupervisorState
+from minilmd.daemon.phases.gpuwait import GpuWaiter
+from minilmd.daemon.phases.rundirwatch import RunDirWatch
+from minilmd.daemon.runfiles import RunFiles
+from minilmd.daemon.slurm.job import SlurmJob
+from minilmd.fsio import is_disk_full
+
+
+class Attempt:
+    """A trainer's launch, watch and end: the `Supervisor`'s methods for them (a mixin)."""
+
+    loop: SupervisorState  # what the loop holds beyond state.json (daemon/loopstate.py): the child, its attempt
+    # the supervisor's own, set by Supervisor.__init__ and its parts, made by Supervisor.run (daemon/supervisor.py)
+    cfg: RunConfig
+    run_dir: Path
+    cli_sets: dict[str, dict[str, Any]]
+    infra: Infra
+    rng: random.Random
+    files: RunFiles
+    events: EventLog
+    state: RunState
+    room: RunDirWatch
+    gpu: GpuWaiter
+    staging: StagingWorker
+    slurm: SlurmJob | None
+
+    if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py) and the ending's (daemon/ending.py)
+        @property
+        def phase(self) -> Phase: ...
+
+        def _go(self, new: Phase, reason: str, **details) -> None: ...
+
+        def _fail(self, status: int, message: str) -> None: ...
+
+        def _restarted(self, at_start: bool = False) -> None: ...
+
+        def _start_backoff(self, after: Phase, reason: str, streak: int, delay: float | None = None) -> None: ...
+
+        def _wait_for_space(self, death: Death, message: str) -> None: ...
+
+        def _enter_stopping(self, reason: str) -> None: ...
+
+    def _launch(self) -> None:
+        """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
+        if self.room.still_full(self.phase):
+            self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt + 1} cannot start"))
+            return
+        if refused := self.staging.reclaim():  # scratch is claimed again before every trainer start
+            return self._fail(protocol.SUPERVISOR_CONFIG, f"config error, final: {refused}")
+        self.loop.attempt += 1
+        nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
+            (self.gpu.nproc, self.gpu.devices_env)
+        sets = {**self.staging.inputs_for(self.slurm), **self.state.overrides}  # + the staged probe, init.from
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.cfg.scratch_dir, sets,
+                                               self.cli_sets, nproc)
+        if self.slurm:
+            command = self.slurm.command(command, self.loop.attempt, self.cfg, self.staging.staged)
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
+        (self.run_dir / names.FAULT).unlink(missing_ok=True)
+        try:
+            self.loop.child = self.infra.launch(command, self.run_dir, self.loop.attempt, devices,
+                                           compile_cache=trainerwatch.compile_cache_root(self.cfg),
+                                           extra_env={**names.determinism_env(self.cfg.train.deterministic),
+                                                      **torchrun_grace_env(self.cfg),  # a torchrun's ranks' too
+                                                      **(self.slurm.launch_env if self.slurm else {})})
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
+            return
+        trainerwatch.launched(self.loop.child, self.cfg, newest)
+        self._restarted()  # the earlier trainer's rate is no ETA for this one
+        self.state.child = trainerwatch.child_info(self.loop.child, command)  # its saves past `newest` reset the streak
+        self._go(Phase.STARTING, f"attempt {self.loop.attempt}: trainer pid {self.loop.child.pid} "
+                                 f"(log {self.loop.child.log_path.relative_to(self.run_dir)})",
+                 pid=self.loop.child.pid, attempt=self.loop.attempt)
+
+    def _tick_child(self) -> None:
+        child = self.loop.child
+        assert child is not None  # STARTING and TRAINING have one
+        rc = child.poll()
+        if rc is not None:
+            self._on_child_end(rc)
+            return
+        if child.killed_at is not None:
+            trainerwatch.report_unreaped(child, self.events.emit)
+            return
+        beat = read_heartbeat(self.run_dir)  # once a tick: the hang watch judges its mtime and phase together
+        if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
+            self._go(Phase.TRAINING, f"{FIRST_HEARTBEAT} {self.loop.attempt} (step {beat.step})")
+        child.track_cgroup()
+        trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
+
+    def _on_child_end(self, rc: int) -> None:
+        child = self.loop.child
+        assert child is not None  # it has just ended
+        self.files.read_progress()
+        death = childmod.classify(child, rc, self.run_dir, self.loop.stop_requested)
+        self.loop.last_cause = death.cause
+        self.loop.child = None
+        self.state.child = None
+        if left := child.kill_rest():  # torchrun's workers outlive an agent killed alone: never beside the next one
+            self.events.emit("kill", f"attempt {child.attempt}'s trainer pid {child.pid} ended, its processes {left} "
+                                     f"had not: SIGKILL", pids=left)
+        made_progress = trainerwatch.made_progress(self.cfg, child)
+        step = self.state.progress.step
+        self.events.emit("child_exit", f"attempt {child.attempt} (pid {child.pid}) ended: {death.cause} "
+                                       f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
+        if self.phase == Phase.STOPPING:
+            return  # _tick_stopping goes on with the last sync
+        if self.room.still_full(self.phase, death.cause) and not self.loop.stop_requested:
+            self.state.record_error(f"{death.cause}: {death.detail}")
+            self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
+            return
+        streak = 0 if made_progress else self.state.no_progress_streak + 1
+        decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
+                          no_progress_streak=streak, stop_requested=self.loop.stop_requested,
+                          micro_batch_size=self._effective("micro_batch_size"),
+                          grad_accum=self._effective("grad_accum"),
+                          **trainerwatch.death_facts(death, child, self.cfg, self.state, self.staging, self.gpu,
+                                                     self.events.emit))
+        self._act(death, decision, streak, step)
+
+    def _effective(self, key: str) -> int:
+        return int(self.state.overrides.get(f"train.{key}", getattr(self.cfg.train, key)))
+
+    def _act(self, death: Death, decision: Decision, streak: int, step) -> None:
+        if decision.action == Action.FINISH:
+            self._enter_stopping("the trainer finished: last sync")
+            return
+        if decision.action == Action.STOP:
+            self._enter_stopping(decision.message)
+            return
+        if decision.action == Action.WAIT_SPACE:
+            self._wait_for_space(death, decision.message)
+            return
+        if decision.counts_as_restart:
+            self.state.no_progress_streak = streak
+        if decision.action == Action.FAIL:
+            assert decision.exit_status is not None  # policy.decide gives every FAIL its status
+            self._fail(decision.exit_status, decision.message)
+            return
+        if decision.overrides:
+            self.state.overrides.update(decision.overrides)
+            self.events.emit("overrides", decision.message, overrides=decision.overrides)
+            self.staging.record_shape_change(staged=False)  # the relaunch resumes its newest checkpoint with them
+        next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
+                      Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
+        if next_phase == Phase.STAGING:
+            self.staging.forget()
+        if next_phase == Phase.WAITING_GPU:
+            self.gpu.release()
+            self.state.devices = []
+        delay = backoff_seconds(self.cfg.restart, max(1, streak), self.rng)
+        self.state.restarts.append(Restart(time=now(), attempt=self.loop.attempt, cause=death.cause, exit=death.exit,
+                                           step=step, detail=death.detail, action=decision.action,
+                                           delay_s=round(delay, 2)))
+        self.state.record_error(f"{death.cause}: {death.detail}")
+        self._start_backoff(next_phase, decision.message, streak, delay)
