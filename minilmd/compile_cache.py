@@ -1,6 +1,6 @@
 """Where torch.compile's caches go, for every process minilmd starts that may compile: never a place another user
 can write. The one home of that rule: the supervisor's trainer (daemon/child/process.py `launch`), `minilmd train`
-on its own (trainer/loop/train.py `main`) and the benches that compile (minilmd/cli/bench.py) all use it.
+on its own (trainer/loop/entry.py `main`) and the benches that compile (minilmd/cli/bench.py) all use it.
 
 Left to itself, inductor caches its compiled kernels (shared objects it loads) in `<tempdir>/torchinductor_<user>`
 (torch/_inductor/runtime/cache_dir_utils.py `default_cache_dir`): a fixed name in /tmp, used without an owner check.
