@@ -76,3 +76,26 @@ def test_run_check_passes_a_remote_below_tmp_and_makes_nothing(tmp_path, corpus,
     checked = cli("run", "--check", str(config), timeout=120)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert not os.path.lexists(in_tmp)
+
+
+@pytest.mark.parametrize("scheme", ["file://", "local://"])
+def test_a_file_url_remote_is_checked_as_the_local_path_the_sync_writes(tmp_path, corpus, scheme):
+    """Before: `--check` and the launch passed a file:// remote by (its protocol known), while the sync refused to
+    make its chain at every try, for the whole run. Now both say no, by the one rule."""
+    from minilmd.config import ConfigError
+    from minilmd.daemon import preflight
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+
+    top = Path("/") / f"minilmd-no-share-{secrets.token_hex(4)}"
+    remote = f"{scheme}{top}/me/w0"
+    try:
+        with pytest.raises(FileNotFoundError):
+            LocalRemote(str(top / "me" / "w0")).makedirs()
+        config = write_config(tmp_path, corpus, remote=False, run={"remote": remote})
+        with pytest.raises(ConfigError) as err:
+            preflight.check_with_waits(str(config))
+        assert f"{top / 'me'} is not there (/ holds no {top.name}" in str(err.value), err.value
+    finally:
+        if top.is_dir() and not top.is_symlink():
+            shutil.rmtree(top)
+    assert not os.path.lexists(top)
