@@ -50,7 +50,7 @@ from minilmd.daemon.scratchclaim import (  # noqa: F401 - run_lock: the supervis
 )
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
-from minilmd.urls import CHAIN, is_url, protocol_of
+from minilmd.urls import is_url, local_remote_root
 
 
 def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
@@ -168,16 +168,6 @@ def remote_place_problems(cfg: RunConfig) -> list[str]:
         return []
     answered, refused, _ = bounded_probe(remote_write.root_refused, root)
     return [refused] if answered and refused else []
-
-
-def local_remote_root(remote: str | None) -> str | None:
-    """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
-    local://), None for any other store or none. Told from the protocol alone: building a remote store's
-    filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
-    if not remote or not is_url(remote):
-        return remote or None
-    protocol, _, rest = remote.partition("://")
-    return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

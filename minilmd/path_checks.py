@@ -3,8 +3,8 @@ path_problems): a path that is not there while the directory above it holds othe
 launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
 unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
 the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
-run.remote in a view of the kernel (/proc) or below missing directories the sync must not make (from the top level,
-below an unmounted share's stub), and whether a path can be written at all. Torch-free.
+run.remote in a view of the kernel (/proc) or below missing directories the sync must not make (from the top level or
+a mount parent, below an unmounted share's stub), and whether a path can be written at all. Torch-free.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import os
 import stat
 from pathlib import Path
 
-from minilmd import mounts
+from minilmd import mount_places, mounts
 from minilmd.bounded import bounded_probe
 from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
-from minilmd.place_rule import dir_problem
+from minilmd.place_rule import dir_problem, under_home
 from minilmd.shared_place import gone_or_typo, look, same_source
 from minilmd.untrusted import holds_any
 
@@ -126,13 +126,13 @@ def _started_with(cfg: RunConfig) -> str | None:
 def remote_parents_refused(root: str) -> str:
     """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
     none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
-    `run --check` refuses (`remote_problems`). A chain of missing directories is made only below a directory deeper
-    than the top level, and never below an unmounted share's mount point (an empty directory, not a mount point).
-    Shares are mounted at or just below the top level (/mnt/nfs, /nfs, /data, /media/usb): a chain made from "/" or
-    a top-level directory is where a share's mount point should be, missing (a typo in the share's path, a mount
-    point never made), and would put the "durable" copy on the local disk, said synced and verified at every sync;
-    one below an empty stub is on the local disk under a share not mounted. Below a deeper directory (a home, a
-    mounted share's own directories) the chain is made as ever."""
+    `run --check` refuses (`remote_problems`). A chain of missing directories is not made from "/" or from a directory
+    shares are mounted in (minilmd/mount_places.py: /mnt, /media, /net, an autofs directory, one holding a mount
+    point), where it is a share's mount point missing (a typo in the share's path, a mount point never made) and
+    would put the "durable" copy on the local disk, said synced and verified at every sync; nor below an unmounted
+    share's stub: an empty directory, not a mount point, that is where a share is set up to be mounted (fstab, an
+    autofs map, or root's inside a mount parent; an empty directory the user made is theirs to fill). In the user's
+    home (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x), the chain is made."""
     path = os.path.normpath(os.path.abspath(root))
     parent = os.path.dirname(path)
     if not _missing(Path(path)) or not _missing(Path(parent)):
@@ -141,15 +141,19 @@ def remote_parents_refused(root: str) -> str:
     while _missing(Path(os.path.dirname(first))) and os.path.dirname(first) != first:
         first = os.path.dirname(first)
     there = os.path.dirname(first)
+    if under_home(there):
+        return ""
+    parents = mount_places.mount_parents()
     try:
-        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there)
+        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there) \
+            and mount_places.is_configured_stub(there, parents)
     except OSError:
         stub = False
     if stub:
         what = f"{there} is an empty directory, not a mount point"
-    elif os.path.dirname(there) == os.path.dirname(os.path.dirname(there)):  # "/" or a directory in it
-        what = f"{there} holds no {os.path.basename(first)}, and nothing is made at the top level, where shares are " \
-               f"mounted"
+    elif there == os.sep or there in parents:
+        where = "at the top level" if there == os.sep else f"in {there}"
+        what = f"{there} holds no {os.path.basename(first)}, and nothing is made {where}, where shares are mounted"
     else:
         return ""
     return (f"{parent} is not there ({what}): minilmd makes no directory above run.remote there, which would put the "

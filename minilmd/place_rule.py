@@ -136,7 +136,7 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     root_squash makes root's run.dir nobody's): those are learnt by writing a file in the directory
     (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before anything is made (docs/operations.md
     says so: such a run.dir is refused)."""
-    home = "" if _under_home(run_dir) else ", such as one under your home"
+    home = "" if under_home(run_dir) else ", such as one under your home"
     return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE.format(home=home), dir_itself=True,
                          own_links=True)
 
@@ -147,14 +147,15 @@ def settle_run_dir(run_dir: str | os.PathLike) -> Path:
     A judgement by path and a resolve() later were two looks: another user's link planted in between (at a missing
     /tmp/x on the way) chose another run directory of the victim's, which the supervisor then took over. Every
     directory on the returned path is root's or ours and no one else can rearrange it: that path stays where it is."""
-    home = "" if _under_home(run_dir) else ", such as one under your home"
+    home = "" if under_home(run_dir) else ", such as one under your home"
     fd, real = walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777)
     os.close(fd)
     return real
 
 
-def _under_home(path: str | os.PathLike) -> bool:
-    """Whether `path` is in the user's home ($HOME, as Path.home() says): there "under your home" advises nothing."""
+def under_home(path: str | os.PathLike) -> bool:
+    """Whether `path` is in the user's home ($HOME, as Path.home() says): there "under your home" advises nothing,
+    and a missing remote's chain is made (path_checks.remote_parents_refused). The one home of both rules."""
     with contextlib.suppress(RuntimeError, KeyError):
         home = Path.home()
         return home != Path("/") and (Path(os.path.abspath(path)).is_relative_to(home))

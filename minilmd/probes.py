@@ -58,7 +58,7 @@ from minilmd.raw_corpus import prepare_hint
 from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
-from minilmd.urls import is_url, protocol_of
+from minilmd.urls import is_url, local_remote_root, protocol_of
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None, count_replies: bool = True
@@ -115,10 +115,11 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
     if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
         p += probe_problems(cfg, waits)
     if cfg.run.remote:
-        if is_url(cfg.run.remote):
-            p += _check_protocol("run.remote", cfg.run.remote)
-        elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
-            p += shared_storage_check(remote_problems, cfg.run.remote, has_started(cfg), waits)
+        unknown = _check_protocol("run.remote", cfg.run.remote) if is_url(cfg.run.remote) else []
+        root = local_remote_root(cfg.run.remote)  # a file:// or local:// remote is the local path the sync writes
+        p += unknown
+        if not unknown and root is not None and not os.environ.get(RUN_DIR_ENV):  # not a supervised trainer's
+            p += shared_storage_check(remote_problems, root, has_started(cfg), waits)
     return p
 
 

@@ -31,6 +31,17 @@ def protocol_of(place: str) -> str:
     return first.split("://", 1)[0] if "://" in first else first.split(":", 1)[0]
 
 
+def local_remote_root(remote: str | None) -> str | None:
+    """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
+    local://), None for any other store or none. Told from the protocol alone: building a remote store's
+    filesystem may connect to it (sftp), and a check must not wait on a network that is down. The one answer of
+    `run --check` (minilmd/probes.py path_problems) and of the daemon's checks (daemon/preflight.py)."""
+    if not remote or not is_url(remote):
+        return remote or None
+    protocol, _, rest = remote.partition("://")
+    return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
+
+
 def is_local_fs(fs: Any) -> bool:
     """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
     or links, so they are looked at before they are opened. The one answer: `open_fs`'s `local` is this."""

@@ -132,7 +132,13 @@ def test_a_remote_in_a_kernel_file_system_is_refused(tmp_path, corpus):
     _launch_refused(config, "run.remote = '/proc/nope'")
 
 
-def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
+def _set_up_as_mount_point(monkeypatch, stub: Path) -> None:
+    """This machine's fstab names `stub` (the one configured mount point: a fake of /etc/fstab's reading)."""
+    from minilmd import mount_places
+    monkeypatch.setattr(mount_places, "configured_points", lambda: {str(stub)})
+
+
+def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path, monkeypatch):
     """A remote whose parent is not there under an unmounted share (its mount point an empty stub, not a mount
     point): the sync fails, saying so in words (no Python class name), and makes nothing on the local disk below
     it; under a place that answers it makes the remote and its parent, as it always did."""
@@ -142,6 +148,7 @@ def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    _set_up_as_mount_point(monkeypatch, mnt)
     remote = LocalRemote(str(mnt / "ckpt" / "r"))
     with pytest.raises(FileNotFoundError) as err:
         remote.makedirs()
@@ -197,9 +204,10 @@ def test_a_remote_whose_chain_starts_at_the_top_level_is_refused_and_nothing_is_
     assert not any("run.remote" in w and "is not there" in w for w in waits), waits
 
 
-def test_a_remote_under_an_unmounted_share_is_refused_at_a_first_launch(tmp_path, corpus):
+def test_a_remote_under_an_unmounted_share_is_refused_at_a_first_launch(tmp_path, corpus, monkeypatch):
     mnt = tmp_path / "mnt"
     mnt.mkdir()  # the share's mount point, an empty stub: not mounted
+    _set_up_as_mount_point(monkeypatch, mnt)
     remote = mnt / "me" / "w0"
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
     _refused(config, f"run.remote = '{remote}': {remote.parent} is not there ({mnt} is an empty directory, not a "
@@ -215,13 +223,14 @@ def test_the_launch_refuses_a_remote_whose_chain_starts_at_the_top_level(tmp_pat
     assert not os.path.lexists(top_level_typo)
 
 
-def test_a_remote_under_an_unmounted_share_of_a_run_that_started_before_is_waited_for(tmp_path, corpus):
+def test_a_remote_under_an_unmounted_share_of_a_run_that_started_before_is_waited_for(tmp_path, corpus, monkeypatch):
     """At a restart (state.json there), the share gone or not mounted after a reboot: no refusal (exit 2 is final
     under systemd), a line saying the sync fails until it is there."""
     from minilmd.config import load_config
 
     remote = tmp_path / "mnt" / "nfs" / "w0"
     (tmp_path / "mnt").mkdir()
+    _set_up_as_mount_point(monkeypatch, tmp_path / "mnt")
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
     run_dir = load_config(config).run_dir
     run_dir.mkdir(parents=True)

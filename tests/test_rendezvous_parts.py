@@ -51,3 +51,17 @@ def test_a_missing_secret_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.delenv(rendezvous.RDZV_SECRET_ENV)  # c10d, torch's own backend: no secret asked for
     rendezvous.main(["--rdzv-backend", "c10d", "-m", "minilmd.cli", "train", "run.toml"])
     assert len(started) == 2
+
+
+def test_only_the_backend_option_chooses_the_rendezvous(monkeypatch):
+    """Before: any argument equal to minilmd-c10d (`--rdzv-id minilmd-c10d` with torch's c10d backend) was taken for
+    the backend, and that run was told to export a secret, exit 2."""
+    monkeypatch.delenv(rendezvous.RDZV_SECRET_ENV, raising=False)
+    started = []
+    monkeypatch.setattr("minilmd.trainer.loop.torchrun.run", started.append)
+    rendezvous.main(["--rdzv-backend", "c10d", "--rdzv-id", "minilmd-c10d", "-m", "minilmd.cli", "train", "r.toml"])
+    rendezvous.main(["--rdzv_id=minilmd-c10d", "--rdzv-backend=c10d", "-m", "minilmd.cli", "train", "r.toml"])
+    assert len(started) == 2
+    with pytest.raises(SystemExit) as ended:  # the backend option's value still chooses it, the last one given
+        rendezvous.main(["--rdzv-backend", "c10d", "--rdzv-backend", "minilmd-c10d", "-m", "minilmd.cli", "train"])
+    assert ended.value.code == 2 and len(started) == 2

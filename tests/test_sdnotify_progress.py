@@ -92,3 +92,25 @@ def test_a_step_that_is_no_int_is_never_said(tmp_path, notify_socket, monkeypatc
     assert _pending(notify_socket) == []
     notifier.progress(7, True, 1)
     assert _pending(notify_socket) == ["STATUS=r: training, step 7"]
+
+
+def test_a_notify_socket_no_one_reads_never_blocks_the_notifier(notify_socket, capsys):
+    """Before: a blocking datagram send to a socket whose queue was full hung the supervisor's loop (and the
+    watchdog it sends) for ever. Now a send that would block is dropped, said once, and the notifier returns."""
+    import threading
+
+    notifier = sdnotify.Notifier({"NOTIFY_SOCKET": notify_socket.getsockname()})
+    results: list[bool] = []
+    done = threading.Event()
+
+    def fill() -> None:
+        while len(results) < 100_000 and (not results or results[-1]):  # until a send is dropped
+            results.append(notifier.send("STATUS=" + "x" * 1000))
+        results.append(notifier.send("WATCHDOG=1"))
+        done.set()
+
+    threading.Thread(target=fill, daemon=True).start()
+    assert done.wait(120), f"the notifier blocked after {len(results)} sends"
+    assert results[-2:] == [False, False] and all(results[:-2]), results[-5:]
+    said = capsys.readouterr().err
+    assert said.count("is not read (its queue full)") == 1, said

@@ -60,9 +60,10 @@ def test_a_chained_url_in_a_config_is_not_made_a_path_under_the_configs_director
     assert relative["data"]["prepared"] == str(tmp_path / "prep")
 
 
-URL_SPLITS = {"minilmd/urls.py": 3, "daemon/preflight.py": 1}
-"""The files that spell "://" in code, and how often: urls.py's rule itself, and preflight's split of a remote it
-has already judged file:// or local:// (local_remote_root). Anywhere else a new `"://" in s` is the rule again."""
+URL_SPLITS = {"minilmd/urls.py": 4}
+"""The files that spell "://" in code, and how often: urls.py's rule itself, and its split of a remote it has
+already judged file:// or local:// (local_remote_root, moved from daemon/preflight.py for `run --check`). Anywhere
+else a new `"://" in s` is the rule again."""
 
 
 def test_no_module_but_urls_asks_whether_a_string_is_a_url():

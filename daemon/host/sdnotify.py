@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Mapping
 
@@ -60,6 +61,7 @@ class Notifier:
         self._said_at = 0.0  # when STATUS was last sent
         self._step_said: int | None = None  # the step the last STATUS stood for
         self._step_seen: int | None = None  # the trainer's latest step, as `progress` was last told
+        self._dropped_said = False  # a send dropped for a socket no one reads, said once
 
     @property
     def enabled(self) -> bool:
@@ -70,9 +72,16 @@ class Notifier:
             return False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-                sock.connect(self.address)
-                sock.sendall("\n".join(fields).encode())
+                sock.setblocking(False)  # a socket whose reader does not read (any user may bind "@name") would
+                sock.connect(self.address)  # hang the supervisor's loop, its watchdog with it: dropped instead
+                sock.send("\n".join(fields).encode())
             return True
+        except BlockingIOError:
+            if not self._dropped_said:
+                self._dropped_said = True
+                print(f"minilmd: the notify socket {self.address!r} is not read (its queue full): systemd "
+                      f"notifications are dropped while it stays so", file=sys.stderr)
+            return False
         except OSError:
             return False  # systemd gone or socket not ours: never let the notifier stop the supervisor
 

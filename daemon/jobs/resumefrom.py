@@ -87,7 +87,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     step in a scratch or on a remote this run.dir records and the config no longer names (daemon/jobs/runidentity.py;
     `fresh`: `run --fresh`); [] when there is none. `said` gets what `run --check` prints: the start line, then a
     note per checkpoint passed by, and one of an old scratch left behind. `remote_root`: run.remote's local path
-    (daemon/preflight.py local_remote_root), None for a store (s3, sftp, memory) or none."""
+    (minilmd/urls.py local_remote_root), None for a store (s3, sftp, memory) or none."""
     from minilmd.daemon.jobs import runidentity
 
     if not cfg.run.dir or scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):

@@ -97,9 +97,19 @@ def _secret() -> str:
     return secret
 
 
+BACKEND_OPTIONS = ("--rdzv-backend", "--rdzv_backend")
+
+
 def _names_backend(argv: list[str]) -> bool:
-    """Whether torchrun's arguments choose this module's rendezvous (`--rdzv-backend minilmd-c10d`, `=` too)."""
-    return BACKEND in argv or any(arg.endswith(f"={BACKEND}") for arg in argv)
+    """Whether torchrun's arguments choose this module's rendezvous: the value of its backend option
+    (`--rdzv-backend minilmd-c10d`, `=` too; the last one given wins, as argparse reads it). Only that option's:
+    another equal to the name (`--rdzv-id minilmd-c10d`) chooses nothing."""
+    chosen = None
+    for i, arg in enumerate(argv):
+        option, eq, value = arg.partition("=")
+        if option in BACKEND_OPTIONS:
+            chosen = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return chosen == BACKEND
 
 
 def _refuse_without_secret(argv: list[str]) -> None:
