@@ -334,6 +334,9 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
         return Death(Cause.CONFIG_ERROR, rc, _refusal(fault, child.log_path) or "config error", fault)
+    if rc == protocol.EXIT_TRAINER_BUSY:  # most often the last attempt's rank 0 still dying: retried with backoff
+        return Death(Cause.CRASH, rc, "another trainer still held the run's trainer.lock, nothing read or written: "
+                                      + (_last_lines(child.log_path) or f"exit status {rc}"), fault)
     if rc == protocol.EXIT_DATA:
         return Death(Cause.DATA_ERROR, rc, _refusal(fault, child.log_path) or "data error", fault)
     if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
