@@ -23,6 +23,7 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import torchrun_grace_env
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.child.process import Death
+from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.loopstate import SupervisorState
@@ -50,6 +51,7 @@ class Attempt:
     gpu: GpuWaiter
     staging: StagingWorker
     slurm: SlurmJob | None
+    notifier: Notifier
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py) and the ending's (daemon/ending.py)
         @property
@@ -126,9 +128,16 @@ class Attempt:
         self.loop.last_cause = death.cause
         self.loop.child = None
         self.state.child = None
-        if left := child.kill_rest():  # torchrun's workers outlive an agent killed alone: never beside the next one
+        # torchrun's workers outlive an agent killed alone: never beside the next one, so waited for (bounded)
+        left, survived = child.kill_rest_and_wait(while_waiting=self.notifier.watchdog)
+        if left:
             self.events.emit("kill", f"attempt {child.attempt}'s trainer pid {child.pid} ended, its processes {left} "
                                      f"had not: SIGKILL", pids=left)
+        if survived:  # stuck in the kernel: a rank 0 among them still holds trainer.lock, and the next one exits 69
+            said = (f"attempt {child.attempt}'s processes {survived} survived SIGKILL for {childmod.REAP_S:.0f}s; "
+                    "the next attempt starts after the backoff, refused and retried while they hold the scratch")
+            self.events.emit("kill", said, pids=survived)
+            death = Death(death.cause, death.exit, f"{death.detail}; {said}", death.fault)
         made_progress = trainerwatch.made_progress(self.cfg, child)
         step = self.state.progress.step
         self.events.emit("child_exit", f"attempt {child.attempt} (pid {child.pid}) ended: {death.cause} "

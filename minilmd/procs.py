@@ -48,8 +48,18 @@ def process_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if it is gone or a
     zombie. Together with the pid it identifies a process: a recycled pid has another start time."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        return start_ticks_or_raise(pid)
     except (OSError, ValueError):
+        return None
+
+
+def start_ticks_or_raise(pid: int, read: Callable[[str], str] = lambda path: Path(path).read_text()) -> int | None:
+    """process_start_ticks for a caller that must tell "gone" from "not known": None only when the process is gone
+    (no /proc entry: ENOENT, ESRCH) or a zombie; any other failure to read (EMFILE, ENOMEM, EACCES, a torn read)
+    raised (OSError, ValueError). `read`: the reader of /proc/PID/stat (the tests' seam)."""
+    try:
+        raw = read(f"/proc/{pid}/stat")
+    except (FileNotFoundError, ProcessLookupError):
         return None
     rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
     if rest[0] in ("Z", "X"):

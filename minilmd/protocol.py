@@ -34,6 +34,8 @@ EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a
 EXIT_SCRATCH_FULL = EXIT_IO  # a checkpoint did not fit in scratch; fault.json says needs/free: wait for space
 EXIT_RUN_DIR_FULL = 73  # run.dir had no room for its metrics, heartbeat or log: saved to scratch at a step boundary
 # first (EX_CANTCREAT, as the supervisor's SUPERVISOR_RUN_DIR_FULL): the supervisor stops after the last sync
+EXIT_TRAINER_BUSY = 69  # another trainer still holds this scratch's trainer.lock (EX_UNAVAILABLE): nothing read or
+# written; under the supervisor a retry with backoff (the last attempt's rank 0 still dying), never a config error
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP ended a command (128 + SIGINT, as a shell says it): its cleanup ran
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------

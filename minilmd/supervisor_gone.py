@@ -16,23 +16,37 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 from minilmd.names import SUPERVISOR_PROCESS_ENV
-from minilmd.procs import process_alive
+from minilmd.procs import start_ticks_or_raise
 
 CHECK_EVERY_S = 1.0
 
 
+def _say(line: str) -> None:
+    print(f"minilmd: note: {line}", file=sys.stderr, flush=True)
+
+
 class SupervisorWatch:
     """Whether the supervisor that launched this trainer has ended (never, for a trainer without one, or one whose
-    supervisor runs on another host: its ranks there learn of the stop from this host's)."""
+    supervisor runs on another host: its ranks there learn of the stop from this host's).
 
-    def __init__(self, environ=os.environ):
+    Gone means proven gone: no /proc entry, a zombie, or another process under its pid (another start time). A read
+    that fails otherwise (EMFILE, ENOMEM: review10d F2) is "not known", looked at again a second later, never kept.
+    And the watch is armed only once a look has found the supervisor alive: a trainer in another pid namespace on
+    the same host (`apptainer exec --containall`) never sees it, and would stop at every start (F3); there the watch
+    is off, said once in the attempt log."""
+
+    def __init__(self, environ=os.environ, read=None, say=_say):
         self.pid: int | None = None
         self.ticks: int | None = None
         self.next_check = 0.0
         self.ended = False
+        self.seen = False
+        self.read = read
+        self.say = say
         parts = environ.get(SUPERVISOR_PROCESS_ENV, "").split()
         if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2] == socket.gethostname():
             self.pid, self.ticks = int(parts[0]), int(parts[1])
@@ -43,8 +57,23 @@ class SupervisorWatch:
         now = time.monotonic()
         if now >= self.next_check:
             self.next_check = now + CHECK_EVERY_S
-            self.ended = not process_alive(self.pid, self.ticks)
+            self._look()
         return self.ended
+
+    def _look(self) -> None:
+        assert self.pid is not None  # gone() looks only while armed
+        try:
+            ticks = start_ticks_or_raise(self.pid, self.read) if self.read else start_ticks_or_raise(self.pid)
+        except (OSError, ValueError, IndexError):
+            return  # not known: the next look decides
+        if ticks is not None and ticks == self.ticks:
+            self.seen = True
+        elif self.seen:
+            self.ended = True
+        else:
+            self.say(f"the supervisor that launched this trainer (pid {self.pid}) is not seen from here (another pid "
+                     "namespace?): this trainer does not watch for its end")
+            self.pid = None
 
     def why(self) -> str:
         return (f"its supervisor (pid {self.pid}) has ended: stopping as a SIGTERM would, so that nothing trains "

@@ -6,7 +6,7 @@ Before this, a `minilmd train` by hand on a config its supervisor was training r
 scratch, saved into it beside the real trainer, and the supervisor synced the intruder's steps to the remote
 (user8 #1). The supervisor's own lock (supervisor.lock) could not catch it: a trainer by hand has no supervisor, and
 under a supervisor the trainer is not the one holding that lock. So the trainer holds this one, and a second trainer
-is refused (exit 2) with who holds it and what to do.
+is refused (exit 69, protocol.EXIT_TRAINER_BUSY) with who holds it and what to do.
 
 Only global rank 0 takes it (RANK unset or "0"): the ranks of one torchrun share its scratch (and a by-hand
 rendezvous of two "nodes" on one host shares one scratch too), and rank 0 alone writes the checkpoints; a second
@@ -37,7 +37,12 @@ _held: list[int] = []
 
 
 class TrainerLockRefused(Exception):
-    """Another trainer holds the run's checkpoints, or the lock file cannot be used: exit 2, the message says why."""
+    """The lock file cannot be used (a link, not ours): exit 2, the message says why."""
+
+
+class TrainerLockHeld(TrainerLockRefused):
+    """Another trainer holds the run's checkpoints: exit 69 (protocol.EXIT_TRAINER_BUSY), not a config error. Under
+    the supervisor the holder is most often the last attempt's rank 0 still dying after its SIGKILL: retried."""
 
 
 def is_rank_zero(environ=os.environ) -> bool:
@@ -74,7 +79,7 @@ def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise TrainerLockRefused(held_message(holder(where.fd), scratch, run_dir)) from None
+            raise TrainerLockHeld(held_message(holder(where.fd), scratch, run_dir)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
                                    "run_dir": str(run_dir)}) + "\n").encode(), 0)

@@ -5,7 +5,8 @@ the remote kept `.owner.json.<host>-<pid>-<random>.tmp` (the whole claim) for go
 holds no pointer (another file renamed to a pointer's temporary name?): not made by this run, left as it is". It is
 named in the run's own naming (RemotePublish.put_new) and sync_leftovers found it (its pid dead), but the removal
 proof (remote_made._pointer_problem) took only an empty file or a step name. Now a temporary of the claim that holds
-this run's claim, whole or its start, is this run's and goes; another run's claim there is never removed.
+this run's claim, whole or its start past its run_dir field, is this run's and goes; another run's claim there,
+or a cut of one too short to name its run whole, is never removed.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from minilmd import names, run_owner
-from minilmd.daemon.jobs import remote_claim, sync_leftovers
+from minilmd.daemon.jobs import remote_claim, remote_made, sync_leftovers
 from minilmd.daemon.jobs.remote_local import open_remote
 
 OWNER = names.REMOTE_OWNER
@@ -61,7 +62,7 @@ def test_the_claims_temporary_of_a_writer_killed_mid_write_is_removed_as_this_ru
     whole = run_owner.encode(run_owner.record(run_dir, "r"))
     assert (root / temps[0]).read_bytes() == whole  # the whole claim, as the crash left it
     cut = root / f".{OWNER}.{names.host_tag()}-{pid}-0123abcd.tmp"
-    cut.write_bytes(whole[:25])  # a write cut sooner: the start of the claim
+    cut.write_bytes(whole[:remote_made.run_dir_field_end(whole)])  # a write cut sooner, past its run_dir field
     assert clean(root, run_dir) == []  # before: both left, "a file that holds no pointer ... not made by this run"
     assert os.listdir(root) == []
 
@@ -74,4 +75,20 @@ def test_another_runs_claim_under_the_claims_temporary_name_is_left(tmp_path):
     assert len(temps) == 1, temps
     left = clean(root, run_dir)
     assert [n for n, _ in left] == temps and "holds no pointer" in left[0][1], left
+    assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{names.host_tag()}-{pid}-")
+
+
+def test_another_runs_claim_cut_inside_its_run_dir_is_left_though_it_begins_this_runs(tmp_path):
+    """Run a1's writer killed as it wrote `"run_dir": ".../a1`: the start of run a10's claim too (review10d F4)."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    other, ours = tmp_path / "runs" / "a1", tmp_path / "runs" / "a10"
+    pid = killed_writer(root, other)
+    temps = os.listdir(root)
+    whole = run_owner.encode(run_owner.record(other, "r"))
+    cut = whole[:whole.index(str(other).encode()) + len(str(other))]  # just before its closing quote
+    assert run_owner.encode(run_owner.record(ours, "r")).startswith(cut)
+    (root / temps[0]).write_bytes(cut)
+    left = clean(root, ours)
+    assert [n for n, _ in left] == temps, left
     assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{names.host_tag()}-{pid}-")

@@ -14,6 +14,7 @@ import pytest
 from minilmd import checkpoint_dirs, names, trainer_lock
 from minilmd.config import load_config
 from minilmd.procs import process_alive
+from minilmd.scratch import claim
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
 
 LONG = {"train": {"max_steps": 100000, "checkpoint_every": 5, "micro_batch_size": 2, "grad_accum": 1}}
@@ -48,7 +49,7 @@ def test_a_hand_train_beside_a_supervised_run_is_refused_and_touches_nothing(tmp
     try:
         wait_for(lambda: checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir), 240, "a supervised checkpoint")
         hand = cli("train", str(config), timeout=240, fake=False)
-        assert hand.returncode == 2, hand.stdout[-2000:] + hand.stderr[-2000:]
+        assert hand.returncode == 69, hand.stdout[-2000:] + hand.stderr[-2000:]
         assert "another trainer already trains this run" in hand.stderr
         assert "launched by the supervisor" in hand.stderr and "minilmd stop" in hand.stderr
         assert "resumed from" not in hand.stdout + hand.stderr
@@ -134,3 +135,44 @@ def test_a_link_in_the_locks_place_is_not_followed(tmp_path):
     with pytest.raises(trainer_lock.TrainerLockRefused, match="cannot be opened as the trainer lock"):
         trainer_lock.hold(scratch, tmp_path / "run", supervised=False)
     assert victim.read_text() == "mine\n"
+
+
+def test_a_trainer_refused_by_a_held_lock_exits_69_and_the_supervisor_retries_it(tmp_path, corpus):
+    """The last attempt's rank 0, SIGKILLed but still dying, holds the lock when the next attempt starts (review10d
+    F1): its refusal is exit 69, which the supervisor retries with backoff, not exit 2, a config error for good."""
+    from minilmd import protocol
+    from minilmd.daemon.base.states import Action, Cause
+    from minilmd.daemon.child.policy import decide
+    from minilmd.daemon.child.process import classify, launch
+
+    config = write_config(tmp_path, corpus, remote=False)
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # the run's own, as the launch made it
+    holder = hold_in_child(cfg.scratch_dir, cfg.run_dir, supervised=True)
+    try:
+        child = launch([sys.executable, "-m", "minilmd.cli", "train", str(config)], cfg.run_dir, 2, devices="")
+        death = classify(child, child.popen.wait(240), cfg.run_dir, stop_requested=False)
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    assert death.exit == protocol.EXIT_TRAINER_BUSY, child.log_path.read_text()[-2000:]
+    assert death.cause == Cause.CRASH and "another trainer already trains this run" in death.detail
+    decision = decide(death, restart=cfg.restart, restarts_so_far=0, no_progress_streak=1, stop_requested=False,
+                      micro_batch_size=2, grad_accum=1)
+    assert decision.action == Action.RESTART, decision
+
+
+def test_a_hand_train_refused_by_a_held_lock_says_who_holds_it(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False)
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # the first hand trainer's claim
+    holder = hold_in_child(cfg.scratch_dir, cfg.run_dir, supervised=False)
+    try:
+        hand = cli("train", str(config), timeout=240, fake=False)
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    assert hand.returncode == 69, hand.stdout[-2000:] + hand.stderr[-2000:]
+    assert f"another trainer already trains this run: pid {holder.pid}" in hand.stderr

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from minilmd import names
+from minilmd import names, run_owner
 from minilmd.daemon import preflight, scratchclaim
 from minilmd.daemon.base.runstate import RunState, load_state, new_state
 from minilmd.daemon.host.lock import LockHeld, RunLock, lock_holder
@@ -236,6 +236,7 @@ def test_stop_of_the_wait_after_a_reboot_reports_no_checkpoint_that_is_not_there
         (remote / names.step_name(step)).mkdir(parents=True)
         (remote / names.step_name(step) / names.MANIFEST).write_text("{}")
     (remote / names.LATEST).write_text(names.step_name(100) + "\n")
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(run_dir, "s")))  # its first sync's
     old["local_checkpoint"] = {"step": 100, "time": 1000.0,
                                "path": str(tmp_path / "gone" / names.CHECKPOINTS / names.step_name(100))}
     old["remote_checkpoint"] = {"step": 50, "time": 900.0, "verified": True,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names, protocol
+from minilmd import names, protocol, run_owner
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import stop as views_stop
@@ -113,11 +113,13 @@ def test_both_docs_list_every_exit_status_of_stop(doc):
 
 
 def remote_with(tmp_path: Path, latest: int, owner: int | None = None) -> Path:
-    """A run.remote whose LATEST names step `latest` (its directory with a manifest), `owner` its LATEST's."""
+    """A run.remote of the run in tmp_path/run whose LATEST names step `latest` (its directory with a manifest),
+    `owner` its LATEST's."""
     remote = tmp_path / "remote"
     (remote / names.step_name(latest)).mkdir(parents=True)
     (remote / names.step_name(latest) / names.MANIFEST).write_text("{}")
     (remote / names.LATEST).write_text(names.step_name(latest) + "\n")
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(tmp_path / "run", "r")))  # its claim
     if owner is not None:
         os.chown(remote / names.LATEST, owner, owner)
     return remote

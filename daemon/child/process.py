@@ -218,11 +218,20 @@ class Child:
         """SIGKILL each process of this launch that is still alive (a torchrun worker whose agent was killed, or
         whose agent ended without it): through a pidfd checked against its start time, never a recycled pid.
         The pids signalled."""
+        return [pid for pid, _ in self._kill_rest(launch)]
+
+    def _kill_rest(self, launch: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
         proof = self.launch()
         if proof is None:
             return []
         launch = proof.processes() if launch is None else launch
-        return [pid for pid, ticks in launch if proof.signal(pid, ticks, signal.SIGKILL)]
+        return [(pid, ticks) for pid, ticks in launch if proof.signal(pid, ticks, signal.SIGKILL)]
+
+    def kill_rest_and_wait(self, reap_s: float = REAP_S, while_waiting=None) -> tuple[list[int], list[int]]:
+        """kill_rest, then up to reap_s for what it signalled to be gone: a SIGKILLed rank 0 stuck in the kernel
+        still holds the run's trainer.lock, and the next attempt's would be refused. (signalled, still alive)."""
+        killed = self._kill_rest(None)
+        return [pid for pid, _ in killed], wait_gone(killed, reap_s, while_waiting)
 
     def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
         """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
@@ -236,6 +245,20 @@ class Child:
                 return rc
         self.kill(why=f"by the supervisor, {grace:.0f}s after its SIGTERM" if grace > 0 else "by the supervisor")
         return wait_bounded(self.popen, reap_s, while_waiting)
+
+
+def wait_gone(processes: list[tuple[int, int]], seconds: float, while_waiting=None, alive=procs.process_alive,
+              interval: float = 0.05) -> list[int]:
+    """Up to `seconds` for each (pid, start ticks) to be gone (procs.process_alive: a recycled pid is gone); the pids
+    still alive at the end. `while_waiting()` is called between looks (the systemd watchdog)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [pid for pid, ticks in processes if alive(pid, ticks)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.05) -> int | None:
@@ -334,6 +357,9 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
         return Death(Cause.CONFIG_ERROR, rc, _refusal(fault, child.log_path) or "config error", fault)
+    if rc == protocol.EXIT_TRAINER_BUSY:  # most often the last attempt's rank 0 still dying: retried with backoff
+        return Death(Cause.CRASH, rc, "another trainer still held the run's trainer.lock, nothing read or written: "
+                                      + (_last_lines(child.log_path) or f"exit status {rc}"), fault)
     if rc == protocol.EXIT_DATA:
         return Death(Cause.DATA_ERROR, rc, _refusal(fault, child.log_path) or "data error", fault)
     if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":

@@ -18,8 +18,9 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   remote, where copies are renamed into place whole); one a further copy replaced (a stopped DPO reference pass's
   step 0, moved out of its name by that copy's publish: daemon/jobs/sync_pass.py) names the step it stood at;
 - a pointer's temporary file (LATEST's, BEST's): a regular file holding at most one step name, what one holds;
-  the claim's (owner.json's, RemotePublish.put_new): one holding this run's claim, whole or its start (a supervisor
-  killed as it wrote it), which names this run's directory: another run's claim is never one.
+  the claim's (owner.json's, RemotePublish.put_new): one holding this run's claim, whole or its start cut past its
+  run_dir field (a supervisor killed as it wrote it), which names this run's directory whole: another run's claim,
+  or one cut before its run_dir ends, is never one.
 What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
 """
 from __future__ import annotations
@@ -238,7 +239,7 @@ def _step_problem(root: Dir, name: str, identity: Identity, step: int) -> str | 
 
 def _pointer_problem(root: Dir, name: str, identity: Identity, claim: bytes | None = None) -> str | None:
     """None when `name` (the file judged) holds what a pointer's temporary file holds: nothing yet, or one step
-    name; or, given `claim`, what the claim's temporary holds: this run's claim, whole or the start of it (a
+    name; or, given `claim`, what the claim's temporary holds: this run's claim, whole or its start past its run_dir (a
     supervisor killed while it wrote or before it renamed it: RemotePublish.put_new). Another of this user's files
     renamed there (the run's owner.json, another run's claim) is left."""
     try:
@@ -253,9 +254,27 @@ def _pointer_problem(root: Dir, name: str, identity: Identity, claim: bytes | No
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
-    if claim and data and claim.startswith(data):
-        return None  # this run's own claim, or its start: what no other run's claim begins with (its run_dir)
+    if claim and data and claim.startswith(data) and len(data) >= run_dir_field_end(claim):
+        return None  # this run's own claim, or its start past its run_dir: what no other run's claim begins with
     text = data.decode("utf-8", errors="replace").strip()
     if text and not is_step_name(text):
         return "a file that holds no pointer (another file renamed to a pointer's temporary name?)"
     return None
+
+
+def run_dir_field_end(claim: bytes) -> int:
+    """How much of the claim's start names this run: up to the closing quote of its run_dir field (the host comes
+    before it: sort_keys). A cut shorter than that may be another run's claim: `"run_dir": "/tmp/runs/a1` (run a1's,
+    its writer killed) is the start of run a10's claim too (review10d F4)."""
+    key = claim.find(b'"run_dir": "')
+    if key < 0:
+        return len(claim)
+    i = key + len(b'"run_dir": "')
+    while i < len(claim):
+        if claim[i:i + 1] == b"\\":  # an escaped character of the path (a quote, a backslash)
+            i += 2
+        elif claim[i:i + 1] == b'"':
+            return i + 1
+        else:
+            i += 1
+    return len(claim)

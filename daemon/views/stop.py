@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import names, procs, protocol
+from minilmd import names, procs, protocol, run_owner
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
@@ -28,7 +28,7 @@ from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
-from minilmd.untrusted import Unreadable, printable, read_bytes
+from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
 
 
@@ -212,7 +212,7 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
     exist, and the remote's older step from the killed supervisor's record: NOT SYNCED, exit 3, a false alarm."""
     local_step, local_path = _local_there(state, owner)
     remote = state.remote_checkpoint
-    remote_step = _remote_step(remote, owner)
+    remote_step = _remote_step(remote, Path(state.run_dir) if state.run_dir else None, owner)
     if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
         local_words = f"local checkpoint step {local_step}" if local_step is not None else "no local checkpoint"
         verified = "" if remote is None or remote_step != remote.step else \
@@ -247,21 +247,31 @@ def _local_there(state: StateJson, owner: int | None = None) -> tuple[int | None
     return local.step, local.path
 
 
-def _remote_step(remote: RemoteCheckpoint | None, owner: int | None = None) -> int | None:
+def _remote_step(remote: RemoteCheckpoint | None, run_dir: Path | None, owner: int | None = None) -> int | None:
     """The newest step run.remote has of the run: state.json's record, or the step the remote's LATEST names when
     newer (a file of the run's user, naming a step directory with its manifest, read within the shared storage
-    probe's bound: a hung mount is state.json's word)."""
+    probe's bound: a hung mount is state.json's word), and only while the remote's owner.json, read in the same
+    probe, names this run: a remote another run claimed since has that run's LATEST (review10d F5)."""
     recorded = remote.step if remote is not None else None
     if remote is None or not remote.path or is_url(remote.path) or not Path(remote.path).is_absolute():
         return recorded
     root = Path(remote.path).parent
-    answered, named, _ = bounded_probe(_latest_step, root, own_uid() if owner is None else owner)
+    if run_dir is None:
+        return recorded
+    answered, named, _ = bounded_probe(_latest_step, root, run_dir, own_uid() if owner is None else owner)
     if not answered or named is None:
         return recorded
     return named if recorded is None else max(recorded, named)
 
 
-def _latest_step(root: Path, owner: int) -> int | None:
+def _latest_step(root: Path, run_dir: Path, owner: int) -> int | None:
+    try:
+        claim = run_owner.checked(read_json(root / names.REMOTE_OWNER, max_bytes=names.OWNER_MAX_BYTES, owner=owner),
+                                  names.REMOTE_OWNER)
+    except (Unreadable, ValueError):
+        return None
+    if not run_owner.is_run(claim, run_dir):
+        return None
     try:
         name = read_bytes(root / names.LATEST, max_bytes=POINTER_MAX_BYTES, owner=owner).decode().strip()
     except (Unreadable, UnicodeDecodeError):

@@ -23,7 +23,7 @@ from minilmd.names import FAULT, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.budget import epoch_without_budget
 from minilmd.probes import load_checked
-from minilmd.protocol import EXIT_CONFIG, EXIT_SCRATCH_FULL
+from minilmd.protocol import EXIT_CONFIG, EXIT_SCRATCH_FULL, EXIT_TRAINER_BUSY
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.loop import cpu_threads, determinism, exits, warmup
@@ -118,6 +118,9 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             own_compile_caches(cfg)
         trainer_lock.hold_for(cfg)  # one trainer per scratch, before any checkpoint is read: a second one refused
+    except trainer_lock.TrainerLockHeld as e:  # not the config's fault: the supervisor retries it
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_TRAINER_BUSY
     except (ConfigError, ScratchRefused, trainer_lock.TrainerLockRefused) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
