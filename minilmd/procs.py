@@ -218,6 +218,15 @@ def scope_or_none(run_dir: str | os.PathLike) -> RunScope | None:
 
 # --- the one sending place ---------------------------------------------------------------------------------------
 
+def _against(pid: int, ticks: int | None, proof: Callable[[], str | None]) -> tuple[int | None, str | None]:
+    """(the start ticks `pid` has now, None) when it still started at `ticks` (None: whichever has the pid now) and
+    `proof()` finds nothing against it; else (None, why not). The one check before a process is acted on."""
+    now = process_start_ticks(pid)
+    if now is None or (ticks is not None and now != ticks):
+        return None, "it has ended"
+    return now, proof()
+
+
 def _send(pid: int, ticks: int | None, sig: int, proof: Callable[[], str | None]) -> str | None:
     """Send `sig` to `pid` when it still started at `ticks` (None: whichever has the pid now) and `proof()` finds
     nothing against it, through a pidfd opened before both checks. None when sent, else why not."""
@@ -228,11 +237,7 @@ def _send(pid: int, ticks: int | None, sig: int, proof: Callable[[], str | None]
     except OSError:
         fd = None  # no pidfd here (a kernel before 5.3): a check and a kill, with the tiny window that leaves
     try:
-        now = process_start_ticks(pid)
-        if now is None or (ticks is not None and now != ticks):
-            return "it has ended"
-        why = proof()
-        if why is not None:
+        if (why := _against(pid, ticks, proof)[1]) is not None:
             return why
         if fd is not None:
             signal.pidfd_send_signal(fd, sig)
@@ -361,10 +366,7 @@ def _py_spy_dump(py_spy: str, pid: int, ticks: int | None, proof: Callable[[], s
     finds nothing against it; `run`'s answer, else why not. py-spy attaches by pid (no pidfd to give it): a process
     that is not our child can still end and its pid be taken between the proof and the attach, a window this narrows
     but cannot close; a start time that changed by the end says so, and what py-spy read is not answered."""
-    now = process_start_ticks(pid)
-    if now is None or (ticks is not None and now != ticks):
-        return "it has ended"
-    why = proof()
+    now, why = _against(pid, ticks, proof)
     if why is not None:
         return why
     ran = run([py_spy, "dump", "--pid", str(pid)])

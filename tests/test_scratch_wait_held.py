@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import tempfile
-import time
 
 import pytest
 
@@ -25,7 +24,7 @@ from minilmd.daemon import preflight
 from minilmd.daemon.host.lock import lock_holder
 from minilmd.daemon.views import stop as views_stop
 from supervisor_helpers import start_supervisor, wait_or_kill, write_config
-from tmpfs_helpers import OTHER, UID, base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
+from tmpfs_helpers import OTHER, UID, base, fill_inodes, wait_for_words  # noqa: F401 - base: the tmpfs fixture
 
 
 @pytest.fixture
@@ -136,10 +135,7 @@ def test_minilmd_stop_ends_a_launch_waiting_for_room(base, tmp_path, corpus):
     log = tmp_path / "run.out"
     proc = start_supervisor(config, log)
     try:
-        deadline = time.monotonic() + 120
-        while "waits:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "waits:" in log.read_text(), log.read_text()
+        wait_for_words(log, "waits:", proc)
         out = io.StringIO()
         views_stop.stop(tmp_path / "s" / "run", timeout=120, out=out)
         assert "SIGTERM sent to supervisor pid" in out.getvalue(), out.getvalue()

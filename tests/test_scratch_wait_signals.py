@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,9 @@ import pytest
 from minilmd import names
 from minilmd.daemon.base.runstate import load_state
 from supervisor_helpers import start_supervisor, wait_or_kill, write_config
-from tmpfs_helpers import base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
+from tmpfs_helpers import base, fill_inodes, wait_for_words  # noqa: F401 - base: the tmpfs fixture
 
 JOB = "4242"
-
-
-def wait_for(log: Path, words: str, proc, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while words not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert words in log.read_text(), log.read_text()
 
 
 def waiting_run(base: Path, tmp_path: Path, corpus, **env):
@@ -36,7 +28,7 @@ def waiting_run(base: Path, tmp_path: Path, corpus, **env):
     fill_inodes(base)
     log = tmp_path / "run.out"
     proc = start_supervisor(config, log, **env)
-    wait_for(log, "waits:", proc)
+    wait_for_words(log, "waits:", proc)
     return proc, log, tmp_path / "s" / "run"
 
 
@@ -50,9 +42,9 @@ def test_sighup_and_sigusr1_outside_slurm_do_not_end_the_wait(base, tmp_path, co
     try:
         (run_dir / names.SUPERVISOR_LOG).rename(run_dir / "supervisor.log.1")  # logrotate, then its HUP
         proc.send_signal(signal.SIGHUP)
-        wait_for(log, "SIGHUP while waiting for room for scratch: supervisor.log reopened", proc)
+        wait_for_words(log, "SIGHUP while waiting for room for scratch: supervisor.log reopened", proc)
         proc.send_signal(signal.SIGUSR1)
-        wait_for(log, "SIGUSR1 ignored while waiting for room for scratch", proc)
+        wait_for_words(log, "SIGUSR1 ignored while waiting for room for scratch", proc)
         assert proc.poll() is None, log.read_text()
         assert load_state(run_dir)["phase"] == "waiting_scratch"
         proc.send_signal(signal.SIGTERM)

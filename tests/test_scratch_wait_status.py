@@ -26,7 +26,7 @@ from minilmd.daemon.base.runstate import RunState, load_state, new_state
 from minilmd.daemon.host.lock import LockHeld, RunLock, lock_holder
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, start_supervisor, wait_or_kill, write_config
-from tmpfs_helpers import OTHER, base, fill_inodes  # noqa: F401 - base: the tmpfs fixture
+from tmpfs_helpers import OTHER, base, fill_inodes, wait_for_words  # noqa: F401 - base: the tmpfs fixture
 
 OLD_CHILD = {"pid": 4000000, "start_ticks": 12, "attempt": 3, "started": 1000.0, "newest_at_launch": 10}
 
@@ -58,10 +58,7 @@ def test_status_shows_the_wait_and_stop_ends_it_as_stopped(base, tmp_path, corpu
     log = tmp_path / "run.out"
     proc = start_supervisor(config, log)
     try:
-        deadline = time.monotonic() + 120
-        while "waits:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "waits:" in log.read_text(), log.read_text()
+        wait_for_words(log, "waits:", proc)
         shown = cli("status", str(run_dir))
         head = shown.stdout.splitlines()[0]
         assert "waiting_scratch for" in head and f"supervisor pid {proc.pid} running" in head, shown.stdout
@@ -247,10 +244,7 @@ def test_stop_of_the_wait_after_a_reboot_reports_no_checkpoint_that_is_not_there
     log = tmp_path / "run.out"
     proc = start_supervisor(config, log)
     try:
-        deadline = time.monotonic() + 120
-        while "waits:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "waits:" in log.read_text(), log.read_text()
+        wait_for_words(log, "waits:", proc)
         stopped = cli("stop", str(run_dir), timeout=180)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "NOT SYNCED" not in stopped.stdout and "no local checkpoint; remote checkpoint step 100" in \

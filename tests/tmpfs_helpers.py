@@ -4,6 +4,7 @@ The other user is a real uid (64123, no passwd entry), his files chowned by the 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,12 @@ def fill_inodes(base: Path) -> list[Path]:
         made.append(path)
     assert made and os.statvfs(base).f_favail == 0
     return made
+
+
+def wait_for_words(log: Path, words: str, proc, timeout: float = 120) -> None:
+    """Until `words` are in the launch's output `log` (e.g. "waits:", its wait begun), or it ended, or `timeout`:
+    then they must be there (the output said, else)."""
+    deadline = time.monotonic() + timeout
+    while words not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert words in log.read_text(), log.read_text()
