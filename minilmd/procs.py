@@ -62,6 +62,8 @@ def start_ticks_or_raise(pid: int, read: Callable[[str], str] = lambda path: Pat
     except (FileNotFoundError, ProcessLookupError):
         return None
     rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
+    if len(rest) < 20:  # a torn or foreign read: not known, said as the docstring promises (never an IndexError)
+        raise ValueError(f"/proc/{pid}/stat: {len(rest)} fields after the command name, not the 20 and more expected")
     if rest[0] in ("Z", "X"):
         return None
     return int(rest[19])

@@ -25,6 +25,16 @@ from minilmd.procs import start_ticks_or_raise
 CHECK_EVERY_S = 1.0
 
 
+def pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid); 0 when it cannot be read. The supervisor puts
+    it beside its identity: a trainer in the same namespace watches from its first look, even when the supervisor
+    has died before that look (review10e F2); one in another namespace never sees it, and does not watch."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def _say(line: str) -> None:
     print(f"minilmd: note: {line}", file=sys.stderr, flush=True)
 
@@ -35,9 +45,10 @@ class SupervisorWatch:
 
     Gone means proven gone: no /proc entry, a zombie, or another process under its pid (another start time). A read
     that fails otherwise (EMFILE, ENOMEM: review10d F2) is "not known", looked at again a second later, never kept.
-    And the watch is armed only once a look has found the supervisor alive: a trainer in another pid namespace on
-    the same host (`apptainer exec --containall`) never sees it, and would stop at every start (F3); there the watch
-    is off, said once in the attempt log."""
+    The supervisor's pid namespace comes with its identity: in the same one the watch is armed from the start (a
+    supervisor killed before the trainer's first look is still seen gone); in another (`apptainer exec
+    --containall` on the same host) its pid means nothing here, and the watch is off, said once in the attempt log.
+    Where a namespace is not known, the watch is armed once a look has found the supervisor alive (F3)."""
 
     def __init__(self, environ=os.environ, read=None, say=_say):
         self.pid: int | None = None
@@ -48,8 +59,14 @@ class SupervisorWatch:
         self.read = read
         self.say = say
         parts = environ.get(SUPERVISOR_PROCESS_ENV, "").split()
-        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2] == socket.gethostname():
+        numbers = parts[:2] + parts[3:]
+        if len(parts) in (3, 4) and all(p.isdigit() for p in numbers) and parts[2] == socket.gethostname():
             self.pid, self.ticks = int(parts[0]), int(parts[1])
+            theirs, ours = (int(parts[3]) if len(parts) == 4 else 0), pid_namespace()
+            if theirs and ours and theirs != ours:
+                self._off()
+            elif theirs and theirs == ours:
+                self.seen = True  # the same namespace: its pid is its own here, armed before the first look
 
     def gone(self) -> bool:
         if self.pid is None or self.ended:
@@ -71,9 +88,12 @@ class SupervisorWatch:
         elif self.seen:
             self.ended = True
         else:
-            self.say(f"the supervisor that launched this trainer (pid {self.pid}) is not seen from here (another pid "
-                     "namespace?): this trainer does not watch for its end")
-            self.pid = None
+            self._off()
+
+    def _off(self) -> None:
+        self.say(f"the supervisor that launched this trainer (pid {self.pid}) is not seen from here (another pid "
+                 "namespace?): this trainer does not watch for its end")
+        self.pid = None
 
     def why(self) -> str:
         return (f"its supervisor (pid {self.pid}) has ended: stopping as a SIGTERM would, so that nothing trains "

@@ -41,8 +41,15 @@ class TrainerLockRefused(Exception):
 
 
 class TrainerLockHeld(TrainerLockRefused):
-    """Another trainer holds the run's checkpoints: exit 69 (protocol.EXIT_TRAINER_BUSY), not a config error. Under
-    the supervisor the holder is most often the last attempt's rank 0 still dying after its SIGKILL: retried."""
+    """Another trainer holds the run's checkpoints. `retried`: the holder is this run's supervised trainer (its lock
+    file says so, or cannot be read): exit 69 (protocol.EXIT_TRAINER_BUSY), which the supervisor retries, the holder
+    most often the last attempt's rank 0 still dying after its SIGKILL. A `minilmd train` by hand holding them is
+    exit 2, for good: retrying would have the supervisor sync and prune that trainer's checkpoints as its own, for
+    as long as it trains (review10e F1)."""
+
+    def __init__(self, message: str, retried: bool):
+        super().__init__(message)
+        self.retried = retried
 
 
 def is_rank_zero(environ=os.environ) -> bool:
@@ -79,7 +86,9 @@ def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise TrainerLockHeld(held_message(holder(where.fd), scratch, run_dir)) from None
+            body = holder(where.fd)
+            raise TrainerLockHeld(held_message(body, scratch, run_dir), retried=not body or (
+                body.get("supervised") is True and body.get("run_dir") == str(run_dir))) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
                                    "run_dir": str(run_dir)}) + "\n").encode(), 0)

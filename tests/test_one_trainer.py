@@ -114,6 +114,24 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path, supervised):
         first.wait(60)
 
 
+@pytest.mark.parametrize("supervised, same_run, retried", [(True, True, True), (True, False, False),
+                                                            (False, True, False)])
+def test_only_this_runs_supervised_holder_is_retried(tmp_path, supervised, same_run, retried):
+    """A held lock is retried (exit 69) only when its holder is this run's supervised trainer; a `minilmd train` by
+    hand holding it (or another run's trainer) is exit 2 for good, or the supervisor would sync and prune that
+    trainer's checkpoints as its own while it retried (review10e F1)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    first = hold_in_child(scratch, tmp_path / ("run" if same_run else "other"), supervised)
+    try:
+        with pytest.raises(trainer_lock.TrainerLockHeld) as refused:
+            trainer_lock.hold(scratch, tmp_path / "run", supervised=True)
+        assert refused.value.retried is retried
+    finally:
+        first.stdin.close()
+        first.wait(60)
+
+
 def test_the_lock_is_free_again_once_its_holder_ends(tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir(mode=0o700)
@@ -174,5 +192,5 @@ def test_a_hand_train_refused_by_a_held_lock_says_who_holds_it(tmp_path, corpus)
     finally:
         holder.stdin.close()
         holder.wait(60)
-    assert hand.returncode == 69, hand.stdout[-2000:] + hand.stderr[-2000:]
+    assert hand.returncode == 2, hand.stdout[-2000:] + hand.stderr[-2000:]  # a hand holder: not retried
     assert f"another trainer already trains this run: pid {holder.pid}" in hand.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minilmd.names import SUPERVISOR_PROCESS_ENV
 from minilmd.procs import process_start_ticks
-from minilmd.supervisor_gone import SupervisorWatch
+from minilmd.supervisor_gone import SupervisorWatch, pid_namespace
 
 
 def watch_of(pid: int, ticks: int, read=None, said: list[str] | None = None) -> SupervisorWatch:
@@ -74,3 +74,51 @@ def test_a_supervisor_seen_then_ended_is_gone():
     supervisor.stdin.close()
     supervisor.wait(60)
     assert look(watch) and "has ended" in watch.why()
+
+
+def test_in_the_same_pid_namespace_a_supervisor_gone_before_the_first_look_is_gone():
+    """The supervisor's namespace comes with its identity: in the same one the watch is armed from the start, so a
+    supervisor killed before the trainer's first look (model build, compile, the DPO reference pass) is seen gone
+    (review10e F2; before, the first look found nobody, took it for another namespace and turned the watch off)."""
+    supervisor, ticks = start_supervisor_stand_in()
+    env = {SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace()}"}
+    said: list[str] = []
+    watch = SupervisorWatch(env, say=said.append)
+    supervisor.stdin.close()
+    supervisor.wait(60)
+    assert look(watch) and not said
+
+
+def test_in_another_pid_namespace_the_watch_is_off_and_said_once():
+    supervisor, ticks = start_supervisor_stand_in()
+    env = {SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace() + 1}"}
+    said: list[str] = []
+    watch = SupervisorWatch(env, say=said.append)
+    supervisor.stdin.close()
+    supervisor.wait(60)
+    assert not look(watch) and not look(watch)
+    assert len(said) == 1 and "not seen from here" in said[0]
+
+
+def test_a_torn_proc_read_is_not_known_never_an_index_error():
+    """A /proc/PID/stat read cut short is "not known" (ValueError, as start_ticks_or_raise promises), so the watch
+    looks again, and process_start_ticks answers None: before, an IndexError escaped both (review10e F7)."""
+    import pytest
+
+    from minilmd.procs import start_ticks_or_raise
+
+    with pytest.raises(ValueError):
+        start_ticks_or_raise(1, read=lambda path: "1 (init) S 0")
+    supervisor, ticks = start_supervisor_stand_in()
+    torn = [False]
+
+    def read(path: str) -> str:
+        return "1 (py" if torn[0] else Path(path).read_text()
+    try:
+        watch = watch_of(supervisor.pid, ticks, read)
+        assert not look(watch)
+        torn[0] = True
+        assert not look(watch) and not watch.ended
+    finally:
+        supervisor.stdin.close()
+        supervisor.wait(60)

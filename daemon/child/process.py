@@ -36,6 +36,7 @@ from minilmd.daemon.child.oomevidence import (
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.daemon.child.torchrun_summary import root_cause_signal
 from minilmd.fsio import tail_lines
+from minilmd.supervisor_gone import pid_namespace
 from minilmd.untrusted import Unreadable, clipped
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
@@ -283,9 +284,9 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
 
 
 def supervisor_identity() -> str:
-    """names.SUPERVISOR_PROCESS_ENV's value: this supervisor's pid, start time and host, by which its trainer (every
-    rank on this host) notices that it is gone and stops (minilmd/supervisor_gone.py)."""
-    return f"{os.getpid()} {process_start_ticks(os.getpid())} {socket.gethostname()}"
+    """names.SUPERVISOR_PROCESS_ENV's value: this supervisor's pid, start time, host and pid namespace, by which its
+    trainer (every rank on this host) notices that it is gone and stops (minilmd/supervisor_gone.py)."""
+    return f"{os.getpid()} {process_start_ticks(os.getpid())} {socket.gethostname()} {pid_namespace()}"
 
 
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None,

@@ -23,8 +23,8 @@ def train_command(
 
     Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 73 run.dir full while training (saved to
     scratch first), 76 CUDA out of memory, 74 scratch full (a checkpoint did not fit; or run.dir's file system, when
-    making run.dir), 69 another trainer holds this run's scratch (trainer.lock: nothing read or written), 2 bad
-    config, 65 bad data, 1 crash."""
+    making run.dir), 69 this run's supervised trainer holds its scratch (trainer.lock: nothing read or written;
+    2 when a `minilmd train` by hand holds it), 2 bad config, 65 bad data, 1 crash."""
     from minilmd.config import ConfigError
     from minilmd.plan.budget import epoch_without_budget
     from minilmd.probes import load_checked
