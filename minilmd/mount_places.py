@@ -1,14 +1,13 @@
 """Where this machine mounts shares: the places a missing directory means a share not mounted or mistyped, not a
 directory the user has still to make (minilmd/path_checks.py remote_parents_refused). A mount parent is a directory
 shares are mounted in: the usual ones (/mnt, /media, /net, ...), an autofs master map's directories, and the
-directories that hold a mount point now (/proc/self/mountinfo) or by configuration (/etc/fstab). A configured mount
-point is one /etc/fstab or an autofs map names. The user's home is never one of them. Torch-free.
+directories that hold a mount point by configuration (/etc/fstab, an autofs direct map). A configured mount point is
+one /etc/fstab or an autofs map names. The user's home is never one of them. Torch-free.
 """
 from __future__ import annotations
 
 import os
 
-from minilmd import mounts
 from minilmd.untrusted import Unreadable, read_bytes
 
 KNOWN_PARENTS = ("/mnt", "/media", "/run/media", "/net", "/nfs", "/misc", "/shared")
@@ -45,10 +44,12 @@ def configured_points() -> set[str]:
 
 
 def mount_parents() -> set[str]:
-    """Directories shares are mounted in (never "/", whose every directory is not one: the caller says of "/")."""
+    """Directories shares are mounted in (never "/", whose every directory is not one: the caller says of "/").
+    Not every directory that holds a mount point now: a container's volume at /workspace/data, a user's FUSE mount
+    in /tmp, a test's, would make every new remote beside it a refusal (review10e F5); a share mounted by hand or
+    by a systemd .mount unit, in none of the tables, is not known here."""
     autofs_dirs, _ = _autofs()
-    points = configured_points() | {m.point for m in mounts.read_mounts()}
-    found = set(KNOWN_PARENTS) | autofs_dirs | {os.path.dirname(p) for p in points}
+    found = set(KNOWN_PARENTS) | autofs_dirs | {os.path.dirname(p) for p in configured_points()}
     return {p for p in found if p != "/"}
 
 

@@ -73,7 +73,7 @@ def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
         raise TrainerLockRefused(f"cannot take the trainer lock in {printable(scratch)}: {e}") from None
     try:
         fd, _ = where.open_or_make(names.TRAINER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                   0o600)
+                                   0o666)  # the umask decides, as for every file of the run (run.share)
     except OSError as e:  # a link (ELOOP), a FIFO's ENXIO aside (O_NONBLOCK): nothing followed, nothing waited on
         where.close()
         raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: cannot be opened as the trainer lock "
