@@ -127,12 +127,13 @@ def remote_parents_refused(root: str) -> str:
     """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
     none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
     `run --check` refuses (`remote_problems`). A chain of missing directories is not made from "/" or from a directory
-    shares are mounted in (minilmd/mount_places.py: /mnt, /media, /net, an autofs directory, one holding a mount
-    point), where it is a share's mount point missing (a typo in the share's path, a mount point never made) and
-    would put the "durable" copy on the local disk, said synced and verified at every sync; nor below an unmounted
-    share's stub: an empty directory, not a mount point, that is where a share is set up to be mounted (fstab, an
-    autofs map, or root's inside a mount parent; an empty directory the user made is theirs to fill). In the user's
-    home (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x), the chain is made."""
+    shares are mounted in (minilmd/mount_places.py: /mnt, /media, /net, an autofs directory, the parent of a mount
+    point fstab or an autofs map names), where it is a share's mount point missing (a typo in the share's path, a
+    mount point never made) and would put the "durable" copy on the local disk, said synced and verified at every
+    sync; nor below an unmounted share's stub: an empty directory, not a mount point, that is where a share is set up
+    to be mounted (fstab, an autofs map, or root's inside a mount parent; an empty directory the user made is theirs
+    to fill). In the user's home (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x),
+    the chain is made."""
     path = os.path.normpath(os.path.abspath(root))
     parent = os.path.dirname(path)
     if not _missing(Path(path)) or not _missing(Path(parent)):

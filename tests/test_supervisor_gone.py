@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from minilmd.names import SUPERVISOR_PROCESS_ENV
 from minilmd.procs import process_start_ticks
 from minilmd.supervisor_gone import SupervisorWatch, pid_namespace
@@ -31,14 +33,19 @@ def start_supervisor_stand_in() -> tuple[subprocess.Popen, int]:
     return proc, ticks
 
 
-def test_a_failed_proc_read_is_not_known_and_not_kept():
+def _emfile(path: str) -> str:
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("failed_read", [_emfile, lambda path: "1 (py"], ids=["EMFILE", "torn"])
+def test_a_failed_proc_read_is_not_known_and_not_kept(failed_read):
+    """A /proc read that fails (EMFILE: review10d F2) or comes back cut short (review10e F7) is "not known": looked
+    at again, never kept as gone."""
     supervisor, ticks = start_supervisor_stand_in()
     failing = [False]
 
     def read(path: str) -> str:
-        if failing[0]:
-            raise OSError(errno.EMFILE, "Too many open files")
-        return Path(path).read_text()
+        return failed_read(path) if failing[0] else Path(path).read_text()
 
     try:
         watch = watch_of(supervisor.pid, ticks, read)
@@ -100,25 +107,10 @@ def test_in_another_pid_namespace_the_watch_is_off_and_said_once():
     assert len(said) == 1 and "not seen from here" in said[0]
 
 
-def test_a_torn_proc_read_is_not_known_never_an_index_error():
-    """A /proc/PID/stat read cut short is "not known" (ValueError, as start_ticks_or_raise promises), so the watch
-    looks again, and process_start_ticks answers None: before, an IndexError escaped both (review10e F7)."""
-    import pytest
-
+def test_a_torn_proc_read_is_a_value_error_never_an_index_error():
+    """A /proc/PID/stat read cut short is "not known" (ValueError, as start_ticks_or_raise promises), and
+    process_start_ticks answers None: before, an IndexError escaped both (review10e F7)."""
     from minilmd.procs import start_ticks_or_raise
 
     with pytest.raises(ValueError):
         start_ticks_or_raise(1, read=lambda path: "1 (init) S 0")
-    supervisor, ticks = start_supervisor_stand_in()
-    torn = [False]
-
-    def read(path: str) -> str:
-        return "1 (py" if torn[0] else Path(path).read_text()
-    try:
-        watch = watch_of(supervisor.pid, ticks, read)
-        assert not look(watch)
-        torn[0] = True
-        assert not look(watch) and not watch.ended
-    finally:
-        supervisor.stdin.close()
-        supervisor.wait(60)
