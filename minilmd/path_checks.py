@@ -123,17 +123,18 @@ def _started_with(cfg: RunConfig) -> str | None:
         return None
 
 
-def remote_parents_refused(root: str) -> str:
+def remote_parents_refused(root: str, config: mount_places.MountConfig | None = None) -> str:
     """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
     none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
     `run --check` refuses (`remote_problems`). A chain of missing directories is not made from "/" or from a directory
     shares are mounted in (minilmd/mount_places.py: /mnt, /media, /net, an autofs directory, the parent of a mount
-    point fstab or an autofs map names), where it is a share's mount point missing (a typo in the share's path, a
-    mount point never made) and would put the "durable" copy on the local disk, said synced and verified at every
-    sync; nor below an unmounted share's stub: an empty directory, not a mount point, that is where a share is set up
-    to be mounted (fstab, an autofs map, or root's inside a mount parent; an empty directory the user made is theirs
-    to fill). In the user's home (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x),
-    the chain is made."""
+    point fstab, an autofs map or a systemd mount unit names), where it is a share's mount point missing (a typo in
+    the share's path, a mount point never made) and would put the "durable" copy on the local disk, said synced and
+    verified at every sync; nor below an unmounted share's stub: an empty directory, not a mount point, that is where
+    a share is set up to be mounted (named by fstab, an autofs map or a systemd unit, or root's inside a mount
+    parent; an empty directory the user made is theirs to fill: `made_in_empty_directory`). In the user's home
+    (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x), the chain is made. `config`:
+    the mount configuration of this check, read now when None."""
     path = os.path.normpath(os.path.abspath(root))
     parent = os.path.dirname(path)
     if not _missing(Path(path)) or not _missing(Path(parent)):
@@ -144,10 +145,10 @@ def remote_parents_refused(root: str) -> str:
     there = os.path.dirname(first)
     if under_home(there):
         return ""
-    parents = mount_places.mount_parents()
+    config = config or mount_places.snapshot()
+    parents = config.parents()
     try:
-        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there) \
-            and mount_places.is_configured_stub(there, parents)
+        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there) and config.is_stub(there)
     except OSError:
         stub = False
     if stub:
@@ -184,3 +185,21 @@ def remote_problems(remote: str, started: bool = False, waits: list[str] | None 
         problems.append(f"run.remote = {remote!r}: {above} is on {mount.fstype}, a view of the kernel, not storage: "
                         f"no directory can be made there")
     return problems
+
+
+def made_in_empty_directory(root: str, config: mount_places.MountConfig | None = None) -> str:
+    """The empty directory the first sync makes the local run.remote `root` in (or writes in, when it is `root`
+    itself): the nearest directory on the way up from `root` that is there, when it is empty, no link, and no
+    share's stub, as a directory the user made (none that the configuration names as a mount point, unless a share is
+    mounted on it now: an empty share answers); "" when it is not that (it holds entries, is a link, cannot be looked
+    at, or is named). For the caller to say what the first sync does, once `remote_parents_refused` said it may."""
+    there = os.path.normpath(os.path.abspath(root))
+    while _missing(Path(there)) and os.path.dirname(there) != there:
+        there = os.path.dirname(there)
+    try:
+        if not stat.S_ISDIR(os.lstat(there).st_mode) or holds_any(there):
+            return ""
+        named = (config or mount_places.snapshot()).names(there)
+        return there if not named or os.path.ismount(there) else ""
+    except OSError:
+        return ""

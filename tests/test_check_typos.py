@@ -133,9 +133,9 @@ def test_a_remote_in_a_kernel_file_system_is_refused(tmp_path, corpus):
 
 
 def _set_up_as_mount_point(monkeypatch, stub: Path) -> None:
-    """This machine's fstab names `stub` (the one configured mount point: a fake of /etc/fstab's reading)."""
+    """This machine's fstab names `stub` (the one configured mount point: a fake of the mount tables' reading)."""
     from minilmd import mount_places
-    monkeypatch.setattr(mount_places, "configured_points", lambda: {str(stub)})
+    monkeypatch.setattr(mount_places, "snapshot", lambda: mount_places.MountConfig(frozenset({str(stub)})))
 
 
 def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ def in_tmp():
 def test_a_chain_below_a_top_level_directory_that_is_no_mount_parent_is_made(in_tmp):
     """Before: `/tmp/x/y`, `/root/ckpt/run1`, `/workspace/runs/r1` were all refused, every directory in "/" taken
     for a place shares are mounted."""
-    if "/tmp" in mount_places.mount_parents():
+    if "/tmp" in mount_places.snapshot().parents():
         pytest.skip("this machine mounts something in /tmp")
     assert remote_parents_refused(str(in_tmp / "x" / "y")) == ""
 
@@ -53,7 +53,7 @@ def test_an_empty_directory_the_user_just_made_is_no_stub(tmp_path):
 def test_an_empty_configured_mount_point_is_a_stub(tmp_path, monkeypatch):
     stub = tmp_path / "data"
     stub.mkdir()
-    monkeypatch.setattr(mount_places, "configured_points", lambda: {str(stub)})
+    monkeypatch.setattr(mount_places, "snapshot", lambda: mount_places.MountConfig(frozenset({str(stub)})))
     said = remote_parents_refused(str(stub / "me" / "w0"))
     assert f"({stub} is an empty directory, not a mount point)" in said, said
 
@@ -70,7 +70,7 @@ def test_a_users_empty_directory_in_a_mount_parent_is_no_stub_but_roots_is(tmp_p
 
 
 def test_run_check_passes_a_remote_below_tmp_and_makes_nothing(tmp_path, corpus, in_tmp):
-    if "/tmp" in mount_places.mount_parents():
+    if "/tmp" in mount_places.snapshot().parents():
         pytest.skip("this machine mounts something in /tmp")
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(in_tmp / "ckpt" / "run1")})
     checked = cli("run", "--check", str(config), timeout=120)

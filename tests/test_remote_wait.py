@@ -128,7 +128,9 @@ def test_a_run_that_never_synced_starts_from_step_0_with_its_remote_not_there(tm
     mine.mkdir(parents=True)  # an empty directory the user made, no fstab or autofs mount point: not a share's stub
     checked = cli("run", "--check", str(config), "--set", f'run.remote="{mine / "runs" / "s"}"')
     said = checked.stdout + checked.stderr  # a first launch starts, its first sync makes the chain (review10c 2)
-    assert checked.returncode == 0 and "starts from step 0" in said and "empty directory" not in said, said
+    assert checked.returncode == 0 and "starts from step 0" in said and "not a mount point" not in said, said
+    assert f"does not exist yet (the first sync creates it and the directories missing above it in {mine}, an " \
+           f"empty directory that no fstab" in said and "share gone" not in said, said  # what the sync will do
     assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
     assert any("does not exist yet (the first sync creates it), and this run has never synced to it: starting from "
                "step 0" in m for m in event_texts(cfg.run_dir, "fetch")), event_texts(cfg.run_dir, "fetch")
@@ -302,6 +304,7 @@ def test_a_run_pointed_at_a_new_empty_remote_does_not_wait_for_the_old_ones_step
             sup.kill()
             sup.wait()
     said = [m for m in event_texts(cfg.run_dir, "fetch") if str(new) in m]
-    assert "is an empty directory" in said[0] and "`--fresh` was given" in said[0] and "synced to it before" not in \
-        said[0], said
+    # an empty directory no mount table names, made by the user: the first sync writes in it, no share's stub
+    assert "is an empty directory that no fstab" in said[0] and "this run has never synced to it" in said[0] and \
+        "synced to it before" not in said[0], said
     assert fake_weights_of(new / "step-00000040") == undisturbed_fake_weights(config)

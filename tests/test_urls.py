@@ -45,7 +45,7 @@ def test_a_chained_url_is_no_local_path_for_any_site(tmp_path):
 def test_the_remote_is_local_as_open_fs_says(tmp_path):
     assert isinstance(remote_local.open_remote(str(tmp_path)), remote_local.LocalRemote)
     assert not isinstance(remote_local.open_remote(f"dir::{tmp_path}"), remote_local.LocalRemote)
-    assert remotewait.not_made_yet(f"dir::{tmp_path}/gone") is False  # a store: nothing tells there
+    assert remotewait.made_by_first_sync(f"dir::{tmp_path}/gone") == ""  # a store: nothing tells there
 
 
 def test_a_chained_url_in_a_config_is_not_made_a_path_under_the_configs_directory(tmp_path):

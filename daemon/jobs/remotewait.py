@@ -12,8 +12,9 @@ events.jsonl only after the last `--fresh` start (what came before is a lineage 
 before waits (staging `waiting_remote`, retried with backoff, for as long as it takes) and resumes from the remote's
 newest checkpoint once the remote answers; so does one whose records cannot be read (it may have synced); a run that
 never synced has nothing there to lose and starts from step 0, and is told, of a remote not there whose place above
-answers (the first start of a new run), that it does not exist yet and the first sync creates it, not that its share
-may be gone (`not_made_yet`); `minilmd run --fresh` starts from step 0 whatever the records say. Torch-free.
+answers or is an empty directory no mount table names (the first start of a new run), that it does not exist yet
+and the first sync creates it, not that its share may be gone (`made_by_first_sync`); `minilmd run --fresh` starts
+from step 0 whatever the records say. Torch-free.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import names
+from minilmd import mount_places, names
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
-from minilmd.path_checks import remote_parents_refused
+from minilmd.path_checks import made_in_empty_directory, remote_parents_refused
 from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
 from minilmd.urls import open_fs
@@ -48,17 +49,33 @@ def remote_absent(url: str) -> str:
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
-def not_made_yet(url: str) -> bool:
-    """Whether a local run.remote that is not there is simply not made yet, rather than its share gone: it is no
-    link (one to nowhere is a share gone), and the nearest directory above it that is there holds other entries
-    (shared_place.gone_or_typo's evidence of a place that answers: an unmounted share's mount point reads as its
-    empty stub), and the first sync makes it (minilmd/path_checks.py remote_parents_refused: no chain from the top
-    level). False for a store (s3, sftp): nothing tells there."""
+def made_by_first_sync(url: str) -> str:
+    """What the first sync makes of a local run.remote that is not there, or is an empty directory, when that is
+    what it is rather than its share gone or not mounted, in words read after the URL ("does not exist yet (the first
+    sync creates it)"); "" when it is not that. It is no link (one to nowhere is a share gone), the first sync makes
+    it (minilmd/path_checks.py remote_parents_refused: no chain from the top level), and the nearest directory above
+    it that is there holds other entries (shared_place.gone_or_typo's evidence of a place that answers), or is an
+    empty one that no fstab, autofs map or systemd unit names as a mount point (path_checks.made_in_empty_directory:
+    one the user made; an unmounted share's mount point reads as its empty stub). "" for a store (s3, sftp): nothing
+    tells there."""
     try:
         _, root, local = open_fs(url)
     except (ValueError, ImportError, OSError):
-        return False
-    return local and not remote_parents_refused(root) and bool(gone_or_typo(root))
+        return ""
+    config = mount_places.snapshot()
+    if not local or remote_parents_refused(root, config):
+        return ""
+    if gone_or_typo(root):
+        return "does not exist yet (the first sync creates it)"
+    if not (empty := made_in_empty_directory(root, config)):
+        return ""
+    unnamed = "an empty directory that no fstab, autofs map or systemd unit names as a mount point"
+    path = os.path.normpath(os.path.abspath(root))
+    if empty == path:
+        return f"is {unnamed} (the first sync writes in it)"
+    if empty == os.path.dirname(path):
+        return f"does not exist yet (the first sync creates it in {empty}, {unnamed})"
+    return f"does not exist yet (the first sync creates it and the directories missing above it in {empty}, {unnamed})"
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"
@@ -140,15 +157,15 @@ def _event_records(f) -> Iterator[dict]:
             continue
 
 
-def decision(url: str, absent: str, found: Records, fresh: bool, new: bool = False) -> tuple[bool, str]:
+def decision(url: str, absent: str, found: Records, fresh: bool, new: str = "") -> tuple[bool, str]:
     """(wait, why) for a start whose scratch holds no checkpoint and whose remote `url` lists none: wait when the
     remote is `absent` (remote_absent's words) and the run's records (`found`) say it synced before or cannot be
-    read, unless `fresh`; else start from step 0. `new` (not_made_yet): the remote is not there while the place
-    above it answers; a run that never synced is told it does not exist yet, not that its share may be gone."""
+    read, unless `fresh`; else start from step 0. `new` (made_by_first_sync's words): the remote is not made yet,
+    the first sync makes it; a run that never synced is told so, not that its share may be gone."""
     if not absent:
         return False, f"neither scratch nor {url} holds a checkpoint"
     if new and found.verdict == NEVER:
-        return False, f"{url} does not exist yet (the first sync creates it), and this run has never synced to it"
+        return False, f"{url} {new}, and this run has never synced to it"
     if fresh:
         return False, f"{url} is {absent}, and `--fresh` was given" + (f" ({found.why})" if found.why else "")
     if found.verdict == SYNCED:
@@ -184,7 +201,7 @@ def check_line(cfg, fresh: bool) -> str:
         except Unreadable as e:
             old, unreadable = {}, "" if e.missing else e.why
         found = records(url, cfg.run_dir, StateJson.from_dict(old).remote_checkpoint, unreadable)
-        wait, why = decision(url, absent, found, fresh, bounded_probe(not_made_yet, url)[1] is True)
+        wait, why = decision(url, absent, found, fresh, bounded_probe(made_by_first_sync, url)[1] or "")
     if wait:
         return (f"waits: run.remote: {why}; scratch holds no checkpoint, so the run waits for the remote (`minilmd "
                 f"status`: staging waiting_remote, retried with backoff) and resumes from its newest checkpoint; "

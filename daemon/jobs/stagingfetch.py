@@ -128,7 +128,7 @@ class StagingFetch:
                                               self.state.previous_unreadable)
         found = self.records or remotewait.Records(remotewait.NEVER, "")
         wait, why = remotewait.decision(remote, absent, found, self.fresh,
-                                        bool(absent) and remotewait.not_made_yet(remote))
+                                        remotewait.made_by_first_sync(remote) if absent else "")
         if wait:
             return why
         self.from_step_0 = why
