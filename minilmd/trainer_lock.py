@@ -100,6 +100,32 @@ def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
     _held.append(fd)
 
 
+def left_unheld(scratch: Path) -> bool:
+    """Whether <scratch>/trainer.lock is only what an ended trainer of this user left: a regular file of ours (no
+    link followed, nothing waited on) that no process holds now. A trainer launched into a scratch with no owner
+    marker (a by-hand launch, a test's) leaves it there, and the scratch's adoption (minilmd/scratch.py) must not
+    take it for someone's file; one held, another user's, a link or anything else is still one. The probe is a
+    shared flock taken and let go at once: a trainer taking the lock in that instant is refused as by a holder,
+    which a claim of a scratch with no marker, made before its trainer starts, does not meet."""
+    try:
+        where = Dir.open(scratch, "run.scratch")
+    except (PlaceRefused, OSError):
+        return False
+    try:
+        fd = where.open_own(names.TRAINER_LOCK)
+    except OSError:  # a link, not a regular file, another user's (PermissionError), gone
+        return False
+    finally:
+        where.close()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # held (EWOULDBLOCK): a trainer trains there now
+        return False
+    finally:
+        os.close(fd)  # the probe's shared lock goes with it
+    return True
+
+
 def release_all() -> None:
     """Let the locks this process holds go: a trainer run inside a longer-lived process (the tests' in-process
     trainer) releases it when it returns, as a trainer's own process does when it exits."""
