@@ -16,9 +16,9 @@ killed it every 5 min, and its 5th start in an hour left the unit failed; `minil
   are acted on as the supervisor acts on them: a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at
   once: `StoppedWaiting`, exit 0, nothing started, state.json `done` (stopped); in a Slurm job a SIGUSR1 or a
   SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
-  (daemon/slurm/job.py waiting_preempted), at once; a SIGHUP reopens supervisor.log (where the wait's transitions
-  are logged, daemon/waitrecord.py) and a SIGUSR1 outside Slurm is ignored, both said; none of them ends the
-  process by its default (review10a F1).
+  (daemon/slurm/job.py SlurmJob.plan), at once, and state.json gets the `slurm` section a preempted supervisor's
+  has; a SIGHUP reopens supervisor.log (where the wait's transitions are logged, daemon/waitrecord.py) and a
+  SIGUSR1 outside Slurm is ignored, both said; none of them ends the process by its default (review10a F1).
 Once scratch is made, the lock, the same signal record and the wait's state.json record are handed to the
 supervisor held (`Held`: Supervisor.run never takes the lock again, its first tick acts on a stop that came
 meanwhile, and an early exit of it ends the wait's record): there is no moment between the wait and the supervisor
@@ -210,7 +210,7 @@ def _wait_for_room(cfg: RunConfig, full: str | None, signals: Signals, record: W
             record.alive()
         if _wait_ends(cfg, signals, record):
             notifier.stopping()
-            _end_on_signal(cfg, signals)
+            _end_on_signal(cfg, signals, record)
         full = _settle_and_claim(cfg)
     return tries
 
@@ -228,7 +228,7 @@ def _wait_ends(cfg: RunConfig, signals: Signals, record: WaitRecord) -> bool:
     return bool(signals.stop or signals.usr1)
 
 
-def _end_on_signal(cfg: RunConfig, signals: Signals) -> None:
+def _end_on_signal(cfg: RunConfig, signals: Signals, record: WaitRecord) -> None:
     """The wait ends on the signal it got: StoppedWaiting on a stop, PreemptedWaiting in a Slurm job (its SIGTERM,
     as the supervisor's, is a preemption: daemon/slurm/job.py on_signal)."""
     got = "USR1" if signals.usr1 else signals.stop_by or "SIGTERM"
@@ -237,13 +237,32 @@ def _end_on_signal(cfg: RunConfig, signals: Signals) -> None:
               f"{scratch_root.base()}", flush=True)
         raise StoppedWaiting(got)
     from minilmd.daemon.base import stoprequest
-    from minilmd.daemon.slurm.job import waiting_preempted
 
     request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s SIGTERM (it wrote this first): no requeue
-    status, ended, why = waiting_preempted(got, request.words() if request else "",
-                                    lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
+    status, ended, why = _slurm_preempted(got, request.words() if request else "", record)
     print(f"minilmd run: {why}", flush=True)
     raise PreemptedWaiting(why, status, ended)
+
+
+def _slurm_preempted(signal_name: str, stop_asked: str, record: WaitRecord) -> tuple[int, str, str]:
+    """Slurm's USR1 or SIGTERM during the wait: a preemption with nothing started, nothing to save or sync, ended
+    as the supervisor's (SlurmJob.plan: requeued unless Slurm requeues it itself, it is being cancelled or
+    `stop_asked`), at once. (exit status, ended, why). The SlurmJob is made on the wait's record, so that its one
+    writer of state.json's `slurm` section (job id, nodes, cards, restart count, Slurm's state, requeued) writes it
+    there as on a supervisor's preemption; before, it wrote into a dict thrown away, and state.json had none."""
+    from minilmd.daemon.slurm.job import SlurmJob, detect
+
+    alloc = detect()
+    assert alloc is not None  # only called in a Slurm job
+    job = SlurmJob(alloc, record.state if record.state is not None else {},
+                   lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
+    job.preempted_by = signal_name  # no end watch: there is no save nor sync to cut
+    plan = job.plan(False, None, "", stop_asked)
+    why = f"{plan.ended} ({signal_name} in Slurm job {alloc.job_id} while waiting for room for scratch: nothing " \
+          f"started{f'; {stop_asked}' if stop_asked else ''})"
+    if plan.requeue and (problem := job.requeue()) is not None:
+        return 1, plan.ended, f"{why}; but {problem}"
+    return 0, plan.ended, why
 
 
 def _exit_status(e: Exception) -> int:

@@ -107,8 +107,9 @@ class WaitRecord:
             self._save()
 
     def preempted(self, ended: str, status: int, why: str) -> None:
-        """Slurm preempted the job during the wait (daemon/slurm/job.py waiting_preempted): `done` as a preempted
-        supervisor's end (`ended`: requeued, stopped, cancelled), `status` 1 when the requeue failed."""
+        """Slurm preempted the job during the wait (daemon/scratchclaim.py, its SlurmJob made on this record has
+        written its `slurm` section): `done` as a preempted supervisor's end (`ended`: requeued, stopped,
+        cancelled), `status` 1 when the requeue failed."""
         if self.state is not None and status:
             self.state.record_error(why)
         self._end(Phase.DONE, status, why, ended)

@@ -11,7 +11,8 @@ launch. So:
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
   owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
 - a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it,
-  and only while it is empty: a directory holding anything else (someone's `corpus/`) is refused, never emptied;
+  and only while it is empty: a directory holding anything else (someone's `corpus/`) is refused, never emptied; a
+  trainer.lock of this user's that no process holds (trainer_lock.left_unheld: a by-hand trainer's) is no content;
 - no component of the path is a symbolic link, and no directory above the scratch belongs to or can be written by
   another user (unless it is sticky and root's or this user's, like /tmp and /dev/shm), nor the scratch itself:
   such a user could swap the scratch for a link to the owner's data, or for his own directory, at any time;
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from minilmd import names, run_owner
 from minilmd.dirfd import PRIVATE, place_problem
-from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, atomic_tmp_prefix
+from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
@@ -130,15 +131,23 @@ def _ancestry_problem(label: str, scratch: Path) -> str | None:
 
 
 def _foreign_entries(scratch: Path) -> list[str]:
-    """What a scratch without a marker holds (names, sorted), besides a marker being written by a racing claim; for
-    one of more entries than untrusted.listed reads, that alone: never read whole, whatever filled it."""
+    """What a scratch without a marker holds (names, sorted), besides a marker being written by a racing claim and a
+    trainer.lock an ended trainer of this user left (trainer_lock.left_unheld: a by-hand trainer's in a scratch it
+    never marked; one held or not ours still counts); for one of more entries than untrusted.listed reads, that
+    alone: never read whole, whatever filled it."""
     try:
         names = listed(scratch)
     except FileNotFoundError:
         return []
     except TooManyEntries as e:
         return [str(e.strerror)]
-    return sorted(n for n in names if not n.startswith(atomic_tmp_prefix(SCRATCH_OWNER)))
+    found = sorted(n for n in names if not n.startswith(atomic_tmp_prefix(SCRATCH_OWNER)))
+    if TRAINER_LOCK in found:
+        from minilmd import trainer_lock  # here: `status` and the supervisor's start import no minilmd.trainer*
+
+        if trainer_lock.left_unheld(scratch):
+            found.remove(TRAINER_LOCK)
+    return found
 
 
 def _adoption_problem(scratch: Path) -> str | None:

@@ -8,13 +8,22 @@ scratch, saved into it beside the real trainer, and the supervisor synced the in
 under a supervisor the trainer is not the one holding that lock. So the trainer holds this one, and a second trainer
 is refused (exit 69, protocol.EXIT_TRAINER_BUSY) with who holds it and what to do.
 
-Only global rank 0 takes it (RANK unset or "0"): the ranks of one torchrun share its scratch (and a by-hand
-rendezvous of two "nodes" on one host shares one scratch too), and rank 0 alone writes the checkpoints; a second
-torchrun's rank 0 is refused, and torchrun then stops its other ranks before any of them has saved.
+Global rank 0 takes it (RANK unset or "0"), and so does every node's local rank 0 (LOCAL_RANK "0"): the ranks of
+one node share its scratch, rank 0 alone writes the checkpoints, and each other node has a scratch of its own (a
+node's RAM or disk), which a `minilmd train` by hand on that node, or a second torchrun there, would resume from and
+save into unrefused were it unlocked (before, only node 0's scratch was). A second torchrun's rank 0 or node rank 0
+is refused, and torchrun then stops its other ranks before any of them has saved. Two "nodes" of one job on one
+host (a by-hand rendezvous on loopback) share one scratch: whichever of their local ranks 0 comes second finds the
+lock held by its own job (the holder's `launch`, torchrun's run id and its workers' store address, a new port at
+each torchrun start, is its own) and goes on without it, the holder guarding the scratch for as long as the job
+runs (a rank's end ends the job); only a rank 0 never goes on beside another rank 0, an earlier torchrun's still
+dying (ranks other than 0 write no checkpoint).
 
 Scratch is the run's own (claimed before this: minilmd/scratch.py), and still opened as minilmd/dirfd.py says: the
 directory walked without a planted link, the lock file opened relative to it without following a link and without
-blocking, a regular file of ours only; its body (who holds it) is read bounded and printed, never trusted for more.
+blocking, a regular file of ours only; its body (who holds it) is read bounded, owner checked, printed, and its
+`launch` and `rank` compared with this process's (a match lets a rank of the same job go on beside the holder, never
+a rank 0 beside a rank 0), never trusted for more.
 Torch-free."""
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ import json
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 from minilmd import names
@@ -32,6 +42,9 @@ from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, printable, read_json
 
 SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
+JOB_BODY_WAIT_S = 10.0
+"""How long a torchrun rank finding the lock held reads its holder's file again before it is refused (_taken_or_holder):
+a rank of its own job writes it microseconds after its flock, seconds on a loaded host."""
 _held: list[int] = []
 """The lock's descriptor, kept open for the life of the process: closing it would let the lock go."""
 
@@ -52,19 +65,37 @@ class TrainerLockHeld(TrainerLockRefused):
         self.retried = retried
 
 
-def is_rank_zero(environ=os.environ) -> bool:
-    """Whether this process is the one trainer of its launch that holds the lock: not a torchrun rank other than 0."""
-    return environ.get("RANK", "0") == "0"
+def takes_lock(environ=os.environ) -> bool:
+    """Whether this process is one that holds its scratch's lock: global rank 0 (or no torchrun) or a node's local
+    rank 0, the ranks 0 of the node's scratch."""
+    return environ.get("RANK", "0") == "0" or environ.get("LOCAL_RANK") == "0"
 
 
-def hold_for(cfg) -> None:
-    """hold() for a RunConfig's trainer, on rank 0 only; supervised when the supervisor launched it."""
-    if is_rank_zero():
-        hold(cfg.scratch_dir, cfg.run_dir, supervised=bool(os.environ.get(names.RUN_DIR_ENV)))
+def launch_of(environ=os.environ) -> str | None:
+    """The torchrun job this process is a rank of, the same on each of its nodes: the rendezvous's run id and the
+    workers' store (rank 0's agent's, on a port picked at each torchrun start). None outside torchrun."""
+    run_id, addr, port = (environ.get(k) for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+    return f"{run_id}@{addr}:{port}" if run_id and addr and port else None
 
 
-def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
-    """Take the run's trainer lock for this process, or raise TrainerLockRefused naming the holder."""
+def hold_for(cfg, environ=os.environ) -> None:
+    """hold() for a RunConfig's trainer, on the ranks that take it (takes_lock); supervised when the supervisor
+    launched it."""
+    if takes_lock(environ):
+        hold(cfg.scratch_dir, cfg.run_dir, supervised=bool(environ.get(names.RUN_DIR_ENV)),
+             rank=int(environ.get("RANK", "0")), launch=launch_of(environ))
+
+
+def same_job(body: dict, rank: int, launch: str | None) -> bool:
+    """Whether the lock's holder is a rank of this process's own torchrun job (a node of it sharing this scratch),
+    and not two ranks 0: then this one goes on, its job's holder guarding the scratch."""
+    return launch is not None and body.get("launch") == launch and not (rank == 0 and body.get("rank") == 0)
+
+
+def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: str | None = None) -> None:
+    """Take the run's trainer lock for this process, or raise TrainerLockRefused naming the holder. `rank`,
+    `launch`: this process's global rank and torchrun job (launch_of); a lock held by another rank of the same job
+    (same_job) is left to it."""
     try:
         if not os.path.lexists(scratch):  # a trainer launched without a claim (tests' by-hand launches): made here,
             os.close(walk_to(scratch, "run.scratch", "the scratch", SCRATCH_ADVICE, 0o700)[0])  # as saving would
@@ -83,21 +114,65 @@ def hold(scratch: Path, run_dir: Path, supervised: bool) -> None:
         if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
             raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: not a regular file of yours, so not "
                                      "minilmd's trainer lock; move it away, then start again")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            body = holder(where.fd)
+        if (body := _taken_or_holder(where.fd, fd, rank, launch)) is not None:
+            if same_job(body, rank, launch):
+                os.close(fd)
+                return
             raise TrainerLockHeld(held_message(body, scratch, run_dir), retried=not body or (
                 body.get("supervised") is True and body.get("run_dir") == str(run_dir))) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
-                                   "run_dir": str(run_dir)}) + "\n").encode(), 0)
+                                   "run_dir": str(run_dir), "rank": rank, "launch": launch}) + "\n").encode(), 0)
     except BaseException:
         os.close(fd)
         raise
     finally:
         where.close()
     _held.append(fd)
+
+
+def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dict | None:
+    """None once this process holds the lock; else what the holder's file says (holder). A torchrun rank reads it
+    again for up to JOB_BODY_WAIT_S while it names another job, trying the lock again meanwhile: a rank of its own
+    job on the same scratch writes its body only just after taking the flock, and until then the file is empty or
+    still the last holder's. A trainer outside torchrun is answered at once."""
+    deadline = time.monotonic() + JOB_BODY_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            pass
+        body = holder(dir_fd)
+        if launch is None or same_job(body, rank, launch) or time.monotonic() >= deadline:
+            return body
+        time.sleep(0.05)
+
+
+def left_unheld(scratch: Path) -> bool:
+    """Whether <scratch>/trainer.lock is only what an ended trainer of this user left: a regular file of ours (no
+    link followed, nothing waited on) that no process holds now. A trainer launched into a scratch with no owner
+    marker (a by-hand launch, a test's) leaves it there, and the scratch's adoption (minilmd/scratch.py) must not
+    take it for someone's file; one held, another user's, a link or anything else is still one. The probe is a
+    shared flock taken and let go at once: a trainer taking the lock in that instant is refused as by a holder,
+    which a claim of a scratch with no marker, made before its trainer starts, does not meet."""
+    try:
+        where = Dir.open(scratch, "run.scratch")
+    except (PlaceRefused, OSError):
+        return False
+    try:
+        fd = where.open_own(names.TRAINER_LOCK)
+    except OSError:  # a link, not a regular file, another user's (PermissionError), gone
+        return False
+    finally:
+        where.close()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # held (EWOULDBLOCK): a trainer trains there now
+        return False
+    finally:
+        os.close(fd)  # the probe's shared lock goes with it
+    return True
 
 
 def release_all() -> None:

@@ -98,3 +98,31 @@ def test_a_slurm_preemption_during_the_wait_requeues_the_job_as_the_supervisor_d
     assert (after["phase"], after["outcome"]["ended"], after["outcome"]["exit"]) == ("done", "requeued", 0), after
     assert f"requeue {JOB}" in calls.read_text().splitlines(), calls.read_text()
     assert "nothing started" in after["outcome"]["reason"], after
+    # the slurm section a preempted supervisor writes (SlurmJob, its one writer): before, none at all
+    slurm = dict(after.get("slurm") or {})
+    assert isinstance(slurm.pop("nodes", None), list), after  # this host, as the job's allocation reads it
+    assert slurm == {"job_id": JOB, "gpus": [], "restart_count": 0, "state": "REQUEUED", "preempted_at_step": None,
+                     "requeued": True}, after
+
+
+def test_a_failed_requeue_during_the_wait_says_so_in_the_slurm_section(base, tmp_path, corpus, slurm_job):
+    """`scontrol requeue` failing during the wait: exit 1, state.json's slurm section says the job was not
+    requeued and still runs, as a supervisor's failed requeue does (SlurmJob.requeue)."""
+    env, calls = slurm_job
+    fake = Path(env["PATH"].split(":")[0]) / "scontrol"
+    fake.write_text(fake.read_text().replace("exit 0\n", 'case "$*" in requeue*) echo denied >&2; exit 1;; esac\n'
+                                                          "exit 0\n"))
+    proc, log, run_dir = waiting_run(base, tmp_path, corpus, **env)
+    try:
+        proc.send_signal(signal.SIGUSR1)
+        assert wait_or_kill(proc, 120) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    after = load_state(run_dir)
+    assert f"requeue {JOB}" in calls.read_text().splitlines(), calls.read_text()
+    assert (after["phase"], after["outcome"]["ended"], after["outcome"]["exit"]) == ("done", "requeued", 1), after
+    assert "scontrol requeue 4242 failed" in after["outcome"]["reason"], after
+    assert (after["slurm"]["job_id"], after["slurm"]["requeued"], after["slurm"]["state"]) == (JOB, False,
+                                                                                             "RUNNING"), after
