@@ -130,7 +130,8 @@ def test_a_replaced_owner_record_makes_the_last_sync_wait_in_status_until_it_is_
         assert then.poll() is None and state(stage_dir)["phase"] == "waiting_init", state(stage_dir)
         told = next(m for m in _said(stage_dir) if m.startswith("init.from: "))
         assert "not on its run.remote yet" in told and WAITING in told and f"uid {uid}" in told, told
-        assert state(stage_dir)["init_wait"]["running"] is True  # its predecessor alive: a wait, said why
+        wait_for(lambda: (state(stage_dir).get("init_wait") or {}).get("running") is True, timeout=60,
+                 what="the stage's state.json to say its predecessor runs")  # alive: a wait, said why
         assert _remote_step(run_dir) == 10
         assert not (remote / names.step_name(30)).exists()  # never written into while the record is his
         assert (remote / names.REMOTE_OWNER).stat().st_uid == uid
