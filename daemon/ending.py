@@ -4,7 +4,8 @@ The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so t
 apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer gets
 SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), a staging copy still running is waited
 for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue,
-which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). At exit,
+which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). A last
+sync that waits (room on the remote, run.remote's owner record) gives the GPU lease back while it waits. At exit,
 whatever phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
 """
@@ -111,6 +112,7 @@ class Ending:
             self._finish(problem)
         elif self.sync.room_wait:
             self._say(self.sync.room_wait)
+            self._give_gpu_back()
 
     def _cut_save(self, child) -> None:
         """A preempted Slurm job's trainer still saving at the job's deadline (a slow save, a torchrun group's slow
@@ -151,8 +153,6 @@ class Ending:
                 self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
-        elif sync_problem and self.sync.not_ours:
-            self._finish_unsynced(sync_problem)
         elif sync_problem:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
@@ -162,21 +162,6 @@ class Ending:
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
-
-    def _finish_unsynced(self, sync_problem: str) -> None:
-        """The run finished, but run.remote's owner record is no longer this run's (SyncWorker.not_ours: another
-        user's file, another run's record): a remote out of reach, not a failure of the run. Its last checkpoint
-        stays in scratch, kept whole; state.json's outcome.ended says `unsynced`, its reason why and the way on."""
-        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
-        last = names.step_name(steps[-1]) if steps else "its last checkpoint"
-        self.loop.ended = protocol.ENDED_UNSYNCED
-        self.loop.scratch_kept = (f"kept {self.cfg.scratch_dir}: the run's last checkpoint {last} is only there, "
-                                  f"run.remote {self.cfg.run.remote} not being this run's")
-        self.state.record_error(f"finished, but {sync_problem}")
-        self._go(Phase.DONE, f"the run finished, but its last checkpoint {last} is not synced: {self.sync.not_ours}. "
-                             f"It stays in {self.cfg.checkpoint_dir} (scratch is kept); once run.remote's "
-                             f"{names.REMOTE_OWNER} is this run's again, or gone (removed by whoever owns it), start "
-                             f"the run again: it syncs {last} and ends")
 
     def _nothing_to_sync(self) -> str:
         """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no
@@ -195,6 +180,14 @@ class Ending:
                 f"in {self.cfg.checkpoint_dir}, nor has run.remote {self.cfg.run.remote} ({on_remote}) that step; "
                 f"the trainer saved its checkpoints somewhere else (its attempt log in {self.run_dir / 'logs'} says "
                 f"where), and a restart would end the same; scratch {self.cfg.scratch_dir} is kept")
+
+    def _give_gpu_back(self) -> None:
+        """The last sync waits (room on the remote, its owner record), maybe for days: the trainer has exited, so
+        its cards go back to the server's other runs now, not at the supervisor's exit (once, said)."""
+        if self.gpu.lease is None:
+            return
+        self.gpu.release()  # state.json's devices stay: the ones the run trained on (daemon/views/reproducible.py)
+        self.events.emit("gpu", f"the last sync waits: GPU {self.state.devices} given back (the trainer has exited)")
 
     def _finish_preempted(self, sync_problem: str) -> None:
         """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The

@@ -147,6 +147,10 @@ def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> 
                        cfg.lora_dict(), identity)
 
 
+WAIT_WHY_SHOWN = 1000
+"""The most of a predecessor's own reason a waiting run shows (its state.json: another user's words, bounded)."""
+
+
 @dataclass(frozen=True)
 class PredecessorReport:
     """What the predecessor's state.json says: its outcome for this run, in words, its phase and the state itself."""
@@ -158,6 +162,9 @@ class PredecessorReport:
     """Its phase ("" when it has not started or its state.json cannot be read)."""
     state: dict | None = None
     """Its state.json, when it could be read."""
+    last_sync_waits: bool = False
+    """It finished training and its last sync waits (`final sync waiting: ...`: room on its remote, its remote's owner
+    record): the why says for what; a change the waiting run logs, though the phase stays `stopping`."""
 
 
 def predecessor_state(pred: Predecessor) -> dict:
@@ -194,6 +201,7 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
         ENDED_REQUEUED,
         ENDED_UNSYNCED,
         FINAL_EXIT_STATUSES,
+        FINAL_SYNC_WAITING,
         FINISHED_ENDINGS,
         how_ended,
     )
@@ -226,12 +234,16 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     if phase == "done" and ended == ENDED_CANCELLED:
         return PredecessorReport("waiting", f"run {pred.name}'s Slurm job was cancelled{at}: it resumes when its "
                                             f"job is submitted again", phase, state)
-    if phase == "done" and ended == ENDED_UNSYNCED:
+    if phase == "done" and ended == ENDED_UNSYNCED:  # an older minilmd's ending (now its last sync waits)
         return PredecessorReport("waiting", f"run {pred.name} finished{at}, but its last checkpoint is not on its "
                                             f"run.remote (its owner.json is not that run's): it is synced when that "
                                             f"run is started again", phase, state)
     if phase == "done":  # done but not finished: stopped on request; it waits for a restart
         return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
+    if phase == "stopping" and reason.startswith(FINAL_SYNC_WAITING):  # its checkpoint not on its remote yet
+        return PredecessorReport("waiting", f"run {pred.name} finished training{at}, but its last checkpoint is not "
+                                            f"on its run.remote yet; that run says: {reason[:WAIT_WHY_SHOWN]}", phase,
+                                 state, last_sync_waits=True)
     return PredecessorReport("waiting", f"run {pred.name} is {printable(phase)[:40]}{at}", phase, state)
 
 

@@ -53,7 +53,11 @@ ENDED_STOPPED = "stopped"  # stopped on request (`minilmd stop`, SIGTERM) after 
 ENDED_REQUEUED = "requeued"  # its Slurm job preempted and requeued: it resumes when Slurm starts the job again
 ENDED_CANCELLED = "cancelled"  # its Slurm job cancelled (scancel): stopped until the job is submitted again
 ENDED_FAILED = "failed"  # failed, or a supervisor error: outcome.exit says whether for good (FINAL_EXIT_STATUSES)
-ENDED_UNSYNCED = "unsynced"  # finished, its last checkpoint kept in scratch: run.remote's owner.json is not its own
+ENDED_UNSYNCED = "unsynced"  # an older minilmd's only (finished, its last checkpoint kept in scratch, run.remote's
+#                              owner.json not its own): now that last sync waits; still read in older state.json files
+FINAL_SYNC_WAITING = "final sync waiting: "
+"""The first words of the stopping phase's reason while a finished run's last sync waits (room on its remote, its
+remote's owner record: daemon/jobs/syncworker.py): what a stage after it reads as why it still waits."""
 RECORDED_ENDINGS = (ENDED_FINISHED, ENDED_STOPPED, ENDED_REQUEUED, ENDED_CANCELLED, ENDED_FAILED, ENDED_UNSYNCED)
 FINISHED_ENDINGS = (ENDED_FINISHED, ENDED_EARLY_STOPPED)
 ENDED_BY_REASON = (("stopped", ENDED_STOPPED), ("requeued by Slurm", ENDED_REQUEUED),

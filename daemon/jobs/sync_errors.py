@@ -15,7 +15,8 @@ class SyncError(RuntimeError):
 class RemoteNotOurs(SyncError):
     """The remote's owner record (owner.json) is not this run's claim any more: replaced, renamed or made another
     run's since this run synced there. Nothing is written there; like a remote out of reach, retried (its owner may
-    put it right), but said with its reason (daemon/jobs/syncworker.py) and never a failed run (daemon/ending.py)."""
+    put it right), but said with its reason (daemon/jobs/syncworker.py); a finished run's last sync waits for it
+    (SyncWorker.final_sync): never a run that ends, done or failed, with its last checkpoint unsynced."""
 
 
 class SyncAbandoned(SyncError):

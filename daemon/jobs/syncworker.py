@@ -31,6 +31,7 @@ from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.base.worker import Inbox, Worker, error_words
 from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
 from minilmd.fmt import fmt_mb as mb
+from minilmd.protocol import FINAL_SYNC_WAITING
 from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class SyncWorker:
         self.remote_inodes: int | None = None  # the remote's inode count when none was left (what ran out)
         self.full_said_at: float | None = None  # when `remote_full` was last said; None: not full when last tried
         self.waited_for_room = False  # the last sync has waited for room on the remote
-        self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
+        self.room_wait = ""  # why the last sync waits (room, the owner record), its latest try's: the phase's reason
+        self.claim_wait_said = ""  # the owner record's refusal the last sync's wait last said ("": it has not waited)
         self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
@@ -160,7 +162,10 @@ class SyncWorker:
         the trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
         `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
         retry backoff of a sync during the run, for as long as it takes, and `room_wait` says so (the loop makes it
-        the stopping phase's reason)."""
+        the stopping phase's reason). A sync refused by run.remote's owner record (`not_ours`: another user's file,
+        another run's record) is waited for alike (`_wait_for_claim`): a run that ended done with its last checkpoint
+        only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a /dev/shm scratch.
+        A stop while either waits ends it at once."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room
@@ -178,13 +183,19 @@ class SyncWorker:
                     return f"the last sync stalled ({self.state.sync.error})"
                 return None  # running, however slowly, while it moves: waited for
             self._collect()
-        if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
+        waited = self.waited_for_room or bool(self.claim_wait_said)  # a sync of the wait's is the last sync's try
+        if (self.final_tries > 0 or waited) and self.state.sync.state == SyncState.OK:
             return self._base_problem()
         if self.remote_full is not None and wait_for_room:
             self._wait_for_room()
             return None
+        if self.not_ours and wait_for_room:
+            self._wait_for_claim()
+            return None
         if self.remote_full is not None and self.waited_for_room:  # a stop while waiting: not held up for hours
             return f"the last sync found the {self.state.sync.error}"  # remote full (needs, free): the error
+        if self.not_ours and self.claim_wait_said:  # a stop while waiting for the record: no more tries
+            return f"the last sync was refused: {self.not_ours}"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
         if self.final_tries == 0 or now() >= self.next_at:
@@ -251,13 +262,15 @@ class SyncWorker:
             return f"retry in {retry:.0f}s"
         if isinstance(error, RemoteFull) and self.final_waits_for_room:
             return f"retry in {retry:.0f}s (a full remote counts no try)"
+        if isinstance(error, RemoteNotOurs) and self.final_waits_for_room:
+            return f"retry in {retry:.0f}s (a refused owner record counts no try)"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
         return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
 
     def _out_of_reach(self) -> str:
         """What a remote whose owner record is no longer this run's means: a remote out of reach, said why."""
-        goes_on = "" if self.final_tries else "training goes on, "
+        goes_on = "" if self.final_tries or self.claim_wait_said else "training goes on, "
         return (f"run.remote's owner record is no longer this run's: {goes_on}the checkpoints stay in scratch "
                 f"({self.cfg.checkpoint_dir}) and nothing is written to the remote; once the record is this run's "
                 f"again (or gone: the next sync claims the remote again), the syncs go on")
@@ -296,7 +309,7 @@ class SyncWorker:
                           f"it stays full")
 
     def _wait_for_room(self) -> None:
-        reason = f"final sync waiting: {self._remote_full()}"
+        reason = f"{FINAL_SYNC_WAITING}{self._remote_full()}"
         if not self.waited_for_room:
             self.waited_for_room = True
             self.emit("sync", f"{reason}: the last sync is tried again until it fits, no try counts; the "
@@ -304,6 +317,21 @@ class SyncWorker:
         self.room_wait = reason  # status and state.json: the numbers of the latest try
         if now() >= self.next_at:
             self._start("last sync (waiting for room on the remote)")
+
+    def _wait_for_claim(self) -> None:
+        """The finished run's last sync waits for run.remote's owner record to be this run's again, or gone: said
+        when the wait begins and whenever the refusal changes (another owner, another run's record), then tried
+        again at the retry backoff, no try counted. Nothing is held meanwhile: the trainer has exited, and the loop
+        gives the GPU back (daemon/ending.py)."""
+        reason = f"{FINAL_SYNC_WAITING}{self.not_ours}"
+        if self.claim_wait_said != self.not_ours:
+            self.claim_wait_said = self.not_ours
+            self.emit("sync", f"{reason}: the last sync is tried again until run.remote's {names.REMOTE_OWNER} is "
+                              f"this run's again or gone (removed by whoever owns it), no try counts; the checkpoint "
+                              f"stays in {self.cfg.checkpoint_dir}; `minilmd stop` ends the run with it there")
+        self.room_wait = reason
+        if now() >= self.next_at:
+            self._start("last sync (waiting for run.remote's owner record to be this run's)")
 
     def _start(self, why: str) -> None:
         sync = self.state.sync

@@ -1,6 +1,6 @@
-"""The waiting_init phase: a run whose init.from names another run (its config file or run directory) waits until
-that run has finished, then starts from its final, verified, synced checkpoint; a predecessor that failed (a
-final exit) ends this run too, with a final status saying so. And the lineage `status` shows.
+"""The waiting_init phase: a run whose init.from names another run (its config file or run directory) waits until that
+run has finished, then starts from its final, verified, synced checkpoint; a predecessor that failed (a final exit)
+ends this run too, with a final status saying so. And the lineage `status` shows.
 
 So a whole pipeline starts at once (`systemctl --user start minilmd@pretrain minilmd@sft minilmd@style`) and each
 stage begins when the one before it is done. The predecessor's state.json says where it is
@@ -8,8 +8,8 @@ stage begins when the one before it is done. The predecessor's state.json says w
 "init_wait". Whether it is alive too: its recorded supervisor pid still runs (with its start time: never a recycled
 pid), and its state.json was written within STALE_S; one that is not is "not running since" its state.json's last
 write (systemd may restart it: still a wait, never a failure). The wait is logged when the predecessor's phase or
-liveness changes, not at every step it makes. A run that already has a checkpoint of its own resumes from it and
-does not wait. Torch-free.
+liveness changes (or its last sync begins to wait: `final sync waiting`), not at every step it makes. A run that
+already has a checkpoint of its own resumes from it and does not wait. Torch-free.
 """
 from __future__ import annotations
 
@@ -231,9 +231,10 @@ class InitWaiter:
 
 
 def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
-    """What a new [init_wait] line is for: the predecessor's outcome, phase and liveness, or a new why when there
-    is no phase (not started, unreadable); never its step alone."""
-    return (report.outcome, report.phase, None if live is None else live.running,
+    """What a new [init_wait] line is for: the predecessor's outcome, phase and liveness, its last sync beginning to
+    wait (still `stopping`: the why says for what), or a new why when there is no phase (not started, unreadable);
+    never its step alone."""
+    return (report.outcome, report.phase, None if live is None else live.running, report.last_sync_waits,
             report.why if not report.phase else "")
 
 
