@@ -3,8 +3,9 @@ path_problems): a path that is not there while the directory above it holds othe
 launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
 unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
 the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
-run.remote in a view of the kernel (/proc) or below missing directories the sync must not make (from the top level or
-a mount parent, below an unmounted share's stub), and whether a path can be written at all. Torch-free.
+run.remote in a view of the kernel (/proc), below missing directories the sync must not make (from the top level or
+a mount parent, below an unmounted share's stub) or on a configured mount point nothing is mounted on now, and
+whether a path can be written at all. Torch-free.
 """
 from __future__ import annotations
 
@@ -124,8 +125,8 @@ def _started_with(cfg: RunConfig) -> str | None:
 
 
 def remote_parents_refused(root: str, config: mount_places.MountConfig | None = None) -> str:
-    """Why the sync will not make the directories missing above the local run.remote `root` ("" when it will, or
-    none is missing): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
+    """Why the sync will not make the local run.remote `root`, the directories missing above it, or write in it
+    ("" when it will): the one rule of what a sync makes (daemon/jobs/remote_local.py `_make_root`) and of what
     `run --check` refuses (`remote_problems`). A chain of missing directories is not made from "/" or from a directory
     shares are mounted in (minilmd/mount_places.py: /mnt, /media, /net, an autofs directory, the parent of a mount
     point fstab, an autofs map or a systemd mount unit names), where it is a share's mount point missing (a typo in
@@ -133,9 +134,16 @@ def remote_parents_refused(root: str, config: mount_places.MountConfig | None = 
     verified at every sync; nor below an unmounted share's stub: an empty directory, not a mount point, that is where
     a share is set up to be mounted (named by fstab, an autofs map or a systemd unit, or root's inside a mount
     parent; an empty directory the user made is theirs to fill: `made_in_empty_directory`). In the user's home
-    (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x), the chain is made. `config`:
-    the mount configuration of this check, read now when None."""
+    (place_rule.under_home), and below any other directory (/root, /workspace, /tmp/x), the chain is made. And
+    nothing is made or written on a configured mount point nothing is mounted on now, the remote or the directory
+    above it that is there (`unmounted_share`). `config`: the mount configuration of this check, read now when
+    None."""
     path = os.path.normpath(os.path.abspath(root))
+    config = config or mount_places.snapshot()
+    return _chain_refused(path, config) or unmounted_share(path, config)
+
+
+def _chain_refused(path: str, config: mount_places.MountConfig) -> str:
     parent = os.path.dirname(path)
     if not _missing(Path(path)) or not _missing(Path(parent)):
         return ""
@@ -145,10 +153,10 @@ def remote_parents_refused(root: str, config: mount_places.MountConfig | None = 
     there = os.path.dirname(first)
     if under_home(there):
         return ""
-    config = config or mount_places.snapshot()
     parents = config.parents()
     try:
-        stub = os.path.isdir(there) and not holds_any(there) and not os.path.ismount(there) and config.is_stub(there)
+        stub = os.path.isdir(there) and not holds_any(there) and not mount_places.is_mount_point(there) and \
+            config.is_stub(there)
     except OSError:
         stub = False
     if stub:
@@ -163,6 +171,19 @@ def remote_parents_refused(root: str, config: mount_places.MountConfig | None = 
             f"or make {parent} yourself")
 
 
+def unmounted_share(path: str, config: mount_places.MountConfig) -> str:
+    """Why nothing is made or written at the local run.remote `path` ("" when that is not why): it lies on a
+    directory a mount table names as a mount point (the remote itself, or the nearest directory above it that is
+    there) on which nothing is mounted now (mount_places.unmounted_point: /proc/self/mountinfo says, an automounter's
+    place excepted). Its share not mounted yet (a boot before the mount, a failed mount), the directory is the stub
+    on the local disk: the copy would go there and be hidden below the share once it is mounted."""
+    if not (point := mount_places.unmounted_point(path, config)):
+        return ""
+    return (f"{point} is named as a mount point by {config.named_by(point)} but nothing is mounted there (its share "
+            f"not mounted yet, or its mount failed): minilmd makes and writes nothing there, which would put the copy "
+            f"on the local disk, hidden below the share once it is mounted: mount it, or choose another run.remote")
+
+
 def remote_problems(remote: str, started: bool = False, waits: list[str] | None = None) -> list[str]:
     """A local run.remote the first sync can make: a writable directory, or the nearest one above it that is there
     is one, and on storage: no directory can be made in a view of the kernel (/proc, /sys), and as root the writable
@@ -175,7 +196,7 @@ def remote_problems(remote: str, started: bool = False, waits: list[str] | None 
         if not started:
             return [f"run.remote = {remote!r}: {missing}"]
         if waits is not None:
-            waits.append(f"run.remote = {remote!r}: {missing}; the sync fails, retried, until it is there")
+            waits.append(f"run.remote = {remote!r}: {missing}; the sync fails, retried, until the share is there")
     problems = check_writable("run.remote", path)
     above = path
     while _missing(above) and above.parent != above:
@@ -200,6 +221,6 @@ def made_in_empty_directory(root: str, config: mount_places.MountConfig | None =
         if not stat.S_ISDIR(os.lstat(there).st_mode) or holds_any(there):
             return ""
         named = (config or mount_places.snapshot()).names(there)
-        return there if not named or os.path.ismount(there) else ""
+        return there if not named or mount_places.is_mount_point(there) else ""
     except OSError:
         return ""

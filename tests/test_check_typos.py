@@ -141,10 +141,11 @@ def _set_up_as_mount_point(monkeypatch, stub: Path) -> None:
 def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path, monkeypatch):
     """A remote whose parent is not there under an unmounted share (its mount point an empty stub, not a mount
     point): the sync fails, saying so in words (no Python class name), and makes nothing on the local disk below
-    it; under a place that answers it makes the remote and its parent, as it always did."""
+    it; with the share mounted (mountinfo lists it) it makes the remote and its parent, as it always did."""
     from minilmd.daemon.base.worker import error_words
     from minilmd.daemon.jobs.remote_local import LocalRemote
     from minilmd.daemon.jobs.sync_errors import SyncError
+    from mount_fakes import mounted_on
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -156,7 +157,7 @@ def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path, monkeypa
     assert f"{mnt / 'ckpt'} is not there ({mnt} is an empty directory, not a mount point)" in said, said
     assert "Error" not in said and list(mnt.iterdir()) == []
     assert error_words(SyncError(f"sync to {mnt} failed: {said}")) == f"sync to {mnt} failed: {said}"
-    (mnt / "other-run").mkdir()  # the share answers
+    mounted_on(monkeypatch, tmp_path, mnt)  # the share mounted (before: a stub holding an entry was taken for it)
     remote.makedirs()
     assert (mnt / "ckpt" / "r").is_dir()
 

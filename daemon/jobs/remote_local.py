@@ -314,7 +314,8 @@ class LocalRemote(Publishing, Remote):
     def _make_root(self) -> None:
         """The root made when missing, with the directories above it that are not there, unless the rule of
         path_checks.remote_parents_refused (the one `run --check` refuses by) says no: a chain made from the top
-        level (a typo in a share's path) or below an unmounted share's mount point would put the "durable" copy on
+        level (a typo in a share's path) or below an unmounted share's mount point, or a root made or written on a
+        configured mount point nothing is mounted on now (the root there or not), would put the "durable" copy on
         the local disk. The sync fails then, is retried, and says so, until the share is back. Made by
         construction, never by path: walked from "/" through descriptors (place_rule.walk_to), each directory judged
         by open_root's rule on what its descriptor holds as it is reached, each missing one made (mkdirat) in its
@@ -323,10 +324,10 @@ class LocalRemote(Publishing, Remote):
         directory on the way swapped for a link or his own directory after a look: PlaceRefused, naming what was
         found (before, the place was judged by path and then made by path, os.makedirs, through whatever stood there
         by then). The owner a squashing share gives what is made is learnt as open_root learns it."""
+        if missing := remote_parents_refused(self.root):  # the root there too: on an unmounted share's stub
+            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
         if os.path.isdir(self.root):
             return
-        if missing := remote_parents_refused(self.root):
-            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
         if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
             from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import StagingState, SyncState
@@ -127,8 +128,9 @@ class StagingFetch:
             self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
         found = self.records or remotewait.Records(remotewait.NEVER, "")
-        wait, why = remotewait.decision(remote, absent, found, self.fresh,
-                                        remotewait.made_by_first_sync(remote) if absent else "")
+        # bounded as `run --check` bounds it: a mount that stalls the look answers "" (no first sync's words), no hang
+        new = (bounded_probe(remotewait.made_by_first_sync, remote)[1] or "") if absent else ""
+        wait, why = remotewait.decision(remote, absent, found, self.fresh, new)
         if wait:
             return why
         self.from_step_0 = why
