@@ -25,7 +25,9 @@ the lock's body: anyone who can write the run directory writes them) names its p
 - a tracer (py-spy dump: ptrace stops the process while it reads it) is attached under the same proofs, made again
   right before it attaches and checked after it returns (`Launch.py_spy_dump`, `py_spy_dump_child`);
 - a Slurm job's steps (`scancel --signal`, which Slurm delivers to every task of them) only when the job is the one
-  this process runs in: its own SLURM_JOB_ID, never an id read from a file.
+  this process runs in: its own SLURM_JOB_ID, never an id read from a file;
+- a command bounded in time (`run_bounded`: py-spy, dmesg, scontrol) runs in a session of its own, whose whole group
+  is killed past its bound while the command is our unreaped child (subprocess's timeout= kills the command alone).
 Linux only, as all of minilmd. Torch-free, standard library only.
 """
 from __future__ import annotations

@@ -10,6 +10,9 @@ the trainer-child wrapper below, which itself goes through procs.py, held to the
 signal a process is added to procs.py, with its proof, or this test says where it is. At run time conftest.py's
 autouse fixture (signal_backstop.py) fails a test in which the code sent os.kill, os.killpg or pidfd_send_signal
 from anywhere but procs.py, however it was spelled, a name bound at the module's import (`from os import kill`) too.
+A process killed past a timeout is one too: subprocess's run/call/check_output given `timeout=` kill the command
+alone, so every such call outside procs.py is listed (KILLS_ON_TIMEOUT) but the reviewed ones; procs.run_bounded
+kills the command's whole group.
 """
 from __future__ import annotations
 
