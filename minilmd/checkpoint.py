@@ -29,7 +29,7 @@ import hashlib
 import io
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -323,26 +323,79 @@ def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     return sink.sha256.hexdigest(), kept.getvalue()
 
 
-def listed_bytes(ckpt_dir: str | os.PathLike, name: str, max_bytes: int) -> bytes | None:
-    """The file `name` of a checkpoint (a DPO run's reference sums), read once, no more than max_bytes, and checked
-    against its manifest entry as verify_manifest checks every file (size, then sha256): the bytes checked, never
-    the path read again. None when the manifest lists no such file. Raises CheckpointInvalid."""
+def listed_files(ckpt_dir: str | os.PathLike,
+                 bounds: Mapping[str, int | None]) -> tuple[dict[str, bytes | None], dict]:
+    """({name: its bytes} of each file `bounds` names, the manifest they were checked against): one reading of the
+    manifest, and each file read once, no more than its bound (None: the size its manifest lists), checked against
+    its entry as verify_manifest checks every file (size, then sha256): the bytes checked, never a path read again.
+    None for a name the manifest does not list. Raises CheckpointInvalid."""
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
     problems = manifest_problems(manifest)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    entry = manifest["files"].get(name)
-    if entry is None:
-        return None
+    found: dict[str, bytes | None] = {}
+    for name, most in bounds.items():
+        entry = manifest["files"].get(name)
+        found[name] = None if entry is None else _checked_bytes(ckpt_dir, name, entry, most)
+    return found, manifest
+
+
+def _checked_bytes(ckpt_dir: Path, name: str, entry: dict, most: int | None) -> bytes:
+    """The file `name` read once, no more than `most` (None: its listed size), checked against its manifest entry
+    (size, then sha256). Raises CheckpointInvalid."""
     try:
-        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], max_bytes)
+        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], entry["size"] if most is None else most)
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
-    problems = table_problems({name: entry}, lambda _: len(data), lambda _: digest, listed_in=MANIFEST)
+
+    def size_of(_: str) -> int:
+        return len(data)
+
+    def sha256_of(_: str) -> str:
+        return digest
+
+    problems = table_problems({name: entry}, size_of, sha256_of, listed_in=MANIFEST)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return data
+
+
+@dataclass(frozen=True)
+class ForLoading:
+    """What a loader takes of a checkpoint (trainer/checkpoint/save.py load): every part read once and checked
+    against one reading of its manifest (listed_files), the JSON parts parsed from those bytes (depth bound, an
+    object, the types a loader uses) and the tensors' files left to the loader's deserializer."""
+
+    model: bytes
+    optimizer: bytes
+    state: dict
+    """trainer_state.json."""
+    opt_meta: dict
+    """optimizer.json."""
+    carried: dict[str, bytes]
+    """The other files asked for that the manifest lists (a DPO run's reference sums), by name."""
+
+
+def for_loading(ckpt_dir: str | os.PathLike, carried: Mapping[str, int] | None = None) -> ForLoading:
+    """A checkpoint's parts for a loader (ForLoading), the files of `carried` ({name: the most read}) too; the JSON
+    parts no more than MAX_JSON_PART, the tensors' files their listed size. A loader asks this of a checkpoint
+    find_latest validated a moment ago: what it loads is what it checks now, not whatever the path holds since.
+    Raises CheckpointInvalid."""
+    ckpt_dir = Path(ckpt_dir)
+    bounds: dict[str, int | None] = {MODEL_FILE: None, OPTIMIZER_FILE: None,
+                                     **dict.fromkeys(JSON_PARTS, MAX_JSON_PART), **(carried or {})}
+    files, manifest = listed_files(ckpt_dir, bounds)
+    state, opt_meta = _parse_json_parts(ckpt_dir, {name: data for name in JSON_PARTS
+                                                              if (data := files[name]) is not None})
+    problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, manifest["step"],
+                                                                                       state)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    model, optimizer = files[MODEL_FILE], files[OPTIMIZER_FILE]
+    assert model is not None and optimizer is not None  # REQUIRED_FILES: manifest_problems refuses one unlisted
+    return ForLoading(model, optimizer, state, opt_meta,
+                      {name: data for name in carried or {} if (data := files[name]) is not None})
 
 
 def _check_directory(ckpt_dir: Path) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_META_MAX_BYTES, SPLITS
-from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
+from minilmd.untrusted import Unreadable, loads_any, read_bytes
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -47,7 +46,7 @@ def read_meta_hashed(root: str | Path) -> tuple[dict, str]:
     path = Path(root) / META
     try:
         data = read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES)
-        meta = loads_meta(data)
+        meta = loads_any(data)
     except Unreadable as e:
         if e.missing:
             raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
@@ -84,19 +83,10 @@ def read_corpus_meta(prepared: str | Path) -> dict | None:
 def _parsed(raw: bytes) -> dict | None:
     """read_corpus_meta's parse of meta.json's bytes (the cache's key: the same bytes, the same dict)."""
     try:
-        meta = loads_meta(raw)
+        meta = loads_any(raw)
     except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
-
-
-def loads_meta(raw: bytes):
-    """json.loads of meta.json's bytes, with json's own messages, but ValueError rather than RecursionError for
-    brackets nested deeper than any meta.json (the depth bound of minilmd/untrusted.py)."""
-    text = raw.decode("utf-8")
-    if too_deep(text, DEFAULT_MAX_DEPTH):
-        raise ValueError(f"nested deeper than {DEFAULT_MAX_DEPTH}")
-    return json.loads(text)
 
 
 def meta_value(meta: Any, *keys: str) -> Any:
@@ -116,8 +106,8 @@ def parse_meta(raw: bytes, where: str) -> dict:
     """meta.json's bytes as fetched from a corpus source (`where` names the file); CorpusError if not a JSON
     object."""
     try:
-        meta = loads_meta(raw)
-    except ValueError as e:  # UnicodeDecodeError too
+        meta = loads_any(raw)
+    except ValueError as e:  # not UTF-8, too deep too
         raise CorpusError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise CorpusError(f"{where}: not a JSON object")

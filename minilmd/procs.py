@@ -2,7 +2,9 @@
 
 Identity: a pid alone is recycled; the pid and its start time (field 22 of /proc/PID/stat, in clock ticks since
 boot) together name one process, so a record or a temporary name that outlives its process (trainer.json,
-state.json's supervisor, an export's temporary copy) can tell its maker from a later process with that pid.
+state.json's supervisor, an export's temporary copy) can tell its maker from a later process with that pid. The
+readers of /proc (start time, state, group, uids, environment, caught signals) are minilmd/proc_info.py's, asked
+here too.
 
 Signalling: every signal minilmd sends goes through this module (tests/test_one_way_to_signal.py lists every
 os.kill, os.killpg, pidfd_send_signal, send_signal, terminate and kill call in the source and fails on one outside
@@ -23,7 +25,9 @@ the lock's body: anyone who can write the run directory writes them) names its p
 - a tracer (py-spy dump: ptrace stops the process while it reads it) is attached under the same proofs, made again
   right before it attaches and checked after it returns (`Launch.py_spy_dump`, `py_spy_dump_child`);
 - a Slurm job's steps (`scancel --signal`, which Slurm delivers to every task of them) only when the job is the one
-  this process runs in: its own SLURM_JOB_ID, never an id read from a file.
+  this process runs in: its own SLURM_JOB_ID, never an id read from a file;
+- a command bounded in time (`run_bounded`: py-spy, dmesg, scontrol) runs in a session of its own, whose whole group
+  is killed past its bound while the command is our unreaped child (subprocess's timeout= kills the command alone).
 Linux only, as all of minilmd. Torch-free, standard library only.
 """
 from __future__ import annotations
@@ -33,77 +37,27 @@ import os
 import secrets
 import signal
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from minilmd import names
 from minilmd.perms import owner_in, signal_uid, user_words
+from minilmd.proc_info import (  # noqa: F401 - here too: the readers the proofs use, asked of procs by its callers
+    GONE_STATES,
+    catches_signal,
+    group_members,
+    process_alive,
+    process_environ,
+    process_start_ticks,
+    process_state,
+    process_uids,
+    start_ticks_or_raise,
+)
 from minilmd.untrusted import printable
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if it is gone or a
-    zombie. Together with the pid it identifies a process: a recycled pid has another start time."""
-    try:
-        return start_ticks_or_raise(pid)
-    except (OSError, ValueError):
-        return None
-
-
-def start_ticks_or_raise(pid: int, read: Callable[[str], str] = lambda path: Path(path).read_text()) -> int | None:
-    """process_start_ticks for a caller that must tell "gone" from "not known": None only when the process is gone
-    (no /proc entry: ENOENT, ESRCH) or a zombie; any other failure to read (EMFILE, ENOMEM, EACCES, a torn read)
-    raised (OSError, ValueError). `read`: the reader of /proc/PID/stat (the tests' seam)."""
-    try:
-        raw = read(f"/proc/{pid}/stat")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
-    if len(rest) < 20:  # a torn or foreign read: not known, said as the docstring promises (never an IndexError)
-        raise ValueError(f"/proc/{pid}/stat: {len(rest)} fields after the command name, not the 20 and more expected")
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
-
-
-def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
-    """Whether process `pid` runs (not a zombie) and, when `start_ticks` is given, is the one that started then: a
-    recycled pid has another start time. A record that kept no start time (an older minilmd's) takes any live
-    process of that pid."""
-    if not pid or pid <= 0:
-        return False
-    ticks = process_start_ticks(pid)
-    return ticks is not None and (start_ticks is None or ticks == start_ticks)
-
-
-def process_uids(pid: int) -> tuple[int, ...] | None:
-    """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return tuple(int(u) for u in line.split()[1:])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def process_environ(pid: int) -> dict[str, str]:
-    """The environment a process started with ({} if unreadable: not ours, or gone). What it set later is not
-    there: /proc shows the block exec gave it."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
 
 # --- whose run: the caller's, or root's to act on -----------------------------------------------------------
 
@@ -355,6 +309,25 @@ def signal_group_member(leader: int, pid: int, ticks: int | None, sig: int) -> b
         return None if member and _our_unreaped_child(leader) else "not in our child's process group"
 
     return _send(pid, ticks, sig, why_not) is None
+
+
+def run_bounded(argv: list[str], timeout: float, **popen: Any) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, timeout=timeout, **popen) that ends everything the command started:
+    it runs in a session, so a process group, of its own, and past `timeout` (or on any exception: Ctrl-C) that
+    whole group gets SIGKILL (signal_child_group: while the command is our unreaped child, its pid names that group
+    and no other), the command is reaped and the exception raised (subprocess.TimeoutExpired). subprocess.run kills
+    only the command itself: a process it started (a shell's, py-spy's) lived on, holding the pipes. A process that
+    left the group (setsid) is not its to end. `popen` may give stderr=subprocess.STDOUT (one stream, in stdout).
+    Raises OSError when the command cannot start."""
+    with subprocess.Popen(argv, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen},
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:
+            signal_child_group(proc.pid, signal.SIGKILL)
+            proc.wait()  # not communicate: a process that left the group may hold the pipes open for good
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 # --- a tracer attached: ptrace stops the process and reads its memory, so only one proven the run's -------------

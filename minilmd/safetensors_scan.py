@@ -32,10 +32,21 @@ _NP_DTYPES = {"F64": ("<f8", True), "F32": ("<f4", True), "F16": ("<f2", True), 
               "U8": ("u1", False), "BOOL": ("u1", False)}
 
 
-def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int, name: str) -> tuple[dict, int]:
-    """(tensor entries sorted by offset, data start). Raises ValueError naming what is wrong: the header is read
-    as untrusted JSON (depth bound, an object), and every entry must be {"dtype", "shape", "data_offsets"} with
-    the tensors tiling the data exactly, in order, without gaps or overlaps, to the last byte of the file."""
+def safetensors_metadata(data: bytes, name: str) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file held in memory ({} when it has none), its header parsed and checked
+    as a scan checks it (bounded in length and depth, every entry of the shape the format defines, the tensors
+    tiling the data): the one parser of such a header. Raises ValueError naming what is wrong."""
+    stream = io.BytesIO(data)
+    _, _, metadata = _parse_safetensors_header(stream.read(8), stream.read, len(data), name)
+    return metadata
+
+
+def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int,
+                              name: str) -> tuple[dict, int, dict[str, str]]:
+    """(tensor entries sorted by offset, data start, the metadata). Raises ValueError naming what is wrong: the
+    header is read as untrusted JSON (depth bound, an object), and every entry must be {"dtype", "shape",
+    "data_offsets"} with the tensors tiling the data exactly, in order, without gaps or overlaps, to the last byte of
+    the file; the metadata, when there, an object of strings (the format's)."""
     if len(raw8) < 8:
         raise ValueError(f"{name}: shorter than a safetensors header")
     (n,) = struct.unpack("<Q", raw8)
@@ -45,7 +56,9 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
         header = loads(read(n), expect=dict)
     except Unreadable as err:
         raise ValueError(f"{name}: header is not a JSON object ({err.why})") from None
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{name}: __metadata__ is not an object of strings")
     for key, e in header.items():
         problem = _entry_problem(e)
         if problem:
@@ -60,7 +73,7 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
         expected_start = end
     if 8 + n + expected_start != size:
         raise ValueError(f"{name}: tensors end at byte {8 + n + expected_start}, file has {size}")
-    return entries, 8 + n
+    return entries, 8 + n, metadata
 
 
 def _entry_problem(e: Any) -> str | None:
@@ -128,7 +141,7 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
             h.update(b)
             return b
 
-        entries, _ = _parse_safetensors_header(read(8), read, have, path.name)
+        entries, _, _ = _parse_safetensors_header(read(8), read, have, path.name)
         for key, e in entries.items():
             begin, end = e["data_offsets"]
             itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize

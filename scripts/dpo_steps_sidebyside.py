@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check_sidebyside import copy_minimind  # beside this script
 
-from minilmd import pychild
+from minilmd import procs, pychild
 from minilmd.corpus.prepare.block import split_is_val
 from minilmd.corpus.prepare.dpo_encode import pair_canonical
 
@@ -119,8 +119,7 @@ def run_minimind(copy: Path, python: str, pairs: Path, seq_len: int, n: int, lr:
            "--dtype", "float32", "--num_workers", "0", "--log_interval", "1", "--save_interval", "1000000",
            "--use_compile", "0", "--from_resume", "0", "--device", "cpu"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, cwd=copy / "trainer", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env, timeout=600)
+    done = procs.run_bounded(cmd, 600, cwd=copy / "trainer", stderr=subprocess.STDOUT, text=True, env=env)
     losses = [float(m.group(1)) for m in re.finditer(r"\(1/1\), loss: ([\d.]+)", done.stdout)]
     if done.returncode != 0 or len(losses) != epochs:
         raise SystemExit(f"MiniMind train_dpo.py: exit {done.returncode}, losses {losses}\n{done.stdout[-3000:]}")

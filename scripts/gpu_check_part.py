@@ -133,8 +133,8 @@ def gpu_slots(per_run_gib: float = 30.0, most: int = 4) -> int:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return most
-    done = subprocess.run([smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-                          capture_output=True, text=True, timeout=30)
+    done = procs.run_bounded([smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"], 30,
+                             text=True)
     try:
         free_gib = float(done.stdout.split()[0]) / 1024
     except (IndexError, ValueError):

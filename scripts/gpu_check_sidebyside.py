@@ -43,8 +43,8 @@ def find_minimind() -> Path | None:
     candidates = [Path(os.environ["MINILMD_MINIMIND"])] if os.environ.get("MINILMD_MINIMIND") else []
     candidates += [ROOT.parent / "shared" / "minimind", ROOT / "shared" / "minimind"]
     try:
-        common = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
+        common = procs.run_bounded(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute",
+                                    "--git-common-dir"], 10, text=True).stdout.strip()
         if common:
             candidates.append(Path(common).parent.parent / "shared" / "minimind")
     except (OSError, subprocess.SubprocessError):

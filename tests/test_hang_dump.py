@@ -18,7 +18,7 @@ import pytest
 from minilmd import names, procs
 from minilmd.config import load_config
 from minilmd.daemon.child.process import launch
-from minilmd.daemon.child.stackdump import _DUMP_MARK, _proc_stat, dump_stack
+from minilmd.daemon.child.stackdump import _DUMP_MARK, dump_stack
 from supervisor_helpers import run_supervisor, state, write_config
 from waiting import wait_until
 
@@ -68,7 +68,7 @@ def test_a_stopped_process_gets_no_dump_and_the_message_says_it_is_stopped_not_i
     child = start(tmp_path, REGISTERED.format(body="time.sleep(600)"))
     try:
         os.kill(child.pid, signal.SIGSTOP)
-        wait_until(lambda: _proc_stat(child.pid)[:1] == ["T"], 30, "the child to stop", interval=0.02)
+        wait_until(lambda: procs.process_state(child.pid) == "T", 30, "the child to stop", interval=0.02)
         said = dump_stack(child.pid, child.log_path, wait_s=0.5)
         assert said.startswith("SIGUSR1 sent but no stack dump reached the attempt log within 0.5s"), said
         assert f"pid {child.pid} state T" in said, said

@@ -66,8 +66,8 @@ def test_run_check_parses_meta_json_once(tmp_path, corpus, monkeypatch):
     from supervisor_helpers import write_config
 
     parsed = []
-    real = corpus_meta.loads_meta
-    monkeypatch.setattr(corpus_meta, "loads_meta", lambda raw: parsed.append(len(raw)) or real(raw))
+    real = corpus_meta.loads_any
+    monkeypatch.setattr(corpus_meta, "loads_any", lambda raw: parsed.append(len(raw)) or real(raw))
     result = CliRunner().invoke(app, ["run", "--check", str(write_config(tmp_path, corpus))])
     assert result.exit_code == 0, result.output
     assert len(parsed) <= 1, parsed  # five before; none when an earlier test parsed the same bytes

@@ -34,8 +34,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/procs.py": ("private", "/proc and /proc/PID/fdinfo: the kernel's, as many entries as processes and "
                          "descriptors there are, nothing another user can add names to", {
         ("Launch.processes", "os.listdir"): 1, ("holds_flock", "os.listdir"): 1}),
-    "daemon/child/stackdump.py": ("private", "/proc: the kernel's list of processes (the trainer's group's members)",
-                                  {("_group_members", "os.listdir"): 1}),
+    "minilmd/proc_info.py": ("private", "/proc: the kernel's list of processes (a process group's members)",
+                             {("group_members", "os.listdir"): 1}),
     "minilmd/dirtree.py": ("private", "dirfd's tree walk through descriptors, depth bounded (MAX_TREE_DEPTH): a "
                            "temporary directory this run made (flushed before it is published: dirpublish.publish, a "
                            "sync's tree), a directory proven this run's before it is emptied (Dir.empty), or prepare's "

@@ -10,6 +10,9 @@ the trainer-child wrapper below, which itself goes through procs.py, held to the
 signal a process is added to procs.py, with its proof, or this test says where it is. At run time conftest.py's
 autouse fixture (signal_backstop.py) fails a test in which the code sent os.kill, os.killpg or pidfd_send_signal
 from anywhere but procs.py, however it was spelled, a name bound at the module's import (`from os import kill`) too.
+A process killed past a timeout is one too: subprocess's run/call/check_output given `timeout=` kill the command
+alone, so every such call outside procs.py is listed (KILLS_ON_TIMEOUT) but the reviewed ones; procs.run_bounded
+kills the command's whole group.
 """
 from __future__ import annotations
 
@@ -293,3 +296,54 @@ def test_the_backstop_refuses_to_start_after_the_code_is_imported():
         "minilmd.daemon.planted": type("M", (), {"__file__": str(REPO / "daemon" / "planted.py")}),
         "supervisor_helpers": type("M", (), {"__file__": str(REPO / "tests" / "supervisor_helpers.py")}),
         "os": os, "builtins": type("M", (), {})}) == ["minilmd.daemon.planted"]
+
+
+KILLS_ON_TIMEOUT = {"run", "call", "check_call", "check_output"}
+"""The calls that start a process and, past a `timeout=`, kill it: subprocess's (and a wrapper of them, such as
+pychild.run, by the same name). They kill the command alone (Popen.kill), not what it started, and outside
+procs.py: a command bounded in time runs through procs.run_bounded, which kills its whole group."""
+TIMEOUTS_REVIEWED = Counter({
+    # pychild.run, the one way to start a Python child (which run_bounded is not), bounding a `minilmd` command:
+    ("scripts/dpo_steps_sidebyside.py", "pychild.run"): 1,  # a comparison run by hand; the bound raises, it ends
+    ("scripts/gpu_check_part.py", "pychild.run"): 1,  # a device check's part: what is left of a supervisor's trainer
+    # past the bound is killed by kill_leftovers (through procs), proven the run's
+})
+
+
+def killing_timeouts(path: Path) -> list[tuple[int, str]]:
+    """(line, call) of each call named as one of KILLS_ON_TIMEOUT (a module's function or a method: subprocess.run,
+    sp.run, pychild.run) given a `timeout=`."""
+    return [(node.lineno, ast.unparse(node.func)) for node in audit_calls.nodes(source_tree.tree(path))
+            if isinstance(node, ast.Call) and any(k.arg == "timeout" for k in node.keywords)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+            in KILLS_ON_TIMEOUT]
+
+
+def timeouts_outside_procs(files: list[Path], reviewed: Counter = TIMEOUTS_REVIEWED) -> list[str]:
+    """Each such call outside procs.py not reviewed, and each review whose count differs from the calls found."""
+    found, seen = [], Counter()
+    for path in files:
+        rel = source_tree.relative(path)
+        for line, call in killing_timeouts(path) if rel != THE_MODULE else []:
+            if (rel, call) in reviewed:
+                seen[(rel, call)] += 1
+            else:
+                found.append(f"{rel}:{line}: {call}(..., timeout=...)")
+    return found + [f"{rel}: {call}(..., timeout=...) x{seen[(rel, call)]}, reviewed x{n}"
+                    for (rel, call), n in sorted(reviewed.items()) if seen[(rel, call)] != n]
+
+
+def test_a_command_bounded_in_time_is_killed_with_its_group_through_procs(tmp_path):
+    """subprocess.run(..., timeout=) kills only the command past its bound (house8 item 7: py-spy, dmesg, scontrol):
+    every such call runs through procs.run_bounded, but the reviewed ones; the audit sees each spelling."""
+    problems = timeouts_outside_procs(python_files())
+    assert not problems, ("a command bounded by subprocess's timeout= (it kills the command alone, not what it "
+                          "started): use procs.run_bounded, or review it here:\n" + "\n".join(problems))
+    bad = tmp_path / "bad.py"
+    bad.write_text("import subprocess as sp\nfrom subprocess import check_output\nfrom minilmd import pychild\n"
+                   "def f(argv, proc):\n    sp.run(argv, timeout=5)\n    check_output(argv, timeout=1)\n"
+                   "    pychild.run(argv, timeout=9)\n    proc.communicate(timeout=3)\n    sp.run(argv)\n",
+                   encoding="utf-8")
+    assert timeouts_outside_procs([bad], Counter({("bad.py", "pychild.run"): 1, ("gone.py", "x.run"): 1})) == [
+        "bad.py:5: sp.run(..., timeout=...)", "bad.py:6: check_output(..., timeout=...)",
+        "gone.py: x.run(..., timeout=...) x0, reviewed x1"]

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from minilmd import procs
+
 HIERARCHY_ROOTS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 """The memory cgroup hierarchies' roots as mounted: a counter there (in a container, the container's own group)
 counts the OOM kills of every group below it, so a child seen there only while it dies is not watched through it."""
@@ -75,7 +77,7 @@ def kernel_log_oom(pid: int, started: float) -> bool | None:
     earlier process of the same pid for as long as the machine runs (the CI's second Ctrl-C test was called OOM-killed
     by the record of another test's child of that pid, 23 minutes older)."""
     try:
-        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
+        done = procs.run_bounded(["dmesg"], 5, text=True)  # past 5 s its process group killed, through procs
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:

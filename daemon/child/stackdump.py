@@ -3,7 +3,6 @@ there: py-spy if installed, else SIGUSR1 to the processes that registered faulth
 uninterruptible I/O, its state and kernel stack instead. Torch-free."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,8 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
         failed = ""
 
         def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+            # past the timeout py-spy's whole process group is killed, through procs (its one way to signal)
+            return procs.run_bounded(argv, timeout, text=True, errors="replace")
 
         # torchrun's workers too (py-spy of the agent shows only it), each proven the launch's right before the
         # attach as a signal would be (minilmd/procs.py): a worker is not our child, its pid may be someone's by now
@@ -73,10 +73,11 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
 
 def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
                      others: tuple[tuple[int, int], ...] = (), launch: procs.Launch | None = None) -> str:
-    group = _group_members(pid)
-    started = {p: ticks for p, ticks in others if p not in group and _proc_stat(p)[:1] not in ([], ["Z"], ["X"])}
+    group = procs.group_members(pid)
+    started = {p: ticks for p, ticks in others
+               if p not in group and procs.process_state(p) not in (None, *procs.GONE_STATES)}
     group += list(started)
-    targets = [p for p in group if _catches(p, signal.SIGUSR1)]
+    targets = [p for p in group if procs.catches_signal(p, signal.SIGUSR1)]
     if not targets:
         who = "its torchrun workers do" if torchrun else "it does"
         return (f"no stack dump: {who} not catch SIGUSR1 yet (the faulthandler is registered when training starts; "
@@ -116,7 +117,7 @@ NO_HANDLER_BECAUSE = {
 def _why_no_handler(pids: list[int]) -> str:
     """Why the states of `pids` let no handler run, one clause per state found (in the order of the pids); for
     others (running, sleeping), that the handler did not run in time, with no reason the state gives."""
-    found = dict.fromkeys((_proc_stat(pid) or ["gone"])[0] for pid in pids)
+    found = dict.fromkeys(procs.process_state(pid) or "gone" for pid in pids)
     why = [NO_HANDLER_BECAUSE[state] for state in found if state in NO_HANDLER_BECAUSE]
     return "; ".join(why) or "no state here keeps a handler from running: the dump may come late, or not at all"
 
@@ -143,43 +144,12 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _proc_stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (state first), or [] if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of process group pgid (the child's session leader first)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _proc_stat(int(entry))
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry))
-    return sorted(members, key=lambda p: p != pgid)
-
-
-def _catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for sig (SigCgt of /proc/PID/status)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def _states(pids: list[int]) -> str:
     """"pid 12 state D (waiting in nfs_wait_on_request)" for each pid: where each one is."""
     parts = []
     for pid in pids:
-        fields = _proc_stat(pid)
-        if not fields:
+        state = procs.process_state(pid)
+        if state is None:
             parts.append(f"pid {pid} gone")
             continue
         try:
@@ -187,7 +157,7 @@ def _states(pids: list[int]) -> str:
         except OSError:
             wchan = ""
         where = f" (waiting in {wchan})" if wchan and wchan != "0" else ""
-        parts.append(f"pid {pid} state {fields[0]}{where}")
+        parts.append(f"pid {pid} state {state}{where}")
     return ", ".join(parts)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
 from minilmd.backoff import STAGING_COPY_FIRST_S, STAGING_COPY_MAX_S, STAGING_COPY_RETRIES, exponential
-from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, owner_note, parse_meta
+from minilmd.corpus_meta import CorpusError, listed_files, owner_note, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
@@ -53,7 +53,7 @@ from minilmd.names import (
 )
 from minilmd.perms import who_else_writes
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
-from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
+from minilmd.untrusted import Unreadable, loads_any, open_regular, read_bytes, size_text
 from minilmd.urls import is_local_fs, open_fs
 
 
@@ -88,7 +88,7 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
     quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
-        meta = loads_meta(read_bytes(root / META, max_bytes=CORPUS_META_MAX_BYTES))  # never a FIFO, never too deep
+        meta = loads_any(read_bytes(root / META, max_bytes=CORPUS_META_MAX_BYTES))  # never a FIFO, never too deep
         files = _listed_files(meta if isinstance(meta, dict) else {}, str(root))
     except Unreadable as e:
         return [f"{root / META}: " + ("missing" if e.missing else f"unreadable ({e.os_error or e.why})")]
@@ -125,7 +125,7 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
     new meta's `versions` chain names its sha256), else {}."""
     try:
         raw = read_bytes(old / META, max_bytes=CORPUS_META_MAX_BYTES)
-        old_meta = loads_meta(raw)
+        old_meta = loads_any(raw)
     except (OSError, ValueError):
         return {}
     digest = hashlib.sha256(raw).hexdigest()

@@ -9,18 +9,18 @@ half is (daemon/jobs/fetch.py), so that the copy reads apart from when and what 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minilmd import checkpoint as ck
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import sync_pass
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.daemon.jobs.sync_errors import SyncError
-from minilmd.names import MANIFEST, host_tag, sync_tmp_name
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, host_tag, sync_tmp_name
+from minilmd.untrusted import Unreadable, loads, read_bytes
 
 
 class CopyUp:
@@ -46,7 +46,7 @@ class CopyUp:
         `replacing`: the copy takes the place of the remote's step 0 of a stopped reference pass behind it
         (sync_pass.py; a store that renames into place only)."""
         remote = self.remote
-        manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
+        manifest, manifest_text = _local_manifest(local)
         name = local.name
         if remote.renames_into_place:
             target = sync_tmp_name(name, host_tag(), os.getpid())
@@ -66,7 +66,7 @@ class CopyUp:
                 raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
                                 + "; ".join(problems[:3]))
             nbytes += remote.put(local / MANIFEST, target, MANIFEST)
-            if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
+            if remote.read_text(target, MANIFEST) != manifest_text:  # the one the copy was verified against
                 raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
             self.watch.reading(f"putting {name} in place on {self.remote_url}")
             self._go_on()  # abandoned after its last chunk: the verified copy is removed, not put in place
@@ -129,3 +129,19 @@ class CopyUp:
             return None
         self.copying = local
         return self._copy_up(local, scan, replacing=replacing)
+
+
+def _local_manifest(local: Path) -> tuple[Any, str]:
+    """(the manifest of a local checkpoint, its text), read once as untrusted (no link, bounded in size and depth):
+    the one reading the remote copy is verified against and its manifest compared with (it was parsed by path, then
+    read again for the comparison). SyncError when it is no manifest now (changed since it validated)."""
+    path = local / MANIFEST
+    try:
+        raw = read_bytes(path, max_bytes=MANIFEST_MAX_BYTES)
+        manifest = loads(raw, path=path)
+    except Unreadable as e:
+        raise SyncError(f"cannot read {path}: {e.why}") from None
+    problems = ck.manifest_problems(manifest)
+    if problems:
+        raise SyncError(f"{path}: {'; '.join(problems[:3])}")
+    return manifest, raw.decode("utf-8")

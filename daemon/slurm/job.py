@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -63,20 +62,13 @@ TIME_FORMAT = {"SLURM_TIME_FORMAT": "%s"}
 
 
 def run_command(args: list[str], timeout: float = SCONTROL_TIMEOUT_S) -> str:
-    """A Slurm command's stdout; subprocess.TimeoutExpired past `timeout`, the command killed (through procs.py:
-    our own child), or SubprocessError when it fails."""
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, **TIME_FORMAT}) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            procs.signal_child(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-    if proc.returncode != 0:
-        raise subprocess.SubprocessError(f"{' '.join(args)}: exit {proc.returncode}: "
-                                         f"{(stderr or stdout).strip()[:300]}")
-    return stdout
+    """A Slurm command's stdout; subprocess.TimeoutExpired past `timeout`, the command's whole process group killed
+    (procs.run_bounded), or SubprocessError when it fails."""
+    done = procs.run_bounded(args, timeout, text=True, env={**os.environ, **TIME_FORMAT})
+    if done.returncode != 0:
+        raise subprocess.SubprocessError(f"{' '.join(args)}: exit {done.returncode}: "
+                                         f"{(done.stderr or done.stdout).strip()[:300]}")
+    return done.stdout
 
 
 def _int_list(value: str) -> list[int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd import procs
-from minilmd.checkpoint import FORMAT, VERSION, read_manifest
+from minilmd.checkpoint import FORMAT, VERSION, for_loading
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, is_disk_full, publish_dir
 from minilmd.names import (
@@ -237,14 +237,23 @@ def mark_best(root: str | os.PathLike, name: str) -> None:
 def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, dict]:
     """(model_state, optimizer_state, trainer_state) of a checkpoint; validate it first (find_latest does).
     No pickle: tensors come from safetensors, the rest from JSON."""
-    from safetensors.torch import load_file
+    model_state, optimizer_state, trainer_state, _ = load_carrying(ckpt_dir, {}, device)
+    return model_state, optimizer_state, trainer_state
 
-    ckpt_dir = Path(ckpt_dir)
-    read_manifest(ckpt_dir)
-    model_state = load_file(ckpt_dir / MODEL_FILE, device=device)
-    meta = json.loads((ckpt_dir / OPTIMIZER_META).read_text(encoding="utf-8"))
+
+def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
+                  device: str = "cpu") -> tuple[dict, dict, dict, dict[str, bytes]]:
+    """load's three parts, and the files of `carried` ({name: the most read}) the checkpoint lists, by name. Every
+    file is read once and checked against one reading of the manifest (checkpoint.for_loading: the JSON parts no
+    more than MAX_JSON_PART), and what is loaded is parsed from those very bytes, never from a path read again.
+    Raises CheckpointInvalid."""
+    from safetensors.torch import load as load_tensors
+
+    parts = for_loading(ckpt_dir, carried)
+    model_state = _on(load_tensors(parts.model), device)
+    meta = parts.opt_meta
     state: dict[int, dict] = {}
-    for key, t in load_file(ckpt_dir / OPTIMIZER_FILE, device=device).items():
+    for key, t in _on(load_tensors(parts.optimizer), device).items():
         _, idx, name = key.split(".", 2)
         state.setdefault(int(idx), {})[name] = t
     for idx, values in (meta.get("scalars") or {}).items():
@@ -252,8 +261,12 @@ def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, 
     groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
               for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"], strict=True)]
     optimizer_state = {"state": dict(sorted(state.items())), "param_groups": groups}
-    trainer_state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
-    return model_state, optimizer_state, trainer_state
+    return model_state, optimizer_state, parts.state, parts.carried
+
+
+def _on(tensors: dict, device: str) -> dict:
+    """The tensors (safetensors' load makes them on the CPU) on `device`."""
+    return tensors if device == "cpu" else {k: t.to(device) for k, t in tensors.items()}
 
 
 # --- RNG states as JSON, so that trainer_state.json stays pickle-free ---------------------------------------------

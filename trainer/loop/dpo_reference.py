@@ -52,12 +52,14 @@ from minilmd.metrics import MetricsLog
 from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_PASS, HEARTBEAT_REFERENCE
 from minilmd.plan.pairs import PairRows, PairSampler, check_pairs_fit, validation_pairs
 from minilmd.plan.sampler_base import Batch
+from minilmd.safetensors_scan import safetensors_metadata
 from minilmd.stage_notes import DPO_WITHOUT_INIT
 from minilmd.trainer.loop import step as step_mod
 from minilmd.trainer.loop.exits import StoppedInPass
 from minilmd.trainer.loop.guards import StopFlag
 from minilmd.trainer.loop.objective_dpo import sequence_logps
 from minilmd.trainer.model.loss import chunk_rows_for
+from minilmd.untrusted import Unreadable, loads
 
 if TYPE_CHECKING:
     from minilmd.trainer.loop.distributed import Dist
@@ -300,10 +302,13 @@ def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
     for a pass a stop cut short, what it kept (None: the sums are complete)."""
     from safetensors.numpy import load
 
-    sums = load(raw)  # a safetensors file: its checkpoint's validation scanned it (find_latest)
+    try:  # its checkpoint's validation scanned it (find_latest); its header parsed as that scan parses one
+        metadata = safetensors_metadata(raw, DPO_REFERENCE)
+    except ValueError as e:
+        raise CorpusError(f"{ckpt / DPO_REFERENCE}: not a reference file minilmd reads: {e}") from None
+    sums = load(raw)
     progress = sums.pop(PASS_KEY, None)
-    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
-    recorded = _record(header.get("__metadata__") or {})
+    recorded = _record(metadata)
     fingerprint = recorded.get("data_fingerprint")
     expected = {"train": corpus.train.n_docs, "val": corpus.val.n_docs}
     if fingerprint != corpus.data_fingerprint or {k: v.shape for k, v in sums.items()} != \
@@ -328,7 +333,6 @@ def _record(metadata: dict) -> dict:
     if RECORD_KEY not in metadata:
         return {k: v for k, v in metadata.items() if k == "data_fingerprint"}
     try:
-        record = json.loads(metadata[RECORD_KEY])
-    except ValueError:
+        return loads(metadata[RECORD_KEY], expect=dict)
+    except Unreadable:
         return {}
-    return record if isinstance(record, dict) else {}

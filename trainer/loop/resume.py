@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from minilmd.checkpoint import CheckpointMismatch, Expectation, listed_bytes
+from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, stage_defaults
 from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_MAX_BYTES
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -44,9 +44,9 @@ CARRIED = {DPO_REFERENCE: DPO_REFERENCE_MAX_BYTES}
 
 def read_checkpoint(path: Path) -> Found:
     """All a resume takes from a checkpoint (find_latest validated it): the model, optimizer and trainer state, and
-    the CARRIED files it lists, each read once and checked against the manifest (checkpoint.listed_bytes)."""
-    model_state, optimizer_state, state = ckpt_io.load(path)
-    carried = {name: data for name, most in CARRIED.items() if (data := listed_bytes(path, name, most)) is not None}
+    the CARRIED files it lists, each read once and checked against one reading of the manifest, and loaded from
+    those bytes (checkpoint.for_loading)."""
+    model_state, optimizer_state, state, carried = ckpt_io.load_carrying(path, CARRIED)
     return Found(path, model_state, optimizer_state, state, carried)
 
 

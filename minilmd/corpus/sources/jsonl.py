@@ -20,25 +20,18 @@ from pathlib import Path
 from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
 from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, json_document_advice, other_format
 from minilmd.place_rule import PlaceRefused
-from minilmd.untrusted import MAX_LINE_DEPTH, too_deep
+from minilmd.untrusted import MAX_LINE_DEPTH, loads_any
 
 BAD_LINE_POLICIES = ("error", "skip")
 MAX_JSON_DEPTH = MAX_LINE_DEPTH
 
 
-class JSONTooDeep(ValueError):
-    """A JSON text nested deeper than MAX_JSON_DEPTH: malformed for minilmd, like any other ValueError of json."""
-
-
 def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
-    """json.loads(s), refusing (JSONTooDeep, a ValueError) a text whose arrays and objects nest deeper than
-    max_depth, before json.loads could recurse into a RecursionError (the depth scan of minilmd/untrusted.py: only a
-    text holding more than max_depth opening brackets is scanned)."""
-    if isinstance(s, (bytes, bytearray)):
-        s = s.decode(json.detect_encoding(s), "surrogatepass")  # what json.loads does with bytes
-    if too_deep(s, max_depth):
-        raise JSONTooDeep(f"nested deeper than {max_depth} arrays and objects")
-    return json.loads(s)
+    """A corpus line's (or a small file's) JSON value, of any type, by untrusted.loads_any at a corpus's depth bound:
+    a ValueError in json's own words for a line that is not JSON (a bad line's detail says where it stops), "nested
+    deeper than {max_depth}" before json.loads could recurse into a RecursionError, "not UTF-8" for bytes that are
+    not (what prepare's readers call invalid_utf8 first)."""
+    return loads_any(s, max_depth=max_depth)
 
 
 BOM = b"\xef\xbb\xbf"

@@ -1,0 +1,132 @@
+"""What /proc says of a process: its start time (with the pid, its identity), state, process group, uids,
+environment as started, and the signals it catches. The one parser of /proc/PID/stat and /proc/PID/status.
+
+Readers only: nothing here signals. minilmd/procs.py, the one place that signals, proves a process the run's with
+these (and re-exports them: its callers ask it); daemon/child/stackdump.py asks them which processes of a hung
+trainer's group catch SIGUSR1, and in which state each is. Linux only. Torch-free, standard library only.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+GONE_STATES = ("Z", "X")
+"""The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
+
+
+def _read_text(path: str) -> str:
+    return Path(path).read_text()
+
+
+def stat_fields(pid: int, read: Callable[[str], str] = _read_text) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the state first: stat(5)'s field 3; the process group
+    at [2], the start ticks at [19]); None only when the process is gone (no /proc entry: ENOENT, ESRCH); any other
+    failure to read it (EMFILE, ENOMEM, EACCES, a torn read) raised (OSError, ValueError). `read`: the reader of
+    /proc/PID/stat (the tests' seam)."""
+    try:
+        raw = read(f"/proc/{pid}/stat")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
+    if len(rest) < 20:  # a torn or foreign read: not known, said as the docstring promises (never an IndexError)
+        raise ValueError(f"/proc/{pid}/stat: {len(rest)} fields after the command name, not the 20 and more expected")
+    return rest
+
+
+def start_ticks_or_raise(pid: int, read: Callable[[str], str] = _read_text) -> int | None:
+    """process_start_ticks for a caller that must tell "gone" from "not known": None only when the process is gone
+    or a zombie; any other failure to read raised, as stat_fields raises it."""
+    rest = stat_fields(pid, read)
+    if rest is None or rest[0] in GONE_STATES:
+        return None
+    return int(rest[19])
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if it is gone or a
+    zombie. Together with the pid it identifies a process: a recycled pid has another start time."""
+    try:
+        return start_ticks_or_raise(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
+    """Whether process `pid` runs (not a zombie) and, when `start_ticks` is given, is the one that started then: a
+    recycled pid has another start time. A record that kept no start time (an older minilmd's) takes any live
+    process of that pid."""
+    if not pid or pid <= 0:
+        return False
+    ticks = process_start_ticks(pid)
+    return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, T, t, Z, ...: proc(5)), None when it is gone or cannot be read."""
+    try:
+        rest = stat_fields(pid)
+    except (OSError, ValueError):
+        return None
+    return rest[0] if rest else None
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (no zombie) of process group `pgid`, its leader first: /proc's list, read now (a process
+    may end or join meanwhile: the caller proves each one again before it acts on it)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            rest = stat_fields(int(entry))
+        except (OSError, ValueError):
+            continue
+        if rest is not None and rest[0] not in GONE_STATES and int(rest[2]) == pgid:
+            members.append(int(entry))
+    return sorted(members, key=lambda p: p != pgid)
+
+
+def _status_line(pid: int, key: str) -> list[str] | None:
+    """The words after `key` ("Uid:", "SigCgt:") in /proc/PID/status, None when it is gone, unreadable or lacks it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key):
+                return line.split()[1:]
+    except OSError:
+        return None
+    return None
+
+
+def process_uids(pid: int) -> tuple[int, ...] | None:
+    """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
+    try:
+        words = _status_line(pid, "Uid:")
+        return None if words is None else tuple(int(u) for u in words)
+    except ValueError:
+        return None
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for `sig` (SigCgt of /proc/PID/status); False when it is gone or
+    unreadable."""
+    words = _status_line(pid, "SigCgt:")
+    try:
+        return bool(words and int(words[0], 16) >> (sig - 1) & 1)
+    except ValueError:
+        return False
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with ({} if unreadable: not ours, or gone). What it set later is not
+    there: /proc shows the block exec gave it."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
