@@ -17,6 +17,7 @@ from minilmd.protocol import (
     EXIT_CUDA_OOM,
     EXIT_DATA,
     EXIT_SCRATCH_FULL,
+    FaultNote,
     write_fault,
 )
 from minilmd.trainer.checkpoint.save import ScratchFull
@@ -44,7 +45,7 @@ def refused(cfg: RunConfig, status: int, words: str) -> int:
     """A final refusal (a config or data error), whole, for the supervisor (fault.json, kind "refused"): the
     attempt log's last lines are only its end, a [model] block to paste without the sentence that says why."""
     try:
-        write_fault(cfg.run_dir, "refused", words, exit=status)
+        write_fault(cfg.run_dir, FaultNote.REFUSED, words, exit=status)
     except OSError:
         pass  # run.dir unwritable or full: the supervisor reads the attempt log instead
     return status
@@ -53,7 +54,7 @@ def refused(cfg: RunConfig, status: int, words: str) -> int:
 def scratch_full(cfg: RunConfig, e, step: int) -> int:
     """The supervisor makes room or waits for it; a restart now would only repeat (e: save.ScratchFull)."""
     try:
-        write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
+        write_fault(cfg.run_dir, FaultNote.SCRATCH_FULL, str(e), step=step, checkpoint_step=e.step, needs=e.needs,
                     free=e.free, path=str(e.root))
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
@@ -89,7 +90,7 @@ def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:
         traceback.print_exc()
         return EXIT_CRASH
     message = first_line(e)
-    write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+    write_fault(cfg.run_dir, FaultNote.CUDA_OOM, message, step=step, micro_batch_size=cfg.train.micro_batch_size,
                 device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
     print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
     return EXIT_CUDA_OOM
