@@ -40,7 +40,7 @@ from minilmd.daemon.base.statesections import (
 from minilmd.fsio import atomic_write_json, is_disk_full, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
-from minilmd.perms import own_uid
+from minilmd.perms import own_uid, owner_or_me
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
     process_environ,
@@ -77,10 +77,9 @@ def state_owners(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple
     our own. Anyone else's file there is another user's doing, never the supervisor's. `dir_fd`: the run directory
     opened (a view's, daemon/views/runarg.py open_run): its owner, not the owner of what its path leads to now."""
     try:
-        owner = os.fstat(dir_fd).st_uid if dir_fd is not None else os.lstat(run_dir).st_uid
+        return owner_or_me(os.fstat(dir_fd) if dir_fd is not None else os.lstat(run_dir))
     except OSError:
         return (own_uid(),)
-    return tuple(sorted({owner, own_uid()}))
 
 
 def load_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict:

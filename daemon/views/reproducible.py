@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minilmd import names
 from minilmd.batch_stream import bit_reproducible
-from minilmd.config import ConfigError, load_config
+from minilmd.config import ConfigError
 from minilmd.daemon.base.statesections import StateJson
 
 
 def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
+    from minilmd.run_config_copy import run_config_of
+
     try:
-        cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
-    except (ConfigError, OSError):
+        cfg = run_config_of(run_dir)
+    except (ConfigError, OSError, ValueError):  # ValueError: init_place.Refused (a link, a FIFO, a third user's)
         return []
     trained = state.child is not None or state.progress.step is not None  # a trainer ran (or runs): its devices
     on_cpu = cfg.train.device == "cpu" or (trained and not state.devices)  # are kept once it ended (a done run)
