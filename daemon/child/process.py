@@ -36,6 +36,7 @@ from minilmd.daemon.child.oomevidence import (
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.daemon.child.torchrun_summary import root_cause_signal
 from minilmd.fsio import tail_lines
+from minilmd.jsonlines import open_log
 from minilmd.supervisor_gone import pid_namespace
 from minilmd.untrusted import Unreadable, clipped
 
@@ -312,7 +313,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     # A heartbeat the previous attempt wrote in its last second would pass for this one's (beats() allows the clock
     # a second) and cut its start-up grace to hang_timeout: every heartbeat from here on is this attempt's.
     (run_dir / names.HEARTBEAT).unlink(missing_ok=True)
-    with open(log_path, "ab") as log:
+    with os.fdopen(open_log(log_path), "ab") as log:  # a link or a FIFO at its name: NotALog, never written through
         log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
         log.write("".join(f"# {var}={c.value} ({c.why})\n" for var, c in caches.items()).encode())

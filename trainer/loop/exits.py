@@ -10,6 +10,7 @@ from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
+from minilmd.metrics import RunDirFileRefused
 from minilmd.plan.sampler_base import DataError
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -27,7 +28,7 @@ from minilmd.trainer.loop.faults import FaultSpecError
 
 def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
     """The exit status of a run that raised `e` at `step`; called inside its except clause (a crash's traceback)."""
-    if isinstance(e, (ConfigError, FaultSpecError)):
+    if isinstance(e, (ConfigError, FaultSpecError, RunDirFileRefused)):
         print(f"minilmd train: {e}", file=sys.stderr)
         return refused(cfg, EXIT_CONFIG, "\n".join(e.problems) if isinstance(e, ConfigError) else str(e))
     if isinstance(e, (DataError, CorpusError)):
