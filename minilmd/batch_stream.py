@@ -16,6 +16,7 @@ after a CUDA OOM (daemon/child/policy.py: the global batch kept), is said as tha
 had and the one it has now, so that `status` does not leave the operator looking for a config edit nobody made."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,14 @@ STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "t
                "train.max_epochs")
 """The settings whose change at a resume changes the batches, or the learning rate of every step (the schedule's
 rates, its warmup, the budget its cosine decays over), from the resumed step on."""
+
+def bit_reproducible(on_cpu: bool, deterministic: bool, shape_changes: Sequence[str] = ()) -> bool:
+    """Whether a run killed and resumed ends with the weights an undisturbed run would have, bit for bit (the one
+    rule, `minilmd status` says it: daemon/views/reproducible.py): always on the CPU, on the GPU only with
+    train.deterministic (deterministic kernels: trainer/loop/determinism.py); never once a resume changed the batch
+    stream (`shape_changes`, state.json's): the run is then the same as an undisturbed run of neither config."""
+    return not shape_changes and (on_cpu or deterministic)
+
 
 LEFT_TO_THE_STAGE = frozenset({*KEPT_ON_RESUME, *(key for data_format in ("text", "chat", "dpo") for lora in
                                                   (False, True) for key in stage_defaults(data_format, lora)[1])})

@@ -95,22 +95,23 @@ def is_run_dir(path: Path) -> bool:
 
 
 def run_roots(run_dir: Path) -> RunRoots:
-    """Where the checkpoints of a run directory are: its run.toml read as another run's copy (load_config's
-    untrusted: no link followed, this user's own), and the roots a resume of the run takes (checkpoint_roots).
+    """Where the checkpoints of a run directory are: its run.toml (run_config_copy.run_config_of: the run's user's
+    or ours, no link followed), and the roots a resume of the run takes (checkpoint_roots).
     A scratch that is not the run's (scratch_root.not_looked_in, judged for the run directory's owner, as `status`
     and `stop` judge it) is left out, said (`skipped`), and its run.remote used; RunDirUnusable when it has no local
     run.remote then, or when that run.toml cannot be used."""
-    from minilmd.config import ConfigError, load_config
+    from minilmd.config import ConfigError
     from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.run_config_copy import run_config_of
     from minilmd.scratch_root import RecordUnreadable, not_looked_in
 
     try:
-        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
+        cfg = run_config_of(run_dir, train_tokens_of=corpus_train_tokens)
         roots = checkpoint_roots(cfg)  # a default scratch in a private root: run.dir's record names it
         squatted = not_looked_in(cfg.scratch_dir, _owner(run_dir))  # another user's: no run of ours went there
         if squatted and len(roots) == 1:
             raise RunDirUnusable(f"{run_dir}: its scratch is not looked in: {squatted}")
-    except (ConfigError, OSError, RecordUnreadable) as e:
+    except (ConfigError, OSError, ValueError, RecordUnreadable) as e:  # ValueError: init_place.Refused
         why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
         raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "
                              f"checkpoints are, cannot be used ({why})") from None

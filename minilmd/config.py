@@ -264,8 +264,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
     read bounded and never blocks (a FIFO is refused unopened), and TOML nested too deep for the parser is a
     ConfigError; `untrusted` (another run's copy, which another run may have rewritten): no link followed, and it
     must be owned by one of `owners` (this user when None; daemon/views/runarg.py adds the owner of the file named),
-    checked before a byte is parsed. Another user's run.toml is read through its run directory's descriptor instead
-    (`config_from_bytes`: minilmd/init_source.py `run_config_in`)."""
+    checked before a byte is parsed. A run directory's run.toml is read by minilmd/run_config_copy.py `run_config_of`
+    instead (through the directory's descriptor, with state.json's owner rule, then `config_from_bytes`)."""
     from minilmd.untrusted import Unreadable, read_bytes
 
     path = Path(path)
@@ -285,7 +285,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
 def config_from_bytes(data: bytes, path: str | os.PathLike, overrides: list[str] | None = None,
                       more_checks: ExtraCheck | None = None, train_tokens_of: TrainTokens | None = None) -> RunConfig:
     """load_config of a config file's bytes, read by the caller (another run's run.toml, read through its run
-    directory's descriptor: minilmd/init_source.py `run_config_in`); `path` names it and makes its relative paths
+    directory's descriptor: minilmd/run_config_copy.py `run_config_of`); `path` names it and makes its relative paths
     absolute (its directory's)."""
     try:
         raw = tomllib.loads(data.decode("utf-8"))

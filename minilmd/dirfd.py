@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 from minilmd.dirtree import OPEN_DIR, TooDeep, empty_tree
+from minilmd.names import atomic_tmp_prefix
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
@@ -245,7 +246,7 @@ class Dir:
         """write_atomic for a file written bit by bit (a corpus of many MB): the block writes into the file object
         given (binary, or UTF-8 text with `text`), which is renamed over `name` once the block ends; removed when
         the block raises, `name` as it was."""
-        fd, tmp = self.create_new(f".{name}.{tag}", ".tmp", 0o600)
+        fd, tmp = self.create_new(atomic_tmp_prefix(name) + tag, ".tmp", 0o600)
         try:
             with os.fdopen(fd, "w" if text else "wb", encoding="utf-8" if text else None) as f:
                 os.fchmod(f.fileno(), mode)

@@ -18,7 +18,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from minilmd.dirfd import Dir
-from minilmd.perms import own_uid, owner_in, user_words
+from minilmd.perms import own_uid, owner_in, owner_or_me, user_words
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
 
 NAMED_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
@@ -60,8 +60,8 @@ def reopen(path: Path, identity: tuple[int, int] | None) -> Dir:
 
 def owners_of(source: Dir) -> Owners:
     """Whose files the source's are: the owner of the directory init.from names (a teammate's run reads as hers),
-    or this user."""
-    return os.fstat(source.fd).st_uid, own_uid()
+    or this user (perms.owner_or_me, a run's own rule)."""
+    return owner_or_me(os.fstat(source.fd))
 
 
 def judge(where: Dir, name: str, owners: Owners) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.config import MAX_CONFIG_BYTES, ConfigError, RunConfig, config_from_bytes, load_config
+from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.dirfd import Dir
 from minilmd.init_foreign import not_a_checkpoint
 from minilmd.init_kinds import (
@@ -40,7 +40,7 @@ from minilmd.init_kinds import (
     untrusted_failure,
 )
 from minilmd.init_model import model_mismatch
-from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
+from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
 from minilmd.names import INIT_PTH as STAGED_PTH
@@ -113,21 +113,14 @@ def predecessor(spec: str) -> Predecessor | None:
     return _predecessor_of(cfg)
 
 
-def run_config_in(run_dir: Dir, owners: Owners, train_tokens_of=None) -> RunConfig:
-    """The run config copy (run.toml) in `run_dir`, read through its descriptor (init_place: a regular file of one
-    of `owners`, no link followed, no FIFO opened, bounded) and loaded; ConfigError when it does not load, Refused
-    when it is not such a file, the OSError of one that cannot be read now."""
-    raw = read_in(run_dir, RUN_CONFIG_COPY, MAX_CONFIG_BYTES, owners)
-    return config_from_bytes(raw, run_dir.path / RUN_CONFIG_COPY, train_tokens_of=train_tokens_of)
-
-
 def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
     """The run whose run directory init.from names, opened as `run_dir`: its run.toml read there."""
     from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.run_config_copy import run_config_of
 
     path = run_dir.path / RUN_CONFIG_COPY
     try:
-        cfg = run_config_in(run_dir, owners_of(run_dir), corpus_train_tokens)
+        cfg = run_config_of(run_dir.path, run_dir.fd, corpus_train_tokens)
     except ConfigError as e:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     if os.path.realpath(cfg.run_dir) != os.path.realpath(spec):

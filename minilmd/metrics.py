@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from minilmd.fsio import atomic_write_text, is_disk_full
+from minilmd.jsonlines import NotALog, append_line, end_torn_line
 from minilmd.names import HEARTBEAT, METRICS
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -57,6 +58,11 @@ def heartbeat_interval(hang_timeout_s: float) -> float:
     """About once a second, and at least ten times per hang_timeout: the throttle never brings a healthy trainer
     near the supervisor's limit (tests run with hang_timeout = 2 s)."""
     return min(HEARTBEAT_INTERVAL_S, hang_timeout_s / 10)
+
+
+class RunDirFileRefused(ValueError):
+    """A file the trainer writes in run.dir is not one it may write (a link, a FIFO at metrics.jsonl): final, the
+    trainer's refusal (trainer/loop/exits.py: exit 2, its words in fault.json)."""
 
 
 class RunDirWrites:
@@ -96,16 +102,14 @@ class MetricsLog:
 
     def _end_torn_line(self) -> None:
         """Every attempt appends (a resume never truncates the curve); one killed mid-line must not glue this
-        attempt's first line to its torn last one."""
+        attempt's first line to its torn last one. A metrics.jsonl that is not a regular file (a link, a FIFO: only
+        the run's user can put one in run.dir) is a refusal at the start (RunDirFileRefused, final: exit 2), never
+        written through, never waited on."""
         try:
-            with open(self.run_dir / METRICS, "rb+") as f:
-                size = f.seek(0, os.SEEK_END)
-                if size:
-                    f.seek(size - 1)
-                    if f.read(1) != b"\n":
-                        f.write(b"\n")
-        except FileNotFoundError:
-            pass
+            end_torn_line(self.run_dir / METRICS)
+        except NotALog as e:
+            raise RunDirFileRefused(f"{self.run_dir / METRICS} is {e.strerror}: the trainer appends the run's metrics "
+                                    f"there; remove it") from None
         except OSError as e:
             self.writes.failed(e, METRICS)
 
@@ -113,10 +117,9 @@ class MetricsLog:
         if not self.active:
             return
         line = json.dumps({"kind": kind, **fields, "time": round(time.time(), 3)})
-        try:
-            with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError as e:  # a torn last line is ended by the next attempt (_end_torn_line)
+        try:  # whole or not at all (minilmd/jsonlines.py): a line cut by a full disk is not left to glue to the next
+            append_line(self.run_dir / METRICS, (line + "\n").encode())
+        except OSError as e:
             self.writes.failed(e, METRICS)
 
     def heartbeat(self, step: int, phase: str = "", force: bool = False, note: str = "") -> bool:

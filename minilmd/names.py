@@ -309,9 +309,28 @@ def replaced_name(name: str, pid: int) -> str:
 
 
 def atomic_tmp_prefix(name: str) -> str:
-    """`.LATEST.` for LATEST: the start of the temporary file fsio.atomic_write_text (Dir.write_atomic on a remote)
-    replaces `name` with."""
+    """`.LATEST.` for LATEST: the start of every temporary file that replaces `name` whole or is renamed onto it
+    (fsio.atomic_write_text, dirfd.Dir.replacing and write_atomic, a remote's Publisher, remote_write's claim probe);
+    a remote's end in a `tag` (pointer_tmp_tag) and random characters, `.tmp` (remote_tmp_owner reads them back)."""
     return f".{name}."
+
+
+def aside_name(tmp_name: str) -> str:
+    """`<tmp_name>.old`: what a publish (dirpublish.publish, on NFS) sets aside beside the temporary directory
+    `tmp_name` it renames into place (a prepare's, an export's): its maker's matcher (prepare_tmp_maker,
+    export_tmp_maker) knows it by the temporary name it extends."""
+    return f"{tmp_name}.old"
+
+
+def fresh_tmp_name(tmp_name: str, token: str) -> str:
+    """`<tmp_name>-<token>.tmp`: a remote's temporary directory made under a fresh name beside `tmp_name`, which
+    something it did not make holds (remote_local: remote_tmp_owner still knows it as this host's sync's)."""
+    return f"{tmp_name}-{token}.tmp"
+
+
+def part_name(name: str) -> str:
+    """`<name>.part`: a staged corpus file while it is copied into scratch, renamed to `name` once whole."""
+    return f"{name}.part"
 
 
 def tmp_owner_pid(name: str) -> int | None:
@@ -365,16 +384,17 @@ def prepare_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> st
     return f".{out_name}.prepare-{host}-{pid}-{start_ticks}"
 
 
-def prepare_aside_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
-    """An older output moved aside by `prepare --force`, removed once the new one is in place."""
-    return f"{prepare_tmp_name(out_name, host, pid, start_ticks)}.old"
+def prepare_kept_prefix(out_name: str) -> str:
+    """`<out>.kept-by-prepare`, before make_temp's random suffix: what stood at --out and changed while prepare ran,
+    left whole beside it for its user (never a temporary name: no clean-up takes it)."""
+    return f"{out_name}.kept-by-prepare"
 
 
 def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None] | None:
-    """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name or
-    prepare_aside_name (with or without the random suffix minilmd/dirfd.py's make_temp adds), or an older
-    minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None: they record neither). None
-    for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+    """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name (with or
+    without the random suffix minilmd/dirfd.py's make_temp adds), the aside_name of one (`prepare --force`'s older
+    output set aside), or an older minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None:
+    they record neither). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
     if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
         return m.group(1), int(m.group(2)), int(m.group(3))
@@ -393,8 +413,8 @@ def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str
 
 def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int] | None:
     """(host, pid, start ticks) of the export that made the export_tmp_name `name` for output `out_name` (with or
-    without the random suffix minilmd/dirfd.py's make_temp adds, and `.old`, what dirpublish.publish sets aside on NFS);
-    None for any other name."""
+    without the random suffix minilmd/dirfd.py's make_temp adds), or the aside_name of one (what dirpublish.publish
+    sets aside on NFS); None for any other name."""
     m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name)
     return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
 

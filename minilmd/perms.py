@@ -56,6 +56,15 @@ def owner_in(st: os.stat_result, owners: Collection[int]) -> bool:
     return st.st_uid in owners
 
 
+def owner_or_me(st: os.stat_result) -> tuple[int, ...]:
+    """Whose files in a directory of someone's (as lstat or fstat saw it) are read as that someone's: the directory's
+    owner's (a run's supervisor runs as its user; a teammate's run reads as hers, root's view of a user's run as
+    hers) or our own. A third user's file there is nobody's doing we trust. The one rule for a run's state.json,
+    run.toml and events (daemon/base/runstate.py state_owners, minilmd/run_config_copy.py) and init.from's places
+    (init_place.owners_of)."""
+    return tuple(sorted({st.st_uid, own_uid()}))
+
+
 def owned_by_me(st: os.stat_result, also: Collection[int] = ()) -> bool:
     """The file (as lstat or fstat saw it) is this process's user's: the one owner rule of "is this ours". `also`:
     more uids counted as ours (a squashing share's LearntOwners, the root's owner of a checkpoint root)."""

@@ -8,6 +8,7 @@ the supervisor imports it. So do the readers of a run's end: how a run ended (st
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
 
 from minilmd.names import FAULT, FAULT_MAX_BYTES
@@ -145,11 +146,26 @@ STOP_UNSYNCED = 3  # stopped, but the newest checkpoint is only in scratch (the 
 FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 
 
-def write_fault(run_dir: str | os.PathLike, kind: str, message: str, **details) -> None:
+class FaultNote(str, Enum):
+    """fault.json's "kind": why the trainer is about to exit, in its own words (trainer/loop/exits.py writes it,
+    daemon/child/process.py reads it). Not FAULT_KINDS, which are the faults MINILMD_FAULT injects."""
+
+    REFUSED = "refused"  # a final refusal (a config or data error), its whole text in "message"
+    SCRATCH_FULL = "scratch_full"  # a checkpoint did not fit in scratch: needs, free, path
+    CUDA_OOM = "cuda_oom"  # CUDA ran out of memory: step, micro_batch_size, device, rank, source
+
+
+def write_fault(run_dir: str | os.PathLike, kind: FaultNote, message: str, **details) -> None:
     """Leave a note for the supervisor about why the trainer is about to exit."""
     from minilmd.fsio import atomic_write_json
 
-    atomic_write_json(Path(run_dir) / FAULT, {"kind": kind, "message": message, **details})
+    atomic_write_json(Path(run_dir) / FAULT, {"kind": FaultNote(kind).value, "message": message, **details})
+
+
+def fault_note(fault: dict | None) -> FaultNote | None:
+    """The kind of a fault.json read_fault returned; None when there is none or it names no kind of FaultNote."""
+    kind = (fault or {}).get("kind")
+    return next((note for note in FaultNote if note.value == kind), None)
 
 
 def read_fault(run_dir: str | os.PathLike) -> dict | None:

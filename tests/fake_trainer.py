@@ -264,8 +264,8 @@ def main(argv: list[str]) -> int:
     if (share := os.environ.get("FAKE_SHARE_GOES")) and os.path.isdir(share):  # its NFS share goes while it trains
         os.rename(share, f"{share}.gone")
     if oom_above and mb > int(oom_above):
-        protocol.write_fault(run_dir, "cuda_oom", f"CUDA out of memory at micro_batch_size {mb}", step=0,
-                             micro_batch_size=mb)
+        protocol.write_fault(run_dir, protocol.FaultNote.CUDA_OOM, f"CUDA out of memory at micro_batch_size {mb}",
+                             step=0, micro_batch_size=mb)
         return protocol.EXIT_CUDA_OOM
 
     if os.environ.get("FAKE_CORRUPT_CACHE") and (crash := corrupt_cache(run_dir, os.environ["FAKE_CORRUPT_CACHE"])):
@@ -300,7 +300,8 @@ def main(argv: list[str]) -> int:
     while step < total:
         kind = faults.due(step + 1)
         if kind == "oom":
-            protocol.write_fault(run_dir, "cuda_oom", "injected CUDA OOM", step=step + 1, micro_batch_size=mb)
+            protocol.write_fault(run_dir, protocol.FaultNote.CUDA_OOM, "injected CUDA OOM", step=step + 1,
+                                 micro_batch_size=mb)
             return protocol.EXIT_CUDA_OOM
         if kind == "sigbus":
             os.kill(os.getpid(), signal.SIGBUS)

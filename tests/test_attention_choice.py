@@ -140,8 +140,6 @@ def test_prepare_environment_sets_the_cublas_workspace_only_for_a_deterministic_
 def test_deterministic_algorithms_only_on_cuda():
     assert determinism.apply(config(), "cpu") is False
     assert not torch.are_deterministic_algorithms_enabled()
-    assert determinism.bit_reproducible(config(deterministic=False), "cpu")
-    assert not determinism.bit_reproducible(config(deterministic=False), "cuda")
 
 
 def state_with(deterministic: bool | None, attention: str | None) -> dict:

@@ -74,7 +74,7 @@ def test_cuda_oom_comes_from_the_fault_note_and_is_consumed(tmp_path):
 
 
 def test_a_stale_fault_note_from_an_earlier_attempt_is_ignored(tmp_path):
-    protocol.write_fault(tmp_path, "cuda_oom", "old")
+    protocol.write_fault(tmp_path, protocol.FaultNote.CUDA_OOM, "old")
     old = time.time() - 3600
     os.utime(tmp_path / names.FAULT, (old, old))
     c, rc = run_child(tmp_path, "raise SystemExit(1)")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, replycut, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
-from minilmd.config import ConfigError, load_config
+from minilmd.config import ConfigError
 from minilmd.corpus import chat, chat_files
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
@@ -32,6 +32,8 @@ from minilmd.daemon.jobs import staging
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.phases import initwait
 from minilmd.daemon.views import curves
+from minilmd.init_place import Refused
+from minilmd.run_config_copy import run_config_of
 from minilmd.safetensors_scan import scan_safetensors
 from minilmd.untrusted import Unreadable
 
@@ -77,7 +79,7 @@ def _checkpoint(d: Path):
 
 
 def _run_config_copy(d: Path):
-    return load_config(d / names.RUN_CONFIG_COPY, untrusted=True)
+    return run_config_of(d)
 
 
 def _replies_cut(d: Path):
@@ -106,8 +108,8 @@ READERS = {
         names.TRAINER_STATE, lambda d: init_source.source_model(_checkpoint(d)), (init_source.InitSourceError,)),
     "checkpoint trainer_state.json (lineage)": Reader(
         f"{names.step_name(1)}/{names.TRAINER_STATE}", initwait.lineage),
-    "another run's run.toml (load_config untrusted)": Reader(names.RUN_CONFIG_COPY, _run_config_copy,
-                                                             (ConfigError,)),
+    "another run's run.toml (run_config_of)": Reader(names.RUN_CONFIG_COPY, _run_config_copy,
+                                                     (ConfigError, Refused)),
     "another run's run.toml (init.from predecessor)": Reader(
         names.RUN_CONFIG_COPY, lambda d: init_source.predecessor(str(d)), (init_source.InitSourceError,)),
     "predecessor state.json": Reader(names.STATE, _predecessor, (Unreadable,)),

@@ -50,7 +50,8 @@ def test_prepare_temporaries_carry_their_maker():
     """A prepare's temporary names say host, pid and start time; an older minilmd's `.out.tmp-PID` is still read
     (pid only); an export's `.out.tmp-HOST-PID-TICKS` to the same path is no prepare's."""
     assert names.prepare_tmp_maker("out", names.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900)
-    assert names.prepare_tmp_maker("out", names.prepare_aside_name("out", "h", 78, 901)) == ("h", 78, 901)
+    aside = names.aside_name(names.prepare_tmp_name("out", "h", 78, 901) + ".0123abcd")  # --force's aside
+    assert names.prepare_tmp_maker("out", aside) == ("h", 78, 901)
     assert names.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None)
     assert names.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None)
     assert names.prepare_tmp_maker("out", names.prepare_tmp_name("other", "h", 77, 900)) is None

@@ -1,6 +1,6 @@
 """init.from naming another run (a predecessor, often another user's, in a directory others may rearrange): its
-run.toml and its state.json are read in its run directory opened once (minilmd/init_source.py `run_config_in`, and
-`predecessor_state` through init_place.reopen: that very directory or none), and the checkpoints the lineage and
+run.toml and its state.json are read in its run directory opened once (minilmd/run_config_copy.py `run_config_of`,
+and `predecessor_state` through init_place.reopen: that very directory or none), and the checkpoints the lineage and
 the update share follow are read as init.from's own are (init_source.source_state: a file of its directory's owner
 or ours). A real second user (nobody) owns the predecessor; a third uid without an account owns what is planted.
 

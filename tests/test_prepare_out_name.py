@@ -1,6 +1,6 @@
 """`minilmd prepare --out NAME` with a NAME the file system takes but not the temporary names prepare makes beside
-it (`.NAME.prepare-HOST-PID-TICKS.old`, some 30 bytes longer; `.NAME.append.prepare-...` for an append): refused up
-front (exit 2) with the limit and the name's length, nothing made, instead of an ENAMETOOLONG traceback."""
+it (`.NAME.prepare-HOST-PID-TICKS.RANDOM.old`, some 40 bytes longer; `.NAME.append.prepare-...` for an append):
+refused up front (exit 2) with the limit and the name's length, nothing made, instead of an ENAMETOOLONG traceback."""
 from __future__ import annotations
 
 import os

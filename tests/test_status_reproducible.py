@@ -51,3 +51,17 @@ def test_a_finished_run_of_device_auto_that_leased_no_card_is_said_reproducible_
     shown = status_of(tmp_path, "auto", None, [], done=True)
     assert "bit-reproducible: yes, on the CPU" in shown and "kernels on the GPU" not in shown, shown
     assert "bit-reproducible: yes (train.deterministic" in status_of(tmp_path, "auto", None, [0], done=True)
+
+
+def test_the_rule_has_one_home_in_the_core_and_status_says_its_answer(tmp_path, monkeypatch):
+    """minilmd/batch_stream.py bit_reproducible is the rule (before: a copy in trainer/loop/determinism.py nobody
+    called, and the view's own): status's yes or no is its answer."""
+    from minilmd.batch_stream import bit_reproducible
+    from minilmd.daemon.views import reproducible
+    from minilmd.trainer.loop import determinism
+
+    assert bit_reproducible(True, False) and bit_reproducible(False, True) and not bit_reproducible(False, False)
+    assert not bit_reproducible(True, True, ["train.seq_len 256 -> 512"])
+    assert not hasattr(determinism, "bit_reproducible")
+    monkeypatch.setattr(reproducible, "bit_reproducible", lambda *a: False)
+    assert "bit-reproducible: no on the GPU" in status_of(tmp_path, "cuda", True, [0])

@@ -127,7 +127,7 @@ PACKAGE_DIRS = {"minilmd.daemon": "daemon", "minilmd.trainer": "trainer", "minil
 
 
 def _imported_constant(qualified: str) -> _Names | None:
-    """The names of the project module a constant is imported from (`minilmd.daemon.base.jsonlines.LOG_APPEND`),
+    """The names of the project module a constant is imported from (`minilmd.jsonlines.LOG_APPEND`),
     when that module defines it; None for anything else (os.O_CREAT, a function, another package's name)."""
     module, _, name = qualified.rpartition(".")
     for package, folder in PACKAGE_DIRS.items():

@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 from minilmd import names
 from minilmd.daemon.base import timeline
-from minilmd.daemon.base.jsonlines import LOG_APPEND, append_whole, json_records
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import (
     ChildInfo,
@@ -38,9 +37,10 @@ from minilmd.daemon.base.statesections import (
     Sync,
 )
 from minilmd.fsio import atomic_write_json, is_disk_full, new_lines, open_regular_or_none
+from minilmd.jsonlines import append_line, append_whole, json_records, open_log
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
-from minilmd.perms import own_uid
+from minilmd.perms import own_uid, owner_or_me
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
     process_environ,
@@ -77,10 +77,9 @@ def state_owners(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple
     our own. Anyone else's file there is another user's doing, never the supervisor's. `dir_fd`: the run directory
     opened (a view's, daemon/views/runarg.py open_run): its owner, not the owner of what its path leads to now."""
     try:
-        owner = os.fstat(dir_fd).st_uid if dir_fd is not None else os.lstat(run_dir).st_uid
+        return owner_or_me(os.fstat(dir_fd) if dir_fd is not None else os.lstat(run_dir))
     except OSError:
         return (own_uid(),)
-    return tuple(sorted({owner, own_uid()}))
 
 
 def load_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict:
@@ -313,7 +312,7 @@ class EventLog:
     def reopen(self) -> None:
         """Reopen supervisor.log (after logrotate moved it: SIGHUP)."""
         self.close()
-        self._log = os.open(self.run_dir / names.SUPERVISOR_LOG, LOG_APPEND, 0o644)
+        self._log = open_log(self.run_dir / names.SUPERVISOR_LOG)
 
     def emit(self, event: str, message: str, **details) -> None:
         ts = now()
@@ -323,11 +322,7 @@ class EventLog:
         line = printable(f"{fmt_time(ts)} [{event}] {message}", lines=True)
         problems = []
         try:
-            fd = os.open(self.run_dir / names.EVENTS, LOG_APPEND, 0o644)
-            try:
-                append_whole(fd, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
-            finally:
-                os.close(fd)
+            append_line(self.run_dir / names.EVENTS, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
         except OSError as e:
             if not is_disk_full(e):
                 raise

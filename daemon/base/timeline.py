@@ -14,16 +14,14 @@ never read as a new lineage: only the marker is one. Torch-free.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.jsonlines import LOG_APPEND, append_whole, json_records
 from minilmd.fsio import tail_lines
+from minilmd.jsonlines import LOG_UPDATE, append_whole, json_records, open_log, torn
 from minilmd.untrusted import Unreadable
 
 MARKER_KIND = "lineage"
@@ -91,14 +89,9 @@ def mark_fresh(run_dir: Path, time: float) -> None:
     trained = [r for r in json_records(tail) if r.get("kind") == "train" and _int(r.get("step")) is not None]
     marker = {"kind": MARKER_KIND, "lineage": FRESH, "earlier_step": trained[-1]["step"] if trained else None,
               "time": round(time, 3)}
-    fd = os.open(path, LOG_APPEND & ~os.O_WRONLY | os.O_RDWR, 0o644)  # read too: its last byte
+    fd = open_log(path, LOG_UPDATE | os.O_CREAT)  # read too: its last byte; a FIFO, a link: NotALog
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a FIFO opens read-write without blocking: never written to
-            raise OSError(errno.EINVAL, f"{path} is not a regular file")
-        size = st.st_size
-        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        append_whole(fd, ((b"\n" if torn else b"") + json.dumps(marker).encode() + b"\n"))
+        append_whole(fd, ((b"\n" if torn(fd) else b"") + json.dumps(marker).encode() + b"\n"))
     finally:
         os.close(fd)
 

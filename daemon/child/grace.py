@@ -24,7 +24,7 @@ from math import ceil
 from pathlib import Path
 
 from minilmd import names
-from minilmd.config import ConfigError, RestartSection, RunConfig, load_config
+from minilmd.config import ConfigError, RestartSection, RunConfig
 
 DEFAULT_SAVE_GRACE_S = RestartSection().hang_timeout_s
 """The grace of a config that leaves restart.hang_timeout unset (10 min)."""
@@ -52,22 +52,14 @@ def torchrun_grace_env(cfg: RunConfig) -> dict[str, str]:
 
 def orphan_save_grace(run_dir: Path, dir_fd: int | None = None) -> float:
     """save_grace of the run's config copy, for a trainer whose supervisor is gone (`minilmd stop`): the grace that
-    supervisor would have given. The copy is read as the other views read it (load_config's untrusted read: bounded,
-    no link followed; through `dir_fd`, the run directory `stop` judged, when given); DEFAULT_SAVE_GRACE_S when it
-    cannot be read."""
-    try:
-        if dir_fd is None:
-            return save_grace(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True))
-        from minilmd.config import MAX_CONFIG_BYTES, config_from_bytes
-        from minilmd.perms import own_uid
-        from minilmd.untrusted import Unreadable, read_bytes
+    supervisor would have given, root's stop of a user's run included (minilmd/run_config_copy.py: the run's user's
+    copy; through `dir_fd`, the run directory `stop` judged, when given); DEFAULT_SAVE_GRACE_S when it cannot be
+    read."""
+    from minilmd.run_config_copy import run_config_of
 
-        try:
-            data = read_bytes(names.RUN_CONFIG_COPY, max_bytes=MAX_CONFIG_BYTES, owner=own_uid(), dir_fd=dir_fd)
-        except Unreadable:
-            return DEFAULT_SAVE_GRACE_S
-        return save_grace(config_from_bytes(data, run_dir / names.RUN_CONFIG_COPY))
-    except (ConfigError, OSError):
+    try:
+        return save_grace(run_config_of(run_dir, dir_fd))
+    except (ConfigError, OSError, ValueError):  # ValueError: init_place.Refused (a link, a FIFO, a third user's)
         return DEFAULT_SAVE_GRACE_S
 
 

@@ -36,6 +36,7 @@ from minilmd.daemon.child.oomevidence import (
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.daemon.child.torchrun_summary import root_cause_signal
 from minilmd.fsio import tail_lines
+from minilmd.jsonlines import open_log
 from minilmd.supervisor_gone import pid_namespace
 from minilmd.untrusted import Unreadable, clipped
 
@@ -312,7 +313,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     # A heartbeat the previous attempt wrote in its last second would pass for this one's (beats() allows the clock
     # a second) and cut its start-up grace to hang_timeout: every heartbeat from here on is this attempt's.
     (run_dir / names.HEARTBEAT).unlink(missing_ok=True)
-    with open(log_path, "ab") as log:
+    with os.fdopen(open_log(log_path), "ab") as log:  # a link or a FIFO at its name: NotALog, never written through
         log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
         log.write("".join(f"# {var}={c.value} ({c.why})\n" for var, c in caches.items()).encode())
@@ -363,12 +364,12 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
                                       + (_last_lines(child.log_path) or f"exit status {rc}"), fault)
     if rc == protocol.EXIT_DATA:
         return Death(Cause.DATA_ERROR, rc, _refusal(fault, child.log_path) or "data error", fault)
-    if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
+    if rc == protocol.EXIT_SCRATCH_FULL or protocol.fault_note(fault) is protocol.FaultNote.SCRATCH_FULL:
         return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
     if rc == protocol.EXIT_RUN_DIR_FULL:  # no fault.json: there is no room for it
         return Death(Cause.RUN_DIR_FULL, rc, "run.dir full: the trainer saved to scratch at a step boundary, then "
                                              "exited (its metrics, heartbeat and log had no room)", fault)
-    if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
+    if rc == protocol.EXIT_CUDA_OOM or protocol.fault_note(fault) is protocol.FaultNote.CUDA_OOM:
         return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
     return Death(Cause.CRASH, rc, detail, fault)
@@ -437,7 +438,7 @@ REFUSAL_MAX = 8192  # characters of a trainer's refusal kept: ours are under 2,0
 def _refusal(fault: dict | None, log_path: Path) -> str:
     """A final refusal in the trainer's words, whole (fault.json "refused": a [model] block to paste comes with the
     sentence that says why), bounded; else the attempt log's last lines (a trainer refused before it wrote one)."""
-    said = (fault or {}).get("message") if (fault or {}).get("kind") == "refused" else None
+    said = (fault or {}).get("message") if protocol.fault_note(fault) is protocol.FaultNote.REFUSED else None
     return clipped(said, REFUSAL_MAX) if isinstance(said, str) and said.strip() else _last_lines(log_path)
 
 

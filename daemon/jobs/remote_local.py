@@ -27,7 +27,7 @@ from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
-from minilmd.names import LATEST
+from minilmd.names import LATEST, fresh_tmp_name
 from minilmd.path_checks import remote_parents_refused
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import (
@@ -369,7 +369,7 @@ class LocalRemote(Publishing, Remote):
             remote_write.mkdir_new(self._root(), (name, *below), self.show, made=1)
 
     def _fresh_tmp(self, target: str, below: tuple[str, ...], found: str, taken) -> str:
-        fresh = f"{target}-{secrets.token_hex(4)}.tmp"
+        fresh = fresh_tmp_name(target, secrets.token_hex(4))
         self._make_recorded(fresh, below)
         taken(found, fresh)
         return fresh

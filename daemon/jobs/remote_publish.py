@@ -22,7 +22,7 @@ from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote_write import NotOurs, in_root
 from minilmd.dirfd import Dir
 from minilmd.dirtree import fsync_tree
-from minilmd.names import kept_name
+from minilmd.names import atomic_tmp_prefix, kept_name
 from minilmd.untrusted import Unreadable, holds_any
 
 
@@ -149,7 +149,7 @@ class Publishing:
     def _written_beside(self, root: Dir, name: str, data: bytes) -> tuple[str, tuple[int, int]]:
         """`data` in a new file (O_EXCL) beside `name`, fsynced: its name and identity. When the write fails (a full
         remote, EIO) the file is removed and the error raised."""
-        fd, tmp = root.create_new(f".{name}.{self.tmp_tag}", ".tmp", perms.file_mode())
+        fd, tmp = root.create_new(atomic_tmp_prefix(name) + self.tmp_tag, ".tmp", perms.file_mode())
         st = os.fstat(fd)
         made = (st.st_dev, st.st_ino)
         try:

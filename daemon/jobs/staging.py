@@ -50,6 +50,7 @@ from minilmd.names import (
     STAGING_OLD_PREFIX,
     STAGING_TMP_PREFIX,
     TOKENS,
+    part_name,
 )
 from minilmd.perms import who_else_writes
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
@@ -259,7 +260,7 @@ class _Copier:
         copy resumes after `keep`, and each read's OSError is told from scratch's writes (_source_reads)."""
         h = hashlib.sha256()
         size = 0
-        part = dest.with_name(dest.name + ".part")
+        part = dest.with_name(part_name(dest.name))
         part.parent.mkdir(parents=True, exist_ok=True)
         if keep:
             with open(dest, "rb") as f:

@@ -23,8 +23,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import names
-
 LN2_EVALS = 3
 LN2_TOLERANCE = 1e-3
 VAL_NOISE = 0.01
@@ -78,13 +76,14 @@ def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float, float]:
     """(eval.warn_rising, the train/val gap, the probe's rise) of the run's config copy, the defaults where it says
     nothing or cannot be read. eval.warn_gap bounds both; left unset on a DPO run, the train/val gap is DPO_WARN_GAP
     (a DPO loss starts at ln 2), while the probe, scored by its next-token loss on every run, keeps the usual
-    default. The copy is read as the other views read it (load_config's untrusted read: a FIFO, a link, a file too
-    big or nested too deep is refused, its values typed), never parsed here."""
-    from minilmd.config import ConfigError, EvalSection, load_config
+    default. The copy is read as every reader reads it (minilmd/run_config_copy.py: the run's user's or ours, a FIFO,
+    a link, a file too big or nested too deep refused, its values typed), never parsed here."""
+    from minilmd.config import ConfigError, EvalSection
+    from minilmd.run_config_copy import run_config_of
 
     try:
-        cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
-    except (ConfigError, OSError):
+        cfg = run_config_of(run_dir)
+    except (ConfigError, OSError, ValueError):  # ValueError: init_place.Refused (a link, a FIFO, a third user's)
         defaults = EvalSection()
         return defaults.warn_rising, DPO_WARN_GAP if dpo else defaults.warn_gap, defaults.warn_gap
     section = cfg.eval

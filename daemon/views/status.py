@@ -361,8 +361,9 @@ def _scratch_root(run: Dir) -> tuple[str, dict | None]:
 def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:
     """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
     the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
-    lineage); the run's run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's
-    descriptor), ours. Read in a bounded thread: a chain on a share that does not answer is left unsaid."""
+    lineage); the run's run.toml read as every reader reads it (minilmd/run_config_copy.py: through its run
+    directory's descriptor, the run's user's or ours). Read in a bounded thread: a chain on a share that does not
+    answer is left unsaid."""
     from minilmd.bounded import bounded_probe
     from minilmd.daemon.phases.initwait import lineage
     from minilmd.scratch_root import not_looked_in
@@ -376,19 +377,14 @@ def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]
 
 
 def _own_config(run: Dir | Path):
-    """The run's run.toml, read as a predecessor's is (init_source.run_config_in: through its run directory's
-    descriptor, the one judged), ours; None when it cannot be read (a link, a FIFO, another user's file)."""
+    """The run's run.toml (minilmd/run_config_copy.py: through its run directory's descriptor, the one judged, the
+    run's user's or ours); None when it cannot be read (a link, a FIFO, a third user's file)."""
     from minilmd.config import ConfigError
-    from minilmd.init_place import open_named
-    from minilmd.init_source import run_config_in
-    from minilmd.perms import own_uid
+    from minilmd.run_config_copy import run_config_of
 
     try:
-        if isinstance(run, Dir):
-            return run_config_in(run, (own_uid(),))
-        with open_named(run) as opened:
-            return run_config_in(opened, (own_uid(),))
-    except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
+        return run_config_of(run.path, run.fd) if isinstance(run, Dir) else run_config_of(run)
+    except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, a third user's file
         return None
 
 

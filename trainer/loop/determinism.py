@@ -61,11 +61,6 @@ def apply(cfg: RunConfig, device_type: str) -> bool:
     return True
 
 
-def bit_reproducible(cfg: RunConfig, device_type: str) -> bool:
-    """Whether a run of this config on this device ends bit-identical to an undisturbed one after a kill."""
-    return device_type == "cpu" or cfg.train.deterministic
-
-
 def refusal(error: BaseException, cfg: RunConfig) -> ConfigError | None:
     """A ConfigError for torch's refusal of an op without a deterministic kernel (final: it comes again at every
     restart), or None when `error` is not that."""

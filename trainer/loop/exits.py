@@ -10,6 +10,7 @@ from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
+from minilmd.metrics import RunDirFileRefused
 from minilmd.plan.sampler_base import DataError
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -17,6 +18,7 @@ from minilmd.protocol import (
     EXIT_CUDA_OOM,
     EXIT_DATA,
     EXIT_SCRATCH_FULL,
+    FaultNote,
     write_fault,
 )
 from minilmd.trainer.checkpoint.save import ScratchFull
@@ -26,7 +28,7 @@ from minilmd.trainer.loop.faults import FaultSpecError
 
 def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
     """The exit status of a run that raised `e` at `step`; called inside its except clause (a crash's traceback)."""
-    if isinstance(e, (ConfigError, FaultSpecError)):
+    if isinstance(e, (ConfigError, FaultSpecError, RunDirFileRefused)):
         print(f"minilmd train: {e}", file=sys.stderr)
         return refused(cfg, EXIT_CONFIG, "\n".join(e.problems) if isinstance(e, ConfigError) else str(e))
     if isinstance(e, (DataError, CorpusError)):
@@ -44,7 +46,7 @@ def refused(cfg: RunConfig, status: int, words: str) -> int:
     """A final refusal (a config or data error), whole, for the supervisor (fault.json, kind "refused"): the
     attempt log's last lines are only its end, a [model] block to paste without the sentence that says why."""
     try:
-        write_fault(cfg.run_dir, "refused", words, exit=status)
+        write_fault(cfg.run_dir, FaultNote.REFUSED, words, exit=status)
     except OSError:
         pass  # run.dir unwritable or full: the supervisor reads the attempt log instead
     return status
@@ -53,7 +55,7 @@ def refused(cfg: RunConfig, status: int, words: str) -> int:
 def scratch_full(cfg: RunConfig, e, step: int) -> int:
     """The supervisor makes room or waits for it; a restart now would only repeat (e: save.ScratchFull)."""
     try:
-        write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
+        write_fault(cfg.run_dir, FaultNote.SCRATCH_FULL, str(e), step=step, checkpoint_step=e.step, needs=e.needs,
                     free=e.free, path=str(e.root))
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
@@ -89,7 +91,7 @@ def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:
         traceback.print_exc()
         return EXIT_CRASH
     message = first_line(e)
-    write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+    write_fault(cfg.run_dir, FaultNote.CUDA_OOM, message, step=step, micro_batch_size=cfg.train.micro_batch_size,
                 device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
     print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
     return EXIT_CUDA_OOM

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import procs
+from minilmd.jsonlines import append_whole, open_log
 from minilmd.names import FAULT_ENV, FAULTS_FIRED
 from minilmd.protocol import FAULT_KINDS
 
@@ -75,10 +76,12 @@ class FaultInjector:
             self.pending.remove(fault)
             if str(fault) in already:
                 continue
-            with open(self.record, "a", encoding="utf-8") as f:
-                f.write(f"{fault}\n")
-                f.flush()
-                os.fsync(f.fileno())
+            fd = open_log(self.record)  # run.dir's, as every append there (minilmd/jsonlines.py)
+            try:
+                append_whole(fd, f"{fault}\n".encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             print(f"minilmd: injecting fault {fault}", flush=True)
             FIRE[fault.kind](step)
 

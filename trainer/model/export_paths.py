@@ -23,7 +23,7 @@ from minilmd import leftovers, perms
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.dirpublish import publish
 from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry
-from minilmd.names import export_tmp_maker, export_tmp_name, old_export_tmp_name
+from minilmd.names import aside_name, export_tmp_maker, export_tmp_name, old_export_tmp_name
 from minilmd.protocol import EXIT_CONFIG, EXIT_IO
 from minilmd.untrusted import Unreadable, holds_any
 
@@ -168,7 +168,7 @@ class ExportCopy:
         refused (fresh_export_dir said so before the export began)."""
         replaces = self._empty_out()
         self.tmp.mode_self(0o777 & ~perms.current_umask())  # what mkdir gave the copy before: --share's policy
-        kept = publish(self.parent, self.tmp, self.name, self.out.name, replaces, aside=self.name + ".old",
+        kept = publish(self.parent, self.tmp, self.name, self.out.name, replaces, aside=aside_name(self.name),
                        foreign=_not_empty)
         if kept is not None:
             _SAY(f"{self.out}: the empty directory it replaced was not deleted ({kept.why}): it is at {kept.where}")

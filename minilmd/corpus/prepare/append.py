@@ -62,6 +62,7 @@ from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
+from minilmd.doc_index import index_header, read_prefix
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -371,9 +372,15 @@ def _open_split_files(splits: dict[str, Dir], chat: bool) -> dict[tuple[str, str
 
 
 def _old_lengths(split_dir: Dir, documents: int) -> np.ndarray:
+    """The split's first `documents` lengths (those its meta.json counts), read by the one reader of the index
+    (minilmd/doc_index.py: int32 as prepare writes it, the header checked, nothing beyond them read). Whole, not in
+    chunks: the new index and meta.json's counts are made from the old lengths and the new ones together."""
     fd = split_dir.open_own(DOC_LENGTHS)
-    with os.fdopen(fd, "rb") as f:
-        return np.load(f, allow_pickle=False)[:documents].astype(np.int32)
+    try:
+        offset, _ = index_header(fd, split_dir.path / DOC_LENGTHS, documents)
+        return read_prefix(fd, split_dir.path / DOC_LENGTHS, offset, documents)
+    finally:
+        os.close(fd)
 
 
 def _publish(corpus_dir: Dir, splits: dict[str, Dir], meta: dict, tmp: Path, new: _New, found: Collector, opts,

@@ -72,7 +72,8 @@ from minilmd.names import (
     SPLITS,
     TOKENIZER_CONFIG,
     TOKENS,
-    prepare_aside_name,
+    aside_name,
+    prepare_kept_prefix,
     prepare_tmp_maker,
     prepare_tmp_name,
 )
@@ -108,7 +109,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
-    check_out_name(out, lambda name: temp_name(prepare_aside_name(name, *leftovers.me()), "0" * 8))
+    check_out_name(out, lambda name: aside_name(temp_name(prepare_tmp_name(name, *leftovers.me()), "0" * 8)))
     check_out_place(out, group_share)  # before anything is made or looked at there
     if taken := out_taken(out, force):
         raise ValueError(taken)
@@ -140,8 +141,8 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             mode_tree(tmp.fd, perms.published_file_mode(), CORPUS_DIR_MODE & ~umask)  # never others' to write
             tmp.mode_self(CORPUS_DIR_MODE & ~umask)
             # only the directory checked above is replaced (its identity), and `out` is never missing
-            kept = publish(parent, tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
-                           foreign=_foreign_now, keep_as=temp_name(f"{out.name}.kept-by-prepare"))
+            kept = publish(parent, tmp, tmp_name, out.name, replaces, aside=aside_name(tmp_name),
+                           foreign=_foreign_now, keep_as=temp_name(prepare_kept_prefix(out.name)))
             if kept is not None:
                 log(f"prepare: {out} is the new corpus; the directory it replaced was not deleted, since it "
                     f"changed while this ran ({kept.why}): it is at {kept.where}. Take what is yours from it, "

@@ -1,0 +1,117 @@
+"""Every temporary and set-aside name is made by names.py, and each maker's names, as the code that makes them
+spells them out on disk (Dir.make_temp's and create_new's random ends, an aside's `.old`), are recognised by the
+matcher its clean-up asks: prepare_tmp_maker, export_tmp_maker, remote_tmp_owner, tmp_owner_pid.
+
+Before, prepare's aside was built by hand (`tmp_name + ".old"`: `.OUT.prepare-H-P-T.XXXXXXXX.old`) while
+names.prepare_aside_name made `.OUT.prepare-H-P-T.old` and its length check `.OUT.prepare-H-P-T.old.XXXXXXXX`, a name
+nobody made and prepare_tmp_maker did not know (house9 item 6)."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+
+import source_tree
+from minilmd import names
+from minilmd.dirfd import Dir
+
+HOST, PID, TICKS = "node-1", 4242, 90210
+
+
+@pytest.fixture
+def here(tmp_path):
+    with Dir(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY), tmp_path) as d:
+        yield d
+
+
+def _made_dir(here: Dir, prefix: str) -> str:
+    made, name = here.make_temp(prefix)
+    made.close()
+    return name
+
+
+def _made_file(here: Dir, prefix: str) -> str:
+    fd, name = here.create_new(prefix, ".tmp")
+    os.close(fd)
+    return name
+
+
+def test_a_prepares_temporary_and_its_aside_name_their_maker(here):
+    prefix = names.prepare_tmp_name("out", HOST, PID, TICKS)
+    tmp = _made_dir(here, prefix)
+    for name in (prefix, tmp, names.aside_name(tmp)):
+        assert names.prepare_tmp_maker("out", name) == (HOST, PID, TICKS), name
+        assert names.export_tmp_maker("out", name) is None, name  # an export to the same --out never takes it
+    assert names.prepare_tmp_maker("out", names.prepare_kept_prefix("out") + ".0123abcd") is None  # the user's
+
+
+def test_an_exports_temporary_and_its_aside_name_their_maker(here):
+    prefix = names.export_tmp_name("out", HOST, PID, TICKS)
+    tmp = _made_dir(here, prefix)
+    for name in (prefix, tmp, names.aside_name(tmp)):
+        assert names.export_tmp_maker("out", name) == (HOST, PID, TICKS), name
+        assert names.prepare_tmp_maker("out", name) is None, name
+
+
+def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid(here):
+    tag = names.pointer_tmp_tag(HOST, PID)
+    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID), names.sync_tmp_name("init", HOST, PID)]
+    made = [*copies, *(names.fresh_tmp_name(c, "0123abcd") for c in copies),
+            *(_made_file(here, names.atomic_tmp_prefix(f) + tag) for f in (names.LATEST, names.BEST,
+                                                                            names.REMOTE_OWNER)),
+            _made_file(here, names.atomic_tmp_prefix(names.LATEST) + tag + "owner")]  # remote_write's claim probe
+    with here.replacing(names.LATEST, 0o644, tag):  # Dir.write_atomic's own temporary, while it is written
+        made += [n for n in os.listdir(here.path) if n.startswith(names.atomic_tmp_prefix(names.LATEST))
+                 and n not in made]
+    assert len(made) == 9
+    for name in made:
+        assert names.remote_tmp_owner(name, HOST) == PID, name
+        assert names.remote_tmp_owner(name, "other_host") is None, name
+
+
+def test_a_checkpoint_roots_temporaries_name_their_pid():
+    step = names.step_name(12)
+    for name in (names.save_tmp_name(12, PID), names.fetch_tmp_name(step, PID), names.deleting_name(step, PID),
+                 names.replaced_name(step, PID)):
+        assert names.tmp_owner_pid(name) == PID, name
+
+
+HAND_BUILT_REVIEWED = {
+    "daemon/jobs/remote_made.py": "scratch_record: `.<root>.remote-made.json`, a record kept, never a temporary name",
+}
+"""Files that build a dotted name by hand, and why it is no temporary or set-aside name."""
+TEMPORARY_ENDS = (".old", ".tmp", ".part")
+
+
+def _hand_built(tree: ast.Module) -> list[int]:
+    """Lines of an f-string that starts a hidden name (`f".{name}..."`), or of a string built with `+` or an f-string
+    that ends like a temporary (.old, .tmp, .part): names.py's to make."""
+    specs = {id(n.format_spec) for n in ast.walk(tree) if isinstance(n, ast.FormattedValue) and n.format_spec}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and id(node) not in specs:
+            parts = node.values
+            first = parts[0].value if isinstance(parts[0], ast.Constant) else ""
+            hidden = len(parts) > 1 and re.fullmatch(r"\.[\w.-]*", first) and isinstance(parts[1], ast.FormattedValue)
+            ends = isinstance(parts[-1], ast.Constant) and parts[-1].value.endswith(TEMPORARY_ENDS)
+            if hidden or ends:
+                found.append(node.lineno)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and any(
+                isinstance(side, ast.Constant) and isinstance(side.value, str) and side.value.endswith(TEMPORARY_ENDS)
+                for side in (node.left, node.right)):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_temporary_name_is_built_by_hand_outside_names_py():
+    found = [f"{source_tree.relative(path)}:{line}" for path in source_tree.audited_files()
+             if path.name != "names.py" and source_tree.relative(path) not in HAND_BUILT_REVIEWED
+             for line in _hand_built(source_tree.tree(path))]
+    assert not found, "temporary and set-aside names are made by names.py:\n" + "\n".join(found)
+
+
+def test_the_scan_sees_a_name_built_by_hand():
+    tree = ast.parse('a = tmp + ".old"\nb = f".{name}.{tag}"\nc = f"{x:.1f} s"\nd = f"{t}-{k}.tmp"\ne = f". ({d})"\n')
+    assert _hand_built(tree) == [1, 2, 4]
