@@ -8,6 +8,7 @@ STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang w
 """
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,15 @@ from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm.job import SlurmJob
 from minilmd.fsio import is_disk_full
+from minilmd.roomwords import no_room, top_of
+
+
+def in_scratch(e: OSError, scratch: Path) -> bool:
+    """Whether the file a launch could not make lies in scratch (the compile caches it makes there), not in run.dir:
+    no room there is scratch full, waited for as a checkpoint that does not fit (waiting_space), never the stop of a
+    full run.dir (exit 73, final; hostile9 F2)."""
+    return bool(e.filename) and Path(os.path.abspath(os.fsdecode(e.filename))).is_relative_to(
+        os.path.abspath(scratch))
 
 
 class Attempt:
@@ -65,7 +75,7 @@ class Attempt:
 
         def _start_backoff(self, after: Phase, reason: str, streak: int, delay: float | None = None) -> None: ...
 
-        def _wait_for_space(self, death: Death, message: str) -> None: ...
+        def _wait_for_space(self, fault: dict | None, message: str) -> None: ...
 
         def _enter_stopping(self, reason: str) -> None: ...
 
@@ -95,6 +105,10 @@ class Attempt:
         except OSError as e:
             if not is_disk_full(e):
                 raise
+            if in_scratch(e, self.cfg.scratch_dir):  # its compile caches: scratch is full, not run.dir
+                self._wait_for_space(None, f"scratch full: attempt {self.loop.attempt} cannot make its compile "
+                                           f"caches: {no_room(e, self.cfg.scratch_dir, top_of(self.cfg.scratch_dir))}")
+                return
             self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
             return
         trainerwatch.launched(self.loop.child, self.cfg, newest)
@@ -168,7 +182,7 @@ class Attempt:
             self._enter_stopping(decision.message)
             return
         if decision.action == Action.WAIT_SPACE:
-            self._wait_for_space(death, decision.message)
+            self._wait_for_space(death.fault, decision.message)
             return
         if decision.counts_as_restart:
             self.state.no_progress_streak = streak
