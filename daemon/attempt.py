@@ -8,7 +8,6 @@ STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang w
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,15 +32,7 @@ from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm.job import SlurmJob
 from minilmd.fsio import is_disk_full
-from minilmd.roomwords import no_room, top_of
-
-
-def in_scratch(e: OSError, scratch: Path) -> bool:
-    """Whether the file a launch could not make lies in scratch (the compile caches it makes there), not in run.dir:
-    no room there is scratch full, waited for as a checkpoint that does not fit (waiting_space), never the stop of a
-    full run.dir (exit 73, final; hostile9 F2)."""
-    return bool(e.filename) and Path(os.path.abspath(os.fsdecode(e.filename))).is_relative_to(
-        os.path.abspath(scratch))
+from minilmd.roomwords import made_in, no_room, top_of
 
 
 class Attempt:
@@ -105,7 +96,7 @@ class Attempt:
         except OSError as e:
             if not is_disk_full(e):
                 raise
-            if in_scratch(e, self.cfg.scratch_dir):  # its compile caches: scratch is full, not run.dir
+            if made_in(e, self.cfg.scratch_dir):  # its compile caches: scratch is full, not run.dir (73, final)
                 self._wait_for_space(None, f"scratch full: attempt {self.loop.attempt} cannot make its compile "
                                            f"caches: {no_room(e, self.cfg.scratch_dir, top_of(self.cfg.scratch_dir))}")
                 return

@@ -29,7 +29,8 @@ def no_room(e: OSError, near: str | os.PathLike, whose_at: str | os.PathLike | N
     counted there, or at `whose_at` (the file system's top, where other users' files lie: the place itself may
     hold only the run's own). A link where a place is said as no place measured, never another directory's
     numbers."""
-    where = os.path.dirname(str(e.filename)) if e.filename else str(near)
+    named = os.fsdecode(e.filename) if e.filename else ""
+    where = os.path.dirname(named) if os.path.isabs(named) else str(near)  # relative: made at near's descriptor
     found = _open_up(where)
     if found is None:
         return f"{e.strerror} ({where})"
@@ -40,6 +41,13 @@ def no_room(e: OSError, near: str | os.PathLike, whose_at: str | os.PathLike | N
         return f"{e.strerror} ({where})"
     finally:
         os.close(fd)
+
+
+def made_in(e: OSError, place: str | os.PathLike) -> bool:
+    """Whether the file an OSError could not make lies under `place` (scratch, say, rather than run.dir): which file
+    system was full, and so which wait (scratch's) or stop (run.dir's) it is."""
+    return bool(e.filename) and os.path.abspath(os.fsdecode(e.filename)).startswith(
+        os.path.join(os.path.abspath(place), ""))
 
 
 def room_now(path: str | os.PathLike) -> str:

@@ -110,8 +110,11 @@ def test_no_inode_for_the_trainer_lock_is_waited_for_then_the_run_finishes(small
     assert_waited_for_his_files(seen, out, run_dir)
     exits = [(e["cause"], e["exit"]) for e in events(run_dir) if e["event"] == "child_exit"]
     assert exits == [("scratch_full", 74), ("done", 0)], exits
+    first = next(e["message"] for e in events(run_dir) if e["event"] == "child_exit")
+    assert "scratch full: trainer.lock cannot be made" in first and "no inode left" in first, first
 
 
+@pytest.mark.slow
 def test_no_inode_for_the_compile_caches_is_scratch_full_never_run_dir_full(small_tmpfs, tmp_path, corpus,
                                                                             monkeypatch):
     """The launch cannot make the run's compile caches in scratch (no inode left, his files): waiting_space, never
@@ -124,10 +127,12 @@ def test_no_inode_for_the_compile_caches_is_scratch_full_never_run_dir_full(smal
     assert_waited_for_his_files(seen, out, tmp_path / "s" / "run")
 
 
+@pytest.mark.slow
 def test_staging_waits_for_the_inodes_the_start_after_it_needs(small_tmpfs, tmp_path, corpus, monkeypatch):
     """His files leave the inodes staging takes and a few more, not those of the trainer's start: staging waits
     ("no room in scratch", naming the inodes and his uid) instead of a start that cannot make its files; removed,
-    the run finishes. Before, staging went on and the launch failed for good (exit 73: its compile caches)."""
+    the run finishes. Before, staging went on, its own record found no inode, and that failure counted: failed,
+    79 after restart.no_progress_limit tries (with an inode or two more, the launch's compile caches: 73)."""
     base = scratch_base(small_tmpfs, monkeypatch, 512)
     config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""})
     files = fill_inodes(base)
