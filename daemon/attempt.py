@@ -32,6 +32,7 @@ from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm.job import SlurmJob
 from minilmd.fsio import is_disk_full
+from minilmd.roomwords import made_in, no_room, top_of
 
 
 class Attempt:
@@ -65,7 +66,7 @@ class Attempt:
 
         def _start_backoff(self, after: Phase, reason: str, streak: int, delay: float | None = None) -> None: ...
 
-        def _wait_for_space(self, death: Death, message: str) -> None: ...
+        def _wait_for_space(self, fault: dict | None, message: str) -> None: ...
 
         def _enter_stopping(self, reason: str) -> None: ...
 
@@ -95,6 +96,10 @@ class Attempt:
         except OSError as e:
             if not is_disk_full(e):
                 raise
+            if made_in(e, self.cfg.scratch_dir):  # its compile caches: scratch is full, not run.dir (73, final)
+                self._wait_for_space(None, f"scratch full: attempt {self.loop.attempt} cannot make its compile "
+                                           f"caches: {no_room(e, self.cfg.scratch_dir, top_of(self.cfg.scratch_dir))}")
+                return
             self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
             return
         trainerwatch.launched(self.loop.child, self.cfg, newest)
@@ -168,7 +173,7 @@ class Attempt:
             self._enter_stopping(decision.message)
             return
         if decision.action == Action.WAIT_SPACE:
-            self._wait_for_space(death, decision.message)
+            self._wait_for_space(death.fault, decision.message)
             return
         if decision.counts_as_restart:
             self.state.no_progress_streak = streak

@@ -28,7 +28,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -43,10 +42,8 @@ from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
-from minilmd.dirfd import OPEN_DIR
-from minilmd.fsio import is_disk_full, no_inode_left
-from minilmd.perms import own_uid, user_words
-from minilmd.untrusted import TooManyEntries, listed
+from minilmd.fsio import is_disk_full
+from minilmd.roomwords import no_room as _no_room
 
 SLICE_S = 1.0
 """How long the wait sleeps between two looks at a stop and the watchdog."""
@@ -306,59 +303,3 @@ def _settle_and_claim(cfg: RunConfig) -> str | None:
             return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e, cfg.scratch_dir.parent)}"
         raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
     return None
-
-
-def _no_room(e: OSError, near: str | os.PathLike) -> str:
-    """A full file system's error with what is used up there: its inodes (freeing bytes would not help) or bytes.
-    Measured where the error's file was to go, else at `near` (the place being made's parent: a hand-set run.scratch
-    lies on its own file system, not base's); the nearest existing directory up from there. The place lies where
-    others may write: opened once, no link followed (minilmd/dirfd.py OPEN_DIR, O_NONBLOCK), measured and listed
-    through that descriptor (a link there is said as no place measured, never another directory's numbers)."""
-    where = os.path.dirname(str(e.filename)) if e.filename else str(near)
-    while True:
-        try:
-            fd = os.open(where, OPEN_DIR | os.O_NONBLOCK)
-            break
-        except FileNotFoundError:
-            if os.path.dirname(where) == where:
-                return f"{e.strerror} ({where})"
-            where = os.path.dirname(where)
-        except OSError:
-            return f"{e.strerror} ({where})"
-    try:
-        vfs = os.fstatvfs(fd)
-        if no_inode_left(vfs):
-            return (f"{e.strerror}: {where} has no inode left for a new file or directory ({vfs.f_files:,} in all)"
-                    f"{_whose(fd)}")
-        return f"{e.strerror}: {where} has {vfs.f_bavail * vfs.f_frsize / 1e6:,.1f} MB free{_whose(fd)}"
-    except OSError:
-        return f"{e.strerror} ({where})"
-    finally:
-        os.close(fd)
-
-
-WHOSE_LOOKS = 1000
-"""The most entries of a full place whose owners are counted (another user's directory may hold millions)."""
-
-
-def _whose(fd: int) -> str:
-    """Whose entries the full place (`fd`: its descriptor) holds, by owner, most first ("; its entries: 7 of uid
-    64123, 1 of yours"): who holds the room, as far as the place's own entries tell (what lies deeper is not
-    counted). Listed bounded (untrusted.listed), each entry looked at through the place's descriptor, no link
-    followed; "" when it cannot be listed, a note when it holds more than WHOSE_LOOKS entries."""
-    counts: dict[int, int] = {}
-    try:
-        for name in listed(fd, max_entries=WHOSE_LOOKS):
-            with contextlib.suppress(OSError):  # gone since it was listed
-                uid = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
-                counts[uid] = counts.get(uid, 0) + 1
-    except TooManyEntries:
-        return f"; it holds over {WHOSE_LOOKS} entries (whose, not counted)"
-    except OSError:
-        return ""
-    if not counts:
-        return ""
-    me = own_uid()
-    said = ", ".join(f"{n} of {'yours' if uid == me else user_words(uid)}"
-                     for uid, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
-    return f"; its entries: {said}"

@@ -56,7 +56,6 @@ from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.policy import backoff_seconds, decide_staging_failure
-from minilmd.daemon.child.process import Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import registry, sdnotify
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe
@@ -336,13 +335,21 @@ class Supervisor(Attempt, Ending):
         self._launch()
 
     # --- a checkpoint that does not fit in scratch -------------------------------------------------------------
-    def _wait_for_space(self, death: Death, message: str) -> None:
-        """The trainer's save did not fit (it wrote nothing): make room, launch again once a checkpoint fits."""
+    def _wait_for_space(self, fault: dict | None, message: str) -> None:
+        """Scratch had no room (inodes or bytes) for the trainer's save (it wrote nothing), its lock, or the launch's
+        compile caches (`fault`: the trainer's fault.json, None for the launch's): make room, launch again once a
+        start and a checkpoint fit. A launch from this wait that finds none again goes on waiting."""
         self.state.record_error(message)
-        reason = self.space.start(death.fault)
+        reason = self.space.start(fault)
         wait = self.state.space_wait
         assert wait is not None  # space.start() began it
-        self._go(Phase.WAITING_SPACE, reason, needs=wait.needs, free=wait.free)
+        if self.phase == Phase.WAITING_SPACE:
+            self.events.emit("space", f"still no room: {message}")
+            self._say(reason)
+            return
+        if fault is None:  # the launch's own words: no trainer's log nor fault.json says them
+            self.events.emit("space", message)
+        self._go(Phase.WAITING_SPACE, reason, needs=wait.needs, free=wait.free, inodes_free=wait.inodes_free)
 
     def _tick_waiting_space(self) -> None:
         if self.space.tick():

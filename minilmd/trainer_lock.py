@@ -24,6 +24,9 @@ directory walked without a planted link, the lock file opened relative to it wit
 blocking, a regular file of ours only; its body (who holds it) is read bounded, owner checked, printed, and its
 `launch` and `rank` compared with this process's (a match lets a rank of the same job go on beside the holder, never
 a rank 0 beside a rank 0), never trusted for more.
+No room for the lock (ENOSPC, EDQUOT: inodes or bytes, fsio.is_disk_full; another user's files may fill scratch
+after staging) is no refusal: TrainerLockNoRoom, exit 74, the supervisor's wait for room (hostile9 F2; before, exit 2,
+"config error, final", with advice to move away a file that did not exist).
 Torch-free."""
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.dirfd import Dir, PlaceRefused
+from minilmd.fsio import is_disk_full
 from minilmd.perms import own_uid, owned_by_me
 from minilmd.place_rule import walk_to
+from minilmd.roomwords import no_room, top_of
 from minilmd.untrusted import Unreadable, printable, read_json
 
 SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
@@ -51,6 +56,18 @@ _held: list[int] = []
 
 class TrainerLockRefused(Exception):
     """The lock file cannot be used (a link, not ours): exit 2, the message says why."""
+
+
+class TrainerLockNoRoom(Exception):
+    """Scratch has no room for the lock (ENOSPC, EDQUOT: fsio.is_disk_full, inodes or bytes): another user's files
+    may fill it after staging (hostile9 F2). No refusal of the config: exit 74 (protocol.EXIT_SCRATCH_FULL), fault.json
+    kind scratch_full, and the supervisor waits for room (waiting_space). The message names what is used up and
+    whose entries fill it (minilmd/roomwords.py)."""
+
+    def __init__(self, scratch: Path, run_dir: Path, what: str, e: OSError):
+        self.scratch, self.run_dir = scratch, run_dir
+        super().__init__(f"scratch full: {what} cannot be made in {printable(scratch)}: "
+                         f"{no_room(e, scratch, top_of(scratch))}; waiting for room, not a fault of the config")
 
 
 class TrainerLockHeld(TrainerLockRefused):
@@ -101,12 +118,16 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
             os.close(walk_to(scratch, "run.scratch", "the scratch", SCRATCH_ADVICE, 0o700)[0])  # as saving would
         where = Dir.open(scratch, "run.scratch")
     except (PlaceRefused, OSError) as e:
+        if isinstance(e, OSError) and is_disk_full(e):
+            raise TrainerLockNoRoom(scratch, run_dir, "the scratch directory", e) from None
         raise TrainerLockRefused(f"cannot take the trainer lock in {printable(scratch)}: {e}") from None
     try:
         fd, _ = where.open_or_make(names.TRAINER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                                    0o666)  # the umask decides, as for every file of the run (run.share)
     except OSError as e:  # a link (ELOOP), a FIFO's ENXIO aside (O_NONBLOCK): nothing followed, nothing waited on
         where.close()
+        if is_disk_full(e):  # no inode (or byte) left: room to wait for, no file to move away
+            raise TrainerLockNoRoom(scratch, run_dir, names.TRAINER_LOCK, e) from None
         raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: cannot be opened as the trainer lock "
                                  f"({e.strerror or e}); move it away, then start again") from None
     try:
@@ -123,8 +144,10 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
                                    "run_dir": str(run_dir), "rank": rank, "launch": launch}) + "\n").encode(), 0)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
+        if isinstance(e, OSError) and is_disk_full(e):  # its body had no room
+            raise TrainerLockNoRoom(scratch, run_dir, names.TRAINER_LOCK, e) from None
         raise
     finally:
         where.close()

@@ -63,6 +63,8 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.BACKOFF, Phase.STARTING): "restart",
     (Phase.BACKOFF, Phase.STAGING): "restage",
     (Phase.BACKOFF, Phase.WAITING_GPU): "wait_for_gpu",
+    (Phase.STAGING, Phase.WAITING_SPACE): "scratch_full",  # the launch's compile caches found no room
+    (Phase.BACKOFF, Phase.WAITING_SPACE): "scratch_full",
     (Phase.STARTING, Phase.WAITING_SPACE): "scratch_full",
     (Phase.TRAINING, Phase.WAITING_SPACE): "scratch_full",
     (Phase.WAITING_SPACE, Phase.STARTING): "space_freed",

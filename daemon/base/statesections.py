@@ -186,6 +186,10 @@ class SpaceWait(Section):
     """The checkpoint directory whose filesystem is full."""
     checks: int = 0
     """How many times the room was checked."""
+    inodes: int = 0
+    """Inodes a start and a checkpoint need (scratch_room.START_INODES), checked where the file system counts them."""
+    inodes_free: int | None = None
+    """Inodes free at the last check (None: the file system does not count them, or not measured)."""
 
 
 @dataclass

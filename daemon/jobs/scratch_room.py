@@ -23,6 +23,7 @@ from minilmd.fmt import fmt_mb as _mb
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER
 from minilmd.perms import own_uid
+from minilmd.roomwords import room_now
 from minilmd.urls import is_url
 
 MIB = 1024 ** 2
@@ -30,6 +31,13 @@ GIB = 1024 ** 3
 SPACE_MARGIN = 64 * MIB
 """Kept free on the scratch filesystem beyond the run's own files: a quarantined checkpoint, the temporary names of
 a copy or a fetch in progress. Every refusal shows it."""
+START_INODES = 32
+"""Inodes the trainer makes in scratch after staging, besides the corpus: its lock (minilmd/trainer_lock.py), the
+launch's four compile-cache directories, the checkpoints' directory and one checkpoint (its directory, weights,
+optimizer and its meta, trainer state, tokenizer files, a DPO run's reference sums, manifest) with its pointers'
+temporary names: about 20, rounded up. Staging waits until they are free too, and so does the wait for room
+(daemon/phases/spacewait.py): a scratch left with exactly the inodes staging uses (another user's empty files)
+otherwise ends the start after staging (hostile9 F2)."""
 CHECKPOINT_BYTES_PER_PARAMETER = 12
 """fp32 weights (4) and AdamW's two fp32 moments (8), whatever the training precision."""
 CHECKPOINT_OVERHEAD = 256 * 1024
@@ -161,6 +169,23 @@ def check_fit(needed: int, scratch_dir: Path, memory_headroom_bytes: int | None 
                             memory_headroom_bytes)
     if no_room is not None:
         raise (ScratchFull if no_room.ever_fits else ScratchTooSmall)(no_room.problem)
+
+
+def check_inodes(files: int, scratch_dir: Path) -> None:
+    """Raise ScratchFull (wait: others' entries hold them) or ScratchTooSmall (final: the file system has fewer in
+    all) when scratch's file system has fewer inodes free than staging's `files` and the trainer's start after it
+    (START_INODES) need; nothing where it does not count them (btrfs, many NFS servers)."""
+    vfs = os.statvfs(_existing_ancestor(scratch_dir))
+    needs = files + START_INODES
+    if not vfs.f_files or vfs.f_favail >= needs:
+        return
+    words = room_now(scratch_dir) or f"{vfs.f_favail:,} free"
+    problem = (f"run.scratch {scratch_dir} needs {needs:,} inodes ({files:,} for the corpus files to copy + "
+               f"{START_INODES} for the trainer's start: its lock, compile caches, a checkpoint), but {words}")
+    if vfs.f_files < needs + 1:  # its root is one of them
+        raise ScratchTooSmall(f"{problem}; its file system has {vfs.f_files:,} in all: set run.scratch to a "
+                              f"directory with more")
+    raise ScratchFull(problem)
 
 
 def checkpoint_bytes(cfg: RunConfig, tokenizer_bytes: int) -> int:

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from minilmd import scratch as scratchmod
 from minilmd.backoff import STAGING_COPY_FIRST_S, STAGING_COPY_MAX_S, STAGING_COPY_RETRIES, exponential
 from minilmd.corpus_meta import CorpusError, listed_files, owner_note, parse_meta
-from minilmd.daemon.jobs.scratch_room import check_fit
+from minilmd.daemon.jobs.scratch_room import check_fit, check_inodes
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_disk_full, publish_dir, table_problems
@@ -399,6 +399,7 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
             shutil.rmtree(old, ignore_errors=True)
         needed = sum(e["size"] - kept.get(rel, 0) for rel, e in to_copy.items())
         check_fit(needed, scratch, memory_headroom_bytes)
+        check_inodes(len(to_copy) + 1, scratch)  # and meta.json; then the trainer's start: never stuck after staging
         if to_copy:
             log(f"staging: copying {len(to_copy)} file(s), {_mb(needed)}, from {source} to {scratch}")
         copier = _Copier(fs, root, source, needed, progress, retries, backoff_s, log)

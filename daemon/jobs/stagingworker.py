@@ -39,7 +39,9 @@ from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remot
 from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.stagingfetch import StagingFetch
+from minilmd.fsio import is_disk_full
 from minilmd.names import step_of
+from minilmd.roomwords import made_in, no_room, top_of
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "probe source unreachable": "probe source reachable again",
@@ -191,6 +193,10 @@ class StagingWorker(StagingFetch):
             return None
         if isinstance(worker.error, ScratchFull):
             self._wait_for("no room in scratch", str(worker.error))
+            return None
+        if isinstance(e := worker.error, OSError) and is_disk_full(e) and made_in(e, self.cfg.scratch_dir):
+            # a file of staging's own in scratch (its record, a temporary name) that found no room: not counted
+            self._wait_for("no room in scratch", no_room(e, self.cfg.scratch_dir, top_of(self.cfg.scratch_dir)))
             return None
         if worker.error is not None:
             text = self._error_text(worker)

@@ -118,6 +118,8 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             own_compile_caches(cfg)
         trainer_lock.hold_for(cfg)  # one trainer per scratch, before any checkpoint is read: a second one refused
+    except trainer_lock.TrainerLockNoRoom as e:  # another user's files fill scratch: waited for, never final
+        return exits.scratch_without_room(e)
     except trainer_lock.TrainerLockHeld as e:  # this run's own trainer still holds it: the supervisor retries it
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_TRAINER_BUSY if e.retried else EXIT_CONFIG

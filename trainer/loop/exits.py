@@ -3,6 +3,7 @@ config, bad data, a checkpoint of another run, a full scratch, a crash, or a sto
 written for the supervisor (fault.json) and said on stderr."""
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -57,6 +58,24 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
     try:
         write_fault(cfg.run_dir, FaultNote.SCRATCH_FULL, str(e), step=step, checkpoint_step=e.step, needs=e.needs,
                     free=e.free, path=str(e.root))
+    except OSError:
+        pass  # run.dir on the same full disk: the exit status alone says it
+    print(f"minilmd train: {e}", file=sys.stderr)
+    return EXIT_SCRATCH_FULL
+
+
+def scratch_without_room(e) -> int:
+    """Scratch had no room (inodes or bytes) for a file of the trainer's start, its lock (e: trainer_lock
+    .TrainerLockNoRoom): exit 74 as a checkpoint that does not fit, fault.json kind scratch_full with the room left
+    there and no bytes of a checkpoint (the supervisor counts its own, and the inodes a start needs); the supervisor
+    waits for room (waiting_space) and starts the trainer again once there is."""
+    try:
+        vfs = os.statvfs(e.scratch)
+        room = {"free": vfs.f_bavail * vfs.f_frsize, "inodes_free": vfs.f_favail if vfs.f_files else None}
+    except OSError:
+        room = {}
+    try:
+        write_fault(e.run_dir, "scratch_full", str(e), path=str(e.scratch), **room)
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
     print(f"minilmd train: {e}", file=sys.stderr)
