@@ -75,7 +75,7 @@ def scratch_without_room(e) -> int:
     except OSError:
         room = {}
     try:
-        write_fault(e.run_dir, "scratch_full", str(e), path=str(e.scratch), **room)
+        write_fault(e.run_dir, FaultNote.SCRATCH_FULL, str(e), path=str(e.scratch), **room)
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
     print(f"minilmd train: {e}", file=sys.stderr)
