@@ -26,6 +26,7 @@ from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
+from minilmd.plan.trainer_state import Trained, recorded_trained
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
 from minilmd.untrusted import listed
@@ -41,7 +42,10 @@ SCRATCH, REMOTE = "scratch", "remote"
 class Resumes(str):
     """The line that says the launch resumes from a checkpoint of the run's own, in scratch or on run.remote: a
     `str` for `run --check` to print, a type for the launch to find (daemon/preflight.py launch): such a start is
-    no first start, whatever this machine's state.json recorded or lost (daemon/phases/initwait.py at_start)."""
+    no first start, whatever this machine's state.json recorded or lost (daemon/phases/initwait.py at_start).
+    `done`: what that checkpoint trained (None: not recorded), which `run --check`'s budget line counts after."""
+
+    done: Trained | None = None
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Start:
     """The remote's checkpoint taken over scratch's: why, and what staging does (scratch_behind.Taken.check_words)."""
     unlooked: str = ""
     """Why scratch's is resumed without the remote compared (scratch_behind.Verdict.unlooked)."""
+    done: Trained | None = None
+    """What that checkpoint trained (its steps, rows, token positions), as it records it; None: not read."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -74,12 +80,15 @@ class Start:
             return f"starts from step 0: {self.why}" if self.why else ""
         reference = f", {self.reference}" if self.reference else ""
         if self.where == SCRATCH:
-            return Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
-        if self.over_scratch:
-            return Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch} and verifies its "
-                           f"weights there)")
-        return Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
-                       f"scratch and verifies its weights there)")
+            said = Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
+        elif self.over_scratch:
+            said = Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch} and verifies "
+                           f"its weights there)")
+        else:
+            said = Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
+                           f"scratch and verifies its weights there)")
+        said.done = self.done
+        return said
 
 
 def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None, fresh: bool = False) -> list[str]:
@@ -99,7 +108,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         from minilmd.daemon.jobs.rundone import done_line
 
         # a run at its budget's end: "run is done", in place of "resumes from step N"
-        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}")
+        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
         said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {start.unlooked}"] if start.unlooked else []
@@ -181,6 +190,7 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
     if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", Path(start.path).name):
         return Start(refused=refused)
     start.changes = stream_changes(cfg, recorded)
+    start.done = recorded_trained(recorded)
     return start
 
 

@@ -67,7 +67,9 @@ def run_command(
 
         meta = read_corpus_meta(cfg.data.prepared) if cfg.data.prepared else None  # once, for every line below
         typer.echo(lr_line(cfg, meta))  # the rate the trainer will run at, and where it comes from
-        plan = functools.cache(lambda: planned(cfg, meta))  # meta.json as --check read it (None: read here, once)
+        # what the checkpoint it resumes from trained: a budget in tokens or epochs is counted after it
+        trained = next((d for line in start if (d := getattr(line, "done", None)) is not None), None)
+        plan = functools.cache(lambda: planned(cfg, meta, None, trained))  # meta.json as --check read it (None: here)
         typer.echo(budget_line(cfg, plan(), measured_rate(cfg)))  # steps, tokens, epochs, which budget binds
         for line in waits:
             typer.echo(f"waits: {line}")
