@@ -50,8 +50,8 @@ and the grad_accum that keeps the global batch (daemon/child/policy.py)."""
 TRAINED = "trained"
 """The key stream_record adds for what the checkpoint trained: trainer_state.json's TRAINED_KEYS, copied as they are
 (plan/trainer_state.py recorded_trained reads them, as a resume does: a budget in tokens or epochs is counted after
-them, plan/budget.py)."""
-TRAINED_KEYS = ("step", "rows_seen", "positions_seen", "global_batch")
+them, plan/budget.py), and the total steps its schedule ran over (plan/resume_rate.py)."""
+TRAINED_KEYS = ("step", "rows_seen", "positions_seen", "global_batch", "total_steps")
 
 
 def stream_record(state: Any) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
@@ -73,6 +73,8 @@ class Start:
     """Why scratch's is resumed without the remote compared (scratch_behind.Verdict.unlooked)."""
     done: Trained | None = None
     """What that checkpoint trained (its steps, rows, token positions), as it records it; None: not read."""
+    recorded: Any = None
+    """What it records of its run (batch_stream.stream_record); None: not read."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -113,6 +115,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {start.unlooked}"] if start.unlooked else []
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
+        said += [f"note: {rate}"] if start.changes and start.step and (rate := _rate_change(cfg, start)) else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
 
@@ -190,8 +193,15 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
     if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", Path(start.path).name):
         return Start(refused=refused)
     start.changes = stream_changes(cfg, recorded)
-    start.done = recorded_trained(recorded)
+    start.done, start.recorded = recorded_trained(recorded), recorded
     return start
+
+
+def _rate_change(cfg: RunConfig, start: Start) -> str:
+    """The rate of the resumed step before and after the change (plan/resume_rate.py); "" when it is the same."""
+    from minilmd.plan.resume_rate import rate_change
+
+    return rate_change(cfg, start.recorded, start.done, _corpus_meta(cfg))
 
 
 def _on_remote(cfg: RunConfig) -> Start:
