@@ -44,7 +44,8 @@ def run_command(
     read its scratch-root.json, or the run finished but its last sync failed (not final: systemd restarts it, and a
     restart retries the sync), 2 bad config (a checkpoint to resume from of another model or corpus too; a run.name,
     run.scratch or run.remote edited away from a newer step this run.dir's state.json records there) or run owned by
-    another supervisor, 65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many
+    another supervisor, 65 bad data, 73 run.dir's disk full or run.dir removed (stopped after the last sync), 79 gave up
+    after too many
     restarts (2, 65, 73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
         from minilmd import scratch_root
