@@ -229,6 +229,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise ScratchRootUnknown(e) from None
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
+        for moved in (line for line in said if line.startswith("note: init.from: the run ")):  # its base moved on
+            print(f"minilmd run: {moved}", flush=True)
         if cleared := stoprequest.clear_at_a_done_start(cfg.run_dir, os.environ):
             print(f"minilmd run: {cleared}", flush=True)
         raise NothingToDo(done)

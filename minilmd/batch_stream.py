@@ -52,6 +52,9 @@ TRAINED = "trained"
 (plan/trainer_state.py recorded_trained reads them, as a resume does: a budget in tokens or epochs is counted after
 them, plan/budget.py), and the total steps its schedule ran over (plan/resume_rate.py)."""
 TRAINED_KEYS = ("step", "rows_seen", "positions_seen", "global_batch", "total_steps")
+INIT_USED = "init_used"
+"""The key stream_record adds for what [init] from was (trainer_state.json's "init": its path and step), which a
+finished stage's base having moved on is told by (minilmd/init_moved.py); not "init", the config's section."""
 
 
 def stream_record(state: Any) -> Any:
@@ -61,7 +64,7 @@ def stream_record(state: Any) -> Any:
         return None
     config = state.get("config")
     return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE),
-            TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}}
+            TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}, INIT_USED: state.get("init")}
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,

@@ -112,6 +112,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         # a run at its budget's end: "run is done", in place of "resumes from step N"
         done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
         said += [done] if done else [line] if (line := start.line()) else []
+        said += [f"note: {moved}"] if done and (moved := _moved_on(cfg, start)) else []
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {start.unlooked}"] if start.unlooked else []
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
@@ -195,6 +196,14 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
     start.changes = stream_changes(cfg, recorded)
     start.done, start.recorded = recorded_trained(recorded), recorded
     return start
+
+
+def _moved_on(cfg: RunConfig, start: Start) -> str:
+    """A done stage whose init.from run has trained on since the step it started from (minilmd/init_moved.py)."""
+    from minilmd.batch_stream import INIT_USED
+    from minilmd.init_moved import moved_on
+
+    return moved_on(cfg, start.recorded.get(INIT_USED)) if isinstance(start.recorded, dict) else ""
 
 
 def _rate_change(cfg: RunConfig, start: Start) -> str:
