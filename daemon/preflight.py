@@ -135,12 +135,18 @@ def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool 
 def owner_problems(cfg: RunConfig) -> list[str]:
     """Another live supervisor holds the run's supervisor.lock (daemon/host/lock.py lock_holder: a non-blocking
     probe that creates nothing): the launch would exit 2 on it, so --check does. Runs before this process takes
-    the lock (the launch takes it after these checks)."""
+    the lock (the launch takes it after these checks). Said with what an edit of the config does to a running run
+    (daemon/runningedits.py: it applies at the next start) and what this config changes against its copy."""
     try:
         holder = lock_holder(cfg.run_dir) if cfg.run.dir else None
     except OSError:  # run.dir not readable: its own check says so
         return []
-    return [str(LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK))] if holder else []
+    if not holder:
+        return []
+    from minilmd.daemon.runningedits import running_words
+
+    held = LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK)
+    return [f"{held}; {running_words(cfg, cfg.source)}"]  # and what its edits do (daemon/runningedits.py)
 
 
 def _epoch_without_budget(cfg: RunConfig) -> list[str]:
