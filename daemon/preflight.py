@@ -135,12 +135,18 @@ def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool 
 def owner_problems(cfg: RunConfig) -> list[str]:
     """Another live supervisor holds the run's supervisor.lock (daemon/host/lock.py lock_holder: a non-blocking
     probe that creates nothing): the launch would exit 2 on it, so --check does. Runs before this process takes
-    the lock (the launch takes it after these checks)."""
+    the lock (the launch takes it after these checks). Said with what an edit of the config does to a running run
+    (daemon/runningedits.py: it applies at the next start) and what this config changes against its copy."""
     try:
         holder = lock_holder(cfg.run_dir) if cfg.run.dir else None
     except OSError:  # run.dir not readable: its own check says so
         return []
-    return [str(LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK))] if holder else []
+    if not holder:
+        return []
+    from minilmd.daemon.runningedits import running_words
+
+    held = LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK)
+    return [f"{held}; {running_words(cfg, cfg.source)}"]  # and what its edits do (daemon/runningedits.py)
 
 
 def _epoch_without_budget(cfg: RunConfig) -> list[str]:
@@ -229,6 +235,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise ScratchRootUnknown(e) from None
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
+        for moved in (line for line in said if line.startswith("note: init.from: the run ")):  # its base moved on
+            print(f"minilmd run: {moved}", flush=True)
         if cleared := stoprequest.clear_at_a_done_start(cfg.run_dir, os.environ):
             print(f"minilmd run: {cleared}", flush=True)
         raise NothingToDo(done)

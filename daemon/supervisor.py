@@ -204,6 +204,8 @@ class Supervisor(Attempt, Ending):
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
+        if self.room.removed and self.phase in ATTEMPT_PHASES and not self.room.stopping:  # no run.dir to train in
+            self._enter_stopping(self.room.stop("the trainer is stopped"))
         self.files.tick(self.phase)  # the Prometheus textfile
 
     def _handle_signals(self) -> None:

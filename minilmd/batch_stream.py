@@ -56,13 +56,24 @@ OOM_RETRY = "by the supervisor's retry after a CUDA OOM (the global batch kept)"
 and the grad_accum that keeps the global batch (daemon/child/policy.py)."""
 
 
+TRAINED = "trained"
+"""The key stream_record adds for what the checkpoint trained: trainer_state.json's TRAINED_KEYS, copied as they are
+(plan/trainer_state.py recorded_trained reads them, as a resume does: a budget in tokens or epochs is counted after
+them, plan/budget.py), and the total steps its schedule ran over (plan/resume_rate.py)."""
+TRAINED_KEYS = ("step", "rows_seen", "positions_seen", "global_batch", "total_steps")
+INIT_USED = "init_used"
+"""The key stream_record adds for what [init] from was (trainer_state.json's "init": its path and step), which a
+finished stage's base having moved on is told by (minilmd/init_moved.py); not "init", the config's section."""
+
+
 def stream_record(state: Any) -> Any:
-    """What a checkpoint records of its batch stream, from its trainer_state.json: its "config", and the world size
-    it trained on under WORLD_SIZE; None when `state` is not a mapping."""
+    """What a checkpoint records of its batch stream, from its trainer_state.json: its "config", the world size
+    it trained on under WORLD_SIZE and what it trained under TRAINED; None when `state` is not a mapping."""
     if not isinstance(state, dict):
         return None
     config = state.get("config")
-    return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE)}
+    return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE),
+            TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}, INIT_USED: state.get("init")}
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,

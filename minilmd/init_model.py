@@ -232,3 +232,32 @@ def implied_model(shapes: dict[str, tuple[int, ...]]) -> dict:
         if head_dim and rows and rows % head_dim == 0:
             out[key] = rows // head_dim
     return out
+
+
+WRAPPER_PREFIXES = {"module.": "DistributedDataParallel", "_orig_mod.": "torch.compile"}
+"""The prefixes a wrapper puts before every key of a state dict saved from it rather than from the model it wraps
+(`model.state_dict()` of a DDP model, of a compiled one, or of both). MiniMind's trainers save the model unwrapped
+(trainer_utils.lm_checkpoint: `model.module`, then `_orig_mod`), but scripts of its users and older ones did not,
+and its loader's `load_state_dict(strict=False)` then loads nothing of such a file, silently. torch's own
+`consume_prefix_in_state_dict_if_present` strips them when every key carries one: so do minilmd's check and its
+trainer (`unwrapped`)."""
+
+
+def unwrapped(state: dict) -> tuple[dict, list[str]]:
+    """`state` (a .pth's tensors or their shapes, by key) without the WRAPPER_PREFIXES every key carries, outermost
+    first (`module._orig_mod.`: a compiled model wrapped in DDP), and the prefixes stripped ([] for a plain one)."""
+    stripped: list[str] = []
+    while state and (prefix := next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in state)), None)):
+        state = {key[len(prefix):]: value for key, value in state.items()}
+        stripped.append(prefix)
+    return state, stripped
+
+
+def wrapper_words(stripped: list[str]) -> str:
+    """What the stripped prefixes say of the file ("" for none), for `run --check`'s note and the trainer's line."""
+    if not stripped:
+        return ""
+    keys = " and ".join(f"`{p}`" for p in stripped)
+    saves = " and ".join(WRAPPER_PREFIXES[p] for p in stripped)
+    return (f"its keys carry the prefix {keys} (saved from a {saves} wrapper, not from the model it wraps): read "
+            f"without it, as the model's own names")

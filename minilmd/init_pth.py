@@ -119,12 +119,12 @@ def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]
     its rule (init_model.shapes_mismatch; `written`: which model keys the run's config sets), found without torch:
     its tensors of another model, a head other than its embedding. [] where its shapes fit, or are not read here
     (`pth_note` says so). Raises as `read_pth` does."""
-    from minilmd.init_model import HEAD_NOT_TIED, resume_file, shapes_mismatch
+    from minilmd.init_model import HEAD_NOT_TIED, resume_file, shapes_mismatch, unwrapped
     from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY
     from minilmd.pth_shapes import NotReadHere, ResumeFile
 
     try:
-        shapes = pth_shapes_of(source, model)
+        shapes, _ = unwrapped(pth_shapes_of(source, model))  # a DDP or torch.compile save: its keys prefixed
     except ResumeFile:
         return [resume_file(source.path.name)]
     except NotReadHere:
@@ -138,12 +138,14 @@ def pth_problems(source: InitSource, model: dict, written: Callable[[str], bool]
 
 def pth_note(source: InitSource, model: dict) -> str:
     """Why the .pth's shapes are not compared with the run's model here (pth_shapes.NotReadHere: the legacy
-    torch.save format, a pickle of more than a state dict, a damaged zip), for `run --check`'s note; "" when they
-    are (or it cannot be read: the check says that)."""
+    torch.save format, a pickle of more than a state dict, a damaged zip), or that its keys carry a wrapper's
+    prefix, stripped (init_model.unwrapped), for `run --check`'s note; "" when neither (or it cannot be read: the
+    check says that)."""
+    from minilmd.init_model import unwrapped, wrapper_words
     from minilmd.pth_shapes import NotReadHere
 
     try:
-        pth_shapes_of(source, model)
+        return wrapper_words(unwrapped(pth_shapes_of(source, model))[1])
     except NotReadHere as e:
         return f"its tensors' shapes are not checked here: {e}; the trainer checks them at start"
     except (ValueError, OSError):

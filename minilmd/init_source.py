@@ -50,7 +50,8 @@ from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
 from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
-from minilmd.shared_place import look
+from minilmd.scratch_lost import lost_for_good
+from minilmd.shared_place import Place, look
 from minilmd.untrusted import file_kind, loads, printable, read_json
 from minilmd.urls import is_url
 
@@ -73,6 +74,8 @@ class Predecessor:
     """(device, inode) of the run directory its run.toml was read in (init.from naming that directory): its
     state.json is read in that very directory or not at all (init_place.reopen); None for a run named by its
     config file (its run.dir opened once, as named, when its state.json is read)."""
+    scratch_only: bool = False
+    """It has no run.remote: `root` is its scratch's checkpoints, its only copy (minilmd/scratch_lost.py)."""
 
 
 def _unreadable(e: OSError) -> InitSourceError:
@@ -137,7 +140,7 @@ def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> 
     if is_url(remote):
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
-                       cfg.lora_dict(), identity)
+                       cfg.lora_dict(), identity, scratch_only=not remote)
 
 
 WAIT_WHY_SHOWN = 1000
@@ -267,6 +270,8 @@ def _resolve(spec: str, checkpoint: str) -> InitSource:
         if outcome != "done":
             raise InitSourceError(f"names the run {pred.name}, which has not finished ({why})")
         if (found := look(pred.root, LATEST)).outage:  # its remote gone or not mounted: not init.from's own path
+            if pred.scratch_only and found.place != Place.UNREADABLE and lost_for_good(pred.root):
+                raise InitSourceError(scratch_lost(pred))  # final: nothing brings a removed scratch back
             raise InitSourceUnreachable(f"the run {pred.name} has finished, but {pred.root}, which holds its "
                                         f"checkpoints, is {found}")
         spec = str(pred.root)
@@ -274,6 +279,13 @@ def _resolve(spec: str, checkpoint: str) -> InitSource:
         return _in_place(Path(spec), checkpoint)
     except Refused as e:
         raise InitSourceError(str(e)) from None
+
+
+def scratch_lost(pred: Predecessor) -> str:
+    """What init.from is told of a finished run with no run.remote whose scratch checkpoints are gone for good."""
+    return (f"the run {pred.name} has finished, but it had no run.remote: its checkpoints were only in its scratch "
+            f"({pred.root}), and they are gone (a reboot, a scratch cleaner or an rm; nothing brings them back). Train "
+            f"{pred.name} again (give it a run.remote to keep a copy), or point init.from at another checkpoint")
 
 
 def _in_place(path: Path, checkpoint: str) -> InitSource:

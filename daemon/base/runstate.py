@@ -14,6 +14,7 @@ run.dir means for the run (daemon/phases/rundirwatch.py, which also keeps the re
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -289,11 +290,17 @@ class RunState(StateJson):
         try:
             atomic_write_json(self.path, self.data)  # a failed write leaves the previous state.json whole
         except OSError as e:
-            if not is_disk_full(e):
+            if not (is_disk_full(e) or dir_removed(e, self.path.parent)):
                 raise
             self.unwritten = f"{self.path.name}: {e.strerror}"
             return
         self.unwritten = None
+
+
+def dir_removed(e: OSError, directory: Path) -> bool:
+    """Whether `e` failed a write in `directory` because the directory itself is gone (an `rm -r` of run.dir while
+    the run runs): said and stopped for as a full run.dir is (daemon/phases/rundirwatch.py), never a traceback."""
+    return e.errno == errno.ENOENT and not os.path.isdir(directory)
 
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
@@ -324,7 +331,7 @@ class EventLog:
         try:
             append_line(self.run_dir / names.EVENTS, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
         except OSError as e:
-            if not is_disk_full(e):
+            if not (is_disk_full(e) or dir_removed(e, self.run_dir)):
                 raise
             problems.append(f"{names.EVENTS}: {e.strerror}")
         assert self._log is not None  # opened by __init__ through reopen()

@@ -30,6 +30,7 @@ import os
 import stat
 from pathlib import Path
 
+from minilmd.daemon.base.runstate import dir_removed
 from minilmd.dirfd import Dir
 from minilmd.fsio import atomic_write_json, fsync_dir, is_disk_full
 from minilmd.names import (
@@ -86,8 +87,8 @@ class Made:
         self.path = path
         self.was_at = was_at
         self.fallback = was_at
-        """Where the record goes while run.dir is full (ENOSPC, EDQUOT): scratch's place, read back into `path`
-        at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
+        """Where the record goes while run.dir is full (ENOSPC, EDQUOT) or removed: scratch's place, read back into
+        `path` at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
 
     def _current(self) -> set[Entry]:
@@ -123,8 +124,8 @@ class Made:
             atomic_write_json(self.path, made)
             fsync_dir(self.path.parent)
             return True
-        except OSError as e:
-            if not is_disk_full(e) or self.fallback is None:
+        except OSError as e:  # run.dir full, or removed while the run ran: the last sync still goes on
+            if not (is_disk_full(e) or dir_removed(e, self.path.parent)) or self.fallback is None:
                 raise
         atomic_write_json(self.fallback, made)
         fsync_dir(self.fallback.parent)

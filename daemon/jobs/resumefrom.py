@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
+from minilmd.plan.trainer_state import Trained, recorded_trained
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
 from minilmd.untrusted import listed
@@ -41,7 +42,10 @@ SCRATCH, REMOTE = "scratch", "remote"
 class Resumes(str):
     """The line that says the launch resumes from a checkpoint of the run's own, in scratch or on run.remote: a
     `str` for `run --check` to print, a type for the launch to find (daemon/preflight.py launch): such a start is
-    no first start, whatever this machine's state.json recorded or lost (daemon/phases/initwait.py at_start)."""
+    no first start, whatever this machine's state.json recorded or lost (daemon/phases/initwait.py at_start).
+    `done`: what that checkpoint trained (None: not recorded), which `run --check`'s budget line counts after."""
+
+    done: Trained | None = None
 
 
 @dataclass
@@ -67,6 +71,10 @@ class Start:
     """The remote's checkpoint taken over scratch's: why, and what staging does (scratch_behind.Taken.check_words)."""
     unlooked: str = ""
     """Why scratch's is resumed without the remote compared (scratch_behind.Verdict.unlooked)."""
+    done: Trained | None = None
+    """What that checkpoint trained (its steps, rows, token positions), as it records it; None: not read."""
+    recorded: Any = None
+    """What it records of its run (batch_stream.stream_record); None: not read."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -74,12 +82,15 @@ class Start:
             return f"starts from step 0: {self.why}" if self.why else ""
         reference = f", {self.reference}" if self.reference else ""
         if self.where == SCRATCH:
-            return Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
-        if self.over_scratch:
-            return Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch} and verifies its "
-                           f"weights there)")
-        return Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
-                       f"scratch and verifies its weights there)")
+            said = Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")
+        elif self.over_scratch:
+            said = Resumes(f"resumes from step {self.step} (remote: {self.path}: {self.over_scratch} and verifies "
+                           f"its weights there)")
+        else:
+            said = Resumes(f"resumes from step {self.step} (remote: {self.path}{reference}; staging fetches it into "
+                           f"scratch and verifies its weights there)")
+        said.done = self.done
+        return said
 
 
 def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None, fresh: bool = False) -> list[str]:
@@ -99,11 +110,13 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         from minilmd.daemon.jobs.rundone import done_line
 
         # a run at its budget's end: "run is done", in place of "resumes from step N"
-        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}")
+        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
         said += [done] if done else [line] if (line := start.line()) else []
+        said += [f"note: {moved}"] if done and (moved := _moved_on(cfg, start)) else []
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {start.unlooked}"] if start.unlooked else []
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
+        said += [f"note: {rate}"] if start.changes and start.step and (rate := _rate_change(cfg, start)) else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
 
@@ -181,7 +194,23 @@ def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
     if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", Path(start.path).name):
         return Start(refused=refused)
     start.changes = stream_changes(cfg, recorded)
+    start.done, start.recorded = recorded_trained(recorded), recorded
     return start
+
+
+def _moved_on(cfg: RunConfig, start: Start) -> str:
+    """A done stage whose init.from run has trained on since the step it started from (minilmd/init_moved.py)."""
+    from minilmd.batch_stream import INIT_USED
+    from minilmd.init_moved import moved_on
+
+    return moved_on(cfg, start.recorded.get(INIT_USED)) if isinstance(start.recorded, dict) else ""
+
+
+def _rate_change(cfg: RunConfig, start: Start) -> str:
+    """The rate of the resumed step before and after the change (plan/resume_rate.py); "" when it is the same."""
+    from minilmd.plan.resume_rate import rate_change
+
+    return rate_change(cfg, start.recorded, start.done, _corpus_meta(cfg))
 
 
 def _on_remote(cfg: RunConfig) -> Start:

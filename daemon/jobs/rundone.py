@@ -6,35 +6,49 @@ config trains on from there. Torch-free; the plan (numpy) is read only when ther
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from minilmd.config import RunConfig
 from minilmd.probes import bounded_probe
 from minilmd.urls import is_url
 
+if TYPE_CHECKING:
+    from minilmd.plan.trainer_state import Trained
+
 
 class Done(str):
     """The line that says the run is done: a `str` for `run --check` to print as it is, a type for the launch to
-    find among the lines resumefrom gives (daemon/preflight.py launch)."""
+    find among the lines resumefrom gives (daemon/preflight.py launch). `done`: what its checkpoint trained."""
+
+    done: Trained | None = None
 
 
-def done_line(cfg: RunConfig, step: int | None, where: str = "") -> Done | None:
+def done_line(cfg: RunConfig, step: int | None, where: str = "", done: Trained | None = None) -> Done | None:
     """"run is done (step S/N; WHERE): nothing to do; ..." when `step` (the checkpoint the launch would resume
     from, `where`: "scratch: PATH" or "remote: PATH") is at the budget's N steps or past it; None otherwise (no
     checkpoint, or a budget that cannot be counted here now: an epoch budget on a corpus that does not say its
     size, a corpus behind a URL or on a share that does not answer: the run decides, as before; a final checkpoint
     in scratch that state.json does not record synced to run.remote: the launch's trainer ends at once, and the
-    supervisor's last sync copies it)."""
+    supervisor's last sync copies it). `done`: what that checkpoint trained (plan/trainer_state.py), which a budget
+    in tokens or epochs is counted after, as the trainer counts it."""
     if step is None or step <= 0 or is_url(cfg.data.prepared) or not where.startswith("remote") and \
             not _synced_to(cfg, step):
         return None  # a final checkpoint not synced yet (its supervisor killed before): the launch syncs it
     from minilmd.plan.budget import planned
 
-    answered, plan, _ = bounded_probe(planned, cfg)  # reads the corpus's meta.json: shared storage
+    answered, plan, _ = bounded_probe(planned, cfg, None, None, done)  # reads the corpus's meta.json: shared storage
     if not answered or plan is None or step < plan.steps:
         return None
     at = f"; {where}" if where else ""
-    return Done(f"run is done (step {step:,}/{plan.steps:,}{at}): nothing to do; to train on, raise the budget "
-                f"({_budget(cfg)}) in the config, or give the config a new run.dir (and run.remote) to train again "
-                f"from step 0")
+    return _carrying(done, f"run is done (step {step:,}/{plan.steps:,}{at}): nothing to do; to train on, raise the "
+                           f"budget ({_budget(cfg)}) in the config, or give the config a new run.dir (and run.remote) "
+                           f"to train again from step 0")
+
+
+def _carrying(done: Trained | None, line: str) -> Done:
+    said = Done(line)
+    said.done = done
+    return said
 
 
 def _synced_to(cfg: RunConfig, step: int) -> bool:

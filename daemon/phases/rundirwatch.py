@@ -11,7 +11,11 @@ least RESTART_ROOM free, it is restarted), and when it is full stops after the l
 reason, `outcome()` the final message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start
 and given up when run.dir is full: the room the final state.json and the last events need, so that `minilmd
 status` says what happened.
-`full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
+`full_at_start()` is the one line for a run.dir already full when the supervisor starts.
+A run.dir removed while the run runs (an `rm -r` of old runs, a tmp cleaner) is the same case (its writes fail with
+ENOENT, runstate.dir_removed, never a traceback), said once as removed; the supervisor stops the live trainer at
+once (`removed`: SIGTERM, it saves to scratch if it can), launches none, and stops after the last sync, exit 73.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.base.runstate import RunState, now
+from minilmd.daemon.base.runstate import RunState, dir_removed, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.fsio import is_disk_full
 from minilmd.untrusted import file_kind, size_text
@@ -122,6 +126,7 @@ class RunDirWatch:
         self.stopping = False  # the trainer ended while run.dir was full: stop, exit 73
         self.short: str | None = None  # why run.dir, written again, has no room for a restarted trainer (still_full)
         self.why: str | None = None  # the full run.dir the run stops for, as stop() said it
+        self.removed = False  # run.dir itself was removed while the run ran: stop now, whatever else
         self.last_save = 0.0
         make_reserve(run_dir)  # no room for it: the run starts all the same, its last words may be lost
 
@@ -140,13 +145,18 @@ class RunDirWatch:
         if phase in FINAL_PHASES:
             return  # its last words were written with the reserve's room: there is none again
         problem = self.state.unwritten or self.events.unwritten
-        if problem and self.full is None:
+        if problem and self.full is None and not self.run_dir.is_dir():
+            self.full, self.removed = problem, True
+            print(f"minilmd run: run.dir {self.run_dir} was removed while the run ran ({problem}): the trainer is "
+                  f"stopped (it saves to scratch if it can), no other is started, and the run stops after its last "
+                  f"sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)", flush=True)
+        elif problem and self.full is None:
             self.full = problem
             print(f"minilmd run: run.dir {self.run_dir} is full ({problem}): state.json, events.jsonl and "
                   f"supervisor.log are not written while it is; the trainer goes on while it can, and once it has "
                   f"ended the run stops after its last sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)",
                   flush=True)
-        elif self.full is not None and self.state.unwritten is None:
+        elif self.full is not None and self.state.unwritten is None and not self.removed:
             self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
             self.full = self.events.unwritten
 
@@ -178,6 +188,8 @@ class RunDirWatch:
             self.full = self.full or f"{error.filename}: {error.strerror}"
         self.stopping = True
         self.why = self.full or self.short  # kept: a state.json written meanwhile clears `full` (watch)
+        if self.removed:
+            return f"{what}: run.dir {self.run_dir} was removed ({self.why}): no new trainer; the last sync, then stop"
         return f"{what} while run.dir is full ({self.why}): no new trainer; the last sync, then stop"
 
     def outcome(self, sync_problem: str) -> str:
@@ -188,6 +200,11 @@ class RunDirWatch:
             else "no checkpoint yet"
         if steps and self.cfg.run.remote:
             where += f" ({sync_problem})" if sync_problem else f" and synced to {self.cfg.run.remote}"
+        if self.removed:
+            return (f"stopped because run.dir {self.run_dir} was removed while the run ran: not restarted (exit "
+                    f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; its state.json, events, metrics and logs "
+                    f"went with it. Start the run again to make run.dir anew and resume from that checkpoint, or "
+                    f"remove scratch too to end the run")
         return (f"stopped because run.dir is full ({self.why or self.full}): not restarted (exit "
                 f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
                 f"run again")
@@ -195,6 +212,11 @@ class RunDirWatch:
     def crashed(self, e: Exception) -> str | None:
         """A write the loop does not expect to fail (a stack dump) found the disk full: the message, said in the
         events with the reserve's room (exit 73). None for any other error."""
+        if isinstance(e, OSError) and dir_removed(e, self.run_dir):  # a write the watch did not guard
+            message = (f"stopped: run.dir {self.run_dir} was removed while the run ran ({e.filename or 'a file'}: "
+                       f"{e.strerror}); not restarted (exit {protocol.SUPERVISOR_RUN_DIR_FULL})")
+            print(f"minilmd run: {message}", flush=True)
+            return message
         if not (isinstance(e, OSError) and is_disk_full(e)):
             return None
         release_reserve(self.run_dir)

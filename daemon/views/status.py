@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
 from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
@@ -191,6 +192,13 @@ def _space_line(wait: SpaceWait, t: float) -> str:
             f"{wait.checks} times; the trainer starts again once it fits (not counted as a restart)")
 
 
+def _gone(path: str) -> bool:
+    """Whether the checkpoint at `path` (state.json's: only looked at, never opened) is known not to be there now;
+    a place that does not answer is not known gone."""
+    answered, there, _ = bounded_probe(os.path.lexists, path)
+    return answered and not there
+
+
 def _checkpoints_line(state: StateJson, t: float) -> str:
     """The local checkpoint, the remote one and the sync between them."""
     local, remote, sync = state.local_checkpoint, state.remote_checkpoint, state.sync
@@ -202,6 +210,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
     if sync.state == "off":  # where the only copy is: a scratch in /dev/shm is lost at a reboot
+        if local and local.path and _gone(local.path):
+            return line + (f"   remote: none configured (checkpoints only in scratch, and the newest, {local.path}, "
+                           f"is gone: lost with scratch)")
         where = f", the newest at {local.path}" if local and local.path else ""
         return line + f"   remote: none configured (checkpoints only in scratch{where}: a reboot may lose them)"
     line += "   remote: " + (f"step {remote.step} ({_ago(t, remote.time)}, "

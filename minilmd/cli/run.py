@@ -44,7 +44,8 @@ def run_command(
     read its scratch-root.json, or the run finished but its last sync failed (not final: systemd restarts it, and a
     restart retries the sync), 2 bad config (a checkpoint to resume from of another model or corpus too; a run.name,
     run.scratch or run.remote edited away from a newer step this run.dir's state.json records there) or run owned by
-    another supervisor, 65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many
+    another supervisor, 65 bad data, 73 run.dir's disk full or run.dir removed (stopped after the last sync), 79 gave up
+    after too many
     restarts (2, 65, 73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
         from minilmd import scratch_root
@@ -67,7 +68,9 @@ def run_command(
 
         meta = read_corpus_meta(cfg.data.prepared) if cfg.data.prepared else None  # once, for every line below
         typer.echo(lr_line(cfg, meta))  # the rate the trainer will run at, and where it comes from
-        plan = functools.cache(lambda: planned(cfg, meta))  # meta.json as --check read it (None: read here, once)
+        # what the checkpoint it resumes from trained: a budget in tokens or epochs is counted after it
+        trained = next((d for line in start if (d := getattr(line, "done", None)) is not None), None)
+        plan = functools.cache(lambda: planned(cfg, meta, None, trained))  # meta.json as --check read it (None: here)
         typer.echo(budget_line(cfg, plan(), measured_rate(cfg)))  # steps, tokens, epochs, which budget binds
         for line in waits:
             typer.echo(f"waits: {line}")

@@ -60,8 +60,11 @@ def read_tokenizer_config(tokenizer: str | Path, data_format: str = "chat") -> d
     tokenizer owner's (_read_text); a checkpoint's or a corpus's files, which may be another user's,
     are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
     there is no template."""
+    from minilmd.corpus.tokenizer import beside_not_tokenizer
     from minilmd.corpus.tokenizer_beside import without_record
 
+    if why := beside_not_tokenizer(tokenizer):  # its own directory's config would be read as "beside" it
+        raise ChatError(why)
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     file = Path(tokenizer) if Path(tokenizer) != folder else folder / TOKENIZER_FILE

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minilmd.names import TOKENIZER_FILE, TOKENIZER_MAX_BYTES
+from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TOKENIZER_MAX_BYTES
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
 
@@ -57,6 +57,8 @@ def read_tokenizer_text(path: str | Path, *, follow_links: bool = True) -> str:
     from minilmd.corpus.sources.local import LinkRefused, read_source
 
     path = Path(path)
+    if why := beside_not_tokenizer(path):
+        raise TokenizerError(why)
     try:
         if follow_links:
             data, _ = read_source(path, max_bytes=TOKENIZER_MAX_BYTES)
@@ -77,6 +79,22 @@ def read_tokenizer_text(path: str | Path, *, follow_links: bool = True) -> str:
     if too_deep(text, DEFAULT_MAX_DEPTH):
         raise TokenizerError(f"{path}: not a valid tokenizer.json (nested deeper than {DEFAULT_MAX_DEPTH})")
     return text
+
+
+FILES_BESIDE = (TOKENIZER_CONFIG, CHAT_TEMPLATE_FILE, "special_tokens_map.json")
+"""The files a Hugging Face tokenizer directory holds beside its tokenizer.json, which a user may name by a slip."""
+
+
+def beside_not_tokenizer(path: str | Path) -> str:
+    """Why `path`, a file named as one of FILES_BESIDE, is not the tokenizer a --tokenizer asks for, and what to
+    give instead; "" for any other path. Said before it is read (read_tokenizer_text; chat_files.py before it
+    looks for a template beside it: a tokenizer_config.json holding one was said to have none)."""
+    path = Path(path)
+    if path.name not in FILES_BESIDE or path.is_dir():
+        return ""
+    return (f"{path} is the {path.name} beside a tokenizer, not the tokenizer: give its tokenizer.json "
+            f"({path.parent / TOKENIZER_FILE}) or its directory ({path.parent}); the {TOKENIZER_CONFIG} and "
+            f"{CHAT_TEMPLATE_FILE} beside it are read from there")
 
 
 def tokenizer_from_text(text: str, where: str):

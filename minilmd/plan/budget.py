@@ -18,27 +18,40 @@ from minilmd.config_values import no_budget
 from minilmd.corpus_meta import meta_value, read_corpus_meta
 from minilmd.fmt import fmt_duration
 from minilmd.plan.epoch import Epoch, corpus_epoch
+from minilmd.plan.trainer_state import Trained
 from minilmd.rowcount import steps_for_rows
 
 
-def budget_steps(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> dict[str, int]:
-    """Each budget the config sets, in steps, by its key: max_steps; ceil(max_tokens / tokens
-    per step); max_epochs x rows per epoch / rows per step, a started step counted (rowcount.steps_for_rows), only
-    when `rows_per_epoch` is known."""
+def budget_steps(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None,
+                 done: Trained | None = None) -> dict[str, int]:
+    """Each budget the config sets, in global steps, by its key: max_steps; max_tokens and max_epochs in what
+    `done` (a resumed checkpoint's record: plan/trainer_state.py) has trained of them, then the rest at
+    `global_batch` rows of seq_len tokens a step: its step + ceil((max_tokens - its token positions) / tokens per
+    step), its step + (max_epochs x rows per epoch - its rows) / rows per step, a started step counted
+    (rowcount.steps_for_rows), only when `rows_per_epoch` is known. Counted so, a resume with another micro-batch
+    ends when the tokens or epochs are trained (before, the budget was turned into steps at today's batch and
+    compared with the global step: a doubled micro-batch trained half the tokens still due, twice over). With the
+    batch unchanged, the same steps as a fresh count."""
     t = cfg.train
+    done = done or Trained(0, 0, 0)
+    per_step = global_batch * t.seq_len
     budgets = {}
     if t.max_steps:
         budgets["train.max_steps"] = t.max_steps
-    if t.max_tokens:
-        budgets["train.max_tokens"] = math.ceil(t.max_tokens / (global_batch * t.seq_len))
+    if t.max_tokens:  # all at today's batch: the fresh count, the very steps an undisturbed run trains
+        budgets["train.max_tokens"] = math.ceil(t.max_tokens / per_step) if done.positions == done.step * per_step \
+            else done.step + -(-max(0, t.max_tokens - done.positions) // per_step)
     if t.max_epochs and rows_per_epoch:
-        budgets["train.max_epochs"] = steps_for_rows(rows_per_epoch, global_batch, t.max_epochs)
+        budgets["train.max_epochs"] = (
+            steps_for_rows(rows_per_epoch, global_batch, t.max_epochs) if done.rows == done.step * global_batch
+            else done.step + max(0, math.ceil((t.max_epochs * rows_per_epoch - done.rows) / global_batch)))
     return budgets
 
 
-def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
-    """The steps the run trains: of its budgets (budget_steps), whichever ends first."""
-    budgets = budget_steps(cfg, global_batch, rows_per_epoch)
+def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None,
+                           done: Trained | None = None) -> int:
+    """The steps the run trains: of its budgets (budget_steps, after what `done` trained), whichever ends first."""
+    budgets = budget_steps(cfg, global_batch, rows_per_epoch, done)
     if not budgets:
         raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
                           cfg.source)
@@ -83,7 +96,9 @@ def lr_line(cfg: RunConfig, meta: dict | None = None) -> str:
 class Planned:
     """What a run's budget trains: `steps` of `global_batch` rows of up to `seq_len` tokens, and the `epoch` they
     are cut from (None when the corpus does not tell, then an epoch budget cannot be counted), at the peak rate `lr`
-    (as_trained's); `limits`: each budget set, in steps (budget_steps), the least of which is `steps`."""
+    (as_trained's); `limits`: each budget set, in steps (budget_steps), the least of which is `steps`; `done`: what
+    the checkpoint it resumes from trained (None: a fresh start, or one whose batch never changed, whose steps are
+    all of `global_batch` rows)."""
 
     steps: int
     global_batch: int
@@ -91,10 +106,20 @@ class Planned:
     lr: float
     seq_len: int = 0
     limits: dict[str, int] = field(default_factory=dict)
+    done: Trained | None = None
 
     @property
     def rows(self) -> int:
-        return self.steps * self.global_batch
+        if self.done is None:
+            return self.steps * self.global_batch
+        return self.done.rows + max(0, self.steps - self.done.step) * self.global_batch
+
+    @property
+    def positions(self) -> int:
+        """The token positions the budget trains (train.max_tokens' count)."""
+        if self.done is None:
+            return self.rows * self.seq_len
+        return self.done.positions + max(0, self.steps - self.done.step) * self.global_batch * self.seq_len
 
     @property
     def samples(self) -> int | None:
@@ -137,8 +162,13 @@ def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) 
     kind = plan.epoch.kind if plan.epoch else "windows"  # rows of documents count their padding; a pair, each side
     rows, positions = {"windows": ("rows", "tokens"), "pairs": ("pairs", "token positions a side")}.get(
         kind, ("rows", "token positions"))
-    line = (f"budget: {plan.steps:,} steps x {plan.global_batch:,} {rows} x {plan.seq_len:,} tokens = "
-            f"{_count(plan.rows * plan.seq_len)} {positions}")
+    if plan.done is None:
+        line = (f"budget: {plan.steps:,} steps x {plan.global_batch:,} {rows} x {plan.seq_len:,} tokens = "
+                f"{_count(plan.positions)} {positions}")
+    else:  # a resume whose batch changed: what its checkpoint trained, then the rest at today's batch
+        line = (f"budget: {plan.steps:,} steps: the {plan.done.step:,} trained ({plan.done.rows:,} {rows}, "
+                f"{_count(plan.done.positions)} {positions}), then {max(0, plan.steps - plan.done.step):,} x "
+                f"{plan.global_batch:,} {rows} x {plan.seq_len:,} tokens = {_count(plan.positions)} {positions}")
     if plan.epochs is not None:
         line += f" = {plan.epochs:,.2f} epochs of train"
     binds = next(key for key, steps in plan.limits.items() if steps == plan.steps)
@@ -182,15 +212,20 @@ def epoch_without_budget(cfg: RunConfig) -> list[str]:
             f"rows ({plan.epoch.rows:,} rows, each {plan.epoch.row_holds()})"]
 
 
-def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | None = None) -> Planned | None:
+def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | None = None,
+            done: Trained | None = None) -> Planned | None:
     """The run's plan as the trainer will count it (RunConfig.world_size ranks), or None when its budget
     cannot be told (an epoch budget on a corpus that does not say its size). `meta`: the corpus's meta.json (None:
-    read from data.prepared); `prepared`: where the corpus is (default data.prepared)."""
+    read from data.prepared); `prepared`: where the corpus is (default data.prepared); `done`: what the checkpoint
+    the launch resumes from trained (plan/trainer_state.py trained), which the trainer counts the budget after."""
     meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
     cfg = as_trained(cfg, meta)
     global_batch = cfg.train.global_batch(cfg.world_size)
     epoch = corpus_epoch(cfg, meta, prepared)
-    limits = budget_steps(cfg, global_batch, epoch.rows if epoch else None)
+    limits = budget_steps(cfg, global_batch, epoch.rows if epoch else None, done)
     if not limits:
         return None
-    return Planned(min(limits.values()), global_batch, epoch, cfg.train.lr, cfg.train.seq_len, limits)
+    changed = done is not None and (done.rows != done.step * global_batch or
+                                    done.positions != done.rows * cfg.train.seq_len)
+    return Planned(min(limits.values()), global_batch, epoch, cfg.train.lr, cfg.train.seq_len, limits,
+                   done if changed else None)

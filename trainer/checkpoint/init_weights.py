@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.init_model import HEAD_NOT_TIED, model_mismatch, resume_file, shapes_mismatch
+from minilmd.init_model import HEAD_NOT_TIED, model_mismatch, resume_file, shapes_mismatch, unwrapped
 from minilmd.init_pth import InitSourceTooBig, read_pth
 from minilmd.init_source import (
     InitSource,
@@ -139,7 +139,7 @@ def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
         raise _refuse(cfg, resume_file(Path(cfg.init.from_).name))
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise _refuse(cfg, "not a state dict of tensors")
-    state = dict(state)
+    state, _ = unwrapped(dict(state))  # a DDP or torch.compile save: `run --check` says so (init_pth.pth_note)
     head = state.pop(TIED_HEAD_KEY, None)
     if head is not None and EMBED_KEY in state and not torch.equal(head, state[EMBED_KEY]):
         raise _refuse(cfg, HEAD_NOT_TIED)

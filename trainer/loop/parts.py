@@ -18,7 +18,7 @@ import torch
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.plan import growth
 from minilmd.plan.sampler_base import Sampler
-from minilmd.plan.trainer_state import ROWS_SEEN, STEP, TOKENS_SEEN, rows_seen
+from minilmd.plan.trainer_state import POSITIONS_SEEN, ROWS_SEEN, STEP, TOKENS_SEEN, Trained, rows_seen, trained
 
 
 class Stateful(Protocol):
@@ -30,7 +30,8 @@ class Stateful(Protocol):
 @dataclass
 class TrainState:
     """Where the run stands. The global batch of optimizer step s starts at row rows_base + (s - step_base) * G:
-    a resume with another global batch G keeps the rows already trained and goes on from there."""
+    a resume with another global batch G keeps the rows already trained and goes on from there; so do the token
+    positions, positions_base + (s - step_base) * G * seq_len, that a budget in tokens counts."""
 
     global_batch: int
     """Rows per optimizer step over all ranks, a constant of this attempt."""
@@ -38,15 +39,24 @@ class TrainState:
     tokens_seen: int = 0
     rows_base: int = 0
     step_base: int = 0
+    seq_len: int = 0
+    """The tokens a row is cut at, a constant of this attempt."""
+    positions_base: int = 0
     init_record: dict | None = None
     """What [init] from was (its path, kind and fingerprint), carried from checkpoint to checkpoint."""
 
     def first_row(self, step: int) -> int:
         return self.rows_base + (step - self.step_base) * self.global_batch
 
+    def trained(self) -> Trained:
+        """What the run has trained up to this step (the budget's count: plan/budget.py)."""
+        return Trained(self.step, self.first_row(self.step),
+                       self.positions_base + (self.step - self.step_base) * self.global_batch * self.seq_len)
+
     def state_dict(self) -> dict:
         """Its keys but the step, which the checkpoint writer records (trainer/checkpoint/save.py: one writer)."""
-        return {TOKENS_SEEN: self.tokens_seen, ROWS_SEEN: self.first_row(self.step), "init": self.init_record}
+        return {TOKENS_SEEN: self.tokens_seen, ROWS_SEEN: self.first_row(self.step),
+                POSITIONS_SEEN: self.trained().positions, "init": self.init_record}
 
     def load_state_dict(self, state: dict) -> None:
         """A record already held wins over the recorded one: a LoRA run reads its base anew at every start (and the
@@ -54,6 +64,8 @@ class TrainState:
         self.step = self.step_base = int(state[STEP])
         self.tokens_seen = int(state.get(TOKENS_SEEN, 0))
         self.rows_base = rows_seen(state, self.global_batch) or 0
+        done = trained(state, self.global_batch, self.seq_len)
+        self.positions_base = done.positions if done is not None else self.rows_base * self.seq_len
         if self.init_record is None:
             self.init_record = state.get("init")
 

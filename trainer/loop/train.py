@@ -150,8 +150,9 @@ class Trainer:
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg, self.corpus.data_format)
         self.rng = RngState()
-        self.state = TrainState(global_batch=t.global_batch(self.dist.world_size))
-        self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
+        self.state = TrainState(global_batch=t.global_batch(self.dist.world_size), seq_len=t.seq_len)
+        self.rows_per_epoch = self.sampler.items_per_epoch  # of this corpus, as cut today (a resume counts by it too)
+        self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.rows_per_epoch)
         self.objective = build_objective(cfg, self.corpus.data_format)
 
     def _build_model(self) -> None:
@@ -213,6 +214,9 @@ class Trainer:
         self.optimizer.load_state_dict(found.optimizer_state)
         for part in self.parts():
             part.load_state_dict(found.state)
+        # a budget in tokens or epochs: what the checkpoint trained, then the rest at this attempt's batch
+        self.total_steps = total_steps_for_budget(self.cfg, self.global_batch, self.rows_per_epoch,
+                                                  self.state.trained())
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
         self.stage_defaults = {k: v for k, v in self.stage_defaults.items() if k not in kept}  # not applied now
         changes = stream_changes(self.cfg, stream_record(found.state), world_size=self.dist.world_size)  # another

@@ -1,0 +1,41 @@
+"""A config checked or launched while its run is running (another supervisor holds its run lock): what its edits
+do. A running run goes on with the config it started with: its supervisor restarts the trainer from its copy,
+RUN_DIR/run.toml, never from the file the user edits, so an edit applies at the run's next start. Before (user
+report 9, finding 8), `run --check` of an edited config said only that another supervisor owned the run, and a
+restart after a crash kept the old `lr` with nothing saying so. Torch-free.
+"""
+from __future__ import annotations
+
+from minilmd import names
+from minilmd.config import ConfigError, RunConfig, load_config
+
+SHOWN = 6
+"""Changed keys named at most; the rest counted."""
+
+
+def running_words(cfg: RunConfig, config_path: str = "CONFIG") -> str:
+    """What follows "run already owned by another supervisor": that edits apply at the next start, how to get
+    there, and which keys this config (with its --set) changes against the running run's copy, when it reads."""
+    said = (f"a running run keeps the config it started with ({cfg.run_dir / names.RUN_CONFIG_COPY}, which its "
+            f"restarts read too): edits to this file apply at its next start (`minilmd stop {cfg.run_dir}`, then "
+            f"`minilmd run {config_path}`)")
+    changed = changes(cfg)
+    if changed:
+        more = f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
+        said += f"; this config changes, against that copy: {', '.join(changed[:SHOWN])}{more}"
+    elif changed is not None:
+        said += "; this config is the same as that copy"
+    return said
+
+
+def changes(cfg: RunConfig) -> list[str] | None:
+    """`KEY = value (running: value)` for each key whose value differs from the running run's copy of its config
+    (read as every reader of that copy reads it: untrusted, bounded); None when the copy cannot be read."""
+    try:
+        running = load_config(cfg.run_dir / names.RUN_CONFIG_COPY, untrusted=True)
+    except (ConfigError, OSError, ValueError):
+        return None
+    now, then = cfg.to_dict(), running.to_dict()
+    return [f"{section}.{key} = {value!r} (running: {then.get(section, {}).get(key)!r})"
+            for section, body in now.items() for key, value in body.items()
+            if then.get(section, {}).get(key) != value]

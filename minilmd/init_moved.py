@@ -1,0 +1,34 @@
+"""A finished stage whose init.from run has trained on since: `run --check` and the launch say "run is done" of the
+stage (daemon/jobs/rundone.py), and this note says that its base has moved on, so that re-running a pipeline after
+extending an earlier stage does not leave the later stages silently fine-tunes of the old model (user report 9,
+finding 5). A note only: the stage is what it was, a fine-tune of the step it started from. Torch-free.
+"""
+from __future__ import annotations
+
+from minilmd.config import RunConfig
+
+
+def moved_on(cfg: RunConfig, init_record) -> str:
+    """"init.from run X has trained beyond step S, the one this run started from ..." when `init_record` (the
+    resumed checkpoint's trainer_state "init": what [init] from was, with its step) names a step of the run
+    init.from names and that run's state.json now records a later step; "" otherwise (init.from a checkpoint, a
+    root or a .pth, not a run; nothing recorded; a run that cannot be read now)."""
+    from minilmd.init_source import predecessor, predecessor_report
+
+    step = init_record.get("step") if isinstance(init_record, dict) else None
+    if not cfg.init.from_ or not isinstance(step, int) or isinstance(step, bool):
+        return ""
+    try:
+        pred = predecessor(cfg.init.from_)
+        report = predecessor_report(pred) if pred is not None else None
+    except (ValueError, OSError):  # InitSourceError, Unreadable: said by the checks that read it
+        return ""
+    progress = (report.state or {}).get("progress") if report is not None else None
+    now = progress.get("step") if isinstance(progress, dict) else None
+    if pred is None or not isinstance(now, int) or isinstance(now, bool) or now <= step:
+        return ""
+    assert report is not None  # pred is not None
+    doing = "and has finished" if report.outcome == "done" else f"({report.phase or 'not finished'})"
+    return (f"init.from: the run {pred.name} has trained beyond step {step:,}, the one this run started from: it is "
+            f"at step {now:,} now {doing}; this run stays a fine-tune of step {step:,}: for a fine-tune of the new "
+            f"model, give this stage a new run.dir (and run.remote)")
