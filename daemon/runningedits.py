@@ -7,7 +7,8 @@ restart after a crash kept the old `lr` with nothing saying so. Torch-free.
 from __future__ import annotations
 
 from minilmd import names
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig
+from minilmd.run_config_copy import run_config_of
 
 SHOWN = 6
 """Changed keys named at most; the rest counted."""
@@ -30,9 +31,9 @@ def running_words(cfg: RunConfig, config_path: str = "CONFIG") -> str:
 
 def changes(cfg: RunConfig) -> list[str] | None:
     """`KEY = value (running: value)` for each key whose value differs from the running run's copy of its config
-    (read as every reader of that copy reads it: untrusted, bounded); None when the copy cannot be read."""
+    (read as every reader of that copy reads it: run_config_of); None when the copy cannot be read."""
     try:
-        running = load_config(cfg.run_dir / names.RUN_CONFIG_COPY, untrusted=True)
+        running = run_config_of(cfg.run_dir)
     except (ConfigError, OSError, ValueError):
         return None
     now, then = cfg.to_dict(), running.to_dict()
