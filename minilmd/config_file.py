@@ -28,7 +28,7 @@ WAY_OUT = ("if it is the config you mean, copy it into a directory of your own (
            "a stage's init.from may name that run's run directory instead")
 """How a refused config is still run: the user's own copy of it."""
 
-LABEL = "the run config"
+LABEL = "the directory of the run config"
 WHAT = "the run config"
 ADVICE = "copy it into a directory only you (and root) can change (such as one under your home) and give that copy"
 
