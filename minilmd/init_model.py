@@ -70,6 +70,7 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
                 f"put a directory of yours for {OUT_PLACEHOLDER} (neither the current directory nor your home is "
                 f"one only you can change)")
     args = " ".join(shlex.quote(arg) for arg in (base, os.path.join(folder, name), merged))
+    there_not_named = why_not if path and os.path.lexists(beside) else ""  # missing: hers to put there
     return (f"a MiniMind LoRA adapter (model_lora.py's save_lora: rank {rank} on {len(shapes) // 2} Linear "
             f"layers), not a model: merge it into the base it was trained on (train_lora.py's --from_weight, full_sft "
             f"by default, which it reads beside where it saves the adapter: {said_base}) as MiniMind's merge_lora "
@@ -78,7 +79,7 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
             f"      python -c {shlex.quote(MERGE_CODE)} {args}\n"
             f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
             f"(docs/operations.md, \"MiniMind's files\");\n"
-            f"    {_eval_llm_runs(rank, hidden, layers, name, prefix, why_not)}")
+            f"    {_eval_llm_runs(rank, hidden, layers, name, prefix, there_not_named)}")
 
 
 def own_base(path: str) -> str:
