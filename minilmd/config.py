@@ -265,15 +265,23 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
     ConfigError; `untrusted` (another run's copy, which another run may have rewritten): no link followed, and it
     must be owned by one of `owners` (this user when None; daemon/views/runarg.py adds the owner of the file named),
     checked before a byte is parsed. A run directory's run.toml is read by minilmd/run_config_copy.py `run_config_of`
-    instead (through the directory's descriptor, with state.json's owner rule, then `config_from_bytes`)."""
+    instead (through the directory's descriptor, with state.json's owner rule, then `config_from_bytes`). A config
+    the user names is read by minilmd/config_file.py's owner rule (hers or root's, no other user's link or directory
+    on the way)."""
+    from minilmd.config_file import ConfigRefused, read_own_config
     from minilmd.untrusted import Unreadable, read_bytes
 
     path = Path(path)
     try:
         if path.is_dir():
             raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
-        accepted = (tuple(owners) if owners is not None else (own_uid(),)) if untrusted else None
-        data = read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES, owner=accepted)
+        if untrusted:
+            accepted = tuple(owners) if owners is not None else (own_uid(),)
+            data = read_bytes(path, max_bytes=MAX_CONFIG_BYTES, owner=accepted)
+        else:
+            data = read_own_config(path, MAX_CONFIG_BYTES)
+    except ConfigRefused as e:
+        raise ConfigError([str(e)], str(path)) from None
     except Unreadable as e:
         if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
             raise e.os_error from None
@@ -339,9 +347,9 @@ def recorded_copy(path: str | os.PathLike) -> str:
     """The text of the run's copy of its config (run.toml in run.dir, which the trainer and every restart read):
     the file as written when its paths are absolute; else its values with each relative path made absolute against
     the config's directory (absolute_paths), so that the copy, read from run.dir, names the same places."""
-    from minilmd.untrusted import read_bytes
+    from minilmd.config_file import read_own_config
 
-    text = read_bytes(os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES).decode("utf-8")
+    text = read_own_config(path, MAX_CONFIG_BYTES).decode("utf-8")  # by the rule the launch read it by
     raw = tomllib.loads(text)
     if not absolute_paths(raw, Path(os.path.abspath(path)).parent):
         return text

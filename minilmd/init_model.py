@@ -70,6 +70,7 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
                 f"put a directory of yours for {OUT_PLACEHOLDER} (neither the current directory nor your home is "
                 f"one only you can change)")
     args = " ".join(shlex.quote(arg) for arg in (base, os.path.join(folder, name), merged))
+    there_not_named = why_not if path and os.path.lexists(beside) else ""  # missing: hers to put there
     return (f"a MiniMind LoRA adapter (model_lora.py's save_lora: rank {rank} on {len(shapes) // 2} Linear "
             f"layers), not a model: merge it into the base it was trained on (train_lora.py's --from_weight, full_sft "
             f"by default, which it reads beside where it saves the adapter: {said_base}) as MiniMind's merge_lora "
@@ -78,7 +79,7 @@ def minimind_lora(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike = 
             f"      python -c {shlex.quote(MERGE_CODE)} {args}\n"
             f"    or train the adapter here: [lora] rank = {rank} with init.from the base .pth "
             f"(docs/operations.md, \"MiniMind's files\");\n"
-            f"    {_eval_llm_runs(rank, hidden, layers, name, prefix)}")
+            f"    {_eval_llm_runs(rank, hidden, layers, name, prefix, there_not_named)}")
 
 
 def own_base(path: str) -> str:
@@ -143,20 +144,27 @@ def _cwd() -> str:
         return ""
 
 
-def _eval_llm_runs(rank: int, hidden: int, layers: int, name: str, prefix: str) -> str:
+def _eval_llm_runs(rank: int, hidden: int, layers: int, name: str, prefix: str, base_not_named: str = "") -> str:
     """Whether MiniMind's eval_llm.py runs the adapter `name` as it is: it applies rank 16 only (apply_lora's
     default), and loads ./{save_dir}/{lora_weight}_{hidden_size}.pth with its base ./{save_dir}/{weight}_..., both
-    paths relative to the checkout it runs in. Else the merged file runs, as --weight."""
+    paths relative to the checkout it runs in. Else the merged file runs, as --weight. `base_not_named`: own_base's
+    why the base beside it is not named (another user's, a link, in a directory others can rearrange): eval_llm.py
+    would load that very file, with torch.load and no weights_only (his pickle would run as her on torch < 2.6;
+    hostile audit 9 F4), so the merged file is what runs then too."""
     flags = f"--hidden_size {hidden} --num_hidden_layers {layers}"
     where = ("DIR the file's directory, as a path relative to the checkout (eval_llm.py reads ./DIR/NAME_"
              f"{hidden}.pth)")
+    merged = f"python eval_llm.py --save_dir DIR --weight {prefix}_merged {flags}, {where}"
+    if rank == 16 and name.endswith(f"_{hidden}.pth") and base_not_named:
+        return (f"MiniMind's eval_llm.py would run it with the base beside it, full_sft_{hidden}.pth, which is not "
+                f"yours to trust ({base_not_named}): it loads that file with torch.load, pickles and all; run the "
+                f"merged file (made from your own base) instead: {merged}")
     if rank == 16 and name.endswith(f"_{hidden}.pth"):
         return (f"MiniMind's eval_llm.py runs it as it is, with its base beside it: python eval_llm.py --save_dir DIR "
                 f"--weight full_sft --lora_weight {prefix} {flags}, {where}")
     why = (f"it applies rank 16 only, apply_lora's default, and this adapter is rank {rank}" if rank != 16 else
            f"it reads --lora_weight NAME as NAME_{hidden}.pth, which this file's name is not")
-    return (f"MiniMind's eval_llm.py cannot run it as it is ({why}); it runs the merged file: python eval_llm.py "
-            f"--save_dir DIR --weight {prefix}_merged {flags}, {where}")
+    return f"MiniMind's eval_llm.py cannot run it as it is ({why}); it runs the merged file: {merged}"
 
 
 def resume_file(name: str) -> str:

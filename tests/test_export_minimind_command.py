@@ -26,7 +26,7 @@ def test_a_model_of_minimind_shape_gets_the_whole_eval_llm_command(tmp_path):
     out = CliRunner().invoke(app, ["export", str(tmp_path / "ckpt"), "--format", "minimind", "--out",
                                    str(tmp_path / "my model.pth")])
     assert out.exit_code == 0, out.output
-    assert f"cp '{tmp_path / 'my model.pth'}' out/pretrain_64.pth" in out.output
+    assert f"'{tmp_path / 'my model.pth'}' pretrain_64.pth" in out.output and '"xb"' in out.output
     assert ("echo 0 | python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size 64 "
             "--num_hidden_layers 2 --max_new_tokens 100") in out.output
     assert "..." not in out.output

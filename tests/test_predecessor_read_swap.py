@@ -125,7 +125,8 @@ def test_the_predecessor_read_unswapped_is_read_whole(tmp_path, corpus, teammate
     other = _run(tmp_path, corpus, where, "other", finished=True, uid=uid)
     assert predecessor_outcome(init_source.predecessor(str(pre))) == ("waiting", "run pre is training at step 3")
     assert predecessor_outcome(init_source.predecessor(str(other))) == ("done", "run other finished at step None")
-    assert resolve(str(other)).path == load_config(other / names.RUN_CONFIG_COPY).checkpoint_dir / STEP
+    hers = load_config(other / names.RUN_CONFIG_COPY, untrusted=True, owners=(uid,))  # her copy, read as hers
+    assert resolve(str(other)).path == hers.checkpoint_dir / STEP
 
 
 def _her_checkpoint(where: Path, uid: int, planted_by: int) -> Path:

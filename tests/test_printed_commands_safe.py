@@ -71,6 +71,8 @@ def test_the_merge_command_loads_no_teammates_base_and_writes_only_her_own_place
     said = minimind_lora_file(team / "lora_vic_64.pth")  # `sample --lora`'s words; init.from's are the same
     assert f"{team}/full_sft_64.pth belongs to user nobody (uid {uid}), not to you, so it is not named: put your " \
            f"base's path for BASE.pth" in said, said
+    assert "runs it as it is" not in said, said  # eval_llm.py would load his base beside it (hostile audit 9 F4)
+    assert "would run it with the base beside it, full_sft_64.pth" in said and "run the merged file" in said, said
     argv = _command(said)
     assert argv[-3:] == ["BASE.pth", str(team / "lora_vic_64.pth"), str(mine / "lora_vic_merged_64.pth")], argv
     assert "weights_only=True" in argv[2] and "torch.load(sys.argv[1]" in argv[2] and '"xb"' in argv[2]
@@ -121,6 +123,7 @@ def test_her_own_base_in_a_team_directory_is_not_named_since_he_can_rename_his_o
     assert argv[-3] == "BASE.pth", argv
     assert f"the base {team}/full_sft_64.pth: the directory {team} above it can be written by other users" in said, said
     assert "put your base's path for BASE.pth" in said, said
+    assert "runs it as it is" not in said and "run the merged file (made from your own base) instead" in said, said
     sh_as_user("echo his weights > his.pth && mv his.pth full_sft_64.pth", team)  # what he can do before she pastes
     assert os.stat(team / "full_sft_64.pth").st_uid == second_user()[0]
 
@@ -148,3 +151,39 @@ def test_the_conversion_command_writes_only_her_own_place_never_through_his_link
     assert torch.load(mine / "mmhf.pth", weights_only=True).keys() == {"model.norm.weight"}
     again = _run(argv, mine)
     assert again.returncode != 0 and "FileExistsError" in again.stderr
+
+
+def test_the_eval_llm_copy_writes_no_link_of_his_in_a_shared_checkout(tmp_path):
+    """`export --format minimind`'s eval_llm advice (hostile audit 9 F4): `mkdir -p out && cp X out/pretrain_64.pth`,
+    pasted in a team's MiniMind checkout where he had planted out/pretrain_64.pth as a link to her notes, replaced
+    her 0600 notes with the export. Now the printed copy follows no link (at out/ nor at the file) and replaces no
+    file; in a checkout of her own it copies the export."""
+    from minilmd.config import ModelSection
+    from minilmd.trainer.model.export import minimind_eval_command
+
+    team, mine, notes, uid = _place(tmp_path)
+    export = mine / "mm.pth"
+    export.write_bytes(b"the export's bytes")
+    said = minimind_eval_command(export, vars(ModelSection(hidden_size=HIDDEN, num_hidden_layers=2)))
+    assert "of your own" in said and "cp " not in said, said
+    argv = _command(said)
+    assert argv[-2:] == [str(export), "pretrain_64.pth"], argv
+
+    (team / "out").mkdir()
+    os.symlink(notes, team / "out" / "pretrain_64.pth")
+    _his(team / "out" / "pretrain_64.pth", uid)
+    refused = _run(argv, team)  # his link at the name: not followed, not replaced
+    assert refused.returncode != 0 and "FileExistsError" in refused.stderr, refused.stderr
+    assert notes.read_bytes() == NOTES and (team / "out" / "pretrain_64.pth").is_symlink()
+
+    (private := tmp_path / "private").mkdir(mode=0o700)
+    (other := tmp_path / "other").mkdir()
+    os.symlink(private, other / "out")  # his link at out/ itself, to a directory of hers
+    _his(other / "out", uid)
+    refused = _run(argv, other)
+    assert refused.returncode != 0 and os.listdir(private) == [], refused.stderr
+
+    (own := tmp_path / "own").mkdir(mode=0o700)  # her own checkout: out/ made, the export copied
+    done = _run(argv, own)
+    assert done.returncode == 0, done.stderr
+    assert (own / "out" / "pretrain_64.pth").read_bytes() == export.read_bytes()

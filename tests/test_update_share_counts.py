@@ -165,12 +165,15 @@ def test_a_text_budget_stays_in_windows(tmp_path):
 
 # --- padding-free SFT: the conversations trained, whatever a row holds (issue 43) ---------------------------------
 def conversation_corpus(root: Path, lengths: list[int]) -> Path:
-    """A chat corpus's meta.json and train's doc_lengths.npy: what the count of padding-free SFT reads."""
+    """A chat corpus's meta.json, train's doc_lengths.npy and a tokens.bin of the size meta.json gives: what the count
+    of padding-free SFT reads."""
     import numpy as np
 
     fake_corpus(root, "chat", len(lengths), sum(lengths))
     (root / "train").mkdir()
     np.save(root / "train" / "doc_lengths.npy", np.array(lengths, dtype=np.int32))
+    with open(root / "train" / "tokens.bin", "wb") as f:  # sparse: its size is what the count checks meta.json by
+        f.truncate(2 * sum(lengths))
     return root
 
 

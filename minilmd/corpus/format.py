@@ -19,8 +19,10 @@ Torch-free (numpy only): the supervisor verifies staged corpora with verify_prep
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +37,7 @@ from minilmd.corpus_meta import (
     read_meta,
     read_meta_hashed,
 )
-from minilmd.doc_index import IndexLies, index_header, read_prefix
+from minilmd.doc_index import IndexLies, chunks, index_header, read_prefix
 from minilmd.fsio import dir_table_problems, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
@@ -338,14 +340,43 @@ def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
         os.close(fd)
 
 
+def doc_length_counts(path: Path, documents: int, longest: int) -> np.ndarray:
+    """How many of the first `documents` lengths of a split's doc_lengths.npy (opened and checked as
+    read_doc_lengths does) are each length, one over `longest` counted as `longest` (a row's cut): int64 counts,
+    longest + 1 of them. Read doc_index.CHUNK_DOCS lengths at a time: its memory is a chunk's and the counts',
+    whatever meta.json says the index holds (padding-free SFT's epoch, minilmd/plan/epoch.py: before, every length
+    was read and widened at once, about 65 bytes a document of a teammate's index; hostile audit 9 F3). CorpusError
+    for an index that is not one, or a length under 1."""
+    fd = _open_split_file(path)
+    try:
+        counts = np.zeros(longest + 1, np.int64)
+        with _index_errors():
+            offset, _ = index_header(fd, path, max(documents, 0))
+            for chunk in chunks(fd, path, offset, max(documents, 0)):
+                if int(chunk.min()) < 1:
+                    raise CorpusError(f"{path}: a document of {int(chunk.min())} tokens: not a prepared corpus's index "
+                                      f"(prepare it again)")
+                counts += np.bincount(np.minimum(chunk, longest), minlength=longest + 1)
+        return counts
+    finally:
+        os.close(fd)
+
+
 def _read_index(fd: int, path: Path, documents: int | None) -> np.ndarray:
     """The first `documents` lengths (int32; None: all there are, for a split without meta.json) of the index open
     at `fd` (minilmd/doc_index.py's checks); CorpusError for an index that is not one prepare wrote, or one shorter
     than its own header says: a copy not finished, whose advice is to copy it again, not to prepare it again (the
     reply count tells the two apart too: replycut.py)."""
-    try:
+    with _index_errors():
         offset, held = index_header(fd, path, documents)
         return read_prefix(fd, path, offset, held if documents is None else documents)
+
+
+@contextlib.contextmanager
+def _index_errors() -> Iterator[None]:
+    """IndexLies as the CorpusError a reader of the index raises, with what to do."""
+    try:
+        yield
     except IndexLies as e:
         if e.truncated:
             raise CorpusError(f"{e}: the copy is incomplete: wait for it to finish, or copy (stage) it again") from None

@@ -19,6 +19,8 @@ other under the mask, they only share a micro-batch).
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from minilmd.plan.bucketing import DocumentRows
@@ -54,6 +56,32 @@ def pack_longest_fit(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> li
         while low <= top and not by_length[low]:
             low += 1
         rows.append(np.array(row, np.int64))
+
+
+def packed_row_count(counts: np.ndarray, seq_len: int) -> int:
+    """len(pack_longest_fit(...)) from `counts` alone (counts[n]: the documents of row length n, 1 <= n <= seq_len),
+    with no document held: the greedy's choices depend on the lengths left, never on which document of a length it
+    takes (the seeded order only breaks ties among equal lengths). A row is found once and counted for every repeat
+    of it: it repeats while each length it took has as many left, so the work grows with seq_len's lengths, not
+    with the documents (minilmd/plan/epoch.py counts a teammate's corpus so: hostile audit 9 F3)."""
+    left = [int(c) for c in counts[:seq_len + 1]]
+    present = [n for n in range(1, len(left)) if left[n] > 0]  # ascending: the lengths some document still has
+    rows = 0
+    while present:
+        taken, room, most = [], seq_len, present[-1]  # a row starts with the longest left
+        while most >= 1 and (at := bisect.bisect_right(present, most)):
+            n = present[at - 1]  # the longest left that fits
+            k = min(left[n], room // n)
+            taken.append((n, k))
+            room -= k * n
+            most = min(n - 1, room)  # none of n left, or no room for another n
+        repeats = min(left[n] // k for n, k in taken)
+        rows += repeats
+        for n, k in taken:
+            left[n] -= repeats * k
+            if not left[n]:
+                present.remove(n)
+    return rows
 
 
 def packed_rows(lengths: np.ndarray, seq_len: int, seed: int) -> list[np.ndarray]:

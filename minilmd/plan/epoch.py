@@ -13,17 +13,18 @@ epoch trains every document of train once, in fewer rows; a bucketed epoch leave
 """
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.format import read_doc_lengths
+from minilmd.corpus.format import doc_length_counts
 from minilmd.corpus_meta import meta_value
-from minilmd.names import DOC_LENGTHS, SPLITS
-from minilmd.plan.bucketing import row_lengths
-from minilmd.plan.docpacking import packed_rows
+from minilmd.names import DOC_LENGTHS, SPLITS, TOKENS
+from minilmd.plan.docpacking import packed_row_count
 from minilmd.plan.samplers import row_kind
 from minilmd.rowcount import epoch_rows
 from minilmd.untrusted import Unreadable
@@ -59,11 +60,12 @@ class Epoch:
 
 
 def epoch_of(kind: str, *, seq_len: int, micro_batch_size: int, seed: int, documents: int, tokens: int,
-             lengths: Callable[[], np.ndarray], unit: str = "documents") -> Epoch:
-    """The epoch of a train split of `documents` and `tokens`; `lengths()`: each document's length (BOS and EOS
-    included), read only for padding-free SFT."""
+             length_counts: Callable[[], np.ndarray], unit: str = "documents") -> Epoch:
+    """The epoch of a train split of `documents` and `tokens`; `length_counts()`: how many documents have each row
+    length (BOS and EOS included, cut at seq_len: train_length_counts), read only for padding-free SFT, whose rows
+    docpacking.packed_row_count counts as the sampler packs them."""
     if kind == "conversations":
-        rows = len(packed_rows(row_lengths(np.concatenate([[0], np.cumsum(lengths())]), seq_len), seq_len, seed))
+        rows = packed_row_count(length_counts(), seq_len)
     else:
         rows = epoch_rows(kind, documents=documents, tokens=tokens, seq_len=seq_len, micro_batch_size=micro_batch_size)
         if kind in ("bucketed", "pairs"):
@@ -74,7 +76,7 @@ def epoch_of(kind: str, *, seq_len: int, micro_batch_size: int, seed: int, docum
 def corpus_epoch(cfg, meta: dict | None, prepared: str | Path | None = None) -> Epoch | None:
     """The epoch of the run `cfg` (as trained: budget.as_trained) on the corpus of `meta` (its meta.json), or None
     when meta.json does not tell (or, for padding-free SFT, train's doc_lengths.npy under `prepared`, default
-    data.prepared, cannot be read)."""
+    data.prepared, cannot be read, or disagrees with what its tokens.bin can hold)."""
     split = meta_value(meta or {}, "splits", "train") or {}
     documents, tokens = split.get("documents"), split.get("tokens")
     if not isinstance(documents, int) or not isinstance(tokens, int):
@@ -86,14 +88,19 @@ def corpus_epoch(cfg, meta: dict | None, prepared: str | Path | None = None) -> 
     try:
         return epoch_of(kind, seq_len=cfg.train.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                         seed=cfg.train.seed, documents=documents, tokens=tokens,
-                        lengths=lambda: train_lengths(root, documents),
+                        length_counts=lambda: train_length_counts(root, documents, tokens, cfg.train.seq_len),
                         unit="pairs" if kind == "pairs" else "conversations" if chat else "documents")
     except (Unreadable, OSError, ValueError):
         return None
 
 
-def train_lengths(root: Path, documents: int) -> np.ndarray:
-    """The first `documents` lengths of train's doc_lengths.npy (an append being published may have more), read
-    as untrusted (a corpus may sit in a shared place) and bounded by what meta.json says it holds: the one reader of
-    a split's lengths, corpus report's too (minilmd/corpus/format.py)."""
-    return read_doc_lengths(root / SPLITS[0] / DOC_LENGTHS, documents)
+def train_length_counts(root: Path, documents: int, tokens: int, seq_len: int) -> np.ndarray:
+    """How many of train's documents have each row length (format.doc_length_counts: streamed, bounded by seq_len,
+    not by the documents), once meta.json's counts agree with what train's tokens.bin can hold: a document is at
+    least one token, each token two bytes of it. ValueError when they do not: a meta.json that lists more documents
+    than the corpus holds (a teammate's, to make this read cost more) is not read on."""
+    held = os.lstat(root / SPLITS[0] / TOKENS)
+    if not stat.S_ISREG(held.st_mode) or not 0 <= documents <= tokens <= held.st_size // 2:
+        raise ValueError(f"{root}: meta.json's train split ({documents:,} documents, {tokens:,} tokens) is more than "
+                         f"its tokens.bin ({held.st_size:,} bytes) holds")
+    return doc_length_counts(root / SPLITS[0] / DOC_LENGTHS, documents, seq_len)

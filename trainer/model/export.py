@@ -169,12 +169,19 @@ def minimind_weight(listed: frozenset[str], chat: bool) -> str:
 
 
 EVAL_NEW_TOKENS = 100  # the answer length the printed eval_llm.py command asks for (its default: 8192)
+EVAL_COPY_CODE = ('import os, shutil, sys; os.path.lexists("out") or os.mkdir("out"); d = os.open("out", os.O_RDONLY '
+                  '| os.O_DIRECTORY | os.O_NOFOLLOW); shutil.copyfileobj(open(sys.argv[1], "rb"), open(sys.argv[2], '
+                  '"xb", opener=lambda p, f: os.open(p, f, 0o644, dir_fd=d)))')
+"""The copy of the export into the checkout's out/, with Python alone: out/ made when missing and opened without
+following a link, the file made by an exclusive create that refuses a file or a link there (the printed merge's way,
+minilmd/init_model.py MERGE_CODE). `mkdir -p out && cp X out/NAME` wrote through a link a teammate planted at
+out/NAME in a shared checkout (hostile audit 9 F4: her 0600 notes replaced by the export)."""
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False,
                           weight: str | None = None) -> str:
     """How to run an exported .pth with MiniMind's eval_llm.py, as commands that run unattended when pasted in the
-    checkout: it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs; `mkdir -p out` first) into
+    checkout: it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs; out/ made first when missing) into
     MiniMindConfig(hidden_size, num_hidden_layers), MiniMind's defaults for the rest (a model that differs there
     does not load: the answer says which, and points to --format hf), decoding with its model/ tokenizer. It asks
     "[0] auto test [1] manual input" on stdin (`echo 0` answers) and answers up to 8192 tokens a prompt by default
@@ -195,10 +202,12 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool
     name = f"{weight}_{m.hidden_size}.pth"
     # eval_llm.py reads ./out/NAME from where it runs, the checkout's root; a checkout has no out/ until a trainer
     # of its own saved there, and the .pth's path must hold from there too: absolute, whatever export's cwd was
-    return (f"In a MiniMind checkout, in the directory of its eval_llm.py (its model/ must hold the tokenizer this "
-            f"run used, MiniMind's own for a run prepared with it); `echo 0` answers its stdin question (0: its own "
-            f"test prompts; 1: type yours), --max_new_tokens {EVAL_NEW_TOKENS} bounds each answer:\n"
-            f"  mkdir -p out && cp {shlex.quote(os.path.abspath(pth))} out/{name}\n"
+    return (f"In a MiniMind checkout of your own (eval_llm.py loads out/{name} with torch.load, pickles and all: "
+            f"in a shared checkout whoever can write its out/ chooses what it runs), in the directory of its "
+            f"eval_llm.py (its model/ must hold the tokenizer this run used, MiniMind's own for a run prepared with "
+            f"it); the copy never replaces a file nor follows a link there; `echo 0` answers its stdin question (0: "
+            f"its own test prompts; 1: type yours), --max_new_tokens {EVAL_NEW_TOKENS} bounds each answer:\n"
+            f"  python -c {shlex.quote(EVAL_COPY_CODE)} {shlex.quote(os.path.abspath(pth))} {name}\n"
             f"  echo 0 | python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size "
             f"{m.hidden_size} --num_hidden_layers {m.num_hidden_layers} --max_new_tokens {EVAL_NEW_TOKENS}")
 
