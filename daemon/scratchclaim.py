@@ -45,7 +45,7 @@ from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
 from minilmd.dirfd import OPEN_DIR
 from minilmd.fsio import is_disk_full, no_inode_left
-from minilmd.perms import own_uid, user_words
+from minilmd.perms import is_own_uid, user_words
 from minilmd.untrusted import TooManyEntries, listed
 
 SLICE_S = 1.0
@@ -358,7 +358,6 @@ def _whose(fd: int) -> str:
         return ""
     if not counts:
         return ""
-    me = own_uid()
-    said = ", ".join(f"{n} of {'yours' if uid == me else user_words(uid)}"
+    said = ", ".join(f"{n} of {'yours' if is_own_uid(uid) else user_words(uid)}"
                      for uid, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
     return f"; its entries: {said}"
