@@ -93,7 +93,9 @@ def how_ended(state: dict) -> str | None:
 
 def _ended_by_reason(state: dict) -> str:
     """An older version's outcome: failed unless it ended `done`; then its reason's first words say how."""
-    if state.get("phase") != "done":
+    from minilmd.run_states import Phase
+
+    if state.get("phase") != Phase.DONE:
         return ENDED_FAILED
     reason = state.get("reason")
     reason = reason if isinstance(reason, str) else ""

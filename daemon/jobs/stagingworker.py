@@ -30,7 +30,6 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.knobs import SYNC_STALLED_AFTER
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
-from minilmd.daemon.base.states import StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
@@ -40,6 +39,7 @@ from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.stagingfetch import StagingFetch
 from minilmd.names import step_of
+from minilmd.run_states import StagingState, SyncState
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "probe source unreachable": "probe source reachable again",
