@@ -27,6 +27,7 @@ from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
 from minilmd.place_rule import walk_to
+from minilmd.protocol import EXIT_CONFIG
 from minilmd.untrusted import holds_any
 
 MODEL_LINES = """\
@@ -301,7 +302,7 @@ def directory_argument(argv: list[str], default: str, doc: str | None) -> str:
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
         print(f"demo: takes one argument, its directory (default {default}), not {' '.join(argv)!r}; --help says "
               f"more", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(EXIT_CONFIG)
     return argv[0] if argv else default
 
 

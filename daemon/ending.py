@@ -154,8 +154,8 @@ class Ending:
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
         elif sync_problem:
-            # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
-            self._fail(1, f"finished, but {sync_problem}; {kept}")
+            # not final: systemd restarts us, the trainer exits at once, the sync is tried again
+            self._fail(protocol.SUPERVISOR_RETRY, f"finished, but {sync_problem}; {kept}")
         else:
             self.loop.ended = protocol.ENDED_FINISHED
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
@@ -199,13 +199,13 @@ class Ending:
         self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
                                                                sync_problem, request.words() if request else "")
         if problem:
-            self._fail(1, problem)
+            self._fail(protocol.SUPERVISOR_RETRY, problem)
             return
         if self.slurm.sync_cut and not requeue:  # stopped or cancelled for good: the cut is this run's last word
             self.state.record_error(f"{self.loop.ended}, but {self.slurm.sync_cut}")
         self._go(Phase.DONE, reason)
         if requeue and (problem := self.slurm.requeue()) is not None:
-            self.loop.exit_status = 1
+            self.loop.exit_status = protocol.SUPERVISOR_RETRY
             self.state.record_error(problem)
             self.state.save()
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from minilmd import names, procs
 from minilmd.config import RunConfig, recorded_copy
 from minilmd.daemon.base.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
-from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import Outcome
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.fsio import atomic_write_text
+from minilmd.run_states import SyncState
 from minilmd.untrusted import Unreadable
 
 

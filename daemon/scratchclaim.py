@@ -52,7 +52,7 @@ SLICE_S = 1.0
 class LaunchEnds(Exception):
     """The launch ends before the supervisor starts, said on stdout, with `exit_status`."""
 
-    exit_status = 1
+    exit_status = protocol.SUPERVISOR_RETRY
 
 
 class ScratchRootUnknown(LaunchEnds):
@@ -258,15 +258,15 @@ def _slurm_preempted(signal_name: str, stop_asked: str, record: WaitRecord) -> t
     why = f"{plan.ended} ({signal_name} in Slurm job {alloc.job_id} while waiting for room for scratch: nothing " \
           f"started{f'; {stop_asked}' if stop_asked else ''})"
     if plan.requeue and (problem := job.requeue()) is not None:
-        return 1, plan.ended, f"{why}; but {problem}"
-    return 0, plan.ended, why
+        return protocol.SUPERVISOR_RETRY, plan.ended, f"{why}; but {problem}"
+    return protocol.SUPERVISOR_DONE, plan.ended, why
 
 
 def _exit_status(e: Exception) -> int:
     """The launch's exit status for an error that ends the wait (`minilmd run`: daemon/supervisor.py run_supervisor)."""
     if isinstance(e, ConfigError):
         return protocol.SUPERVISOR_CONFIG
-    return e.exit_status if isinstance(e, LaunchEnds) else 1
+    return e.exit_status if isinstance(e, LaunchEnds) else protocol.SUPERVISOR_RETRY
 
 
 def _status(cfg: RunConfig, full: str) -> str:

@@ -150,7 +150,7 @@ class Supervisor(Attempt, Ending):
                 self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}",
                                  traceback=traceback.format_exc())
                 message = f"supervisor error: {e}"
-                self.loop.exit_status = 1
+                self.loop.exit_status = protocol.SUPERVISOR_RETRY
             if self.loop.child and self.loop.child.poll() is None:
                 self.loop.child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
             self.state.record_error(message)

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from minilmd import mounts
+from minilmd.perms import root_owned
 from minilmd.untrusted import Unreadable, dir_names, read_bytes
 
 KNOWN_PARENTS = ("/mnt", "/media", "/run/media", "/net", "/nfs", "/misc", "/shared")
@@ -73,10 +74,10 @@ class MountConfig:
         if self.names(path):
             return True
         try:
-            owner = os.lstat(path).st_uid
+            st = os.lstat(path)
         except OSError:
             return False
-        return owner == 0 and any(path.startswith(p + os.sep) for p in self.parents())
+        return root_owned(st) and any(path.startswith(p + os.sep) for p in self.parents())
 
 
 def snapshot() -> MountConfig:

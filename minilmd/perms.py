@@ -75,7 +75,18 @@ def owned_by_me_or_root(st: os.stat_result, also: Collection[int] = ()) -> bool:
     """The file is this user's or root's (or one of `also`, as owned_by_me): the owners a directory on the way to
     ours may have (root's /tmp, /dev/shm, /var/lock), since its owner alone can remove or swap what is in it,
     sticky or not."""
-    return st.st_uid == 0 or owned_by_me(st, also)
+    return root_owned(st) or owned_by_me(st, also)
+
+
+def root_owned(st: os.stat_result) -> bool:
+    """The file is root's (a mount point made by root, a directory on the way any user may trust)."""
+    return st.st_uid == 0
+
+
+def is_own_uid(uid: int | None) -> bool:
+    """A uid already read from a file (a count's key, a message's owner) is this process's user's: for the words
+    ("yours" or whose). A decision about a file asks owner_in / owned_by_me on its stat, not this."""
+    return uid == own_uid()
 
 
 class LearntOwners(Set[int]):

@@ -45,7 +45,15 @@ SUPERVISOR_CONFIG = 2  # bad config or a run already owned by another supervisor
 SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress, or a trainer that ended done with no
 #                          checkpoint in scratch to sync (it saved elsewhere): do not restart (systemd prevents it)
 SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
+SUPERVISOR_RETRY = 1  # failed, not for good: systemd restarts it (a last sync that failed, a supervisor error, a
+#                        Slurm requeue refused, a scratch record unreadable at --check); never in FINAL_EXIT_STATUSES
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP, SUPERVISOR_RUN_DIR_FULL)
+
+# --- Exit statuses of the other commands, beside EXIT_CONFIG (2: bad arguments), EXIT_DATA, EXIT_IO ----------------
+COMMAND_FAILED = 1  # the command could not do its work, not for its arguments: plot without matplotlib, a demo
+#                     corpus not made, a tokenizer's training failed, an export's checkpoint unreadable, verify's
+#                     "not ok"
+COUNT_FOUND = 1  # `corpus count --fail-if-found`: a pattern was found
 
 # --- How a run ended: state.json's outcome.ended, written by the supervisor as it exits (daemon/runfiles.py) -----
 ENDED_FINISHED = "finished"  # its budget reached, or early_stop ended it: a stage after it starts from its checkpoint
@@ -86,7 +94,9 @@ def how_ended(state: dict) -> str | None:
 
 def _ended_by_reason(state: dict) -> str:
     """An older version's outcome: failed unless it ended `done`; then its reason's first words say how."""
-    if state.get("phase") != "done":
+    from minilmd.run_states import Phase
+
+    if state.get("phase") != Phase.DONE:
         return ENDED_FAILED
     reason = state.get("reason")
     reason = reason if isinstance(reason, str) else ""

@@ -15,7 +15,7 @@ import os
 from minilmd import mounts
 from minilmd.dirtree import OPEN_DIR
 from minilmd.fsio import no_inode_left
-from minilmd.perms import own_uid, user_words
+from minilmd.perms import is_own_uid, user_words
 from minilmd.untrusted import TooManyEntries, listed
 
 WHOSE_LOOKS = 1000
@@ -133,7 +133,6 @@ def whose(fd: int) -> str:
         return ""
     if not counts:
         return ""
-    me = own_uid()
-    said = ", ".join(f"{n} of {'yours' if uid == me else user_words(uid)}"
+    said = ", ".join(f"{n} of {'yours' if is_own_uid(uid) else user_words(uid)}"
                      for uid, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
     return f"; its entries: {said}"

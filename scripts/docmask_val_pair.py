@@ -54,6 +54,7 @@ def table(losses: dict[str, dict[str, float]], cfg, steps: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     from minilmd.config import ConfigError
     from minilmd.probes import load_checked
+    from minilmd.protocol import EXIT_CONFIG
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True)
@@ -66,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_checked(args.config, overrides)
     except ConfigError as e:
         print(f"docmask_val_pair: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     steps = args.steps or cfg.train.max_steps
     if steps < 1:
         print("docmask_val_pair: --steps (or train.max_steps) must be at least 1", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(table(run_pair(cfg, steps), cfg, steps), flush=True)
     return 0
 

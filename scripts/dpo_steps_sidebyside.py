@@ -43,6 +43,7 @@ from gpu_check_sidebyside import copy_minimind  # beside this script
 from minilmd import procs, pychild
 from minilmd.corpus.prepare.block import split_is_val
 from minilmd.corpus.prepare.dpo_encode import pair_canonical
+from minilmd.protocol import EXIT_CONFIG
 
 HIDDEN, LAYERS = 64, 2
 WORDS = [" green", " light", " water", " music", " table", " friend", " word", " other", " some", " one", " up",
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     src = find_minimind()
     if src is None:
         print("MiniMind's source not found (../shared/minimind or MINILMD_MINIMIND)")
-        return 2
+        return EXIT_CONFIG
     work = args.work or Path(tempfile.mkdtemp(prefix="dpo-steps-"))
     try:
         r = compare(work, src, args.python, args.pairs, args.lr, args.beta, args.mask, args.minilmd_lr_scale)

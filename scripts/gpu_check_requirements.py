@@ -37,9 +37,10 @@ if __name__ == "__main__":
     print("\n".join(lines))
     import minilmd.daemon.supervisor
     import minilmd.trainer.loop.train
+    from minilmd.protocol import COMMAND_FAILED
 
     # through the links: the checkout's folders that package-dir maps
     print(f"minilmd {Path(minilmd.__file__).resolve().parent}: daemon "
           f"{Path(minilmd.daemon.supervisor.__file__).resolve().parent}, "
           f"trainer {Path(minilmd.trainer.loop.train.__file__).resolve().parents[1]}")
-    sys.exit(1 if missing else 0)
+    sys.exit(COMMAND_FAILED if missing else 0)

@@ -20,7 +20,9 @@ from gpu_check_part import (
 )
 from gpu_check_plan import OPTIONAL_S, PartClock
 
+from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.compilecache import CACHE_DIRS
+from minilmd.run_states import Phase
 
 
 def train_config(work: Path, name: str, p: dict, compiled: bool, **train) -> Path:
@@ -163,11 +165,11 @@ def part_run(work: Path, p: dict, dry: bool) -> tuple[str, str]:
     run_dir = work / "compiled" / "run"
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
     exits = [e.get("cause") for e in events if e.get("event") == "child_exit"]
-    admitted = next((e["message"] for e in events if e.get("transition") and e.get("new") == "staging"), "")
+    admitted = next((e["message"] for e in events if e.get("transition") and e.get("new") == Phase.STAGING), "")
     figures = [f"{'part 4 compiled carried on from step ' + str(base) if carried else 'from step 0'} to {steps}, "
                f"SIGKILL at step {kill}", f"admitted: {admitted[:120]}", f"trainer ends: {exits}",
                f"run exit {run.returncode}" + (f" (its trainer's leftovers killed: {left})" if left else "")]
-    killed = len(exits) >= 2 and exits[0] in ("killed", "oom_kill") and exits[-1] == "done"
+    killed = len(exits) >= 2 and exits[0] in (Cause.KILLED, Cause.OOM_KILL) and exits[-1] == Cause.DONE
     figures.append(restart_time(run_dir))
     ok = run.returncode == 0 and killed and "not measured" not in figures[-1]
     return ("ok" if ok else "fail"), "; ".join(figures + ["its weights against an undisturbed run: part 5 "

@@ -67,7 +67,7 @@ class Reader:
 
 
 def _entry(d: Path):
-    return registry._read_entry(d / "e.json", os.getuid(), shared=False)
+    return registry._read_entry(d / "e.json", os.lstat(d / "e.json"), shared=False)
 
 
 def _predecessor(d: Path):

@@ -177,7 +177,73 @@ def owner_escapes(path: Path) -> list[int]:
                 isinstance(part, ast.Attribute) and part.attr == "st_uid"
                 for operand in (node.left, *node.comparators) for part in ast.walk(operand)):
             found.append(node.lineno)
-    return sorted(set(found))
+    return sorted(set(found) | set(owners_compared_by_name(module)))
+
+
+def _reads_owner(node: ast.AST, owner_functions: set[str]) -> bool:
+    """The expression's value is a file's owner: a `.st_uid`, a call of a function of this module that returns one,
+    or either chosen by `a if c else b`, `a or b`, `(x := a)` (not words made from one: an f-string)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "st_uid"
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in owner_functions
+    if isinstance(node, ast.IfExp):
+        return _reads_owner(node.body, owner_functions) or _reads_owner(node.orelse, owner_functions)
+    if isinstance(node, ast.BoolOp):
+        return any(_reads_owner(value, owner_functions) for value in node.values)
+    if isinstance(node, ast.NamedExpr):
+        return _reads_owner(node.value, owner_functions)
+    return False
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of a function (or the module) but those of the functions defined in it, which are scopes of theirs."""
+    for child in ast.iter_child_nodes(scope):
+        yield child
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _own_nodes(child)
+
+
+def _bound(target: ast.AST, value: ast.AST | None, owner_functions: set[str]) -> set[str]:
+    """The names `target = value` binds to a file's owner (a tuple unpacked item by item when the value is one)."""
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(value.elts):
+        return {name for t, v in zip(target.elts, value.elts, strict=True) for name in _bound(t, v, owner_functions)}
+    if value is None or not _reads_owner(value, owner_functions):
+        return set()
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def owners_compared_by_name(module: ast.Module) -> list[int]:
+    """The lines that compare a name bound to a file's owner (`owner = os.lstat(p).st_uid; if owner != x`, `(uid :=
+    owner_of(p)) not in ...`, a tuple unpacked from one) with anything but None, in the function that binds it or
+    one nested in it: the same hand-made owner test as `st.st_uid != x`, one assignment away."""
+    owner_functions = {f.name for f in ast.walk(module) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and any(isinstance(r, ast.Return) and r.value is not None and _reads_owner(r.value, set())
+                               for r in _own_nodes(f))}
+    found: list[int] = []
+
+    def scan(scope: ast.AST, inherited: frozenset[str]) -> None:
+        owners = set(inherited)
+        nodes = list(_own_nodes(scope))
+        for node in nodes:
+            if isinstance(node, ast.Assign):
+                owners |= {name for target in node.targets for name in _bound(target, node.value, owner_functions)}
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)):
+                owners |= _bound(node.target, node.value, owner_functions)
+        for node in nodes:
+            if isinstance(node, ast.Compare):
+                operands = [o.target if isinstance(o, ast.NamedExpr) else o for o in (node.left, *node.comparators)]
+                against_none = any(isinstance(o, ast.Constant) and o.value is None for o in operands)
+                if not against_none and any(isinstance(o, ast.Name) and o.id in owners for o in operands):
+                    found.append(node.lineno)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                scan(node, frozenset(owners))
+            elif isinstance(node, ast.ClassDef):
+                scan(node, frozenset())
+
+    scan(module, frozenset())
+    return found
 
 
 def guarded_files() -> list[Path]:
@@ -222,6 +288,33 @@ def test_the_owner_guard_sees_each_spelling(tmp_path):
                       "eff = os.__dict__['geteuid']()\n"                      # 14
                       "nofollow = getattr(os, 'O_NOFOLLOW', 0)\n")            # 15: not a uid
     assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11, 13, 14]
+
+
+def test_the_owner_guard_follows_a_name_bound_to_an_owner(tmp_path):
+    """An owner test made through a name (house9 item 3: registry, runarg, the sources' link rule, mount_places and
+    remote_write compared `owner = os.lstat(p).st_uid` by hand, unseen by a guard that looked for st_uid in the
+    comparison itself): a name bound from st_uid, a walrus, a tuple unpacked, a function of the module returning an
+    owner; in a nested function too. Compared with None, counted or passed on, it is not flagged."""
+    module = tmp_path / "m.py"
+    module.write_text("import os\n"
+                      "def owner_of(p):\n"
+                      "    return os.lstat(p).st_uid\n"
+                      "def judge(p, x):\n"
+                      "    owner = os.lstat(p).st_uid\n"                         # 5
+                      "    if owner != x:\n"                                     # 6: flagged
+                      "        return owner is None\n"                           # 7: None: not an owner test
+                      "    uid, mode = os.lstat(p).st_uid, 0\n"                  # 8
+                      "    if mode == 0 or uid in (0, x):\n"                     # 9: flagged (uid, not mode)
+                      "        return [e for u, e in x if u != owner]\n"         # 10: flagged
+                      "    if (who := owner_of(p)) is None or who == 0:\n"       # 11: flagged
+                      "        return None\n"
+                      "    counts = {owner: 1}\n"
+                      "    def inner(y):\n"
+                      "        return y == owner\n"                              # 15: flagged
+                      "    return counts[owner] > 1, inner\n"                    # 16: a count, not flagged
+                      "def other(p, owner):\n"
+                      "    return owner == 0\n")                                 # 18: a parameter, not bound here
+    assert owner_escapes(module) == [6, 9, 10, 11, 15]
 
 
 def test_the_remotes_owner_check_follows_own_uid(tmp_path, monkeypatch):

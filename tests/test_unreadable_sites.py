@@ -69,7 +69,7 @@ def test_a_system_registry_entry_named_for_another_uid_is_owner(tmp_path):
     uid = os.lstat(tmp_path).st_uid
     entry = tmp_path / f"{uid + 1}-run-0123456789ab.json"
     entry.write_text("{}")
-    assert refusal(lambda: registry._read_entry(entry, uid, shared=True)).kind == "owner"
+    assert refusal(lambda: registry._read_entry(entry, os.lstat(entry), shared=True)).kind == "owner"
 
 
 # --- a caller that decided by the words now decides by the kind ------------------------------------------------------

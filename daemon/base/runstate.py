@@ -26,7 +26,6 @@ from typing import NamedTuple
 
 from minilmd import names
 from minilmd.daemon.base import timeline
-from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import (
     ChildInfo,
     LocalCheckpoint,
@@ -47,6 +46,7 @@ from minilmd.procs import (  # noqa: F401 - here too: callers and tests import t
     process_environ,
     process_start_ticks,
 )
+from minilmd.run_states import Phase, StagingState, SyncState
 from minilmd.untrusted import Unreadable, printable, read_json
 
 STATE_VERSION = 1

@@ -1,37 +1,16 @@
-"""The supervisor's phases and the transitions allowed between them, in one table, and the sub-states its parts
-report.
+"""The transitions allowed between the supervisor's phases, in one table, and the supervisor's own sub-states.
 
 Like supervisord's process states: the main loop is the only place that changes phase, and every change goes
 through `check_transition`, so a transition that is not in the table is a bug that fails loudly instead of a
-state nobody thought about. The sub-states (sync, staging, the restart policy's action, the cause of a trainer's
-death) are enums too; their values are the strings state.json, events.jsonl and `minilmd status` show. Torch-free.
+state nobody thought about. The phases and the sub-states state.json records (Phase, SyncState, StagingState, their
+base Named) live in minilmd/run_states.py, where the core reaches them too (Phase, imported here for the table, is
+that same enum when imported from here).
+The restart policy's action and the cause of a trainer's death are enums here; their values are the strings
+events.jsonl and `minilmd status` show. Torch-free.
 """
 from __future__ import annotations
 
-from enum import Enum
-
-
-class Named(str, Enum):
-    """A state whose value is the string written to state.json and shown by status; `str()` and f-strings give
-    that value, never `Class.MEMBER`."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Phase(Named):
-    WAITING_SCRATCH = "waiting_scratch"  # the launch, before its supervisor: no room to make scratch (scratchclaim.py)
-    WAITING_INIT = "waiting_init"  # init.from names another run that has not finished: polling its state.json
-    WAITING_GPU = "waiting_gpu"  # polling NVML until enough devices look free for stable_polls polls
-    STAGING = "staging"  # copying/verifying the prepared corpus into scratch (and fetching a remote checkpoint)
-    STARTING = "starting"  # the trainer is launched; no heartbeat from it yet
-    TRAINING = "training"  # the trainer's heartbeat is fresh
-    BACKOFF = "backoff"  # the trainer died; waiting before the next attempt
-    WAITING_SPACE = "waiting_space"  # a checkpoint did not fit in scratch: pruning, syncing, waiting for room
-    STOPPING = "stopping"  # the trainer finished, or a stop was asked (trainer told to save): the last sync
-    DONE = "done"  # the budget is reached (or stopped on request) and the newest checkpoint synced
-    FAILED = "failed"  # a final error: bad config or data, or the restart policy gave up
-
+from minilmd.run_states import Named, Phase
 
 FIRST_HEARTBEAT = "first heartbeat from attempt"
 """How the reason of the TRAINING phase begins (`first heartbeat from attempt 2 (step 447)`): how it began, which
@@ -108,29 +87,6 @@ def check_transition(current: Phase, new: Phase) -> str:
         return TRANSITIONS[(current, new)]
     except KeyError:
         raise IllegalTransition(f"no transition {current} -> {new} in daemon/base/states.py") from None
-
-
-class SyncState(Named):
-    """state.json "sync.state": the copy of checkpoints to run.remote (daemon/jobs/syncworker.py)."""
-
-    OFF = "off"  # no run.remote
-    IDLE = "idle"  # a remote, no sync yet
-    RUNNING = "running"  # a sync thread is copying
-    OK = "ok"  # the last sync verified (or found nothing to sync)
-    FAILED = "failed"  # the last sync failed; retried with backoff
-    STALLED = "stalled"  # a running sync moved no byte for longer than MINILMD_SYNC_STALLED_AFTER
-    UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/jobs/stagingworker.py)
-
-
-class StagingState(Named):
-    """state.json "staging.state": the corpus copy into scratch and the fetch of a remote checkpoint."""
-
-    NOT_STARTED = "not_started"
-    RUNNING = "running"  # copying and verifying the corpus
-    FETCHING = "fetching"  # staged; retrying the fetch of the newest remote checkpoint
-    WAITING_REMOTE = "waiting_remote"  # staged; the remote could not be read, the fetch is retried after a backoff
-    DONE = "done"
-    FAILED = "failed"
 
 
 class Action(Named):

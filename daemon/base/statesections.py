@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from minilmd.run_states import StagingState, SyncState
+
 _UNFIT = object()  # a value that does not fit a field's type
 
 
@@ -316,7 +318,7 @@ class Staging(Section):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        if self.state == "not_started" and self.progress is None:
+        if self.state == StagingState.NOT_STARTED and self.progress is None:
             del out["progress"]  # state.json has "progress" once staging has begun
         return out
 
@@ -435,7 +437,7 @@ class StateJson(Section):
         """Where the trainer resumes from once scratch lost its checkpoints ("local_gone"): the remote's newest (the
         step the last sync recorded, or one a sync finished after state.json's last write); the start with no
         remote. For `status` and the supervisor's event."""
-        if self.sync.state == "off":
+        if self.sync.state == SyncState.OFF:
             return "no remote holds a copy: the trainer starts from the beginning"
         remote = self.remote_checkpoint
         return (f"the trainer resumes from the remote's newest checkpoint (the last sync recorded step {remote.step})"

@@ -16,11 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import owned_by_me, user_words
+from minilmd.run_states import Phase, SyncState
 
 WRITE_EVERY_S = 5.0
 TEXTFILE_MODE = 0o644
@@ -111,7 +111,7 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     put("minilmd_restarts", sum(causes.values()), cause="all")
     for cause, n in sorted(causes.items()):
         put("minilmd_restarts", n, cause=cause)
-    if sync.get("state") != "off":
+    if sync.get("state") != SyncState.OFF:
         started = number((state.get("supervisor") or {}).get("started"))
         last_ok = number(sync.get("last_ok")) or number(remote.get("time")) or started
         put("minilmd_last_sync_timestamp_seconds", last_ok)

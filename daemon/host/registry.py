@@ -205,10 +205,11 @@ def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) 
 
 # --- reading ---------------------------------------------------------------------------------------------------
 
-def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
-    """The entry in path, owned by `owner`; Unreadable when it is not one, or does not agree with its name. In the
-    system registry an entry's name begins with its owner's uid: one of another uid is not read."""
-    if shared and _claimed_uid(path.name) != owner:
+def _read_entry(path: Path, st: os.stat_result, shared: bool) -> Entry:
+    """The entry in path, as lstat saw it (its owner); Unreadable when it is not one, or does not agree with its name.
+    In the system registry an entry's name begins with its owner's uid: one of another uid is not read."""
+    owner = st.st_uid
+    if shared and ((claimed := _claimed_uid(path.name)) is None or not owner_in(st, {claimed})):
         raise Unreadable(f"named for uid {printable(path.name.split('-', 1)[0])} but belongs to uid {owner}", path,
                          kind="owner")
     body = read_json(path, max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, owner=owner)
@@ -217,7 +218,7 @@ def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
         raise Unreadable("its name is not a run name", path)
     if not isinstance(run_dir, str) or not run_dir.startswith("/"):
         raise Unreadable("its run_dir is not an absolute path", path)
-    if type(uid) is not int or uid != owner:
+    if type(uid) is not int or not owner_in(st, {uid}):
         raise Unreadable(f"says uid {printable(repr(uid))} but belongs to uid {owner}", path)
     stem = entry_name(name, Path(run_dir), owner if shared else None)[:-len(ENTRY_SUFFIX)]
     rest = path.name[len(stem):-len(ENTRY_SUFFIX)] if path.name.startswith(stem) else None
@@ -229,9 +230,11 @@ def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
                  float(registered) if type(registered) in (int, float) else 0.0)
 
 
-def _run_dir_owner(run_dir: Path) -> int | None:
+def _run_dir_stat(run_dir: Path) -> os.stat_result | None:
+    """The registered run directory, followed (stat, not lstat: a link of the entry's owner to another user's run
+    directory must count as that user's, whom the entry does not speak for); None when it is not there."""
     try:
-        return os.stat(run_dir).st_uid
+        return os.stat(run_dir)
     except OSError:
         return None
 
@@ -255,23 +258,24 @@ def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -
             continue
         path = folder / file_name
         try:
-            owner = os.lstat(path).st_uid
+            st = os.lstat(path)
         except OSError:
             continue
-        if reader_uid != 0 and owner != reader_uid:
+        if reader_uid != 0 and not owner_in(st, {reader_uid}):
             continue  # another user's file under our name: never read
+        owner = st.st_uid
         per_user[owner] += 1
         if per_user[owner] > MAX_ENTRIES_PER_USER:
             continue
         try:
-            entry = _read_entry(path, owner, shared)
+            entry = _read_entry(path, st, shared)
         except Unreadable as e:
             unreadable[owner].append(f"{printable(file_name)} ({e.why})")
             continue
-        run_owner = _run_dir_owner(entry.run_dir)
-        if entry.uid != 0 and run_owner not in (None, entry.uid):
+        run_dir_st = _run_dir_stat(entry.run_dir)
+        if entry.uid != 0 and run_dir_st is not None and not owner_in(run_dir_st, {entry.uid}):
             notes.append(f"{printable(path)}: the entry of {user_words(entry.uid)} names a run directory of "
-                         f"{user_words(run_owner)} ({printable(entry.run_dir)}): ignored")
+                         f"{user_words(run_dir_st.st_uid)} ({printable(entry.run_dir)}): ignored")
             continue
         found.append(entry)
     for owner, whys in sorted(unreadable.items()):
@@ -343,7 +347,7 @@ def forget(target: str, as_dir: str | None = None) -> Forgotten:
     found = _all_entries(uid, [])
     by_dir = {(e.uid, str(e.run_dir)) for e in found if str(e.run_dir) == as_dir}
     by_name = {(e.uid, str(e.run_dir)): e for e in found if e.name == target and (e.uid, str(e.run_dir)) not in by_dir}
-    out = Forgotten(kept=[e for e in by_name.values() if _run_dir_owner(e.run_dir) is not None])
+    out = Forgotten(kept=[e for e in by_name.values() if _run_dir_stat(e.run_dir) is not None])
     runs = by_dir | {run for run, e in by_name.items() if e not in out.kept}
     for entry in found:
         if (entry.uid, str(entry.run_dir)) not in runs or entry.path.parent not in (user_dir(), system_dir()):

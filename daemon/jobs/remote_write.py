@@ -244,7 +244,7 @@ def _learning_place(root: str) -> Dir | None:
     this user's or that owner's and writable by its owner alone. Never another user's directory, nor one others
     may write (/tmp, a team's, nobody's 2775): before, the root was written into whoever owned it, and only then
     refused."""
-    if (uid := _foreign_owner(root)) is None or uid not in squash_uids():
+    if (foreign := _foreign_owner(root)) is None or not owner_in(foreign, squash_uids()):
         return None
     there = _nearest_there(root)
     try:
@@ -253,15 +253,16 @@ def _learning_place(root: str) -> Dir | None:
         return None
     with contextlib.suppress(OSError):
         st = os.fstat(opened.fd)
-        if (owned_by_me(st, also=OWN_UIDS) or owner_in(st, (uid,))) and not perms.others_can_write(st, opened.fd):
+        ours_or_its = owned_by_me(st, also=OWN_UIDS) or owner_in(st, (foreign.st_uid,))
+        if ours_or_its and not perms.others_can_write(st, opened.fd):
             return opened
     opened.close()
     return None
 
 
-def _foreign_owner(root: str) -> int | None:
-    """The owner of the first directory on the way to root (root included, when there) that is neither root's nor
-    in OWN_UIDS: read from the directories themselves, not from a refusal's words."""
+def _foreign_owner(root: str) -> os.stat_result | None:
+    """The first directory on the way to root (root included, when there) whose owner is neither root nor in
+    OWN_UIDS, as lstat saw it: read from the directories themselves, not from a refusal's words."""
     path = pathlib.PurePath(os.path.abspath(root))
     for here in [*reversed(path.parents), path]:
         try:
@@ -269,7 +270,7 @@ def _foreign_owner(root: str) -> int | None:
         except OSError:
             return None
         if not owned_by_me_or_root(st, also=OWN_UIDS):
-            return st.st_uid
+            return st
     return None
 
 

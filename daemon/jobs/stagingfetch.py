@@ -16,9 +16,9 @@ from typing import Any
 from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
-from minilmd.daemon.base.states import StagingState, SyncState
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import remotewait
+from minilmd.run_states import StagingState, SyncState
 
 
 class StagingFetch:

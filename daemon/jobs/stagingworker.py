@@ -30,7 +30,6 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.knobs import SYNC_STALLED_AFTER
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
-from minilmd.daemon.base.states import StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
@@ -42,6 +41,7 @@ from minilmd.daemon.jobs.stagingfetch import StagingFetch
 from minilmd.fsio import is_disk_full
 from minilmd.names import step_of
 from minilmd.roomwords import made_in, no_room, top_of
+from minilmd.run_states import StagingState, SyncState
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "probe source unreachable": "probe source reachable again",

@@ -26,12 +26,12 @@ from minilmd.backoff import SYNC_RETRY_FIRST_S, exponential
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
-from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.base.worker import Inbox, Worker, error_words
 from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
 from minilmd.fmt import fmt_mb as mb
 from minilmd.protocol import FINAL_SYNC_WAITING
+from minilmd.run_states import SyncState
 from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:

@@ -35,13 +35,14 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import reference_pass_rate
-from minilmd.daemon.base.states import FINAL_PHASES, Phase
+from minilmd.daemon.base.states import FINAL_PHASES
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.daemon.views.lastwords import no_state_row
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
+from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -155,7 +156,8 @@ def shown_phase(r: dict) -> str:
     reached); staging that waits for the remote is "staging: waiting_remote". The raw phase stays in --json's
     "phase"."""
     phase = str(r.get("phase"))
-    if phase == Phase.STAGING and r.get("staging_state") == "waiting_remote":  # scratch empty, the remote out of reach
+    # scratch empty, the remote out of reach
+    if phase == Phase.STAGING and r.get("staging_state") == StagingState.WAITING_REMOTE:
         return "staging: waiting_remote"  # waited for, never a start from step 0 (daemon/jobs/remotewait.py)
     if phase != Phase.DONE:
         return phase
@@ -184,11 +186,11 @@ def _cells(r: dict) -> list[str]:
         gpu = f"waiting {fmt_duration(r['gpu_waited_s'])}"
     else:
         gpu = "-"
-    if r.get("sync_state") == "off":
+    if r.get("sync_state") == SyncState.OFF:
         sync = "off"
     else:
         sync = f"{fmt_duration(r['last_sync_age_s'])} ago" if r.get("last_sync_age_s") is not None else "-"
-        if r.get("sync_state") in ("failed", "stalled", "unavailable"):
+        if r.get("sync_state") in SYNC_TROUBLE:
             sync += f" ({r['sync_state']})"
     return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
             f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", _eta_cell(r), gpu, sync,

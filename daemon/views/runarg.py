@@ -145,11 +145,13 @@ def _by_owner_rule(resolve: Callable[[Set[int]], Path]) -> Path:
                 raise next(iter(refusals.values())) from None
             raise
     if refusals:
+        from minilmd.perms import owner_in
+
         try:
-            owner = os.lstat(found).st_uid  # a real path: its own owner, no link's
+            reached: os.stat_result | None = os.lstat(found)  # a real path: its own owner, no link's
         except OSError:
-            owner = None
-        if wrong := [e for uid, e in refusals.items() if uid != owner]:
+            reached = None
+        if wrong := [e for uid, e in refusals.items() if reached is None or not owner_in(reached, {uid})]:
             raise wrong[0]
     return found
 
@@ -303,26 +305,27 @@ def _there(run_dir: Path, name: str, dir_fd: int | None) -> bool:
 def not_yours_line(run_dir: Path, owner: int, doing: str) -> str | None:
     """What `stop` and `forget` say before they act on a run of another user's (root's on a user's run): the run
     directory and its owner, so that no one acts on a run without being told whose it is. None for the caller's."""
-    from minilmd.perms import own_uid, user_words
+    from minilmd.perms import is_own_uid, own_uid, user_words
 
-    if owner == own_uid():
+    if is_own_uid(owner):
         return None
     return f"{printable(run_dir)}: a run directory of {user_words(owner)}, not yours, {user_words(own_uid())}: {doing}"
 
 
 def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
     """A run directory we cannot look into: another user's (named, from the directory's own lstat) or ours."""
-    from minilmd.perms import own_uid, user_words
+    from minilmd.perms import own_uid, owned_by_me, user_words
 
     why = error.strerror or str(error)
     try:
-        owner: int | None = os.lstat(run_dir).st_uid
+        st = os.lstat(run_dir)
     except OSError:
-        owner = None
+        st = None
     me = own_uid()
     shown = printable(run_dir)
-    if owner is None or owner == me:
+    if st is None or owned_by_me(st):
         return RunProblem(f"{shown}: cannot be read ({why})", CANNOT_READ)
+    owner = st.st_uid
     then = ("nothing signalled; " if command == "stop" else "") + f"{user_words(owner)} can `minilmd {command}` it"
     return RunProblem(f"{shown}: a directory of {user_words(owner)}, not yours, {user_words(me)}, that only "
                       f"its owner may read ({why}; a run's default run.share = \"private\" makes it so): {then}",

@@ -21,7 +21,7 @@ from minilmd import names, protocol
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
-from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
+from minilmd.daemon.base.states import FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines
@@ -34,6 +34,7 @@ from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
+from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
 from minilmd.untrusted import printable
 
 
@@ -202,14 +203,15 @@ def _gone(path: str) -> bool:
 def _checkpoints_line(state: StateJson, t: float) -> str:
     """The local checkpoint, the remote one and the sync between them."""
     local, remote, sync = state.local_checkpoint, state.remote_checkpoint, state.sync
-    if state.staging.state in ("fetching", "waiting_remote"):  # scratch holds none (metrics.jsonl's is gone)
+    # scratch holds none (metrics.jsonl's is gone)
+    if state.staging.state in (StagingState.FETCHING, StagingState.WAITING_REMOTE):
         local = None
     line = "  local checkpoint: " + (
         f"step {local.step} ({'fetched from the remote ' if local.fetched else ''}"
         f"{_ago(t, local.time)})" if local and local.time else "none")
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
-    if sync.state == "off":  # where the only copy is: a scratch in /dev/shm is lost at a reboot
+    if sync.state == SyncState.OFF:  # where the only copy is: a scratch in /dev/shm is lost at a reboot
         if local and local.path and _gone(local.path):
             return line + (f"   remote: none configured (checkpoints only in scratch, and the newest, {local.path}, "
                            f"is gone: lost with scratch)")
@@ -219,9 +221,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
                              f"{'verified' if remote.verified else 'NOT verified'})"
                              if remote and remote.time else "none")
     line += f"   sync: {sync.state}"
-    if sync.error and sync.state in ("failed", "stalled", "unavailable"):
+    if sync.error and sync.state in SYNC_TROUBLE:
         line += f" ({sync.error})"
-    elif sync.progress and sync.state == "running":
+    elif sync.progress and sync.state == SyncState.RUNNING:
         line += f", {sync.progress}"
     return line
 
@@ -233,7 +235,7 @@ def _staging_lines(staging: Staging) -> list[str]:
     if staging.unreachable_since is not None:
         return [f"  {staging.waiting or 'init source unreachable'} since {fmt_time(staging.unreachable_since)}, "
                 f"retrying ({staging.unreachable})"]
-    if staging.state in ("done", "not_started"):
+    if staging.state in (StagingState.DONE, StagingState.NOT_STARTED):
         return []
     prog = f" {staging.progress}" if staging.progress is not None else ""
     return [f"  staging: {staging.state}{prog}" + (f" ({staging.error})" if staging.error else "")]

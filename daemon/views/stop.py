@@ -19,7 +19,6 @@ from minilmd import names, procs, protocol, run_owner
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
-from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
@@ -28,6 +27,7 @@ from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
+from minilmd.run_states import SyncState
 from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
 

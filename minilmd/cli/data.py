@@ -8,7 +8,15 @@ from __future__ import annotations
 import typer
 
 from minilmd.corpus.cli_options import force_option, group_share_option
-from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, out_error_exit, prepare_exits
+from minilmd.corpus.exits import (
+    COMMAND_FAILED,
+    COUNT_FOUND,
+    EXIT_CONFIG,
+    data_error_exit,
+    interruptible,
+    out_error_exit,
+    prepare_exits,
+)
 
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
@@ -143,7 +151,7 @@ def count_command(
             raise data_error_exit(e) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
     if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
-        raise typer.Exit(1)
+        raise typer.Exit(COUNT_FOUND)
 
 
 @commands.command("demo-corpus")
@@ -191,7 +199,7 @@ def demo_corpus_command(
                                                group_share=group_share))
     except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(COMMAND_FAILED) from None
     except OutTaken as e:  # tokenizer train's words, a line for each file
         for taken in e.taken:
             typer.echo(f"demo-corpus: {taken}; nothing written", err=True)

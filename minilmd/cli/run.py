@@ -51,7 +51,7 @@ def run_command(
         from minilmd import scratch_root
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
-        from minilmd.protocol import SUPERVISOR_CONFIG
+        from minilmd.protocol import SUPERVISOR_CONFIG, SUPERVISOR_RETRY
 
         start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
@@ -61,7 +61,7 @@ def run_command(
             raise typer.Exit(SUPERVISOR_CONFIG) from None
         except scratch_root.RecordUnreadable as e:  # not the config's fault, and no default root guessed instead
             typer.echo(f"{config}: where the run's scratch is cannot be known now: {e}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(SUPERVISOR_RETRY) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         from minilmd.corpus_meta import read_corpus_meta
         from minilmd.plan.budget import budget_line, lr_line, planned

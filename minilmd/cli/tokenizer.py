@@ -7,7 +7,15 @@ from __future__ import annotations
 import typer
 
 from minilmd.corpus.cli_options import force_option, group_share_option
-from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, io_error_exit, out_dir_of, out_error_exit
+from minilmd.corpus.exits import (
+    COMMAND_FAILED,
+    EXIT_CONFIG,
+    data_error_exit,
+    interruptible,
+    io_error_exit,
+    out_dir_of,
+    out_error_exit,
+)
 from minilmd.names import TOKENIZER_FILE
 
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a tokenizer.")
@@ -80,7 +88,7 @@ def tokenizer_train_command(
             raise io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
         except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
             typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(COMMAND_FAILED) from None
     bad.log_skipped(lambda line: typer.echo(line, err=True), tokenizer_hint(bad))  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is None and (found := found_beside(Path(out))):  # not this one's: prepare will say so too

@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from minilmd.corpus.cli_options import force_option, group_share_option
-from minilmd.corpus.exits import EXIT_CONFIG, interruptible
+from minilmd.corpus.exits import COMMAND_FAILED, EXIT_CONFIG, interruptible
 
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
@@ -69,7 +69,7 @@ def verify_command(
     else:
         for line in report_lines(report):
             typer.echo(line)
-    raise typer.Exit(0 if report["ok"] else 1)
+    raise typer.Exit(0 if report["ok"] else COMMAND_FAILED)
 
 
 CHECKPOINT_HELP = ("A step-XXXXXXXX checkpoint directory, a directory with LATEST, or a run directory (the "
@@ -120,7 +120,8 @@ def sample(
                                        top_k, seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
-        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
+        # ExportError's own: 2 for another vocabulary
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else COMMAND_FAILED) from None
     from minilmd.untrusted import printable
 
     typer.echo(printable(prompt + text, lines=True))  # a tokenizer from elsewhere may decode to terminal escapes
@@ -161,7 +162,8 @@ def chat_command(
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
-        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
+        # ExportError's own: 2 for another vocabulary
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else COMMAND_FAILED) from None
 
 
 @commands.command()

@@ -77,6 +77,7 @@ def plot_command(
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.runarg import opened_run
     from minilmd.dirfd import PlaceRefused
+    from minilmd.protocol import COMMAND_FAILED, EXIT_CONFIG
     from minilmd.untrusted import printable
 
     with contextlib.ExitStack() as held:
@@ -89,15 +90,15 @@ def plot_command(
             summary = plot(runs, out, x=x, title=title or None, group_share=group_share)
         except PlotUnavailable as e:
             typer.echo(f"minilmd plot: {e}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(COMMAND_FAILED) from None
         except PlaceRefused as e:
             typer.echo(f"minilmd plot: {e}; nothing written", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_CONFIG) from None
         except OSError as e:
             raise out_error_exit(e, "minilmd plot", out_dir_of(out), f"nothing written ({out} is as it was)") from None
         except ValueError as e:
             typer.echo(f"minilmd plot: {e}", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_CONFIG) from None
     for problem in summary.unreadable:
         typer.echo(f"minilmd plot: {printable(problem)}", err=True)
     for left_out in summary.not_drawn:  # another timeline in the run.dir: the current lineage alone is drawn

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 import typer
 
 from minilmd.fsio import is_disk_full, no_inode_left
-from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
+from minilmd.protocol import COMMAND_FAILED, COUNT_FOUND, EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
 
-__all__ = ["EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
+__all__ = ["COMMAND_FAILED", "COUNT_FOUND",
+           "EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
            "out_error_exit",
            "io_error_exit", "prepare_exits"]
 

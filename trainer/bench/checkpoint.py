@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from minilmd.protocol import COMMAND_FAILED
+
 
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -70,7 +72,7 @@ def main(out_dir: str | None = None, hidden: int = 768, layers: int = 8, repeats
     except OSError as e:
         print(f"bench checkpoint: no directory can be made in {out_dir or 'the default place'}: {e.strerror or e}; "
               f"nothing was written", file=sys.stderr)
-        return 1
+        return COMMAND_FAILED
     print(f"model {hidden} x {layers}: {model.num_parameters():,} parameters; {repeats} saves per method into {out}; "
           f"torch threads {torch.get_num_threads()}", flush=True)
     try:

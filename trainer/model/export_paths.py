@@ -24,7 +24,7 @@ from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Repla
 from minilmd.dirpublish import publish
 from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry
 from minilmd.names import aside_name, export_tmp_maker, export_tmp_name, old_export_tmp_name
-from minilmd.protocol import EXIT_CONFIG, EXIT_IO
+from minilmd.protocol import COMMAND_FAILED, EXIT_CONFIG, EXIT_IO
 from minilmd.untrusted import Unreadable, holds_any
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class ExportError(ValueError):
     """A checkpoint that cannot be read or a destination that cannot be written; the message says which file."""
 
-    exit_status = 1
+    exit_status = COMMAND_FAILED
 
 
 class OutRefused(ExportError):

@@ -37,6 +37,7 @@ from minilmd.names import (
     TRAINER_STATE,
     TRAINER_STATE_MAX_BYTES,
 )
+from minilmd.protocol import EXIT_CONFIG
 from minilmd.trainer.model.export_paths import ExportError, read_explicit
 from minilmd.trainer.model.export_source import resolve_checkpoint
 from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
@@ -159,7 +160,7 @@ class TokenizerMismatch(ExportError):
     """A --tokenizer whose vocabulary is not the model's: a usage error (exit 2). Its ids name other pieces of text
     than the model learnt, so what it decodes is mojibake, never an error of its own."""
 
-    exit_status = 2
+    exit_status = EXIT_CONFIG
 
 
 def _check_vocab(path: Path, data: bytes, state: dict | None) -> None:

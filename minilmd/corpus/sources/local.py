@@ -51,10 +51,10 @@ def real_source(path: str | os.PathLike) -> tuple[Path, Set[int]]:
             refusals[e.owner] = e
     if refusals:
         with contextlib.suppress(OSError):
-            owner = os.lstat(real).st_uid  # a real path: its own owner, no link's
-            refusals = {uid: e for uid, e in refusals.items() if uid != owner}
+            reached = os.lstat(real)  # a real path: its own owner, no link's
+            refusals = {uid: e for uid, e in refusals.items() if not owner_in(reached, {uid})}
             if not refusals:
-                return real, frozenset({owner})
+                return real, frozenset({reached.st_uid})
         first = next(iter(refusals.values()))
         raise _refused(path, first, real)
     return real, frozenset()
