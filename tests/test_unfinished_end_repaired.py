@@ -24,8 +24,6 @@ from minilmd.init_source import Predecessor, predecessor_report
 from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.fuse]
-
 LORA = {"rank": 4, "alpha": 8.0}
 
 
@@ -58,6 +56,8 @@ def _relaunched_whole(config: Path, tmp_path: Path, remote: Path, lora: bool) ->
     assert "run is done (step 30/30" in cli("run", "--check", str(config)).stdout  # whole now: done
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_lost_latest_rename_then_a_reboot_is_repaired_by_the_restart(tmp_path, corpus, faultfs):
     remote = faultfs.root / "remote"
     config = write_config(tmp_path, corpus, name="lost", remote=False, run={"remote": str(remote)})
@@ -77,6 +77,8 @@ def test_a_lost_latest_rename_then_a_reboot_is_repaired_by_the_restart(tmp_path,
     assert report.outcome == "done", report  # the stage after it goes on
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_lora_base_push_that_failed_is_made_by_the_restart(tmp_path, corpus, faultfs):
     remote = faultfs.root / "remote"
     base = _fake_pth(tmp_path / "share" / "base.pth")
@@ -93,6 +95,8 @@ def test_a_lora_base_push_that_failed_is_made_by_the_restart(tmp_path, corpus, f
     _relaunched_whole(config, tmp_path, remote, lora=True)
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_lora_base_push_on_a_full_remote_waits_for_room_and_ends_finished(tmp_path, corpus, faultfs):
     remote = faultfs.root / "remote"
     base = _fake_pth(tmp_path / "share" / "base.pth")
@@ -118,3 +122,26 @@ def test_a_lora_base_push_on_a_full_remote_waits_for_room_and_ends_finished(tmp_
     assert _ended(cfg.run_dir) == protocol.ENDED_FINISHED
     assert (remote / "init" / names.INIT_RECORD).is_file() and _latest(remote) == "step-00000030"
     assert "run is done (step 30/30" in cli("run", "--check", str(config)).stdout
+
+
+@pytest.mark.parametrize("outcome, latest, done", [
+    ({"exit": 0, "phase": "done", "reason": "the run finished"}, "step-00000030", True),  # an older version's file
+    ({"exit": 0, "phase": "done", "reason": "the run finished", "ended": "finished"}, "step-00000030", True),
+    ({"exit": 0, "phase": "done", "reason": "the run finished", "ended": "finished"}, "step-00000020", False),
+    ({"exit": 1, "phase": "failed", "reason": "finished, but ...", "ended": "failed"}, "step-00000030", False),
+    (None, "step-00000030", False),  # its supervisor killed before it wrote how it ended
+])
+def test_done_is_a_finished_record_and_a_whole_remote(tmp_path, corpus, outcome, latest, done):
+    from minilmd.daemon.base.runstate import new_state
+    from minilmd.daemon.jobs.rundone import done_line
+    from minilmd.fsio import atomic_write_json
+
+    cfg = load_config(write_config(tmp_path, corpus, name="rec"))
+    remote = Path(cfg.run.remote)
+    (remote / "step-00000030").mkdir(parents=True)
+    (remote / names.LATEST).write_text(latest + "\n")
+    cfg.run_dir.mkdir(parents=True)
+    body = new_state("rec", cfg.run_dir, str(cfg.source))
+    body.update(phase=(outcome or {}).get("phase", "training"), outcome=outcome)
+    atomic_write_json(cfg.run_dir / names.STATE, body)
+    assert bool(done_line(cfg, 30, f"remote: {remote / 'step-00000030'}")) is done
