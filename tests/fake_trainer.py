@@ -48,7 +48,7 @@ import numpy as np
 from minilmd import fsio, names, perms, protocol
 from minilmd.config import ConfigError, load_config
 from minilmd.config_values import parse_duration
-from minilmd.model_shapes import expected_state_shapes
+from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 
 STOP = {"requested": False}
 RUN_DIR = {"full": False}  # FAKE_RUN_DIR_FULL: a write into run.dir found no room
@@ -72,6 +72,11 @@ def fingerprints(prepared: Path) -> dict:
         return {"data": None, "tokenizer": None}
 
 
+def shapes_of(cfg) -> dict:
+    """The tensors a checkpoint of this config holds: a LoRA run's are its adapters alone, as the trainer saves."""
+    return expected_adapter_shapes(cfg.model, cfg.lora) if cfg.lora.enabled else expected_state_shapes(cfg.model)
+
+
 def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> Path:
     from safetensors.numpy import save_file
 
@@ -80,7 +85,7 @@ def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> P
     tmp = root / f".tmp-{name}-{os.getpid()}"
     tmp.mkdir()
     tensors = {k: np.full(shape, (weights % 1000) / 1000.0, dtype=np.float32)
-               for k, shape in expected_state_shapes(cfg.model).items()}
+               for k, shape in shapes_of(cfg).items()}
     save_file(tensors, str(tmp / "model.safetensors"))
     save_file({}, str(tmp / "optimizer.safetensors"))
     for made in ("model.safetensors", "optimizer.safetensors"):  # born 0600: the run's policy, as the real trainer's

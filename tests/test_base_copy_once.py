@@ -34,7 +34,7 @@ class Counting(LocalRemote):
 
 
 def push(remote: Counting, staged: Path) -> tuple[int, str | None]:
-    return basecopy.push_or_say(remote, staged, "h", 1, taken=lambda found, fresh: None)
+    return basecopy.push_or_say(remote, staged, "h", 1, taken=lambda found, fresh: None)[:2]  # the error aside
 
 
 def test_a_push_reads_the_remote_once_and_says_what_it_found(tmp_path):

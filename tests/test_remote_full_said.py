@@ -3,7 +3,7 @@
 Observed before (a 12 MB tmpfs remote, 6.9 MB checkpoints, sync.every = 10s): the first sync worked; then every 10 s
 `sync failed (sync to ... failed: [Errno 28] No space left on device); retry in 10s`, for minutes, and only the last
 sync said `remote full (needs 6.9 MB, free 5.7 MB)`, never why a remote that took one checkpoint had no room for the
-next. Now every sync says it in the last sync's words (SyncWorker._remote_full), once when the remote becomes full,
+next. Now every sync says it in the last sync's words (remote_full_words.full_words), once when the remote becomes full,
 then as a reminder every REMOTE_FULL_REMIND_S, with the rule: the new checkpoint is copied in full before the oldest
 is removed (daemon/jobs/sync.py), so the remote must hold sync.keep + 1 of them.
 """

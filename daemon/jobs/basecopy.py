@@ -34,7 +34,7 @@ from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, same_source
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES, sync_tmp_name
 from minilmd.shared_place import Place
@@ -75,18 +75,45 @@ def on_remote(remote: RemoteStore, staged: Path) -> bool:
     return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
+def staged_bytes(staged: Path) -> int | None:
+    """The bytes of a staged base's files (what its copy needs on the remote); None when they cannot be read."""
+    try:
+        return sum((staged / rel).stat().st_size for rel in _recorded(staged))
+    except (OSError, ValueError, KeyError, TypeError, BaseCopyError):  # Unreadable is a ValueError
+        return None
+
+
+def copy_in_place(remote: RemoteStore, staged: Path | None, trained_on: dict | None) -> bool:
+    """Whether `<remote>/init` holds the LoRA base's copy, as a finished run's remote must (daemon/jobs/rundone.py):
+    this staged base's (on_remote) while scratch holds it, else a copy whose record reads as one and is of the base
+    the run's newest checkpoint records (`trained_on`; any base's, when no checkpoint in scratch says)."""
+    if staged is not None and (staged / INIT_RECORD).is_file():
+        with contextlib.suppress(OSError, ValueError, BaseCopyError):  # a staged base damaged: the record decides
+            return on_remote(remote, staged)
+    found = _remote_record(remote)
+    if not isinstance(found, bytes):
+        return False
+    try:
+        record = parse_record(found, remote.show(REMOTE_BASE, INIT_RECORD))
+    except Unreadable:
+        return False
+    return trained_on is None or same_source(trained_on, record)
+
+
 def push_or_say(remote: RemoteStore, staged: Path, host: str, pid: int, taken,
-                passes: tuple[type[BaseException], ...] = ()) -> tuple[int, str | None]:
-    """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does); a copy
-    that fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too.
-    `passes`: what is raised on, not said (the sync's SyncAbandoned: the whole sync stops there)."""
+                passes: tuple[type[BaseException], ...] = ()) -> tuple[int, str | None, BaseException | None]:
+    """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does, the error
+    the copy failed with: None when it did not); a copy that fails (an OSError, a backend error, BaseCopyError: all
+    "try again at the next sync") is such a why too, and its error tells a full remote (ENOSPC, EDQUOT: the last
+    sync waits for room) from any other. `passes`: what is raised on, not said (the sync's SyncAbandoned: the whole
+    sync stops there)."""
     try:
         pushed = push_found(remote, staged, host, pid, taken)
     except passes:
         raise
     except Exception as e:  # noqa: BLE001
-        return 0, f"the LoRA base not copied to {remote.show(REMOTE_BASE)} ({type(e).__name__}: {e})"
-    return pushed.nbytes, pushed.missing
+        return 0, f"the LoRA base not copied to {remote.show(REMOTE_BASE)} ({type(e).__name__}: {e})", e
+    return pushed.nbytes, pushed.missing, None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,9 @@ class Syncer(CopyUp, Fetcher):
         self.base_problem: str | None = None
         """Why the remote holds no copy of a LoRA run's base after the last sync (None: it does, or no LoRA base):
         the run does not end `done` while it says something (SyncWorker.final_sync)."""
+        self.base_full: RemoteFull | None = None
+        """The base's push found the remote full (ENOSPC, EDQUOT: its free bytes, its inodes when none is left), at
+        the latest sync; None otherwise: the last sync waits for room then, as for a checkpoint's copy."""
         self.copying: Path | None = None
         """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
         from another thread: it must not delete it)."""
@@ -253,8 +256,11 @@ class Syncer(CopyUp, Fetcher):
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
         self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
-        nbytes, self.base_problem = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
-                                                         taken=self._base_taken, passes=(SyncAbandoned,))
+        nbytes, self.base_problem, error = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
+                                                                taken=self._base_taken, passes=(SyncAbandoned,))
+        self.base_full = RemoteFull(self.base_problem or "", self.remote.free(), self.remote.inodes_if_none_left(),
+                                    basecopy.staged_bytes(self.base)) if error is not None and is_disk_full(error) \
+            else None
         if self.base_problem:  # the checkpoints are synced all the same
             self._once(("base", self.base_problem), f"sync: the LoRA base has no durable copy: {self.base_problem}; "
                                                     f"tried again at each sync: the run does not end done without it")

@@ -26,11 +26,12 @@ class SyncAbandoned(SyncError):
 
 class RemoteFull(SyncError):
     """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown);
-    `inodes`: the remote's inode count when none is left for a new file (what ran out: not bytes), else None."""
+    `inodes`: the remote's inode count when none is left for a new file (what ran out: not bytes), else None;
+    `needs`: the bytes the copy needs, when the raiser knows (a LoRA base's copy: its staged files), else None."""
 
-    def __init__(self, message: str, free: int | None, inodes: int | None = None):
+    def __init__(self, message: str, free: int | None, inodes: int | None = None, needs: int | None = None):
         super().__init__(message)
-        self.free, self.inodes = free, inodes
+        self.free, self.inodes, self.needs = free, inodes, needs
 
 
 @dataclass

@@ -28,6 +28,7 @@ from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.base.worker import Inbox, Worker, error_words
+from minilmd.daemon.jobs.remote_full_words import full_why, full_words
 from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
 from minilmd.fmt import fmt_mb as mb
 from minilmd.protocol import FINAL_SYNC_WAITING
@@ -42,6 +43,7 @@ FINAL_SYNC_TRIES = 3
 FINAL_STALL_PATIENCE = 2
 """The last sync is given up on once nothing moved (no byte, no answer) for this many times the stall limit; a slow
 one that moves is waited for, however long it takes."""
+BASE_COPY = "the LoRA base's copy"
 REMOTE_FULL_REMIND_S = 600.0
 """A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 ROOM_FOR = 2
@@ -94,6 +96,7 @@ class SyncWorker:
         self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.remote_inodes: int | None = None  # the remote's inode count when none was left (what ran out)
+        self.full_of = ""  # what found the remote full, when not a checkpoint: "the LoRA base's copy"
         self.full_said_at: float | None = None  # when `remote_full` was last said; None: not full when last tried
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits (room, the owner record), its latest try's: the phase's reason
@@ -159,7 +162,8 @@ class SyncWorker:
         is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
         a stall: nothing moved for FINAL_STALL_PATIENCE x the stall limit, no Syncer). A slow sync that moves is
         waited for, however long. A sync already running when the stop came is waited for, then one more is made:
-        the trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
+        the trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT: on a checkpoint's
+        copy, or on a LoRA run's base's, which fails a try though the checkpoints synced: _base_unsaved), with
         `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
         retry backoff of a sync during the run, for as long as it takes, and `room_wait` says so (the loop makes it
         the stopping phase's reason). A sync refused by run.remote's owner record (`not_ours`: another user's file,
@@ -275,28 +279,6 @@ class SyncWorker:
                 f"({self.cfg.checkpoint_dir}) and nothing is written to the remote; once the record is this run's "
                 f"again (or gone: the next sync claims the remote again), the syncs go on")
 
-    def _remote_full(self) -> str:
-        """The one wording of a full remote, with the numbers of its latest try: every sync's, the last sync's."""
-        needs, free = self.remote_full or (None, None)
-        if self.remote_inodes is not None:  # bytes to spare: freeing bytes would not help
-            return f"remote full: no inode left for a new file ({self.remote_inodes:,} in all; {mb(free)} free)"
-        return f"remote full (needs {mb(needs)}, free {mb(free)})"
-
-    def _remote_full_why(self) -> str:
-        """Why a remote that took one checkpoint may have no room for the next: the rule of sync.py (copied in
-        full, then LATEST, then retention)."""
-        keep = self.cfg.sync.keep
-        needs = (self.remote_full or (None, None))[0]
-        total = f", about {mb((keep + 1) * needs)} in all" if needs else ""
-        if self.remote_inodes is not None:
-            return (f"{self.cfg.run.remote}'s file system has no inode left: a checkpoint needs a few new files and "
-                    f"directories; remove files there (any of its users') or ask for more inodes; the checkpoints "
-                    f"stay in scratch ({self.cfg.checkpoint_dir}) meanwhile")
-        return (f"{self.cfg.run.remote} must hold a new checkpoint beside the ones it keeps (up to sync.keep = {keep} "
-                f"of this run's): the new one is copied in full before the oldest is removed, so room for {keep + 1} "
-                f"checkpoints{total}; free space there or lower sync.keep; the checkpoints stay in scratch "
-                f"({self.cfg.checkpoint_dir}) meanwhile")
-
     def _say_remote_full(self, retry: float, error: BaseException) -> None:
         """A sync that found the remote full: said when the remote becomes full, then every REMOTE_FULL_REMIND_S,
         not at every retry (status and state.json have the numbers of the latest try)."""
@@ -304,12 +286,13 @@ class SyncWorker:
             return
         still = f"still, {self.failures} syncs in a row: " if self.full_said_at is not None else ""
         self.full_said_at = now()
-        self.emit("sync", f"{still}{self.state.sync.error}; {self._remote_full_why()}; "
+        why = full_why(self.cfg, self.remote_full, self.remote_inodes)
+        self.emit("sync", f"{still}{self.state.sync.error}; {why}; "
                           f"{self._next_try(retry, error)}, said again in {REMOTE_FULL_REMIND_S / 60:.0f} min if "
                           f"it stays full")
 
     def _wait_for_room(self) -> None:
-        reason = f"{FINAL_SYNC_WAITING}{self._remote_full()}"
+        reason = f"{FINAL_SYNC_WAITING}{full_words(self.remote_full, self.remote_inodes, self.full_of)}"
         if not self.waited_for_room:
             self.waited_for_room = True
             self.emit("sync", f"{reason}: the last sync is tried again until it fits, no try counts; the "
@@ -360,8 +343,8 @@ class SyncWorker:
             said = error_words(worker.error)
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-                self.remote_inodes = worker.error.inodes
-                said = f"{self._remote_full()}: {said}"
+                self.remote_inodes, self.full_of = worker.error.inodes, ""
+                said = f"{full_words(self.remote_full, self.remote_inodes, self.full_of)}: {said}"
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")
             self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
@@ -373,7 +356,10 @@ class SyncWorker:
             self.emit("sync", f"{what}; {self._next_try(retry, worker.error)}")
             return
         result = worker.result
-        self.failures, self.failing_since, self.not_ours, self.full_said_at = 0, None, "", None
+        base_unsaved = bool(self.final_tries or self.waited_for_room or self.claim_wait_said) and self._base_problem()
+        if not base_unsaved:  # else a failed try all the same (_base_unsaved): its backoff and words go on
+            self.failures, self.failing_since, self.full_said_at = 0, None, None
+        self.not_ours = ""
         self.next_at = now() + every
         sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)
@@ -389,6 +375,28 @@ class SyncWorker:
             self.healthy_since = now()
             self._prune(protect=[self.cfg.checkpoint_dir / names.step_name(step)],
                         why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
+        if base_unsaved:
+            self._base_unsaved(base_unsaved)
+
+    def _base_unsaved(self, problem: str) -> None:
+        """A last sync whose checkpoints are synced but not a LoRA run's base (Syncer.base_problem) is a failed try,
+        retried at the retry backoff: its push's ENOSPC or EDQUOT is a full remote, waited for as a checkpoint's
+        (final_sync's wait_for_room); any other cause counts among the FINAL_SYNC_TRIES. Before, the run ended
+        failed at the first such try, and no restart tried again (daemon/jobs/rundone.py called it done)."""
+        full: RemoteFull | None = getattr(self.syncer, "base_full", None)
+        self.failures += 1
+        retry = exponential(SYNC_RETRY_FIRST_S, self.failures, cap_s=self.cfg.sync.every_s)
+        self.next_at = now() + retry
+        sync = self.state.sync
+        sync.state, sync.error = SyncState.FAILED, problem
+        if full is not None:
+            self.remote_full, self.remote_inodes, self.full_of = (full.needs, full.free), full.inodes, BASE_COPY
+            sync.error = f"{full_words(self.remote_full, self.remote_inodes, self.full_of)}: {problem}"
+        self.state.record_error(f"sync failed: {sync.error}")
+        if full is None or self.full_said_at is None or now() - self.full_said_at >= REMOTE_FULL_REMIND_S:
+            self.full_said_at = now() if full is not None else None
+            self.emit("sync", f"the last sync copied the checkpoints, not the LoRA base: {sync.error}; "
+                              f"{self._next_try(retry, full or RuntimeError(problem))}")
 
     # --- pruning scratch --------------------------------------------------------------------------------------------
     def newest_size(self) -> int | None:
