@@ -39,7 +39,7 @@ class StagingFetch:
     fetched_why: str
     unlooked: str
     set_aside: tuple[str, ...]
-    fetch_set_aside: tuple[str, ...]
+    fetch_set_aside: tuple[str, ...] = ()
     remote_newer: int | None
     fetch_full: bool
     awaiting_remote: Path | None
