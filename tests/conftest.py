@@ -98,6 +98,14 @@ def signals_sent_through_procs():
     assert not found, "a signal sent outside minilmd/procs.py:\n" + "\n".join(found)
 
 
+@pytest.fixture(autouse=True)
+def fetch_reads_again_without_pause(monkeypatch):
+    """A fetch in this process reads a remote checkpoint that does not verify again at once, not after its pauses
+    (daemon/jobs/fetch.py READ_AGAIN_AFTER_S: seconds each a test of a damaged checkpoint would wait for nothing);
+    a supervisor in a process of its own pauses as in use (tests/test_remote_read_again.py)."""
+    monkeypatch.setattr("minilmd.daemon.jobs.fetch.READ_AGAIN_AFTER_S", (0.0, 0.0))
+
+
 def in_order(root: Path, paths: list) -> None:
     """Keeps the order a builder returned its files in (tokenizer training and prepare read them in that order)."""
     (root / "order.txt").write_text("\n".join(Path(p).name for p in paths), encoding="utf-8")

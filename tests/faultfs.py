@@ -21,7 +21,9 @@ A rule is a dict: {"id": int, "op": NAME, "glob": GLOB, "action": ACTION, ...}
 - action "stall" + "seconds": the operation sleeps first, then proceeds. It stops sleeping early when the rule
   disappears from the control file, so clearing the rules releases stalled callers.
 - action "shrink" + "size": getattr reports at most `size` bytes and reads past it return no data, like an NFS
-  client after an attribute refresh saw a truncated file.
+  client after an attribute refresh saw a truncated file. Optional "opens": N: a matching file shows so only until
+  its (N+1)-th open since the rule came (an NFS client's stale cache, revalidated at an open): a transient short read
+  that a fresh open of the file no longer sees.
 - action "drop": rename returns success and does nothing (matched against the old or the new path).
 
 The loop is multithreaded, so a stalled operation does not block the rest of the mount. Attribute and entry
@@ -167,6 +169,8 @@ class FaultFilesystem:
         self.rulebook = rules
         self.direct_io = direct_io
         self.squash_uid = squash_uid
+        self._opens: dict[tuple[str, str], int] = {}  # (shrink rule, path) -> its opens, for a rule's "opens"
+        self._opens_lock = threading.Lock()
 
     def _squash(self, path: str) -> None:
         """What is made here belongs to squash_uid, as an NFS server with root_squash makes root's files nobody's."""
@@ -204,6 +208,8 @@ class FaultFilesystem:
     def _shrunk_size(self, path: str) -> int | None:
         # A shrink rule is about the file, not one operation: it applies to getattr and read alike.
         rules = [r for r in self.rulebook.rules() if r["action"] == "shrink" and glob_matches(r["glob"], path)]
+        with self._opens_lock:  # a rule with "opens" is over for a file opened more often than that
+            rules = [r for r in rules if self._opens.get((_key(r), path), 0) <= int(r.get("opens", 1 << 62))]
         if not rules:
             return None
         rule = min(rules, key=lambda r: int(r["size"]))
@@ -316,6 +322,10 @@ class FaultFilesystem:
     # -- data --
     def open(self, path, flags):
         self._apply("open", path)
+        with self._opens_lock:
+            for rule in self.rulebook.rules():
+                if rule["action"] == "shrink" and "opens" in rule and glob_matches(rule["glob"], path):
+                    self._opens[(_key(rule), path)] = self._opens.get((_key(rule), path), 0) + 1
         return os.open(self._real(path), flags)
 
     def create(self, path, mode, flags):

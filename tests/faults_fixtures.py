@@ -130,8 +130,11 @@ class FaultMount:
     def stall(self, path_glob: str, seconds: float, op: str = "read") -> int:
         return self.add_rule(op, path_glob, "stall", seconds=float(seconds))
 
-    def shrink(self, path_glob: str, report_size: int) -> int:
-        return self.add_rule("*", path_glob, "shrink", size=int(report_size))
+    def shrink(self, path_glob: str, report_size: int, opens: int | None = None) -> int:
+        """Matching files show `report_size` bytes at most; with `opens`, only until a file's (opens+1)-th open
+        (a stale cache that a fresh open revalidates)."""
+        extra = {} if opens is None else {"opens": int(opens)}
+        return self.add_rule("*", path_glob, "shrink", size=int(report_size), **extra)
 
     def enospc(self, path_glob: str) -> list[int]:
         """ENOSPC on writes to matching files and on creating them (files or directories)."""
@@ -145,7 +148,7 @@ class FaultMount:
         rule = {"id": next(self._ids), "op": op, "glob": path_glob.lstrip("/"), "action": action, **params}
         self._rules.append(rule)
         write_rules(self.control, self._rules)
-        if op in ("read", "*"):
+        if op in ("read", "*") and "opens" not in params:  # its opens would count: the next open drops it anyway
             self._drop_page_cache(path_glob)
         return rule["id"]
 

@@ -109,7 +109,7 @@ def test_a_runs_records_say_whether_it_synced_before(tmp_path):
 
     on_it = RemoteCheckpoint(step=194, time=1.0, verified=True, path="/nfs/r/step-00000194")
     assert remotewait.records("/nfs/r", tmp_path, on_it) == \
-        remotewait.Records("synced", "state.json records step 194 on it")
+        remotewait.Records("synced", "state.json records step 194 on it", 194)
     assert remotewait.records("/nfs/r", tmp_path, None).verdict == "never"
     lines = [{"event": "sync", "message": "periodic sync: syncing"},
              {"event": "sync", "message": "synced step 30", "step": 30, "verified": True, "remote": "/nfs/r"},
@@ -122,3 +122,28 @@ def test_a_runs_records_say_whether_it_synced_before(tmp_path):
     assert wait and why == "/nfs/r is not there (its share gone?), and this run has synced to it before " \
                            "(events.jsonl records step 40 synced to or fetched from it)"
     assert not remotewait.decision("/nfs/r", "not there (its share gone?)", found, fresh=True)[0]
+
+
+def test_a_remote_that_answers_with_no_checkpoint_that_verifies_is_waited_for_by_a_run_that_synced_there():
+    """fault9 F2: every checkpoint set aside as invalid (or gone) on a remote that answers; before, step 0."""
+    from minilmd.daemon.jobs import remotewait
+
+    synced = remotewait.Records("synced", "state.json records step 160 on it", 160)
+    aside = ("/nfs/r/step-00000160 (moved to /nfs/r/quarantine/step-00000160-20261206T090758)",)
+    wait, why = remotewait.decision("/nfs/r", "", synced, fresh=False, set_aside=aside)
+    assert wait and why.startswith("/nfs/r holds no checkpoint that verifies: 1 set aside as invalid (/nfs/r/step-"
+                                   "00000160 (moved to /nfs/r/quarantine/step-00000160-") and \
+        "this run has synced to it before (state.json records step 160 on it)" in why, why
+    wait, why = remotewait.decision("/nfs/r", "", synced, fresh=False)  # a restart: quarantined at the last one
+    assert wait and "/nfs/r/quarantine" in why, why
+    assert not remotewait.decision("/nfs/r", "", synced, fresh=True, set_aside=aside)[0]
+    unknown = remotewait.Records("unknown", "state.json is not valid JSON")
+    assert remotewait.decision("/nfs/r", "", unknown, fresh=False, set_aside=aside)[0]
+    assert remotewait.decision("/nfs/r", "", unknown, fresh=False) == \
+        (False, "neither scratch nor /nfs/r holds a checkpoint")
+    never = remotewait.Records("never", "")
+    assert remotewait.decision("/nfs/r", "", never, fresh=False) == (False, "neither scratch nor /nfs/r holds a "
+                                                                           "checkpoint")
+    wait, why = remotewait.decision("/nfs/r", "", never, fresh=False, set_aside=aside)
+    assert not wait and why.startswith("/nfs/r holds no checkpoint that verifies: 1 set aside") and \
+        why.endswith("this run has never synced to it"), why

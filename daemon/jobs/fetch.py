@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,11 @@ from minilmd.names import (
 )
 from minilmd.untrusted import Unreadable, loads
 
+READ_AGAIN_AFTER_S = (2.0, 5.0)
+"""A remote checkpoint that does not verify is read again, afresh (a new open of each file: an NFS client
+revalidates its cached size and pages at open), after each of these pauses, before it is set aside: a stale
+attribute cache or a short read of a moment passes; a damaged checkpoint reads the same each time."""
+
 
 class Fetcher:
     """Remote -> local: the `Syncer`'s fetch methods (a mixin; `Syncer.fetch_latest` is their entry point)."""
@@ -48,8 +54,13 @@ class Fetcher:
 
         def _steps(self) -> list[str]: ...
 
+    fetch_set_aside: list[str]
+    """What the fetches of this Syncer set aside as invalid (reset by each `fetch_latest`), in words
+    ("URL/step-00000200 (moved to DEST)"), for staging to say and to judge its start by (stagingfetch.py)."""
+
     def _fetch_latest(self, local_root: Path) -> Path | None:
         local_root.mkdir(parents=True, exist_ok=True)
+        self.fetch_set_aside = []
         skipped = []
         for name in reversed(self._steps()):
             final, set_aside = self._fetch_one(name, local_root)
@@ -133,17 +144,34 @@ class Fetcher:
     def _fetch_one(self, name: str, local_root: Path,
                    only_if: Callable[[dict], bool] | None = None) -> tuple[Path | None, bool]:
         """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
-        whether it was set aside as invalid; not when it has no manifest yet). `only_if`: the manifest (the one whose
-        bytes the download is checked against and writes) must pass it, else nothing is fetched. A checkpoint of
-        that name in local_root is replaced whole (publish_dir)."""
+        whether it was set aside as invalid; not when it has no manifest yet). One that does not verify is read
+        again, afresh, after each of READ_AGAIN_AFTER_S, and set aside only when every read fails. `only_if`: the
+        manifest (the one whose bytes the download is checked against and writes) must pass it, else nothing is
+        fetched. A checkpoint of that name in local_root is replaced whole (publish_dir)."""
+        reads = len(READ_AGAIN_AFTER_S) + 1
+        for pause in READ_AGAIN_AFTER_S:
+            final, problems = self._read_one(name, local_root, only_if)
+            if not problems:
+                return final, False
+            self.log(f"sync: remote {self.remote.show(name)} does not verify ({'; '.join(problems[:3])}): read "
+                     f"again in {pause:g}s, afresh, before it is set aside (a short read or a stale size passes)")
+            time.sleep(pause)
+        final, problems = self._read_one(name, local_root, only_if)
+        if not problems:
+            return final, False
+        self._set_aside_remote(name, [f"{'; '.join(problems[:5])} (at each of {reads} reads)"])
+        return None, True
+
+    def _read_one(self, name: str, local_root: Path,
+                  only_if: Callable[[dict], bool] | None) -> tuple[Path | None, list[str]]:
+        """One read of remote checkpoint `name` (_fetch_one): (its local path, []), (None, []) when it has no
+        manifest yet or `only_if` refuses it, or (None, why it is invalid)."""
         remote = self.remote
         listed = remote.read_manifest(name)
         if listed.manifest is None:
-            if listed.problems:
-                self._set_aside_remote(name, listed.problems)
-            return None, bool(listed.problems)
+            return None, listed.problems
         if only_if is not None and not only_if(listed.manifest):
-            return None, False
+            return None, []
         final = local_root / name
         tmp = local_root / fetch_tmp_name(name, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
@@ -151,14 +179,13 @@ class Fetcher:
         try:
             problems = self._download(name, listed, tmp)
             if problems:
-                self._set_aside_remote(name, problems)
                 shutil.rmtree(tmp, ignore_errors=True)
-                return None, True
+                return None, problems
             publish_dir(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return final, False
+        return final, []
 
     def _fetch_best(self, latest: str, local_root: Path) -> None:
         """The checkpoint the remote BEST names (early_stop's lowest val loss), fetched beside the newest when it is
@@ -215,11 +242,17 @@ class Fetcher:
         except (OSError, PlaceRefused) as e:  # not this user's real directory (a link, another's), quarantine/ is
             # not, or the root is one dirfd's rule refuses: the fetch goes on to the older checkpoints
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
+            self._said_aside(f"{remote.show(name)} (skipped, left in place: {e})")
             return
         if dest is None:  # a store without rename: nowhere to set it aside
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")
+            self._said_aside(f"{remote.show(name)} (skipped)")
         else:
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
+            self._said_aside(f"{remote.show(name)} (moved to {dest})")
+
+    def _said_aside(self, words: str) -> None:
+        self.fetch_set_aside.append(words)
 
 
 def _newer(name: str, than: str | None) -> bool:

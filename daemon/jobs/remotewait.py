@@ -14,7 +14,10 @@ newest checkpoint once the remote answers; so does one whose records cannot be r
 never synced has nothing there to lose and starts from step 0, and is told, of a remote not there whose place above
 answers or is an empty directory no mount table names (the first start of a new run), that it does not exist yet
 and the first sync creates it, not that its share may be gone (`made_by_first_sync`); `minilmd run --fresh` starts
-from step 0 whatever the records say. Torch-free.
+from step 0 whatever the records say. A remote that answers but lists no checkpoint that verifies (the fetch read
+each one three times, then set it aside into quarantine/: daemon/jobs/fetch.py; or one set aside at an earlier start)
+is waited for the same way by a run that synced there: its steps are lost to it until one there verifies again, and
+step 0 would train them all again (`decision`). Torch-free.
 """
 from __future__ import annotations
 
@@ -88,6 +91,8 @@ class Records:
     """SYNCED, NEVER or UNKNOWN."""
     why: str
     """In words: the record that says it synced ("state.json records step 194 on it"), or what cannot be read."""
+    step: int | None = None
+    """The step that record names (SYNCED), else None."""
 
 
 def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unreadable: str = "") -> Records:
@@ -96,13 +101,13 @@ def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unre
     it since the last `run --fresh`. UNKNOWN when neither says so and one of them cannot be read
     (`state_unreadable`: why the previous state.json could not be, "" when it could or there was none)."""
     if remote is not None and remote.step is not None and names_remote(remote.path, url):
-        return Records(SYNCED, f"{names.STATE} records step {remote.step} on it")
+        return Records(SYNCED, f"{names.STATE} records step {remote.step} on it", remote.step)
     try:
         step, earlier_unreadable = read_events(run_dir, url)
     except Unreadable as e:
         return Records(UNKNOWN, f"{names.EVENTS} {e.why}")
     if step is not None:
-        return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it")
+        return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it", step)
     if state_unreadable:
         return Records(UNKNOWN, f"{names.STATE} {state_unreadable}")
     if earlier_unreadable:
@@ -157,13 +162,16 @@ def _event_records(f) -> Iterator[dict]:
             continue
 
 
-def decision(url: str, absent: str, found: Records, fresh: bool, new: str = "") -> tuple[bool, str]:
-    """(wait, why) for a start whose scratch holds no checkpoint and whose remote `url` lists none: wait when the
-    remote is `absent` (remote_absent's words) and the run's records (`found`) say it synced before or cannot be
-    read, unless `fresh`; else start from step 0. `new` (made_by_first_sync's words): the remote is not made yet,
-    the first sync makes it; a run that never synced is told so, not that its share may be gone."""
+def decision(url: str, absent: str, found: Records, fresh: bool, new: str = "",
+             set_aside: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(wait, why) for a start whose scratch holds no checkpoint and whose remote `url` lists none that verifies:
+    wait when the remote is `absent` (remote_absent's words), or answers but lists none (`set_aside`: what this
+    staging's fetches set aside there as invalid, in words), and the run's records (`found`) say it synced there
+    before, unless `fresh`; so too when they cannot be read, for a remote absent or one whose checkpoints were just
+    set aside; else start from step 0. `new` (made_by_first_sync's words): the remote is not made yet, the first
+    sync makes it; a run that never synced is told so, not that its share may be gone."""
     if not absent:
-        return False, f"neither scratch nor {url} holds a checkpoint"
+        return _none_valid(url, found, fresh, set_aside)
     if new and found.verdict == NEVER:
         return False, f"{url} {new}, and this run has never synced to it"
     if fresh:
@@ -176,11 +184,33 @@ def decision(url: str, absent: str, found: Records, fresh: bool, new: str = "") 
     return False, f"{url} is {absent}, and this run has never synced to it"
 
 
-def check_line(cfg, fresh: bool) -> str:
-    """What `run --check` says of a start with no checkpoint in scratch whose remote cannot be reached now: that it
-    waits for the remote, or that it starts from step 0 (`decision`); "" when scratch holds a checkpoint, there is
-    no remote, or the remote answers (the run resumes from its newest checkpoint, or it has none). A remote that
-    cannot be listed (EACCES, EIO) or does not answer fails the fetch itself: waited for, unless `fresh`."""
+def _none_valid(url: str, found: Records, fresh: bool, set_aside: tuple[str, ...]) -> tuple[bool, str]:
+    """`decision` for a remote that answers and lists no checkpoint that verifies: every one this run synced there
+    is lost (set aside as invalid now or at an earlier start, or removed by hand), so a run that synced there waits
+    for a valid one rather than train its steps again from step 0 (a checkpoint set back from quarantine/, or `run
+    --fresh`)."""
+    held = f"{url} holds no checkpoint that verifies: {len(set_aside)} set aside as invalid " \
+           f"({'; '.join(set_aside[:4])}{'; ...' if len(set_aside) > 4 else ''})" if set_aside else \
+        f"neither scratch nor {url} holds a checkpoint"
+    if fresh:
+        return False, f"{held}, and `--fresh` was given" + (f" ({found.why})" if found.why else "")
+    if found.verdict == SYNCED:
+        kept = "" if set_aside else f" (any this run set aside as invalid is under {url}/{names.QUARANTINE})"
+        return True, f"{held}{kept}, and this run has synced to it before ({found.why}): waiting for a valid " \
+                     f"checkpoint there (one set back from {names.QUARANTINE}/ once it reads whole)"
+    if found.verdict == UNKNOWN and set_aside:
+        return True, f"{held}, and this run's records cannot be read ({found.why}): it may have synced to it " \
+                     f"before; waiting for a valid checkpoint there"
+    return False, held + (", and this run has never synced to it" if set_aside and found.verdict == NEVER else "")
+
+
+def check_line(cfg, fresh: bool, none_valid: bool = False) -> str:
+    """What `run --check` says of a start with no checkpoint in scratch whose remote cannot be reached now, or
+    answers and holds none that verifies (`none_valid`: daemon/jobs/resumefrom.py found none there): that it waits
+    for the remote, or that it starts from step 0 (`decision`); "" when scratch holds a checkpoint, there is no
+    remote, or the remote answers with a checkpoint (the run resumes from it) or with none for a run that never
+    synced there. A remote that cannot be listed (EACCES, EIO) or does not answer fails the fetch itself: waited
+    for, unless `fresh`."""
     from minilmd.checkpoint_dirs import local_checkpoint_steps
     from minilmd.daemon.base.runstate import load_state
     from minilmd.daemon.base.statesections import StateJson
@@ -191,9 +221,9 @@ def check_line(cfg, fresh: bool) -> str:
         return ""
     answered, absent, failed = bounded_probe(remote_absent, url, says_why=True)
     absent = absent if answered else failed
-    if not absent:
+    if not absent and not none_valid:
         return ""
-    if not answered or absent.startswith("unreadable"):
+    if absent and (not answered or absent.startswith("unreadable")):
         wait, why = not fresh, f"{url} is {absent}" + (", and `--fresh` was given" if fresh else "")
     else:
         try:
@@ -201,7 +231,10 @@ def check_line(cfg, fresh: bool) -> str:
         except Unreadable as e:
             old, unreadable = {}, "" if e.missing else e.why
         found = records(url, cfg.run_dir, StateJson.from_dict(old).remote_checkpoint, unreadable)
-        wait, why = decision(url, absent, found, fresh, bounded_probe(made_by_first_sync, url)[1] or "")
+        new = (bounded_probe(made_by_first_sync, url)[1] or "") if absent else ""
+        wait, why = decision(url, absent, found, fresh, new)
+        if not absent and not wait:
+            return ""  # the start's own line says step 0
     if wait:
         return (f"waits: run.remote: {why}; scratch holds no checkpoint, so the run waits for the remote (`minilmd "
                 f"status`: staging waiting_remote, retried with backoff) and resumes from its newest checkpoint; "

@@ -18,6 +18,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import remotewait
+from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
 
 
@@ -38,6 +39,7 @@ class StagingFetch:
     fetched_why: str
     unlooked: str
     set_aside: tuple[str, ...]
+    fetch_set_aside: tuple[str, ...] = ()
     remote_newer: int | None
     fetch_full: bool
     awaiting_remote: Path | None
@@ -104,9 +106,12 @@ class StagingFetch:
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
         try:
-            fetched = self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir)
+            syncer = self.syncer_for(expected)
+            fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
+            self.fetch_set_aside += tuple(syncer.fetch_set_aside)
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
                 return expected, None, self._nothing_fetched()
+            self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside))
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
@@ -120,18 +125,34 @@ class StagingFetch:
         return expected, fetched, None
 
     def _nothing_fetched(self) -> str | None:
-        """The remote lists no checkpoint: why the fetch must wait, when the remote is absent and the run synced
-        before (daemon/jobs/remotewait.py); else None, and `from_step_0` says why the run starts from step 0."""
+        """The remote lists no checkpoint that verifies: why the fetch must wait, when the remote is absent, or its
+        checkpoints were set aside or are gone, and the run synced there before (daemon/jobs/remotewait.py); else
+        None, and `from_step_0` says why the run starts from step 0."""
         remote = self.cfg.run.remote
         absent = remotewait.remote_absent(remote)
-        if absent and self.records is None:
+        if self.records is None:
             self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
-        found = self.records or remotewait.Records(remotewait.NEVER, "")
+        found = self.records
         # bounded as `run --check` bounds it: a mount that stalls the look answers "" (no first sync's words), no hang
         new = (bounded_probe(remotewait.made_by_first_sync, remote)[1] or "") if absent else ""
-        wait, why = remotewait.decision(remote, absent, found, self.fresh, new)
+        wait, why = remotewait.decision(remote, absent, found, self.fresh, new, self.fetch_set_aside)
         if wait:
             return why
         self.from_step_0 = why
         return None
+
+    def _older_than_synced(self, step: int, newer: tuple[str, ...]) -> tuple[str, ...]:
+        """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
+        trained again), with the step the run's records say it synced there; () when it set none aside."""
+        if not newer:
+            return ()
+        if self.records is None:
+            self.records = remotewait.records(self.cfg.run.remote, self.cfg.run_dir, self.state.remote_checkpoint,
+                                              self.state.previous_unreadable)
+        recorded = self.records.step
+        behind = f"; the run's records say step {recorded} was synced there ({self.records.why}): steps " \
+                 f"{step + 1}-{recorded} are trained again" if recorded is not None and recorded > step else ""
+        return (f"run.remote {self.cfg.run.remote}: {len(newer)} newer checkpoint(s) did not verify at any read "
+                f"and were set aside ({'; '.join(newer[:4])}): resuming from the older step {step}, which "
+                f"verifies{behind}",)

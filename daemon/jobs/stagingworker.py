@@ -90,7 +90,10 @@ class StagingWorker(StagingFetch):
         self.unlooked = ""
         """Why scratch's is resumed without the remote compared (scratch_behind.Verdict; set by the thread)."""
         self.set_aside: tuple[str, ...] = ()
-        """Newer remote steps set aside as invalid when fetched over scratch's (set by the thread; said once)."""
+        """Newer remote steps set aside as invalid when fetched over scratch's, or over what the run synced (set by the
+        thread; said once)."""
+        self.fetch_set_aside: tuple[str, ...] = ()
+        """What this staging's fetches into an empty scratch set aside on the remote (remotewait.decision's words)."""
         self.remote_newer: int | None = None
         """The remote's step seen newer than scratch's whose fetch failed: retried, never given up for scratch's."""
         self.fetch_full = False  # that fetch failed on a scratch without room (set by the thread)
@@ -248,7 +251,8 @@ class StagingWorker(StagingFetch):
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
         self.record_shape_change()
-        self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
+        # the first staging has ended: a later one waits as any run does
+        self.fresh, self.records, self.fetch_set_aside = False, None, ()
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
             self._start()

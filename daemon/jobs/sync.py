@@ -94,6 +94,8 @@ class Syncer(CopyUp, Fetcher):
         self.watch = ReadWatch()
         """What a running sync does on the remote and when it last answered (each chunk copied or read back, each
         step done): the supervisor tells a slow sync from a stalled one by it (daemon/jobs/syncworker.py)."""
+        self.fetch_set_aside: list[str] = []
+        """What the last fetch set aside as invalid, in words (daemon/jobs/fetch.py)."""
         self.abandoned = ""
         """Why the supervisor gave up on the running sync ("" while it has not): its next chunk raises SyncAbandoned,
         so that the copy ends before it is put in place and removes its half copy itself."""

@@ -79,7 +79,8 @@ def run_command(
         from minilmd.daemon.jobs.remotewait import check_line
 
         # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
-        remote_line = check_line(cfg, fresh)
+        remote_line = check_line(cfg, fresh, any(line.startswith("starts from step 0: ") and "run.remote" in line
+                                                 for line in start))
         for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
