@@ -103,6 +103,23 @@ def test_a_ranks_memory_cgroup_counter_that_rose_is_an_oom_kill_naming_the_rank(
                             f"rank 0 (pid {rank0}))"), death
 
 
+def test_a_counter_the_ranks_share_with_the_agent_names_the_rank_from_the_kernel_log(tmp_path, monkeypatch):
+    """The whole run in one memory cgroup (the usual case): its counter says an OOM kill, not whose; the kernel log's
+    record of a rank's pid says which rank."""
+    fake_dmesg(tmp_path, monkeypatch, f"echo \"[{NOW}] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,"
+                                      f"pid=$(cat {tmp_path}/pids/rank0),uid=0\"")
+    shared = tmp_path / "cgroup" / "run" / "memory.events"
+    shared.parent.mkdir(parents=True)
+    shared.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")  # cgroup v2's
+    monkeypatch.setattr(childmod, "oom_counter_file", lambda pid: shared)
+    child, (rank0, _) = launch_agent(tmp_path)
+    assert list(child.cgroup_oom) == [shared], child.cgroup_oom
+    shared.write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")
+    rc, death = kill_rank_and_classify(child, rank0)
+    assert rc == 1 and death.detail == (f"SIGKILL by the OOM killer ({shared}: oom_kill 0 -> 1; kernel log names pid "
+                                        f"{rank0}, torchrun rank 0)"), death
+
+
 def test_a_hand_sent_kill_of_a_rank_says_the_ranks_pids_were_looked_for(tmp_path, monkeypatch):
     fake_dmesg(tmp_path, monkeypatch, "echo '[ 1.0] eth0: link up'; echo '[ 2.0] Killed process 1 (init)'")
     child, (rank0, rank1) = launch_agent(tmp_path)

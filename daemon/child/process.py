@@ -174,9 +174,7 @@ class Child:
         """Remember the OOM-kill counter of the child's memory cgroup, and of each cgroup it moves to, so that a kill
         can be attributed to the OOM killer afterwards. Earlier ones are kept: under cgroup v1 a process that the
         OOM killer has taken shows the root cgroup while it exits, and the kill was counted in the group it left.
-        Under torchrun each rank's too, and the ranks themselves (pid, start time): the OOM killer takes a rank,
-        and the agent only reports it (before: only the agent's pid and cgroup were read, and a rank's OOM kill was
-        called a SIGKILL from outside)."""
+        Under torchrun the ranks' too, and the ranks (pid, start time): the OOM killer takes a rank, not the agent."""
         self._track_counter(self.pid, "", None)
         if not is_torchrun(self.command):
             return
@@ -405,21 +403,22 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
     detail says what was read: an injected fault (faults-fired) names itself; a readable kernel log without a record
     of the pids says it was not the OOM killer (a hand-sent kill, a scheduler); with nothing readable it says that
     it cannot be told."""
-    stayed = []
+    stayed, rose, ranks_own = [], "", False
     for counter, after in oom_kills_after(child.cgroup_oom).items():
-        before = child.cgroup_oom[counter]
-        if after is not None and after > before:
-            whose = f", the memory cgroup of {child.counter_of[counter]}" if child.counter_of.get(counter) else ""
-            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after}"
-                                             f"{whose})", fault)
-        if after is not None:
+        before, whose = child.cgroup_oom[counter], child.counter_of.get(counter)
+        if after is not None and after > before and not rose:
+            rose = f"{counter}: oom_kill {before} -> {after}" + (f", the memory cgroup of {whose}" if whose else "")
+            ranks_own = bool(whose)  # a counter the agent shares with its ranks does not say which: the log may
+        elif after is not None:
             stayed.append(f"{after} ({counter})")
     counter_words = f"the memory cgroup's oom_kill counter stayed at {', '.join(stayed)}" if stayed else ""
-    named = kernel_log_oom([child.pid, *(rank.pid for rank in child.ranks)], child.started)
-    if named:
-        rank = next((r for r in child.ranks if r.pid == named[0]), None)
-        return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {named[0]}"
-                                         f"{f', torchrun {rank.name}' if rank else ''})", fault)
+    pids = [child.pid, *(r.pid for r in child.ranks)]
+    named = kernel_log_oom(pids, child.started) if not rose or (child.ranks and not ranks_own) else None
+    if rose or named:
+        rank = next((r for r in child.ranks if named and r.pid == named[0]), None)
+        said = f"kernel log names pid {named[0]}{f', torchrun {rank.name}' if rank else ''}" if named else ""
+        return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({'; '.join(w for w in (rose, said) if w)})",
+                     fault)
     if child.killed_by:  # the supervisor's own SIGKILL, no OOM kill before it
         return Death(Cause.KILLED, rc, f"killed {child.killed_by} (SIGKILL)", fault)
     injected = _injected(run_dir, child.started, "sigkill")
