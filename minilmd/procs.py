@@ -56,6 +56,7 @@ from minilmd.proc_info import (  # noqa: F401 - here too: the readers the proofs
     process_state,
     process_uids,
     start_ticks_or_raise,
+    stat_fields,
 )
 from minilmd.untrusted import printable
 

@@ -9,20 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from fake_kernel_log import NOW, fake_dmesg
 from minilmd import names
 from minilmd.daemon.child.process import classify, launch
 
 KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-
-
-def fake_dmesg(tmp_path: Path, monkeypatch, body: str) -> None:
-    """`dmesg` as a shell script that prints a kernel log (or refuses, as kernel.dmesg_restrict makes it)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "dmesg"
-    script.write_text("#!/bin/sh\n" + body + "\n", encoding="utf-8")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
 def killed(tmp_path: Path, code: str = KILL_SELF):
@@ -49,8 +40,6 @@ def test_with_no_readable_record_it_says_it_cannot_be_told(tmp_path, monkeypatch
     assert death.cause == "killed" and "cannot be told" in death.detail and "probably" not in death.detail, death
 
 
-NOW = "$(cut -d' ' -f1 /proc/uptime)"
-"""The kernel log's clock when the fake dmesg runs (after the child died): seconds since boot, as printk stamps."""
 WRITE_PID_AND_DIE = "import os, signal; open({!r}, 'w').write(str(os.getpid())); os.kill(os.getpid(), signal.SIGKILL)"
 """The child writes its pid (which the fake kernel log then names) and is "OOM-killed"."""
 

@@ -1,12 +1,15 @@
 """The evidence that a SIGKILLed trainer was the OOM killer's (daemon/child/process.py `_sigkill_death` asks): the
 child's memory cgroup counter of OOM kills, read before and after its death, and the kernel log's records of the
-OOM killer taking its pid since it started. Torch-free.
+OOM killer taking its pid since it started. Under torchrun the OOM killer takes a rank, not the agent the supervisor
+started: each rank (a child of the agent, of this launch) is recorded while it lives, its pid, start time and memory
+cgroup, since after the kill it is gone. Torch-free.
 """
 from __future__ import annotations
 
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import procs
@@ -70,12 +73,13 @@ agree to far less, and no pid is handed out again within it."""
 _STAMP = re.compile(r"\[\s*(\d+(?:\.\d+)?)\]")
 
 
-def kernel_log_oom(pid: int, started: float) -> bool | None:
-    """Whether the kernel log records the OOM killer taking `pid` since the child started (`started`: its wall-clock
-    start); None when it cannot be read (dmesg missing, or refused: kernel.dmesg_restrict) or its records carry no
-    time. Only records stamped after the start count: a pid is used again, and the log keeps an OOM kill of an
-    earlier process of the same pid for as long as the machine runs (the CI's second Ctrl-C test was called OOM-killed
-    by the record of another test's child of that pid, 23 minutes older)."""
+def kernel_log_oom(pids: list[int], started: float) -> list[int] | None:
+    """Those of `pids` the kernel log records the OOM killer taking since the child started (`started`: its
+    wall-clock start; one read of the log for the agent and its ranks); None when it cannot be read (dmesg missing,
+    or refused: kernel.dmesg_restrict) or its records carry no time. Only records stamped after the start count: a
+    pid is used again, and the log keeps an OOM kill of an earlier process of the same pid for as long as the machine
+    runs (the CI's second Ctrl-C test was called OOM-killed by the record of another test's child of that pid, 23
+    minutes older)."""
     try:
         done = procs.run_bounded(["dmesg"], 5, text=True)  # past 5 s its process group killed, through procs
     except (OSError, subprocess.SubprocessError):
@@ -83,9 +87,53 @@ def kernel_log_oom(pid: int, started: float) -> bool | None:
     if done.returncode != 0:
         return None
     since = time.monotonic() - (time.time() - started) - KERNEL_LOG_SLACK_S  # the start, in the log's seconds
-    named = re.compile(rf"Killed process {pid}\b|oom-kill:.*pid={pid}\b")
     lines = done.stdout.splitlines()
     stamped = [(float(m[1]), line) for line in lines if (m := _STAMP.match(line))]
     if lines and not stamped:
         return None
-    return any(at >= since and named.search(line) for at, line in stamped)
+    recent = [line for at, line in stamped if at >= since]
+    return [pid for pid in pids
+            if any(re.search(rf"Killed process {pid}\b|oom-kill:.*pid={pid}\b", line) for line in recent)]
+
+
+RANK_SCAN_S = 1.0
+"""How often a torchrun agent's ranks are looked for (a scan of /proc) until as many as it starts are found: once
+found they are only re-read (their cgroup), at every tick. A rank OOM-killed within this of its start may be missed."""
+
+
+@dataclass(frozen=True)
+class Rank:
+    """A torchrun worker seen alive: its pid and start ticks (its identity), and "rank N" from its environment."""
+
+    pid: int
+    ticks: int
+    name: str
+
+
+def expected_ranks(command: list[str]) -> int | None:
+    """How many ranks the torchrun command starts on this host (--nproc_per_node N, --nproc-per-node=N); None when
+    it does not say a number ("gpu", "auto"): then they are looked for at every RANK_SCAN_S."""
+    for i, arg in enumerate(command):
+        key, eq, value = arg.partition("=")
+        if key in ("--nproc_per_node", "--nproc-per-node"):
+            value = value if eq else (command[i + 1] if i + 1 < len(command) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def ranks_among(agent: int, launch: list[tuple[int, int]], known: set[int]) -> list[Rank]:
+    """The processes of this launch (procs.Launch's proof: its run directory and launch id) whose parent is the
+    agent: its workers, not a worker's own children (torch.compile's), which inherit the same environment."""
+    found = []
+    for pid, ticks in launch:
+        if pid == agent or pid in known:
+            continue
+        try:
+            fields = procs.stat_fields(pid)
+        except (OSError, ValueError):
+            continue
+        if fields is None or fields[1] != str(agent):
+            continue
+        rank = procs.process_environ(pid).get("RANK", "")
+        found.append(Rank(pid, ticks, f"rank {rank}" if rank.isdigit() else "a worker"))
+    return found

@@ -28,9 +28,13 @@ from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.oomevidence import (
     HIERARCHY_ROOTS,
+    RANK_SCAN_S,
+    Rank,
+    expected_ranks,
     kernel_log_oom,
     oom_counter_file,
     oom_kills_after,
+    ranks_among,
     read_oom_kills,
 )
 from minilmd.daemon.child.orphans import REAP_S, record_launch
@@ -141,6 +145,9 @@ class Child:
     newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
     step0_at_launch: tuple[int, int] | None = None  # (0, inode) of step 0 when it was the newest at launch
     cgroup_oom: dict[Path, int] = field(default_factory=dict)  # each oom counter file seen: its value then
+    counter_of: dict[Path, str] = field(default_factory=dict)  # whose a counter is when a rank's alone ("rank 0 ...")
+    ranks: list[Rank] = field(default_factory=list)  # torchrun's workers seen alive (after their death, gone)
+    rank_scan_at: float = 0.0  # time.monotonic() of the next look for ranks not yet seen
     killed_for_hang: bool = False
     hang_detail: str = ""
     stop_sent: float | None = None
@@ -166,14 +173,29 @@ class Child:
     def track_cgroup(self) -> None:
         """Remember the OOM-kill counter of the child's memory cgroup, and of each cgroup it moves to, so that a kill
         can be attributed to the OOM killer afterwards. Earlier ones are kept: under cgroup v1 a process that the
-        OOM killer has taken shows the root cgroup while it exits, and the kill was counted in the group it left."""
-        counter = oom_counter_file(self.pid)
+        OOM killer has taken shows the root cgroup while it exits, and the kill was counted in the group it left.
+        Under torchrun the ranks' too, and the ranks (pid, start time): the OOM killer takes a rank, not the agent."""
+        self._track_counter(self.pid, "", None)
+        if not is_torchrun(self.command):
+            return
+        want = expected_ranks(self.command)
+        if (want is None or len(self.ranks) < want) and time.monotonic() >= self.rank_scan_at:
+            self.rank_scan_at = time.monotonic() + RANK_SCAN_S
+            self.ranks += ranks_among(self.pid, self.launch_pids(), {rank.pid for rank in self.ranks})
+        for rank in self.ranks:
+            self._track_counter(rank.pid, f"{rank.name} (pid {rank.pid})", rank.ticks)
+
+    def _track_counter(self, pid: int, who: str, ticks: int | None) -> None:
+        counter = oom_counter_file(pid)
+        if ticks is not None and process_start_ticks(pid) != ticks:
+            return  # gone, or its pid another process's now: not the rank's cgroup
         if counter and self.cgroup_oom and counter.parent in HIERARCHY_ROOTS:
             return  # the root a dying v1 process shows: it counts the kills of every group below (another run's)
         if counter and counter not in self.cgroup_oom:
             value = read_oom_kills(counter)
             if value is not None:
                 self.cgroup_oom[counter] = value
+                self.counter_of[counter] = who
 
     def beats(self, beat: Heartbeat | None) -> bool:
         """Whether the heartbeat file (one `runstate.read_heartbeat`) was written by this attempt."""
@@ -376,29 +398,35 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
 
 
 def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> Death:
-    """OOM_KILL only with evidence: the child's memory cgroup counted an OOM kill during it, or the kernel log
-    records the OOM killer taking its pid. Otherwise KILLED, and the detail says what was read: an injected fault
-    (faults-fired) names itself; a readable kernel log without a record of the pid says it was not the OOM killer
-    (a hand-sent kill, a scheduler); with nothing readable it says that it cannot be told."""
-    stayed = []
+    """OOM_KILL only with evidence: the memory cgroup of the child (or of a torchrun rank of it) counted an OOM kill
+    during it, or the kernel log records the OOM killer taking its pid (or a rank's). Otherwise KILLED, and the
+    detail says what was read: an injected fault (faults-fired) names itself; a readable kernel log without a record
+    of the pids says it was not the OOM killer (a hand-sent kill, a scheduler); with nothing readable it says that
+    it cannot be told."""
+    stayed, rose, ranks_own = [], "", False
     for counter, after in oom_kills_after(child.cgroup_oom).items():
-        before = child.cgroup_oom[counter]
-        if after is not None and after > before:
-            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
-                         fault)
-        if after is not None:
+        before, whose = child.cgroup_oom[counter], child.counter_of.get(counter)
+        if after is not None and after > before and not rose:
+            rose = f"{counter}: oom_kill {before} -> {after}" + (f", the memory cgroup of {whose}" if whose else "")
+            ranks_own = bool(whose)  # a counter the agent shares with its ranks does not say which: the log may
+        elif after is not None:
             stayed.append(f"{after} ({counter})")
     counter_words = f"the memory cgroup's oom_kill counter stayed at {', '.join(stayed)}" if stayed else ""
-    in_log = kernel_log_oom(child.pid, child.started)
-    if in_log:
-        return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+    pids = [child.pid, *(r.pid for r in child.ranks)]
+    named = kernel_log_oom(pids, child.started) if not rose or (child.ranks and not ranks_own) else None
+    if rose or named:
+        rank = next((r for r in child.ranks if named and r.pid == named[0]), None)
+        said = f"kernel log names pid {named[0]}{f', torchrun {rank.name}' if rank else ''}" if named else ""
+        return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({'; '.join(w for w in (rose, said) if w)})",
+                     fault)
     if child.killed_by:  # the supervisor's own SIGKILL, no OOM kill before it
         return Death(Cause.KILLED, rc, f"killed {child.killed_by} (SIGKILL)", fault)
     injected = _injected(run_dir, child.started, "sigkill")
     if injected:
         return Death(Cause.KILLED, rc, "killed by SIGKILL" + injected, fault)
+    ranks = "".join(f", nor of {rank.name}'s pid {rank.pid}" for rank in child.ranks)
     records = [w for w in (counter_words, "the kernel log holds no OOM record of pid "
-                           f"{child.pid}" if in_log is not None else "") if w]
+                           f"{child.pid}{ranks}" if named is not None else "") if w]
     if records:
         return Death(Cause.KILLED, rc, f"killed by SIGKILL from outside, not by the OOM killer ({'; '.join(records)})",
                      fault)
