@@ -21,11 +21,11 @@ import io
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
+
+from minilmd import pychild
 
 VARIANTS = ("mmap", "bytes", "now")
 
@@ -185,8 +185,9 @@ def measure(work: Path, hidden: int, layers: int, repeats: int) -> None:
     for _ in range(repeats):
         for variant in VARIANTS:  # interleaved: a load of the machine weighs on every variant alike
             _warm(path, sizes)
-            out = subprocess.run([sys.executable, __file__, "--one", variant, str(path), "--hidden", str(hidden),
-                                  "--layers", str(layers)], check=True, capture_output=True, text=True).stdout
+            argv = pychild.python_argv(str(Path(__file__).resolve()), "--one", variant, str(path),
+                                       "--hidden", str(hidden), "--layers", str(layers))
+            out = pychild.run(argv, check=True, capture_output=True, text=True).stdout
             runs[variant].append(json.loads(out.splitlines()[-1]))
     med = statistics.median
     print(f"{params:,} parameters; model {sizes['model.safetensors'] / 1e6:,.0f} MB + optimizer "

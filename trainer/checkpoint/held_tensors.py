@@ -32,7 +32,7 @@ def tensors_of(held: InMemory) -> dict[str, torch.Tensor]:
     for name, entry in held.entries.items():
         dtype, shape = _TORCH_DTYPES[entry["dtype"]], entry["shape"]
         begin, end = (start + at for at in entry["data_offsets"])
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if begin == end:
             tensor = torch.empty(shape, dtype=dtype)
         elif (base + begin) % itemsize:
