@@ -62,7 +62,7 @@ from minilmd.names import (
     TRAINER_STATE_MAX_BYTES,
     step_of,  # noqa: F401  (the tests' name for it)
 )
-from minilmd.safetensors_scan import Scan, scan_safetensors
+from minilmd.safetensors_scan import InMemory, Scan, in_memory, scan_safetensors
 from minilmd.untrusted import (
     Hashing,
     Unreadable,
@@ -348,27 +348,59 @@ def _checked_bytes(ckpt_dir: Path, name: str, entry: dict, most: int | None) -> 
         digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], entry["size"] if most is None else most)
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+    _check_entry(ckpt_dir, name, entry, len(data), digest)
+    return data
 
-    def size_of(_: str) -> int:
-        return len(data)
 
-    def sha256_of(_: str) -> str:
-        return digest
+def _checked_tensors(ckpt_dir: Path, name: str, entry: dict) -> InMemory:
+    """A tensors' file read once into one buffer of its listed size as it is hashed (_Filling), checked against its
+    manifest entry (size, then sha256), its header parsed by the one parser (safetensors_scan.in_memory): the bytes
+    a loader makes its tensors over, never copied. Raises CheckpointInvalid."""
+    sink = _Filling(entry["size"])
+    try:
+        copy_regular(ckpt_dir / name, sink, size=entry["size"], max_bytes=entry["size"])
+    except Unreadable as e:
+        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+    _check_entry(ckpt_dir, name, entry, sink.at, sink.sha256.hexdigest())
+    try:
+        return in_memory(sink.data, name)
+    except ValueError as e:
+        raise CheckpointInvalid(ckpt_dir, str(e)) from None
 
-    problems = table_problems({name: entry}, size_of, sha256_of, listed_in=MANIFEST)
+
+class _Filling:
+    """copy_regular's sink for _checked_tensors: hashes each block and puts it in place in one buffer of the listed
+    size, made at the first block (copy_regular has checked the file's size against the listing by then: a manifest's
+    word alone never allocates). A byte past that size (the file grew) is hashed, not kept: copy_regular refuses it."""
+
+    def __init__(self, size: int):
+        self.sha256, self.size, self.data, self.at = hashlib.sha256(), size, bytearray(), 0
+
+    def write(self, block: bytes) -> None:
+        self.sha256.update(block)
+        if self.at == 0:  # the first block (copy_regular writes none empty)
+            self.data = bytearray(self.size)
+        fits = max(0, min(len(block), self.size - self.at))
+        self.data[self.at:self.at + fits] = memoryview(block)[:fits]
+        self.at += len(block)
+
+
+def _check_entry(ckpt_dir: Path, name: str, entry: dict, size: int, digest: str) -> None:
+    """The size and sha256 of what was read of `name` against its manifest entry, as verify_manifest checks a file.
+    Raises CheckpointInvalid."""
+    problems = table_problems({name: entry}, lambda _: size, lambda _: digest, listed_in=MANIFEST)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    return data
 
 
 @dataclass(frozen=True)
 class ForLoading:
     """What a loader takes of a checkpoint (trainer/checkpoint/save.py load): every part read once and checked
     against one reading of its manifest (listed_files), the JSON parts parsed from those bytes (depth bound, an
-    object, the types a loader uses) and the tensors' files left to the loader's deserializer."""
+    object, the types a loader uses), the tensors' files held as read, their headers parsed (in_memory)."""
 
-    model: bytes
-    optimizer: bytes
+    model: InMemory
+    optimizer: InMemory
     state: dict
     """trainer_state.json."""
     opt_meta: dict
@@ -379,22 +411,21 @@ class ForLoading:
 
 def for_loading(ckpt_dir: str | os.PathLike, carried: Mapping[str, int] | None = None) -> ForLoading:
     """A checkpoint's parts for a loader (ForLoading), the files of `carried` ({name: the most read}) too; the JSON
-    parts no more than MAX_JSON_PART, the tensors' files their listed size. A loader asks this of a checkpoint
-    find_latest validated a moment ago: what it loads is what it checks now, not whatever the path holds since.
-    Raises CheckpointInvalid."""
+    parts no more than MAX_JSON_PART, read and checked first (a bad one is refused before the tensors' files are
+    read), then the tensors' files, exactly their listed size, each into one buffer that its tensors are made over
+    (_checked_tensors: the files' size in memory, once). A loader asks this of a checkpoint find_latest validated a
+    moment ago: what it loads is what it checks now, not whatever the path holds since. Raises CheckpointInvalid."""
     ckpt_dir = Path(ckpt_dir)
-    bounds: dict[str, int | None] = {MODEL_FILE: None, OPTIMIZER_FILE: None,
-                                     **dict.fromkeys(JSON_PARTS, MAX_JSON_PART), **(carried or {})}
-    files, manifest = listed_files(ckpt_dir, bounds)
+    files, manifest = listed_files(ckpt_dir, {**dict.fromkeys(JSON_PARTS, MAX_JSON_PART), **(carried or {})})
     state, opt_meta = _parse_json_parts(ckpt_dir, {name: data for name in JSON_PARTS
                                                               if (data := files[name]) is not None})
     problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, manifest["step"],
                                                                                        state)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    model, optimizer = files[MODEL_FILE], files[OPTIMIZER_FILE]
-    assert model is not None and optimizer is not None  # REQUIRED_FILES: manifest_problems refuses one unlisted
-    return ForLoading(model, optimizer, state, opt_meta,
+    listed = manifest["files"]  # REQUIRED_FILES: manifest_problems refused one unlisted
+    return ForLoading(_checked_tensors(ckpt_dir, MODEL_FILE, listed[MODEL_FILE]),
+                      _checked_tensors(ckpt_dir, OPTIMIZER_FILE, listed[OPTIMIZER_FILE]), state, opt_meta,
                       {name: data for name in carried or {} if (data := files[name]) is not None})
 
 

@@ -7,7 +7,8 @@ must have exactly the shape the format defines, the tensors tiling the data in o
 
 A loader asks for the bytes too (`keep`): the file is then read whole, once, and scanned and hashed in memory, so
 that what it loads is exactly what was hashed and scanned; reading the path again would load whatever whoever can
-write the file put there since.
+write the file put there since. A resume reads its own files once into a buffer as it hashes them
+(checkpoint.for_loading) and asks in_memory for their layout: the one parser of a header, here.
 """
 from __future__ import annotations
 
@@ -32,13 +33,46 @@ _NP_DTYPES = {"F64": ("<f8", True), "F32": ("<f4", True), "F16": ("<f2", True), 
               "U8": ("u1", False), "BOOL": ("u1", False)}
 
 
+class InMemory(NamedTuple):
+    """A safetensors file held in memory, its header parsed and checked by this module's one parser: what a loader
+    makes tensors over (trainer/checkpoint/held_tensors.py) without copying the bytes."""
+
+    data: bytearray
+    """The whole file, as its reader hashed it."""
+    entries: dict[str, dict]
+    """{name: {"dtype", "shape", "data_offsets"}} sorted by offset, the offsets from data_start, tiling the data."""
+    data_start: int
+    """Where the tensors' data starts: 8 + the header's length."""
+
+
+def in_memory(data: bytearray, name: str) -> InMemory:
+    """The layout of a safetensors file held in memory, checked as a scan checks it (bounded in length and depth,
+    every entry of the shape the format defines, the tensors tiling the data to its last byte); the data not copied.
+    Raises ValueError naming what is wrong."""
+    entries, start, _ = _parse_held(data, name)
+    return InMemory(data, entries, start)
+
+
 def safetensors_metadata(data: bytes, name: str) -> dict[str, str]:
     """The `__metadata__` of a safetensors file held in memory ({} when it has none), its header parsed and checked
-    as a scan checks it (bounded in length and depth, every entry of the shape the format defines, the tensors
-    tiling the data): the one parser of such a header. Raises ValueError naming what is wrong."""
-    stream = io.BytesIO(data)
-    _, _, metadata = _parse_safetensors_header(stream.read(8), stream.read, len(data), name)
-    return metadata
+    as in_memory checks it. Raises ValueError naming what is wrong."""
+    return _parse_held(data, name)[2]
+
+
+def _parse_held(data: bytes | bytearray, name: str) -> tuple[dict, int, dict[str, str]]:
+    """_parse_safetensors_header of a file held in memory: its header's bytes are copied out, the rest not."""
+    at = 8
+
+    def read(n: int) -> bytes:
+        nonlocal at
+        with memoryview(data) as view:
+            chunk = bytes(view[at:at + n])
+        at += len(chunk)
+        return chunk
+
+    with memoryview(data) as view:
+        first = bytes(view[:8])
+    return _parse_safetensors_header(first, read, len(data), name)
 
 
 def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int,

@@ -47,6 +47,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "scripts/gpu_check_sft.py": ("private", SCRIPT_OWN, {
         ("mean_real_chat_tokens", "json.loads"): 1, ("write_chats", "json.loads"): 1}),
     "scripts/dpo_steps_sidebyside.py": ("private", SCRIPT_OWN, {("run_minilmd", "json.loads"): 2}),
+    "scripts/resume_load_cost.py": ("private", SCRIPT_OWN + "; _load_mmap replays bb134fe's load of the checkpoint the "
+                                    "script saved itself", {("_load_mmap", "json.loads"): 2,
+                                                            ("measure", "json.loads"): 1}),
 }
 """{module: (place, why its bytes are not another's, {(function, call): how many})}."""
 

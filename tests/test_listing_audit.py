@@ -71,6 +71,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "scripts/lora_size.py": ("private", SCRIPT_WORK + " (a checkpoint it saved itself)", {("<module>", ".iterdir"): 1}),
     "scripts/scratch_start_cost.py": ("private", SCRIPT_WORK + " (a checkpoint it saved itself)",
                                       {("measure", ".iterdir"): 1}),
+    "scripts/resume_load_cost.py": ("private", SCRIPT_WORK + " (a checkpoint it saved itself)",
+                                    {("measure", ".iterdir"): 1}),
 }
 
 

@@ -184,6 +184,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         "scripts/lora_size.py": {("<module>", "shutil.rmtree"): 1, ("<module>", "tempfile.mkdtemp"): 1},
         "scripts/scratch_start_cost.py": {("main", "shutil.rmtree"): 1, ("main", "tempfile.mkdtemp"): 1,
                                           ("measure", "shutil.rmtree"): 1},
+        "scripts/resume_load_cost.py": {("main", "shutil.rmtree"): 1, ("main", "tempfile.mkdtemp"): 1},
     }.items()},
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "

@@ -245,15 +245,16 @@ def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
                   device: str = "cpu") -> tuple[dict, dict, dict, dict[str, bytes]]:
     """load's three parts, and the files of `carried` ({name: the most read}) the checkpoint lists, by name. Every
     file is read once and checked against one reading of the manifest (checkpoint.for_loading: the JSON parts no
-    more than MAX_JSON_PART), and what is loaded is parsed from those very bytes, never from a path read again.
-    Raises CheckpointInvalid."""
-    from safetensors.torch import load as load_tensors
+    more than MAX_JSON_PART), and what is loaded is made of those very bytes, never from a path read again: the
+    tensors are views of the buffers the files were read into (held_tensors), so the load holds the tensors' files
+    once, their size, as the tensors themselves would. Raises CheckpointInvalid."""
+    from minilmd.trainer.checkpoint.held_tensors import tensors_of
 
     parts = for_loading(ckpt_dir, carried)
-    model_state = _on(load_tensors(parts.model), device)
+    model_state = _on(tensors_of(parts.model), device)
     meta = parts.opt_meta
     state: dict[int, dict] = {}
-    for key, t in _on(load_tensors(parts.optimizer), device).items():
+    for key, t in _on(tensors_of(parts.optimizer), device).items():
         _, idx, name = key.split(".", 2)
         state.setdefault(int(idx), {})[name] = t
     for idx, values in (meta.get("scalars") or {}).items():
@@ -265,7 +266,7 @@ def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
 
 
 def _on(tensors: dict, device: str) -> dict:
-    """The tensors (safetensors' load makes them on the CPU) on `device`."""
+    """The tensors (made on the CPU) on `device`."""
     return tensors if device == "cpu" else {k: t.to(device) for k, t in tensors.items()}
 
 
