@@ -81,7 +81,9 @@ def run_command(
         typer.echo(budget_line(cfg, plan(), rate))  # steps, tokens, epochs, which budget binds
         for line in waits:
             typer.echo(f"waits: {line}")
-        for line in _notes(cfg, plan, claim_remote, rate):
+        from minilmd.plan.epoch_notes import epoch_notes
+
+        for line in _notes(cfg, plan, claim_remote, rate) + epoch_notes(cfg, plan(), meta):
             typer.echo(f"note: {line}")
         for line in [remote_line] if remote_line else start:
             typer.echo(line)
