@@ -1,4 +1,5 @@
-"""The settings that make a run's batch stream, and what a resume that changes them says (the one rule).
+"""The settings that make a run's batch stream, its lr schedule and its update (weight decay, clip, DPO's beta, a
+LoRA run's scale), and what a resume that changes them says (the one rule: stream_changes over RESUME_KEYS).
 
 A resume rebuilds the sampler from the config it runs with (minilmd/plan/growth.py resume_sampler) and positions it
 at the rows the checkpoint had seen: a train.seq_len, data.mode or train.seed other than the checkpoint's run used
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from minilmd.config import KEPT_ON_RESUME, RunConfig, stage_defaults
+from minilmd.corpus_meta import CORPUS_SUMMARY
 from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES, is_step_name, step_of
 from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, listed, printable, read_json
@@ -30,6 +32,15 @@ STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "t
                "train.max_epochs")
 """The settings whose change at a resume changes the batches, or the learning rate of every step (the schedule's
 rates, its warmup, the budget its cosine decays over), from the resumed step on."""
+
+UPDATE_KEYS = ("train.weight_decay", "train.grad_clip", "dpo.beta", "lora.alpha", "lora.dropout")
+"""The settings whose change at a resume changes the loss or the update of every step from the resumed step on,
+the batches and the rate kept: the decay, the gradient clip, DPO's beta (the loss and its rewards' scale), a LoRA
+run's scale and dropout. A dpo key is compared only where the checkpoint trained on a DPO corpus, a lora key only
+where it trained adapters (RELEVANT_WHEN): elsewhere the run never used it."""
+
+RESUME_KEYS = (*STREAM_KEYS, *UPDATE_KEYS)
+"""Every key a resume compares against its checkpoint's recorded config (stream_changes, the one rule)."""
 
 def bit_reproducible(on_cpu: bool, deterministic: bool, shape_changes: Sequence[str] = ()) -> bool:
     """Whether a run killed and resumed ends with the weights an undisturbed run would have, bit for bit (the one
@@ -61,9 +72,27 @@ TRAINED = "trained"
 (plan/trainer_state.py recorded_trained reads them, as a resume does: a budget in tokens or epochs is counted after
 them, plan/budget.py), and the total steps its schedule ran over (plan/resume_rate.py)."""
 TRAINED_KEYS = ("step", "rows_seen", "positions_seen", "global_batch", "total_steps")
+DATA_FORMAT = "data_format"
+"""The key stream_record adds for the data format the checkpoint trained on (its trainer_state.json corpus summary,
+minilmd/corpus_meta.py corpus_summary): a DPO key is compared only for a DPO run."""
 INIT_USED = "init_used"
 """The key stream_record adds for what [init] from was (trainer_state.json's "init": its path and step), which a
 finished stage's base having moved on is told by (minilmd/init_moved.py); not "init", the config's section."""
+
+
+def _trained_dpo(recorded: Any) -> bool:
+    summary = recorded.get(DATA_FORMAT) if isinstance(recorded, dict) else None
+    return summary == "dpo"
+
+
+def _trained_adapters(recorded: Any) -> bool:
+    lora = recorded.get("lora") if isinstance(recorded, dict) else None
+    rank = lora.get("rank") if isinstance(lora, dict) else None
+    return isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
+
+
+RELEVANT_WHEN = {"dpo": _trained_dpo, "lora": _trained_adapters}
+"""A section whose keys a run uses only on some corpora or models: compared only where the checkpoint's did."""
 
 
 def stream_record(state: Any) -> Any:
@@ -72,13 +101,15 @@ def stream_record(state: Any) -> Any:
     if not isinstance(state, dict):
         return None
     config = state.get("config")
+    corpus = state.get(CORPUS_SUMMARY)
     return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE),
+            DATA_FORMAT: corpus.get("data_format") if isinstance(corpus, dict) else None,
             TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}, INIT_USED: state.get("init")}
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
                    world_size: int | None = None) -> list[str]:
-    """`KEY = now (was then)` for each of STREAM_KEYS whose value in `cfg` (with the supervisor's `overrides`, as
+    """`KEY = now (was then)` for each of RESUME_KEYS whose value in `cfg` (with the supervisor's `overrides`, as
     its trainer runs) differs from `recorded`, a checkpoint's config (stream_record: its trainer_state.json
     "config"); a key `recorded` lacks (saved before it was recorded) is not compared. The keys the `overrides` set
     (the OOM retry's smaller micro-batch) are said in one line, as that retry's (OOM_RETRY). Then the world size:
@@ -87,10 +118,12 @@ def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
     said: list[str] = []
     retried: list[str] = []
     overrides = overrides or {}
-    for key in STREAM_KEYS:
+    for key in RESUME_KEYS:
         if key in LEFT_TO_THE_STAGE and not cfg.is_set(key) and key not in overrides:
             continue
         section, name = key.split(".")
+        if section in RELEVANT_WHEN and not RELEVANT_WHEN[section](recorded):
+            continue
         then = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
         if then is None or isinstance(then, (dict, list)):
             continue
@@ -125,9 +158,10 @@ def dpo_seq_len_refusal(now: int, then: int, ckpt_name: str) -> str:
 
 def change_note(step: int, changes: list[str]) -> str:
     """What `run --check`, the trainer, staging's event and status say of a resume at `step` that `changes`
-    (stream_changes' lines) the batch stream."""
-    return (f"the resume from step {step:,} changes the batch stream or the lr schedule: {', '.join(changes)}: "
-            f"the data rows, their order, how they are batched or their learning rate change from step {step:,} on, "
+    (stream_changes' lines) the batch stream, the schedule or the update."""
+    return (f"the resume from step {step:,} changes the batch stream, the lr schedule or the update: "
+            f"{', '.join(changes)}: the data rows, their order, how they are batched, their learning rate or the "
+            f"loss and update of each step change from step {step:,} on, "
             f"and the run is no longer the same as an undisturbed run of either config (not bit-reproducible "
             f"against one)")
 

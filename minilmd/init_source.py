@@ -50,6 +50,7 @@ from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
 from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
+from minilmd.run_states import Phase
 from minilmd.scratch_lost import lost_for_good
 from minilmd.shared_place import Place, look
 from minilmd.untrusted import file_kind, loads, printable, read_json
@@ -218,25 +219,25 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     exit_status = outcome.get("exit")
     reason = printable(str(state.get("reason", "")))
     ended = how_ended(state)
-    if phase == "done" and exit_status == 0 and ended in FINISHED_ENDINGS:
+    if phase == Phase.DONE and exit_status == 0 and ended in FINISHED_ENDINGS:
         return PredecessorReport("done", f"run {pred.name} finished at step {step}", phase, state)
-    if phase == "failed" and exit_status in FINAL_EXIT_STATUSES:
+    if phase == Phase.FAILED and exit_status in FINAL_EXIT_STATUSES:
         return PredecessorReport("failed", f"run {pred.name} failed with exit {exit_status}: "
                                            f"{printable(str(state.get('last_error') or reason))}", phase, state)
     at = f" at step {step}" if step is not None else ""
-    if phase == "done" and ended == ENDED_REQUEUED:
+    if phase == Phase.DONE and ended == ENDED_REQUEUED:
         return PredecessorReport("waiting", f"run {pred.name} was requeued by Slurm{at}: it resumes when Slurm "
                                             f"starts its job again", phase, state)
-    if phase == "done" and ended == ENDED_CANCELLED:
+    if phase == Phase.DONE and ended == ENDED_CANCELLED:
         return PredecessorReport("waiting", f"run {pred.name}'s Slurm job was cancelled{at}: it resumes when its "
                                             f"job is submitted again", phase, state)
-    if phase == "done" and ended == ENDED_UNSYNCED:  # an older minilmd's ending (now its last sync waits)
+    if phase == Phase.DONE and ended == ENDED_UNSYNCED:  # an older minilmd's ending (now its last sync waits)
         return PredecessorReport("waiting", f"run {pred.name} finished{at}, but its last checkpoint is not on its "
                                             f"run.remote (its owner.json is not that run's): it is synced when that "
                                             f"run is started again", phase, state)
-    if phase == "done":  # done but not finished: stopped on request; it waits for a restart
+    if phase == Phase.DONE:  # done but not finished: stopped on request; it waits for a restart
         return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
-    if phase == "stopping" and reason.startswith(FINAL_SYNC_WAITING):  # its checkpoint not on its remote yet
+    if phase == Phase.STOPPING and reason.startswith(FINAL_SYNC_WAITING):  # its checkpoint not on its remote yet
         return PredecessorReport("waiting", f"run {pred.name} finished training{at}, but its last checkpoint is not "
                                             f"on its run.remote yet; that run says: {reason[:WAIT_WHY_SHOWN]}", phase,
                                  state, last_sync_waits=True)

@@ -2,7 +2,9 @@
 config copies) and what each is in a minilmd run config: the one table of them. A user migrating writes
 `batch_size`, `learning_rate`, `epochs`... and got only "unknown key" (user7 #4); config.py's unknown-key message
 now says the minilmd key and the difference in units (`unknown_key_hint`), and docs/operations.md's table is
-checked against MINIMIND_NAMES by tests/test_minimind_names.py. Torch-free, imports nothing of minilmd."""
+checked against MINIMIND_NAMES by tests/test_minimind_names.py. PEFT's LoraConfig and the HF Trainer's names
+(user9 F11: `lora.r`, `gradient_accumulation_steps`) are looked up the same way (FOREIGN_NAMES), and their docs
+table is checked too. Torch-free, imports nothing of minilmd."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -53,12 +55,49 @@ MINIMIND_NAMES: dict[str, MiniMindName] = {
 are here too: written in another section (`[train] hidden_size`) they are unknown there."""
 
 
+PEFT_NAMES: dict[str, MiniMindName] = {
+    "r": MiniMindName("lora.rank", "the same; 0 (the default) is no LoRA"),
+    "lora_alpha": MiniMindName("lora.alpha", "the same: the bypass is scaled by alpha / rank"),
+    "lora_dropout": MiniMindName("lora.dropout", "the same"),
+    "target_modules": MiniMindName("lora.targets", "a list among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                                   "down_proj (no regex, no \"all-linear\")"),
+    "bias": MiniMindName("", "no bias is trained (PEFT's \"none\")"),
+    "task_type": MiniMindName("", "a causal LM always; `minilmd export --format peft` writes CAUSAL_LM"),
+}
+"""PEFT's LoraConfig names (what `--format peft` exports, docs/formats.md) -> the minilmd key."""
+
+HF_TRAINER_NAMES: dict[str, MiniMindName] = {
+    "per_device_train_batch_size": MiniMindName("train.micro_batch_size", "rows per device per forward/backward"),
+    "gradient_accumulation_steps": MiniMindName("train.grad_accum", "the same"),
+    "num_train_epochs": MiniMindName("train.max_epochs", "passes over the prepared train split, fractions allowed"),
+    "warmup_ratio": MiniMindName("train.warmup_steps", "in steps, not a share of the run"),
+    "max_grad_norm": MiniMindName("train.grad_clip", "the same"),
+    "logging_steps": MiniMindName("train.log_every", "the same"),
+    "eval_steps": MiniMindName("train.eval_every", "the same"),
+    "save_steps": MiniMindName("train.checkpoint_every", "steps (an integer) or a duration (\"5m\")"),
+    "save_total_limit": MiniMindName("train.keep_local", "checkpoints kept in scratch (sync.keep: on run.remote)"),
+    "output_dir": MiniMindName("run.remote", "where checkpoints are kept; run.dir holds the logs and state"),
+    "bf16": MiniMindName("train.dtype", "dtype = \"bf16\" (or \"auto\": bf16 where the card has it)"),
+    "fp16": MiniMindName("train.dtype", "no fp16: dtype = \"bf16\", \"fp32\" or \"auto\""),
+    "max_seq_length": MiniMindName("train.seq_len", "tokens per row; the corpus is cut at prepare's --seq-len"),
+    "lr_scheduler_type": MiniMindName("", "always a cosine from train.lr down to lr x train.min_lr_ratio after "
+                                          "train.warmup_steps"),
+}
+"""The HF Trainer's (and TRL's) TrainingArguments names -> the minilmd key; learning_rate is MiniMind's too."""
+
+FOREIGN_NAMES: dict[str, dict[str, MiniMindName]] = {
+    "MiniMind's": MINIMIND_NAMES, "PEFT's": PEFT_NAMES, "the HF Trainer's": HF_TRAINER_NAMES}
+"""Whose names, in the order an unknown key is looked up (a name in two, MiniMind's wins)."""
+
+
 def unknown_key_hint(section: str, key: str) -> str:
-    """What an unknown `section.key` is, when `key` is a MiniMind name: "did you mean train.lr? (MiniMind's
-    learning_rate: ...)", or "MiniMind's use_moe: minilmd has no such key: ..."; "" for any other name."""
-    found = MINIMIND_NAMES.get(key)
+    """What an unknown `section.key` is, when `key` is a MiniMind, PEFT or HF Trainer name: "did you mean train.lr?
+    (MiniMind's learning_rate: ...)", or "MiniMind's use_moe: minilmd has no such key: ..."; "" for any other
+    name."""
+    whose, found = next(((whose, table[key]) for whose, table in FOREIGN_NAMES.items() if key in table),
+                        ("", None))
     if found is None or found.key == f"{section}.{key}":
         return ""
     if not found.key:
-        return f"MiniMind's {key}: minilmd has no such key: {found.note}"
-    return f"did you mean {found.key}? (MiniMind's {key}: {found.note})"
+        return f"{whose} {key}: minilmd has no such key: {found.note}"
+    return f"did you mean {found.key}? ({whose} {key}: {found.note})"

@@ -27,8 +27,8 @@ def test_an_oom_retry_at_a_resume_is_said_as_the_supervisors_own_with_the_old_an
     shaped = [e for e in events(run_dir) if e["event"] == "data_shape"]
     assert [(e["step"], said in e["message"]) for e in shaped] == [(10, True)], shaped
     shown = cli("status", str(run_dir)).stdout
-    assert f"bit-reproducible: no (a resume changed the batch stream or the lr schedule: step 10: {said}" in shown, \
-        shown
+    assert ("bit-reproducible: no (a resume changed the batch stream, the lr schedule or the update: step 10: "
+            f"{said}") in shown, shown
 
 
 def test_the_oom_retrys_keys_are_said_as_its_own_and_a_config_edit_as_before():

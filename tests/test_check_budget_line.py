@@ -77,9 +77,24 @@ def test_the_time_is_said_only_at_a_measured_rate(tmp_path):
     assert budget_line(cfg, plan, Rate(32_768.0)).endswith("; all of it take about 60s at the 32,768 tok/s this run "
                                                            "last measured")
     # 50 steps left; the run trained 16,384 real tokens a step (tokens_seen / step): 50 x 16,384 / 3,276.8 = 250 s
-    assert budget_line(cfg, plan, Rate(3_276.8, step=10, tokens_seen=163_840)).endswith(
+    assert budget_line(cfg, plan, Rate(3_276.8, step=10, tokens_seen=163_840, at=10)).endswith(
         "; the 50 steps left take about 4m at the 3,277 tok/s this run last measured")
+    # where the launch resumes is not known: counted from the last step recorded, said so
+    assert budget_line(cfg, plan, Rate(3_276.8, step=10, tokens_seen=163_840)).endswith(
+        "; the 50 steps left after step 10 (the last known: where the launch resumes is not known) take about 4m "
+        "at the 3,277 tok/s this run last measured")
     assert budget_line(cfg, plan, Rate(3_276.8, step=60)).endswith("; none of it is left")
+
+
+def test_the_steps_left_count_from_the_step_the_launch_resumes_not_the_last_recorded(tmp_path):
+    """user9 F11: scratch lost step 53 (the last state.json recorded), the launch resumes the remote's 35: 25 steps
+    are left, not 7."""
+    cfg = config(tmp_path, max_steps=60)
+    plan = planned(cfg, TEXT)
+    line = budget_line(cfg, plan, Rate(3_276.8, step=53, tokens_seen=53 * 16_384, at=35))
+    assert line.endswith("; the 25 steps left take about 2m at the 3,277 tok/s this run last measured"), line
+    assert budget_line(cfg, plan, Rate(32_768.0, step=53, at=0)).endswith("; all of it take about 60s at the "
+                                                                          "32,768 tok/s this run last measured")
 
 
 def test_the_missing_budget_message_says_a_short_epoch_in_seconds(tmp_path):

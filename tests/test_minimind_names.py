@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, toml_key
-from minilmd.minimind_names import MINIMIND_NAMES
+from minilmd.minimind_names import FOREIGN_NAMES, MINIMIND_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = REPO / ".." / "shared" / "minimind" / "trainer"  # MiniMind's own trainers
@@ -47,7 +47,22 @@ def test_a_minimind_name_outside_any_section_is_named_too_and_other_typos_keep_t
 
 
 def test_the_table_names_only_real_config_keys():
-    assert {name.key for name in MINIMIND_NAMES.values() if name.key} <= KEYS
+    assert {name.key for table in FOREIGN_NAMES.values() for name in table.values() if name.key} <= KEYS
+
+
+def test_peft_and_hf_trainer_names_say_the_minilmd_key():
+    """user9 F11: PEFT's and the HF Trainer's names were a plain "unknown key", though example.toml names PEFT's."""
+    said = problems_of({"lora": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]},
+                        "train": {"gradient_accumulation_steps": 2, "num_train_epochs": 3, "warmup_ratio": 0.1,
+                                  "per_device_train_batch_size": 8, "learning_rate": 1e-4}})
+    for wrote, key, whose in (("lora.r", "lora.rank", "PEFT's r"), ("lora.lora_alpha", "lora.alpha", "PEFT's"),
+                              ("lora.target_modules", "lora.targets", "PEFT's"),
+                              ("train.gradient_accumulation_steps", "train.grad_accum", "the HF Trainer's"),
+                              ("train.num_train_epochs", "train.max_epochs", "the HF Trainer's"),
+                              ("train.warmup_ratio", "train.warmup_steps", "the HF Trainer's"),
+                              ("train.per_device_train_batch_size", "train.micro_batch_size", "the HF Trainer's"),
+                              ("train.learning_rate", "train.lr", "MiniMind's")):
+        assert any(p.startswith(f"unknown key {wrote}: did you mean {key}? ({whose}") for p in said), (wrote, said)
 
 
 def test_the_table_covers_every_flag_of_minimind_trainers():
@@ -60,12 +75,13 @@ def test_the_table_covers_every_flag_of_minimind_trainers():
     assert flags - set(MINIMIND_NAMES) == set()
 
 
-def doc_row(name: str) -> str:
-    found = MINIMIND_NAMES[name]
+def doc_row(name: str, table: dict = MINIMIND_NAMES) -> str:
+    found = table[name]
     return f"| `{name}` | {f'`{found.key}`' if found.key else 'none'} | {found.note} |"
 
 
 def test_the_docs_table_is_the_modules_table():
     text = DOC.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if re.match(r"\| `\w+` \| (`[a-z_]+\.[a-z_]+`|none) \|", line)]
-    assert rows == [doc_row(name) for name in MINIMIND_NAMES], "\n".join(doc_row(n) for n in MINIMIND_NAMES)
+    tables = [(name, table) for table in FOREIGN_NAMES.values() for name in table]  # MiniMind's, PEFT's, HF's
+    assert rows == [doc_row(name, table) for name, table in tables], "\n".join(doc_row(*t) for t in tables)

@@ -254,6 +254,8 @@ def test_special_token_text_inside_a_document_is_counted(tmp_path, tokenizer):
     meta, report = run_prepare([src], tokenizer, tmp_path / "p", val_fraction=0)
     assert meta["stats"]["documents_with_special_ids_inside"] == 1
     assert f"{src}:2" in report
+    # what to do next (user9 F11: the warning gave none)
+    assert "if they are text, not markers, remove them from the source (`minilmd corpus count '<|im_end|>' " in report
 
 
 def _simulate_layout(lengths, T):

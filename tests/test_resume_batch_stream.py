@@ -16,7 +16,7 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from supervisor_helpers import cli, events, run_supervisor, write_config
 
-SAID = ("the resume from step 4 changes the batch stream or the lr schedule: train.seq_len = 64 (was 32), "
+SAID = ("the resume from step 4 changes the batch stream, the lr schedule or the update: train.seq_len = 64 (was 32), "
         "train.grad_accum = 2 (was 1)")
 
 
@@ -39,7 +39,8 @@ def test_a_resume_with_a_longer_seq_len_is_said_by_the_check_the_trainer_the_eve
     logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("attempt-*.log")))
     assert f"minilmd: note: {SAID}" in logs
     shown = cli("status", str(run_dir)).stdout
-    assert "bit-reproducible: no (a resume changed the batch stream or the lr schedule: step 4: train.seq_len = 64 " \
+    assert "bit-reproducible: no (a resume changed the batch stream, the lr schedule or the update: step 4: " \
+        "train.seq_len = 64 " \
         "(was 32)" in shown
 
     # Its newest checkpoint has the new settings: a launch that only trains longer changes no batch, but the budget
@@ -48,8 +49,8 @@ def test_a_resume_with_a_longer_seq_len_is_said_by_the_check_the_trainer_the_eve
                          train={"seq_len": 64, "grad_accum": 2, "max_steps": 8, "checkpoint_every": 2})
     check = cli("run", "--check", str(again))
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "the lr schedule: train.max_steps = 8 (was 6): " in check.stdout and "seq_len =" not in check.stdout, \
-        check.stdout
+    assert "the lr schedule or the update: train.max_steps = 8 (was 6): " in check.stdout, check.stdout
+    assert "seq_len =" not in check.stdout, check.stdout
     assert "bit-reproducible: no" in cli("status", str(run_dir)).stdout  # the run's history: changed once
 
 
@@ -69,7 +70,7 @@ def test_a_resume_from_the_remote_on_a_new_machine_with_a_longer_seq_len_is_said
     assert run_supervisor(longer, tmp_path, fake=False, timeout=300) == 0
     assert [e["step"] for e in events(run_dir) if e["event"] == "data_shape"] == [4]  # once fetched into scratch
     said = cli("status", str(run_dir)).stdout
-    assert "bit-reproducible: no (a resume changed the batch stream or the lr schedule" in said
+    assert "bit-reproducible: no (a resume changed the batch stream, the lr schedule or the update" in said
 
 
 def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tmp_path):
@@ -80,7 +81,8 @@ def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tm
     st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
     st.update(phase="training", since=time.time(), shape_changes=["step 702: train.seq_len = 512 (was 256)"])
     lines = reproducibility_lines(run_dir, StateJson.from_dict(st))
-    assert lines == ["  bit-reproducible: no (a resume changed the batch stream or the lr schedule: step 702: "
+    assert lines == ["  bit-reproducible: no (a resume changed the batch stream, the lr schedule or the update: "
+                     "step 702: "
                      "train.seq_len = 512 (was 256); the run is the same as an undisturbed run of neither config)"]
 
 

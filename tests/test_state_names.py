@@ -20,8 +20,6 @@ from minilmd.run_states import Phase, StagingState, SyncState
 THE_MODULE = "minilmd/run_states.py"
 STATE_VALUES = frozenset(member.value for enum in (Phase, SyncState, StagingState) for member in enum)
 
-_INIT_SOURCE = ("init_source's predecessor report reads state.json's phase by hand; the file is another builder's "
-                "while this audit was written: compare with Phase there next (house9 item 7, left)")
 REVIEWED: dict[str, str] = {
     "daemon/jobs/resumefrom.py:outcome == 'failed'": "scratch_behind.peek's outcome (refused, failed, found)",
     "daemon/jobs/scratch_behind.py:peeked[0] == 'failed'": "peek's outcome, its first item",
@@ -32,9 +30,6 @@ REVIEWED: dict[str, str] = {
     "minilmd/init_moved.py:report.outcome == 'done'": "init_source's PredecessorReport.outcome",
     "daemon/phases/initwait.py:report.outcome == 'failed'": "init_source's PredecessorReport.outcome",
     "minilmd/leftovers.py:outcome == 'running'": "leftovers.clear's outcome (its maker still running)",
-    "minilmd/init_source.py:phase == 'done'": _INIT_SOURCE,
-    "minilmd/init_source.py:phase == 'failed'": _INIT_SOURCE,
-    "minilmd/init_source.py:phase == 'stopping'": _INIT_SOURCE,
     "minilmd/init_source.py:outcome != 'done'": "its own PredecessorReport.outcome, not a phase",
     "scripts/gpu_check_determinism.py:status != 'ok'": "a device check part's status (ok, fail, skip)",
     "scripts/gpu_check_sidebyside.py:status == 'ok'": "a device check part's status (ok, fail, skip)",

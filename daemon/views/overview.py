@@ -281,12 +281,12 @@ def _notes(notes: list[str], out) -> None:
 
 
 def forget(target: str, out=None) -> int:
-    """Exit 0 when something was forgotten, 1 when no entry of yours matched, or only runs that still exist did
-    (kept, and said why), or the run directory named is running (its entry kept: a live run stays listed); 2 when
-    a third user's link leads to the run directory named (runarg's rule: root's forget through a user's link took
-    a third user's live run off the list). The run directory and its owner are said first when it is not ours. A
-    bare NAME that is also a directory here is that run directory too; when it is running, only it is kept: the
-    gone runs of that name are still forgotten (`cd ~/runs; minilmd forget demo` while ./demo trains)."""
+    """Exit 0 when something was forgotten; COMMAND_FAILED (1) when no entry of yours matched, or only runs that
+    still exist did (kept, and said why), or the run directory named is running (its entry kept: a live run stays
+    listed); 2 when a third user's link leads to the run directory named (runarg's rule: root's forget through a
+    user's link took a third user's live run off the list). The run directory and its owner are said first when it
+    is not ours. A bare NAME that is also a directory here is that run directory too; when it is running, only it is
+    kept: the gone runs of that name are still forgotten (`cd ~/runs; minilmd forget demo` while ./demo trains)."""
     from minilmd.daemon.views.runarg import RunProblem, real_path
 
     out = out or sys.stdout
@@ -332,7 +332,7 @@ def _forget(target: str, as_dir: Path | None, run: Dir | None, out) -> int:
             print(f"kept {printable(as_dir)}: its supervisor (pid {holder.pid}) holds the run's lock: a running run "
                   f"stays listed (`minilmd stop` it first)", file=out)
             if not by_name:
-                return 1
+                return protocol.COMMAND_FAILED
             as_dir, running_dir = None, as_dir  # by name: the gone runs of that name are still forgotten
         if run is not None and as_dir is not None and (  # gone (what forget is for): no one's to name
                 whose := not_yours_line(as_dir, os.fstat(run.fd).st_uid, _forgetting())):
@@ -346,7 +346,7 @@ def _forget(target: str, as_dir: Path | None, run: Dir | None, out) -> int:
         if not done.kept:
             print(f"minilmd forget: no registered run of yours named {target!r} (see `minilmd status --all`)",
                   file=sys.stderr)
-        return 1
+        return protocol.COMMAND_FAILED
     for path in done.removed:
         print(f"forgot {printable(target)}: removed {printable(path)}", file=out)
     if as_dir is not None and run is not None and _holds(run, names.STATE):

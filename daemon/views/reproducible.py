@@ -27,7 +27,7 @@ def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
         return ["  bit-reproducible: yes (train.deterministic: deterministic kernels on the GPU; a resumed run ends "
                 "as an undisturbed one would)"]
     if state.shape_changes:  # a resume changed the batch stream (minilmd/batch_stream.py): no run ends as it does
-        return [f"  bit-reproducible: no (a resume changed the batch stream or the lr schedule: "
+        return [f"  bit-reproducible: no (a resume changed the batch stream, the lr schedule or the update: "
                 f"{'; '.join(state.shape_changes)}; the run is the same as an undisturbed run of neither config)"]
     return ["  bit-reproducible: no on the GPU (train.deterministic = false: torch's default kernels; a resumed run "
             "ends close to, not equal to, an undisturbed one)"]

@@ -140,11 +140,22 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
                   f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
 
 
+def _earlier_trainers(p: Progress) -> bool:
+    """Whether the step is an earlier trainer's: a restart set its rates aside (rates_awaited_since) and no trainer
+    has beaten since (a restarted trainer's first beat gives the step it resumed from, runstate.apply_progress). It
+    may not be where the run resumes (the remote's older checkpoint after scratch was lost), and its total not the
+    budget's now (a config edited before the restart): user9 F11 saw `step 753/3,000` while staging a run of 900."""
+    return p.rates_awaited_since is not None and (p.heartbeat is None or p.heartbeat < p.rates_awaited_since)
+
+
 def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]:
     if p.step is None:
         return []
     total = p.total_steps
-    parts = [f"step {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
+    if _earlier_trainers(p):  # staging, a fetch, a compile: the step and total are the trainer's before the restart
+        parts = [f"last known step {p.step:,}" + (f" (of {total:,} then)" if total else "")]
+    else:
+        parts = [f"step {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
     if saved_pass and not (alive and p.reference_pass):  # a pass running says how far it is, below
         parts[0] += saved_pass
     if p.loss is not None:

@@ -71,16 +71,21 @@ def run_command(
         # what the checkpoint it resumes from trained: a budget in tokens or epochs is counted after it
         trained = next((d for line in start if (d := getattr(line, "done", None)) is not None), None)
         plan = functools.cache(lambda: planned(cfg, meta, None, trained))  # meta.json as --check read it (None: here)
-        typer.echo(budget_line(cfg, plan(), measured_rate(cfg)))  # steps, tokens, epochs, which budget binds
-        for line in waits:
-            typer.echo(f"waits: {line}")
-        for line in _notes(cfg, plan, claim_remote):
-            typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
         # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
         remote_line = check_line(cfg, fresh, any(line.startswith("starts from step 0: ") and "run.remote" in line
                                                  for line in start))
+        # the step the launch starts from, where known: the steps left are counted from it, not the last recorded
+        at = None if remote_line else trained.step if trained else None if preflight.resumes(start) else 0
+        rate = measured_rate(cfg, at)
+        typer.echo(budget_line(cfg, plan(), rate))  # steps, tokens, epochs, which budget binds
+        for line in waits:
+            typer.echo(f"waits: {line}")
+        from minilmd.plan.epoch_notes import epoch_notes
+
+        for line in _notes(cfg, plan, claim_remote, rate) + epoch_notes(cfg, plan(), meta):
+            typer.echo(f"note: {line}")
         for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
@@ -119,7 +124,7 @@ def _init_wait(cfg, resumes: bool = False) -> str:
     return predecessor_outcome(pred)[1] if pred is not None else ""
 
 
-def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
+def _notes(cfg, plan, claim_remote: bool = False, rate=None) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
     memory_fit), train on some conversations or preference pairs nothing (train.seq_len
@@ -130,7 +135,8 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
     checkpoints: daemon/jobs/remote_room.py), keep its checkpoints only in
     scratch (no run.remote), make a private scratch root (another user took the default's: minilmd/scratch_root.py),
     take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py).
-    `plan()`: the budget's plan (budget.planned), for the checkpoint and time notes."""
+    `plan()`: the budget's plan (budget.planned), for the checkpoint and time notes; `rate`: the speed this run
+    directory measured (measured_rate, from the step the launch starts at), for the time notes."""
     from minilmd.daemon.host.gpu import cpu_fallback
     from minilmd.daemon.jobs.remote_room import remote_room_note
     from minilmd.daemon.phases.rundirwatch import room_note
@@ -155,7 +161,7 @@ def _notes(cfg, plan, claim_remote: bool = False) -> list[str]:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
                      f"on persistent storage to keep a copy")
-    return notes + _checkpoint_note(cfg, plan) + _time_notes(cfg, plan)
+    return notes + _checkpoint_note(cfg, plan) + _time_notes(plan, rate, cfg)
 
 
 def _checkpoint_note(cfg, plan) -> list[str]:
@@ -172,7 +178,7 @@ def _checkpoint_note(cfg, plan) -> list[str]:
 YEAR_S = 365 * 86400.0
 
 
-def measured_rate(cfg):
+def measured_rate(cfg, at: int | None = None):
     """The speed this run directory's earlier launch measured (state.json's progress: tok/s, at its step, after its
     tokens), as budget.Rate; None when none was (a fresh run), or not as numbers (another hand's state.json)."""
     import math
@@ -185,10 +191,10 @@ def measured_rate(cfg):
     tok_s, step, seen = progress.get("tok_s"), progress.get("step"), progress.get("tokens_seen")
     if not isinstance(tok_s, (int, float)) or isinstance(tok_s, bool) or not 0 < tok_s < math.inf:
         return None
-    return Rate(float(tok_s), step if type(step) is int else 0, seen if type(seen) is int and seen > 0 else None)
+    return Rate(float(tok_s), step if type(step) is int else 0, seen if type(seen) is int and seen > 0 else None, at)
 
 
-def _time_notes(cfg, plan) -> list[str]:
+def _time_notes(plan, rate, cfg) -> list[str]:
     """What the budget's steps left (`plan()`: budget.planned) take at the rate this run directory last measured
     (measured_rate; budget.time_left): a note when that is years (a budget mistyped), and one when sync.every is
     longer than that (no sync comes before the last, at the end). [] without a measured rate: a fresh run has no
@@ -196,7 +202,7 @@ def _time_notes(cfg, plan) -> list[str]:
     from minilmd.fmt import fmt_duration
     from minilmd.plan.budget import time_left
 
-    if (rate := measured_rate(cfg)) is None:
+    if rate is None:
         return []  # none measured, or not a number: another hand's state.json
     if (planned := plan()) is None or (left_eta := time_left(planned, rate)) is None:
         return []  # an epoch budget of a corpus that does not say its size; or finished: nothing left to time

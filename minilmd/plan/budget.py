@@ -134,17 +134,26 @@ class Planned:
 @dataclass(frozen=True)
 class Rate:
     """The speed a run directory's earlier launch measured (state.json's progress): `tok_s` real tokens a second
-    (minilmd/metrics.py) at `step`, after `tokens_seen` real tokens (None: not recorded)."""
+    (minilmd/metrics.py) at `step`, after `tokens_seen` real tokens (None: not recorded). `at`: the step the launch
+    starts from, where `run --check` knows it (the checkpoint it resumes, or 0); None: unknown, and `step`, the last
+    known, is what the steps left are counted from, said so (a restart resumes from an older step where the newest
+    was lost: user9 F11 "the 147 steps left" of a run resuming 185 before its end)."""
 
     tok_s: float
     step: int = 0
     tokens_seen: int | None = None
+    at: int | None = None
+
+    @property
+    def from_step(self) -> int:
+        return self.step if self.at is None else self.at
 
 
 def time_left(plan: Planned, rate: Rate) -> tuple[int, float] | None:
-    """(Steps left, their seconds) at `rate`, a step's tokens as that run trained them (tokens_seen / step: real
-    tokens, as tok_s counts; else the step's global_batch x seq_len); None when no step is left."""
-    left = plan.steps - rate.step
+    """(Steps left from rate.from_step, their seconds) at `rate`, a step's tokens as that run trained them
+    (tokens_seen / step: real tokens, as tok_s counts; else the step's global_batch x seq_len); None when no step is
+    left."""
+    left = plan.steps - rate.from_step
     if left <= 0:
         return None
     per_step = rate.tokens_seen / rate.step if rate.tokens_seen and rate.step > 0 else plan.global_batch * plan.seq_len
@@ -180,7 +189,8 @@ def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) 
         return line + "; no time estimate before a launch has measured this run's speed (status gives its ETA)"
     if (left := time_left(plan, rate)) is None:
         return line + "; none of it is left"
-    done = f"the {left[0]:,} steps left" if rate.step > 0 else "all of it"
+    done = "all of it" if rate.from_step <= 0 else f"the {left[0]:,} steps left" if rate.at is not None else \
+        f"the {left[0]:,} steps left after step {rate.step:,} (the last known: where the launch resumes is not known)"
     return line + f"; {done} take about {fmt_duration(left[1])} at the {rate.tok_s:,.0f} tok/s this run last measured"
 
 

@@ -163,7 +163,10 @@ def report(meta: dict, log) -> None:
     if stats["documents_with_special_ids_inside"]:
         log(f"warning: {stats['documents_with_special_ids_inside']:,} documents contain a literal special token "
             f"(<|endoftext|>, <|im_start|> or <|im_end|>) that encodes to id 0/1/2 inside the document, e.g. "
-            f"{', '.join(stats['special_ids_inside_examples'][:3])}")
+            f"{', '.join(stats['special_ids_inside_examples'][:3])}: each trains as that token (a document's end "
+            f"or a turn's marker in the middle of its text); if they are text, not markers, remove them from the "
+            f"source (`minilmd corpus count '<|im_end|>' '<|im_start|>' '<|endoftext|>' SOURCE.jsonl` counts them) "
+            f"and prepare again; if they are meant, nothing to do")
 
 
 def _few_val(meta: dict) -> str:
