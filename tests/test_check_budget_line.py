@@ -110,3 +110,13 @@ def test_run_check_prints_the_budget_line(tmp_path, corpus):
     [line] = [line for line in out.stdout.splitlines() if line.startswith("budget: ")]
     assert line.startswith("budget: 30 steps x 4 rows x 32 tokens = 3,840 tokens = ") and \
         "(train.max_steps binds; train.max_epochs = 100 would be " in line, line
+
+
+def test_the_done_line_names_a_token_budget_as_the_config_gives_it(tmp_path):
+    """"run is done ...: raise the budget (train.max_tokens = 3,000,000)": before (user report 9, finding 11) the
+    done line said `train.max_tokens = 3e+06`, a number no one wrote in a config."""
+    from minilmd.daemon.jobs.rundone import _budget
+
+    assert _budget(config(tmp_path, max_tokens=3_000_000, max_epochs=1.5)) == \
+        "train.max_tokens = 3,000,000 and train.max_epochs = 1.5"
+    assert _budget(config(tmp_path, max_steps=100)) == "train.max_steps = 100"

@@ -112,7 +112,8 @@ def _holds_the_end(cfg: RunConfig, step: int) -> bool | None:
 
 
 def _budget(cfg: RunConfig) -> str:
-    t = cfg.train
-    given = [f"train.{key} = {value:g}" for key, value in
-             (("max_steps", t.max_steps), ("max_tokens", t.max_tokens), ("max_epochs", t.max_epochs)) if value]
+    from minilmd.plan.budget import setting_words
+
+    given = [setting_words(cfg, f"train.{key}") for key in ("max_steps", "max_tokens", "max_epochs")
+             if getattr(cfg.train, key)]
     return " and ".join(given) if given else "train.max_steps"

@@ -181,10 +181,12 @@ def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) 
     if plan.epochs is not None:
         line += f" = {plan.epochs:,.2f} epochs of train"
     binds = next(key for key, steps in plan.limits.items() if steps == plan.steps)
-    others = [f"{_setting(cfg, key)} would be {steps:,} steps" for key, steps in plan.limits.items() if key != binds]
+    others = [f"{setting_words(cfg, key)} would be {steps:,} steps" for key, steps in plan.limits.items()
+              if key != binds]
     if t.max_epochs and "train.max_epochs" not in plan.limits:
-        others.append(f"{_setting(cfg, 'train.max_epochs')} is not counted: the corpus's size is not readable here")
-    line += f" ({binds} binds; {'; '.join(others)})" if others else f" ({_setting(cfg, binds)})"
+        others.append(f"{setting_words(cfg, 'train.max_epochs')} is not counted: the corpus's size is not readable "
+                      f"here")
+    line += f" ({binds} binds; {'; '.join(others)})" if others else f" ({setting_words(cfg, binds)})"
     if rate is None:
         return line + "; no time estimate before a launch has measured this run's speed (status gives its ETA)"
     if (left := time_left(plan, rate)) is None:
@@ -194,7 +196,7 @@ def budget_line(cfg: RunConfig, plan: Planned | None, rate: Rate | None = None) 
     return line + f"; {done} take about {fmt_duration(left[1])} at the {rate.tok_s:,.0f} tok/s this run last measured"
 
 
-def _setting(cfg: RunConfig, key: str) -> str:
+def setting_words(cfg: RunConfig, key: str) -> str:
     value = getattr(cfg.train, key.split(".")[1])
     return f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value:,}"
 
