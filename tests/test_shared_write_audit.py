@@ -112,8 +112,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                      {("clear_damaged", ".unlink"): 1}),
     "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1,
                                                  ("_own_fault", ".unlink"): 1}),
-    "daemon/child/stackdump.py": ("gap", RUN_DIR + " (the trainer's log)", {("dump_stack", "open"): 1,
-                                                                           ("_dump_by_sigusr1", "open"): 2}),
     "daemon/demo.py": ("private", DEMO_DIR + " (its config; the directory itself made at its parent's descriptor, "
                         "dirfd's Dir)", {("main", ".write_text"): 1, ("_fresh_in", "os.mkdir@dir_fd"): 1}),
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
@@ -245,8 +243,7 @@ def test_every_review_says_why():
     assert not unexplained(REVIEWED)
 
 
-RUN_DIR_OPEN_PENDING = {"daemon/child/stackdump.py": "the trainer's attempt log appended by open(): another "
-                                                     "builder's file at the time; to go through jsonlines.open_log"}
+RUN_DIR_OPEN_PENDING: dict[str, str] = {}
 """Files still opening a file in run.dir for writing with open(), each with why it is still there."""
 
 
