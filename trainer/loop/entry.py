@@ -23,7 +23,7 @@ from minilmd.names import FAULT, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.budget import epoch_without_budget
 from minilmd.probes import load_checked
-from minilmd.protocol import EXIT_CONFIG, EXIT_SCRATCH_FULL, EXIT_TRAINER_BUSY
+from minilmd.protocol import EXIT_CONFIG, EXIT_RUN_DIR_FULL, EXIT_SCRATCH_FULL, EXIT_TRAINER_BUSY
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.loop import cpu_threads, determinism, exits, warmup
@@ -132,7 +132,13 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
 def settle_run_dir_of(cfg: RunConfig) -> int | None:
     """cfg.run.dir made and judged in one walk (place_rule.settle_run_dir) and replaced by its real path, once,
     before anything records it (scratch's owner.json): a link planted on the way after the config was read chooses
-    nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full."""
+    nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full, 73
+    under a supervisor when it is gone (removed since the supervisor made it: made again here, it would lack the run's
+    state.json and config copy; the supervisor says so and stops, daemon/phases/rundirwatch.py)."""
+    if os.environ.get(RUN_DIR_ENV) and not os.path.isdir(cfg.run_dir):
+        print(f"minilmd train: run.dir {cfg.run.dir} is not there (removed since the supervisor made it?): the "
+              f"trainer does not make it again", file=sys.stderr, flush=True)
+        return EXIT_RUN_DIR_FULL
     try:
         cfg.run.dir = str(settle_run_dir(cfg.run_dir))
     except PlaceRefused as e:
