@@ -209,9 +209,12 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the SIGBUS page in a nameless "
                                "temporary file (tempfile's, O_TMPFILE); faults-fired is appended through "
                                "minilmd/jsonlines.py", {("_sigbus", "tempfile.TemporaryFile"): 1}),
-    "minilmd/metrics.py": ("gap", RUN_DIR + " (run.dir made if missing; metrics.jsonl through minilmd/jsonlines.py, "
-                           "the heartbeat by fsio.atomic_write_text)", {("MetricsLog.__init__", ".mkdir"): 1}),
-    "trainer/loop/entry.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),  # moved from train.py
+    "minilmd/metrics.py": ("gap", RUN_DIR + " (run.dir made if missing, never under a supervisor; metrics.jsonl "
+                           "through minilmd/jsonlines.py, the heartbeat by fsio.atomic_write_text)",
+                           {("MetricsLog._need_run_dir", ".mkdir"): 1}),
+    "trainer/loop/entry.py": ("gap", RUN_DIR + "; and scratch (on a scratch with no room, the empty directories "
+                              "its own claim has just made removed again: rmdir, never a file)",
+                              {("run", ".unlink"): 1, ("remove_empty_tree", "os.rmdir"): 2}),  # moved from train.py
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
                                  "copy in a fresh 0700 directory of tempfile's", {
