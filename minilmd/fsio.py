@@ -43,6 +43,13 @@ def is_disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
 
+def dir_removed(e: OSError, directory: str | os.PathLike) -> bool:
+    """Whether `e` failed a write in `directory` because the directory itself is gone (an `rm -r` of run.dir while
+    the run runs): said and stopped for as a full run.dir is, by the supervisor (daemon/phases/rundirwatch.py) and the
+    trainer (minilmd/metrics.py RunDirWrites), never a traceback. The one rule of both."""
+    return e.errno == errno.ENOENT and not os.path.isdir(directory)
+
+
 def no_inode_left(vfs: os.statvfs_result) -> bool:
     """Whether a file system is full of inodes, not of bytes (its ENOSPC with bytes to spare: freeing bytes would not
     help): it counts inodes (f_files; 0 where they are made as needed, as on btrfs and many NFS servers) and has none

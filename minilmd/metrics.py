@@ -30,9 +30,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from minilmd.fsio import atomic_write_text, is_disk_full
+from minilmd.fsio import atomic_write_text, dir_removed, is_disk_full
 from minilmd.jsonlines import NotALog, append_line, end_torn_line
-from minilmd.names import HEARTBEAT, METRICS
+from minilmd.names import HEARTBEAT, METRICS, RUN_DIR_ENV
 
 HEARTBEAT_INTERVAL_S = 1.0
 """The heartbeat is rewritten at most this often between forced beats: a step of a few milliseconds must not cost
@@ -65,29 +65,49 @@ class RunDirFileRefused(ValueError):
     trainer's refusal (trainer/loop/exits.py: exit 2, its words in fault.json)."""
 
 
+class RunDirGone(Exception):
+    """run.dir is not there at the trainer's start (removed after its supervisor, or main(), made it): the trainer
+    never makes it again (its run's other files, state.json, the config copy, would be missing from the new one) and
+    exits 73 as for a run.dir it cannot write (trainer/loop/exits.py), saying so in one line."""
+
+
 class RunDirWrites:
     """The trainer's writes into run.dir (metrics.jsonl, the heartbeat, its log: trainer/loop/guards.py) on a full
-    file system: each one that fails for want of room is dropped and counted, never raised (a traceback there ended
-    the trainer without a save, losing the steps since the last one). `full` says why from the first such failure
-    on: the loop then stops at the next step boundary, saves to scratch and exits 73 (protocol.EXIT_RUN_DIR_FULL),
-    rather than train on blind: with no heartbeat the supervisor cannot tell it from a hung one, and the run's
-    curve and log would have a hole the length of the outage."""
+    file system, or into a run.dir removed while it trains (`run_dir`, set by MetricsLog: the one it writes; the
+    same rule as the supervisor's, fsio.dir_removed): each one that fails so is dropped and counted, never raised (a
+    traceback there ended the trainer without a save, losing the steps since the last one). `full` says why from the
+    first such failure on (`removed` when run.dir is gone): the loop then stops at the next step boundary, saves to
+    scratch and exits 73 (protocol.EXIT_RUN_DIR_FULL), rather than train on blind: with no heartbeat the supervisor
+    cannot tell it from a hung one, and the run's curve and log would have a hole the length of the outage."""
 
     def __init__(self):
         self.full: str | None = None
+        self.removed = False
         self.dropped = 0
+        self.run_dir: Path | None = None
 
     def failed(self, e: OSError, what: str) -> None:
-        """A write of `what` raised `e`: dropped and counted when the disk is full, raised again otherwise."""
-        if not is_disk_full(e):
+        """A write of `what` raised `e`: dropped and counted when the disk is full or run.dir is gone, raised again
+        otherwise."""
+        gone = self.run_dir is not None and dir_removed(e, self.run_dir)
+        if not (is_disk_full(e) or gone):
             raise e
         self.dropped += 1
-        self.full = self.full or f"no room to write {what}: {e.strerror}"
+        if self.full is None:
+            self.removed = gone
+            self.full = f"{what}: {e.strerror}" if gone else f"no room to write {what}: {e.strerror}"
+
+    def why(self) -> str:
+        """Why the trainer stops for its run.dir (once `full` is set): full, or removed."""
+        if self.removed:
+            return f"run.dir {self.run_dir} was removed while the trainer ran ({self.full})"
+        return f"run.dir is full ({self.full})"
 
 
 class MetricsLog:
     """Appends lines to <run dir>/metrics.jsonl and refreshes <run dir>/heartbeat. Inactive on ranks != 0. A write
-    that finds run.dir full is dropped and counted in `writes` (RunDirWrites), never raised."""
+    that finds run.dir full, or gone, is dropped and counted in `writes` (RunDirWrites), never raised; one missing at
+    the start under a supervisor is RunDirGone (`_need_run_dir`)."""
 
     def __init__(self, run_dir: str | os.PathLike, active: bool = True,
                  heartbeat_interval: float = HEARTBEAT_INTERVAL_S, writes: RunDirWrites | None = None):
@@ -97,8 +117,21 @@ class MetricsLog:
         self.writes = writes or RunDirWrites()
         self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
         if active:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._need_run_dir()
+            self.writes.run_dir = self.writes.run_dir or self.run_dir
             self._end_torn_line()
+
+    def _need_run_dir(self) -> None:
+        """Under a supervisor (names.RUN_DIR_ENV set) run.dir was made before the launch: one missing now was removed
+        since, and is RunDirGone, never made again (a new one would lack the run's state.json and config copy).
+        Elsewhere (`minilmd train` on its own, whose main() has just made it: place_rule.settle_run_dir; a Trainer
+        built in a test) it is made."""
+        if self.run_dir.is_dir():
+            return
+        if os.environ.get(RUN_DIR_ENV):
+            raise RunDirGone(f"run.dir {self.run_dir} is not there (removed since the supervisor made it?): the "
+                             f"trainer does not make it again")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def _end_torn_line(self) -> None:
         """Every attempt appends (a resume never truncates the curve); one killed mid-line must not glue this

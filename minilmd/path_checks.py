@@ -15,9 +15,10 @@ from pathlib import Path
 
 from minilmd import mount_places, mounts
 from minilmd.bounded import bounded_probe
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
 from minilmd.place_rule import dir_problem, under_home
+from minilmd.run_config_copy import run_config_of
 from minilmd.shared_place import gone_or_typo, look, same_source
 from minilmd.untrusted import holds_any
 
@@ -117,10 +118,11 @@ def corpus_without_copy(cfg: RunConfig, absent: str, waits: list[str]) -> list[s
 
 
 def _started_with(cfg: RunConfig) -> str | None:
-    """The data.prepared of the run's run.toml (the config its supervisor last started with), None when unread."""
+    """The data.prepared of the run's run.toml (the config its supervisor last started with), None when unread
+    (run_config_of's refusal of a file not the run's, a ValueError, included)."""
     try:
-        return load_config(cfg.run_dir / RUN_CONFIG_COPY, untrusted=True).data.prepared
-    except (ConfigError, OSError):
+        return run_config_of(cfg.run_dir).data.prepared
+    except (ConfigError, ValueError, OSError):
         return None
 
 

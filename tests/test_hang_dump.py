@@ -62,6 +62,27 @@ def test_a_process_without_the_handler_is_not_sent_sigusr1_and_the_message_says_
         child.kill_group()
 
 
+def test_a_link_planted_at_the_attempt_log_is_not_written_through_and_no_sigusr1_is_sent(tmp_path, monkeypatch):
+    """The attempt log is in run.dir, which others may reach (a team share): the dump appends through
+    minilmd/jsonlines.py (no link followed), as every append there does. Before, open(log, "a") wrote the
+    supervisor's lines through a link planted at the log's name into the file it named."""
+    from minilmd.daemon.child import stackdump
+
+    monkeypatch.setattr(stackdump.shutil, "which", lambda name: None)  # the SIGUSR1 path, py-spy or not here
+    child = start(tmp_path, REGISTERED.format(body="time.sleep(600)"))
+    victim = tmp_path / "victim"
+    victim.write_text("theirs\n")
+    try:
+        child.log_path.unlink()
+        child.log_path.symlink_to(victim)
+        said = dump_stack(child.pid, child.log_path, wait_s=0.5)
+        assert said.startswith(f"no stack dump: the attempt log {child.log_path} cannot be appended to"), said
+        assert victim.read_text() == "theirs\n"
+        assert child.poll() is None
+    finally:
+        child.kill_group()
+
+
 def test_a_stopped_process_gets_no_dump_and_the_message_says_it_is_stopped_not_in_io(tmp_path):
     """A trainer stopped by SIGSTOP (state T: Ctrl-Z, a debugger) runs no handler until SIGCONT; the message said
     "a process in uninterruptible I/O", which is state D's reason, not T's."""

@@ -47,6 +47,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("fsync_tree", "os.walk"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH + " (the space a staged copy or the whole scratch holds, "
                            "said when it is given back)", {("tree_bytes", "os.walk"): 1}),
+    "trainer/loop/entry.py": ("private", "directories `minilmd train` on its own has just made (scratch, its per-user "
+                              "root, the compile caches: none was there before its claim, which found no room), "
+                              "walked to remove the empty ones again (rmdir, never a file)",
+                              {("remove_empty_tree", "os.walk"): 1}),
     "daemon/jobs/scratch_room.py": ("private", PRIVATE_SCRATCH + " (its bytes, counted only when it is the run's: "
                                     "`ours`)", {("_bytes_under", "os.walk"): 1}),
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches; at most SCAN_LIMIT "

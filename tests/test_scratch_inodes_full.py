@@ -1,4 +1,4 @@
-"""Another user uses up the inodes of the scratch base (/dev/shm; here a real tmpfs of 8 inodes) with empty files
+"""Another user uses up the inodes of the scratch base (/dev/shm; here a real tmpfs of 64 inodes) with empty files
 before a launch: making the scratch root fails with ENOSPC though bytes are free. Before, that was exit 2, final for
 systemd and the tmux launcher: his files ended an unattended run for good (hostile audit 7 F2), where a base full by
 bytes made the launch wait. Now it is the same wait (fsio.is_disk_full, the one rule): said once, naming the inodes,

@@ -112,8 +112,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                      {("clear_damaged", ".unlink"): 1}),
     "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1,
                                                  ("_own_fault", ".unlink"): 1}),
-    "daemon/child/stackdump.py": ("gap", RUN_DIR + " (the trainer's log)", {("dump_stack", "open"): 1,
-                                                                           ("_dump_by_sigusr1", "open"): 2}),
     "daemon/demo.py": ("private", DEMO_DIR + " (its config; the directory itself made at its parent's descriptor, "
                         "dirfd's Dir)", {("main", ".write_text"): 1, ("_fresh_in", "os.mkdir@dir_fd"): 1}),
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
@@ -212,9 +210,12 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the SIGBUS page in a nameless "
                                "temporary file (tempfile's, O_TMPFILE); faults-fired is appended through "
                                "minilmd/jsonlines.py", {("_sigbus", "tempfile.TemporaryFile"): 1}),
-    "minilmd/metrics.py": ("gap", RUN_DIR + " (run.dir made if missing; metrics.jsonl through minilmd/jsonlines.py, "
-                           "the heartbeat by fsio.atomic_write_text)", {("MetricsLog.__init__", ".mkdir"): 1}),
-    "trainer/loop/entry.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),  # moved from train.py
+    "minilmd/metrics.py": ("gap", RUN_DIR + " (run.dir made if missing, never under a supervisor; metrics.jsonl "
+                           "through minilmd/jsonlines.py, the heartbeat by fsio.atomic_write_text)",
+                           {("MetricsLog._need_run_dir", ".mkdir"): 1}),
+    "trainer/loop/entry.py": ("gap", RUN_DIR + "; and scratch (on a scratch with no room, the empty directories "
+                              "its own claim has just made removed again: rmdir, never a file)",
+                              {("run", ".unlink"): 1, ("remove_empty_tree", "os.rmdir"): 2}),  # moved from train.py
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
                                  "copy in a fresh 0700 directory of tempfile's", {
@@ -246,8 +247,7 @@ def test_every_review_says_why():
     assert not unexplained(REVIEWED)
 
 
-RUN_DIR_OPEN_PENDING = {"daemon/child/stackdump.py": "the trainer's attempt log appended by open(): another "
-                                                     "builder's file at the time; to go through jsonlines.open_log"}
+RUN_DIR_OPEN_PENDING: dict[str, str] = {}
 """Files still opening a file in run.dir for writing with open(), each with why it is still there."""
 
 

@@ -53,9 +53,16 @@ def spies(monkeypatch, tmp_path):
     return prune, validate
 
 
+def under_a_supervisor(tmp_path, monkeypatch) -> None:
+    """As a supervisor's trainer: MINILMD_RUN_DIR set, run.dir made before the launch (the trainer never makes it
+    under a supervisor: minilmd/metrics.py RunDirGone)."""
+    (tmp_path / "t" / "run").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+
+
 def test_under_a_supervisor_no_checkpoint_is_pruned_or_read_back(tmp_path, corpus, monkeypatch, spies):
     prune, validate = spies
-    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+    under_a_supervisor(tmp_path, monkeypatch)
     trainer = make_trainer(tmp_path, corpus)
     assert trainer.train() == 0
     assert saved_steps(trainer) == [2, 4, 6, 8]  # keep_local is 1: only the supervisor may prune scratch
@@ -72,7 +79,7 @@ def test_on_its_own_the_trainer_prunes_to_keep_local(tmp_path, corpus, monkeypat
 
 
 def test_a_nan_loss_on_a_step_that_is_not_logged_stops_the_run_at_that_step(tmp_path, corpus, monkeypatch):
-    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))  # no pruning: every checkpoint stays visible
+    under_a_supervisor(tmp_path, monkeypatch)  # no pruning: every checkpoint stays visible
     trainer = make_trainer(tmp_path, corpus, log_every=100, checkpoint_every=1)
     real_step = trainer.train_step
 
@@ -94,7 +101,7 @@ def test_a_nan_in_a_dpo_step_stops_the_run_at_that_step(tmp_path, small_dpo_corp
     """The guard is the objective's too: a NaN in one DPO micro-batch's reference log-probabilities (what a
     damaged reference or a diverging policy gives) makes the step's loss NaN, though its reward accuracy stays a
     number (a NaN margin is simply not above 0), and the run stops at that step, nothing of it saved."""
-    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+    under_a_supervisor(tmp_path, monkeypatch)
     trainer = make_trainer(tmp_path, small_dpo_corpus, seq_len=128, micro_batch_size=4, log_every=1, checkpoint_every=1)
     real_loss = trainer.objective.loss
 

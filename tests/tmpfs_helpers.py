@@ -17,9 +17,10 @@ UID = os.geteuid()
 
 @pytest.fixture
 def base(small_tmpfs, monkeypatch) -> Path:
-    """A tmpfs of 8 inodes (its root one of them; 128 MB: the check wants room for the run), mode 1777 as
-    /dev/shm, the scratch base; unmounted after (faults_fixtures.small_tmpfs)."""
-    where = small_tmpfs("128m", "nr_inodes=8,mode=1777")
+    """A tmpfs of 64 inodes (its root one of them; 128 MB: the check wants room for the run, in bytes and in inodes:
+    one with fewer in all than staging and the trainer's start need is refused, scratch_room.inode_problem), mode 1777
+    as /dev/shm, the scratch base; unmounted after (faults_fixtures.small_tmpfs)."""
+    where = small_tmpfs("128m", "nr_inodes=64,mode=1777")
     monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(where))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     return where

@@ -14,7 +14,6 @@ run.dir means for the run (daemon/phases/rundirwatch.py, which also keeps the re
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -36,7 +35,7 @@ from minilmd.daemon.base.statesections import (
     SupervisorInfo,
     Sync,
 )
-from minilmd.fsio import atomic_write_json, is_disk_full, new_lines, open_regular_or_none
+from minilmd.fsio import atomic_write_json, dir_removed, is_disk_full, new_lines, open_regular_or_none
 from minilmd.jsonlines import append_line, append_whole, json_records, open_log
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
@@ -295,12 +294,6 @@ class RunState(StateJson):
             self.unwritten = f"{self.path.name}: {e.strerror}"
             return
         self.unwritten = None
-
-
-def dir_removed(e: OSError, directory: Path) -> bool:
-    """Whether `e` failed a write in `directory` because the directory itself is gone (an `rm -r` of run.dir while
-    the run runs): said and stopped for as a full run.dir is (daemon/phases/rundirwatch.py), never a traceback."""
-    return e.errno == errno.ENOENT and not os.path.isdir(directory)
 
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ there: py-spy if installed, else SIGUSR1 to the processes that registered faulth
 uninterruptible I/O, its state and kernel stack instead. Torch-free."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from minilmd import procs
 from minilmd.daemon.child.process import SUPERVISOR_LINE
+from minilmd.jsonlines import append_whole, open_log
 from minilmd.untrusted import printable
 
 # --- the dump -----------------------------------------------------------------------------------------
@@ -60,8 +62,9 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
                 text = out.stdout + out.stderr
             # py-spy names each frame's file and function, which someone else may have named with a terminal's
             # escapes: written as printable writes them, as the trainer's own output is (minilmd/terminal.py)
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"\n{SUPERVISOR_LINE}{said}\n{printable(text, lines=True)}\n")
+            if problem := _append(log_path, f"\n{SUPERVISOR_LINE}{said}\n{printable(text, lines=True)}\n"):
+                failed = problem
+                break
             if target == pid and (isinstance(out, str) or out.returncode != 0):
                 failed = f"py-spy: {out}" if isinstance(out, str) else f"py-spy exit {out.returncode}"
                 break
@@ -82,9 +85,9 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
         who = "its torchrun workers do" if torchrun else "it does"
         return (f"no stack dump: {who} not catch SIGUSR1 yet (the faulthandler is registered when training starts; "
                 f"a hang in imports or start-up comes before), so SIGUSR1 would only kill {_states(group or [pid])}")
-    with open(log_path, "ab") as log:
-        log.write(f"\n{SUPERVISOR_LINE}hang: SIGUSR1 to pid {', '.join(map(str, targets))}: their faulthandler "
-                  f"dumps every thread's stack below\n".encode())
+    if problem := _append(log_path, f"\n{SUPERVISOR_LINE}hang: SIGUSR1 to pid {', '.join(map(str, targets))}: "
+                                    f"their faulthandler dumps every thread's stack below\n"):
+        return f"no stack dump: {problem}, so no SIGUSR1 was sent"
     start = _size(log_path)
     for target in targets:
         if target not in started:
@@ -96,14 +99,27 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
         threads, lines = dumped.count(_DUMP_MARK), dumped.count(b"\n")
         return f"SIGUSR1: the faulthandler dumped {threads} thread stack(s) ({lines} lines) into the attempt log"
     states = _states(targets)
-    with open(log_path, "ab") as log:
-        log.write(f"{SUPERVISOR_LINE}hang: no stack dump within {wait_s:g}s of SIGUSR1; {states}\n".encode())
-        for target in targets:
-            kernel = _kernel_stack(target)
-            if kernel:
-                log.write(f"{SUPERVISOR_LINE}kernel stack of pid {target} (/proc/{target}/stack):\n{kernel}".encode())
+    kernels = "".join(f"{SUPERVISOR_LINE}kernel stack of pid {target} (/proc/{target}/stack):\n{kernel}"
+                      for target in targets if (kernel := _kernel_stack(target)))
+    _append(log_path, f"{SUPERVISOR_LINE}hang: no stack dump within {wait_s:g}s of SIGUSR1; {states}\n{kernels}")
     return (f"SIGUSR1 sent but no stack dump reached the attempt log within {wait_s:g}s: {states} "
             f"({_why_no_handler(targets)})")
+
+
+def _append(log_path: Path, text: str) -> str:
+    """`text` appended whole to the attempt log through minilmd/jsonlines.py (the one way to append into run.dir: a
+    link at its name is not written through, a FIFO not waited on); "" when it was, else why not, said."""
+    try:
+        fd = open_log(log_path)
+    except OSError as e:
+        return f"the attempt log {log_path} cannot be appended to ({e.strerror or e})"
+    try:
+        append_whole(fd, text.encode())
+    except OSError as e:
+        return f"the attempt log {log_path} cannot be appended to ({e.strerror or e})"
+    finally:
+        os.close(fd)
+    return ""
 
 
 NO_HANDLER_BECAUSE = {

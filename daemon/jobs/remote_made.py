@@ -30,9 +30,8 @@ import os
 import stat
 from pathlib import Path
 
-from minilmd.daemon.base.runstate import dir_removed
 from minilmd.dirfd import Dir
-from minilmd.fsio import atomic_write_json, fsync_dir, is_disk_full
+from minilmd.fsio import atomic_write_json, dir_removed, fsync_dir, is_disk_full
 from minilmd.names import (
     MANIFEST,
     MANIFEST_MAX_BYTES,

@@ -21,7 +21,7 @@ from minilmd.corpus_meta import read_corpus_meta
 from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.names import CORPUS_META as META
-from minilmd.names import CORPUS_TOKENIZER
+from minilmd.names import CORPUS_TOKENIZER, STAGED_CORPUS
 from minilmd.perms import own_uid
 from minilmd.roomwords import room_now
 from minilmd.urls import is_url
@@ -52,6 +52,9 @@ class SpaceNeed:
     """(bytes, what for), e.g. (5_300_000, "for the corpus")."""
     held: int = 0
     """Bytes this run's scratch already holds (a restart): they are part of `parts` and count as room."""
+    inodes: int = 0
+    """The files staging will copy into scratch (the corpus's, meta.json; those a restart finds staged already left
+    out), as staging counts them (inode_problem)."""
     margin: int = field(default=SPACE_MARGIN)
 
     @property
@@ -173,19 +176,28 @@ def check_fit(needed: int, scratch_dir: Path, memory_headroom_bytes: int | None 
 
 def check_inodes(files: int, scratch_dir: Path) -> None:
     """Raise ScratchFull (wait: others' entries hold them) or ScratchTooSmall (final: the file system has fewer in
-    all) when scratch's file system has fewer inodes free than staging's `files` and the trainer's start after it
-    (START_INODES) need; nothing where it does not count them (btrfs, many NFS servers)."""
+    all) when `inode_problem` finds one: staging's own check."""
+    no_room = inode_problem(files, scratch_dir)
+    if no_room is not None:
+        raise (ScratchFull if no_room.ever_fits else ScratchTooSmall)(no_room.problem)
+
+
+def inode_problem(files: int, scratch_dir: Path) -> NoRoom | None:
+    """Whether scratch's file system has fewer inodes free than staging's `files` and the trainer's start after it
+    (START_INODES) need, and whether it ever could have them (fewer in all: never); None where it does not count them
+    (btrfs, many NFS servers). The one inode rule of staging (check_inodes) and of `run --check` and the launch
+    (run_space_problem)."""
     vfs = os.statvfs(_existing_ancestor(scratch_dir))
     needs = files + START_INODES
     if not vfs.f_files or vfs.f_favail >= needs:
-        return
+        return None
     words = room_now(scratch_dir) or f"{vfs.f_favail:,} free"
     problem = (f"run.scratch {scratch_dir} needs {needs:,} inodes ({files:,} for the corpus files to copy + "
                f"{START_INODES} for the trainer's start: its lock, compile caches, a checkpoint), but {words}")
     if vfs.f_files < needs + 1:  # its root is one of them
-        raise ScratchTooSmall(f"{problem}; its file system has {vfs.f_files:,} in all: set run.scratch to a "
-                              f"directory with more")
-    raise ScratchFull(problem)
+        return NoRoom(f"{problem}; its file system has {vfs.f_files:,} in all: set run.scratch to a directory with "
+                      f"more", ever_fits=False)
+    return NoRoom(problem, ever_fits=True)
 
 
 def checkpoint_bytes(cfg: RunConfig, tokenizer_bytes: int) -> int:
@@ -243,23 +255,27 @@ def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
     one = checkpoint_bytes(cfg, tokenizer)
     scratch = cfg.scratch_dir
     ours = scratch.is_dir() and not scratchmod.problems(scratch, cfg.run_dir, cfg.scratch_is_default)
+    staged = scratch / STAGED_CORPUS
+    to_copy = sum(1 for rel in [*files, META] if not (ours and os.path.lexists(staged / rel)))
     return SpaceNeed([(corpus, "for the corpus"), *space_parts(cfg),
                       (count * one, f"for {count} checkpoints of {_mb(one)} ({why})")],
-                     held=_bytes_under(scratch) if ours else 0)
+                     held=_bytes_under(scratch) if ours else 0, inodes=to_copy)
 
 
 def run_space_problem(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
-    """The run's corpus and checkpoints can never fit in its scratch: the refusal with the whole sum (a config
-    check: `minilmd run --check` and the launch give it to load_config). When they would fit but others hold the
-    space now, no refusal: a line for `waits` (the run waits for room in staging). Nothing when a value it needs is
-    out of range (the config check says so) or the corpus cannot be read yet."""
+    """The run's corpus and checkpoints can never fit in its scratch, in bytes or in inodes (inode_problem, staging's
+    rule: before, `--check` passed a scratch with no inode left and staging then waited): the refusal with the whole
+    sum (a config check: `minilmd run --check` and the launch give it to load_config). When they would fit but others
+    hold the room now, no refusal: a line for `waits` (the run waits for room in staging). Nothing when a value it
+    needs is out of range (the config check says so) or the corpus cannot be read yet."""
     if out_of_range(cfg) or not cfg.data.prepared or not cfg.run.dir:
         return []
     from minilmd.probes import bounded_probe
 
     answered, need, _ = bounded_probe(run_space_need, cfg)  # a stalled source: staging's to wait for and show
     try:
-        no_room = space_problem(need, cfg.scratch_dir) if answered and need is not None else None
+        no_room = (space_problem(need, cfg.scratch_dir) or inode_problem(need.inodes, cfg.scratch_dir)
+                   if answered and need is not None else None)
     except OSError:
         return []  # the paths are the config check's to report
     if no_room is None:

@@ -13,7 +13,7 @@ and given up when run.dir is full: the room the final state.json and the last ev
 status` says what happened.
 `full_at_start()` is the one line for a run.dir already full when the supervisor starts.
 A run.dir removed while the run runs (an `rm -r` of old runs, a tmp cleaner) is the same case (its writes fail with
-ENOENT, runstate.dir_removed, never a traceback), said once as removed; the supervisor stops the live trainer at
+ENOENT, fsio.dir_removed, never a traceback), said once as removed; the supervisor stops the live trainer at
 once (`removed`: SIGTERM, it saves to scratch if it can), launches none, and stops after the last sync, exit 73.
 Torch-free.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.base.runstate import RunState, dir_removed, now
+from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
-from minilmd.fsio import is_disk_full
+from minilmd.fsio import dir_removed, is_disk_full
 from minilmd.untrusted import file_kind, size_text
 
 STATE_EVERY_S = 1.0

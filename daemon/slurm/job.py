@@ -233,23 +233,6 @@ def on_signal(job: SlurmJob | None, signals, emit) -> None:
                       "job is requeued unless the budget is done or the job is cancelled")
 
 
-def waiting_preempted(signal_name: str, stop_asked: str, emit, environ=None,
-                      runner: Runner = run_command) -> tuple[int, str, str]:
-    """Slurm's USR1 or SIGTERM while the launch waits for room for scratch (daemon/scratchclaim.py): a preemption
-    with nothing started, nothing to save or sync: ended as the supervisor's (SlurmJob.plan: requeued unless
-    Slurm requeues it itself, it is being cancelled or `stop_asked`), at once. (exit status, ended, why)."""
-    alloc = detect(environ, runner)
-    assert alloc is not None  # only called in a Slurm job
-    job = SlurmJob(alloc, {}, emit, runner)
-    job.preempted_by = signal_name  # no end watch: there is no save nor sync to cut
-    plan = job.plan(False, None, "", stop_asked)
-    why = f"{plan.ended} ({signal_name} in Slurm job {alloc.job_id} while waiting for room for scratch: nothing " \
-          f"started{f'; {stop_asked}' if stop_asked else ''})"
-    if plan.requeue and (problem := job.requeue()) is not None:
-        return 1, plan.ended, f"{why}; but {problem}"
-    return 0, plan.ended, why
-
-
 def for_supervisor(state, emit, environ=None, runner: Runner = run_command) -> SlurmJob | None:
     """The supervisor's SlurmJob when it runs in a Slurm job (None outside one); says what it was given."""
     alloc = detect(environ, runner)

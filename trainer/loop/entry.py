@@ -13,6 +13,7 @@ import faulthandler
 import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 
@@ -23,7 +24,8 @@ from minilmd.names import FAULT, RUN_DIR_ENV
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.budget import epoch_without_budget
 from minilmd.probes import load_checked
-from minilmd.protocol import EXIT_CONFIG, EXIT_SCRATCH_FULL, EXIT_TRAINER_BUSY
+from minilmd.protocol import EXIT_CONFIG, EXIT_RUN_DIR_FULL, EXIT_SCRATCH_FULL, EXIT_TRAINER_BUSY
+from minilmd.roomwords import no_room, top_of
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.loop import cpu_threads, determinism, exits, warmup
@@ -115,8 +117,8 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
         if (refused := settle_run_dir_of(cfg)) is not None:  # before scratch's claim records it: its real path
             return refused
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
-            claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
-            own_compile_caches(cfg)
+            if (full := claim_on_its_own(cfg)) is not None:
+                return full
         trainer_lock.hold_for(cfg)  # one trainer per scratch, before any checkpoint is read: a second one refused
     except trainer_lock.TrainerLockNoRoom as e:  # another user's files fill scratch: waited for, never final
         return exits.scratch_without_room(e)
@@ -132,7 +134,13 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
 def settle_run_dir_of(cfg: RunConfig) -> int | None:
     """cfg.run.dir made and judged in one walk (place_rule.settle_run_dir) and replaced by its real path, once,
     before anything records it (scratch's owner.json): a link planted on the way after the config was read chooses
-    nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full."""
+    nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full, 73
+    under a supervisor when it is gone (removed since the supervisor made it: made again here, it would lack the run's
+    state.json and config copy; the supervisor says so and stops, daemon/phases/rundirwatch.py)."""
+    if os.environ.get(RUN_DIR_ENV) and not os.path.isdir(cfg.run_dir):
+        print(f"minilmd train: run.dir {cfg.run.dir} is not there (removed since the supervisor made it?): the "
+              f"trainer does not make it again", file=sys.stderr, flush=True)
+        return EXIT_RUN_DIR_FULL
     try:
         cfg.run.dir = str(settle_run_dir(cfg.run_dir))
     except PlaceRefused as e:
@@ -145,6 +153,40 @@ def settle_run_dir_of(cfg: RunConfig) -> int | None:
               flush=True)
         return EXIT_SCRATCH_FULL if full else EXIT_CONFIG
     return None
+
+
+def claim_on_its_own(cfg: RunConfig) -> int | None:
+    """`minilmd train` on its own: scratch claimed and its compile caches made there, as the supervisor does. None
+    when done; on a scratch with no room (bytes or inodes: fsio.is_disk_full) exit 74 (protocol.EXIT_SCRATCH_FULL),
+    said in one line with what is used up there (minilmd/roomwords.py), and the directories this call made removed
+    again (only those, and only empty: a claim half made is no claim; before, a traceback, and an empty scratch
+    left behind)."""
+    scratch = cfg.scratch_dir
+    new = [p for p in (scratch.parent, scratch, compile_cache.root_of(scratch)) if not os.path.lexists(p)]
+    try:
+        claim_scratch(scratch, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+        own_compile_caches(cfg)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        for made in reversed(new):  # the deepest first
+            remove_empty_tree(made)
+        print(f"minilmd train: scratch full: run.scratch {scratch} cannot be made ready: "
+              f"{no_room(e, scratch.parent, top_of(scratch.parent))}; make room there, then start again",
+              file=sys.stderr, flush=True)
+        return EXIT_SCRATCH_FULL
+    return None
+
+
+def remove_empty_tree(top: Path) -> None:
+    """The empty directories under `top` and `top` itself removed, bottom up (rmdir: never a file, nor a directory
+    that holds one); links not followed."""
+    for here, dirs, _ in os.walk(top, topdown=False):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(here, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(top)
 
 
 def own_compile_caches(cfg: RunConfig) -> None:

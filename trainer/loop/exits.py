@@ -11,13 +11,14 @@ from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
-from minilmd.metrics import RunDirFileRefused
+from minilmd.metrics import RunDirFileRefused, RunDirGone
 from minilmd.plan.sampler_base import DataError
 from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_CUDA_OOM,
     EXIT_DATA,
+    EXIT_RUN_DIR_FULL,
     EXIT_SCRATCH_FULL,
     FaultNote,
     write_fault,
@@ -32,6 +33,9 @@ def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
     if isinstance(e, (ConfigError, FaultSpecError, RunDirFileRefused)):
         print(f"minilmd train: {e}", file=sys.stderr)
         return refused(cfg, EXIT_CONFIG, "\n".join(e.problems) if isinstance(e, ConfigError) else str(e))
+    if isinstance(e, RunDirGone):  # no fault.json: there is no run.dir for it (as for a full one, exit 73)
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_RUN_DIR_FULL
     if isinstance(e, (DataError, CorpusError)):
         print(f"minilmd train: {e}", file=sys.stderr)
         return refused(cfg, EXIT_DATA, str(e))

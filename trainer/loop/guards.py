@@ -45,7 +45,7 @@ class StopFlag:
 
     def why(self) -> str:
         if self.writes.full is not None:
-            return f"run.dir is full ({self.writes.full})"
+            return self.writes.why()
         if not self.signalled and self.supervisor.ended:
             return self.supervisor.why()
         return f"{self.signal_name or 'stop'} received"
