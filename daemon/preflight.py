@@ -146,7 +146,7 @@ def owner_problems(cfg: RunConfig) -> list[str]:
     if not holder:  # the run's scratch still held by a supervisor whose run.dir (and lock) was removed under it
         from minilmd import scratch_hold
 
-        return [held] if cfg.run.dir and (held := scratch_hold.in_use(cfg.scratch_dir)) else []
+        return [busy] if cfg.run.dir and (busy := scratch_hold.in_use(cfg.scratch_dir)) else []
     from minilmd.daemon.runningedits import running_words
 
     held = LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK)
