@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd import names, protocol, scratch
+from minilmd import names, protocol, scratch, scratch_hold
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base import stoprequest
@@ -227,6 +227,7 @@ class Ending:
         ended = self.loop.ended if self.phase == Phase.DONE else protocol.ENDED_FAILED
         self.files.close(self.loop.exit_status, self.phase, ended)
         self.notifier.stopping()
+        scratch_hold.let_go(self.cfg.scratch_dir)  # the scratch is free for the run's next supervisor
         lock.release()
 
     def _remote_step(self) -> int | None:

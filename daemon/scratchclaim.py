@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minilmd import names, protocol, scratch, scratch_root
+from minilmd import names, protocol, scratch, scratch_hold, scratch_root
 from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
@@ -296,8 +296,11 @@ def _settle_and_claim(cfg: RunConfig) -> str | None:
                            f"{scratch_root.base()}: {e.strerror or e}"], cfg.source) from None
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+        scratch_hold.hold(cfg.scratch_dir)  # no other supervisor of this run in it (a run.dir removed under one)
     except scratch.ScratchRefused as e:
         raise ConfigError(e.problems, cfg.source) from None
+    except scratch_hold.ScratchInUse as e:
+        raise ConfigError([str(e)], cfg.source) from None
     except OSError as e:
         if is_disk_full(e):
             return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e, cfg.scratch_dir.parent)}"

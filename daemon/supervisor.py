@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import protocol, scratch_root
+from minilmd import protocol, scratch_hold, scratch_root
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
@@ -162,6 +162,7 @@ class Supervisor(Attempt, Ending):
         """An exit before the start: the scratch wait's record, if it waited, ends so (scratchclaim.Held.refused)."""
         if self.loop.held is not None:
             self.loop.held.refused(status, why)
+        scratch_hold.let_go(self.cfg.scratch_dir)  # the launch's hold (minilmd/scratch_hold.py): nothing started
         if lock is not None:
             lock.release()  # after that record's end: the wait's lock, if it waited
         return status

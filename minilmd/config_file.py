@@ -9,7 +9,9 @@ sticky) made her next start (a launcher's restart, a Slurm requeue) resume on hi
 `sync.keep` pruned her remote checkpoints (hostile audit 9 F1). So the config is read only when:
 - every link on the way is root's or the user's (place_rule.link_followed, as the views follow a link);
 - every directory on the way is root's or the user's and no other user can rearrange it (sticky ones of root's or
-  hers excepted: place_rule's walk, on descriptors, so nothing swapped in after the judgement is read);
+  hers excepted: place_rule's walk, on descriptors, so nothing swapped in after the judgement is read); one of
+  hers writable by her user private group, named as she is (perms.named_private_group: umask 002's ~/configs,
+  0775), is hers even where the user database cannot be listed to prove it (LDAP, sssd), for this reading only;
 - the file itself is the user's or root's (perms.owned_by_me_or_root: the views' rule, less its "the run
   directory's owner" case, which a run cannot meet: run.dir must be the caller's or root's).
 Anything else is refused, naming the link, directory or file and its owner, and the way out: copy the config into a
@@ -56,7 +58,7 @@ def read_own_config(path: str | os.PathLike, max_bytes: int) -> bytes:
     except (FileNotFoundError, NotADirectoryError):
         raise Unreadable("missing", path, missing=True) from None
     try:
-        fd, _ = place_rule.walk_to(real.parent, LABEL, WHAT, ADVICE, None)
+        fd, _ = place_rule.walk_to(real.parent, LABEL, WHAT, ADVICE, None, reading=True)
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except place_rule.PlaceRefused as e:

@@ -136,7 +136,7 @@ def own_link(st: os.stat_result) -> bool:
 
 
 def others_can_write(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
-                     team: bool = False) -> bool:
+                     team: bool = False, reading: bool = False) -> bool:
     """Another user can write to this directory (add an entry: a kernel to a compile cache, a name to a scratch) or
     this file: others may write to it, or its group, which counts as others (`_group_is_others`) but for a group
     whose only member is this user (`private_group`: the user private groups of Debian and Ubuntu, whose umask 002
@@ -145,23 +145,27 @@ def others_can_write(st: os.stat_result, where: str | os.PathLike | int | None =
     when `where` (the directory's path as `st` saw it, or a descriptor of it) shows no ACL, which could let a named
     user write behind the group bits. A sticky bit does not help here: it keeps others from removing or renaming
     entries, not from adding them (others_can_rearrange). `team`: a team directory the owner opted in to
-    (group-writable): only a world-writable one counts. The one rule of "may another user write here": the audit
+    (group-writable): only a world-writable one counts. `reading`: a directory only read from (the one holding a
+    run config), where a directory of this user's in her user private group by its name (`named_private_group`)
+    is hers even when private_group cannot prove it. The one rule of "may another user write here": the audit
     (tests/test_mode_bits_audit.py) lists a write or sticky bit of a mode tested anywhere else."""
     if st.st_mode & stat.S_IWOTH:
         return True
     if not st.st_mode & stat.S_IWGRP or team:
         return False
+    if reading and where is not None and named_private_group(st) and not has_acl(where):
+        return False
     return _group_is_others(st, where)
 
 
 def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
-                         team: bool = False) -> bool:
-    """Another user can create, rename or remove entries in this directory: others_can_write, unless it is sticky
-    with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root may remove or
-    rename it)."""
+                         team: bool = False, reading: bool = False) -> bool:
+    """Another user can create, rename or remove entries in this directory: others_can_write (`reading` as there),
+    unless it is sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and
+    root may remove or rename it)."""
     if st.st_mode & stat.S_ISVTX and owned_by_me_or_root(st):
         return False
-    return others_can_write(st, where, team=team)
+    return others_can_write(st, where, team=team, reading=reading)
 
 
 def _group_is_others(st: os.stat_result, where: str | os.PathLike | int | None) -> bool:
@@ -205,6 +209,25 @@ def private_group(gid: int) -> bool:
     group counts as shared. Decided once per group and process (`_private_to`); enumerated only for a group of
     this user's that lists no one else."""
     return _private_to(own_uid(), gid)
+
+
+def named_private_group(st: os.stat_result) -> bool:
+    """The directory `st` describes is this user's and its group is her user private group by the convention that
+    makes one (useradd's USERGROUPS_ENAB, the default of Debian, Ubuntu, Fedora and RHEL; sssd and LDAP sites alike):
+    her primary group, named as she is, listing no one else. Where the passwd database cannot be enumerated,
+    private_group cannot rule out another user with that primary group, so such a group counts as shared; yet under
+    umask 002 every directory she makes is 0775 in it, and refusing her own ~/configs (review11b F2) turned a
+    systemd restart after an upgrade into a final exit 2. Trusted for reading a run config only (others_can_write's
+    `reading`), never for a place minilmd writes: another user given that gid as primary would be an administrator's
+    doing against the convention, and what he could do is make her run a config she can read and check first."""
+    if not owned_by_me(st):
+        return False
+    try:
+        me = pwd.getpwuid(own_uid())
+        group = grp.getgrgid(st.st_gid)
+    except KeyError:
+        return False
+    return me.pw_gid == st.st_gid and group.gr_name == me.pw_name and not set(group.gr_mem) - {me.pw_name}
 
 
 @functools.lru_cache(maxsize=64)

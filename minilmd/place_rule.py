@@ -163,9 +163,10 @@ def under_home(path: str | os.PathLike) -> bool:
 
 
 def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
-                      owners: Set[int], acl_at: Path | int | None = None) -> str | None:
+                      owners: Set[int], acl_at: Path | int | None = None, reading: bool = False) -> str | None:
     """The rule one directory on the way keeps (`st` as lstat or fstat saw it, `above` its path; `acl_at`: where
-    its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others."""
+    its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others
+    (`reading`: perms.others_can_write's)."""
     mode = stat.S_IMODE(st.st_mode)
     sticky = bool(st.st_mode & stat.S_ISVTX)
     owner = user_words(st.st_uid) if not owned_by_me(st) else "you"  # named only in a refusal (a passwd lookup)
@@ -177,7 +178,7 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
     if not owned_by_me_or_root(st) and not sticky and others_can_write(st, acl):
         return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written by "
                 f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
-    if others_can_rearrange(st, acl, team=team_above):  # group members: others
+    if others_can_rearrange(st, acl, team=team_above, reading=reading):  # group members: others
         if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
             return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written "
                     f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
@@ -277,7 +278,7 @@ def real_path(path: str | os.PathLike, owners: Set[int] = frozenset()) -> Path:
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
             group_share: bool = False, team_above: bool = False, team_root: bool = False,
             owners: Set[int] = frozenset(), exact_mode: bool = False,
-            made: list[Path] | None = None) -> tuple[int, Path]:
+            made: list[Path] | None = None, reading: bool = False) -> tuple[int, Path]:
     """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
     the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
     parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
@@ -290,7 +291,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     reach). `made`, when given, gets the real path of each directory made here, in order (one another process made
     meanwhile is judged as found, not listed). PlaceRefused for another's link, a file in the way ("is a file, not a
     directory") or a directory the rule refuses; any other OSError as it comes (a full file system, no search
-    permission), its filename the full path of the component it met (never the bare name the *at call was given)."""
+    permission), its filename the full path of the component it met (never the bare name the *at call was given).
+    `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`."""
     # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
     # path: a process whose working directory was removed still reaches an absolute one.
     given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
@@ -300,7 +302,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
 
     def judged(fd: int, here: Path) -> tuple[int, Path]:
         return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
-                       team_above=team_above, team_root=team_root, owners=owners)
+                       team_above=team_above, team_root=team_root, owners=owners, reading=reading)
 
     def step(name: str) -> None:
         """One component: the walk restarted at "/", up one, or down into `name` (a link's target pending)."""
@@ -388,7 +390,8 @@ def _readlink_at(fd: int, name: str) -> str:
 
 
 def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str, advice: str, last: bool, *,
-            group_share: bool, team_above: bool, team_root: bool, owners: Set[int]) -> tuple[int, Path]:
+            group_share: bool, team_above: bool, team_root: bool, owners: Set[int],
+            reading: bool = False) -> tuple[int, Path]:
     """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not)."""
     where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
     st = os.fstat(fd)
@@ -397,7 +400,8 @@ def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str,
     elif last and group_share:
         problem = None
     else:
-        problem = _dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd)
+        problem = _dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd,
+                                    reading=reading)
     if problem:
         os.close(fd)
         raise PlaceRefused(f"{problem} (found so when opened)")

@@ -130,3 +130,29 @@ def process_environ(pid: int) -> dict[str, str]:
         if sep:
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def flock_holders(st: os.stat_result, read: Callable[[str], str] = _read_text) -> list[int]:
+    """Pids holding an flock on the file `st` describes (its device and inode), from /proc/locks ("1: FLOCK
+    ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF", the device in hex; waiters, marked "->", skipped): for the
+    words of a refusal only, never to signal. [] when /proc/locks cannot be read."""
+    try:
+        lines = read("/proc/locks").splitlines()
+    except OSError:
+        return []
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[4].isdigit() and _same_device(parts[5], device):
+            pids.append(int(parts[4]))
+    return pids
+
+
+def _same_device(field: str, device: str) -> bool:
+    """/proc/locks's "maj:min:inode" against ours: numbers compared (its hex may be padded otherwise)."""
+    try:
+        return [int(x, 16) for x in field.split(":")[:2]] + [int(field.rsplit(":", 1)[-1])] == \
+            [int(x, 16) for x in device.split(":")[:2]] + [int(device.rsplit(":", 1)[-1])]
+    except ValueError:
+        return False

@@ -13,19 +13,43 @@ cleaner or an `rm -r`, and nothing brings it back. Known so only when all of the
 - an ancestor standing in for the missing directory holds entries, or is itself a mounted file system's root: an
   empty directory that is neither is what an unmounted share mounted by hand leaves, which no table names.
 Nothing is opened but the directories' listings (their first entry), nothing followed beyond the path as named.
+And never for a run whose supervisor ran on another host (`other_host`: the host its state.json names): a scratch
+is its node's own /dev/shm or local disk, so the path means another directory there, which no look from here can
+judge; the checkpoints may be there, in a run trained on a cluster node. That is said (`elsewhere_words`), and the
+stage waits, as for an outage, rather than a final "gone for good (a reboot ...)" (review11b).
 Torch-free.
 """
 from __future__ import annotations
 
 import os
+import socket
 
-from minilmd.untrusted import holds_any
+from minilmd.untrusted import holds_any, printable
 
 
-def lost_for_good(checkpoint_dir: str | os.PathLike) -> bool:
+def other_host(host: object) -> str | None:
+    """`host` (a state.json's supervisor host), shown, when it names a host that is not this one; None for this
+    host's or an unknown one (no name: judged here, as before)."""
+    if not isinstance(host, str) or not host or host == socket.gethostname():
+        return None
+    return printable(host)[:80]
+
+
+def elsewhere_words(run: str, checkpoint_dir: str | os.PathLike, host: str) -> str:
+    """What a stage waiting for a finished run's scratch-only checkpoints is told when that run ran on `host`."""
+    return (f"the run {run} has finished on host {host}, with no run.remote: its checkpoints are in that host's "
+            f"scratch ({checkpoint_dir}), which this host cannot see; run this stage on {host} (or copy them to a "
+            f"share this host reads and point init.from there)")
+
+
+def lost_for_good(checkpoint_dir: str | os.PathLike, trained_on: object = None) -> bool:
     """Whether `checkpoint_dir` (a finished run's scratch checkpoints, missing or empty) is gone for good, not a
-    share that may come back (the module docstring); False whenever that is not known."""
+    share that may come back (the module docstring); False whenever that is not known, and for a run whose
+    supervisor ran on another host (`trained_on`: its state.json's supervisor host; other_host)."""
     from minilmd import mount_places, mounts
+
+    if other_host(trained_on) is not None:
+        return False
 
     path = os.path.abspath(os.fspath(checkpoint_dir))
     there = path

@@ -77,3 +77,33 @@ def test_status_says_the_only_checkpoints_are_gone_once_they_are(tmp_path):
         in gone, gone
     (tmp_path / "scratch" / "checkpoints" / "step-00000020").mkdir(parents=True)
     assert "a reboot may lose them" in _checkpoints_line(state, time.time())
+
+
+def test_a_scratch_of_a_run_that_ran_on_another_host_is_never_judged_gone_from_here(tmp_path, corpus):
+    """review11b: a run trained on another node's local scratch read here as "gone for good (a reboot ...)": its
+    path means that node's /dev/shm, not this host's. With the host its state.json names, lost_for_good says no
+    (a wait, as for an outage) and the words say where the checkpoints are; this host's own run is judged as before."""
+    import socket
+
+    from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
+
+    _, checkpoints = finished_without_remote(tmp_path, corpus)
+    checkpoints.parent.mkdir(parents=True)
+    (checkpoints.parent / "owner.json").write_text("{}")
+    assert lost_for_good(checkpoints) and lost_for_good(checkpoints, socket.gethostname())
+    assert not lost_for_good(checkpoints, "node17")
+    assert other_host("node17") == "node17" and other_host(socket.gethostname()) is None and other_host("") is None
+    said = elsewhere_words("mmsft", checkpoints, "node17")
+    assert said.startswith(f"the run mmsft has finished on host node17, with no run.remote: its checkpoints are in "
+                           f"that host's scratch ({checkpoints}), which this host cannot see; run this stage on "
+                           f"node17"), said
+
+
+def test_status_of_a_run_of_another_host_does_not_call_its_scratch_gone(tmp_path):
+    state = StateJson.from_dict({"sync": {"state": "off"}, "supervisor": {"pid": 4242, "host": "node17"},
+                                 "local_checkpoint": {"step": 20, "time": time.time(),
+                                                      "path": str(tmp_path / "checkpoints" / "step-00000020")}})
+    line = _checkpoints_line(state, time.time())
+    assert "is gone" not in line, line
+    assert (f"checkpoints only in scratch on host node17, the newest at {tmp_path}/checkpoints/step-00000020: a "
+            f"reboot of node17 may lose them; not looked at from here") in line, line

@@ -153,37 +153,73 @@ def test_the_conversion_command_writes_only_her_own_place_never_through_his_link
     assert again.returncode != 0 and "FileExistsError" in again.stderr
 
 
+FAKE_EVAL_LLM = 'print("eval_llm ran on", open("out/pretrain_64.pth").read())'
+"""Stands in for MiniMind's eval_llm.py: says which weights it would evaluate (./out/pretrain_64.pth)."""
+
+
+def _paste(said: str, checkout: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The printed lines pasted into an interactive shell in `checkout` (no `set -e`: a failed line does not stop the
+    next one unless the lines themselves say so), with a fake eval_llm.py there and `python` on PATH."""
+    lines = [line.strip() for line in said.splitlines() if line.startswith("  ")]
+    (checkout / "eval_llm.py").write_text(FAKE_EVAL_LLM)
+    (bin_dir := tmp_path / "bin").mkdir(exist_ok=True)
+    if not (bin_dir / "python").exists():
+        os.symlink(sys.executable, bin_dir / "python")
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+    return subprocess.run(["bash", "-c", "\n".join(lines)], cwd=checkout, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env=env, timeout=300)
+
+
 def test_the_eval_llm_copy_writes_no_link_of_his_in_a_shared_checkout(tmp_path):
     """`export --format minimind`'s eval_llm advice (hostile audit 9 F4): `mkdir -p out && cp X out/pretrain_64.pth`,
     pasted in a team's MiniMind checkout where he had planted out/pretrain_64.pth as a link to her notes, replaced
-    her 0600 notes with the export. Now the printed copy follows no link (at out/ nor at the file) and replaces no
-    file; in a checkout of her own it copies the export."""
+    her 0600 notes with the export. Then (review11b F1) the exclusive create refused a second export's copy, and the
+    next pasted line evaluated the old weights; her own link at out/ was refused. Now the copy goes to a fresh name
+    and is renamed into place (his link replaced, never written through), out/ is followed when it is her link,
+    refused when it is his, and eval_llm.py runs only after a copy that succeeded."""
     from minilmd.config import ModelSection
     from minilmd.trainer.model.export import minimind_eval_command
 
     team, mine, notes, uid = _place(tmp_path)
     export = mine / "mm.pth"
-    export.write_bytes(b"the export's bytes")
+    export.write_bytes(b"weights v1")
     said = minimind_eval_command(export, vars(ModelSection(hidden_size=HIDDEN, num_hidden_layers=2)))
     assert "of your own" in said and "cp " not in said, said
     argv = _command(said)
-    assert argv[-2:] == [str(export), "pretrain_64.pth"], argv
+    assert argv[-3:] == [str(export), "pretrain_64.pth", "&&"], argv
 
     (team / "out").mkdir()
     os.symlink(notes, team / "out" / "pretrain_64.pth")
     _his(team / "out" / "pretrain_64.pth", uid)
-    refused = _run(argv, team)  # his link at the name: not followed, not replaced
-    assert refused.returncode != 0 and "FileExistsError" in refused.stderr, refused.stderr
-    assert notes.read_bytes() == NOTES and (team / "out" / "pretrain_64.pth").is_symlink()
+    replaced = _paste(said, team, tmp_path)  # his link at the name: replaced as an entry, not written through
+    assert replaced.returncode == 0, replaced.stderr
+    assert notes.read_bytes() == NOTES and not (team / "out" / "pretrain_64.pth").is_symlink()
+    assert "eval_llm ran on weights v1" in replaced.stdout, replaced.stdout
 
     (private := tmp_path / "private").mkdir(mode=0o700)
     (other := tmp_path / "other").mkdir()
     os.symlink(private, other / "out")  # his link at out/ itself, to a directory of hers
     _his(other / "out", uid)
-    refused = _run(argv, other)
+    refused = _paste(said, other, tmp_path)
     assert refused.returncode != 0 and os.listdir(private) == [], refused.stderr
+    assert f"out is a link owned by uid {uid}" in refused.stderr and "eval_llm ran" not in refused.stdout
 
-    (own := tmp_path / "own").mkdir(mode=0o700)  # her own checkout: out/ made, the export copied
-    done = _run(argv, own)
-    assert done.returncode == 0, done.stderr
-    assert (own / "out" / "pretrain_64.pth").read_bytes() == export.read_bytes()
+    (own := tmp_path / "own").mkdir(mode=0o700)  # her own checkout: out/ made, the export copied, then evaluated
+    first = _paste(said, own, tmp_path)
+    assert first.returncode == 0 and "eval_llm ran on weights v1" in first.stdout, first.stderr
+    export.write_bytes(b"weights v2")  # trained on, exported again, pasted again: the new weights land
+    again = _paste(said, own, tmp_path)
+    assert again.returncode == 0 and "eval_llm ran on weights v2" in again.stdout, (again.stdout, again.stderr)
+    assert sorted(os.listdir(own / "out")) == ["pretrain_64.pth"]
+    export.unlink()  # a copy that fails: eval_llm.py does not run on what out/ holds
+    failed = _paste(said, own, tmp_path)
+    assert failed.returncode != 0 and "eval_llm ran" not in failed.stdout, failed.stdout
+    assert sorted(os.listdir(own / "out")) == ["pretrain_64.pth"]
+
+    (linked := tmp_path / "linked").mkdir(mode=0o700)  # her own link at out/ (out -> /data/big/out): followed
+    (big := tmp_path / "big").mkdir(mode=0o700)
+    os.symlink(big, linked / "out")
+    export.write_bytes(b"weights v3")
+    followed = _paste(said, linked, tmp_path)
+    assert followed.returncode == 0 and "eval_llm ran on weights v3" in followed.stdout, followed.stderr
+    assert (big / "pretrain_64.pth").read_bytes() == b"weights v3" and (linked / "out").is_symlink()

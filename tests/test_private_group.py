@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import pwd
-import struct
 
 import pytest
 
 from minilmd import perms
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
-from real_groups import groups  # noqa: F401 - a fixture
+from real_groups import acl_letting, groups  # noqa: F401 - groups: a fixture
 from second_user import second_user
 
 REFUSED = "can be written by other users"
@@ -69,21 +68,13 @@ def test_without_an_enumerable_passwd_database_the_group_counts_as_shared(tmp_pa
     assert REFUSED in _problem(folder)
 
 
-def _acl_letting(uid: int) -> bytes:
-    """system.posix_acl_access granting `uid` rwx (what setfacl -m u:UID:rwx writes): owner rwx, that user rwx,
-    the owning group r-x, mask rwx (the mode's group bits then show w), others r-x."""
-    undefined = 0xFFFFFFFF
-    entries = [(0x01, 7, undefined), (0x02, 7, uid), (0x04, 5, undefined), (0x10, 7, undefined), (0x20, 5, undefined)]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, who) for tag, perm, who in entries)
-
-
 def test_a_private_group_directory_whose_acl_lets_another_user_write_is_refused(tmp_path, groups):
     me = pwd.getpwuid(os.geteuid()).pw_name
     uid, _ = second_user()
     folder = _team_dir(tmp_path, groups.group(members=(me,)), 0o775)
     assert _problem(folder) is None
     try:
-        os.setxattr(folder, "system.posix_acl_access", _acl_letting(uid))
+        os.setxattr(folder, "system.posix_acl_access", acl_letting(uid))
     except OSError as e:
         pytest.skip(f"no POSIX ACLs on {tmp_path}'s file system ({e})")
     assert perms.has_acl(folder)

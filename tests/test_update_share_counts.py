@@ -250,3 +250,38 @@ def test_a_dpo_run_counts_pairs_against_its_sft_bases_conversations_and_names_be
         "WARNING: update share: this run trains 3,000 sample updates (pairs: 3,000 rows, each one pair (its chosen "
         f"and rejected sides), in buckets of like length), 15.0 % of the 20,000 of its base {base}"), lines
     assert "raise dpo.beta" in lines[0] and "use [lora]" in lines[0]
+
+
+# --- a resumed run: its counts after what its checkpoint trained, as the trainer's (review11b F4) -----------------
+def test_a_resumed_runs_update_share_counts_the_rows_its_checkpoint_trained(tmp_path):
+    """1,000 steps of 8 conversations trained, then max_steps = 2,000 at micro-batch 16: 8,000 + 1,000 x 16 = 24,000
+    rows (the trainer's count, plan/budget.py Planned.rows after `done`), not 2,000 x 16 = 32,000 (a fresh start's
+    count at today's batch, what the share said before)."""
+    from minilmd.plan.trainer_state import Trained
+
+    base = fake_checkpoint(tmp_path / "base" / "step-00001000", {"step": 1_000, "rows_seen": 2_400_000})
+    cfg = style_config(tmp_path, "chat", base=base, train={"max_epochs": 0, "max_steps": 2_000})
+    done = Trained(step=1_000, rows=8_000, positions=8_000 * 768)
+    assert share_lines(cfg)[0].startswith("update share: this run trains 32,000 sample updates")  # a fresh start
+    lines = share_lines(cfg, done)
+    assert lines[0].startswith("update share: this run trains 24,000 sample updates (conversations: 24,000 rows, "
+                               "each one conversation"), lines
+    assert "1.0 % of the 2,400,000 rows its base" in lines[0], lines
+
+
+def test_corpus_report_config_counts_after_the_checkpoint_in_the_runs_scratch(tmp_path):
+    """`corpus report --config` of a run that trained 10 steps of 4 windows and now says micro-batch 8: its 30 steps
+    are 40 + 20 x 8 = 200 windows, 25,600 token positions, as the trainer will count them (240 and 30,720 before)."""
+    from minilmd.plan.model_budget import model_budget
+
+    corpus = fake_corpus(tmp_path / "corpus", "text", 735, 37_485)
+    meta = json.loads((corpus / "meta.json").read_text(encoding="utf-8"))
+    config = write_config(tmp_path, (corpus, 512), name="resumed",
+                          train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "max_steps": 30})
+    fresh = model_budget(37_485, params=None, config=str(config), budget_tokens=None, meta=meta)
+    assert (fresh["rows"], fresh["budget_tokens"]) == (240, 30_720), fresh
+    fake_checkpoint(load_config(config).checkpoint_dir / "step-00000010",
+                    {"step": 10, "rows_seen": 40, "positions_seen": 40 * 128, "global_batch": 4,
+                     "config": {"train": {"seq_len": 128, "micro_batch_size": 4}}})
+    resumed = model_budget(37_485, params=None, config=str(config), budget_tokens=None, meta=meta)
+    assert (resumed["rows"], resumed["budget_tokens"]) == (200, 25_600), resumed

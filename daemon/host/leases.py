@@ -34,6 +34,7 @@ from pathlib import Path
 
 from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import PlaceRefused, place_problem, walk_to
+from minilmd.proc_info import flock_holders
 from minilmd.untrusted import NO_FOLLOW_NO_BLOCK as OPEN_FLAGS
 from minilmd.untrusted import loads
 
@@ -104,7 +105,7 @@ def describe_holder(lease: LeaseFile) -> str:
     else "pid P (user U)" from /proc/locks."""
     body = _read_body(lease.fd)
     st = os.fstat(lease.fd)
-    holders = _flock_holders(st.st_ino)
+    holders = flock_holders(st)  # the one reader of /proc/locks (minilmd/proc_info.py)
     pid = body.get("pid")
     if isinstance(pid, int) and (pid in holders or not holders):
         host = body.get("host")
@@ -210,22 +211,6 @@ def _read_body(fd: int) -> dict:
     except (OSError, ValueError):
         return {}
     return body if isinstance(body, dict) else {}
-
-
-def _flock_holders(inode: int) -> list[int]:
-    """Pids holding an flock on the file with this inode, from /proc/locks ("1: FLOCK ADVISORY WRITE <pid>
-    <maj>:<min>:<inode> 0 EOF"; waiters, marked "->", skipped)."""
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return []
-    pids = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(inode) \
-                and parts[4].isdigit():
-            pids.append(int(parts[4]))
-    return pids
 
 
 def _process_uid(pid: int) -> int | None:

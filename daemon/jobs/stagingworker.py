@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import names, protocol, scratch
+from minilmd import names, protocol, scratch, scratch_hold
 from minilmd.batch_stream import change_note, newest_recorded, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
@@ -166,8 +166,11 @@ class StagingWorker(StagingFetch):
         cfg = self.cfg
         try:
             scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+            scratch_hold.hold(cfg.scratch_dir)  # kept; moved to a scratch made anew (minilmd/scratch_hold.py)
         except scratch.ScratchRefused as e:
             return "; ".join(e.problems)
+        except scratch_hold.ScratchInUse as e:
+            return str(e)
         except OSError as e:
             return f"run.scratch {cfg.scratch_dir} cannot be claimed again: {e}"
         return None

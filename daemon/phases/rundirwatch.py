@@ -15,6 +15,8 @@ status` says what happened.
 A run.dir removed while the run runs (an `rm -r` of old runs, a tmp cleaner) is the same case (its writes fail with
 ENOENT, fsio.dir_removed, never a traceback), said once as removed; the supervisor stops the live trainer at
 once (`removed`: SIGTERM, it saves to scratch if it can), launches none, and stops after the last sync, exit 73.
+Its run lock went with run.dir: a new start meanwhile is refused by the supervisor's hold on its scratch
+(minilmd/scratch_hold.py), and both messages name this supervisor's pid, to wait for.
 Torch-free.
 """
 from __future__ import annotations
@@ -189,7 +191,9 @@ class RunDirWatch:
         self.stopping = True
         self.why = self.full or self.short  # kept: a state.json written meanwhile clears `full` (watch)
         if self.removed:
-            return f"{what}: run.dir {self.run_dir} was removed ({self.why}): no new trainer; the last sync, then stop"
+            return (f"{what}: run.dir {self.run_dir} was removed ({self.why}): no new trainer; the last sync, then "
+                    f"stop; start the run again only once this supervisor (pid {os.getpid()}) has ended: a start "
+                    f"before is refused, since it still syncs from the run's scratch")
         return f"{what} while run.dir is full ({self.why}): no new trainer; the last sync, then stop"
 
     def outcome(self, sync_problem: str) -> str:
@@ -203,8 +207,9 @@ class RunDirWatch:
         if self.removed:
             return (f"stopped because run.dir {self.run_dir} was removed while the run ran: not restarted (exit "
                     f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; its state.json, events, metrics and logs "
-                    f"went with it. Start the run again to make run.dir anew and resume from that checkpoint, or "
-                    f"remove scratch too to end the run")
+                    f"went with it. Once this supervisor (pid {os.getpid()}) has ended (it ends now; a start while "
+                    f"it lives is refused: it holds the run's scratch), start the run again to make run.dir anew and "
+                    f"resume from that checkpoint, or remove scratch too to end the run")
         return (f"stopped because run.dir is full ({self.why or self.full}): not restarted (exit "
                 f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
                 f"run again")

@@ -97,7 +97,7 @@ def run_command(
         if not init_unreachable and (wait := _init_wait(cfg, preflight.resumes(start))):
             typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
                        f"checks its final checkpoint")
-        for line in share_lines(cfg) if not init_unreachable and not done else []:  # it reads init.from
+        for line in share_lines(cfg, trained) if not init_unreachable and not done else []:  # reads init.from
             typer.echo(line)
         raise typer.Exit(0)
     from minilmd import procs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM
 from minilmd.plan.budget import as_trained, planned
+from minilmd.plan.trainer_state import Trained, scratch_trained
 
 
 def report_model(r: dict, *, params: int | None, config: str | None, budget_tokens: int | None) -> dict:
@@ -23,7 +24,8 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
                  budget_tokens: int | None, meta: dict | None = None, prepared: str | None = None) -> dict:
     """Parameters (from --params, or counted from the config's model as its checkpoint stores it: the head tied
     to the embeddings counted once), Chinchilla's optimum, this corpus's tokens per parameter, and the epochs
-    over train that the budget (--budget-tokens, or the config's: config_budget) means."""
+    over train that the budget (--budget-tokens, or the config's: config_budget, after what the newest checkpoint
+    in the run's scratch trained, trainer_state.scratch_trained) means."""
     budget: dict = {}
     if config:
         from minilmd.config import load_config
@@ -34,7 +36,7 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
         if not params:
             params = parameter_count(expected_state_shapes(cfg.model))
         if budget_tokens is None:
-            budget = config_budget(cfg, meta or {}, train_tokens, prepared)
+            budget = config_budget(cfg, meta or {}, train_tokens, prepared, scratch_trained(cfg))
             budget_tokens = budget.pop("budget_tokens", None)
     assert params
     out: dict = {"parameters": int(params), "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * int(params)}
@@ -49,17 +51,20 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
     return out
 
 
-def config_budget(cfg, meta: dict, train_tokens: int | None, prepared: str | None = None) -> dict:
+def config_budget(cfg, meta: dict, train_tokens: int | None, prepared: str | None = None,
+                  done: Trained | None = None) -> dict:
     """The rows the config's budget trains on, counted as the trainer will (minilmd/plan/budget.py: the SFT
     defaults first, so a chat run is bucketed; whichever of max_steps, max_tokens, max_epochs ends first), and
     the tokens they hold: a packed window is seq_len tokens of the stream; any other row holds whole documents
     (one, or whole conversations packed), train's tokens per document on average, so its budget is its epochs
-    (rows / rows of an epoch) times train's tokens. {} when it cannot be told."""
-    plan = planned(cfg, meta, prepared)
+    (rows / rows of an epoch) times train's tokens. `done`: what a checkpoint the run resumes from trained
+    (planned's, the trainer's rule: after a batch change the rows are its rows plus the rest at today's batch). {}
+    when it cannot be told."""
+    plan = planned(cfg, meta, prepared, done)
     if plan is None:
         return {}
     if plan.epoch.kind == "windows" if plan.epoch else as_trained(cfg, meta).data.mode == "packed":
-        return {"budget_tokens": plan.rows * cfg.train.seq_len, "rows": plan.rows, "row_unit": "windows"}
+        return {"budget_tokens": plan.positions, "rows": plan.rows, "row_unit": "windows"}
     if plan.epoch is None or not plan.epochs or not train_tokens:
         return {}
     return {"budget_tokens": round(plan.epochs * train_tokens), "epochs": plan.epochs, "rows": plan.rows,

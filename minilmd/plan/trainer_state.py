@@ -1,6 +1,8 @@
 """trainer_state.json's run-position keys and the one rule that reads the rows a checkpoint trained on, for the
-trainer's resume (trainer/loop/parts.py TrainState), a resume on a grown corpus (growth.py) and `run --check`'s
-update share (update_share.py). Torch-free.
+trainer's resume (trainer/loop/parts.py TrainState), a resume on a grown corpus (growth.py), and what a resumed
+checkpoint trained (`Trained`), which every count of a run's budget takes as plan/budget.py `planned`'s `done`: the
+trainer, `run --check`'s budget and update share lines (update_share.py) and `corpus report --config`
+(model_budget.py). Torch-free.
 
 `rows_seen` is what a checkpoint records since 2026-12-01; an older one records its `step` and the `global_batch`
 it trained with (every checkpoint has): the rows it saw are their product. Not the global batch a resume runs with
@@ -80,3 +82,19 @@ def recorded_trained(recorded) -> Trained | None:
     scratch or on the remote); None when it does not say."""
     raw = recorded.get(TRAINED) if isinstance(recorded, dict) else None
     return trained({**raw, "config": recorded}) if isinstance(raw, dict) else None
+
+
+def scratch_trained(cfg) -> Trained | None:
+    """What the newest checkpoint in the run's own scratch (cfg.checkpoint_dir: names only, nothing validated)
+    records it trained, read as `run --check` reads it (batch_stream.recorded_config, recorded_trained); None for a
+    run with none there, or none readable. For a view with no resume worked out (`corpus report --config`): the
+    launch's own choice, which may take the remote's newer checkpoint, is daemon/jobs/resumefrom.py's."""
+    from minilmd.batch_stream import recorded_config
+    from minilmd.checkpoint_dirs import list_checkpoints
+    from minilmd.scratch_root import RecordUnreadable
+
+    try:
+        newest = list_checkpoints(cfg.checkpoint_dir)[-1:]
+    except (OSError, RecordUnreadable):  # no scratch yet; where it is cannot be known now
+        return None
+    return recorded_trained(recorded_config(newest[0])) if newest else None

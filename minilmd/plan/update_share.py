@@ -4,12 +4,12 @@ The seed's style SFT (section 3): 87,940 conversations x 5 epochs = 439,700 samp
 904,979 x 2 = 1,809,958, i.e. 24 % of the updates, on a very different distribution at an unchanged learning rate:
 the textbook setting of catastrophic forgetting. A sample update is what those notes count: a document (a
 conversation) trained once, whatever the mode packs into a row. This run's: the rows its budget trains, as the
-trainer counts them (minilmd/plan/budget.py, the same functions), times the documents a row holds
-(minilmd/plan/epoch.py). Its base's: the rows its checkpoint records it trained (`rows_seen` in its
-trainer_state.json: what it did train, not what it planned), counted the same way from its own config and corpus
-when that corpus's meta.json is readable here, else as rows. A warning above eval.update_share_warn. A DPO run's
-sample update is a pair trained once (its rows are pairs: minilmd/plan/pairs.py), against its base's conversations;
-its warning names dpo.beta among the remedies. Torch-free.
+trainer counts them (minilmd/plan/budget.py, the same functions, after what a resumed checkpoint trained), times
+the documents a row holds (minilmd/plan/epoch.py). Its base's: the rows its checkpoint records it trained
+(`rows_seen` in its trainer_state.json: what it did train, not what it planned), counted the same way from its own
+config and corpus when that corpus's meta.json is readable here, else as rows. A warning above
+eval.update_share_warn. A DPO run's sample update is a pair trained once (its rows are pairs: minilmd/plan/pairs.py),
+against its base's conversations; its warning names dpo.beta among the remedies. Torch-free.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from minilmd.init_source import InitSourceError, resolve, source_state
 from minilmd.names import TRAINER_STATE
 from minilmd.plan.budget import as_trained, planned
 from minilmd.plan.epoch import corpus_epoch
-from minilmd.plan.trainer_state import rows_seen
+from minilmd.plan.trainer_state import Trained, rows_seen
 
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
@@ -56,11 +56,13 @@ def base_samples(state: dict, rows: int) -> int | None:
     return epoch.samples(rows) if epoch else None
 
 
-def share_lines(cfg: RunConfig) -> list[str]:
-    """What `run --check` prints about the update share (nothing without init.from or without the numbers)."""
+def share_lines(cfg: RunConfig, done: Trained | None = None) -> list[str]:
+    """What `run --check` prints about the update share (nothing without init.from or without the numbers).
+    `done`: what the checkpoint the launch resumes from trained (planned's), so the rows are the trainer's after a
+    batch change (review11b F4: a fresh start's count at today's batch, before)."""
     if not cfg.init.from_:
         return []
-    base, plan = base_rows(cfg), planned(cfg)
+    base, plan = base_rows(cfg), planned(cfg, None, None, done)
     if base is None or plan is None or plan.epoch is None or plan.samples is None:
         return []
     path, rows, state = base

@@ -1,0 +1,100 @@
+"""A supervisor's hold on its run's scratch: an flock on the scratch's owner marker (names.SCRATCH_OWNER), taken
+when the launch claims scratch and again at each claim before staging (a scratch made anew gets it anew), kept until
+the supervisor ends (the kernel lets it go with the process; `let_go` at its shutdown).
+
+The run lock lives in run.dir (daemon/host/lock.py). A run.dir removed while the run runs takes that lock with it:
+the supervisor stops its trainer and goes on with its last sync (daemon/phases/rundirwatch.py), which may take
+minutes, while a new `minilmd run` makes run.dir anew with a free lock. The scratch's owner marker names the run by
+its run directory's path (minilmd/run_owner.py), the same for both, so the claim let the second supervisor stage,
+start a trainer and prune in the scratch the first was still syncing from. This hold refuses it (exit 2, the first
+supervisor's pid named, from /proc/locks), `run --check` says the same (`in_use`), and once the first has ended the
+run starts again. Only supervisors hold it (their trainers, a Slurm node's claim, `minilmd train` do not), and the
+descriptor is close-on-exec: no trainer keeps it past its supervisor. Torch-free.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+from minilmd.names import SCRATCH_OWNER
+from minilmd.proc_info import flock_holders
+
+MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""The marker opened for its lock: never through a link, never blocking on a FIFO, never inherited."""
+
+_holds: dict[str, tuple[int, int, int]] = {}
+"""This process's holds: the scratch's absolute path -> (descriptor, device, inode) of the marker it locks."""
+
+
+class ScratchInUse(ValueError):
+    """Another process holds this scratch's marker: a supervisor of this run that has not ended."""
+
+
+def hold(scratch: Path) -> None:
+    """Take (or keep) this process's hold on `scratch`, claimed for its run just before (its marker written):
+    ScratchInUse when another supervisor holds it. A hold of a marker since replaced (a scratch made anew) moves to
+    the new one. A marker that is not there, not a regular file, or cannot be opened is left to the claim's checks."""
+    key = os.path.abspath(scratch)
+    try:
+        fd = os.open(Path(scratch) / SCRATCH_OWNER, MARKER_OPEN)
+    except OSError:
+        return
+    st = os.fstat(fd)
+    old = _holds.get(key)
+    if not stat.S_ISREG(st.st_mode) or old is not None and (old[1], old[2]) == (st.st_dev, st.st_ino):
+        os.close(fd)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
+        raise
+    if old is not None:
+        os.close(old[0])
+    _holds[key] = (fd, st.st_dev, st.st_ino)
+
+
+def let_go(scratch: Path) -> None:
+    """This process's hold on `scratch` given up (its supervisor's end); nothing when it holds none."""
+    held = _holds.pop(os.path.abspath(scratch), None)
+    if held is not None:
+        os.close(held[0])
+
+
+def in_use(scratch: Path) -> str | None:
+    """Why a launch now would be refused (another process holds `scratch`'s marker), or None: a probe that takes
+    and lets go a shared lock at once, creating nothing (`run --check`; the launch's own check). None for a scratch
+    this process holds, and for one without a marker."""
+    if os.path.abspath(scratch) in _holds:
+        return None
+    try:
+        fd = os.open(Path(scratch) / SCRATCH_OWNER, MARKER_OPEN)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return _in_use_words(Path(scratch), st)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _in_use_words(scratch: Path, st: os.stat_result) -> str:
+    pids = [pid for pid in flock_holders(st) if pid != os.getpid()]
+    who = f"pid {', '.join(map(str, pids))}" if pids else "a process /proc/locks does not name here"
+    return (f"run.scratch {scratch} is still held by another supervisor of this run ({who}, which holds "
+            f"{scratch / SCRATCH_OWNER}): a run whose run.dir was removed while it ran goes on with its last sync "
+            f"from there before it stops; wait for it to end, then start the run again")
