@@ -51,7 +51,7 @@ from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.run_states import Phase
-from minilmd.scratch_lost import lost_for_good
+from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
 from minilmd.shared_place import Place, look
 from minilmd.untrusted import file_kind, loads, printable, read_json
 from minilmd.urls import is_url
@@ -267,10 +267,14 @@ def _resolve(spec: str, checkpoint: str) -> InitSource:
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)
     if pred is not None:
-        outcome, why = predecessor_outcome(pred)
-        if outcome != "done":
-            raise InitSourceError(f"names the run {pred.name}, which has not finished ({why})")
+        report = predecessor_report(pred)
+        if report.outcome != "done":
+            raise InitSourceError(f"names the run {pred.name}, which has not finished ({report.why})")
         if (found := look(pred.root, LATEST)).outage:  # its remote gone or not mounted: not init.from's own path
+            supervisor = (report.state or {}).get("supervisor")
+            host = other_host(supervisor.get("host") if isinstance(supervisor, dict) else None)
+            if pred.scratch_only and host is not None:  # its scratch is that host's: waited for, never judged here
+                raise InitSourceUnreachable(elsewhere_words(pred.name, pred.root, host))
             if pred.scratch_only and found.place != Place.UNREADABLE and lost_for_good(pred.root):
                 raise InitSourceError(scratch_lost(pred))  # final: nothing brings a removed scratch back
             raise InitSourceUnreachable(f"the run {pred.name} has finished, but {pred.root}, which holds its "

@@ -5,6 +5,7 @@ And `status` of that run no longer says "a reboot may lose them" once they are l
 6), the stage waited for ever: `... is not there (its share gone?): the run waits for it, retrying with backoff`."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def test_a_stage_after_a_run_whose_only_checkpoints_are_gone_is_refused_saying_s
     out = cli("run", "--check", str(stage))
     assert out.returncode == SUPERVISOR_CONFIG and "it had no run.remote" in out.stderr, out.stdout + out.stderr
     assert "share" not in out.stdout + out.stderr
+
+
+def test_a_run_trained_on_another_host_is_waited_for_naming_that_host(tmp_path, corpus):
+    """Its scratch is that host's (a cluster node's /dev/shm), which this host cannot see or judge: a wait that names
+    the host, never "gone for good" (review11b: a final error for a predecessor trained on another node)."""
+    pred, checkpoints = finished_without_remote(tmp_path, corpus)
+    checkpoints.parent.mkdir(parents=True)  # as the removed case above: here, a directory this host made
+    state = names.STATE
+    body = json.loads((load_config(pred).run_dir / state).read_text())
+    body["supervisor"]["host"] = "node-17.cluster"
+    atomic_write_json(load_config(pred).run_dir / state, body)
+    with pytest.raises(InitSourceUnreachable) as caught:
+        resolve(str(pred))
+    said = str(caught.value)
+    assert said.startswith("the run mmsft has finished on host node-17.cluster, with no run.remote"), said
+    assert "run this stage on node-17.cluster" in said, said
 
 
 def test_a_scratch_where_a_share_is_mounted_is_still_waited_for(tmp_path, corpus, monkeypatch):

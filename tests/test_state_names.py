@@ -30,7 +30,7 @@ REVIEWED: dict[str, str] = {
     "minilmd/init_moved.py:report.outcome == 'done'": "init_source's PredecessorReport.outcome",
     "daemon/phases/initwait.py:report.outcome == 'failed'": "init_source's PredecessorReport.outcome",
     "minilmd/leftovers.py:outcome == 'running'": "leftovers.clear's outcome (its maker still running)",
-    "minilmd/init_source.py:outcome != 'done'": "its own PredecessorReport.outcome, not a phase",
+    "minilmd/init_source.py:report.outcome != 'done'": "its own PredecessorReport.outcome, not a phase",
     "scripts/gpu_check_determinism.py:status != 'ok'": "a device check part's status (ok, fail, skip)",
     "scripts/gpu_check_sidebyside.py:status == 'ok'": "a device check part's status (ok, fail, skip)",
 }
