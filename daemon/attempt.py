@@ -9,6 +9,7 @@ STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang w
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import EventLog, RunState, now, read_heartbeat
-from minilmd.daemon.base.states import FIRST_HEARTBEAT, Action, Phase
+from minilmd.daemon.base.states import FIRST_HEARTBEAT, Action, Cause, Phase
 from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
@@ -33,6 +34,7 @@ from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm.job import SlurmJob
 from minilmd.fsio import is_disk_full
 from minilmd.roomwords import made_in, no_room, top_of
+from minilmd.untrusted import printable
 
 
 class Attempt:
@@ -154,6 +156,7 @@ class Attempt:
             self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
             return
         streak = 0 if made_progress else self.state.no_progress_streak + 1
+        death = on_another_node(death)
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
                           no_progress_streak=streak, stop_requested=self.loop.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
@@ -198,3 +201,17 @@ class Attempt:
                                            delay_s=round(delay, 2)))
         self.state.record_error(f"{death.cause}: {death.detail}")
         self._start_backoff(next_phase, decision.message, streak, delay)
+
+
+def on_another_node(death: Death) -> Death:
+    """A trainer's scratch_full (exit 74) from another node's scratch, as its fault.json's `host` says (a node's
+    local rank 0 takes its own scratch's lock): the wait for room measures this node's scratch only, finds room and
+    relaunched at once, uncounted, for as long as the other node stayed full (review11a F2b). So it is a crash for
+    the restart policy: counted by restart.max_restarts, relaunched after the backoff. A fault with no host (an
+    older trainer's) or this host's is waited for as before."""
+    host = (death.fault or {}).get("host")
+    if death.cause != Cause.SCRATCH_FULL or not isinstance(host, str) or host == socket.gethostname():
+        return death
+    return Death(Cause.CRASH, death.exit, f"{death.detail} (on node {printable(host)}, not this one: its scratch "
+                                          f"cannot be measured from here, so restarted after the backoff, counted)",
+                 death.fault)

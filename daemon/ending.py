@@ -5,7 +5,9 @@ apart. `stopping` is entered on a stop request, a finished trainer, a final deci
 SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), a staging copy still running is waited
 for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue,
 which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). A last
-sync that waits (room on the remote, run.remote's owner record) gives the GPU lease back while it waits. At exit,
+sync that waits (room on the remote, run.remote's owner record) gives the GPU lease back while it waits; in a Slurm
+job the allocation itself stays held, so that wait ends after lastsynccut.FINAL_SYNC_WAIT_S, the run `failed`
+(non-final), never `finished` with its last checkpoint unsynced. At exit,
 whatever phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
 """
@@ -107,7 +109,9 @@ class Ending:
             # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
             self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
                                      f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
-        problem = self.sync.final_sync(self.staging.staged, not (self.loop.stop_requested or self.room.stopping))
+        waits = not (self.loop.stop_requested or self.room.stopping) and \
+            lastsynccut.may_wait(self.slurm, self.state.since or now())  # a Slurm job's allocation: not for ever
+        problem = self.sync.final_sync(self.staging.staged, waits)
         if problem is not None:
             self._finish(problem)
         elif self.sync.room_wait:
@@ -136,6 +140,9 @@ class Ending:
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
             return
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
+        if self.slurm and self.cfg.scratch_is_default:  # $TMPDIR or /dev/shm of the job's node
+            kept += ", this Slurm job's node-local scratch, which the job's end may wipe: the next start resumes " \
+                    "from run.remote's newest"
         if self.slurm:
             self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
             if self.slurm.preempted_by:

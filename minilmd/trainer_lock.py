@@ -14,10 +14,15 @@ node's RAM or disk), which a `minilmd train` by hand on that node, or a second t
 save into unrefused were it unlocked (before, only node 0's scratch was). A second torchrun's rank 0 or node rank 0
 is refused, and torchrun then stops its other ranks before any of them has saved. Two "nodes" of one job on one
 host (a by-hand rendezvous on loopback) share one scratch: whichever of their local ranks 0 comes second finds the
-lock held by its own job (the holder's `launch`, torchrun's run id and its workers' store address, a new port at
-each torchrun start, is its own) and goes on without it, the holder guarding the scratch for as long as the job
-runs (a rank's end ends the job); only a rank 0 never goes on beside another rank 0, an earlier torchrun's still
-dying (ranks other than 0 write no checkpoint).
+lock held by its own job (the holder's `launch`, torchrun's run id and its workers' store address, is its own) and
+goes on without it. The store's port is new at each torchrun start with a c10d rendezvous
+(`--rdzv-backend c10d`, `--standalone`); a static one (`--master-addr A --master-port P`, no rdzv id: run id "none")
+has the same `launch` at each start, so a dying rank of an earlier such job counts as the same job (harmless for
+the checkpoints: a rank 0 never goes on beside a rank 0). Ranks end at different times, and global rank 0, the
+checkpoints' writer, may save for minutes after the holder has exited: a rank 0 going on without the lock keeps
+blocking on it in a thread (_wait_to_hold) and holds it the moment the holder lets go (review11a F2; before, a
+`minilmd train` by hand could take it while rank 0 saved). Only a rank 0 never goes on beside another rank 0, an
+earlier torchrun's still dying (ranks other than 0 write no checkpoint).
 
 Scratch is the run's own (claimed before this: minilmd/scratch.py), and still opened as minilmd/dirfd.py says: the
 directory walked without a planted link, the lock file opened relative to it without following a link and without
@@ -35,6 +40,7 @@ import json
 import os
 import socket
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +49,7 @@ from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import is_disk_full
 from minilmd.perms import own_uid, owned_by_me
 from minilmd.place_rule import walk_to
+from minilmd.proc_info import process_alive
 from minilmd.roomwords import no_room, top_of
 from minilmd.untrusted import Unreadable, printable, read_json
 
@@ -50,8 +57,14 @@ SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
 JOB_BODY_WAIT_S = 10.0
 """How long a torchrun rank finding the lock held reads its holder's file again before it is refused (_taken_or_holder):
 a rank of its own job writes it microseconds after its flock, seconds on a loaded host."""
+GONE_HOLDER_WAIT_S = 2.0
+"""How long a trainer outside torchrun tries the lock again while the holder its file names is gone: the instant of
+left_unheld's shared probe, or a holder's exit, lasts microseconds; a live holder is refused at once."""
 _held: list[int] = []
 """The lock's descriptor, kept open for the life of the process: closing it would let the lock go."""
+_waiting: list[_Waiter] = []
+"""Rank 0's blocked takes of the lock beside its job's holder (_wait_to_hold), until granted."""
+_waiting_lock = threading.Lock()
 
 
 class TrainerLockRefused(Exception):
@@ -90,7 +103,9 @@ def takes_lock(environ=os.environ) -> bool:
 
 def launch_of(environ=os.environ) -> str | None:
     """The torchrun job this process is a rank of, the same on each of its nodes: the rendezvous's run id and the
-    workers' store (rank 0's agent's, on a port picked at each torchrun start). None outside torchrun."""
+    workers' store (rank 0's agent's, on a port picked at each torchrun start with c10d or --standalone; a static
+    rendezvous's user-fixed MASTER_ADDR:MASTER_PORT and run id "none" are the same at each start, see the module's
+    docstring). None outside torchrun."""
     run_id, addr, port = (environ.get(k) for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
     return f"{run_id}@{addr}:{port}" if run_id and addr and port else None
 
@@ -135,15 +150,18 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
             raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: not a regular file of yours, so not "
                                      "minilmd's trainer lock; move it away, then start again")
+        mine = _body(supervised, run_dir, rank, launch)
         if (body := _taken_or_holder(where.fd, fd, rank, launch)) is not None:
             if same_job(body, rank, launch):
-                os.close(fd)
+                if rank == 0:  # the checkpoints' writer: it takes the lock the moment its job's holder lets go
+                    _wait_to_hold(fd, mine)
+                else:
+                    os.close(fd)
                 return
             raise TrainerLockHeld(held_message(body, scratch, run_dir), retried=not body or (
                 body.get("supervised") is True and body.get("run_dir") == str(run_dir))) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
-                                   "run_dir": str(run_dir), "rank": rank, "launch": launch}) + "\n").encode(), 0)
+        os.pwrite(fd, mine, 0)
     except BaseException as e:
         os.close(fd)
         if isinstance(e, OSError) and is_disk_full(e):  # its body had no room
@@ -154,12 +172,57 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
     _held.append(fd)
 
 
+def _body(supervised: bool, run_dir: Path, rank: int, launch: str | None) -> bytes:
+    """The lock file's body: who holds it, for a refused trainer's message and same_job."""
+    return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
+                        "run_dir": str(run_dir), "rank": rank, "launch": launch}) + "\n").encode()
+
+
+def _wait_to_hold(fd: int, body: bytes) -> None:
+    """Global rank 0 going on beside its job's holder (another node's local rank 0 on a shared scratch) blocks on
+    the lock in a daemon thread, on its own descriptor (opened as hold() opens it), so that it holds the lock the
+    moment that rank exits: ranks end at different times, and rank 0 may save for minutes after the others have
+    gone, a `minilmd train` by hand refused all that time (review11a F2). Granted, it writes its own body (best
+    effort: no room leaves the last holder's) and is kept with the held ones; after release_all it lets go at once."""
+    waiter = _Waiter(fd)
+    with _waiting_lock:
+        _waiting.append(waiter)
+    threading.Thread(target=waiter.take, args=(body,), name="trainer-lock-wait", daemon=True).start()
+
+
+class _Waiter:
+    """One blocked flock of rank 0's (_wait_to_hold); `released`: release_all ran meanwhile, the lock not wanted."""
+
+    def __init__(self, fd: int):
+        self.fd, self.released = fd, False
+
+    def take(self, body: bytes) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        with _waiting_lock:
+            _waiting.remove(self)
+            if self.released:
+                os.close(self.fd)
+                return
+            _held.append(self.fd)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, body, 0)
+        except OSError:
+            pass
+
+
 def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dict | None:
     """None once this process holds the lock; else what the holder's file says (holder). A torchrun rank reads it
     again for up to JOB_BODY_WAIT_S while it names another job, trying the lock again meanwhile: a rank of its own
     job on the same scratch writes its body only just after taking the flock, and until then the file is empty or
-    still the last holder's. A trainer outside torchrun is answered at once."""
+    still the last holder's. A trainer outside torchrun is answered at once, unless the holder the file names is
+    gone (no pid, a dead pid of this host): then it tries again for up to GONE_HOLDER_WAIT_S, since a lock held
+    by nobody alive is an instant's (review11a F3: left_unheld's probe refused a trainer for good, exit 2)."""
     deadline = time.monotonic() + JOB_BODY_WAIT_S
+    gone_deadline = time.monotonic() + GONE_HOLDER_WAIT_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,9 +230,23 @@ def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dic
         except BlockingIOError:
             pass
         body = holder(dir_fd)
+        if launch is None and _holder_gone(body) and time.monotonic() < gone_deadline:
+            time.sleep(0.05)  # a probe's instant (left_unheld) or a holder just exiting: tried again
+            continue
         if launch is None or same_job(body, rank, launch) or time.monotonic() >= deadline:
             return body
         time.sleep(0.05)
+
+
+def _holder_gone(body: dict) -> bool:
+    """Whether the lock's body names no holder alive: no pid, or a pid of this host that is gone (its lock then is
+    a probe's shared one, left_unheld, or the kernel's still letting go)."""
+    pid, host = body.get("pid"), body.get("host")
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    if host != socket.gethostname():
+        return False  # another node's pid: not ours to judge
+    return not process_alive(pid)  # a zombie too: its lock went with its descriptors
 
 
 def left_unheld(scratch: Path) -> bool:
@@ -177,8 +254,8 @@ def left_unheld(scratch: Path) -> bool:
     link followed, nothing waited on) that no process holds now. A trainer launched into a scratch with no owner
     marker (a by-hand launch, a test's) leaves it there, and the scratch's adoption (minilmd/scratch.py) must not
     take it for someone's file; one held, another user's, a link or anything else is still one. The probe is a
-    shared flock taken and let go at once: a trainer taking the lock in that instant is refused as by a holder,
-    which a claim of a scratch with no marker, made before its trainer starts, does not meet."""
+    shared flock taken and let go at once: a trainer taking the lock in that instant finds it held by a dead (or no)
+    holder, and tries again (GONE_HOLDER_WAIT_S) before it is refused."""
     try:
         where = Dir.open(scratch, "run.scratch")
     except (PlaceRefused, OSError):
@@ -201,8 +278,11 @@ def left_unheld(scratch: Path) -> bool:
 def release_all() -> None:
     """Let the locks this process holds go: a trainer run inside a longer-lived process (the tests' in-process
     trainer) releases it when it returns, as a trainer's own process does when it exits."""
-    while _held:
-        os.close(_held.pop())
+    with _waiting_lock:
+        for waiter in _waiting:  # still blocked: closes its descriptor itself once granted (never one reused)
+            waiter.released = True
+        while _held:
+            os.close(_held.pop())
 
 
 def holder(dir_fd: int) -> dict:

@@ -25,8 +25,10 @@ once with exit 75, nothing saved, as the real pass does (trainer/loop/dpo_refere
 config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
 supervisor looks). FAKE_RUN_DIR_FULL=1: as the real trainer on a full run.dir, its heartbeat and metrics writes that
 find no room are dropped, and it saves at the next step boundary and exits 73 (FAKE_STOP_HOLD=after holds that exit
-too); without it a full run.dir is an ENOSPC traceback (exit 1). FAKE_CORRUPT_CACHE: the first time, leave a
-truncated kernel in its inductor cache dir (TORCHINDUCTOR_CACHE_DIR, else torch's default under the temp dir), as a
+too); without it a full run.dir is an ENOSPC traceback (exit 1). FAKE_SCRATCH_FULL_ON=HOST: exit 74 at once,
+fault.json kind scratch_full naming that host (another node's scratch full, its lock without room).
+FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its inductor cache dir (TORCHINDUCTOR_CACHE_DIR,
+else torch's default under the temp dir), as a
 kill in the middle of a compile does; every attempt that finds it there dies on it as torch does: "1" (or an
 absolute path, where the file is put instead) 5 bytes and the InductorError `file too short` (exit 1); "sigbus" a
 real shared object cut in half and SIGBUS (the loader maps a segment past the end of the file).
@@ -258,6 +260,10 @@ def main(argv: list[str]) -> int:
     if not (prepared / "meta.json").is_file():
         print(f"data error: {prepared} has no meta.json", file=sys.stderr)
         return protocol.EXIT_DATA
+    if host := os.environ.get("FAKE_SCRATCH_FULL_ON"):  # another node's local rank 0 found no room for its lock
+        protocol.write_fault(run_dir, protocol.FaultNote.SCRATCH_FULL, f"scratch full on {host}: no inode left",
+                             path=str(cfg.scratch_dir), host=host)
+        return protocol.EXIT_SCRATCH_FULL
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
     step_s = float(os.environ.get("FAKE_STEP_S", "0.02"))

@@ -29,6 +29,7 @@ from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.init_source import predecessor, predecessor_report
 from minilmd.protocol import how_ended
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
+from slurm_helpers import fake_scontrol
 from supervisor_helpers import (
     FAKE_TRAINER,
     cli,
@@ -78,14 +79,15 @@ def _killed_after(proc: subprocess.Popen):
 
 
 @contextlib.contextmanager
-def _last_sync_waiting(teammate, tmp_path: Path, corpus):
+def _last_sync_waiting(teammate, tmp_path: Path, corpus, **env):
     """A run whose record the teammate replaced after step 10's sync, trained to its end (step 30), its last sync
-    waiting: (supervisor, config, run_dir, remote); the supervisor is killed afterwards if a check failed."""
+    waiting: (supervisor, config, run_dir, remote); the supervisor is killed afterwards if a check failed. `env`: the
+    supervisor's environment beside it (a Slurm job's)."""
     (uid, gid), where = teammate
     remote = group_dir(where, gid, "remote")
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
     run_dir, release = tmp_path / "s" / "run", tmp_path / "release"
-    proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"15:{release}")
+    proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"15:{release}", **env)
     with _killed_after(proc):
         try:
             wait_for(lambda: _remote_step(run_dir) == 10, timeout=120, what="step 10 synced")
@@ -226,3 +228,20 @@ def test_the_waiting_last_sync_gives_the_gpu_back(tmp_path, corpus, monkeypatch)
     final = state(cfg.run_dir)
     assert how_ended(final) == "finished" and _remote_step(cfg.run_dir) == 30, final
     assert final["devices"] == [0]  # the card it trained on, still said
+
+
+def test_slurms_usr1_during_the_owner_record_wait_ends_failed_not_finished(teammate, tmp_path, corpus):
+    """review11a F1: in a Slurm job, USR1 during the wait ends the run failed, not requeued, never `finished`, exit 0,
+    with the remote behind (the allocation is not held by a wait Slurm has said must end)."""
+    env, calls = fake_scontrol(tmp_path, "4242")
+    with _last_sync_waiting(teammate, tmp_path, corpus, **env) as (proc, _config, run_dir, _remote):
+        proc.send_signal(signal.SIGUSR1)  # Slurm's time-limit warning (--signal=USR1@...)
+        rc = wait_or_kill(proc, 120)
+    after = state(run_dir)
+    assert _remote_step(run_dir) == 10 and after["progress"]["step"] == 30  # the remote is behind
+    assert rc != 0 and after["phase"] == "failed", (rc, after["phase"], after.get("outcome"))
+    assert after["outcome"]["ended"] != "finished", after["outcome"]
+    assert "refused" in after["reason"] and "owner.json" in after["reason"], after["reason"]
+    assert "requeue" not in calls.read_text(), calls.read_text()  # a requeued job would wait the same again
+    assert (tmp_path / "s" / "scratch" / "checkpoints").is_dir()  # the last checkpoint is kept where it is
+

@@ -9,7 +9,6 @@ tmpfs (skipped where mounting is refused), real signals; the Slurm job is its en
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon.base.runstate import load_state
+from slurm_helpers import fake_scontrol
 from supervisor_helpers import start_supervisor, wait_or_kill, write_config
 from tmpfs_helpers import base, fill_inodes, wait_for_words  # noqa: F401 - base: the tmpfs fixture
 
@@ -66,16 +66,7 @@ def test_sighup_and_sigusr1_outside_slurm_do_not_end_the_wait(base, tmp_path, co
 @pytest.fixture
 def slurm_job(tmp_path) -> tuple[dict, Path]:
     """A Slurm job's environment, its `scontrol` a fake on PATH that records each call and says the job runs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "scontrol.calls"
-    fake = bin_dir / "scontrol"
-    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
-                    f"case \"$*\" in *'show job'*) echo 'JobId={JOB} JobState=RUNNING Restarts=0 Reason=None';; "
-                    f"esac\nexit 0\n")
-    fake.chmod(0o755)
-    env = {names.SLURM_JOB_ENV: JOB, names.SLURM_RESTART_COUNT_ENV: "0", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    return env, calls
+    return fake_scontrol(tmp_path, JOB)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])

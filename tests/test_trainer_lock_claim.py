@@ -5,6 +5,7 @@ adoption rule (minilmd/scratch.py, trainer_lock.left_unheld); one still held, or
 Real processes hold and let go of the lock."""
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -84,3 +85,30 @@ def test_an_unheld_lock_beside_other_files_is_not_named_as_theirs(tmp_path):
     (scratch / "corpus").mkdir()
     with pytest.raises(ScratchRefused, match="already holds files \\(corpus\\) and no owner.json"):
         claim(scratch, run_dir, "run", is_default=False)
+
+
+def test_a_trainer_meeting_the_unheld_probe_tries_again_and_is_not_refused(tmp_path, monkeypatch):
+    """review11a F3: left_unheld's shared probe, taken in the instant a trainer outside torchrun tries the lock,
+    made it refuse for good (exit 2) naming the ended trainer's dead pid. A lock held by nobody alive is tried again."""
+    scratch, run_dir = tmp_path / "scratch", tmp_path / "run"
+    trainer = hand_trainer(scratch, run_dir)
+    trainer.stdin.close()
+    assert trainer.wait(60) == 0  # its body names its pid, dead now
+    probe = os.open(scratch / names.TRAINER_LOCK, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # the probe's instant
+    read_holder = trainer_lock.holder
+
+    def holder_then_probe_ends(dir_fd):  # the trainer's first try has met the probe: the probe lets go now
+        os.close(probe) if not probe_closed else None
+        probe_closed.append(True)
+        return read_holder(dir_fd)
+
+    probe_closed: list[bool] = []
+    monkeypatch.setattr(trainer_lock, "holder", holder_then_probe_ends)
+    try:
+        trainer_lock.hold(scratch, run_dir, supervised=False)  # before: TrainerLockHeld, retried=False
+        assert probe_closed and len(trainer_lock._held) == 1
+    finally:
+        trainer_lock.release_all()
+        if not probe_closed:
+            os.close(probe)

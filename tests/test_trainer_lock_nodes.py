@@ -8,7 +8,8 @@ RANK, LOCAL_RANK, TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT) and then wai
   (before: only rank 0 took the lock, and the hand trainer on node 1 took node 1's unrefused);
 - both nodes on one scratch (a by-hand rendezvous of two "nodes" on one host): both start, the second local rank 0
   finding the lock held by its own job, and a hand trainer is refused all the same.
-A lock held by another job's rank is refused (unit test with real holder processes)."""
+A lock held by another job's rank is refused (unit test with real holder processes), and global rank 0 going on
+beside its job's holder takes the lock once that holder exits."""
 from __future__ import annotations
 
 import os
@@ -140,15 +141,22 @@ def test_a_node_rank_zero_of_another_job_is_refused_and_other_local_ranks_take_n
         monkeypatch.setattr(trainer_lock, "JOB_BODY_WAIT_S", 0.2, raising=False)  # short: job b is refused
         with pytest.raises(trainer_lock.TrainerLockHeld, match=f"pid {first.pid}"):  # job b's node rank 0
             trainer_lock.hold_for(SimpleCfg(scratch))
-        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
-        monkeypatch.setenv("RANK", "0")  # job a's rank 0 on this scratch: goes on, its node holds it for the job
-        trainer_lock.hold_for(SimpleCfg(scratch))
-        assert not trainer_lock._held
         monkeypatch.setenv("RANK", "3")
         monkeypatch.setenv("LOCAL_RANK", "1")  # not a local rank 0: takes nothing, reads nothing
-        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
         trainer_lock.hold_for(SimpleCfg(scratch))
         assert not trainer_lock._held
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+        monkeypatch.setenv("RANK", "0")  # job a's rank 0 on this scratch: goes on, its node holds it for the job
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        trainer_lock.hold_for(SimpleCfg(scratch))
+        assert not trainer_lock._held  # not yet: rank 2 holds it
+        first.stdin.close()  # rank 2 ends first (it has nothing to save); rank 0 still saves
+        first.wait(60)
+        # rank 0, the checkpoints' writer, holds the lock the moment rank 2 let go (review11a F2: before, nobody
+        # held it while rank 0 saved, and a `minilmd train` by hand took it)
+        wait_until(lambda: len(trainer_lock._held) == 1, 60, "rank 0 to hold the lock")
+        hand = hand_hold(scratch, Path("/r"))
+        assert hand.returncode != 0 and f"pid {os.getpid()}" in hand.stderr, hand.stderr
     finally:
         first.stdin.close()
         first.wait(60)

@@ -169,7 +169,9 @@ class SyncWorker:
         the stopping phase's reason). A sync refused by run.remote's owner record (`not_ours`: another user's file,
         another run's record) is waited for alike (`_wait_for_claim`): a run that ended done with its last checkpoint
         only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a /dev/shm scratch.
-        A stop while either waits ends it at once."""
+        A stop while either waits ends it at once. On one server the wait holds nothing else (the trainer has exited,
+        its GPU lease is given back); a Slurm job's allocation stays held, so there the caller gives `wait_for_room`
+        only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room

@@ -390,19 +390,21 @@ class SlurmJob:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
         requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
         SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
-        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A last sync cut at the
-        job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run too (its
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A failed or refused last
+        sync (`sync_problem`) is judged first: a finished run whose last checkpoint is not on the remote ends failed,
+        never `finished` (exit 0 would leave that checkpoint on a scratch the job's end may wipe). A last sync cut at
+        the job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run too (its
         next start syncs the last checkpoint), the reason saying where it resumes."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by, cut = self.preempted_by, f"; {self.sync_cut}" if self.sync_cut else ""
         if cut:  # not a failed sync: the remote keeps its previous checkpoint, and the next start syncs on
             slurm["last_sync_cut"] = self.sync_cut
-        if budget_done and not cut:
-            return Plan(ENDED_FINISHED, f"the run finished as Slurm preempted it ({by}): not requeued")
-        if sync_problem and not cut:
+        if sync_problem and not cut:  # before the budget: a last checkpoint not on the remote is never `finished`
             return Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
                                           f"requeued, the checkpoint stays on this node's scratch")
+        if budget_done and not cut:
+            return Plan(ENDED_FINISHED, f"the run finished as Slurm preempted it ({by}): not requeued")
         # after a cut the job's end is REQUEUE_MARGIN_S away: asked within SIGNAL_TIMEOUT_S, the requeue's 10 s kept
         info = job_info(self.alloc.job_id, self.signal_runner if cut else self.runner)
         restarts = info.get("Restarts", "0")

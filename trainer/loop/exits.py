@@ -4,6 +4,7 @@ written for the supervisor (fault.json) and said on stderr."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import traceback
 
@@ -61,7 +62,7 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
     """The supervisor makes room or waits for it; a restart now would only repeat (e: save.ScratchFull)."""
     try:
         write_fault(cfg.run_dir, FaultNote.SCRATCH_FULL, str(e), step=step, checkpoint_step=e.step, needs=e.needs,
-                    free=e.free, path=str(e.root))
+                    free=e.free, path=str(e.root), host=socket.gethostname())
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
     print(f"minilmd train: {e}", file=sys.stderr)
@@ -72,14 +73,16 @@ def scratch_without_room(e) -> int:
     """Scratch had no room (inodes or bytes) for a file of the trainer's start, its lock (e: trainer_lock
     .TrainerLockNoRoom): exit 74 as a checkpoint that does not fit, fault.json kind scratch_full with the room left
     there and no bytes of a checkpoint (the supervisor counts its own, and the inodes a start needs); the supervisor
-    waits for room (waiting_space) and starts the trainer again once there is."""
+    waits for room (waiting_space) and starts the trainer again once there is. `host`: the node whose scratch is
+    full (every node's local rank 0 takes its scratch's lock): the supervisor measures only its own, so another
+    node's is an ordinary counted failure for it (daemon/attempt.py `on_another_node`; review11a F2b)."""
     try:
         vfs = os.statvfs(e.scratch)
         room = {"free": vfs.f_bavail * vfs.f_frsize, "inodes_free": vfs.f_favail if vfs.f_files else None}
     except OSError:
         room = {}
     try:
-        write_fault(e.run_dir, FaultNote.SCRATCH_FULL, str(e), path=str(e.scratch), **room)
+        write_fault(e.run_dir, FaultNote.SCRATCH_FULL, str(e), path=str(e.scratch), host=socket.gethostname(), **room)
     except OSError:
         pass  # run.dir on the same full disk: the exit status alone says it
     print(f"minilmd train: {e}", file=sys.stderr)
