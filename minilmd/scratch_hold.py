@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 from minilmd.names import SCRATCH_OWNER
@@ -24,6 +25,12 @@ from minilmd.proc_info import flock_holders
 
 MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """The marker opened for its lock: never through a link, never blocking on a FIFO, never inherited."""
+
+PROBE_WAIT_S = 2.0
+"""How long `hold` tries again before it calls the marker held: `in_use`'s probe (a `run --check`, a launch's own
+check) holds a shared lock for microseconds, a supervisor holds it for its life; before (review11c F1), a restart
+that met a user's `run --check` in that instant was refused for good, exit 2, naming no supervisor."""
+PROBE_POLL_S = 0.02
 
 _holds: dict[str, tuple[int, int, int]] = {}
 """This process's holds: the scratch's absolute path -> (descriptor, device, inode) of the marker it locks."""
@@ -47,13 +54,19 @@ def hold(scratch: Path) -> None:
     if not stat.S_ISREG(st.st_mode) or old is not None and (old[1], old[2]) == (st.st_dev, st.st_ino):
         os.close(fd)
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
-        raise
+    give_up = time.monotonic() + PROBE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            if time.monotonic() >= give_up:
+                os.close(fd)
+                raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
+            time.sleep(PROBE_POLL_S)
     if old is not None:
         os.close(old[0])
     _holds[key] = (fd, st.st_dev, st.st_ino)

@@ -85,3 +85,34 @@ def test_a_start_while_the_first_supervisor_of_a_removed_run_dir_lives_is_refuse
     assert f"Once this supervisor (pid {first.pid}) has ended" in text, text[-3000:]
     again = cli("run", "--check", str(config))
     assert again.returncode == 0 and "still held" not in again.stdout + again.stderr, again.stdout + again.stderr
+
+
+def test_a_probe_in_the_instant_of_a_claim_does_not_refuse_it_and_a_lasting_hold_does(tmp_path, monkeypatch):
+    """`in_use`'s probe (a user's `run --check`) holds a shared lock for an instant: a claim meeting it tries again
+    and takes the scratch (before, review11c F1: ScratchInUse, exit 2 for good, a supervisor named that did not
+    exist); a lock held past PROBE_WAIT_S is a supervisor's, refused."""
+    import fcntl
+    import threading
+
+    from minilmd import names, scratch_hold
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / names.SCRATCH_OWNER).write_text("{}")
+    probe = os.open(scratch / names.SCRATCH_OWNER, os.O_RDONLY)  # another open file: its own flock
+    fcntl.flock(probe, fcntl.LOCK_SH)
+    letting_go = threading.Timer(0.3, fcntl.flock, (probe, fcntl.LOCK_UN))
+    letting_go.start()
+    try:
+        scratch_hold.hold(scratch)  # waits out the probe
+        assert scratch_hold.in_use(scratch) is None  # this process's own hold
+    finally:
+        letting_go.join()
+        scratch_hold.let_go(scratch)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # now held for good: a supervisor's
+    monkeypatch.setattr(scratch_hold, "PROBE_WAIT_S", 0.2)
+    try:
+        with pytest.raises(scratch_hold.ScratchInUse):
+            scratch_hold.hold(scratch)
+    finally:
+        os.close(probe)
