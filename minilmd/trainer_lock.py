@@ -199,19 +199,22 @@ class _Waiter:
     def take(self, body: bytes) -> None:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        except OSError:  # not granted (review11c F2): never recorded as held, the holder's body never overwritten
+            with _waiting_lock:
+                _waiting.remove(self)
+                os.close(self.fd)
+            return
         with _waiting_lock:
             _waiting.remove(self)
             if self.released:
                 os.close(self.fd)
                 return
+            try:  # written before it is listed held: release_all never closes it under the write (review11c F3)
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, body, 0)
+            except OSError:
+                pass
             _held.append(self.fd)
-        try:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, body, 0)
-        except OSError:
-            pass
 
 
 def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dict | None:

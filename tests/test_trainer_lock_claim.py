@@ -112,3 +112,26 @@ def test_a_trainer_meeting_the_unheld_probe_tries_again_and_is_not_refused(tmp_p
         trainer_lock.release_all()
         if not probe_closed:
             os.close(probe)
+
+
+def test_a_waiting_rank_0_whose_flock_fails_holds_nothing_and_leaves_the_holders_words(tmp_path, monkeypatch):
+    """review11c F2: a blocked flock that ends in an error (ENOLCK on a network file system) was taken as granted:
+    the descriptor recorded as held with no lock, the real holder's words in trainer.lock overwritten."""
+    import errno
+
+    lock = tmp_path / "trainer.lock"
+    lock.write_bytes(b'{"pid": 1234}')
+    fd = os.open(lock, os.O_RDWR)
+    waiter = trainer_lock._Waiter(fd)
+    with trainer_lock._waiting_lock:
+        trainer_lock._waiting.append(waiter)
+
+    def no_lock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(trainer_lock.fcntl, "flock", no_lock)
+    waiter.take(b'{"pid": 99}')
+    assert fd not in trainer_lock._held and waiter not in trainer_lock._waiting
+    assert lock.read_bytes() == b'{"pid": 1234}'
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed, not kept
