@@ -127,7 +127,7 @@ def one(variant: str, path: Path, hidden: int, layers: int) -> dict:
     import safetensors.torch  # noqa: F401  (imported before the count starts, as a trainer has)
     import torch
 
-    import minilmd.trainer.checkpoint.save  # noqa: F401
+    from minilmd.trainer.checkpoint import save as ckpt_io
 
     load = {"mmap": _load_mmap, "bytes": _load_bytes, "now": _load_now}[variant]
     model, opt = _trainer(hidden, layers)
@@ -146,7 +146,7 @@ def one(variant: str, path: Path, hidden: int, layers: int) -> dict:
     loaded = load(path)
     load_s = time.perf_counter() - t0
     model.load_state_dict(loaded[0], strict=True)
-    opt.load_state_dict(loaded[1] if variant == "now" else _optimizer_state(*loaded[1:]))
+    opt.load_state_dict(loaded[1] if variant == "now" else ckpt_io.optimizer_state_of(*loaded[1:]))
     del loaded
     opt.step()
     resume_s = time.perf_counter() - t0
@@ -154,19 +154,6 @@ def one(variant: str, path: Path, hidden: int, layers: int) -> dict:
     sampler.join()
     peak[0] = max(peak[0], _status("RssAnon"))
     return {"load_s": load_s, "resume_s": resume_s, "hwm": _status("VmHWM") - base_hwm, "anon": peak[0] - base_anon}
-
-
-def _optimizer_state(tensors: dict, meta: dict) -> dict:
-    """The optimizer's state_dict from a replica's tensors and optimizer.json: save.load_carrying's assembly."""
-    state: dict[int, dict] = {}
-    for key, t in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = t
-    for idx, values in (meta.get("scalars") or {}).items():
-        state.setdefault(int(idx), {}).update(values)
-    groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
-              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"], strict=True)]
-    return {"state": dict(sorted(state.items())), "param_groups": groups}
 
 
 def _warm(path: Path, names) -> None:

@@ -252,17 +252,22 @@ def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
 
     parts = for_loading(ckpt_dir, carried)
     model_state = _on(tensors_of(parts.model), device)
-    meta = parts.opt_meta
+    optimizer_state = optimizer_state_of(_on(tensors_of(parts.optimizer), device), parts.opt_meta)
+    return model_state, optimizer_state, parts.state, parts.carried
+
+
+def optimizer_state_of(tensors: dict, meta: dict) -> dict:
+    """The optimizer's state_dict from optimizer.safetensors' tensors ("state.IDX.NAME") and optimizer.json (its
+    scalars, param groups and which of their values were tuples): what `save` split, put together again."""
     state: dict[int, dict] = {}
-    for key, t in _on(tensors_of(parts.optimizer), device).items():
+    for key, t in tensors.items():
         _, idx, name = key.split(".", 2)
         state.setdefault(int(idx), {})[name] = t
     for idx, values in (meta.get("scalars") or {}).items():
         state.setdefault(int(idx), {}).update(values)
     groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
               for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"], strict=True)]
-    optimizer_state = {"state": dict(sorted(state.items())), "param_groups": groups}
-    return model_state, optimizer_state, parts.state, parts.carried
+    return {"state": dict(sorted(state.items())), "param_groups": groups}
 
 
 def _on(tensors: dict, device: str) -> dict:
