@@ -211,6 +211,8 @@ class Ending:
         if self.slurm.sync_cut and not requeue:  # stopped or cancelled for good: the cut is this run's last word
             self.state.record_error(f"{self.loop.ended}, but {self.slurm.sync_cut}")
         self._go(Phase.DONE, reason)
+        if requeue:  # Slurm ends this job as it requeues it: its outcome is in state.json first, never left unsaid
+            self.files.record_outcome(self.loop.exit_status, Phase.DONE, self.loop.ended)
         if requeue and (problem := self.slurm.requeue()) is not None:
             self.loop.exit_status = protocol.SUPERVISOR_RETRY
             self.state.record_error(problem)

@@ -79,6 +79,12 @@ class RunFiles:
         progress = self.state.progress
         self.notifier.progress(progress.step, progress.total_steps, progress.loss)
 
+    def record_outcome(self, exit_status: int, phase: str, ended: str) -> None:
+        """The run's outcome in state.json now (`ended`: how the run ended, protocol.ENDED_*), saved: before a Slurm
+        requeue, which ends this job at once (its supervisor may be killed before `close`)."""
+        self.state.outcome = Outcome(exit=exit_status, phase=phase, time=now(), reason=self.state.reason, ended=ended)
+        self.state.save()
+
     def close(self, exit_status: int, phase: str, ended: str) -> None:
         """The supervisor's last words: its outcome in state.json (`ended`: how the run ended, protocol.ENDED_*) and
         the textfile, the "exit" event."""

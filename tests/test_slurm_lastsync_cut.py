@@ -10,6 +10,7 @@ the machine; a trainer slower to save than the deadline is cut before its sync b
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -30,7 +31,8 @@ FAKE_SCONTROL = """#!/bin/sh
 case "$1 $2" in
   "show hostnames") echo node01 ;;
   "show job") echo "JobId=$4 $(cat "$FAKE_SLURM_JOB_FILE")" ;;
-  "requeue "*) echo "requeue $2" >> "$FAKE_SLURM_CALLS" ;;
+  "requeue "*) echo "requeue $2" >> "$FAKE_SLURM_CALLS"
+              if [ -n "$FAKE_SLURM_STATE" ]; then cp "$FAKE_SLURM_STATE" "$FAKE_SLURM_CALLS.state"; fi ;;
 esac
 """
 DEADLINE_AFTER_S = 20.0
@@ -66,7 +68,8 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     run_dir = load_config(config).run_dir
     remote = faultfs.backing / "remote"
     job_line(tmp_path, 0, time.time() + 3600)
-    sup = start_supervisor(config, tmp_path / "first.out", **slurm_env(tmp_path, 0))
+    sup = start_supervisor(config, tmp_path / "first.out", **slurm_env(tmp_path, 0),
+                           FAKE_SLURM_STATE=str(run_dir / "state.json"))
     try:
         wait_for(lambda: remote_step(run_dir) >= 10, 180, "step 10 synced")
         faultfs.stall("remote*", 2.0, op="*")  # every operation on the remote 2 s: a copy takes minutes
@@ -82,6 +85,10 @@ def test_a_last_sync_slower_than_the_jobs_end_is_cut_and_the_job_still_requeues_
     calls = tmp_path / "scontrol-calls"
     assert calls.exists() and calls.read_text().splitlines() == ["requeue 42"], (left, event_texts(run_dir))
     assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
+    # state.json said so before `scontrol requeue`, which ends the job at once (before: its outcome came only at the
+    # supervisor's exit, after the requeue, and a reader in between saw phase done with no outcome)
+    at_requeue = json.loads((tmp_path / "scontrol-calls.state").read_text())
+    assert at_requeue["outcome"]["ended"] == "requeued", at_requeue
     cut = f"last sync cut at the job's end: run.remote keeps step {kept}; the next start resumes from it, " \
           f"or from scratch's step "
     assert cut in left["reason"] and left["slurm"]["last_sync_cut"].startswith(cut), left["reason"]
@@ -135,6 +142,10 @@ def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_
     left = state(run_dir)
     assert (tmp_path / "scontrol-calls").read_text().splitlines() == ["requeue 42"], event_texts(run_dir)
     assert left["phase"] == "done" and left["outcome"]["ended"] == "requeued", left
+    # state.json said so before `scontrol requeue`, which ends the job at once (before: its outcome came only at the
+    # supervisor's exit, after the requeue, and a reader in between saw phase done with no outcome)
+    at_requeue = json.loads((tmp_path / "scontrol-calls.state").read_text())
+    assert at_requeue["outcome"]["ended"] == "requeued", at_requeue
     kept = left["remote_checkpoint"]["step"]
     assert "the trainer's save cut at the job's end" in left["reason"], left["reason"]
     assert f"run.remote keeps step {kept}" in left["reason"], left["reason"]
