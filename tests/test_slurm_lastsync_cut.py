@@ -129,7 +129,7 @@ def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_
     job_line(tmp_path, 0, time.time() + 3600)
     env = slurm_env(tmp_path, 0)
     env["FAKE_STOP_HOLD"] = f"before:{tmp_path / 'never'}"
-    sup = start_supervisor(config, tmp_path / "sup.out", **env)
+    sup = start_supervisor(config, tmp_path / "sup.out", **env, FAKE_SLURM_STATE=str(run_dir / "state.json"))
     try:
         wait_for(lambda: remote_step(run_dir) >= 5, 180, "a checkpoint synced")
         job_line(tmp_path, 0, time.time() + jobend.REQUEUE_MARGIN_S + 10)
