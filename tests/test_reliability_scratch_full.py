@@ -89,6 +89,24 @@ def test_the_wait_says_scratch_full_once_whatever_the_trainer_said():
         assert detail.removeprefix("scratch full") in reason
 
 
+def test_a_checkpoint_refused_for_want_of_inodes_says_so_not_mb_free(small_tmpfs):
+    """Its ENOSPC came with bytes to spare: "which has 3.9 MB free" contradicted itself (inode9's leftover); the words
+    name the inodes, as fsio.no_inode_left, the one rule, says."""
+    from minilmd.trainer.checkpoint.save import ScratchFull
+
+    disk = small_tmpfs("4m", "nr_inodes=8,mode=0755")
+    made = 0
+    while True:
+        try:
+            (disk / f"f{made}").touch()
+        except OSError:
+            break
+        made += 1
+    said = str(ScratchFull(disk, 100, 3_300_000, 4_000_000))
+    assert "which has no inode left for a new file" in said and "MB free" not in said, said
+    assert "MB free" in str(ScratchFull(Path("/"), 100, 3_300_000, 1_000_000))
+
+
 def test_status_shows_the_wait_for_space():
     st = {"run": "s", "run_dir": "/r", "phase": "waiting_space", "since": 100.0,
           "reason": "scratch full: waiting for space (needs 1.2 MB, has 0.3 MB free in /dev/shm/x/checkpoints)",

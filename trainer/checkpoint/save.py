@@ -25,7 +25,7 @@ import numpy as np
 from minilmd import procs
 from minilmd.checkpoint import FORMAT, VERSION, for_loading
 from minilmd.checkpoint_select import prune
-from minilmd.fsio import atomic_write_text, fsync_dir, is_disk_full, publish_dir
+from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
 from minilmd.names import (
     CHECKPOINT_KILL_ENV,
     LATEST,
@@ -57,8 +57,11 @@ class ScratchFull(Exception):
 
     def __init__(self, root: Path, step: int, needs: int, free: int):
         self.root, self.step, self.needs, self.free = root, step, needs, free
+        inodes = inodes_if_none_left(root)  # its ENOSPC with bytes to spare: "has N MB free" would contradict it
+        room = f"which has no inode left for a new file ({inodes:,} in all)" if inodes is not None else \
+            f"which has {free / 1e6:,.1f} MB free"
         super().__init__(f"scratch full: checkpoint {step_name(step)} needs {needs / 1e6:,.1f} MB in {root}, "
-                         f"which has {free / 1e6:,.1f} MB free (No space left on device)")
+                         f"{room} (No space left on device)")
 
 
 def _free_bytes(root: Path) -> int:
