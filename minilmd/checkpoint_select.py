@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, read_manifest, validate
 from minilmd.checkpoint_contents import reference_pass
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
-from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, RUN_DIR_ENV, deleting_name, step_of
+from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, deleting_name, step_of
+from minilmd.supervision import supervision
 from minilmd.urls import is_url
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def checkpoint_roots(cfg: RunConfig) -> list[Path]:
     roots = [cfg.checkpoint_dir]
     remote = cfg.run.remote
     # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
-    if remote and not os.environ.get(RUN_DIR_ENV) and (not is_url(remote) or remote.startswith("file://")):
+    if remote and supervision() is None and (not is_url(remote) or remote.startswith("file://")):
         roots.append(Path(remote.removeprefix("file://")))
     return roots
 

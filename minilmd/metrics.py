@@ -32,7 +32,8 @@ from pathlib import Path
 
 from minilmd.fsio import atomic_write_text, dir_removed, is_disk_full
 from minilmd.jsonlines import NotALog, append_line, end_torn_line
-from minilmd.names import HEARTBEAT, METRICS, RUN_DIR_ENV
+from minilmd.names import HEARTBEAT, METRICS
+from minilmd.supervision import supervision
 
 HEARTBEAT_INTERVAL_S = 1.0
 """The heartbeat is rewritten at most this often between forced beats: a step of a few milliseconds must not cost
@@ -122,13 +123,13 @@ class MetricsLog:
             self._end_torn_line()
 
     def _need_run_dir(self) -> None:
-        """Under a supervisor (names.RUN_DIR_ENV set) run.dir was made before the launch: one missing now was removed
+        """Under a supervisor (minilmd/supervision.py) run.dir was made before the launch: one missing now was removed
         since, and is RunDirGone, never made again (a new one would lack the run's state.json and config copy).
         Elsewhere (`minilmd train` on its own, whose main() has just made it: place_rule.settle_run_dir; a Trainer
         built in a test) it is made."""
         if self.run_dir.is_dir():
             return
-        if os.environ.get(RUN_DIR_ENV):
+        if supervision() is not None:
             raise RunDirGone(f"run.dir {self.run_dir} is not there (removed since the supervisor made it?): the "
                              f"trainer does not make it again")
         self.run_dir.mkdir(parents=True, exist_ok=True)

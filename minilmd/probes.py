@@ -43,7 +43,6 @@ from minilmd.init_source import (
 )
 from minilmd.names import (
     CORPUS_META,
-    RUN_DIR_ENV,
 )
 from minilmd.path_checks import (
     check_writable,
@@ -58,6 +57,7 @@ from minilmd.raw_corpus import prepare_hint
 from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
+from minilmd.supervision import supervision
 from minilmd.urls import is_url, local_remote_root, protocol_of
 
 
@@ -118,7 +118,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
         unknown = _check_protocol("run.remote", cfg.run.remote) if is_url(cfg.run.remote) else []
         root = local_remote_root(cfg.run.remote)  # a file:// or local:// remote is the local path the sync writes
         p += unknown
-        if not unknown and root is not None and not os.environ.get(RUN_DIR_ENV):  # not a supervised trainer's
+        if not unknown and root is not None and supervision() is None:  # not a supervised trainer's
             p += shared_storage_check(remote_problems, root, has_started(cfg), waits)
     return p
 
@@ -301,7 +301,7 @@ def has_checkpoint(cfg: RunConfig) -> bool:
     """The run has a checkpoint of its own (in scratch, or on a local remote outside a supervised trainer, which
     never touches the remote): it resumes and never reads init.from again."""
     roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+    if cfg.run.remote and not is_url(cfg.run.remote) and supervision() is None:
         roots.append(Path(cfg.run.remote))
     return any(list_checkpoints(root) for root in roots)
 

@@ -37,6 +37,7 @@ from minilmd.dirfd import PRIVATE
 from minilmd.fsio import atomic_write_json
 from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SLURM_JOB_ENV, default_scratch_root
 from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
+from minilmd.supervision import supervision
 from minilmd.untrusted import Unreadable, read_json
 
 RECORD_MAX_BYTES = 4096
@@ -81,8 +82,9 @@ def in_default_root(scratch: Path) -> bool:
     default out): that root is no choice of the user's, only where minilmd keeps her scratches, so it is settled as
     an unset run.scratch's is (a private root where another user took it, NAME kept in it; before, exit 2, final,
     hostile audit 7 F4). A run.scratch anywhere else is her choice: used as written, refused when not hers. Not in a
-    trainer the supervisor started (RUN_DIR_ENV): it is given the settled scratch, never looks it up again."""
-    return root_form(scratch.parent, own_uid(), private=False) and not os.environ.get(names.RUN_DIR_ENV)
+    trainer the supervisor started (minilmd/supervision.py): it is given the settled scratch, never looks it up
+    again."""
+    return root_form(scratch.parent, own_uid(), private=False) and supervision() is None
 
 
 def is_default_form(scratch: Path, run_name: str) -> bool:

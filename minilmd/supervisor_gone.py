@@ -4,7 +4,8 @@ scratch (/dev/shm filled: 66 -> 119 MB in a minute at a tiny model) nor syncing 
 hunted it down, and a restart that ended at once on a config error never did (user8 #2).
 
 How: the supervisor puts its own identity in every trainer's environment (names.SUPERVISOR_PROCESS_ENV: pid, start
-time, host), and the trainer looks at it when the loop asks whether to stop (StopFlag.requested, at every step
+time, host, pid namespace; read by minilmd/supervision.py, which refuses a trainer with a run directory and no such
+identity), and the trainer looks at it when the loop asks whether to stop (StopFlag.requested, at every step
 boundary and DPO reference batch), at most once a second: one read of /proc/PID/stat. Not PR_SET_PDEATHSIG: the
 supervisor launches torchrun or srun as often as the trainer itself, and a rank's parent is torchrun, which sets no
 death signal for its ranks; a death signal fires when the parent *thread* ends, not the process; and setting it in
@@ -19,8 +20,8 @@ import socket
 import sys
 import time
 
-from minilmd.names import SUPERVISOR_PROCESS_ENV
 from minilmd.procs import start_ticks_or_raise
+from minilmd.supervision import supervision
 
 CHECK_EVERY_S = 1.0
 
@@ -58,11 +59,10 @@ class SupervisorWatch:
         self.seen = False
         self.read = read
         self.say = say
-        parts = environ.get(SUPERVISOR_PROCESS_ENV, "").split()
-        numbers = parts[:2] + parts[3:]
-        if len(parts) in (3, 4) and all(p.isdigit() for p in numbers) and parts[2] == socket.gethostname():
-            self.pid, self.ticks = int(parts[0]), int(parts[1])
-            theirs, ours = (int(parts[3]) if len(parts) == 4 else 0), pid_namespace()
+        supervisor = supervision(environ)
+        if supervisor is not None and supervisor.host == socket.gethostname():
+            self.pid, self.ticks = supervisor.pid, supervisor.start_ticks
+            theirs, ours = supervisor.pid_namespace, pid_namespace()
             if theirs and ours and theirs != ours:
                 self._off()
             elif theirs and theirs == ours:

@@ -51,6 +51,7 @@ from minilmd.perms import own_uid, owned_by_me
 from minilmd.place_rule import walk_to
 from minilmd.proc_info import process_alive
 from minilmd.roomwords import no_room, top_of
+from minilmd.supervision import supervision
 from minilmd.untrusted import Unreadable, printable, read_json
 
 SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
@@ -114,7 +115,7 @@ def hold_for(cfg, environ=os.environ) -> None:
     """hold() for a RunConfig's trainer, on the ranks that take it (takes_lock); supervised when the supervisor
     launched it."""
     if takes_lock(environ):
-        hold(cfg.scratch_dir, cfg.run_dir, supervised=bool(environ.get(names.RUN_DIR_ENV)),
+        hold(cfg.scratch_dir, cfg.run_dir, supervised=supervision(environ) is not None,
              rank=int(environ.get("RANK", "0")), launch=launch_of(environ))
 
 

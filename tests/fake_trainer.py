@@ -51,6 +51,7 @@ from minilmd import fsio, names, perms, protocol
 from minilmd.config import ConfigError, load_config
 from minilmd.config_values import parse_duration
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
+from minilmd.supervision import supervision
 
 STOP = {"requested": False}
 RUN_DIR = {"full": False}  # FAKE_RUN_DIR_FULL: a write into run.dir found no room
@@ -345,8 +346,8 @@ def main(argv: list[str]) -> int:
         if stopping:
             _stop_hold("before")
         if stopping or due or step == total:
-            # like the real trainer: under a supervisor (MINILMD_RUN_DIR set) the supervisor prunes scratch
-            keep = sys.maxsize if os.environ.get(names.RUN_DIR_ENV) else cfg.train.keep_local
+            # like the real trainer: under a supervisor (minilmd/supervision.py) the supervisor prunes scratch
+            keep = sys.maxsize if supervision() is not None else cfg.train.keep_local
             path = save(ckpt_root, step, weights, cfg, prints, keep)
             last_save = time.monotonic()
             _write_metrics(metrics, json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0,

@@ -64,6 +64,7 @@ def test_a_trainer_started_by_a_supervisor_into_a_missing_run_dir_refuses_and_ma
     Before, MetricsLog made it again (mkdir parents=True), a run.dir without the run's state.json or config copy."""
     cfg = load_config(write_config(tmp_path, corpus, remote=False))
     monkeypatch.setenv(names.RUN_DIR_ENV, str(cfg.run_dir))
+    monkeypatch.setenv(names.SUPERVISOR_PROCESS_ENV, "1 1 not-this-host")  # a supervisor's, on another host
     assert not cfg.run_dir.exists()
     with pytest.raises(RunDirGone) as e:
         MetricsLog(cfg.run_dir)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.names import SUPERVISOR_PROCESS_ENV
+from minilmd.names import RUN_DIR_ENV, SUPERVISOR_PROCESS_ENV
 from minilmd.procs import process_start_ticks
 from minilmd.supervisor_gone import SupervisorWatch, pid_namespace
 
 
 def watch_of(pid: int, ticks: int, read=None, said: list[str] | None = None) -> SupervisorWatch:
-    env = {SUPERVISOR_PROCESS_ENV: f"{pid} {ticks} {socket.gethostname()}"}
+    env = {RUN_DIR_ENV: "/a/run", SUPERVISOR_PROCESS_ENV: f"{pid} {ticks} {socket.gethostname()}"}
     return SupervisorWatch(env, read=read, say=(said if said is not None else []).append)
 
 
@@ -88,7 +88,8 @@ def test_in_the_same_pid_namespace_a_supervisor_gone_before_the_first_look_is_go
     supervisor killed before the trainer's first look (model build, compile, the DPO reference pass) is seen gone
     (review10e F2; before, the first look found nobody, took it for another namespace and turned the watch off)."""
     supervisor, ticks = start_supervisor_stand_in()
-    env = {SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace()}"}
+    env = {RUN_DIR_ENV: "/a/run",
+           SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace()}"}
     said: list[str] = []
     watch = SupervisorWatch(env, say=said.append)
     supervisor.stdin.close()
@@ -98,7 +99,8 @@ def test_in_the_same_pid_namespace_a_supervisor_gone_before_the_first_look_is_go
 
 def test_in_another_pid_namespace_the_watch_is_off_and_said_once():
     supervisor, ticks = start_supervisor_stand_in()
-    env = {SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace() + 1}"}
+    env = {RUN_DIR_ENV: "/a/run",
+           SUPERVISOR_PROCESS_ENV: f"{supervisor.pid} {ticks} {socket.gethostname()} {pid_namespace() + 1}"}
     said: list[str] = []
     watch = SupervisorWatch(env, say=said.append)
     supervisor.stdin.close()

@@ -10,7 +10,7 @@ import pytest
 
 from minilmd import checkpoint, checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
-from minilmd.names import METRICS, RUN_DIR_ENV
+from minilmd.names import METRICS, RUN_DIR_ENV, SUPERVISOR_PROCESS_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop.distributed import init_distributed
 from minilmd.trainer.loop.train import Trainer
@@ -54,10 +54,12 @@ def spies(monkeypatch, tmp_path):
 
 
 def under_a_supervisor(tmp_path, monkeypatch) -> None:
-    """As a supervisor's trainer: MINILMD_RUN_DIR set, run.dir made before the launch (the trainer never makes it
-    under a supervisor: minilmd/metrics.py RunDirGone)."""
+    """As a supervisor's trainer: MINILMD_RUN_DIR and MINILMD_SUPERVISOR_PROCESS set (a supervisor on another host:
+    supervised, not watched), run.dir made before the launch (the trainer never makes it under a supervisor:
+    minilmd/metrics.py RunDirGone)."""
     (tmp_path / "t" / "run").mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+    monkeypatch.setenv(SUPERVISOR_PROCESS_ENV, "1 1 not-this-host")
 
 
 def test_under_a_supervisor_no_checkpoint_is_pruned_or_read_back(tmp_path, corpus, monkeypatch, spies):

@@ -24,15 +24,18 @@ def train_command(
     Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 73 run.dir full while training (saved to
     scratch first), 76 CUDA out of memory, 74 scratch full (a checkpoint did not fit; or run.dir's file system, when
     making run.dir), 69 this run's supervised trainer holds its scratch (trainer.lock: nothing read or written;
-    2 when a `minilmd train` by hand holds it), 2 bad config, 65 bad data, 1 crash."""
+    2 when a `minilmd train` by hand holds it), 2 bad config (or MINILMD_RUN_DIR without MINILMD_SUPERVISOR_PROCESS,
+    or the reverse: only `minilmd run` sets them), 65 bad data, 1 crash."""
     from minilmd.config import ConfigError
     from minilmd.plan.budget import epoch_without_budget
     from minilmd.probes import load_checked
     from minilmd.protocol import EXIT_CONFIG
+    from minilmd.supervision import SupervisionRefused, supervision
 
     try:  # judged before torch is imported (seconds of CPU): a mistyped config is said at once
+        supervision()  # a run directory without its supervisor's identity (or the reverse): refused at once
         cfg = load_checked(config, set_, more_checks=epoch_without_budget, count_replies=False)  # counted exactly
-    except ConfigError as e:
+    except (ConfigError, SupervisionRefused) as e:
         typer.echo(f"minilmd train: {e}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
     from minilmd.trainer.loop.entry import main as train_main

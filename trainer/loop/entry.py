@@ -20,7 +20,7 @@ import torch
 from minilmd import compile_cache, perms, trainer_lock
 from minilmd.config import ConfigError, RunConfig
 from minilmd.fsio import is_disk_full
-from minilmd.names import FAULT, RUN_DIR_ENV
+from minilmd.names import FAULT
 from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.budget import epoch_without_budget
 from minilmd.probes import load_checked
@@ -28,6 +28,7 @@ from minilmd.protocol import EXIT_CONFIG, EXIT_RUN_DIR_FULL, EXIT_SCRATCH_FULL, 
 from minilmd.roomwords import no_room, top_of
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
+from minilmd.supervision import SupervisionRefused, supervision
 from minilmd.trainer.loop import cpu_threads, determinism, exits, warmup
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release
 from minilmd.trainer.loop.guards import StopFlag, tolerating_full_run_dir
@@ -54,7 +55,7 @@ def run(cfg: RunConfig) -> int:
             if dist.device.type == "cuda":  # where cuBLAS runs: a CPU run's last words (its last error) are its own
                 print(f"minilmd: {prepared}", flush=True)
             determinism.apply(cfg, dist.device.type)
-            if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
+            if supervision() is None:  # on its own: no supervisor set its threads (minilmd/threads.py)
                 count, why = cpu_threads.choose(dist.device.type, "minilmd train")
                 torch.set_num_threads(count)
                 print(f"minilmd: torch threads {count} ({why})", flush=True)
@@ -112,11 +113,12 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status. `checked`:
     the config the command line already loaded and judged (load_checked, before it imported torch), not read again."""
     try:
+        supervision()  # a run directory without its supervisor's identity (or the reverse): refused before anything
         cfg = checked or load_checked(config_path, overrides, more_checks=epoch_without_budget, count_replies=False)
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if (refused := settle_run_dir_of(cfg)) is not None:  # before scratch's claim records it: its real path
             return refused
-        if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
+        if supervision() is None:  # on its own, the trainer makes scratch its run's as the supervisor does
             if (full := claim_on_its_own(cfg)) is not None:
                 return full
         trainer_lock.hold_for(cfg)  # one trainer per scratch, before any checkpoint is read: a second one refused
@@ -125,7 +127,7 @@ def main(config_path: str, overrides: list[str] | None = None, checked: RunConfi
     except trainer_lock.TrainerLockHeld as e:  # this run's own trainer still holds it: the supervisor retries it
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_TRAINER_BUSY if e.retried else EXIT_CONFIG
-    except (ConfigError, ScratchRefused, trainer_lock.TrainerLockRefused) as e:
+    except (ConfigError, SupervisionRefused, ScratchRefused, trainer_lock.TrainerLockRefused) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run(cfg)
@@ -137,7 +139,7 @@ def settle_run_dir_of(cfg: RunConfig) -> int | None:
     nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full, 73
     under a supervisor when it is gone (removed since the supervisor made it: made again here, it would lack the run's
     state.json and config copy; the supervisor says so and stops, daemon/phases/rundirwatch.py)."""
-    if os.environ.get(RUN_DIR_ENV) and not os.path.isdir(cfg.run_dir):
+    if supervision() is not None and not os.path.isdir(cfg.run_dir):
         print(f"minilmd train: run.dir {cfg.run.dir} is not there (removed since the supervisor made it?): the "
               f"trainer does not make it again", file=sys.stderr, flush=True)
         return EXIT_RUN_DIR_FULL

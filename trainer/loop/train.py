@@ -44,7 +44,6 @@ exit status, the handlers): trainer/loop/entry.py.
 from __future__ import annotations
 
 import gc
-import os
 from typing import Any
 
 import torch
@@ -55,7 +54,7 @@ from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.corpus_meta import CORPUS_SUMMARY, corpus_summary
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.names import HEARTBEAT_EXITING, RUN_DIR_ENV
+from minilmd.names import HEARTBEAT_EXITING
 from minilmd.plan.bucketing import BucketedSampler, check_replies_fit
 from minilmd.plan.budget import total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
@@ -65,6 +64,7 @@ from minilmd.plan.schedule import lr_at
 from minilmd.protocol import (
     EXIT_DONE,
 )
+from minilmd.supervision import supervision
 from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 from minilmd.trainer.loop import exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
@@ -182,10 +182,10 @@ class Trainer:
         recorded = found.state.get("kernels") if found else None  # a resume keeps the run's attention kernel
         self.kernels = attention_choice.settle(cfg, dist, matmul == "bf16", recorded)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
-        # Under a supervisor (it sets RUN_DIR_ENV) scratch is pruned by the supervisor, which knows what is
+        # Under a supervisor (minilmd/supervision.py) scratch is pruned by the supervisor, which knows what is
         # synced and what it is copying right now; the trainer neither prunes nor re-validates its checkpoints
         # (a read of every byte: 0.5 s per save of a 767 MB one). On its own it keeps the newest keep_local.
-        keep = None if os.environ.get(RUN_DIR_ENV) else t.keep_local
+        keep = None if supervision() is not None else t.keep_local
         self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_files,
                                               state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
