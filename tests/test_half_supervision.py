@@ -36,10 +36,25 @@ def test_the_real_trainer_with_half_a_supervision_is_refused_in_one_line_and_tra
                           stdin=subprocess.DEVNULL)
     said = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == protocol.EXIT_CONFIG, done.stderr
-    assert len(said) == 1 and said[0].startswith("minilmd train: "), done.stderr
+    assert len(said) == 1 and said[0].startswith("minilmd: "), done.stderr  # the command line's entry says it
     assert names.RUN_DIR_ENV in said[0] and names.SUPERVISOR_PROCESS_ENV in said[0] and "refused" in said[0], said
     assert sorted(os.listdir(run_dir)) == [], "nothing written in run.dir (no metrics, heartbeat or log)"
     assert not (tmp_path / "t" / "scratch").exists(), "scratch not claimed, no trainer.lock, no checkpoint"
+
+
+@pytest.mark.parametrize("command", [["status"], ["run", "--check", "no-such.toml"]])
+def test_any_command_with_half_a_supervision_says_so_in_one_line_not_a_traceback(tmp_path, command):
+    """`minilmd run` or `status` from a shell that exported one of the two (a wrapper script copied from a trainer's
+    environment) asks supervision() deep inside (scratch's root, the probes): refused at the entry, exit 2."""
+    env = child_env()
+    env.pop(names.SUPERVISOR_PROCESS_ENV, None)
+    env[names.RUN_DIR_ENV] = str(tmp_path)
+    done = subprocess.run([*train_cmd(tmp_path / "x.toml")[:3], *command], env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == protocol.EXIT_CONFIG, done.stderr
+    assert len(said) == 1 and said[0].startswith("minilmd: ") and names.RUN_DIR_ENV in said[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
 
 
 def test_supervision_reads_what_the_supervisor_sets_and_refuses_a_malformed_identity():

@@ -12,6 +12,7 @@ modules import only typer (and the stdlib) at module level. `python -m minilmd.c
 from __future__ import annotations
 
 import inspect
+import sys
 
 import typer
 
@@ -47,4 +48,13 @@ def main() -> None:
     pychild.guard_descendants()
     # What any command prints, through printable: a name from someone else's file is never a terminal's escape
     terminal.escape_std_streams()
+    from minilmd.supervision import SupervisionRefused, supervision
+
+    try:  # every command asks it somewhere (scratch's root, the probes): a stray half is said here, not as a traceback
+        supervision()
+    except SupervisionRefused as e:
+        from minilmd.protocol import EXIT_CONFIG
+
+        print(f"minilmd: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
     app()
