@@ -255,7 +255,7 @@ class Child:
         """kill_rest, then up to reap_s for what it signalled to be gone: a SIGKILLed rank 0 stuck in the kernel
         still holds the run's trainer.lock, and the next attempt's would be refused. (signalled, still alive)."""
         killed = self._kill_rest(None)
-        return [pid for pid, _ in killed], wait_gone(killed, reap_s, while_waiting)
+        return [pid for pid, _ in killed], procs.wait_gone(killed, reap_s, while_waiting)
 
     def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
         """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
@@ -269,20 +269,6 @@ class Child:
                 return rc
         self.kill(why=f"by the supervisor, {grace:.0f}s after its SIGTERM" if grace > 0 else "by the supervisor")
         return wait_bounded(self.popen, reap_s, while_waiting)
-
-
-def wait_gone(processes: list[tuple[int, int]], seconds: float, while_waiting=None, alive=procs.process_alive,
-              interval: float = 0.05) -> list[int]:
-    """Up to `seconds` for each (pid, start ticks) to be gone (procs.process_alive: a recycled pid is gone); the pids
-    still alive at the end. `while_waiting()` is called between looks (the systemd watchdog)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = [pid for pid, ticks in processes if alive(pid, ticks)]
-        if not left or time.monotonic() >= deadline:
-            return left
-        if while_waiting is not None:
-            while_waiting()
-        time.sleep(interval)
 
 
 def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.05) -> int | None:
