@@ -110,8 +110,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- the supervisor ---------------------------------------------------------------------------------------------
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches)",
                                      {("clear_damaged", ".unlink"): 1}),
-    "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1,
-                                                 ("_own_fault", ".unlink"): 1}),
+    "daemon/child/death.py": ("gap", RUN_DIR, {("_own_fault", ".unlink"): 1}),
+    "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1}),
     "daemon/demo.py": ("private", DEMO_DIR + " (its config; the directory itself made at its parent's descriptor, "
                         "dirfd's Dir)", {("main", ".write_text"): 1, ("_fresh_in", "os.mkdir@dir_fd"): 1}),
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
