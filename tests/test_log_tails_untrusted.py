@@ -4,7 +4,7 @@ daemon/child/death.py (a death's detail, a torchrun worker's signal, an injected
 daemon/child/compilecache.py (the loader's complaint of a damaged kernel) read the end of an attempt log or of
 faults-fired, files of a run directory that the trainer and anyone the directory lets in can replace. They read
 through a second, weaker copy of tail_lines (minilmd/fsio.py) that followed a link and opened a FIFO, which blocks
-the supervisor's loop until someone writes it; now the one tail_lines (fsio, opened as untrusted.open_regular
+the supervisor's loop until someone writes it; now the one tail_lines (logread, opened as untrusted.open_regular
 opens a file) serves them and the views alike. Each test puts the hostile file there after a real trainer ended.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.oomevidence import kernel_log_oom, oom_kills_after
 from minilmd.daemon.child.process import SUPERVISOR_LINE, Child, is_torchrun
 from minilmd.daemon.child.torchrun_summary import root_cause_signal
-from minilmd.fsio import tail_lines
+from minilmd.logread import tail_lines
 from minilmd.untrusted import Unreadable, clipped
 
 CAUSES: dict[Cause, str] = {
