@@ -26,6 +26,7 @@ from pathlib import Path
 
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
+from minilmd.dirtree import OPEN_DIR, fsync_tree
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
@@ -133,14 +134,15 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
                 ) -> Path:
     """Put a complete temporary directory in place of `final_dir`, durably; returns `final_dir`.
 
-    Every file and directory under tmp_dir is fsynced, then tmp_dir itself; an existing final_dir is swapped with
-    tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at tmp_dir's name, removed after), so that a
-    reader, and a kill at any moment, sees the old version or the new one, never none. Where the file system cannot
+    Every file and directory under tmp_dir is fsynced, then tmp_dir itself (through descriptors: never a link
+    followed, never a FIFO opened); an existing final_dir is swapped with tmp_dir in one step (RENAME_EXCHANGE: the
+    old version then lies at tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the
+    old version or the new one, never none. Where the file system cannot
     swap (NFS), the old version is renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and put
     back when the second rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an
     aside whose maker is gone for debris, and with it the only version there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    fsync_tree(tmp_dir)
+    _fsync_tree_at(tmp_dir)
     if not final_dir.exists():
         os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
         fsync_dir(final_dir.parent)
@@ -160,12 +162,14 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     return final_dir
 
 
-def fsync_tree(tmp_dir: str | os.PathLike) -> None:
-    """Flush every file and directory under tmp_dir, tmp_dir itself last: complete on disk before it is renamed."""
-    for where, _dirs, files in os.walk(os.fspath(tmp_dir), topdown=False):
-        for name in files:
-            fsync_file(os.path.join(where, name))
-        fsync_dir(where)
+def _fsync_tree_at(tmp_dir: Path) -> None:
+    """Flush every file and directory under tmp_dir, tmp_dir itself last, through descriptors (dirtree.fsync_tree,
+    the one tree flush): no link followed, no FIFO opened (an open of one would block), depth bounded."""
+    fd = os.open(tmp_dir, OPEN_DIR)
+    try:
+        fsync_tree(fd)
+    finally:
+        os.close(fd)
 
 
 # --- renaming by path, renameat2's flags where the file system does them --------------------------------------------

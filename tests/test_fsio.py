@@ -34,7 +34,7 @@ class FsyncSpy:
 
         def spy_open(path, flags, *a, **k):
             fd = real_open(path, flags, *a, **k)
-            self.paths[fd] = os.fspath(path)
+            self.paths[fd] = os.readlink(f"/proc/self/fd/{fd}")  # the whole path, also of a name at a dir_fd
             return fd
 
         def spy_fsync(fd):
@@ -79,6 +79,26 @@ def test_publish_dir_moves_the_old_version_to_the_given_aside_name(tmp_path, mon
     renames = [e for kind, e in spy.events if kind == "rename"]
     assert renames == [f"{tmp_path / 'out'} -> {tmp_path / '.out.aside'}", f"{tmp} -> {tmp_path / 'out'}"]
     assert not (tmp_path / ".out.aside").exists()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link to a fifo outside"])
+def test_publish_dir_flushes_without_opening_a_fifo_or_following_a_link(tmp_path, planted):
+    """The tree flush goes through descriptors (dirtree.fsync_tree): before, fsio's own os.walk opened each name by
+    path, O_RDONLY, following a link and blocking for good on a FIFO until someone wrote it."""
+    tmp = _make(tmp_path / ".tmp-out", {"a.bin": b"a"})
+    fifo = tmp / "pipe" if planted == "fifo" else tmp_path / "outside-pipe"
+    os.mkfifo(fifo)
+    if planted != "fifo":
+        (tmp / "pipe").symlink_to(fifo)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (fsio.publish_dir(tmp, tmp_path / "out"), done.set()), daemon=True)
+    worker.start()
+    if not done.wait(60):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open go, so the test ends
+        worker.join(60)
+    assert done.is_set(), "publish_dir blocked on the FIFO"
+    assert (tmp_path / "out" / "a.bin").read_bytes() == b"a"
+    assert os.path.lexists(tmp_path / "out" / "pipe")  # published as it was, never opened
 
 
 def test_atomic_write_leaves_no_temp_file(tmp_path):
