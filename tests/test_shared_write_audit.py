@@ -82,10 +82,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("atomic_write_text", "tempfile.mkstemp"): 1, ("atomic_write_text", "os.link"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
         ("publish_dir", "shutil.rmtree"): 1}),
-    "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
-                             "its maker gone; prepare and export sweep only where no one else can rearrange "
-                             "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {
-        ("remove", "shutil.rmtree"): 1, ("remove", ".unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
         ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1, ("remove_own", "shutil.rmtree"): 1,
