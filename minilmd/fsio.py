@@ -1,9 +1,10 @@
 """File I/O that must survive a crash or a kill at any instant, and the few checks every part shares.
 
-- Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory): a reader sees
-  the old version or the new one, never a half, and after a power loss the new one is there or nothing is.
-- Swapping two entries at once by path (`exchange`: renameat2's RENAME_EXCHANGE where the file system does it), for
-  publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
+- Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory, by
+  minilmd/dirpublish.py's `publish` at its parent's descriptor): a reader sees the old version or the new one,
+  never a half, and after a power loss the new one is there or nothing is.
+- Swapping two entries at once by path (`exchange`: renameat2's RENAME_EXCHANGE where the file system does it); in
+  a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
@@ -18,7 +19,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
-from minilmd.dirtree import OPEN_DIR, fsync_tree
+from minilmd.dirpublish import publish
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
@@ -132,44 +132,29 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 
 def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside: str | os.PathLike | None = None,
                 ) -> Path:
-    """Put a complete temporary directory in place of `final_dir`, durably; returns `final_dir`.
+    """Put a complete temporary directory in place of `final_dir` (beside it: the same parent), durably; returns
+    `final_dir`. For a caller that holds paths in a place of its own (scratch): the parent is opened once and the
+    work is minilmd/dirpublish.py's `publish`, the one publication, through descriptors.
 
-    Every file and directory under tmp_dir is fsynced, then tmp_dir itself (through descriptors: never a link
-    followed, never a FIFO opened); an existing final_dir is swapped with tmp_dir in one step (RENAME_EXCHANGE: the
-    old version then lies at tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the
-    old version or the new one, never none. Where the file system cannot
-    swap (NFS), the old version is renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and put
-    back when the second rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an
-    aside whose maker is gone for debris, and with it the only version there was. Then the parent is fsynced."""
+    Every file and directory under tmp_dir is fsynced, then tmp_dir itself (never a link followed, never a FIFO
+    opened); an existing final_dir (the directory there when this began: identities checked on both sides, dirfd's
+    Replaced otherwise) is swapped with tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at
+    tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the old version or the new one,
+    never none. Where the file system cannot swap (NFS), the old version is renamed to `aside` (a name beside it;
+    default: `.tmp-replaced-<name>-<pid>`) and put back when the second rename fails or is interrupted (SIGTERM): a
+    caller's clean-up of leftovers would take an aside whose maker is gone for debris, and with it the only version
+    there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    _fsync_tree_at(tmp_dir)
-    if not final_dir.exists():
-        os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
-        fsync_dir(final_dir.parent)
-        return final_dir
-    if exchange(tmp_dir, final_dir):
-        old = tmp_dir
-    else:
-        old = Path(aside) if aside is not None else final_dir.with_name(replaced_name(final_dir.name, os.getpid()))
-        os.rename(final_dir, old)
+    if tmp_dir.parent != final_dir.parent or (aside is not None and Path(aside).parent != final_dir.parent):
+        raise ValueError(f"{tmp_dir}: published only beside {final_dir} (a rename in one directory)")
+    aside_name = Path(aside).name if aside is not None else replaced_name(final_dir.name, os.getpid())
+    with dirfd.Dir(os.open(final_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), final_dir.parent) as parent:
+        tmp = dirfd.Dir.at(parent, tmp_dir.name)
         try:
-            os.rename(tmp_dir, final_dir)
-        except BaseException:
-            os.rename(old, final_dir)
-            raise
-    fsync_dir(final_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)
+            publish(parent, tmp, tmp_dir.name, final_dir.name, parent.identity_of(final_dir.name), aside_name)
+        finally:
+            tmp.close()
     return final_dir
-
-
-def _fsync_tree_at(tmp_dir: Path) -> None:
-    """Flush every file and directory under tmp_dir, tmp_dir itself last, through descriptors (dirtree.fsync_tree,
-    the one tree flush): no link followed, no FIFO opened (an open of one would block), depth bounded."""
-    fd = os.open(tmp_dir, OPEN_DIR)
-    try:
-        fsync_tree(fd)
-    finally:
-        os.close(fd)
 
 
 # --- renaming by path, renameat2's flags where the file system does them --------------------------------------------

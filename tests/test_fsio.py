@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from minilmd import fsio
+from minilmd import dirfd, fsio
 from minilmd.untrusted import Unreadable, sha256_open, sha256_regular
 
 
@@ -25,28 +25,31 @@ def _make(tmp_path, files: dict[str, bytes]):
 # --- publish_dir ------------------------------------------------------------------------------------------------
 
 class FsyncSpy:
-    """Records what was fsynced and when, by path, in the order os.fsync saw it."""
+    """Records, in order, each fsync (by the whole path of its descriptor) and each rename dirfd does (renameat2,
+    which every rename of a publication goes through; False: the file system does not do its flags)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, flags_done: bool = True):
         self.events: list[tuple[str, str]] = []
-        real_fsync, real_open, real_rename = os.fsync, os.open, os.rename
-        self.paths: dict[int, str] = {}
-
-        def spy_open(path, flags, *a, **k):
-            fd = real_open(path, flags, *a, **k)
-            self.paths[fd] = os.readlink(f"/proc/self/fd/{fd}")  # the whole path, also of a name at a dir_fd
-            return fd
+        real_fsync, real_renameat2 = os.fsync, dirfd.renameat2
 
         def spy_fsync(fd):
-            self.events.append(("fsync", self.paths.get(fd, f"fd {fd}")))
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
             return real_fsync(fd)
 
-        def spy_rename(src, dst):
-            self.events.append(("rename", f"{os.fspath(src)} -> {os.fspath(dst)}"))
-            return real_rename(src, dst)
+        def spy_renameat2(src_fd, src, dst_fd, dst, flags):
+            if not flags_done and flags:
+                return False  # NFS: the caller falls back to plain renames, which go through os.rename
+            self.events.append(("rename", f"{src} -> {dst}"))
+            return real_renameat2(src_fd, src, dst_fd, dst, flags)
 
-        monkeypatch.setattr(fsio.os, "open", spy_open)
+        real_rename = os.rename
+
+        def spy_rename(src, dst, **kw):
+            self.events.append(("rename", f"{src} -> {dst}"))
+            return real_rename(src, dst, **kw)
+
         monkeypatch.setattr(fsio.os, "fsync", spy_fsync)
+        monkeypatch.setattr(dirfd, "renameat2", spy_renameat2)
         monkeypatch.setattr(fsio.os, "rename", spy_rename)
 
 
@@ -55,7 +58,7 @@ def test_publish_dir_fsyncs_every_file_and_dir_before_the_rename_and_the_parent_
     spy = FsyncSpy(monkeypatch)
     final = fsio.publish_dir(tmp, tmp_path / "out")
     assert final == tmp_path / "out" and (final / "sub" / "b.bin").read_bytes() == b"b" and not tmp.exists()
-    rename = spy.events.index(("rename", f"{tmp} -> {final}"))
+    rename = spy.events.index(("rename", ".tmp-out -> out"))
     before = {path for kind, path in spy.events[:rename] if kind == "fsync"}
     assert before >= {str(tmp / "a.bin"), str(tmp / "sub" / "b.bin"), str(tmp / "sub"), str(tmp)}
     assert spy.events[rename - 1] == ("fsync", str(tmp))  # the directory itself last, after its contents
@@ -73,12 +76,32 @@ def test_publish_dir_replaces_an_existing_directory_whole(tmp_path):
 def test_publish_dir_moves_the_old_version_to_the_given_aside_name(tmp_path, monkeypatch):
     _make(tmp_path / "out", {"old.bin": b"old"})
     tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
-    monkeypatch.setattr(fsio, "exchange", lambda a, b: False)  # a file system that cannot swap (NFS): the aside
-    spy = FsyncSpy(monkeypatch)
+    spy = FsyncSpy(monkeypatch, flags_done=False)  # a file system that cannot swap (NFS): the aside
     fsio.publish_dir(tmp, tmp_path / "out", aside=tmp_path / ".out.aside")
     renames = [e for kind, e in spy.events if kind == "rename"]
-    assert renames == [f"{tmp_path / 'out'} -> {tmp_path / '.out.aside'}", f"{tmp} -> {tmp_path / 'out'}"]
-    assert not (tmp_path / ".out.aside").exists()
+    assert renames == ["out -> .out.aside", ".tmp-out -> out"], renames
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new.bin"]
+
+
+def test_publish_dir_replaces_only_the_directory_there_when_it_began(tmp_path, monkeypatch):
+    """The one publication (dirpublish.publish): a directory moved in at `final` between the look and the swap is
+    put back and kept, never deleted (before: fsio's own by-path publish removed whatever it swapped out)."""
+    _make(tmp_path / "out", {"old.bin": b"old"})
+    tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
+    real_exchange = dirfd.Dir.exchange
+
+    def swapped_first(self, a, b):
+        if not (tmp_path / "out.moved").exists():  # once, after the look at `out`: another directory moved in
+            os.rename(tmp_path / "out", tmp_path / "out.moved")
+            _make(tmp_path / "out", {"theirs.bin": b"theirs"})
+        return real_exchange(self, a, b)
+
+    monkeypatch.setattr(dirfd.Dir, "exchange", swapped_first)
+    with pytest.raises(dirfd.Replaced):
+        fsio.publish_dir(tmp, tmp_path / "out")
+    assert (tmp_path / "out" / "theirs.bin").read_bytes() == b"theirs"  # put back, whole
+    assert (tmp_path / "out.moved" / "old.bin").read_bytes() == b"old"
 
 
 @pytest.mark.parametrize("planted", ["fifo", "link to a fifo outside"])

@@ -80,8 +80,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                         "scratch, a corpus's meta.json inside a checked directory; a registry entry, linked to "
                         "its name only while the name is free (registry.py)", {
         ("atomic_write_text", "tempfile.mkstemp"): 1, ("atomic_write_text", "os.link"): 1,
-        ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1}),
+        ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
         ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1, ("remove_own", "shutil.rmtree"): 1,
