@@ -21,9 +21,9 @@ from minilmd.daemon.base.states import FIRST_HEARTBEAT, Action, Cause, Phase
 from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.death import Death, classify
 from minilmd.daemon.child.grace import torchrun_grace_env
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
-from minilmd.daemon.child.process import Death
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.stagingworker import StagingWorker
@@ -131,7 +131,7 @@ class Attempt:
         child = self.loop.child
         assert child is not None  # it has just ended
         self.files.read_progress()
-        death = childmod.classify(child, rc, self.run_dir, self.loop.stop_requested)
+        death = classify(child, rc, self.run_dir, self.loop.stop_requested)
         self.loop.last_cause = death.cause
         self.loop.child = None
         self.state.child = None

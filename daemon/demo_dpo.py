@@ -85,7 +85,7 @@ def report_lines(run_dir: Path) -> list[str]:
     """Each start's reference (computed, or read back from the checkpoint it resumed), then the val reward accuracy
     (and margin, loss) of each evaluation, the last attempt's for a step logged twice."""
     from minilmd.daemon.base.runstate import json_records
-    from minilmd.fsio import tail_lines
+    from minilmd.logread import tail_lines
     from minilmd.names import METRICS
 
     records = json_records(tail_lines(run_dir / METRICS, 10_000)[0])

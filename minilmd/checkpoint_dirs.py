@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from minilmd import leftovers
+from minilmd.dirfd import Dir
+from minilmd.dirtree import OPEN_DIR
 from minilmd.names import (
     BEST,
     LATEST,
@@ -139,10 +141,17 @@ def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -
     directory of another live process is left alone. Only this user's own real directories are removed: a
     symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
     ownership) are left, and said (`say`, default stderr; leftovers.sweep); anything but a directory or a link by
-    such a name (a writer's temporary file) is passed by unsaid."""
+    such a name (a writer's temporary file) is passed by unsaid. The root is opened once, a link at its name not
+    followed, and everything is looked at and removed through that descriptor; a root that cannot be opened (none
+    yet): nothing."""
     root = Path(root)
-    return leftovers.sweep(root, _tmp_maker, _WORDS, say or leftovers.stderr_say("checkpoints"), out=root,
-                           mine_is_dead=True, only_dirs_and_links=True)
+    try:
+        at = Dir(os.open(root, OPEN_DIR), root)
+    except OSError:
+        return []
+    with at:
+        return leftovers.sweep(at, _tmp_maker, _WORDS, say or leftovers.stderr_say("checkpoints"), out=root,
+                               mine_is_dead=True, only_dirs_and_links=True)
 
 
 def _tmp_maker(name: str) -> leftovers.Maker | None:

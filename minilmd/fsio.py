@@ -1,9 +1,10 @@
-"""File I/O that must survive a crash or a kill at any instant, and the few reads every part shares.
+"""File I/O that must survive a crash or a kill at any instant, and the few checks every part shares.
 
-- Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory): a reader sees
-  the old version or the new one, never a half, and after a power loss the new one is there or nothing is.
-- Swapping two entries at once by path (`exchange`: renameat2's RENAME_EXCHANGE where the file system does it), for
-  publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
+- Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory, by
+  minilmd/dirpublish.py's `publish` at its parent's descriptor): a reader sees the old version or the new one,
+  never a half, and after a power loss the new one is there or nothing is.
+- Swapping two entries at once by path (`exchange`: renameat2's RENAME_EXCHANGE where the file system does it); in
+  a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
@@ -11,27 +12,24 @@
   its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`),
   never over another user's file (`others_entry`).
 - A full disk or quota: `is_disk_full` (ENOSPC, EDQUOT), the one test every part asks.
-- Reading: `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
-  line, one block in memory at a time) and `new_lines` (follow a log), of a file
-  anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
-Torch-free; the supervisor imports it.
+Reading a log others may write is minilmd/logread.py. Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
-import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
+from minilmd.dirpublish import publish
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
-from minilmd.untrusted import Unreadable, file_kind, open_regular, sha256_regular
+from minilmd.untrusted import Unreadable, file_kind, sha256_regular
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """No room (the file system's, or the user's quota): the write would fit elsewhere, or later; nothing is wrong with
@@ -134,41 +132,29 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 
 def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside: str | os.PathLike | None = None,
                 ) -> Path:
-    """Put a complete temporary directory in place of `final_dir`, durably; returns `final_dir`.
+    """Put a complete temporary directory in place of `final_dir` (beside it: the same parent), durably; returns
+    `final_dir`. For a caller that holds paths in a place of its own (scratch): the parent is opened once and the
+    work is minilmd/dirpublish.py's `publish`, the one publication, through descriptors.
 
-    Every file and directory under tmp_dir is fsynced, then tmp_dir itself; an existing final_dir is swapped with
-    tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at tmp_dir's name, removed after), so that a
-    reader, and a kill at any moment, sees the old version or the new one, never none. Where the file system cannot
-    swap (NFS), the old version is renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and put
-    back when the second rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an
-    aside whose maker is gone for debris, and with it the only version there was. Then the parent is fsynced."""
+    Every file and directory under tmp_dir is fsynced, then tmp_dir itself (never a link followed, never a FIFO
+    opened); an existing final_dir (the directory there when this began: identities checked on both sides, dirfd's
+    Replaced otherwise) is swapped with tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at
+    tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the old version or the new one,
+    never none. Where the file system cannot swap (NFS), the old version is renamed to `aside` (a name beside it;
+    default: `.tmp-replaced-<name>-<pid>`) and put back when the second rename fails or is interrupted (SIGTERM): a
+    caller's clean-up of leftovers would take an aside whose maker is gone for debris, and with it the only version
+    there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    fsync_tree(tmp_dir)
-    if not final_dir.exists():
-        os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
-        fsync_dir(final_dir.parent)
-        return final_dir
-    if exchange(tmp_dir, final_dir):
-        old = tmp_dir
-    else:
-        old = Path(aside) if aside is not None else final_dir.with_name(replaced_name(final_dir.name, os.getpid()))
-        os.rename(final_dir, old)
+    if tmp_dir.parent != final_dir.parent or (aside is not None and Path(aside).parent != final_dir.parent):
+        raise ValueError(f"{tmp_dir}: published only beside {final_dir} (a rename in one directory)")
+    aside_name = Path(aside).name if aside is not None else replaced_name(final_dir.name, os.getpid())
+    with dirfd.Dir(os.open(final_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), final_dir.parent) as parent:
+        tmp = dirfd.Dir.at(parent, tmp_dir.name)
         try:
-            os.rename(tmp_dir, final_dir)
-        except BaseException:
-            os.rename(old, final_dir)
-            raise
-    fsync_dir(final_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)
+            publish(parent, tmp, tmp_dir.name, final_dir.name, parent.identity_of(final_dir.name), aside_name)
+        finally:
+            tmp.close()
     return final_dir
-
-
-def fsync_tree(tmp_dir: str | os.PathLike) -> None:
-    """Flush every file and directory under tmp_dir, tmp_dir itself last: complete on disk before it is renamed."""
-    for where, _dirs, files in os.walk(os.fspath(tmp_dir), topdown=False):
-        for name in files:
-            fsync_file(os.path.join(where, name))
-        fsync_dir(where)
 
 
 # --- renaming by path, renameat2's flags where the file system does them --------------------------------------------
@@ -338,136 +324,3 @@ def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: boo
         if e.os_error is not None:
             raise e.os_error from None  # a read error (EIO): the caller's to judge, as before
         return [f"{e}, not a regular file of the listed size"]
-
-
-# --- reading logs -------------------------------------------------------------------------------------------------
-# A run's logs and metrics.jsonl lie where another user or run may write (the run directory, a shared one): each is
-# opened as untrusted.open_regular opens one (no link followed, no FIFO or device ever opened, so no open blocks)
-# and read only from its end, at most max_bytes, so no file (a sparse one of terabytes) is read unbounded.
-
-TAIL_MAX_BYTES = 1 << 20
-"""The most of a log's or metrics.jsonl's end that is read for its last lines by default."""
-NEW_LINES_MAX_BYTES = 16 << 20
-"""The most that one read of a followed file (metrics.jsonl, a log) takes in: what was appended beyond that since
-the last read is skipped, never held (a file someone made huge, or a sparse one of gigabytes)."""
-TAIL_BLOCK = 64 * 1024
-"""The first block read back from a file's end; each next one is twice as big (to 8 MiB), so the last few lines of
-a big log cost one small read and a whole window few."""
-
-
-def open_regular_or_none(path: str | os.PathLike, owner: int | Collection[int] | None = None) -> int | None:
-    """A descriptor of the regular file at path (untrusted.open_regular: of `owner` when given), None when there is
-    none; Unreadable when it is not one. The caller closes it."""
-    try:
-        return open_regular(path, owner=owner)
-    except Unreadable as e:
-        if e.missing:
-            return None
-        raise
-
-
-def _pread_all(fd: int, size: int, offset: int) -> bytes:
-    chunks, got = [], 0
-    while got < size:
-        chunk = os.pread(fd, min(size - got, 1 << 20), offset + got)
-        if not chunk:
-            break  # truncated meanwhile
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES,
-               owner: int | Collection[int] | None = None) -> tuple[list[str], int]:
-    """(the last n lines of a file, the file's size when read): read backwards from the end in blocks, at most
-    max_bytes, so memory stays bounded however large the log. Fewer lines when the file has fewer (or they do not
-    fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file; Unreadable for one
-    that is not a regular file (never opened), not `owner`'s when given, or that fails while read (kind "io")."""
-    fd = open_regular_or_none(path, owner)
-    if fd is None:
-        return [], 0
-    try:
-        size = end = os.fstat(fd).st_size
-        blocks, newlines, block = [], 0, TAIL_BLOCK
-        while end > 0 and newlines <= n and size - end < max_bytes:
-            start = max(0, end - min(block, max_bytes - (size - end)))
-            data = _pread_all(fd, end - start, start)
-            if len(data) < end - start:
-                break  # truncated meanwhile: what was read before is the tail there was
-            blocks.append(data)
-            newlines += data.count(b"\n")
-            end, block = start, min(block * 2, 8 << 20)
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    finally:
-        os.close(fd)
-    lines = b"".join(reversed(blocks)).decode(errors="replace").splitlines()
-    if end > 0 and lines:
-        lines = lines[1:]  # the first one is cut: it began before what was read
-    return (lines[-n:] if n > 0 else []), size
-
-
-STREAM_BLOCK = 1 << 20
-"""What stream_lines holds of a file at a time (and the longest line it returns whole: a longer one is skipped)."""
-
-
-def stream_lines(path: str | os.PathLike, max_bytes: int) -> Iterator[bytes]:
-    """The whole lines of a file's last max_bytes, in file order, read forwards one STREAM_BLOCK at a time: memory
-    stays one block however big the file, for a reader that keeps a bounded summary of what it reads (a line longer
-    than a block is skipped, the first one cut by the window too). Nothing for a missing file; Unreadable, on the
-    first line asked for, for one that is not a regular file or that fails while read."""
-    fd = open_regular_or_none(path)
-    if fd is None:
-        return
-    try:
-        size = os.fstat(fd).st_size
-        offset = max(0, size - max_bytes)
-        # a window's first line began before it, unless the byte before the window ends a line
-        rest, skipping = b"", offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"
-        while offset < size:
-            data = os.pread(fd, min(STREAM_BLOCK, size - offset), offset)
-            if not data:
-                break  # truncated meanwhile: what was read is what there was
-            offset += len(data)
-            lines = (rest + data).split(b"\n")
-            rest = lines.pop()
-            if len(rest) > STREAM_BLOCK:
-                rest, skipping = b"", True  # no line of ours is that long: drop it, and its end in the next block
-            for line in lines:
-                if skipping:
-                    skipping = False
-                    continue
-                yield line
-        if rest and not skipping:
-            yield rest  # an unfinished last line (a writer killed mid-line): the caller's parse decides
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    finally:
-        os.close(fd)
-
-
-def new_lines(path: str | os.PathLike, offset: int,
-              max_bytes: int = NEW_LINES_MAX_BYTES) -> tuple[list[bytes], int]:
-    """(complete lines added since `offset`, the offset after the last of them): follows a file another process
-    appends to, never returning the half line it is writing, and never more than the last max_bytes of what was
-    added (the rest is skipped). A file that shrank (rotated, truncated) is read from its start again; a missing
-    one gives ([], offset); Unreadable as for tail_lines."""
-    fd = open_regular_or_none(path)
-    if fd is None:
-        return [], offset
-    try:
-        size = os.fstat(fd).st_size
-        offset = 0 if size < offset else offset
-        skipped = size - offset > max_bytes
-        if skipped:
-            offset = size - max_bytes
-        data = _pread_all(fd, size - offset, offset)
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    finally:
-        os.close(fd)
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    lines = data[:end].splitlines()
-    return (lines[1:] if skipped else lines), offset + end + 1  # after a skip the first line is cut

@@ -6,13 +6,12 @@ file or directory; a symbolic link is never followed nor removed, another user's
 (unlink needs only write permission on a sticky-less parent), another host's never judged by a pid of this host.
 What is left is said, so that the user knows what to remove by hand. `sweep` is the one loop over a directory
 that every clean-up runs (an export's, a prepare's and an append's, a checkpoint root's); given the directory
-opened once (a minilmd/dirfd.py Dir: an export's --out's), it lists, looks and removes through its descriptor,
-each leftover only while its name leads to what was looked at. Torch-free.
+opened once (a minilmd/dirfd.py Dir: an export's --out's, the corpus lock's parent), it lists, looks and removes
+through its descriptor, each leftover only while its name leads to what was looked at: never by path. Torch-free.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import stat
 import sys
@@ -70,20 +69,15 @@ def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
     return False
 
 
-def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say, at: Dir | None = None) -> bool:
-    """Remove a dead maker's leftover that `own` passed; True when it is gone. rmtree never follows a link inside
-    it, nor one put in its place since (it refuses a link at its top). `at`: the directory it is in, opened once
-    (sweep's): removed through its descriptor, and only while it is the file or directory `st` looked at."""
+def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say, at: Dir) -> bool:
+    """Remove a dead maker's leftover that `own` passed; True when it is gone. `at`: the directory it is in, opened
+    once (sweep's): removed through its descriptor (no link inside followed), and only while it is the file or
+    directory `st` looked at."""
     try:
-        if at is not None:
-            if not _remove_at(at, path.name, st):
-                say(f"{path}: the {words.thing} of a killed {words.tool} (pid {pid}) was replaced by something else "
-                    f"while it was looked at, or is too deep to remove; left as it is")
-                return False
-        elif stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        if not _remove_at(at, path.name, st):
+            say(f"{path}: the {words.thing} of a killed {words.tool} (pid {pid}) was replaced by something else "
+                f"while it was looked at, or is too deep to remove; left as it is")
+            return False
     except FileNotFoundError:
         return True
     except OSError as e:
@@ -103,14 +97,14 @@ def _remove_at(at: Dir, name: str, st: os.stat_result) -> bool:
 
 
 def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say, *,
-          mine_is_dead: bool = False, at: Dir | None = None) -> str:
+          at: Dir, mine_is_dead: bool = False) -> str:
     """Settle one leftover by a maker's name: "running" when its maker still runs (left and not said: the caller
     decides; an export refuses), "removed", "left" (said why), or "gone" (no longer there: nothing done). `host`
     None: a name that records no host, taken as this host's (an older minilmd's prepare); `ticks` None: one that
     records no start time. `mine_is_dead`: a name of this process's pid is taken for a dead maker's (a checkpoint
     root has one writer at a time: a `.tmp-*` of our pid there is an earlier holder's of a recycled pid, or our
     own failed save's). `at`: the directory `path` is in, opened once (sweep's): looked at and removed there."""
-    st = at.lstat(path.name) if at is not None else _lstat(path)
+    st = at.lstat(path.name)
     if st is None:
         return "gone"  # its maker published or removed it meanwhile
     if stat.S_ISLNK(st.st_mode):
@@ -127,7 +121,7 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, 
     return "removed" if remove(path, st, pid, words, say, at) else "left"
 
 
-def sweep(parent: Path | Dir, match: Callable[[str], Maker | None], words: Words, say: Say, *, out: Path,
+def sweep(parent: Dir, match: Callable[[str], Maker | None], words: Words, say: Say, *, out: Path,
           skip: str | None = None, on_running: Callable[[Path, int], None] | None = None,
           mine_is_dead: bool = False, only_dirs_and_links: bool = False) -> list[Path]:
     """Every leftover in `parent` by a maker's name (`match`: a name -> its maker, None for any other name) settled
@@ -136,12 +130,10 @@ def sweep(parent: Path | Dir, match: Callable[[str], Maker | None], words: Words
     for the messages. `only_dirs_and_links`: anything else by such a name is another writer's, passed by unsaid (a
     checkpoint root, where a save makes directories and fsio its files). An unlistable parent, or one of more
     entries than untrusted.listed reads (one others filled): nothing found.
-    `parent` a Dir (the directory opened once and checked): everything through its descriptor (`clear`'s `at`),
-    whatever its path leads to by now; its path only names the leftovers in messages."""
-    at = parent if isinstance(parent, Dir) else None
-    folder = parent.path if isinstance(parent, Dir) else parent
+    `parent`: the directory opened once (and checked, where others may write): everything through its descriptor
+    (`clear`'s `at`), whatever its path leads to by now; its path only names the leftovers in messages."""
     try:
-        names = sorted(listed(parent.fd if isinstance(parent, Dir) else parent))
+        names = sorted(listed(parent.fd))
     except OSError:
         return []
     removed = []
@@ -149,10 +141,10 @@ def sweep(parent: Path | Dir, match: Callable[[str], Maker | None], words: Words
         maker = None if name == skip else match(name)
         if maker is None:
             continue
-        path = folder / name
-        if only_dirs_and_links and _neither_dir_nor_link(at.lstat(name) if at is not None else _lstat(path)):
+        path = parent.path / name
+        if only_dirs_and_links and _neither_dir_nor_link(parent.lstat(name)):
             continue
-        outcome = clear(path, *maker, out, words, say, mine_is_dead=mine_is_dead, at=at)
+        outcome = clear(path, *maker, out, words, say, at=parent, mine_is_dead=mine_is_dead)
         if outcome == "running" and on_running is not None:
             on_running(path, maker[1])
         elif outcome == "removed":
@@ -165,13 +157,6 @@ def say_running(words: Words, say: Say) -> Callable[[Path, int], None]:
     corpus lock a live one is no writer of this output on this host, so nothing to refuse)."""
     return lambda path, pid: say(f"{path}: left as it is: named as {words.one}'s {words.thing}, and its process "
                                  f"(pid {pid}) still runs")
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
 
 
 def _neither_dir_nor_link(st: os.stat_result | None) -> bool:

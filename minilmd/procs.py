@@ -39,7 +39,8 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -310,6 +311,23 @@ def signal_group_member(leader: int, pid: int, ticks: int | None, sig: int) -> b
         return None if member and _our_unreaped_child(leader) else "not in our child's process group"
 
     return _send(pid, ticks, sig, why_not) is None
+
+
+def wait_gone(processes: Sequence[tuple[int, int | None]], seconds: float,
+              while_waiting: Callable[[], object] | None = None, *, interval: float = 0.05,
+              alive: Callable[[int, int | None], bool] = process_alive) -> list[int]:
+    """Up to `seconds` for each (pid, start ticks) to be gone (process_alive: a recycled pid is gone); the pids still
+    alive at the end. They need not be our children (an orphan's parent died): /proc is polled, never a wait.
+    `while_waiting()` is called between looks (the supervisor pings the systemd watchdog there). The one such loop:
+    the supervisor's reap after SIGKILL, the orphan hunt, `minilmd stop` (`seconds` math.inf: no bound)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [pid for pid, ticks in processes if alive(pid, ticks)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def run_bounded(argv: list[str], timeout: float, **popen: Any) -> subprocess.CompletedProcess:

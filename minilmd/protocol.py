@@ -158,7 +158,7 @@ FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 
 class FaultNote(str, Enum):
     """fault.json's "kind": why the trainer is about to exit, in its own words (trainer/loop/exits.py writes it,
-    daemon/child/process.py reads it). Not FAULT_KINDS, which are the faults MINILMD_FAULT injects."""
+    daemon/child/death.py reads it). Not FAULT_KINDS, which are the faults MINILMD_FAULT injects."""
 
     REFUSED = "refused"  # a final refusal (a config or data error), its whole text in "message"
     SCRATCH_FULL = "scratch_full"  # a checkpoint did not fit in scratch: needs, free, path

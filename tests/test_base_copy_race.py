@@ -67,6 +67,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
     base, which is what it may replace."""
     staged = staged_pth(tmp_path, "ours")
     theirs = staged_pth(tmp_path, "theirs")
+    renames.calls.clear()  # staging's own publications in scratch (fsio.publish_dir renames at a descriptor too)
     url = str(tmp_path / "remote")
     if stood != "nothing":
         assert basecopy.push(open_remote(url), staged, "h", 1) > 0
@@ -84,6 +85,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
 def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(tmp_path, renames):
     """Nothing at `<remote>/init`: the copy goes there whole (RENAME_NOREPLACE), nothing left beside it."""
     staged = staged_pth(tmp_path, "ours")
+    renames.calls.clear()  # staging's own publication in scratch
     remote = open_remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert files_of(tmp_path / "remote" / basecopy.REMOTE_BASE) == files_of(staged)

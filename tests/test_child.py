@@ -21,8 +21,9 @@ from minilmd.daemon.base.runstate import MetricsTail, RunState, process_alive
 from minilmd.daemon.base.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.death import Death, classify
 from minilmd.daemon.child.policy import backoff_seconds, decide, decide_staging_failure
-from minilmd.daemon.child.process import Death, build_command, classify, launch
+from minilmd.daemon.child.process import build_command, launch
 from minilmd.daemon.child.trainerwatch import death_facts
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from minilmd.daemon.child.process import _last_lines, classify, launch
+from minilmd.daemon.child.death import _last_lines, classify
+from minilmd.daemon.child.process import launch
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 REFUSAL = (f"minilmd train: refusing to resume: /dev/shm/minilmd-0/demo/checkpoints/step-00000016: tokenizer "

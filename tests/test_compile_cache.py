@@ -20,8 +20,8 @@ from minilmd.config import RestartSection, load_config
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child import compilecache
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.death import Death
 from minilmd.daemon.child.policy import decide
-from minilmd.daemon.child.process import Death
 from minilmd.names import COMPILE_CACHE
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import events, run_supervisor, state, write_config

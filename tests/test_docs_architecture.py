@@ -12,7 +12,7 @@ from pathlib import Path
 
 from minilmd import protocol
 from minilmd.daemon.base.states import FINAL_PHASES, INITIAL_PHASES, LAUNCH_PHASES, TRANSITIONS, Phase, first_phase
-from minilmd.daemon.child.process import CAUSES
+from minilmd.daemon.child.death import CAUSES
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"

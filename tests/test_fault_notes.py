@@ -1,5 +1,5 @@
 """fault.json's kinds have one home: protocol.FaultNote, written by the trainer (trainer/loop/exits.py) and read by
-the supervisor (daemon/child/process.py) by name. Before, both sides spelled "refused", "scratch_full" and "cuda_oom"
+the supervisor (daemon/child/death.py) by name. Before, both sides spelled "refused", "scratch_full" and "cuda_oom"
 as string literals: a typo on one side moved a death to another Cause and no test noticed (house9 item 5)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minilmd/fsio.py: publishing a directory durably, the one file-table verifier, the log tail and follow readers."""
+"""minilmd/fsio.py: publishing a directory durably, the one file-table verifier."""
 from __future__ import annotations
 
 import hashlib
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from minilmd import fsio
+from minilmd import dirfd, fsio
 from minilmd.untrusted import Unreadable, sha256_open, sha256_regular
 
 
@@ -25,28 +25,31 @@ def _make(tmp_path, files: dict[str, bytes]):
 # --- publish_dir ------------------------------------------------------------------------------------------------
 
 class FsyncSpy:
-    """Records what was fsynced and when, by path, in the order os.fsync saw it."""
+    """Records, in order, each fsync (by the whole path of its descriptor) and each rename dirfd does (renameat2,
+    which every rename of a publication goes through; False: the file system does not do its flags)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, flags_done: bool = True):
         self.events: list[tuple[str, str]] = []
-        real_fsync, real_open, real_rename = os.fsync, os.open, os.rename
-        self.paths: dict[int, str] = {}
-
-        def spy_open(path, flags, *a, **k):
-            fd = real_open(path, flags, *a, **k)
-            self.paths[fd] = os.fspath(path)
-            return fd
+        real_fsync, real_renameat2 = os.fsync, dirfd.renameat2
 
         def spy_fsync(fd):
-            self.events.append(("fsync", self.paths.get(fd, f"fd {fd}")))
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
             return real_fsync(fd)
 
-        def spy_rename(src, dst):
-            self.events.append(("rename", f"{os.fspath(src)} -> {os.fspath(dst)}"))
-            return real_rename(src, dst)
+        def spy_renameat2(src_fd, src, dst_fd, dst, flags):
+            if not flags_done and flags:
+                return False  # NFS: the caller falls back to plain renames, which go through os.rename
+            self.events.append(("rename", f"{src} -> {dst}"))
+            return real_renameat2(src_fd, src, dst_fd, dst, flags)
 
-        monkeypatch.setattr(fsio.os, "open", spy_open)
+        real_rename = os.rename
+
+        def spy_rename(src, dst, **kw):
+            self.events.append(("rename", f"{src} -> {dst}"))
+            return real_rename(src, dst, **kw)
+
         monkeypatch.setattr(fsio.os, "fsync", spy_fsync)
+        monkeypatch.setattr(dirfd, "renameat2", spy_renameat2)
         monkeypatch.setattr(fsio.os, "rename", spy_rename)
 
 
@@ -55,7 +58,7 @@ def test_publish_dir_fsyncs_every_file_and_dir_before_the_rename_and_the_parent_
     spy = FsyncSpy(monkeypatch)
     final = fsio.publish_dir(tmp, tmp_path / "out")
     assert final == tmp_path / "out" and (final / "sub" / "b.bin").read_bytes() == b"b" and not tmp.exists()
-    rename = spy.events.index(("rename", f"{tmp} -> {final}"))
+    rename = spy.events.index(("rename", ".tmp-out -> out"))
     before = {path for kind, path in spy.events[:rename] if kind == "fsync"}
     assert before >= {str(tmp / "a.bin"), str(tmp / "sub" / "b.bin"), str(tmp / "sub"), str(tmp)}
     assert spy.events[rename - 1] == ("fsync", str(tmp))  # the directory itself last, after its contents
@@ -73,12 +76,52 @@ def test_publish_dir_replaces_an_existing_directory_whole(tmp_path):
 def test_publish_dir_moves_the_old_version_to_the_given_aside_name(tmp_path, monkeypatch):
     _make(tmp_path / "out", {"old.bin": b"old"})
     tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
-    monkeypatch.setattr(fsio, "exchange", lambda a, b: False)  # a file system that cannot swap (NFS): the aside
-    spy = FsyncSpy(monkeypatch)
+    spy = FsyncSpy(monkeypatch, flags_done=False)  # a file system that cannot swap (NFS): the aside
     fsio.publish_dir(tmp, tmp_path / "out", aside=tmp_path / ".out.aside")
     renames = [e for kind, e in spy.events if kind == "rename"]
-    assert renames == [f"{tmp_path / 'out'} -> {tmp_path / '.out.aside'}", f"{tmp} -> {tmp_path / 'out'}"]
-    assert not (tmp_path / ".out.aside").exists()
+    assert renames == ["out -> .out.aside", ".tmp-out -> out"], renames
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new.bin"]
+
+
+def test_publish_dir_replaces_only_the_directory_there_when_it_began(tmp_path, monkeypatch):
+    """The one publication (dirpublish.publish): a directory moved in at `final` between the look and the swap is
+    put back and kept, never deleted (before: fsio's own by-path publish removed whatever it swapped out)."""
+    _make(tmp_path / "out", {"old.bin": b"old"})
+    tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
+    real_exchange = dirfd.Dir.exchange
+
+    def swapped_first(self, a, b):
+        if not (tmp_path / "out.moved").exists():  # once, after the look at `out`: another directory moved in
+            os.rename(tmp_path / "out", tmp_path / "out.moved")
+            _make(tmp_path / "out", {"theirs.bin": b"theirs"})
+        return real_exchange(self, a, b)
+
+    monkeypatch.setattr(dirfd.Dir, "exchange", swapped_first)
+    with pytest.raises(dirfd.Replaced):
+        fsio.publish_dir(tmp, tmp_path / "out")
+    assert (tmp_path / "out" / "theirs.bin").read_bytes() == b"theirs"  # put back, whole
+    assert (tmp_path / "out.moved" / "old.bin").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link to a fifo outside"])
+def test_publish_dir_flushes_without_opening_a_fifo_or_following_a_link(tmp_path, planted):
+    """The tree flush goes through descriptors (dirtree.fsync_tree): before, fsio's own os.walk opened each name by
+    path, O_RDONLY, following a link and blocking for good on a FIFO until someone wrote it."""
+    tmp = _make(tmp_path / ".tmp-out", {"a.bin": b"a"})
+    fifo = tmp / "pipe" if planted == "fifo" else tmp_path / "outside-pipe"
+    os.mkfifo(fifo)
+    if planted != "fifo":
+        (tmp / "pipe").symlink_to(fifo)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (fsio.publish_dir(tmp, tmp_path / "out"), done.set()), daemon=True)
+    worker.start()
+    if not done.wait(60):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open go, so the test ends
+        worker.join(60)
+    assert done.is_set(), "publish_dir blocked on the FIFO"
+    assert (tmp_path / "out" / "a.bin").read_bytes() == b"a"
+    assert os.path.lexists(tmp_path / "out" / "pipe")  # published as it was, never opened
 
 
 def test_atomic_write_leaves_no_temp_file(tmp_path):
@@ -162,49 +205,3 @@ def test_table_problems_lets_read_errors_through(tmp_path):
 
     with pytest.raises(OSError):
         fsio.table_problems({"a": _entry(b"a")}, lambda n: 1, broken)
-
-
-# --- reading logs -----------------------------------------------------------------------------------------------
-
-def test_tail_lines_reads_only_the_end_of_a_large_file(tmp_path, monkeypatch):
-    path = tmp_path / "big.log"
-    with open(path, "w") as f:
-        for i in range(200_000):
-            f.write(f"line {i}\n")
-    reads = []
-    real_pread_all = fsio._pread_all
-
-    def counting(fd, size, offset):
-        data = real_pread_all(fd, size, offset)
-        reads.append(len(data))
-        return data
-
-    monkeypatch.setattr(fsio, "_pread_all", counting)
-    lines, size = fsio.tail_lines(path, 3)
-    assert lines == ["line 199997", "line 199998", "line 199999"] and size == path.stat().st_size
-    assert sum(reads) <= 64 * 1024 < size
-
-
-def test_tail_lines_edges(tmp_path):
-    path = tmp_path / "x.log"
-    assert fsio.tail_lines(path, 5) == ([], 0)
-    path.write_bytes(b"one\ntwo\nhalf")
-    assert fsio.tail_lines(path, 2) == (["two", "half"], 12)
-    assert fsio.tail_lines(path, 10) == (["one", "two", "half"], 12)
-    assert fsio.tail_lines(path, 0) == ([], 12)
-    path.write_bytes(b"x" * 5000 + b"\nlast\n")
-    assert fsio.tail_lines(path, 5, max_bytes=100) == (["last"], 5006)  # the cut line is not shown as a line
-
-
-def test_new_lines_follows_whole_lines_and_rotation(tmp_path):
-    path = tmp_path / "m.jsonl"
-    assert fsio.new_lines(path, 0) == ([], 0)
-    path.write_bytes(b"a\nb\nhal")
-    lines, off = fsio.new_lines(path, 0)
-    assert lines == [b"a", b"b"] and off == 4
-    with open(path, "ab") as f:
-        f.write(b"f\nc\n")
-    lines, off = fsio.new_lines(path, off)
-    assert lines == [b"half", b"c"] and off == 11
-    path.write_bytes(b"new\n")  # rotated: shorter than the offset
-    assert fsio.new_lines(path, off) == ([b"new"], 4)

@@ -11,7 +11,8 @@ import pytest
 
 from fake_kernel_log import NOW, fake_dmesg
 from minilmd import names
-from minilmd.daemon.child.process import classify, launch
+from minilmd.daemon.child.death import classify
+from minilmd.daemon.child.process import launch
 
 KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 

@@ -4,6 +4,7 @@ root): on real directories and real processes, what its options change. Its call
 rule itself: only this user's own leftovers of a gone maker removed, the rest said."""
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from minilmd import leftovers
+from minilmd.dirfd import Dir
+from minilmd.dirtree import OPEN_DIR
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 
 WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
@@ -25,6 +28,11 @@ def _match(name: str) -> leftovers.Maker | None:
     return host, int(pid), int(ticks)
 
 
+def _opened(path: Path) -> Dir:
+    """The directory opened once, as sweep takes it (its callers open it under their own rule)."""
+    return Dir(os.open(path, OPEN_DIR), path)
+
+
 def _name(pid: int, ticks: int) -> str:
     return f".out.m-{socket.gethostname()}-{pid}-{ticks}"
 
@@ -37,7 +45,7 @@ def test_a_gone_makers_leftovers_are_removed_a_live_ones_told_and_others_untouch
         (d / "part").mkdir(parents=True)
     said: list[str] = []
     told: list[tuple[Path, int]] = []
-    removed = leftovers.sweep(tmp_path, _match, WORDS, said.append, out=tmp_path / "out",
+    removed = leftovers.sweep(_opened(tmp_path), _match, WORDS, said.append, out=tmp_path / "out",
                               on_running=lambda path, pid: told.append((path, pid)))
     assert removed == [gone] and not os.path.lexists(gone)
     assert told == [(live, sleeper[0])] and (live / "part").is_dir() and (other / "part").is_dir()
@@ -51,13 +59,14 @@ def test_its_own_name_is_skipped_and_its_own_pid_is_dead_only_when_asked(tmp_pat
     mine = tmp_path / ".out.m-mine"
     mine.mkdir()
     told: list[Path] = []
-    removed = leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out",
+    removed = leftovers.sweep(_opened(tmp_path), lambda name: me, WORDS, print, out=tmp_path / "out",
                               on_running=lambda path, pid: told.append(path))
     assert removed == [] and told == [mine] and mine.is_dir()
-    assert leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out", skip=mine.name,
-                           mine_is_dead=True) == []
+    assert leftovers.sweep(_opened(tmp_path), lambda name: me, WORDS, print, out=tmp_path / "out",
+                           skip=mine.name, mine_is_dead=True) == []
     assert mine.is_dir()
-    assert leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out", mine_is_dead=True) == [mine]
+    assert leftovers.sweep(_opened(tmp_path), lambda name: me, WORDS, print, out=tmp_path / "out",
+                           mine_is_dead=True) == [mine]
     assert not os.path.lexists(mine)
 
 
@@ -69,7 +78,7 @@ def test_a_file_by_a_makers_name_is_said_unless_only_dirs_and_links_are_looked_a
     f = tmp_path / _name(*dead)
     f.write_bytes(b"somebody's\n")
     said: list[str] = []
-    assert leftovers.sweep(tmp_path, _match, WORDS, said.append, out=tmp_path / "out",
+    assert leftovers.sweep(_opened(tmp_path), _match, WORDS, said.append, out=tmp_path / "out",
                            only_dirs_and_links=only_dirs_and_links) == []
     assert f.read_bytes() == b"somebody's\n"
     assert said == ([] if only_dirs_and_links else
@@ -77,4 +86,15 @@ def test_a_file_by_a_makers_name_is_said_unless_only_dirs_and_links_are_looked_a
 
 
 def test_an_unlistable_parent_finds_nothing(tmp_path):
-    assert leftovers.sweep(tmp_path / "missing", _match, WORDS, print, out=tmp_path / "missing" / "out") == []
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with _opened(gone) as parent:
+        gone.rmdir()  # removed after it was opened: listing it fails
+        assert leftovers.sweep(parent, _match, WORDS, print, out=gone / "out") == []
+
+
+def test_sweep_takes_the_directory_opened_once_never_a_path():
+    """Every clean-up looks and removes through a checked directory's descriptor (house9 item 10): the by-path
+    branch (shutil.rmtree of a path) is gone, and the write audit fails on a new one."""
+    assert inspect.signature(leftovers.sweep).parameters["parent"].annotation in (Dir, "Dir")
+    assert "shutil" not in inspect.getsource(leftovers)

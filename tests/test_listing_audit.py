@@ -37,14 +37,12 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/proc_info.py": ("private", "/proc: the kernel's list of processes (a process group's members)",
                              {("group_members", "os.listdir"): 1}),
     "minilmd/dirtree.py": ("private", "dirfd's tree walk through descriptors, depth bounded (MAX_TREE_DEPTH): a "
-                           "temporary directory this run made (flushed before it is published: dirpublish.publish, a "
-                           "sync's tree), a directory proven this run's before it is emptied (Dir.empty), or prepare's "
-                           "0700 temporary corpus given its modes before it is published (mode_tree)", {
+                           "temporary directory this run made (flushed before it is published: dirpublish.publish, "
+                           "fsio.publish_dir, a sync's tree), a directory proven this run's before it is emptied "
+                           "(Dir.empty), or prepare's 0700 temporary corpus given its modes before it is published "
+                           "(mode_tree)", {
         ("depth_within", "os.scandir"): 1, ("empty_tree", "os.scandir"): 1, ("fsync_tree", "os.scandir"): 1,
         ("mode_tree", "os.scandir"): 1}),
-    "minilmd/fsio.py": ("private", "publish_dir's temporary directory, a tree this process has just written (its "
-                        "callers' own: a checkpoint being saved in scratch), flushed before its rename", {
-        ("fsync_tree", "os.walk"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH + " (the space a staged copy or the whole scratch holds, "
                            "said when it is given back)", {("tree_bytes", "os.walk"): 1}),
     "trainer/loop/entry.py": ("private", "directories `minilmd train` on its own has just made (scratch, its per-user "

@@ -1,10 +1,10 @@
 """The supervisor's reads of a dead trainer's last words open a log as every untrusted file is opened.
 
-daemon/child/process.py (a death's detail, a torchrun worker's signal, an injected fault) and
+daemon/child/death.py (a death's detail, a torchrun worker's signal, an injected fault) and
 daemon/child/compilecache.py (the loader's complaint of a damaged kernel) read the end of an attempt log or of
 faults-fired, files of a run directory that the trainer and anyone the directory lets in can replace. They read
 through a second, weaker copy of tail_lines (minilmd/fsio.py) that followed a link and opened a FIFO, which blocks
-the supervisor's loop until someone writes it; now the one tail_lines (fsio, opened as untrusted.open_regular
+the supervisor's loop until someone writes it; now the one tail_lines (logread, opened as untrusted.open_regular
 opens a file) serves them and the views alike. Each test puts the hostile file there after a real trainer ended.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.child import compilecache
-from minilmd.daemon.child.process import classify, launch
+from minilmd.daemon.child.death import classify
+from minilmd.daemon.child.process import launch
 
 
 @contextlib.contextmanager

@@ -160,8 +160,9 @@ def test_a_trainer_refused_by_a_held_lock_exits_69_and_the_supervisor_retries_it
     F1): its refusal is exit 69, which the supervisor retries with backoff, not exit 2, a config error for good."""
     from minilmd import protocol
     from minilmd.daemon.base.states import Action, Cause
+    from minilmd.daemon.child.death import classify
     from minilmd.daemon.child.policy import decide
-    from minilmd.daemon.child.process import classify, launch
+    from minilmd.daemon.child.process import launch
 
     config = write_config(tmp_path, corpus, remote=False)
     cfg = load_config(config)

@@ -16,8 +16,9 @@ import pytest
 
 from fake_kernel_log import NOW, fake_dmesg
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.death import classify
 from minilmd.daemon.child.oomevidence import expected_ranks
-from minilmd.daemon.child.process import classify, launch
+from minilmd.daemon.child.process import launch
 
 AGENT = """
 import os, subprocess, sys, time

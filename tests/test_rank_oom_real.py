@@ -10,7 +10,8 @@ import time
 import pytest
 
 from minilmd import names, pychild
-from minilmd.daemon.child.process import classify, launch
+from minilmd.daemon.child.death import classify
+from minilmd.daemon.child.process import launch
 
 pytestmark = pytest.mark.slow  # torch imported by three processes, a real OOM kill
 

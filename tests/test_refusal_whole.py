@@ -15,7 +15,8 @@ import torch
 from minilmd import protocol
 from minilmd.config import load_config
 from minilmd.daemon.base.statesections import StateJson
-from minilmd.daemon.child.process import REFUSAL_MAX, classify, launch
+from minilmd.daemon.child.death import REFUSAL_MAX, classify
+from minilmd.daemon.child.process import launch
 from minilmd.daemon.views.status import BLOCK_LINES, summary_lines
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
 from supervisor_helpers import cli, start_supervisor, state, wait_or_kill, write_config

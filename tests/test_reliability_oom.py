@@ -42,8 +42,9 @@ def test_a_memory_cgroup_oom_kill_is_classified_as_such_and_survived(tmp_path, c
 def test_an_oom_kill_counted_in_the_group_the_dying_child_left_is_still_seen(tmp_path, memory_cgroup):
     """Under cgroup v1 a process the OOM killer has taken shows the root memory cgroup while it exits: a supervisor
     tick that reads its cgroup then must not forget the group that counted the kill."""
+    from minilmd.daemon.child.death import classify
     from minilmd.daemon.child.oomevidence import oom_counter_file
-    from minilmd.daemon.child.process import classify, launch
+    from minilmd.daemon.child.process import launch
 
     group = memory_cgroup("64m")
     go = tmp_path / "go"

@@ -27,8 +27,8 @@ from minilmd.daemon.base.runstate import RunState
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.base.worker import Inbox
+from minilmd.daemon.child.death import Death
 from minilmd.daemon.child.policy import decide
-from minilmd.daemon.child.process import Death
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import staging
 from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncResult

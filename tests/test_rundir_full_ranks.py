@@ -26,7 +26,8 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.daemon.base.states import Cause
-from minilmd.daemon.child.process import classify, is_torchrun, launch
+from minilmd.daemon.child.death import classify
+from minilmd.daemon.child.process import is_torchrun, launch
 from minilmd.trainer.loop.torchrun import ranks_status, shared_status
 from trainer_corpus import write_config
 from waiting import wait_until

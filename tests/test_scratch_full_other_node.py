@@ -12,7 +12,7 @@ import pytest
 from minilmd import protocol
 from minilmd.daemon.attempt import on_another_node
 from minilmd.daemon.base.states import Cause
-from minilmd.daemon.child.process import Death
+from minilmd.daemon.child.death import Death
 from supervisor_helpers import start_supervisor, state, wait_or_kill, write_config
 
 OTHER = "elsewhere-node-7"

@@ -80,12 +80,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                         "scratch, a corpus's meta.json inside a checked directory; a registry entry, linked to "
                         "its name only while the name is free (registry.py)", {
         ("atomic_write_text", "tempfile.mkstemp"): 1, ("atomic_write_text", "os.link"): 1,
-        ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1}),
-    "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
-                             "its maker gone; prepare and export sweep only where no one else can rearrange "
-                             "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {
-        ("remove", "shutil.rmtree"): 1, ("remove", ".unlink"): 1}),
+        ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
         ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1, ("remove_own", "shutil.rmtree"): 1,
@@ -110,8 +105,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- the supervisor ---------------------------------------------------------------------------------------------
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches)",
                                      {("clear_damaged", ".unlink"): 1}),
-    "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1,
-                                                 ("_own_fault", ".unlink"): 1}),
+    "daemon/child/death.py": ("gap", RUN_DIR, {("_own_fault", ".unlink"): 1}),
+    "daemon/child/process.py": ("gap", RUN_DIR, {("launch", ".mkdir"): 1, ("launch", ".unlink"): 1}),
     "daemon/demo.py": ("private", DEMO_DIR + " (its config; the directory itself made at its parent's descriptor, "
                         "dirfd's Dir)", {("main", ".write_text"): 1, ("_fresh_in", "os.mkdir@dir_fd"): 1}),
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {

@@ -15,8 +15,8 @@ from minilmd.config import RestartSection, load_config
 from minilmd.daemon.base.runstate import RunState, read_heartbeat
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.death import Death
 from minilmd.daemon.child.policy import decide
-from minilmd.daemon.child.process import Death
 from minilmd.names import HEARTBEAT, MANIFEST, step_name
 from supervisor_helpers import events, run_supervisor, state, write_config
 

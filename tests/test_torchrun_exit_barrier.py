@@ -21,8 +21,8 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RestartSection
 from minilmd.daemon.base.states import Action, Cause
+from minilmd.daemon.child.death import classify
 from minilmd.daemon.child.policy import decide
-from minilmd.daemon.child.process import classify
 from torchrun_ranks import end, ended, log_says, start
 from waiting import wait_until
 

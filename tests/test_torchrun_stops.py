@@ -20,7 +20,7 @@ import pytest
 from minilmd import protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.states import Cause
-from minilmd.daemon.child.process import classify
+from minilmd.daemon.child.death import classify
 from torchrun_ranks import ended, start
 
 SLOW_SAVE_S = 45

@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from minilmd.daemon.child.process import build_command, classify, launch, wait_bounded
+from minilmd.daemon.child.death import classify
+from minilmd.daemon.child.process import build_command, launch, wait_bounded
 from minilmd.daemon.child.torchrun_summary import root_cause_signal
 
 RANK_CRASH = textwrap.dedent("""

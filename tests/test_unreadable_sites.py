@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from minilmd import fsio, init_source, safetensors_scan, untrusted
+from minilmd import init_source, logread, safetensors_scan, untrusted
 from minilmd.corpus import chat_files
 from minilmd.daemon.host import registry
 from minilmd.init_pth import InitSourceTooBig, copy_pth
@@ -52,7 +52,7 @@ def test_a_safetensors_file_shorter_when_read_than_when_opened_is_changed(tmp_pa
     assert refusal(lambda: safetensors_scan._read_whole(shrunk, 16, tmp_path / "m.safetensors")).kind == "changed"
 
 
-@pytest.mark.parametrize("read", [lambda p: fsio.tail_lines(p, 5), lambda p: fsio.new_lines(p, 0)],
+@pytest.mark.parametrize("read", [lambda p: logread.tail_lines(p, 5), lambda p: logread.new_lines(p, 0)],
                          ids=["tail_lines", "new_lines"])
 def test_a_log_that_fails_while_read_is_io(tmp_path, monkeypatch, read):
     (tmp_path / "attempt-0001.log").write_text("a line\n")
@@ -60,7 +60,7 @@ def test_a_log_that_fails_while_read_is_io(tmp_path, monkeypatch, read):
     def failing_disk(fd, n, offset):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(fsio, "_pread_all", failing_disk)
+    monkeypatch.setattr(logread, "_pread_all", failing_disk)
     e = refusal(lambda: read(tmp_path / "attempt-0001.log"))
     assert (e.kind, e.os_error and e.os_error.errno) == ("io", errno.EIO)
 

@@ -55,15 +55,15 @@ def test_sample_keeps_each_kinds_last_and_bounds_kinds():
 
 
 def test_stream_lines_holds_one_block_and_skips_what_it_cannot_hold(tmp_path, monkeypatch):
-    from minilmd import fsio
+    from minilmd import logread
 
-    monkeypatch.setattr(fsio, "STREAM_BLOCK", 16)
+    monkeypatch.setattr(logread, "STREAM_BLOCK", 16)
     path = tmp_path / "log"
     path.write_bytes(b"cut-by-the-window\n" + b"a\n" + b"x" * 40 + b"\n" + b"b\n" + b"torn")
     window = path.stat().st_size - 3  # the window begins inside the first line
-    assert list(fsio.stream_lines(path, window)) == [b"a", b"b", b"torn"]  # the 40-byte line: longer than a block
-    assert list(fsio.stream_lines(tmp_path / "missing", 100)) == []
+    assert list(logread.stream_lines(path, window)) == [b"a", b"b", b"torn"]  # the 40-byte line: longer than a block
+    assert list(logread.stream_lines(tmp_path / "missing", 100)) == []
     whole = tmp_path / "whole"
     whole.write_bytes(b"a\nb\nc\n")
-    assert list(fsio.stream_lines(whole, 4)) == [b"b", b"c"]  # a window that begins at a line's start keeps it
-    assert list(fsio.stream_lines(whole, 3)) == [b"c"]
+    assert list(logread.stream_lines(whole, 4)) == [b"b", b"c"]  # a window that begins at a line's start keeps it
+    assert list(logread.stream_lines(whole, 3)) == [b"c"]

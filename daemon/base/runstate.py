@@ -3,7 +3,7 @@
 `RunState` is the supervisor's view (typed sections, daemon/base/statesections.py, rewritten atomically so that
 `minilmd status` never reads half a file). `EventLog` appends one JSON line per event and one human line per event
 to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally
-(minilmd/fsio.py new_lines: no link followed, never blocked, bounded).
+(minilmd/logread.py new_lines: no link followed, never blocked, bounded).
 `process_alive` (minilmd/procs.py, the one rule) tells a live process from a recycled pid. Torch-free and light:
 `minilmd status` imports this module.
 
@@ -35,8 +35,9 @@ from minilmd.daemon.base.statesections import (
     SupervisorInfo,
     Sync,
 )
-from minilmd.fsio import atomic_write_json, dir_removed, is_disk_full, new_lines, open_regular_or_none
+from minilmd.fsio import atomic_write_json, dir_removed, is_disk_full
 from minilmd.jsonlines import append_line, append_whole, json_records, open_log
+from minilmd.logread import new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
 from minilmd.perms import own_uid, owner_or_me

@@ -102,7 +102,7 @@ class Action(Named):
 
 
 class Cause(Named):
-    """Why a trainer ended, as daemon/child/process.py classifies it (the descriptions are child.CAUSES)."""
+    """Why a trainer ended, as daemon/child/death.py classifies it (the descriptions are death.CAUSES)."""
 
     DONE = "done"
     STOPPED = "stopped"

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.fsio import tail_lines
 from minilmd.jsonlines import LOG_UPDATE, append_whole, json_records, open_log, torn
+from minilmd.logread import tail_lines
 from minilmd.untrusted import Unreadable
 
 MARKER_KIND = "lineage"

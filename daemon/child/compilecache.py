@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from minilmd.compile_cache import CACHE_DIRS, own_dirs  # noqa: F401 - CACHE_DIRS: scripts/gpu_check_train.py's
-from minilmd.fsio import tail_lines
+from minilmd.logread import tail_lines
 from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable
 

@@ -1,4 +1,4 @@
-"""The evidence that a SIGKILLed trainer was the OOM killer's (daemon/child/process.py `_sigkill_death` asks): the
+"""The evidence that a SIGKILLed trainer was the OOM killer's (daemon/child/death.py `_sigkill_death` asks): the
 child's memory cgroup counter of OOM kills, read before and after its death, and the kernel log's records of the
 OOM killer taking its pid since it started. Under torchrun the OOM killer takes a rank, not the agent the supervisor
 started: each rank (a child of the agent, of this launch) is recorded while it lives, its pid, start time and memory

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs, pychild
-from minilmd.daemon.base.runstate import process_alive
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import signal_uid
+from minilmd.procs import process_alive
 from minilmd.untrusted import Unreadable, read_json
 
 Run = Path | procs.RunScope
@@ -100,7 +100,7 @@ def terminate_orphans(run_dir: Run, grace: float, while_waiting=None) -> list[in
     launch, alive = sigterm_orphans(run_dir)
     if launch is None:
         return []
-    _poll_until_gone(alive, grace, 0.1, while_waiting)
+    procs.wait_gone(alive, grace, while_waiting, interval=0.1)
     _kill_what_is_left(launch, alive, while_waiting)
     return [pid for pid, _ in alive]
 
@@ -116,12 +116,6 @@ def sigterm_orphans(run_dir: Run) -> tuple[procs.Launch | None, list[tuple[int, 
     return launch, alive
 
 
-def wait_orphans(alive: list[tuple[int, int]], seconds: float) -> list[int]:
-    """Wait up to `seconds` for those processes to exit; the pids still alive."""
-    _poll_until_gone(alive, seconds, 0.1, None)
-    return [pid for pid, ticks in alive if process_alive(pid, ticks)]
-
-
 def kill_orphans_after(run_dir: Path, launch_id: str, seconds: float) -> None:
     """terminate_orphans' second half, in the helper `minilmd stop --timeout` leaves behind (`main`): SIGKILL what
     is left of launch `launch_id` after `seconds`. Nothing when trainer.json records another launch by then (a
@@ -130,7 +124,7 @@ def kill_orphans_after(run_dir: Path, launch_id: str, seconds: float) -> None:
     launch, alive = _orphans(run_dir)
     if launch is None or launch.launch_id != launch_id:
         return
-    _poll_until_gone(alive, seconds, 0.5, None)
+    procs.wait_gone(alive, seconds, interval=0.5)
     _kill_what_is_left(launch, alive, None)
 
 
@@ -139,7 +133,7 @@ def _kill_what_is_left(launch: procs.Launch, alive: list[tuple[int, int]], while
     for pid, ticks in [*alive, *late]:
         if process_alive(pid, ticks):
             launch.signal(pid, ticks, signal.SIGKILL)
-    _poll_until_gone([*alive, *late], REAP_S, 0.05, while_waiting)
+    procs.wait_gone([*alive, *late], REAP_S, while_waiting)
 
 
 def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
@@ -150,14 +144,6 @@ def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
     helper = pychild.popen(pychild.module_argv(__name__, *argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return helper.pid
-
-
-def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: float, while_waiting) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        if while_waiting is not None:
-            while_waiting()
-        time.sleep(interval)
 
 
 def main(argv: list[str]) -> int:

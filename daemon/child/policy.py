@@ -1,6 +1,6 @@
 """What to do after the trainer ended, or staging failed: the restart rules, in pure functions, and the backoff.
 
-`decide()` takes the classified death (daemon/child/process.py) and the facts the supervisor gathered about it (was the
+`decide()` takes the classified death (daemon/child/death.py) and the facts the supervisor gathered about it (was the
 staged corpus damaged, are foreign processes on our GPU now, how many restarts so far) and returns a `Decision`.
 `decide_staging_failure()` is the same for a staging that failed (daemon/jobs/stagingworker.py StagingFailed). Neither
 does anything itself, so every rule is testable without processes. Torch-free.
@@ -14,7 +14,7 @@ from minilmd import protocol
 from minilmd.backoff import exponential
 from minilmd.config import RestartSection
 from minilmd.daemon.base.states import Action, Cause
-from minilmd.daemon.child.process import Death
+from minilmd.daemon.child.death import Death
 
 
 @dataclass

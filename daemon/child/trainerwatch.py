@@ -2,7 +2,8 @@
 not reaped after SIGKILL, and what the restart policy needs to know about a death beyond its cause.
 
 Functions the loop calls with what they need (the run's config, the child, `emit(kind, message, **details)`); the
-process mechanics themselves (find, signal, dump a stack, classify a death) are daemon/child/process.py. Torch-free.
+process mechanics themselves (find, signal, dump a stack) are daemon/child/process.py, a death's classification
+daemon/child/death.py. Torch-free.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from minilmd.daemon.base.states import Cause
 from minilmd.daemon.base.statesections import ChildInfo
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.death import Death
 from minilmd.daemon.child.grace import save_grace
-from minilmd.daemon.child.process import Child, Death
+from minilmd.daemon.child.process import Child
 
 STARTUP_GRACE_S = 60.0
 """Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""

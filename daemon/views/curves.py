@@ -24,7 +24,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import fmt_time, json_records, read_state
-from minilmd.fsio import stream_lines, tail_lines
+from minilmd.logread import stream_lines, tail_lines
 from minilmd.untrusted import Unreadable
 
 NOT_RESTARTS = ("done", "stopped")
@@ -35,7 +35,7 @@ SPARKS = "▁▂▃▄▅▆▇█"
 PLOT_MAX_BYTES = 64 << 20
 """The most of metrics.jsonl or events.jsonl that `plot` reads, from its end: a run of a million steps logging each
 one writes about 250 MiB, every 10th 25 MiB; a file someone made huge (or a sparse one of terabytes) is never read
-whole, and what is read streams by one block at a time (fsio.stream_lines)."""
+whole, and what is read streams by one block at a time (logread.stream_lines)."""
 PLOT_MAX_RECORDS = 50_000
 """The most records of each kind (a metrics line's "kind", an event's "event") that `plot` keeps: past that they are
 thinned evenly as they stream by (every 2nd, then every 4th...; the last one always kept), so memory stays bounded

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import names, protocol
 from minilmd.daemon.base.states import Phase
-from minilmd.fsio import tail_lines
+from minilmd.logread import tail_lines
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
 
 if TYPE_CHECKING:

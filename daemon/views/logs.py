@@ -20,7 +20,7 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.liveness import load, supervisor_alive
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, open_run, real_path, run_problem
 from minilmd.dirfd import Dir
-from minilmd.fsio import new_lines, tail_lines
+from minilmd.logread import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, clipped, listed, printable
 
 LOG_LINE_SHOWN = 16 << 10
@@ -44,7 +44,7 @@ def _attempt_logs(run_dir: Path) -> list[Path]:
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
     """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    minilmd/fsio.py tail_lines); a file that is not one is "unreadable (why)"."""
+    minilmd/logread.py tail_lines); a file that is not one is "unreadable (why)"."""
     try:
         lines, size = tail_lines(path, n)
     except Unreadable as e:

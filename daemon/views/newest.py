@@ -7,7 +7,7 @@ scratch's checkpoints go on. `minilmd status` (its --json and the overview's row
 on which step exists: the one rule is the supervisor's own (daemon/base/runstate.py `apply_progress`) over the
 metrics lines and the heartbeat newer than state.json, then the checkpoint directories in scratch beside the newest
 one known (a save not logged yet, or a metrics.jsonl that cannot be read). Everything is read as the views read
-untrusted files: metrics.jsonl from its end, a regular file only (minilmd/fsio.py `tail_lines`), every value retyped
+untrusted files: metrics.jsonl from its end, a regular file only (minilmd/logread.py `tail_lines`), every value retyped
 (`StateJson.from_dict`), the scratch listing bounded, no link followed, and only in a scratch still the run's.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base.runstate import RunState, json_records, read_heartbeat
 from minilmd.daemon.base.statesections import LocalCheckpoint, StateJson
-from minilmd.fsio import tail_lines
+from minilmd.logread import tail_lines
 from minilmd.scratch_root import not_looked_in
 from minilmd.untrusted import Unreadable, dir_names
 

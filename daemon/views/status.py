@@ -97,7 +97,7 @@ BLOCK_LINES = 16
 
 
 def _block(head: str, text: str) -> list[str]:
-    """A reason of several lines (a trainer's refusal, daemon/child/process.py) as lines, each printed escaped on
+    """A reason of several lines (a trainer's refusal, daemon/child/death.py) as lines, each printed escaped on
     its own: the first after `head`, the rest as they are indented (the lines to paste), at most BLOCK_LINES."""
     first, *rest = text.split("\n")
     more = len(rest) - (BLOCK_LINES - 1)

@@ -7,6 +7,7 @@ before it reaches the terminal.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ from pathlib import Path
 from minilmd import names, procs, protocol, run_owner
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
-from minilmd.daemon.base.runstate import fmt_time, process_alive
+from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
@@ -104,16 +105,18 @@ def _stop(run: Dir, timeout: float, out) -> int:
         _request_left_words(request, out)
     started = time.monotonic()
     last_phase = None
-    while process_alive(pid, ticks):
-        if timeout and time.monotonic() - started > timeout:
-            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
-            return protocol.STOP_FAILED
+
+    def say_phase() -> None:  # each phase the supervisor passes through while it ends, once
+        nonlocal state, last_phase
         state = _reread(run, state)
         if state.phase != last_phase:
             last_phase = state.phase
             print(f"  {printable(last_phase)}" + (f": {printable(state.reason)}" if state.reason else ""), file=out,
                   flush=True)
-        time.sleep(0.2)
+
+    if procs.wait_gone([(pid, ticks)], timeout or math.inf, say_phase, interval=0.2):
+        print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
+        return protocol.STOP_FAILED
     state = _reread(run, state)
     outcome = state.outcome
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
@@ -188,11 +191,11 @@ def _stop_orphans(scope: procs.RunScope, out, timeout: float = 0.0) -> int:
 
 def _stop_orphans_within(scope: procs.RunScope, timeout: float, grace: float, out) -> int:
     """SIGTERM the orphans and wait `timeout` only; what still saves then is killed at the grace by the helper."""
-    from minilmd.daemon.child.orphans import hand_over_kill, sigterm_orphans, wait_orphans
+    from minilmd.daemon.child.orphans import hand_over_kill, sigterm_orphans
 
     started = time.monotonic()
     launch, alive = sigterm_orphans(scope)
-    left = wait_orphans(alive, timeout)
+    left = procs.wait_gone(alive, timeout, interval=0.1)
     if launch is None or not left:
         print("  stopped", file=out)
         return protocol.STOP_DONE

@@ -123,9 +123,9 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
             splits = _open_splits(corpus_dir)
             try:
                 _remove_stale_parts(splits)
-                if not group_share:  # in a team directory a name proves nothing: leftovers are the user's
-                    _remove_stale_tmp(root)
                 assert lock.parent is not None
+                if not group_share:  # in a team directory a name proves nothing: leftovers are the user's
+                    _remove_stale_tmp(lock.parent, root)
                 return _append(sources, root, corpus_dir, splits, lock.parent,
                                lambda: check_same_dir(lock, identity), workers, progress, log, on_bad_line,
                                block_bytes)
@@ -181,13 +181,14 @@ def _remove_stale_parts(splits: dict[str, Dir]) -> None:
                     split_dir.remove_file(name, (st.st_dev, st.st_ino))  # only the very file judged
 
 
-def _remove_stale_tmp(root: Path) -> None:
+def _remove_stale_tmp(parent: Dir, root: Path) -> None:
     """The temporary directories of appends to `root` that were killed (a SIGKILL leaves its new documents' tokens
     there; nothing else ever removes them), by the leftovers rule: removed once the maker is gone, when this user's
     own directory; a live one's, a link, another user's or host's are left and said. Under the lock: no append of
-    this corpus on this host runs meanwhile, and this one has made none yet."""
+    this corpus on this host runs meanwhile, and this one has made none yet. `parent`: the lock's, the directory of
+    `root` judged and opened once (looked at and removed through it)."""
     say = leftovers.stderr_say("prepare")
-    leftovers.sweep(root.parent, lambda name: prepare_tmp_maker(root.name + APPEND_SUFFIX, name), _WORDS, say,
+    leftovers.sweep(parent, lambda name: prepare_tmp_maker(root.name + APPEND_SUFFIX, name), _WORDS, say,
                     out=root, on_running=leftovers.say_running(_WORDS, say))
 
 
