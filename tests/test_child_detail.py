@@ -57,3 +57,24 @@ def test_a_stop_during_the_dpo_reference_pass_is_not_said_saved(tmp_path, reques
     death = classify(child, rc, tmp_path, stop_requested=requested)
     assert (death.cause, death.exit) == ("stopped", 75)
     assert death.detail == said
+
+
+@pytest.mark.parametrize("removed", [False, True])
+def test_exit_73_says_removed_when_run_dir_is_gone_and_full_otherwise(tmp_path, removed):
+    """The trainer exits 73 for a full run.dir and for one removed under it (fsio.dir_removed): the supervisor's
+    child_exit line said "run.dir full ... had no room" for both (fault10 F4)."""
+    import shutil
+
+    from minilmd import protocol
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = launch([sys.executable, "-c", f"import sys; sys.exit({protocol.EXIT_RUN_DIR_FULL})"], run_dir, 1,
+                   devices="")
+    rc = child.popen.wait(30)
+    if removed:
+        shutil.rmtree(run_dir)
+    death = classify(child, rc, run_dir, stop_requested=False)
+    assert death.cause == "run_dir_full" and death.exit == protocol.EXIT_RUN_DIR_FULL
+    assert ("removed while the run ran" in death.detail) is removed
+    assert ("run.dir full" in death.detail) is not removed

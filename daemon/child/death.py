@@ -35,8 +35,8 @@ CAUSES: dict[Cause, str] = {
     Cause.SIGNAL: "killed by another signal",
     Cause.CRASH: "exited with an error (traceback in the attempt log)",
     Cause.SCRATCH_FULL: "a checkpoint did not fit in scratch (exit 74, fault.json says needs and free)",
-    Cause.RUN_DIR_FULL: "run.dir had no room for the trainer's metrics, heartbeat or log (exit 73): it saved to "
-                        "scratch at a step boundary first",
+    Cause.RUN_DIR_FULL: "run.dir had no room for the trainer's metrics, heartbeat or log, or was removed (exit 73; "
+                        "the detail says which): it saved to scratch at a step boundary first",
 }
 
 
@@ -85,7 +85,11 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.DATA_ERROR, rc, _refusal(fault, child.log_path) or "data error", fault)
     if rc == protocol.EXIT_SCRATCH_FULL or protocol.fault_note(fault) is protocol.FaultNote.SCRATCH_FULL:
         return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
-    if rc == protocol.EXIT_RUN_DIR_FULL:  # no fault.json: there is no room for it
+    if rc == protocol.EXIT_RUN_DIR_FULL:  # no fault.json: there is no room for it, or no run.dir to hold it
+        if not run_dir.is_dir():  # the trainer's own 73 for both (fsio.dir_removed): the words must not say "full"
+            return Death(Cause.RUN_DIR_FULL, rc, "run.dir was removed while the run ran: the trainer saved to scratch "
+                                                 "at a step boundary, then exited (its metrics, heartbeat and log had "
+                                                 "nowhere to go)", fault)
         return Death(Cause.RUN_DIR_FULL, rc, "run.dir full: the trainer saved to scratch at a step boundary, then "
                                              "exited (its metrics, heartbeat and log had no room)", fault)
     if rc == protocol.EXIT_CUDA_OOM or protocol.fault_note(fault) is protocol.FaultNote.CUDA_OOM:
