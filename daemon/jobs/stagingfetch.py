@@ -9,6 +9,7 @@ staging thread; the others in the loop. Torch-free.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import remotewait
+from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
 
@@ -46,6 +48,7 @@ class StagingFetch:
     fetch_failures: int
     fetch_retry_at: float
     fetch_started: float
+    stop_fetch: threading.Event
 
     def _remote_unavailable(self, staged: Path, error: str) -> None:
         """Scratch holds no checkpoint, or an older one than the remote's (`remote_newer`), and the remote could not
@@ -92,7 +95,7 @@ class StagingFetch:
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
-                verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
+                verdict = scratch_behind.fetch_over_scratch(self._syncer(expected), self.cfg.checkpoint_dir,
                                                             expected, self.remote_newer)
             finally:
                 self.fetch_started = 0.0
@@ -106,7 +109,7 @@ class StagingFetch:
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
         try:
-            syncer = self.syncer_for(expected)
+            syncer = self._syncer(expected)
             fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
             self.fetch_set_aside += tuple(syncer.fetch_set_aside)
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
@@ -114,6 +117,8 @@ class StagingFetch:
             self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside))
         except CheckpointMismatch:
             raise
+        except FetchStopped as e:  # the supervisor stops: no step 0 chosen, `--fresh` or not
+            return expected, None, str(e)
         except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
             if not self.fresh:
                 return expected, None, f"{type(e).__name__}: {e}"
@@ -123,6 +128,12 @@ class StagingFetch:
         finally:
             self.fetch_started = 0.0
         return expected, fetched, None
+
+    def _syncer(self, expected):
+        """The Syncer a fetch reads the remote with, ended by a stop (`stop_fetch`: its reads again wake at once)."""
+        syncer = self.syncer_for(expected)
+        syncer.fetch_stop = self.stop_fetch
+        return syncer
 
     def _nothing_fetched(self) -> str | None:
         """The remote lists no checkpoint that verifies: why the fetch must wait, when the remote is absent, or its
