@@ -23,6 +23,11 @@ from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
 
+NONE_VALID_WORDS = "remote answers, no checkpoint there verifies"
+"""What a wait for a valid remote checkpoint begins with (sync `none_valid`), the remote answering: not "remote
+unavailable", which it is not; remotewait.decision's words follow (how many were set aside, the step the run's
+records say it synced there)."""
+
 
 class StagingFetch:
     """The fetch of a remote checkpoint during staging (a mixin of StagingWorker, whose __init__ sets and documents
@@ -44,6 +49,7 @@ class StagingFetch:
     fetch_set_aside: tuple[str, ...] = ()
     remote_newer: int | None
     fetch_full: bool
+    none_valid: bool
     awaiting_remote: Path | None
     fetch_failures: int
     fetch_retry_at: float
@@ -54,16 +60,19 @@ class StagingFetch:
         """Scratch holds no checkpoint, or an older one than the remote's (`remote_newer`), and the remote could not
         be read (or scratch had no room for its step): never start from step 0 or scratch's older step; retry with
         backoff for as long as it takes (not the trainer's fault: no_progress_limit does not count it). Status shows
-        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`), staging "waiting_remote"."""
-        scratch_full = self.fetch_full
+        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`; NONE_VALID_WORDS and sync `none_valid`
+        when the remote answers and none of its checkpoints verifies: `none_valid`), staging "waiting_remote"."""
+        scratch_full, none_valid = self.fetch_full, self.none_valid
         self.awaiting_remote = staged
         self.fetch_failures += 1
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
-        message = f"{'no room in scratch' if scratch_full else 'remote unavailable'}: {error}"
+        said = "no room in scratch" if scratch_full else NONE_VALID_WORDS if none_valid else "remote unavailable"
+        message = f"{said}: {error}"
         sync, staging = self.state.sync, self.state.staging
         if not scratch_full:
-            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
+            sync.state = SyncState.NONE_VALID if none_valid else SyncState.UNAVAILABLE
+            sync.error, sync.since = message, now()
         staging.state, staging.error = StagingState.WAITING_REMOTE, message
         self.state.record_error(message)
         fresh = " (`minilmd run --fresh` starts from step 0 instead)" if self.fetch_failures == 1 else ""
@@ -93,6 +102,7 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
+        self.none_valid = False
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self._syncer(expected), self.cfg.checkpoint_dir,
@@ -149,6 +159,7 @@ class StagingFetch:
         new = (bounded_probe(remotewait.made_by_first_sync, remote)[1] or "") if absent else ""
         wait, why = remotewait.decision(remote, absent, found, self.fresh, new, self.fetch_set_aside)
         if wait:
+            self.none_valid = not absent  # it answers: its checkpoints are what is lost, not the remote
             return why
         self.from_step_0 = why
         return None

@@ -98,6 +98,9 @@ class StagingWorker(StagingFetch):
         self.remote_newer: int | None = None
         """The remote's step seen newer than scratch's whose fetch failed: retried, never given up for scratch's."""
         self.fetch_full = False  # that fetch failed on a scratch without room (set by the thread)
+        self.none_valid = False
+        """The last fetch's remote answered but holds no checkpoint that verifies, and the run waits for one (set by
+        the thread): status says so (sync `none_valid`), not "remote unavailable"."""
         self.stop_fetch = threading.Event()
         """Set when the supervisor stops (`stop`): a running fetch ends before its next read of a remote checkpoint
         (daemon/jobs/fetch.py FetchStopped), its pause before a read again woken at once."""
