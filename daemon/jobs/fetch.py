@@ -89,6 +89,11 @@ class Fetcher:
         self.log(f"sync: fetched {self.remote.show(name)} to {final}")
         self._fetch_best(name, local_root)
 
+    def listed(self) -> list[str]:
+        """The remote's steps of this run, oldest first, listed afresh (staging's second look at a listing older than
+        the run's records: daemon/jobs/stagingfetch.py)."""
+        return self._steps()
+
     def peek_latest(self, skip: frozenset[str] = frozenset()) -> tuple[str | None, list[str]]:
         """The checkpoint the fetch would bring back, told without fetching it (`run --check` and the launch,
         daemon/jobs/resumefrom.py): the newest of this run's remote steps, walked as the fetch walks them, whose

@@ -29,6 +29,12 @@ unavailable", which it is not; remotewait.decision's words follow (how many were
 records say it synced there)."""
 
 
+RELIST_AFTER_S = 5.0
+"""A fetch into an empty scratch that found only older steps than the run's records say it synced there, none set
+aside (a listing an NFS client cached, a share's replica behind), lists the remote again after this pause before it
+resumes from the older step: a newer step listed then is fetched instead. A stop ends the pause at once."""
+
+
 class StagingFetch:
     """The fetch of a remote checkpoint during staging (a mixin of StagingWorker, whose __init__ sets and documents
     each attribute below)."""
@@ -37,6 +43,7 @@ class StagingFetch:
     infra: Any
     state: RunState
     emit: Callable[..., None]
+    inbox: Any
     syncer_for: Callable[[Any], Any]
     rng: random.Random
     fresh: bool
@@ -124,7 +131,10 @@ class StagingFetch:
             self.fetch_set_aside += tuple(syncer.fetch_set_aside)
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
                 return expected, None, self._nothing_fetched()
-            self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside))
+            listed_again = not syncer.fetch_set_aside and self._behind_records(step_of(fetched))
+            if listed_again:
+                fetched = self._list_again(syncer, fetched)
+            self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside), listed_again)
         except CheckpointMismatch:
             raise
         except FetchStopped as e:  # the supervisor stops: no step 0 chosen, `--fresh` or not
@@ -164,16 +174,47 @@ class StagingFetch:
         self.from_step_0 = why
         return None
 
-    def _older_than_synced(self, step: int, newer: tuple[str, ...]) -> tuple[str, ...]:
-        """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
-        trained again), with the step the run's records say it synced there; () when it set none aside."""
-        if not newer:
-            return ()
+    def _records(self) -> remotewait.Records:
+        """What the run's records say of its remote, read once per staging."""
         if self.records is None:
             self.records = remotewait.records(self.cfg.run.remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
-        recorded = self.records.step
-        behind = f"; the run's records say step {recorded} was synced there ({self.records.why}): steps " \
+        return self.records
+
+    def _behind_records(self, step: int) -> bool:
+        """Whether the run's records say it synced a newer step than `step` to the remote."""
+        recorded = self._records().step
+        return recorded is not None and recorded > step
+
+    def _list_again(self, syncer, fetched: Path) -> Path:
+        """The remote listed only older steps than the run's records say it synced there, and none was set aside:
+        listed again after RELIST_AFTER_S (a stale listing passes), and a newer step listed now fetched instead;
+        else `fetched`. FetchStopped when a stop ends the pause."""
+        self.inbox.put(f"fetch: run.remote {self.cfg.run.remote} lists no step newer than {step_of(fetched)}, "
+                       f"though the run's records say step {self._records().step} was synced there: listing it "
+                       f"again in {RELIST_AFTER_S:g}s before resuming from the older step")  # from the thread
+        if self.stop_fetch.wait(RELIST_AFTER_S):
+            raise FetchStopped(f"fetch from {self.cfg.run.remote} stopped: the supervisor stops")
+        listed = syncer.listed()
+        if not listed or step_of(listed[-1]) <= step_of(fetched):
+            return fetched
+        return syncer.fetch_latest(self.cfg.checkpoint_dir) or fetched
+
+    def _older_than_synced(self, step: int, newer: tuple[str, ...], listed_again: bool = False) -> tuple[str, ...]:
+        """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
+        trained again), with the step the run's records say it synced there; for one that took an older step than
+        those records say though it set none aside (`listed_again`: the remote listed again, the same), which steps
+        are trained again; () otherwise."""
+        found = self._records()
+        recorded = found.step
+        if not newer:
+            if not listed_again or recorded is None or recorded <= step:
+                return ()
+            return (f"run.remote {self.cfg.run.remote} lists no step newer than {step}, though the run's records "
+                    f"say step {recorded} was synced there ({found.why}), and listed again after "
+                    f"{RELIST_AFTER_S:g}s the same (steps removed there, or a listing that stays stale): resuming "
+                    f"from step {step}, which verifies: steps {step + 1}-{recorded} are trained again",)
+        behind = f"; the run's records say step {recorded} was synced there ({found.why}): steps " \
                  f"{step + 1}-{recorded} are trained again" if recorded is not None and recorded > step else ""
         return (f"run.remote {self.cfg.run.remote}: {len(newer)} newer checkpoint(s) did not verify at any read "
                 f"and were set aside ({'; '.join(newer[:4])}): resuming from the older step {step}, which "
