@@ -134,6 +134,17 @@ class Fetcher:
         except ck.CheckpointInvalid:
             return None
 
+    def recorded_base(self, name: str) -> dict | None:
+        """The base remote checkpoint `name` records it was trained from (its trainer_state.json's "init", read as
+        peek_latest reads it; None: it records none), for a LoRA run's done check with scratch wiped
+        (daemon/jobs/rundone.py: the remote's base copy must be that base's). CheckpointInvalid when it cannot be
+        read or does not match its manifest."""
+        listed = self.remote.read_manifest(name)
+        if listed.manifest is None:
+            raise ck.CheckpointInvalid(Path(self.remote.show(name)), "; ".join(listed.problems) or "no manifest")
+        init = self._recorded_state(name, listed.manifest).get("init")
+        return init if isinstance(init, dict) else None
+
     def _recorded_state(self, name: str, manifest: dict) -> dict:
         """trainer_state.json of remote checkpoint `name`, read once and bounded, parsed from the bytes hashed
         against its manifest (ck.MAX_JSON_PART at most, as validation keeps it). Raises CheckpointInvalid."""
