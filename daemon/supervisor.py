@@ -238,6 +238,8 @@ class Supervisor(Attempt, Ending):
     def _go(self, new: Phase, reason: str, **details) -> None:
         name = check_transition(self.phase, new)
         old = self.phase
+        if new == Phase.STOPPING:
+            self.staging.stop()  # a fetch reading damaged steps again ends now, not after its pauses
         self.state.phase = new
         self.state.since = now()
         self.state.reason = reason

@@ -42,9 +42,11 @@ class SyncState(Named):
     FAILED = "failed"  # the last sync failed; retried with backoff
     STALLED = "stalled"  # a running sync moved no byte for longer than MINILMD_SYNC_STALLED_AFTER
     UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/jobs/stagingworker.py)
+    NONE_VALID = "none_valid"  # the remote answers, but no checkpoint there verifies for a resume, and the run synced
+    #                            there: staging waits for a valid one (daemon/jobs/remotewait.py), never step 0
 
 
-SYNC_TROUBLE = (SyncState.FAILED, SyncState.STALLED, SyncState.UNAVAILABLE)
+SYNC_TROUBLE = (SyncState.FAILED, SyncState.STALLED, SyncState.UNAVAILABLE, SyncState.NONE_VALID)
 """The sync states whose error `minilmd status` and the overview show beside the state (a tuple: compared with the
 plain strings read back from state.json by ==)."""
 

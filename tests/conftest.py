@@ -104,6 +104,7 @@ def fetch_reads_again_without_pause(monkeypatch):
     (daemon/jobs/fetch.py READ_AGAIN_AFTER_S: seconds each a test of a damaged checkpoint would wait for nothing);
     a supervisor in a process of its own pauses as in use (tests/test_remote_read_again.py)."""
     monkeypatch.setattr("minilmd.daemon.jobs.fetch.READ_AGAIN_AFTER_S", (0.0, 0.0))
+    monkeypatch.setattr("minilmd.daemon.jobs.stagingfetch.RELIST_AFTER_S", 0.0)  # its listing's second look too
 
 
 def in_order(root: Path, paths: list) -> None:

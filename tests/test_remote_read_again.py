@@ -144,3 +144,34 @@ def test_a_damaged_newest_checkpoint_beside_an_older_good_one_resumes_from_the_o
                "steps 11-20 are trained again" in m for m in notes), notes
     assert [q.name.rsplit("-", 1)[0] for q in (remote / names.QUARANTINE).iterdir()] == ["step-00000020"]
     assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
+
+
+def test_a_remote_that_answers_with_no_checkpoint_that_verifies_is_shown_as_that_not_as_unavailable(tmp_path, corpus):
+    """The wait for a valid remote checkpoint in `minilmd status`: sync `none_valid`, saying how many checkpoints the
+    remote had and the step state.json records there. Before, `sync: unavailable (remote unavailable: ...)`, though
+    the remote answered every read."""
+    for steps in (10, 20):  # the remote holds step 10 and step 20 (sync.keep 2)
+        config = write_config(tmp_path, corpus, train={"max_steps": steps})
+        assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    config = write_config(tmp_path, corpus, train={"max_steps": 40})
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    for step in ("step-00000010", "step-00000020"):  # both damaged for good: every read the same
+        model = remote / step / "model.safetensors"
+        model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    shutil.rmtree(cfg.scratch_dir)
+    before = attempt_logs(cfg)
+    sup = start_supervisor(config, tmp_path / "again.out")
+    try:
+        why = waiting_for_the_remote(cfg)
+        assert "2 set aside as invalid" in why and "state.json records step 20" in why, why
+        status = cli("status", str(cfg.run_dir)).stdout
+        assert "sync: none_valid (remote answers, no checkpoint there verifies: " in status, status
+        assert "2 set aside as invalid" in status and "state.json records step 20" in status, status
+        assert "remote unavailable" not in status and "sync: unavailable" not in status, status
+        assert attempt_logs(cfg) == before, "a trainer was started"
+        assert cli("stop", str(cfg.run_dir), timeout=120).returncode == 0
+        assert wait_or_kill(sup, 120) == 0
+    finally:
+        if sup.poll() is None:
+            sup.kill()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +21,7 @@ from minilmd import checkpoint as ck
 from minilmd.batch_stream import stream_record
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore
+from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.dirfd import PlaceRefused
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
@@ -38,7 +39,8 @@ from minilmd.untrusted import Unreadable, loads
 READ_AGAIN_AFTER_S = (2.0, 5.0)
 """A remote checkpoint that does not verify is read again, afresh (a new open of each file: an NFS client
 revalidates its cached size and pages at open), after each of these pauses, before it is set aside: a stale
-attribute cache or a short read of a moment passes; a damaged checkpoint reads the same each time."""
+attribute cache or a short read of a moment passes; a damaged checkpoint reads the same each time. A stop ends the
+pause at once (Fetcher.fetch_stop)."""
 
 
 class Fetcher:
@@ -47,6 +49,11 @@ class Fetcher:
     local_root: Path
     expected: ck.Expectation | None
     log: Callable[[str], None]
+    abandoned: str  # the Syncer's: why the supervisor gave up on it ("" while it has not)
+    remote_url: str
+    fetch_stop: threading.Event | None = None
+    """Set when the supervisor stops (staging's: StagingWorker.stop): the fetch ends before its next read of a
+    remote checkpoint, and its pause before a read again wakes at once (FetchStopped). None: no stop ends it."""
 
     if TYPE_CHECKING:  # the Syncer's, shared with the copy up (daemon/jobs/sync.py)
         @property
@@ -81,6 +88,11 @@ class Fetcher:
             atomic_write_text(local_root / LATEST, name + "\n")
         self.log(f"sync: fetched {self.remote.show(name)} to {final}")
         self._fetch_best(name, local_root)
+
+    def listed(self) -> list[str]:
+        """The remote's steps of this run, oldest first, listed afresh (staging's second look at a listing older than
+        the run's records: daemon/jobs/stagingfetch.py)."""
+        return self._steps()
 
     def peek_latest(self, skip: frozenset[str] = frozenset()) -> tuple[str | None, list[str]]:
         """The checkpoint the fetch would bring back, told without fetching it (`run --check` and the launch,
@@ -122,6 +134,17 @@ class Fetcher:
         except ck.CheckpointInvalid:
             return None
 
+    def recorded_base(self, name: str) -> dict | None:
+        """The base remote checkpoint `name` records it was trained from (its trainer_state.json's "init", read as
+        peek_latest reads it; None: it records none), for a LoRA run's done check with scratch wiped
+        (daemon/jobs/rundone.py: the remote's base copy must be that base's). CheckpointInvalid when it cannot be
+        read or does not match its manifest."""
+        listed = self.remote.read_manifest(name)
+        if listed.manifest is None:
+            raise ck.CheckpointInvalid(Path(self.remote.show(name)), "; ".join(listed.problems) or "no manifest")
+        init = self._recorded_state(name, listed.manifest).get("init")
+        return init if isinstance(init, dict) else None
+
     def _recorded_state(self, name: str, manifest: dict) -> dict:
         """trainer_state.json of remote checkpoint `name`, read once and bounded, parsed from the bytes hashed
         against its manifest (ck.MAX_JSON_PART at most, as validation keeps it). Raises CheckpointInvalid."""
@@ -155,17 +178,27 @@ class Fetcher:
                 return final, False
             self.log(f"sync: remote {self.remote.show(name)} does not verify ({'; '.join(problems[:3])}): read "
                      f"again in {pause:g}s, afresh, before it is set aside (a short read or a stale size passes)")
-            time.sleep(pause)
+            (self.fetch_stop or threading.Event()).wait(pause)  # a stop wakes it: the next read raises FetchStopped
         final, problems = self._read_one(name, local_root, only_if)
         if not problems:
             return final, False
         self._set_aside_remote(name, [f"{'; '.join(problems[:5])} (at each of {reads} reads)"])
         return None, True
 
+    def _fetch_go_on(self, name: str) -> None:
+        """FetchStopped once the supervisor stops (`fetch_stop`) or gave up on this Syncer (`abandoned`): checked
+        before each read of a remote checkpoint, so that a stop never waits for every damaged step's reads again."""
+        stopped = "the supervisor stops" if self.fetch_stop is not None and self.fetch_stop.is_set() else \
+            self.abandoned
+        if stopped:
+            raise FetchStopped(f"fetch of {self.remote.show(name)} from {self.remote_url} stopped: {stopped} "
+                               f"(nothing set aside)")
+
     def _read_one(self, name: str, local_root: Path,
                   only_if: Callable[[dict], bool] | None) -> tuple[Path | None, list[str]]:
         """One read of remote checkpoint `name` (_fetch_one): (its local path, []), (None, []) when it has no
-        manifest yet or `only_if` refuses it, or (None, why it is invalid)."""
+        manifest yet or `only_if` refuses it, or (None, why it is invalid). FetchStopped when a stop came first."""
+        self._fetch_go_on(name)
         remote = self.remote
         listed = remote.read_manifest(name)
         if listed.manifest is None:

@@ -3,7 +3,10 @@ the launch alike, daemon/jobs/resumefrom.py finds that checkpoint). Before, `--c
 and the launch staged, fetched, started a trainer that had nothing to train, synced and exited 0; a tmux launcher
 or a systemd restart did it again. Now both say so and the launch starts nothing (exit 0): the budget raised in the
 config trains on from there. A run is done only once it is whole: recorded finished, its remote's LATEST naming that
-step and a LoRA run's base copy beside it; a run whose end failed is launched, and its last sync repairs the remote.
+step and a LoRA run's base copy beside it (with scratch wiped, of the base the remote step records); a run whose end
+failed is launched, and its last sync repairs the remote. That launch is kept even when the remote is whole: its
+supervisor, holding the run lock, writes the `finished` outcome that status, a launcher's restart rule and a later
+stage's init.from wait read; a done start holds no lock and writes no state.json.
 Torch-free; the plan (numpy) is read only when there is a checkpoint.
 """
 from __future__ import annotations
@@ -94,7 +97,10 @@ def _remote_complete(cfg: RunConfig, step: int, recorded_finished: bool) -> bool
 
 
 def _holds_the_end(cfg: RunConfig, step: int) -> bool | None:
-    """_remote_complete's look at the remote (shared storage: in a bounded probe); None when it cannot be opened."""
+    """_remote_complete's look at the remote (shared storage: in a bounded probe); None when it cannot be opened. A
+    LoRA run's base copy there must be of the base its final checkpoint records: scratch's, else (scratch wiped) the
+    remote step's own record (before, with scratch wiped, any base's copy passed: a remote `init` of another base,
+    which the sync never replaces, made a run whose base was never pushed "done")."""
     from minilmd.daemon.jobs.remote_local import open_remote
 
     try:
@@ -108,7 +114,16 @@ def _holds_the_end(cfg: RunConfig, step: int) -> bool | None:
     from minilmd.daemon.jobs.basecopy import copy_in_place
     from minilmd.daemon.jobs.initstage import INIT_DIR, trained_on
 
-    return copy_in_place(remote, cfg.scratch_dir / INIT_DIR, trained_on(cfg))
+    base = trained_on(cfg)
+    if base is None:  # scratch wiped (or its checkpoint records none): the remote's final step says which base
+        from minilmd import checkpoint as ck
+        from minilmd.daemon.jobs.sync import Syncer
+
+        try:
+            base = Syncer(cfg.checkpoint_dir, cfg.run.remote).recorded_base(step_name(step))
+        except ck.CheckpointInvalid:
+            return False  # not told: not done; the launch looks, its last sync repairs what is missing
+    return copy_in_place(remote, cfg.scratch_dir / INIT_DIR, base)
 
 
 def _budget(cfg: RunConfig) -> str:

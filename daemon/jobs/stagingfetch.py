@@ -9,6 +9,7 @@ staging thread; the others in the loop. Torch-free.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,20 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import remotewait
+from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
+
+NONE_VALID_WORDS = "remote answers, no checkpoint there verifies"
+"""What a wait for a valid remote checkpoint begins with (sync `none_valid`), the remote answering: not "remote
+unavailable", which it is not; remotewait.decision's words follow (how many were set aside, the step the run's
+records say it synced there)."""
+
+
+RELIST_AFTER_S = 5.0
+"""A fetch into an empty scratch that found only older steps than the run's records say it synced there, none set
+aside (a listing an NFS client cached, a share's replica behind), lists the remote again after this pause before it
+resumes from the older step: a newer step listed then is fetched instead. A stop ends the pause at once."""
 
 
 class StagingFetch:
@@ -30,6 +43,7 @@ class StagingFetch:
     infra: Any
     state: RunState
     emit: Callable[..., None]
+    inbox: Any
     syncer_for: Callable[[Any], Any]
     rng: random.Random
     fresh: bool
@@ -42,25 +56,30 @@ class StagingFetch:
     fetch_set_aside: tuple[str, ...] = ()
     remote_newer: int | None
     fetch_full: bool
+    none_valid: bool
     awaiting_remote: Path | None
     fetch_failures: int
     fetch_retry_at: float
     fetch_started: float
+    stop_fetch: threading.Event
 
     def _remote_unavailable(self, staged: Path, error: str) -> None:
         """Scratch holds no checkpoint, or an older one than the remote's (`remote_newer`), and the remote could not
         be read (or scratch had no room for its step): never start from step 0 or scratch's older step; retry with
         backoff for as long as it takes (not the trainer's fault: no_progress_limit does not count it). Status shows
-        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`), staging "waiting_remote"."""
-        scratch_full = self.fetch_full
+        "remote unavailable: ..." (or "no room in scratch: ...": `fetch_full`; NONE_VALID_WORDS and sync `none_valid`
+        when the remote answers and none of its checkpoints verifies: `none_valid`), staging "waiting_remote"."""
+        scratch_full, none_valid = self.fetch_full, self.none_valid
         self.awaiting_remote = staged
         self.fetch_failures += 1
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
-        message = f"{'no room in scratch' if scratch_full else 'remote unavailable'}: {error}"
+        said = "no room in scratch" if scratch_full else NONE_VALID_WORDS if none_valid else "remote unavailable"
+        message = f"{said}: {error}"
         sync, staging = self.state.sync, self.state.staging
         if not scratch_full:
-            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
+            sync.state = SyncState.NONE_VALID if none_valid else SyncState.UNAVAILABLE
+            sync.error, sync.since = message, now()
         staging.state, staging.error = StagingState.WAITING_REMOTE, message
         self.state.record_error(message)
         fresh = " (`minilmd run --fresh` starts from step 0 instead)" if self.fetch_failures == 1 else ""
@@ -90,9 +109,10 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
+        self.none_valid = False
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
-                verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
+                verdict = scratch_behind.fetch_over_scratch(self._syncer(expected), self.cfg.checkpoint_dir,
                                                             expected, self.remote_newer)
             finally:
                 self.fetch_started = 0.0
@@ -106,14 +126,19 @@ class StagingFetch:
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
         try:
-            syncer = self.syncer_for(expected)
+            syncer = self._syncer(expected)
             fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
             self.fetch_set_aside += tuple(syncer.fetch_set_aside)
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
                 return expected, None, self._nothing_fetched()
-            self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside))
+            listed_again = not syncer.fetch_set_aside and self._behind_records(step_of(fetched))
+            if listed_again:
+                fetched = self._list_again(syncer, fetched)
+            self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside), listed_again)
         except CheckpointMismatch:
             raise
+        except FetchStopped as e:  # the supervisor stops: no step 0 chosen, `--fresh` or not
+            return expected, None, str(e)
         except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
             if not self.fresh:
                 return expected, None, f"{type(e).__name__}: {e}"
@@ -123,6 +148,12 @@ class StagingFetch:
         finally:
             self.fetch_started = 0.0
         return expected, fetched, None
+
+    def _syncer(self, expected):
+        """The Syncer a fetch reads the remote with, ended by a stop (`stop_fetch`: its reads again wake at once)."""
+        syncer = self.syncer_for(expected)
+        syncer.fetch_stop = self.stop_fetch
+        return syncer
 
     def _nothing_fetched(self) -> str | None:
         """The remote lists no checkpoint that verifies: why the fetch must wait, when the remote is absent, or its
@@ -138,20 +169,52 @@ class StagingFetch:
         new = (bounded_probe(remotewait.made_by_first_sync, remote)[1] or "") if absent else ""
         wait, why = remotewait.decision(remote, absent, found, self.fresh, new, self.fetch_set_aside)
         if wait:
+            self.none_valid = not absent  # it answers: its checkpoints are what is lost, not the remote
             return why
         self.from_step_0 = why
         return None
 
-    def _older_than_synced(self, step: int, newer: tuple[str, ...]) -> tuple[str, ...]:
-        """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
-        trained again), with the step the run's records say it synced there; () when it set none aside."""
-        if not newer:
-            return ()
+    def _records(self) -> remotewait.Records:
+        """What the run's records say of its remote, read once per staging."""
         if self.records is None:
             self.records = remotewait.records(self.cfg.run.remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
-        recorded = self.records.step
-        behind = f"; the run's records say step {recorded} was synced there ({self.records.why}): steps " \
+        return self.records
+
+    def _behind_records(self, step: int) -> bool:
+        """Whether the run's records say it synced a newer step than `step` to the remote."""
+        recorded = self._records().step
+        return recorded is not None and recorded > step
+
+    def _list_again(self, syncer, fetched: Path) -> Path:
+        """The remote listed only older steps than the run's records say it synced there, and none was set aside:
+        listed again after RELIST_AFTER_S (a stale listing passes), and a newer step listed now fetched instead;
+        else `fetched`. FetchStopped when a stop ends the pause."""
+        self.inbox.put(f"fetch: run.remote {self.cfg.run.remote} lists no step newer than {step_of(fetched)}, "
+                       f"though the run's records say step {self._records().step} was synced there: listing it "
+                       f"again in {RELIST_AFTER_S:g}s before resuming from the older step")  # from the thread
+        if self.stop_fetch.wait(RELIST_AFTER_S):
+            raise FetchStopped(f"fetch from {self.cfg.run.remote} stopped: the supervisor stops")
+        listed = syncer.listed()
+        if not listed or step_of(listed[-1]) <= step_of(fetched):
+            return fetched
+        return syncer.fetch_latest(self.cfg.checkpoint_dir) or fetched
+
+    def _older_than_synced(self, step: int, newer: tuple[str, ...], listed_again: bool = False) -> tuple[str, ...]:
+        """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
+        trained again), with the step the run's records say it synced there; for one that took an older step than
+        those records say though it set none aside (`listed_again`: the remote listed again, the same), which steps
+        are trained again; () otherwise."""
+        found = self._records()
+        recorded = found.step
+        if not newer:
+            if not listed_again or recorded is None or recorded <= step:
+                return ()
+            return (f"run.remote {self.cfg.run.remote} lists no step newer than {step}, though the run's records "
+                    f"say step {recorded} was synced there ({found.why}), and listed again after "
+                    f"{RELIST_AFTER_S:g}s the same (steps removed there, or a listing that stays stale): resuming "
+                    f"from step {step}, which verifies: steps {step + 1}-{recorded} are trained again",)
+        behind = f"; the run's records say step {recorded} was synced there ({found.why}): steps " \
                  f"{step + 1}-{recorded} are trained again" if recorded is not None and recorded > step else ""
         return (f"run.remote {self.cfg.run.remote}: {len(newer)} newer checkpoint(s) did not verify at any read "
                 f"and were set aside ({'; '.join(newer[:4])}): resuming from the older step {step}, which "

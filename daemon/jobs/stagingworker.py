@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,12 @@ class StagingWorker(StagingFetch):
         self.remote_newer: int | None = None
         """The remote's step seen newer than scratch's whose fetch failed: retried, never given up for scratch's."""
         self.fetch_full = False  # that fetch failed on a scratch without room (set by the thread)
+        self.none_valid = False
+        """The last fetch's remote answered but holds no checkpoint that verifies, and the run waits for one (set by
+        the thread): status says so (sync `none_valid`), not "remote unavailable"."""
+        self.stop_fetch = threading.Event()
+        """Set when the supervisor stops (`stop`): a running fetch ends before its next read of a remote checkpoint
+        (daemon/jobs/fetch.py FetchStopped), its pause before a read again woken at once."""
         self.infra = infra
         self.state = state
         self.emit = emit
@@ -152,6 +159,11 @@ class StagingWorker(StagingFetch):
     def forget(self) -> None:
         """Stage again before the next launch (the staged copy is damaged or gone)."""
         self.staged, self.pending, self.inputs = None, None, {}
+
+    def stop(self) -> None:
+        """The supervisor stops: a fetch running or to come ends at its next read (the stopping phase waits
+        STOP_WAITS_FOR_STAGING_S at most for this thread, daemon/ending.py: it ends well before)."""
+        self.stop_fetch.set()
 
     def abandon(self) -> str:
         """Leave a thread stalled on the remote behind (its temp names are cleaned up next time); its name."""

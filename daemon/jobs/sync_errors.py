@@ -24,6 +24,12 @@ class SyncAbandoned(SyncError):
     copy's next chunk, whose half copy is then removed as after any failed copy (`_copy_up`)."""
 
 
+class FetchStopped(SyncError):
+    """The supervisor stops while staging fetches (StagingWorker.stop): raised before the fetch's next read of a
+    remote checkpoint, and at once from its pause before a read again, so that the staging thread ends in moments,
+    not after the remote's every damaged step was read three times (daemon/jobs/fetch.py). Nothing is set aside."""
+
+
 class RemoteFull(SyncError):
     """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown);
     `inodes`: the remote's inode count when none is left for a new file (what ran out: not bytes), else None;
