@@ -57,6 +57,11 @@ def test_the_gauges_of_a_run_waiting_for_a_gpu_with_a_failing_sync():
     assert samples[("minilmd_gpu_waited_seconds", run)] == 61.5
     assert samples[("minilmd_up", run)] == 1
 
+    for state in ("none_valid", "unavailable", "stalled"):  # every trouble of run_states.SYNC_TROUBLE, one rule
+        st = waiting_state(t)
+        st["sync"]["state"] = state
+        assert parse(prometheus.render(st, t))[("minilmd_sync_failing", run)] == 1, state
+
     never = waiting_state(t)
     never.update(sync={"state": "idle"}, remote_checkpoint=None)
     never["supervisor"]["started"] = t - 5000

@@ -20,7 +20,7 @@ from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import owned_by_me, user_words
-from minilmd.run_states import Phase, SyncState
+from minilmd.run_states import SYNC_TROUBLE, Phase, SyncState
 
 WRITE_EVERY_S = 5.0
 TEXTFILE_MODE = 0o644
@@ -42,7 +42,8 @@ GAUGES: dict[str, str] = {
     "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded, or when the supervisor started "
                                            "while none has (Unix time)",
     "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
-    "minilmd_sync_failing": "1 while the sync is failing, stalled or the remote unavailable",
+    "minilmd_sync_failing": "1 while the sync is failing, stalled, the remote unavailable, or none of its "
+                            "checkpoints verifies",
     "minilmd_local_checkpoint_timestamp_seconds": "when the newest local checkpoint was saved (Unix time)",
     "minilmd_local_checkpoint_age_seconds": "age of the newest local checkpoint when the file was written",
     "minilmd_remote_checkpoint_timestamp_seconds": "when the newest remote checkpoint was synced (Unix time)",
@@ -65,9 +66,6 @@ REWARD_GAUGES = {f"minilmd_{trl.replace('/', '_')}": key for key, trl in REWARDS
 metrics.jsonl key, with label split="train" (the latest logged step) or "val" (the latest validation)."""
 GAUGES.update({name: f"DPO: {REWARD_MEANINGS[key]} (TRL's {REWARDS[key]}), latest, by split (label split: train "
                      f"or val)" for name, key in REWARD_GAUGES.items()})
-FAILING_SYNC = ("failed", "stalled", "unavailable")
-
-
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -116,7 +114,7 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
         last_ok = number(sync.get("last_ok")) or number(remote.get("time")) or started
         put("minilmd_last_sync_timestamp_seconds", last_ok)
         put("minilmd_last_sync_age_seconds", t - last_ok if last_ok else None)
-        put("minilmd_sync_failing", 1 if sync.get("state") in FAILING_SYNC else 0)
+        put("minilmd_sync_failing", 1 if sync.get("state") in SYNC_TROUBLE else 0)
     for name, ckpt in (("local", local), ("remote", remote)):
         when = number(ckpt.get("time"))
         put(f"minilmd_{name}_checkpoint_timestamp_seconds", when)
