@@ -1,6 +1,6 @@
 """docs/architecture.md and docs/operations.md cannot drift from the code: the mermaid state diagram is the
 transition table of daemon/base/states.py edge for edge, the phase table names every phase, the claim that daemon/
-never imports torch holds, and the runbook's tables name every restart cause of daemon/child/process.py and every exit
+never imports torch holds, and the runbook's tables name every restart cause of daemon/child/death.py and every exit
 status of minilmd/protocol.py."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ The faults imitate the real deaths the supervisor must tell apart:
 - "sigbus": a real SIGBUS: touch a page of a mapping whose file was truncated under it (what a NFS hiccup does
   to a mapped corpus); os.kill(SIGBUS) where that does not work;
 - "sigkill": SIGKILL to itself (what the OOM killer does; the supervisor finds it as the attempt's last entry of
-  faults-fired and says "injected by MINILMD_FAULT: sigkill@N" in the death's detail, daemon/child/process.py,
+  faults-fired and says "injected by MINILMD_FAULT: sigkill@N" in the death's detail, daemon/child/death.py,
   instead of blaming the OOM killer or a stranger);
 - "hang": stops heartbeats forever (a sleep loop), as a stuck NCCL collective or a frozen mount would;
 - "exception": raises RuntimeError (an ordinary crash, traceback in the log).
