@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from minilmd.dirfd import Dir
 from minilmd.perms import own_uid, owned_by_me
-from minilmd.untrusted import loads
+from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
 
-LOCK_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+LOCK_OPEN = NO_FOLLOW_NO_BLOCK
 """Every open of a lock file: never through a symlink, never blocked on a FIFO, never a controlling terminal, never
 inherited by a child (a trainer must not keep its supervisor's lock alive)."""
 BODY_MAX_BYTES = 4096
