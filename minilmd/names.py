@@ -68,7 +68,6 @@ def is_attempt_log(name: str) -> bool:
 TRAINER_LOCK = "trainer.lock"
 """In scratch: the exclusive flock of the one trainer that reads and writes its checkpoints (minilmd/trainer_lock.py),
 holding who took it (pid, host, supervised or by hand)."""
-TRAINER_LOCK_MAX_BYTES = 4096
 
 
 # --- Environment variables -----------------------------------------------------------------------------------------

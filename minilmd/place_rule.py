@@ -147,10 +147,20 @@ def settle_run_dir(run_dir: str | os.PathLike) -> Path:
     A judgement by path and a resolve() later were two looks: another user's link planted in between (at a missing
     /tmp/x on the way) chose another run directory of the victim's, which the supervisor then took over. Every
     directory on the returned path is root's or ours and no one else can rearrange it: that path stays where it is."""
-    home = "" if under_home(run_dir) else ", such as one under your home"
-    fd, real = walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777)
+    fd, real = _walk_run_dir(run_dir)
     os.close(fd)
     return real
+
+
+def open_run_dir(run_dir: str | os.PathLike) -> int:
+    """A descriptor of run.dir, made where missing and judged as settle_run_dir does (the run lock is taken through
+    it: daemon/host/lock.py). PlaceRefused as run_dir_problem words it."""
+    return _walk_run_dir(run_dir)[0]
+
+
+def _walk_run_dir(run_dir: str | os.PathLike) -> tuple[int, Path]:
+    home = "" if under_home(run_dir) else ", such as one under your home"
+    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777)
 
 
 def under_home(path: str | os.PathLike) -> bool:

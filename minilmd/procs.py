@@ -50,6 +50,7 @@ from minilmd.perms import owner_in, signal_uid, user_words
 from minilmd.proc_info import (  # noqa: F401 - here too: the readers the proofs use, asked of procs by its callers
     GONE_STATES,
     catches_signal,
+    flock_holders,
     group_members,
     process_alive,
     process_environ,

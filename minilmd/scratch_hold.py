@@ -13,15 +13,14 @@ descriptor is close-on-exec: no trainer keeps it past its supervisor. Torch-free
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import stat
 import time
 from pathlib import Path
 
+from minilmd import lockfile
 from minilmd.names import SCRATCH_OWNER
-from minilmd.proc_info import flock_holders
+from minilmd.procs import flock_holders
 
 MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """The marker opened for its lock: never through a link, never blocking on a FIFO, never inherited."""
@@ -57,16 +56,15 @@ def hold(scratch: Path) -> None:
     give_up = time.monotonic() + PROBE_WAIT_S
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise
-            if time.monotonic() >= give_up:
-                os.close(fd)
-                raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
-            time.sleep(PROBE_POLL_S)
+            if lockfile.try_flock(fd):
+                break
+        except OSError:
+            os.close(fd)
+            raise
+        if time.monotonic() >= give_up:
+            os.close(fd)
+            raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
+        time.sleep(PROBE_POLL_S)
     if old is not None:
         os.close(old[0])
     _holds[key] = (fd, st.st_dev, st.st_ino)
@@ -94,13 +92,9 @@ def in_use(scratch: Path) -> str | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _in_use_words(Path(scratch), st)
+            return None if lockfile.probe_free(fd) else _in_use_words(Path(scratch), st)
+        except OSError:
             return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
     finally:
         os.close(fd)
 

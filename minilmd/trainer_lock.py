@@ -26,7 +26,9 @@ earlier torchrun's still dying (ranks other than 0 write no checkpoint).
 
 Scratch is the run's own (claimed before this: minilmd/scratch.py), and still opened as minilmd/dirfd.py says: the
 directory walked without a planted link, the lock file opened relative to it without following a link and without
-blocking, a regular file of ours only; its body (who holds it) is read bounded, owner checked, printed, and its
+blocking, a regular file of ours with one link only (minilmd/lockfile.py's checks, as every lock file's: before,
+a hard link planted at its name had its body written into another file of the user's), and the name still leading
+to the file once locked; its body (who holds it) is read bounded, owner checked, printed, and its
 `launch` and `rank` compared with this process's (a match lets a rank of the same job go on beside the holder, never
 a rank 0 beside a rank 0), never trusted for more.
 No room for the lock (ENOSPC, EDQUOT: inodes or bytes, fsio.is_disk_full; another user's files may fill scratch
@@ -35,24 +37,22 @@ after staging) is no refusal: TrainerLockNoRoom, exit 74, the supervisor's wait 
 Torch-free."""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
-import stat
 import threading
 import time
 from pathlib import Path
 
-from minilmd import names
+from minilmd import lockfile, names
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import is_disk_full
-from minilmd.perms import own_uid, owned_by_me
+from minilmd.perms import file_mode
 from minilmd.place_rule import walk_to
 from minilmd.proc_info import process_alive
 from minilmd.roomwords import no_room, top_of
 from minilmd.supervision import supervision
-from minilmd.untrusted import Unreadable, printable, read_json
+from minilmd.untrusted import printable
 
 SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
 JOB_BODY_WAIT_S = 10.0
@@ -137,9 +137,8 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         if isinstance(e, OSError) and is_disk_full(e):
             raise TrainerLockNoRoom(scratch, run_dir, "the scratch directory", e) from None
         raise TrainerLockRefused(f"cannot take the trainer lock in {printable(scratch)}: {e}") from None
-    try:
-        fd, _ = where.open_or_make(names.TRAINER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                   0o666)  # the umask decides, as for every file of the run (run.share)
+    try:  # the mode the umask gives, as for every file of the run (run.share)
+        fd, _ = lockfile.open_lock(where, names.TRAINER_LOCK, mode=file_mode())
     except OSError as e:  # a link (ELOOP), a FIFO's ENXIO aside (O_NONBLOCK): nothing followed, nothing waited on
         where.close()
         if is_disk_full(e):  # no inode (or byte) left: room to wait for, no file to move away
@@ -147,10 +146,9 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: cannot be opened as the trainer lock "
                                  f"({e.strerror or e}); move it away, then start again") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
-            raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: not a regular file of yours, so not "
-                                     "minilmd's trainer lock; move it away, then start again")
+        if problem := lockfile.problem(os.fstat(fd)):  # a hard link too: never another file's body written
+            raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: {problem}, so not minilmd's "
+                                     "trainer lock; move it away, then start again")
         mine = _body(supervised, run_dir, rank, launch)
         if (body := _taken_or_holder(where.fd, fd, rank, launch)) is not None:
             if same_job(body, rank, launch):
@@ -161,8 +159,7 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
                 return
             raise TrainerLockHeld(held_message(body, scratch, run_dir), retried=not body or (
                 body.get("supervised") is True and body.get("run_dir") == str(run_dir))) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, mine, 0)
+        lockfile.write_body(fd, mine)
     except BaseException as e:
         os.close(fd)
         if isinstance(e, OSError) and is_disk_full(e):  # its body had no room
@@ -199,7 +196,7 @@ class _Waiter:
 
     def take(self, body: bytes) -> None:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            lockfile.block_flock(self.fd)
         except OSError:  # not granted (review11c F2): never recorded as held, the holder's body never overwritten
             with _waiting_lock:
                 _waiting.remove(self)
@@ -211,8 +208,7 @@ class _Waiter:
                 os.close(self.fd)
                 return
             try:  # written before it is listed held: release_all never closes it under the write (review11c F3)
-                os.ftruncate(self.fd, 0)
-                os.pwrite(self.fd, body, 0)
+                lockfile.write_body(self.fd, body)
             except OSError:
                 pass
             _held.append(self.fd)
@@ -228,11 +224,11 @@ def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dic
     deadline = time.monotonic() + JOB_BODY_WAIT_S
     gone_deadline = time.monotonic() + GONE_HOLDER_WAIT_S
     while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return None
-        except BlockingIOError:
-            pass
+        if lockfile.try_flock(fd):
+            if lockfile.still_named(dir_fd, names.TRAINER_LOCK, fd):
+                return None
+            raise TrainerLockRefused(f"{names.TRAINER_LOCK}: replaced while it was being locked (someone else "
+                                     "writes this scratch); nothing was read or written, start again")
         body = holder(dir_fd)
         if launch is None and _holder_gone(body) and time.monotonic() < gone_deadline:
             time.sleep(0.05)  # a probe's instant (left_unheld) or a holder just exiting: tried again
@@ -271,12 +267,11 @@ def left_unheld(scratch: Path) -> bool:
     finally:
         where.close()
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:  # held (EWOULDBLOCK): a trainer trains there now
+        return lockfile.probe_free(fd)  # held: a trainer trains there now
+    except OSError:
         return False
     finally:
-        os.close(fd)  # the probe's shared lock goes with it
-    return True
+        os.close(fd)
 
 
 def release_all() -> None:
@@ -291,12 +286,7 @@ def release_all() -> None:
 
 def holder(dir_fd: int) -> dict:
     """Who the lock file says holds it (its body, bounded, owner checked); {} when it cannot be read."""
-    try:
-        body = read_json(names.TRAINER_LOCK, max_bytes=names.TRAINER_LOCK_MAX_BYTES, owner=own_uid(),
-                         dir_fd=dir_fd)
-    except (Unreadable, OSError):
-        return {}
-    return body if isinstance(body, dict) else {}
+    return lockfile.holder(dir_fd, names.TRAINER_LOCK)
 
 
 def held_message(body: dict, scratch: Path, run_dir: Path) -> str:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, replycut, scratch
+from minilmd import checkpoint_dirs, corpus_meta, init_source, lockfile, names, procs, protocol, replycut, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.config import ConfigError
 from minilmd.corpus import chat, chat_files
@@ -26,8 +26,7 @@ from minilmd.corpus.sources import jsonl
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
 from minilmd.daemon.base import runstate
 from minilmd.daemon.child import orphans
-from minilmd.daemon.host import leases, registry
-from minilmd.daemon.host import lock as run_lock
+from minilmd.daemon.host import registry
 from minilmd.daemon.jobs import staging
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.phases import initwait
@@ -141,8 +140,7 @@ def _fd_reader(read: Callable[[int], object]) -> Callable[[Path], object]:
 
 
 FD_READERS = {  # lock and lease files: opened safely by their callers (O_NOFOLLOW, regular), the body parsed here
-    "GPU lease body": leases._read_body,
-    "supervisor.lock body": run_lock._read_body,
+    "lock file body (run, trainer, GPU lease: minilmd/lockfile.py)": lockfile.read_body,
     "prepare lock holder line": prepare_lock._holder_line,
 }
 LINE_READERS = {  # corpus lines and JSON-lines: every line parses or is a bad line

@@ -99,6 +99,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("quarantine", ".mkdir"): 1, ("quarantine", "os.rename"): 1, ("quarantine", ".write_text"): 1}),
     "minilmd/checkpoint_select.py": ("private", PRIVATE_SCRATCH + " (pruning local checkpoints)", {
         ("prune", "os.rename"): 1, ("prune", "shutil.rmtree"): 1}),
+    "minilmd/lockfile.py": ("private", "every lock file (run, trainer, corpus, GPU lease) made O_CREAT|O_EXCL|"
+                            "O_NOFOLLOW at the descriptor of a directory its caller opened checked (dirfd's Dir, the "
+                            "place rule's walk, run.dir opened once), an existing one opened O_NOFOLLOW|O_NONBLOCK "
+                            "there and checked (regular, one link, ours) before it is written", {
+        ("open_lock", "os.open@dir_fd"): 2}),
     "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_multiturn_chat_corpus", "open"): 1}),
     "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),
@@ -112,13 +117,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
     "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
-    "daemon/host/leases.py": ("private", "the GPU lock directory reached and made by the place rule's walk "
-                              "(place_rule.walk_to), then used by descriptor (a new lease file made O_EXCL at it); a "
-                              "lease file of ours reopened writable through /proc/self/fd (the open file already "
-                              "judged, no name looked up again)", {
-        ("_open_in", "os.open"): 1, ("_open_in", "os.open@dir_fd"): 1}),
-    "daemon/host/lock.py": ("gap", RUN_DIR + " (supervisor.lock: O_NOFOLLOW|O_NONBLOCK, by path)", {
-        ("RunLock.acquire", ".mkdir"): 1, ("RunLock.acquire", "os.open"): 1}),
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "
                                 "sticky: no one else may rename or remove this user's entry; a taken name is "
                                 "never replaced: registry.py)", {

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from minilmd import names, trainer_lock
+from minilmd import lockfile, names, trainer_lock
 from minilmd.scratch import ScratchRefused, claim, read_owner
 
 
@@ -129,7 +129,7 @@ def test_a_waiting_rank_0_whose_flock_fails_holds_nothing_and_leaves_the_holders
     def no_lock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(trainer_lock.fcntl, "flock", no_lock)
+    monkeypatch.setattr(lockfile.fcntl, "flock", no_lock)  # the one caller of flock (minilmd/lockfile.py)
     waiter.take(b'{"pid": 99}')
     assert fd not in trainer_lock._held and waiter not in trainer_lock._waiting
     assert lock.read_bytes() == b'{"pid": 1234}'

@@ -22,7 +22,6 @@ comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml_or_reason()` (da
 """
 from __future__ import annotations
 
-import fcntl
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -454,7 +453,7 @@ class GpuAdmission:
         try:
             if not leases.try_lock(lease, exclusive=False):
                 return f"leased by {leases.describe_holder(lease)}"
-            fcntl.flock(lease.fd, fcntl.LOCK_UN)
+            leases.unlock(lease)
             return None
         finally:
             lease.close()

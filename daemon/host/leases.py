@@ -5,7 +5,7 @@ The directory is like /tmp: whoever comes first creates it 01777 (sticky: each u
 their own files in it), and anyone may have made it first, with anything inside. So no name is trusted:
 - every lease file is opened with O_NOFOLLOW (a symlink named like a lease file is refused, never followed),
   O_NONBLOCK (a FIFO planted there cannot block us), O_NOCTTY and close-on-exec, at the lock directory's
-  descriptor;
+  descriptor (minilmd/lockfile.py's open, checks and flock, every lock file's);
 - the lock directory keeps the place rule (minilmd/place_rule.py, the one home of "may another user rearrange
   this directory"): it and every directory above it root's or ours, none another user can rearrange (sticky where
   others may write; a symlink on the way root's or ours, where it leads held to the same rule): the owner of a
@@ -18,27 +18,24 @@ their own files in it), and anyone may have made it first, with anything inside.
   a device or a hard link to some other file is refused;
 - the body (JSON: run, pid, host, since) is written only by the file's owner, when it takes the lease. Any other
   user opens the file read-only and only flocks it (an flock needs no write permission); who holds a lease is the
-  flock's holder in /proc/locks, and the body names its run when that holder wrote it.
+  flock's holder by the kernel's record (minilmd/procs.py flock_holders: /proc/locks, matched on device and inode), and
+  the body names its run when that holder wrote it.
 Nothing here chmods a file it did not create, nor writes or truncates another user's file. Torch-free.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import lockfile
 from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import PlaceRefused, place_problem, walk_to
-from minilmd.proc_info import flock_holders
-from minilmd.untrusted import NO_FOLLOW_NO_BLOCK as OPEN_FLAGS
-from minilmd.untrusted import loads
+from minilmd.procs import flock_holders, process_uids
 
-"""Every open of a lease file (at the lock directory's descriptor)."""
 SHARED_DIR_MODE = 0o1777
 """The lock directory as its first user creates it: every user's runs create their lease files in it, like /tmp."""
 LEASE_MODE = 0o644
@@ -74,21 +71,18 @@ def open_lease(lock_dir: Path, name: str) -> LeaseFile:
 
 def try_lock(lease: LeaseFile, exclusive: bool) -> bool:
     """An flock without waiting: False if another open file holds a conflicting one."""
-    try:
-        fcntl.flock(lease.fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
+    return lockfile.try_flock(lease.fd, exclusive)
+
+
+def unlock(lease: LeaseFile) -> None:
+    lockfile.unlock(lease.fd)
 
 
 def write_body(lease: LeaseFile, body: dict) -> None:
     """Say who holds the lease, in a file of ours; another user's file keeps its body (the holder shows in
     /proc/locks all the same)."""
     if lease.writable:
-        os.ftruncate(lease.fd, 0)
-        os.pwrite(lease.fd, json.dumps(body).encode(), 0)
+        lockfile.write_body(lease.fd, json.dumps(body).encode())
 
 
 def clear_body(lease: LeaseFile) -> None:
@@ -103,15 +97,16 @@ def clear_body(lease: LeaseFile) -> None:
 def describe_holder(lease: LeaseFile) -> str:
     """Who holds this (held) lease: "run X pid Y on HOST" from the body when its writer is the flock's holder,
     else "pid P (user U)" from /proc/locks."""
-    body = _read_body(lease.fd)
+    body = lockfile.read_body(lease.fd)
     st = os.fstat(lease.fd)
-    holders = flock_holders(st)  # the one reader of /proc/locks (minilmd/proc_info.py)
+    holders = flock_holders(st)  # the kernel's record, matched on device and inode (minilmd/procs.py)
     pid = body.get("pid")
     if isinstance(pid, int) and (pid in holders or not holders):
         host = body.get("host")
         return f"run {body.get('run') or '?'} pid {pid}" + (f" on {host}" if host else "")
     if holders:
-        return f"pid {holders[0]} ({user_words(_process_uid(holders[0]))})"
+        uids = process_uids(holders[0])
+        return f"pid {holders[0]} ({user_words(uids[1] if uids else None)})"
     return f"another process (the lease file belongs to {user_words(st.st_uid)})"
 
 
@@ -170,52 +165,31 @@ def _open_dir(path: Path) -> int:
 
 
 def _open_in(dir_fd: int, path: Path, name: str) -> LeaseFile:
+    """The lease file `name` (minilmd/lockfile.py's open and checks): made by us (LEASE_MODE exactly) or opened
+    read-write when it is one we may write, else read-only (another user's: only flocked and read)."""
+    refused: OSError | None = None
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LEASE_MODE, dir_fd=dir_fd)
-    except FileExistsError:
-        pass  # a lease file made earlier, by us or another user (or a symlink: O_EXCL never follows one)
-    else:
-        os.fchmod(fd, LEASE_MODE)  # made just now, by us: readable by every user's runs whatever our umask
-        return LeaseFile(fd, path, writable=True)
-    try:
-        fd = os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
+        fd, _ = lockfile.open_lock(dir_fd, name, mode=LEASE_MODE)
+    except PermissionError as e:  # another user's file, or a directory we may not create in: read-only then
+        refused = e
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise LeaseUnsafe(f"{path} is a symbolic link (never followed: it could point at any file); "
-                              f"{ADVICE}") from None
-        raise
+        raise _unsafe_or(e, path) from None
+    if refused is not None:
+        try:
+            fd, _ = lockfile.open_lock(dir_fd, name, mode=None, write=False)
+        except FileNotFoundError:
+            raise refused from None  # nothing there, and nothing could be made: the directory's refusal
+        except OSError as e:
+            raise _unsafe_or(e, path) from None
     st = os.fstat(fd)
-    problem = None
-    if not stat.S_ISREG(st.st_mode):
-        problem = "is not a regular file"
-    elif st.st_nlink != 1:
-        problem = f"has {st.st_nlink} hard links (it could be another file's name)"
+    problem = lockfile.problem(st, others=True)  # regular, one link: the owner is told apart just below
     if problem:
         os.close(fd)
         raise LeaseUnsafe(f"{path} (of {user_words(st.st_uid)}) {problem}; {ADVICE}")
-    if not owned_by_me(st):
-        return LeaseFile(fd, path, writable=False)  # another user's lease file: flocked and read, never written
-    try:  # our own file: the same open file again, writable (no second lookup of the name)
-        rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return LeaseFile(fd, path, writable=False)
-    os.close(fd)
-    return LeaseFile(rw, path, writable=True)
+    return LeaseFile(fd, path, writable=refused is None and owned_by_me(st))
 
 
-# --- who holds it ----------------------------------------------------------------------------------------------
-
-def _read_body(fd: int) -> dict:
-    try:
-        body = loads(os.pread(fd, 4096, 0) or b"{}", expect=None)  # another user's file: never RecursionError
-    except (OSError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _process_uid(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-
+def _unsafe_or(e: OSError, path: Path) -> Exception:
+    if e.errno == errno.ELOOP:
+        return LeaseUnsafe(f"{path} is a symbolic link (never followed: it could point at any file); {ADVICE}")
+    return e

@@ -8,12 +8,14 @@ the launch id (its supervisor id) in its environment. The descriptor is opened c
 never inherits the lock and cannot keep it alive after its supervisor died. The file is opened without following a
 symlink and checked (a regular file of ours, one link) before anything is written to it: a run directory another
 user can write into must not make the supervisor overwrite some other file through a link planted as
-supervisor.lock. Torch-free.
+supervisor.lock. The protocol (those checks, the non-blocking flock, the body read bounded) is minilmd/lockfile.py's;
+the lock is opened through the run directory's descriptor, a missing run directory made by run.dir's place-rule walk
+(place_rule.open_run_dir): never a mkdir(parents=True) by a path a link planted on the way would redirect.
+Torch-free.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -22,13 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import lockfile
+from minilmd.dirfd import Dir
 from minilmd.names import LOCK
-from minilmd.perms import own_uid, owned_by_me
+from minilmd.perms import published_file_mode
+from minilmd.place_rule import PlaceRefused, open_run_dir
 from minilmd.procs import supervisor_id
-from minilmd.untrusted import NO_FOLLOW_NO_BLOCK as OPEN_FLAGS
-from minilmd.untrusted import loads
-
-"""Never through a symlink, never blocked on a FIFO, never a controlling terminal, never inherited by the trainer."""
 
 
 @dataclass
@@ -61,19 +62,9 @@ class LockUnsafe(RuntimeError):
     """supervisor.lock is not a plain file of ours (a symlink, a FIFO, another user's file): nothing is written."""
 
 
-def _read_body(fd: int) -> LockInfo:
-    """The JSON body of an open lock file; fields are None when the body is empty or unreadable."""
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        raw = os.read(fd, 4096)
-        body = loads(raw, expect=None) if raw.strip() else {}  # bounded depth: never RecursionError
-    except (OSError, ValueError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    pid = body.get("pid")
-    since = body.get("since")
-    launch_id = body.get("launch_id")
+def _info(body: dict) -> LockInfo:
+    """The holder a lock's body names (lockfile.read_body: bounded); fields None when it says nothing of them."""
+    pid, since, launch_id = body.get("pid"), body.get("since"), body.get("launch_id")
     return LockInfo(pid if isinstance(pid, int) else None, str(body.get("host", "")),
                     float(since) if isinstance(since, (int, float)) else None,
                     launch_id if isinstance(launch_id, str) else "")
@@ -93,34 +84,28 @@ class RunLock:
     def acquire(self) -> None:
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                           "launch_id": supervisor_id()}).encode("utf-8")
+        where = _run_dir(self.path.parent)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | OPEN_FLAGS, 0o644)
+            taken = lockfile.take(where, LOCK, body, mode=published_file_mode())
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise LockUnsafe(f"{self.path} is a symbolic link: not followed; remove it (only this run's "
                                  f"supervisor makes that file)") from None
             raise
-        problem = _unusable(os.fstat(fd))
-        if problem:
-            os.close(fd)
-            raise LockUnsafe(f"{self.path} {problem}: not used; remove it (only this run's supervisor makes that "
-                             f"file)")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise
-            info = _read_body(fd)
-            os.close(fd)
+        except lockfile.Unsafe as e:
+            raise LockUnsafe(f"{self.path} {e.problem}: not used; remove it (only this run's supervisor makes that "
+                             f"file)") from None
+        except lockfile.Held as e:
+            info = _info(e.body)
             raise LockHeld(info.pid, info.host, info.since, self.path) from None
-        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                           "launch_id": supervisor_id()})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, body.encode("utf-8"), 0)
-        os.fsync(fd)
-        self._fd = fd
+        except lockfile.Replaced:
+            raise LockUnsafe(f"{self.path} keeps being replaced: not used; check who does it") from None
+        finally:
+            where.close()
+        os.fsync(taken.fd)
+        self._fd = taken.fd
 
     def release(self) -> None:
         """Empty the body (a clean end leaves no stale owner to report) and drop the flock."""
@@ -140,6 +125,20 @@ class RunLock:
         self.release()
 
 
+def _run_dir(run_dir: Path) -> Dir:
+    """The run directory opened once, the lock then opened through it. One there (settled by the supervisor's start,
+    place_rule.settle_run_dir) is opened as it is; a missing one is made by run.dir's place-rule walk (never a
+    mkdir(parents=True) by path, which a link planted on the way redirects). LockUnsafe when the walk refuses."""
+    try:
+        return Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), run_dir)
+    except FileNotFoundError:
+        pass
+    try:
+        return Dir(open_run_dir(run_dir), run_dir)
+    except PlaceRefused as e:
+        raise LockUnsafe(f"{e}: the run lock is not taken there") from None
+
+
 def lock_holder(run_dir: str | os.PathLike, dir_fd: int | None = None) -> LockInfo | None:
     """Who owns the run right now (a live supervisor), or None. Never takes the lock for longer than a probe, and
     never creates the run directory: `minilmd status` and `minilmd stop` use it on directories that may not be runs.
@@ -155,33 +154,16 @@ def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[Lo
     be opened: whether anyone holds it cannot be told (another user's lock of mode 0600)."""
     path = Path(run_dir) / LOCK if dir_fd is None else LOCK
     try:
-        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | lockfile.LOCK_OPEN, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP):
             return None, False  # no lock, or a symlink that no supervisor of ours made
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None, False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _read_body(fd), False
-            raise
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None, True
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, False
+        if lockfile.probe_free(fd):
+            return None, True
+        return _info(lockfile.read_body(fd)), False
     finally:
         os.close(fd)
-
-
-def _unusable(st: os.stat_result) -> str | None:
-    """Why the lock file must not be taken as this run's (not a regular file, another name's, another user's)."""
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_nlink != 1:
-        return f"has {st.st_nlink} hard links (it could be another file's name)"
-    if not owned_by_me(st):
-        return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
-    return None

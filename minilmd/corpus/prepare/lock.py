@@ -12,14 +12,15 @@ it after finds its name gone (or leading elsewhere) and opens the name again. A 
 the holder: a prepare of a big corpus runs for hours, and a command that waits silently that long looks hung.
 
 The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
-following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
-line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise. The parent
-directory is opened once, as a minilmd/dirfd.py `Dir` (a symbolic link followed only when it is the user's own or
-root's), after the rule of every place minilmd writes in: a parent other users can rearrange (writable by them, not
-sticky) is refused (exit 2) unless the user opted in with `--group-share`. Everything prepare makes beside --out
-goes through that descriptor (`lock.parent`); `check_parent` refuses (exit 2) when its name no longer leads there,
-and an append opens the corpus directory through it (`open_locked_dir`), writes through that open directory and
-refuses when `--out` no longer leads to it (`check_same_dir`).
+following a link, without blocking, must be a regular file owned by the current user, with one link, holding nothing
+but a holder line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise
+(minilmd/lockfile.py's checks and body reader, every lock file's). The parent directory is opened once, as a
+minilmd/dirfd.py `Dir` (a symbolic link followed only when it is the user's own or root's), after the rule of every
+place minilmd writes in: a parent other users can rearrange (writable by them, not sticky) is refused (exit 2)
+unless the user opted in with `--group-share`. Everything prepare makes beside --out goes through that descriptor
+(`lock.parent`); `check_parent` refuses (exit 2) when its name no longer leads there, and an append opens the corpus
+directory through it (`open_locked_dir`), writes through that open directory and refuses when `--out` no longer
+leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
@@ -32,15 +33,15 @@ import stat
 import time
 from pathlib import Path
 
+from minilmd import lockfile
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.perms import owned_by_me, user_words
+from minilmd.perms import owned_by_me, published_file_mode, user_words
 from minilmd.place_rule import InTheWay, walk_to
-from minilmd.untrusted import file_kind, loads, printable
+from minilmd.untrusted import file_kind, printable
 
 LOCK_SUFFIX = ".lock"
-HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
-OPEN_TRIES = 100  # opens of the lock name, each after the file just locked was removed by the writer before
+OPEN_TRIES = lockfile.STILL_NAMED_TRIES  # opens of the lock name, each after the file just locked was removed before
 HOLD_FOR_TEST = HOLD_CORPUS_LOCK_ENV  # tests/test_prepare_lock.py
 
 
@@ -123,15 +124,12 @@ class CorpusLock:
     def _open_and_lock(self) -> None:
         """self.fd: the lock file, opened (made when missing) without following a link, locked; ValueError (the
         lock closed) when it is not safe to use or another writer holds it."""
-        import fcntl
-
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         if self.parent is None:  # closed: no directory to open it in
             self.fd = -1
             return
         try:
-            self.fd, self.created = self.parent.open_or_make(name, flags, 0o644)
+            self.fd, self.created = lockfile.open_lock(self.parent, name, mode=published_file_mode())
         except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
@@ -148,9 +146,7 @@ class CorpusLock:
         if problem := self._lock_problem(st):
             self.close()
             raise ValueError(f"{path}: {problem}")
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lockfile.try_flock(self.fd):
             holder = _holder(self.fd)
             self.close()
             raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
@@ -158,10 +154,14 @@ class CorpusLock:
         self.locked = True
 
     def _lock_problem(self, st: os.stat_result) -> str | None:
-        """Why the file `st` describes, at the lock's name, is not a lock file this prepare may use: another user's
-        (named: he made it, and only he or root can remove it) or not a regular file."""
-        if owned_by_me(st) and stat.S_ISREG(st.st_mode):
+        """Why the file `st` describes, at the lock's name, is not a lock file this prepare may use (lockfile.problem):
+        another user's (named: he made it, and only he or root can remove it), not a regular file, or one with more
+        than one link (its body written would be another file's)."""
+        if lockfile.problem(st) is None:
             return None
+        if owned_by_me(st) and stat.S_ISREG(st.st_mode):
+            return (f"the lock file of {self.out} {lockfile.problem(st)}; nothing was changed. Remove it, or choose "
+                    "another --out")
         kind = "" if stat.S_ISREG(st.st_mode) else f"{file_kind(st.st_mode)}, "
         whose = "yours, but not a regular file" if owned_by_me(st) else f"owned by {user_words(st.st_uid)}, not yours"
         return (f"the lock file of {self.out} is {kind}{whose}; nothing was changed. Remove it (or have its owner "
@@ -179,13 +179,7 @@ class CorpusLock:
 
     def _still_named(self) -> bool:
         """Whether the lock file's name (in the directory held open) still leads to the file self.fd locked."""
-        if self.fd < 0:
-            return False
-        try:
-            named = os.stat(lock_name(self.out.name), dir_fd=self.parent_fd, follow_symlinks=False)
-        except OSError:
-            return False
-        return _identity(named) == _identity(os.fstat(self.fd))
+        return self.fd >= 0 and lockfile.still_named(self.parent_fd, lock_name(self.out.name), self.fd)
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -255,14 +249,11 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
 
 def _holder_line(fd: int) -> dict | None:
     """The holder line a writer left in the lock file ({} for an empty file); None for anything else."""
-    data = os.pread(fd, HOLDER_BYTES + 1, 0)
-    if not data:
+    raw = lockfile.read_raw(fd)
+    if not raw:
         return {}
-    try:
-        h = loads(data, expect=None) if len(data) <= HOLDER_BYTES else None  # bounded depth: never RecursionError
-    except ValueError:
-        return None
-    return h if isinstance(h, dict) and {"pid", "host", "command", "since"} <= h.keys() else None
+    h = lockfile.parse_body(raw)
+    return h if h and {"pid", "host", "command", "since"} <= h.keys() else None
 
 
 def _holder(fd: int) -> str:

@@ -1,0 +1,227 @@
+"""The one way minilmd takes a lock file: an flock on a file named in a directory held open (minilmd/dirfd.py's Dir,
+or a descriptor a walk gave), its body saying who holds it.
+
+Four locks use it: the supervisor's run lock (daemon/host/lock.py), the trainer's (minilmd/trainer_lock.py), a
+prepared corpus's (minilmd/corpus/prepare/lock.py) and the GPU leases (daemon/host/leases.py). Before, each wrote
+the protocol itself with different guards: one followed no check of links (a hard link planted at the trainer's
+lock name had the trainer truncate and write another file of the user's), one parsed its holder unbounded, one read
+/proc/locks matching the inode number alone (another device's lock with that number was named as the holder).
+So here, once:
+- `open_lock`: the name opened relative to the directory's descriptor, never through a link (O_NOFOLLOW), never
+  blocking on a FIFO (O_NONBLOCK), never a controlling terminal, close-on-exec; made new (O_EXCL) with an explicit
+  mode (fchmod after the create: the umask does not choose it) when missing;
+- `problem`: what an open lock file must be before it is locked or written: a regular file, with one link (a hard
+  link could be another file's name), the user's own (unless the caller only reads and locks another's: leases);
+- `try_flock`: a non-blocking flock (`block_flock` for the one caller that waits on purpose), `unlock`,
+  `probe_free` (a shared lock taken and let go: nobody holds it);
+- `take`: all of it, and after the lock the "still named" check: the name still leads to the file locked (its
+  maker may have removed it between the open and the flock, prepare's way out), else opened again, STILL_NAMED_TRIES
+  times at most. `Held` (with the holder's body) when another holds it, `Unsafe` when the file is no lock of ours;
+- `read_body` / `holder`: the body read bounded (BODY_MAX_BYTES) and parsed bounded in depth (minilmd/untrusted.py),
+  never trusted for more than words and the caller's own comparisons.
+Who holds an flock by the kernel's record (device and inode, /proc) is minilmd/procs.py's (`flock_holders`,
+`holds_flock`), as is a process's owner. tests/test_one_lockfile.py fails on fcntl.flock or fcntl.lockf called
+anywhere else, and on /proc/locks read outside procs' readers. Torch-free.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from dataclasses import dataclass
+
+from minilmd.dirfd import Dir
+from minilmd.perms import own_uid, owned_by_me
+from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
+
+LOCK_OPEN = NO_FOLLOW_NO_BLOCK
+"""Every open of a lock file: never through a symlink, never blocked on a FIFO, never a controlling terminal, never
+inherited by a child (a trainer must not keep its supervisor's lock alive)."""
+BODY_MAX_BYTES = 4096
+"""What is read of a lock file's body, at most: another user (or a full disk) may have put anything there."""
+STILL_NAMED_TRIES = 100
+"""Opens of the lock name, each after the file just locked was no longer the one the name leads to."""
+BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+"""What flock says when another open file holds a conflicting lock."""
+
+
+class Unsafe(Exception):
+    """The file at the lock's name is not a lock file this process may use: `problem` says why ("is not a regular
+    file", "has 2 hard links ...", "belongs to uid N, not to you (uid M)"), `st` what it is."""
+
+    def __init__(self, problem: str, st: os.stat_result):
+        super().__init__(problem)
+        self.problem, self.st = problem, st
+
+
+class Held(Exception):
+    """Another open file holds the lock; `body`: what its file says of the holder ({} when unreadable or empty)."""
+
+    def __init__(self, body: dict):
+        super().__init__(f"held by {body or 'a holder that has not said who it is'}")
+        self.body = body
+
+
+class Replaced(Exception):
+    """The name kept leading to another file than the one just locked, STILL_NAMED_TRIES times."""
+
+
+@dataclass
+class Taken:
+    fd: int
+    """The lock file, opened read-write and locked: closing it lets the lock go."""
+    created: bool
+    """This process made the file (it may remove it on its way out: prepare's lock)."""
+
+
+def _dir_fd(where: Dir | int) -> int:
+    return where.fd if isinstance(where, Dir) else where
+
+
+def open_lock(where: Dir | int, name: str, *, mode: int | None, write: bool = True) -> tuple[int, bool]:
+    """(descriptor, made now) of the lock file `name` in `where`, opened with LOCK_OPEN; made (O_EXCL, `mode` set
+    exactly) when missing and `mode` is given. OSError as the open says it: ELOOP for a link, ENXIO for a FIFO with
+    no writer, ENOENT when missing and nothing is made."""
+    dir_fd, flags = _dir_fd(where), (os.O_RDWR if write else os.O_RDONLY) | LOCK_OPEN
+    if mode is not None:
+        try:
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            pass  # made earlier (or a link: O_EXCL never follows one, the open below refuses it)
+        else:
+            try:
+                os.fchmod(fd, mode)  # the caller's mode, not what the umask left of it
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd, True
+    return os.open(name, flags, dir_fd=dir_fd), False
+
+
+def problem(st: os.stat_result, *, others: bool = False) -> str | None:
+    """Why the file `st` describes must not be used as a lock file, or None: not a regular file, more than one
+    link, another user's (allowed with `others`: a lease file another user made, only read and locked)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links (it could be another file's name)"
+    if not others and not owned_by_me(st):
+        return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
+    return None
+
+
+def check(fd: int, *, others: bool = False) -> os.stat_result:
+    """The open lock file's stat, or Unsafe (the descriptor left to the caller to close)."""
+    st = os.fstat(fd)
+    if why := problem(st, others=others):
+        raise Unsafe(why, st)
+    return st
+
+
+def try_flock(fd: int, exclusive: bool = True) -> bool:
+    """An flock without waiting: False when another open file holds a conflicting one."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in BUSY:
+            return False
+        raise
+    return True
+
+
+def block_flock(fd: int) -> None:
+    """An exclusive flock, waiting for it (the trainer's rank 0 beside its own job's holder, on purpose)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def probe_free(fd: int) -> bool:
+    """Whether nobody holds the lock: a shared flock taken and let go at once."""
+    if not try_flock(fd, exclusive=False):
+        return False
+    unlock(fd)
+    return True
+
+
+def still_named(where: Dir | int, name: str, fd: int) -> bool:
+    """Whether `name` in `where` still leads to the file `fd` is (device and inode; no link followed)."""
+    try:
+        named = os.stat(name, dir_fd=_dir_fd(where), follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def take(where: Dir | int, name: str, body: bytes | None, *, mode: int, tries: int = STILL_NAMED_TRIES) -> Taken:
+    """The lock `name` in `where` taken (exclusive, not waiting) and its body replaced by `body` (None: left as it
+    is, for a caller that looks at it first). Held when another holds it, Unsafe when the file is no lock of ours
+    (`problem`), Replaced when its name kept leading elsewhere, OSError from the open (see open_lock)."""
+    for _ in range(tries):
+        try:
+            fd, created = open_lock(where, name, mode=mode)
+        except FileNotFoundError:
+            continue  # removed between the create's try and the open: made on the next
+        try:
+            check(fd)
+            if not try_flock(fd):
+                raise Held(read_body(fd))
+            if not still_named(where, name, fd):
+                os.close(fd)  # its maker removed it between our open and our lock: the name again
+                continue
+            if body is not None:
+                write_body(fd, body)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Taken(fd, created)
+    raise Replaced(f"{name}: its lock file keeps being replaced")
+
+
+def write_body(fd: int, body: bytes) -> None:
+    """The held lock's body replaced: who holds it now."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, body, 0)
+
+
+def read_raw(fd: int) -> bytes:
+    """The body's bytes, BODY_MAX_BYTES + 1 at most (one more than a body may be: too long is told apart)."""
+    return os.pread(fd, BODY_MAX_BYTES + 1, 0)
+
+
+def parse_body(raw: bytes) -> dict | None:
+    """The holder a body names ({} when empty), None when it is not one (too long, not a JSON object, too deep)."""
+    if not raw.strip():
+        return {}
+    if len(raw) > BODY_MAX_BYTES:
+        return None
+    try:
+        body = loads(raw, expect=None)  # bounded depth: never RecursionError
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def read_body(fd: int) -> dict:
+    """What the open lock file says of its holder; {} when it says nothing readable."""
+    try:
+        return parse_body(read_raw(fd)) or {}
+    except OSError:
+        return {}
+
+
+def holder(where: Dir | int, name: str, *, others: bool = False) -> dict:
+    """What the lock file `name` in `where` says of its holder, whether or not anyone holds it: {} when it is
+    missing, unsafe (`problem`; `others` as there), or says nothing readable. Nothing is locked or made."""
+    try:
+        fd, _ = open_lock(where, name, mode=None, write=False)
+    except OSError:
+        return {}
+    try:
+        return {} if problem(os.fstat(fd), others=others) else read_body(fd)
+    finally:
+        os.close(fd)
