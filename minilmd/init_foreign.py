@@ -12,7 +12,7 @@ import stat
 
 from minilmd import perms
 from minilmd.dirfd import Dir
-from minilmd.init_model import MOE_MODEL, OUT_PLACEHOLDER, own_place
+from minilmd.init_model import MOE_MODEL, OUT_PLACEHOLDER, OWN_DIR_CODE, OWN_DIR_FILE, own_place
 from minilmd.init_place import Owners, read_in
 from minilmd.names import HF_CONFIG, LATEST, MANIFEST, MODEL_FILE
 from minilmd.untrusted import Unreadable, dir_names, loads, printable
@@ -24,10 +24,11 @@ MAX_LISTED = 4096
 SHOWN = 8
 """The .pth files named at most."""
 
-CONVERT_CODE = ("import sys, torch; from safetensors.torch import load_file; "
-                'torch.save(load_file(sys.argv[1]), open(sys.argv[2], "xb"))')
-"""safetensors to torch.save's .pth: no pickle read; the .pth made by an exclusive create that refuses a file or a
-link there (torch.save by a path writes through a link: hostile audit 8 F1)."""
+CONVERT_CODE = ("import os, sys, torch; from safetensors.torch import load_file; " + OWN_DIR_CODE +
+                "torch.save(load_file(sys.argv[1]), " + OWN_DIR_FILE + ")")
+"""safetensors to torch.save's .pth: no pickle read; the .pth made in a directory of the user's own that no one else
+can write (OWN_DIR_CODE) by an exclusive create that refuses a file or a link there (torch.save by a path writes
+through a link: hostile audit 8 F1)."""
 
 NOT_A_CHECKPOINT = f"a directory without {MANIFEST} (not a checkpoint) and without {LATEST} (not a checkpoint root)"
 

@@ -30,13 +30,30 @@ MINIMIND_LORA_KEYS = (".lora.A.weight", ".lora.B.weight")
 `<layer>.lora.B.weight` (out x rank), on each square Linear of the model (apply_lora), fp16."""
 
 
-MERGE_CODE = ('import sys, torch; b = torch.load(sys.argv[1], weights_only=True); a = torch.load(sys.argv[2], '
-              'weights_only=True); d = {k[:-14] + ".weight": a[k[:-14] + ".lora.B.weight"].float() @ a[k].float() '
-              'for k in a if k.endswith(".lora.A.weight")}; assert d.keys() <= b.keys(), "not this base"; torch.save('
-              '{k: v.half() + d[k].half() if k in d else v.half() for k, v in b.items()}, open(sys.argv[3], "xb"))')
+OWN_DIR_CODE = ('o = os.path.abspath(sys.argv[-1]); p = os.path.dirname(o); dfd = os.open(p, os.O_RDONLY | '
+                'os.O_DIRECTORY); s = os.fstat(dfd); s.st_uid in (0, os.geteuid()) or sys.exit("%s is owned by uid %d, '
+                'not by you nor root: nothing written (its owner could replace the file there); give a directory of '
+                'yours" % (p, s.st_uid)); s.st_mode & 0o022 and sys.exit("%s can be written by other users (mode %o): '
+                'nothing written (they could replace the file there); give a directory only you can write" % (p, '
+                's.st_mode & 0o7777)); ')
+"""The start of a printed command that writes its last argument's file: that file's directory opened once, and
+refused unless it is the user's own or root's and no one else can write it (the rule EVAL_COPY_CODE applies to
+out/, hostile audit 10 F3); `OWN_DIR_FILE` then makes the file in that very directory. The directory printed is
+`own_place`, which passes; this holds for one the user puts for DIR, or one changed before the paste."""
+OWN_DIR_FILE = 'open(os.path.basename(o), "xb", opener=lambda n, f: os.open(n, f, 0o666, dir_fd=dfd))'
+"""The output file, made by an exclusive create (a file or a link there refused, never replaced nor followed) in the
+directory OWN_DIR_CODE checked (0666 less the umask, as open's own)."""
+
+
+MERGE_CODE = ('import os, sys, torch; ' + OWN_DIR_CODE + 'b = torch.load(sys.argv[1], weights_only=True); a = '
+              'torch.load(sys.argv[2], weights_only=True); d = {k[:-14] + ".weight": a[k[:-14] + ".lora.B.weight"]'
+              '.float() @ a[k].float() for k in a if k.endswith(".lora.A.weight")}; assert d.keys() <= b.keys(), '
+              '"not this base"; torch.save({k: v.half() + d[k].half() if k in d else v.half() for k, v in b.items()}, '
+              + OWN_DIR_FILE + ')')
 """MiniMind's merge_lora (each weight plus B A, fp16, no scaling) on the two files' state dicts, with torch alone: both
-loaded weights_only (merge_lora's own torch.load cannot be told to), the merged file made by an exclusive create
-that refuses a file or a link there (torch.save by a path writes through a link: hostile audit 8 F1)."""
+loaded weights_only (merge_lora's own torch.load cannot be told to), the merged file made in a directory of the
+user's own by an exclusive create that refuses a file or a link there (torch.save by a path writes through a link:
+hostile audit 8 F1)."""
 BASE_PLACEHOLDER, OUT_PLACEHOLDER = "BASE.pth", "DIR"
 
 
@@ -123,13 +140,16 @@ def own_file(path: str) -> str:
 def own_place() -> str:
     """Where a printed command writes its output: the current directory when it is the user's own and no one else
     can change it or a directory above it (place_rule's rule), else the home directory when it is; "" for neither.
-    Never the directory of the file given, which may be a team directory whose members plant links."""
+    Never the directory of the file given, which may be a team directory whose members plant links. Not one its
+    group may write either, even a user private group's (umask 002): the pasted command's own check (OWN_DIR_CODE)
+    cannot tell such a group from a team's and refuses it."""
     from minilmd import perms
     from minilmd.place_rule import place_problem
 
     for where in (_cwd(), os.path.expanduser("~")):
         try:
-            mine = bool(where) and perms.owned_by_me(os.lstat(where)) and os.path.isdir(where)
+            st = os.lstat(where) if where else None
+            mine = st is not None and perms.owned_by_me(st) and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022
         except OSError:
             continue
         if mine and not place_problem("the output", where, "the output", "", dir_itself=True):

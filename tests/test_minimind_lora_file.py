@@ -41,7 +41,7 @@ def test_a_minimind_lora_file_as_init_from_is_named_with_the_merge_command(tmp_p
     torch.save(_adapter(64, 2, 8), pth)
     torch.save({}, pth.parent / "full_sft_64.pth")  # the base beside the adapter, as train_lora.py keeps them
     mine = tmp_path / "mine"
-    mine.mkdir()
+    mine.mkdir(mode=0o755)
     monkeypatch.chdir(mine)  # the merged file goes into the current directory, the user's own
     config = write_config(tmp_path, corpus, name="sft", init={"from": str(pth)}, model=TINY_MODEL)
     checked = CliRunner().invoke(app, ["run", "--check", str(config)])
@@ -49,10 +49,11 @@ def test_a_minimind_lora_file_as_init_from_is_named_with_the_merge_command(tmp_p
     said = " ".join(checked.output.split())
     assert "a MiniMind LoRA adapter (model_lora.py's save_lora: rank 8 on 4 Linear layers), not a model" in said
     out = pth.parent
-    assert ("(MiniMindConfig as the base was built, hidden_size=64, num_hidden_layers=2): python -c 'import sys, "
-            "torch; b = torch.load(sys.argv[1], weights_only=True);" in said), said
-    assert f"\"xb\"))' {out}/full_sft_64.pth {out}/lora_identity_64.pth {mine}/lora_identity_merged_64.pth" in said, \
-        said
+    assert ("(MiniMindConfig as the base was built, hidden_size=64, num_hidden_layers=2): python -c 'import os, sys, "
+            "torch; o = os.path.abspath(sys.argv[-1]);" in said), said
+    assert "b = torch.load(sys.argv[1], weights_only=True);" in said, said
+    args = f"{out}/full_sft_64.pth {out}/lora_identity_64.pth {mine}/lora_identity_merged_64.pth"
+    assert f"dir_fd=dfd)))' {args}" in said, said
     assert ("eval_llm.py cannot run it as it is (it applies rank 16 only, apply_lora's default, and this adapter is "
             "rank 8); it runs the merged file: python eval_llm.py --save_dir DIR --weight lora_identity_merged "
             "--hidden_size 64 --num_hidden_layers 2" in said), said

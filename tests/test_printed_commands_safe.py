@@ -188,7 +188,7 @@ def test_the_eval_llm_copy_writes_no_link_of_his_in_a_shared_checkout(tmp_path):
     argv = _command(said)
     assert argv[-3:] == [str(export), "pretrain_64.pth", "&&"], argv
 
-    (team / "out").mkdir()
+    (team / "out").mkdir(mode=0o755)  # root's, as hers are, writable by her alone
     os.symlink(notes, team / "out" / "pretrain_64.pth")
     _his(team / "out" / "pretrain_64.pth", uid)
     replaced = _paste(said, team, tmp_path)  # his link at the name: replaced as an entry, not written through
@@ -223,3 +223,67 @@ def test_the_eval_llm_copy_writes_no_link_of_his_in_a_shared_checkout(tmp_path):
     followed = _paste(said, linked, tmp_path)
     assert followed.returncode == 0 and "eval_llm ran on weights v3" in followed.stdout, followed.stderr
     assert (big / "pretrain_64.pth").read_bytes() == b"weights v3" and (linked / "out").is_symlink()
+
+
+def test_the_eval_llm_copy_lands_in_no_out_directory_another_user_owns_or_can_write(tmp_path):
+    """Hostile audit 10 F3: a plain out/ directory of his (mode 777, in a team checkout) took her copy, replacing his
+    file there, and he could swap it before eval_llm.py's torch.load ran his pickle as her; so could anyone in the
+    group of a group-writable out/, and her own link at out/ could lead to his directory. Now the directory reached
+    must be hers or root's and writable by no one else: each is refused, nothing copied, eval_llm.py not run."""
+    from minilmd.config import ModelSection
+    from minilmd.trainer.model.export import minimind_eval_command
+
+    _, _, _, uid = _place(tmp_path)
+    export = tmp_path / "mm.pth"
+    export.write_bytes(b"her weights")
+    said = minimind_eval_command(export, vars(ModelSection(hidden_size=HIDDEN, num_hidden_layers=2)))
+    assert "that no one else can write" in said, said
+
+    (his_checkout := tmp_path / "his_checkout").mkdir(mode=0o755)
+    (out := his_checkout / "out").mkdir()
+    (out / "pretrain_64.pth").write_bytes(b"his weights")
+    _his(out / "pretrain_64.pth", uid)
+    _his(out, uid)
+    out.chmod(0o777)
+    his = _paste(said, his_checkout, tmp_path)
+    assert his.returncode != 0 and f"out is a directory owned by uid {uid}, not by you nor root" in his.stderr, his
+    assert "eval_llm ran" not in his.stdout and os.listdir(out) == ["pretrain_64.pth"]
+    assert (out / "pretrain_64.pth").read_bytes() == b"his weights"
+
+    (linked := tmp_path / "linked").mkdir()
+    os.symlink(out, linked / "out")  # her own link, to his directory
+    through = _paste(said, linked, tmp_path)
+    assert through.returncode != 0 and f"out is a directory owned by uid {uid}" in through.stderr, through.stderr
+    assert os.listdir(out) == ["pretrain_64.pth"]
+
+    (team := tmp_path / "team_checkout").mkdir()
+    (team / "out").mkdir()
+    (team / "out").chmod(0o2775)  # root's, as hers are, but the group writes it
+    grouped = _paste(said, team, tmp_path)
+    assert grouped.returncode != 0 and "out is a directory other users can write (mode 2775)" in grouped.stderr
+    assert "eval_llm ran" not in grouped.stdout and os.listdir(team / "out") == []
+
+
+def test_the_merge_and_conversion_write_into_no_directory_another_user_owns_or_can_write(tmp_path, monkeypatch):
+    """The same rule for the LoRA merge's and the conversion's output directory (hostile audit 10 F3): a directory
+    she puts for DIR, or one changed before she pastes, that is his or group-writable is refused before anything
+    is loaded, and the directory own_place prints is never one that rule refuses (a 0775 current directory: home)."""
+    from minilmd.init_foreign import CONVERT_CODE
+    from minilmd.init_model import MERGE_CODE, own_place
+
+    _, _, _, uid = _place(tmp_path)
+    (his := tmp_path / "his").mkdir()
+    _his(his, uid)
+    (grouped := tmp_path / "grouped").mkdir()
+    grouped.chmod(0o775)
+    for code, inputs in ((MERGE_CODE, ["base.pth", "lora.pth"]), (CONVERT_CODE, ["model.safetensors"])):
+        refused = _run([sys.executable, "-c", code, *inputs, str(his / "out.pth")], tmp_path)
+        assert refused.returncode != 0 and f"{his} is owned by uid {uid}, not by you nor root" in refused.stderr
+        refused = _run([sys.executable, "-c", code, *inputs, str(grouped / "out.pth")], tmp_path)
+        assert refused.returncode != 0 and f"{grouped} can be written by other users (mode 775)" in refused.stderr
+        assert os.listdir(his) == [] and os.listdir(grouped) == []
+
+    (home := tmp_path / "home").mkdir(mode=0o700)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(grouped)
+    assert own_place() == str(home)

@@ -119,3 +119,34 @@ def test_a_remote_he_makes_after_the_launchs_checks_gets_nothing_and_scratch_kee
     assert (scratch / "checkpoints" / names.step_name(30)).is_dir()  # the run's only copy, kept
     assert run_supervisor(config, tmp_path) == 2  # the restart (systemd's): refused, final
     assert os.listdir(remote) == [] and (scratch / "checkpoints" / names.step_name(30)).is_dir()
+
+
+def test_a_remote_replaced_under_the_run_is_said_replaced_and_gets_nothing(tmp_path, weights, team):
+    """Hostile audit 10 F4: a group member of the team directory above the run's remote moves it away and makes his
+    own at its name (`mv remote remote.stolen; mkdir -m777 remote`). Before, the sync said only that the directory
+    belonged to him; now it says first that run.remote was replaced since this run claimed it (the root's device and
+    inode, recorded in the run's run.dir at the claim: the claim on the remote went with the directory) and that the
+    checkpoints synced before are no longer there, in this process and after a restart alike; nothing is written."""
+    remote, run_dir = team / "remote", tmp_path / "run"
+    run_dir.mkdir()
+    local = tmp_path / "scratch" / "checkpoints"
+    save(local, 10, weights)
+    claim = remote_claim.Claim(run_dir, "r")
+    syncer = Syncer(local, str(remote), EXPECTED, claim=claim, run_dir=run_dir)
+    without_blocking(syncer.sync_newest)
+    claimed = os.stat(remote)
+    assert names.REMOTE_OWNER in os.listdir(remote)
+
+    as_teammate(f"cd {team} && mv remote remote.stolen && mkdir -m 777 remote")
+    save(local, 20, weights)
+    restarted = Syncer(local, str(remote), EXPECTED, claim=claim, run_dir=run_dir)  # its record alone remembers
+    for sync in (syncer, restarted):
+        with pytest.raises(SyncError) as refused:
+            without_blocking(sync.sync_newest)
+        said = str(refused.value)
+        assert (f"run.remote {remote} was replaced since this run claimed it (was {claimed.st_dev}:{claimed.st_ino}, "
+                f"claimed at " in said), said
+        assert "the checkpoints synced before are no longer there" in said, said
+        assert f"belongs to user {_his_name()}" in said, said  # and still refused: nothing written into his directory
+        assert os.listdir(remote) == []
+    assert sorted(os.listdir(team / "remote.stolen")) == [names.LATEST, names.REMOTE_OWNER, "step-00000010"]

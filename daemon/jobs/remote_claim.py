@@ -24,18 +24,26 @@ server where run.dir is the same path (a shared home) name the same run, and so 
 sync never rewrites it, so a run moved to another run.dir (another server, another path; renamed or not) is refused
 by its own remote, as a copy is: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to
 name this run (one rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of
-the run it names is seen, and says so in events.jsonl. Torch-free.
+the run it names is seen, and says so in events.jsonl. A local remote's root is recorded at the claim in the
+run's own run.dir (`record_root`: its inode; the claim on the remote goes with the directory), so that a root moved
+away and replaced since (a team directory's member: `mv remote remote.stolen; mkdir -m777 remote`) is said to be
+replaced, its synced checkpoints gone from there, besides the refusal of his directory (`replaced`). Torch-free.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd import run_owner
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import REMOTE_OWNER
 from minilmd.untrusted import Unreadable, loads, printable
+
+if TYPE_CHECKING:
+    from minilmd.daemon.jobs.remote_local import LocalRemote
 
 
 class ClaimRefused(ValueError):
@@ -175,6 +183,38 @@ def still_ours(store: RemoteStore, claim: Claim) -> str | None:
     if owner is None:
         return f"{store.show(REMOTE_OWNER)} is gone"
     return None if run_owner.is_run(owner, claim.run_dir) else f"it names {run_owner.describe(owner)}"
+
+
+# --- the root this run claimed: a local remote replaced under it (hostile audit 10 F4) ------------------------------
+
+def replaced(store: LocalRemote) -> str:
+    """Why the root at run.remote's path is not the directory this run claimed and synced into: another inode there
+    now than the one recorded at the claim (remote_made.Made.claim_root, in the run's run.dir: the claim on the
+    remote went with the directory); "" when it is the same, or nothing was recorded, or nothing is there. Compared
+    by inode alone: a share mounted again may give its files another device number. A group member of a team
+    directory above the remote can `mv remote remote.stolen; mkdir -m777 remote`: the refusal of his directory then
+    names him alone, and nothing said that the run's synced checkpoints were gone from run.remote."""
+    claimed, now = store.made.root_claimed(), store.root_identity_now()
+    if claimed is None or now is None or claimed[0] != store.root or claimed[2] == now[1]:
+        return ""
+    _, dev, ino, when = claimed
+    return (f"run.remote {store.root} was replaced since this run claimed it (was {dev}:{ino}, claimed at {when}; "
+            f"{now[0]}:{now[1]} now): the checkpoints synced before are no longer there (moved away or removed by "
+            f"whoever can write the directory above it: look beside it)")
+
+
+def record_root(store: LocalRemote, log: Callable[[str], None]) -> None:
+    """Once the remote is this run's (ensure): the root's identity recorded when it is new to the record, and a root
+    replaced by a directory the place rule accepts (this user's own: the run claimed it anew) said in the log."""
+    now = store.root_identity()
+    claimed = store.made.root_claimed()
+    if claimed is not None and claimed[:3] == (store.root, *now):
+        return
+    if claimed is not None and claimed[0] == store.root and claimed[2] != now[1]:
+        _, dev, ino, when = claimed
+        log(f"sync: run.remote {store.root} was replaced since this run claimed it (was {dev}:{ino}, claimed at "
+            f"{when}): the checkpoints synced before are no longer there; this run syncs to the directory there now")
+    store.made.claim_root(store.root, now, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
 
 def _steps(store: RemoteStore) -> list[str]:

@@ -116,6 +116,19 @@ class LocalRemote(Publishing, Remote):
             self._dir = fresh
             return fresh
 
+    def root_identity(self) -> remote_made.Identity:
+        """(device, inode) of the root as opened and checked (`_root`)."""
+        return self._root().identity
+
+    def root_identity_now(self) -> remote_made.Identity | None:
+        """(device, inode) of what stands at the root's path now, whatever the place rule says of it (words only:
+        remote_claim.replaced); None when nothing is there or it cannot be looked at."""
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _close_stale(self) -> None:
         """The descriptors of roots replaced before this sync's start closed: each would keep a share unmounted
         lazily (umount -l) busy, one more at every replacement, for as long as the run lasts."""

@@ -50,6 +50,9 @@ SCRATCH_RECORD = ".remote-made.json"
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
+RootClaimed = tuple[str, int, int, str]
+"""(run.remote's root path, its device, its inode, when this run recorded it): the directory this run's syncs claimed
+and wrote into (daemon/jobs/remote_claim.py `replaced`)."""
 
 
 def run_record(run_dir: Path) -> Path:
@@ -80,7 +83,8 @@ class Made:
     so that the next sync after a kill, or a reboot, removes the half copy the cut one left; None: in this process
     only. `was_at`: where an older minilmd kept the run's record (scratch_record), joined into `path` and removed the
     first time the record is read. Read again before each change and each proof: another Syncer of the run in this
-    process (the fetch's, the last sync's) may have written it since."""
+    process (the fetch's, the last sync's) may have written it since. It also keeps the root the run claimed
+    (`claim_root`: remote_claim.record_root, for remote_claim.replaced)."""
 
     def __init__(self, path: Path | None = None, was_at: Path | None = None):
         self.path = path
@@ -89,13 +93,25 @@ class Made:
         """Where the record goes while run.dir is full (ENOSPC, EDQUOT) or removed: scratch's place, read back into
         `path` at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
+        self._root: RootClaimed | None = None
 
     def _current(self) -> set[Entry]:
         if self.path is not None:
-            self._entries = _load(self.path)
+            self._entries, self._root = _load(self.path)
             if self.was_at is not None:
                 self._adopt_old()
         return self._entries
+
+    def root_claimed(self) -> RootClaimed | None:
+        """The root this run's syncs claimed and wrote into, as recorded (`claim_root`); None before."""
+        self._current()
+        return self._root
+
+    def claim_root(self, root: str, identity: Identity, when: str) -> None:
+        """The remote's root `root` is `identity` (device, inode) since `when`: recorded durably, as `record` is."""
+        self._current()
+        self._root = (root, *identity, when)
+        self._save()
 
     def _adopt_old(self) -> None:
         """The record an older minilmd kept in scratch, read once: what it holds is written at `path` first, then it
@@ -118,7 +134,9 @@ class Made:
         run.dir full, to `fallback`, which the next read joins into `path`."""
         if self.path is None:
             return True
-        made = {"made": sorted([list(e) for e in self._entries])}
+        made: dict = {"made": sorted([list(e) for e in self._entries])}
+        if self._root is not None:
+            made["root"] = list(self._root)
         try:
             atomic_write_json(self.path, made)
             fsync_dir(self.path.parent)
@@ -165,19 +183,32 @@ class Made:
         return str(self.path) if self.path is not None else "this process"
 
 
-def _load(path: Path) -> set[Entry]:
-    """The record as written; none when there is none, or it is not this user's regular file of the right shape
-    (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
+def _load(path: Path) -> tuple[set[Entry], RootClaimed | None]:
+    """The record as written, and the root it names; none when there is none, or it is not this user's regular file
+    of the right shape (nothing is removed on its word then: what it would have proven is left, and said where it
+    is met)."""
     try:
-        return _read(path)
+        found = _parsed(path)
     except Unreadable:
-        return set()
+        return set(), None
+    root = found.get("root")
+    if not (isinstance(root, list) and len(root) == 4 and isinstance(root[0], str) and isinstance(root[3], str)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in root[1:3])):
+        return _entries(found), None
+    return _entries(found), (root[0], root[1], root[2], root[3])
 
 
 def _read(path: Path) -> set[Entry]:
     """The entries of the record at `path` (its rows of another shape skipped); Unreadable when there is none, or
     it is not this user's regular file holding a JSON object."""
-    found = loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
+    return _entries(_parsed(path))
+
+
+def _parsed(path: Path) -> dict:
+    return loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
+
+
+def _entries(found: dict) -> set[Entry]:
     rows = found.get("made")
     if not isinstance(rows, list):
         return set()

@@ -142,7 +142,7 @@ class Syncer(CopyUp, Fetcher):
 
     def _sync_newest(self, started: float) -> SyncResult:
         remote = self.remote
-        remote.makedirs()
+        self._make_root(remote)
         self._ensure_claim()
         sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
                                         remote_claim.encoded(self.claim) if self.claim is not None else None)
@@ -176,6 +176,17 @@ class Syncer(CopyUp, Fetcher):
         self._point_latest(name, scan, verify=True)
         return self._finish(remote_newest, scan, verified=True, copied=False, nbytes=0, started=started)
 
+    @staticmethod
+    def _make_root(remote: RemoteStore) -> None:
+        """remote.makedirs(); its refusal of the root (another user's directory at run.remote's path now) says first
+        that the root was replaced since this run claimed it, when it was (remote_claim.replaced)."""
+        try:
+            remote.makedirs()
+        except ValueError as e:  # PlaceRefused
+            if isinstance(remote, LocalRemote) and (why := remote_claim.replaced(remote)):
+                raise type(e)(f"{why}; and {e}") from None
+            raise
+
     def _ensure_claim(self) -> None:
         """The remote is this run's before anything is copied there or removed: claimed now when it is nobody's
         (remote_claim.ensure), SyncError when another run's (retried: nothing is written meanwhile)."""
@@ -186,6 +197,8 @@ class Syncer(CopyUp, Fetcher):
                 self.log(f"sync: claimed {self.remote_url} for this run ({self.remote.show(REMOTE_OWNER)})")
         except remote_claim.ClaimRefused as e:
             raise RemoteNotOurs(f"sync to {self.remote_url} refused: {e}") from None
+        if isinstance(self.remote, LocalRemote):
+            remote_claim.record_root(self.remote, self.log)
 
     def _claim_refused(self) -> str | None:
         """Why the fetch may take nothing from the remote (another run's claim); None also when the claim cannot be

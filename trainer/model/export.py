@@ -169,14 +169,18 @@ def minimind_weight(listed: frozenset[str], chat: bool) -> str:
 
 
 EVAL_NEW_TOKENS = 100  # the answer length the printed eval_llm.py command asks for (its default: 8192)
-EVAL_COPY_CODE = ('import os, shutil, stat, sys; os.path.lexists("out") or os.mkdir("out"); l = os.open("out", '
-                  'os.O_PATH | os.O_NOFOLLOW); s = os.fstat(l); link = stat.S_ISLNK(s.st_mode); link and s.st_uid not '
-                  'in (0, os.geteuid()) and sys.exit("out is a link owned by uid %d, not by you nor root: not '
-                  'followed, nothing copied" % s.st_uid); d = os.open(os.readlink("", dir_fd=l), os.O_RDONLY | '
-                  'os.O_DIRECTORY) if link else os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=l); r = '
-                  'open(sys.argv[1], "rb"); t = ".%s.%d.partial" % (sys.argv[2], os.getpid()); w = open(t, "xb", '
-                  'opener=lambda p, f: os.open(p, f, 0o644, dir_fd=d)); shutil.copyfileobj(r, w); w.close(); '
-                  'os.rename(t, sys.argv[2], src_dir_fd=d, dst_dir_fd=d)')
+EVAL_COPY_CODE = ('import os, shutil, stat, sys; os.path.lexists("out") or os.mkdir("out", 0o755); l = '
+                  'os.open("out", os.O_PATH | os.O_NOFOLLOW); s = os.fstat(l); link = stat.S_ISLNK(s.st_mode); '
+                  'link and s.st_uid not in (0, os.geteuid()) and sys.exit("out is a link owned by uid %d, not by '
+                  'you nor root: not followed, nothing copied" % s.st_uid); d = os.open(os.readlink("", dir_fd=l), '
+                  'os.O_RDONLY | os.O_DIRECTORY) if link else os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=l); '
+                  's = os.fstat(d); s.st_uid in (0, os.geteuid()) or sys.exit("out is a directory owned by uid %d, '
+                  'not by you nor root: nothing copied (its owner could swap the copy before eval_llm.py loads it)" '
+                  '% s.st_uid); s.st_mode & 0o022 and sys.exit("out is a directory other users can write (mode %o): '
+                  'nothing copied (they could swap the copy before eval_llm.py loads it; chmod go-w out if it is '
+                  'yours alone)" % stat.S_IMODE(s.st_mode)); r = open(sys.argv[1], "rb"); t = ".%s.%d.partial" % '
+                  '(sys.argv[2], os.getpid()); w = open(t, "xb", opener=lambda p, f: os.open(p, f, 0o644, dir_fd=d)); '
+                  'shutil.copyfileobj(r, w); w.close(); os.rename(t, sys.argv[2], src_dir_fd=d, dst_dir_fd=d)')
 """The copy of the export into the checkout's out/, with Python alone. out/ is made when missing; a link at out/ is
 followed only when it is the user's own or root's (perms.own_link's rule: `out -> /data/big/out` is common), read
 from the link itself (O_PATH, no second lookup by name), and one of another user's is refused. The bytes go to a
@@ -184,7 +188,12 @@ fresh name inside out/ (an exclusive create: nothing there is written through) a
 a rename replaces a file or a link there as a directory entry and never follows it, so a second export's copy
 lands (review11b F1: the exclusive create at the name itself refused it, and the eval then ran the old weights) and
 a link a teammate planted at out/NAME is replaced, not written through (hostile audit 9 F4: `mkdir -p out && cp X
-out/NAME` replaced her 0600 notes). A copy that fails midway (a full disk) leaves its .NAME.PID.partial there."""
+out/NAME` replaced her 0600 notes). The directory reached, out/ or where the link leads, must be the user's own or
+root's and writable by no one else (hostile audit 10 F3: another user's out/, mode 777 in a team checkout, took the
+copy, replacing his file there, and he could swap it before eval_llm.py's torch.load ran his pickle as her); a
+group-writable one counts as others' even for a user private group (umask 002): the pasted code cannot tell, and
+`chmod go-w out` is the way out it names. out/ is made 0755 (less the umask) so that a fresh one passes. A copy
+that fails midway (a full disk) leaves its .NAME.PID.partial there."""
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False,
@@ -214,9 +223,10 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool
     return (f"In a MiniMind checkout of your own (eval_llm.py loads out/{name} with torch.load, pickles and all: "
             f"in a shared checkout whoever can write its out/ chooses what it runs), in the directory of its "
             f"eval_llm.py (its model/ must hold the tokenizer this run used, MiniMind's own for a run prepared with "
-            f"it); the copy replaces out/{name} by a rename (a link there is replaced, never written through) and "
-            f"follows out/ only when it is a link of yours or root's; eval_llm.py runs only after the copy succeeded "
-            f"(&&); `echo 0` answers its stdin question (0: its own test prompts; 1: type yours), --max_new_tokens "
+            f"it); the copy replaces out/{name} by a rename (a link there is replaced, never written through), "
+            f"follows out/ only when it is a link of yours or root's, and copies only into an out/ of yours or root's "
+            f"that no one else can write; eval_llm.py runs only after the copy succeeded (&&); `echo 0` answers its "
+            f"stdin question (0: its own test prompts; 1: type yours), --max_new_tokens "
             f"{EVAL_NEW_TOKENS} bounds each answer:\n"
             f"  python -c {shlex.quote(EVAL_COPY_CODE)} {shlex.quote(os.path.abspath(pth))} {name} &&\n"
             f"  echo 0 | python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size "
