@@ -17,7 +17,7 @@ from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.child.policy import backoff_seconds
-from minilmd.daemon.jobs import remotewait
+from minilmd.daemon.jobs import keptcopy, remotewait
 from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
 
@@ -90,6 +90,8 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
+        if brought := keptcopy.bring_back(self.cfg, expected):  # an earlier job's unsynced newest, kept in run.dir
+            self.emit("fetch", brought)
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
