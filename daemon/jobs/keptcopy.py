@@ -10,7 +10,8 @@ root's descriptor; read back against the manifest before it is renamed into plac
 run.dir and only that ever removed; one copy at most: retention keeps one). The next start's staging fetches it back
 into scratch (`bring_back`: downloaded, hashed and validated as any fetch) when it is newer than scratch's, before
 the remote's older one is looked at, so the trainer resumes from it and the ordinary sync pushes it; once the remote
-holds that step it is removed (`drop_if_synced`). Torch-free; the Syncer (numpy) is loaded only when a copy is made
+holds that step it is removed (`drop_if_synced`: at the run's end, and at a start whose state.json records that
+step or a newer one synced). Torch-free; the Syncer (numpy) is loaded only when a copy is made
 or read.
 """
 from __future__ import annotations

@@ -90,8 +90,9 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
-        if brought := keptcopy.bring_back(self.cfg, expected):  # an earlier job's unsynced newest, kept in run.dir
-            self.emit("fetch", brought)
+        synced = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
+        if said := keptcopy.drop_if_synced(self.cfg, synced) or keptcopy.bring_back(self.cfg, expected):
+            self.emit("fetch", said)  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self.syncer_for(expected), self.cfg.checkpoint_dir,
