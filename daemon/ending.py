@@ -216,6 +216,9 @@ class Ending:
         self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
                                                                sync_problem, request.words() if request else "")
         if problem:
+            if sync_problem and not self.slurm.sync_cut and not self.room.stopping:  # kept in run.dir all the same
+                problem = unsynced_end.at_preemption(self.slurm, self.cfg, self.sync, self.state, self.events.emit,
+                                                     problem, sync_problem)
             self._fail(protocol.SUPERVISOR_RETRY, problem)
             return
         if self.slurm.sync_cut and not requeue:  # stopped or cancelled for good: the cut is this run's last word
