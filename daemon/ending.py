@@ -21,12 +21,14 @@ from minilmd import names, protocol, scratch, scratch_hold
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base.knobs import Knobs
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -34,7 +36,7 @@ from minilmd.daemon.loopstate import SupervisorState
 from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
-from minilmd.daemon.slurm import lastsynccut
+from minilmd.daemon.slurm import lastsynccut, unsynced_end
 from minilmd.daemon.slurm.job import SlurmJob
 
 SAVE_CUT_REAP_S = 2.0
@@ -57,6 +59,7 @@ class Ending:
     staging: StagingWorker
     slurm: SlurmJob | None
     notifier: Notifier
+    knobs: Knobs
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py; _on_child_end: daemon/attempt.py)
         @property
@@ -110,7 +113,8 @@ class Ending:
             self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
                                      f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
         waits = not (self.loop.stop_requested or self.room.stopping) and \
-            lastsynccut.may_wait(self.slurm, self.state.since or now())  # a Slurm job's allocation: not for ever
+            lastsynccut.may_wait(self.slurm, self.state.since or now(),  # a Slurm job's allocation: not for ever
+                                 wait_s=self.knobs.final_sync_wait_s)
         problem = self.sync.final_sync(self.staging.staged, waits)
         if problem is not None:
             self._finish(problem)
@@ -139,6 +143,9 @@ class Ending:
                                 f"checkpoint in it (saved elsewhere); nothing in it is given back"
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
             return
+        if not sync_problem and self.cfg.run.remote and \
+                (dropped := keptcopy.drop_if_synced(self.cfg, self._remote_step())):
+            self.events.emit("sync", dropped)  # an earlier job's unsynced checkpoint, kept in run.dir: synced now
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
         if self.slurm and self.cfg.scratch_is_default:  # $TMPDIR or /dev/shm of the job's node
             kept += ", this Slurm job's node-local scratch, which the job's end may wipe: the next start resumes " \
@@ -147,6 +154,9 @@ class Ending:
             self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
             if self.slurm.preempted_by:
                 self._finish_preempted(sync_problem)
+                return
+            if sync_problem and not self.slurm.sync_cut and not self.loop.stop_requested and not self.room.stopping:
+                self._finish_unsynced(sync_problem)  # kept in run.dir, requeued: never lost with the node's scratch
                 return
         # a trainer that ended done (budget reached, or early_stop) has finished: a stop that came during its last
         # sync, that sync done, changes nothing (recorded "stopped", a later stage's init.from waited for ever)
@@ -206,6 +216,9 @@ class Ending:
         self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
                                                                sync_problem, request.words() if request else "")
         if problem:
+            if sync_problem and not self.slurm.sync_cut and not self.room.stopping:  # kept in run.dir all the same
+                problem = unsynced_end.at_preemption(self.slurm, self.cfg, self.sync, self.state, self.events.emit,
+                                                     problem, sync_problem)
             self._fail(protocol.SUPERVISOR_RETRY, problem)
             return
         if self.slurm.sync_cut and not requeue:  # stopped or cancelled for good: the cut is this run's last word
@@ -216,6 +229,22 @@ class Ending:
         if requeue and (problem := self.slurm.requeue()) is not None:
             self.loop.exit_status = protocol.SUPERVISOR_RETRY
             self.state.record_error(problem)
+            self.state.save()
+
+    def _finish_unsynced(self, sync_problem: str) -> None:
+        """A Slurm job's last sync that could not finish within the job (daemon/slurm/unsynced_end.py): requeued,
+        its outcome in state.json before `scontrol requeue` as after a preemption; else failed, saying where."""
+        assert self.slurm is not None
+        end = unsynced_end.plan(self.slurm, self.cfg, self.sync, self.state, self.events.emit, sync_problem)
+        if not end.requeue:
+            self._fail(protocol.SUPERVISOR_RETRY, end.words)
+            return
+        self.loop.ended = protocol.ENDED_REQUEUED
+        self._go(Phase.DONE, end.words)
+        self.files.record_outcome(self.loop.exit_status, Phase.DONE, self.loop.ended)
+        if (problem := self.slurm.requeue()) is not None:
+            self.loop.exit_status = protocol.SUPERVISOR_RETRY
+            self.state.record_error(f"{problem}: resubmit the job; {end.words}")
             self.state.save()
 
     # --- the end ------------------------------------------------------------------------------------------------------

@@ -184,7 +184,8 @@ class Supervisor(Attempt, Ending):
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
         self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
                              own_pids=lambda: orphans.find_orphans(self.run_dir))
-        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox, knobs.read())  # preflight judged
+        self.knobs = knobs.read()  # preflight judged them
+        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.knobs)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng, fresh=self.fresh, stalled_after_s=self.sync.stalled_after_s)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)

@@ -93,6 +93,9 @@ PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
 SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
 """How long a running sync runs before it shows as "stalled" in status (a duration: default 120 s;
 daemon/base/knobs.py)."""
+FINAL_SYNC_WAIT_ENV = "MINILMD_FINAL_SYNC_WAIT"
+"""How long a Slurm job's last sync may wait for room or for run.remote's owner record before the job gives up on
+it (a duration: default 15 min; daemon/base/knobs.py, daemon/slurm/lastsynccut.py)."""
 LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
 """Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
 that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes

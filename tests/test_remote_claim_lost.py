@@ -25,6 +25,7 @@ from minilmd.config import load_config
 from minilmd.daemon.child.process import TRAINER_CMD_ENV
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.gpu import GpuAdmission
+from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.init_source import predecessor, predecessor_report
 from minilmd.protocol import how_ended
@@ -244,4 +245,6 @@ def test_slurms_usr1_during_the_owner_record_wait_ends_failed_not_finished(teamm
     assert "refused" in after["reason"] and "owner.json" in after["reason"], after["reason"]
     assert "requeue" not in calls.read_text(), calls.read_text()  # a requeued job would wait the same again
     assert (tmp_path / "s" / "scratch" / "checkpoints").is_dir()  # the last checkpoint is kept where it is
+    kept = run_dir / keptcopy.KEPT_DIR  # and in run.dir, which the job's end never wipes (daemon/jobs/keptcopy.py)
+    assert (kept / names.step_name(30)).is_dir() and str(kept) in after["reason"], after["reason"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -25,39 +24,11 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.slurm import jobend
 from reliability_helpers import event_texts
+from slurm_helpers import job_line, remote_step, slurm_env
 from supervisor_helpers import env_for, start_supervisor, state, wait_for, wait_or_kill, write_config
 
-FAKE_SCONTROL = """#!/bin/sh
-case "$1 $2" in
-  "show hostnames") echo node01 ;;
-  "show job") echo "JobId=$4 $(cat "$FAKE_SLURM_JOB_FILE")" ;;
-  "requeue "*) echo "requeue $2" >> "$FAKE_SLURM_CALLS"
-              if [ -n "$FAKE_SLURM_STATE" ]; then cp "$FAKE_SLURM_STATE" "$FAKE_SLURM_CALLS.state"; fi ;;
-esac
-"""
 DEADLINE_AFTER_S = 20.0
 """The last sync's deadline this long after the USR1: time for the fake trainer's save and the copy to begin."""
-
-
-def slurm_env(tmp: Path, restarts: int) -> dict:
-    bin_dir = tmp / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
-    (bin_dir / "scontrol").chmod(stat.S_IRWXU)
-    (tmp / "node-tmp").mkdir(exist_ok=True)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", names.SLURM_JOB_ENV: "42", "SLURM_JOB_NODELIST": "node01",
-            "SLURM_RESTART_COUNT": str(restarts), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp / "node-tmp"),
-            "FAKE_SLURM_JOB_FILE": str(tmp / "job-line"), "FAKE_SLURM_CALLS": str(tmp / "scontrol-calls"),
-            "FAKE_STEP_S": "0.05"}
-
-
-def job_line(tmp: Path, restarts: int, end: float) -> None:
-    (tmp / "job-line").write_text(f"JobState=RUNNING Reason=None Restarts={restarts} "
-                                  f"EndTime={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(end))}\n")
-
-
-def remote_step(run_dir: Path) -> int:
-    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The supervisor's environment knobs, in one place: how long a sync (or a staging read, or a remote fetch) may run
-before status calls it stalled, and how long a failing remote is waited for before scratch is pruned without a sync.
-Tests and impatient operators shorten them (docs/failure-modes.md).
+before status calls it stalled, how long a failing remote is waited for before scratch is pruned without a sync,
+and how long a Slurm job's last sync may wait. Tests and impatient operators shorten them (docs/failure-modes.md).
 
 Read once where the run starts (`minilmd run` and `run --check`: daemon/preflight.py), never at import: a value the
 duration parser does not take ("2 min"), or one out of its range, is a config error naming the variable (exit 2),
@@ -31,12 +31,16 @@ shows as stalled (it keeps running in its thread); a sync still stalled so when 
 Below a second every healthy copy would be called stalled; past a day a hung mount would go unsaid."""
 PRUNE_UNSYNCED_AFTER = Knob(names.PRUNE_UNSYNCED_AFTER_ENV, default_s=60.0, min_s=1.0, max_s=7 * 86400.0)
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
+FINAL_SYNC_WAIT = Knob(names.FINAL_SYNC_WAIT_ENV, default_s=15 * 60.0, min_s=1.0, max_s=86400.0)
+"""A Slurm job's last sync waits this long for room or for its owner record (daemon/slurm/lastsynccut.py
+FINAL_SYNC_WAIT_S): the wait holds the whole allocation."""
 
 
 @dataclass(frozen=True)
 class Knobs:
     sync_stalled_after_s: float = SYNC_STALLED_AFTER.default_s
     prune_unsynced_after_s: float = PRUNE_UNSYNCED_AFTER.default_s
+    final_sync_wait_s: float = FINAL_SYNC_WAIT.default_s
 
 
 DEFAULTS = Knobs()
@@ -78,4 +82,5 @@ def read(environ: Mapping[str, str] | None = None) -> Knobs:
 
 def _read(environ: Mapping[str, str], found: list[str]) -> Knobs:
     return Knobs(sync_stalled_after_s=_seconds(SYNC_STALLED_AFTER, environ, found),
-                 prune_unsynced_after_s=_seconds(PRUNE_UNSYNCED_AFTER, environ, found))
+                 prune_unsynced_after_s=_seconds(PRUNE_UNSYNCED_AFTER, environ, found),
+                 final_sync_wait_s=_seconds(FINAL_SYNC_WAIT, environ, found))

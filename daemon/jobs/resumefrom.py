@@ -114,11 +114,24 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {moved}"] if done and (moved := _moved_on(cfg, start)) else []
         said += [f"note: {p}" for p in start.passed_by]
+        said += [f"note: {kept}"] if not refused and (kept := _kept_over(cfg, start)) else []
         said += [f"note: {start.unlooked}"] if start.unlooked else []
         said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
         said += [f"note: {rate}"] if start.changes and start.step and (rate := _rate_change(cfg, start)) else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
+
+
+def _kept_over(cfg: RunConfig, start: Start) -> str:
+    """The note for a checkpoint an earlier Slurm job kept in run.dir (daemon/jobs/keptcopy.py) newer than the
+    start found: staging fetches it and resumes from it when it verifies; "" when there is none such."""
+    from minilmd.daemon.jobs import keptcopy
+
+    kept = keptcopy.kept_step(cfg)
+    if kept is None or (start.step is not None and start.step >= kept):
+        return ""
+    return (f"step {kept} is kept in {keptcopy.place(cfg)} (an earlier Slurm job's last sync could not put it on "
+            f"run.remote): staging fetches it into scratch and resumes from it instead, once it verifies")
 
 
 def find(cfg: RunConfig, remote_root: str | None) -> Start:

@@ -18,7 +18,7 @@ from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.child.policy import backoff_seconds
-from minilmd.daemon.jobs import remotewait
+from minilmd.daemon.jobs import keptcopy, remotewait
 from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.names import step_of
 from minilmd.run_states import StagingState, SyncState
@@ -110,6 +110,9 @@ class StagingFetch:
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
         self.none_valid = False
+        synced = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
+        if said := keptcopy.drop_if_synced(self.cfg, synced) or keptcopy.bring_back(self.cfg, expected):
+            self.emit("fetch", said)  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self._syncer(expected), self.cfg.checkpoint_dir,

@@ -21,23 +21,25 @@ from collections.abc import Callable
 
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.base.runstate import now
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.slurm.job import SlurmJob
 
-FINAL_SYNC_WAIT_S = 15 * 60.0
-"""How long a Slurm job's last sync may wait (for room on run.remote, for its owner record: SyncWorker.final_sync)
-from the run's entering `stopping`. On one server that wait holds nothing but the supervisor; in a Slurm job it holds
-the whole allocation, idle, until the time limit (hours, days), and what it waits for takes a person. 15 minutes
-rides out a cleanup or a teammate's fix under way, at the cost of a quarter hour of the nodes; then the job ends
-`failed` (non-final, exit SUPERVISOR_RETRY), not requeued, its reason saying where the last checkpoint is."""
+FINAL_SYNC_WAIT_S = knobs.FINAL_SYNC_WAIT.default_s
+"""By default (MINILMD_FINAL_SYNC_WAIT sets it: daemon/base/knobs.py), how long a Slurm job's last sync may wait
+(for room on run.remote, for its owner record: SyncWorker.final_sync) from the run's entering `stopping`. On one
+server that wait holds nothing but the supervisor; in a Slurm job it holds the whole allocation, idle, until the time
+limit (hours, days), and what it waits for takes a person. 15 minutes rides out a cleanup or a teammate's fix under
+way, at the cost of a quarter hour of the nodes; then the newest checkpoint the remote lacks is kept in run.dir and
+the job requeued, or ends saying where it is (daemon/slurm/unsynced_end.py)."""
 
 
-def may_wait(slurm: SlurmJob | None, stopping_since: float, clock: Callable[[], float] = now) -> bool:
+def may_wait(slurm: SlurmJob | None, stopping_since: float, clock: Callable[[], float] = now,
+             wait_s: float = FINAL_SYNC_WAIT_S) -> bool:
     """Whether the last sync may (still) wait for room or for the owner record: always outside Slurm, in a Slurm
-    job for FINAL_SYNC_WAIT_S from the run's entering `stopping` (`stopping_since`)."""
-    return slurm is None or clock() - stopping_since < FINAL_SYNC_WAIT_S
+    job for `wait_s` (FINAL_SYNC_WAIT_S, or the knob's) from the run's entering `stopping` (`stopping_since`)."""
+    return slurm is None or clock() - stopping_since < wait_s
 
 
 def due(slurm: SlurmJob, sync: SyncWorker, cfg, state, emit: Callable[..., None],

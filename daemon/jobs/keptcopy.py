@@ -1,0 +1,120 @@
+"""The newest checkpoint a Slurm job's last sync could not put on run.remote, kept in run.dir until the remote has it.
+
+A Slurm job's default scratch is the node's ($TMPDIR, /dev/shm) and the job's end may wipe it: a last sync that
+cannot finish within the job (run.remote full, its owner record another's, for longer than
+lastsynccut.FINAL_SYNC_WAIT_S) used to leave the run's newest checkpoint there, lost with the job, and the next start
+trained its steps again from the remote's older one. run.dir is on shared storage and the run's own, so that
+checkpoint is copied there, to `<run.dir>/unsynced/`, by the one way checkpoints are written out of scratch: a
+`Syncer` whose remote is that directory (daemon/jobs/sync.py: each file made new, never through a link, from the
+root's descriptor; read back against the manifest before it is renamed into place; what this run made recorded in
+run.dir and only that ever removed; one copy at most: retention keeps one). The next start's staging fetches it back
+into scratch (`bring_back`: downloaded, hashed and validated as any fetch) when it is newer than scratch's, before
+the remote's older one is looked at, so the trainer resumes from it and the ordinary sync pushes it; once the remote
+holds that step it is removed (`drop_if_synced`: at the run's end, and at a start whose state.json records that
+step or a newer one synced). Torch-free; the Syncer (numpy) is loaded only when a copy is made
+or read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minilmd.bounded import bounded_probe
+from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.names import LATEST, step_name, step_or_none
+
+KEPT_DIR = "unsynced"
+"""run.dir's directory of the kept checkpoint."""
+KEEP_WAIT_S = 600.0
+"""How long the copy into run.dir is waited for at the job's end (a checkpoint of a small model: seconds on a
+working share); a run.dir that does not answer is left to its thread, and the job ends without the copy."""
+
+
+@dataclass
+class Kept:
+    """What `keep` did: the step kept (None: none) and where, or why not."""
+
+    step: int | None
+    where: Path
+    why_not: str = ""
+
+
+def place(cfg) -> Path:
+    return cfg.run_dir / KEPT_DIR
+
+
+def _syncer(cfg, expected: Any):
+    from minilmd.daemon.jobs.sync import Syncer  # numpy: only when a checkpoint is copied
+
+    return Syncer(cfg.checkpoint_dir, str(place(cfg)), expected, keep=1, run_dir=cfg.run_dir)
+
+
+def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_S) -> Kept:
+    """Scratch's newest checkpoint that validates, when the remote (its newest `remote_step`) lacks it, copied into
+    `<run.dir>/unsynced/` (an older copy there removed: one at most). Kept(None, ...) with why when there is none
+    to keep or the copy failed; the scratch is left as it is in any case."""
+    where = place(cfg)
+    local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    if local is None or (remote_step is not None and local <= remote_step):
+        return Kept(None, where, "run.remote has scratch's newest checkpoint")
+    answered, result, why = bounded_probe(lambda: _syncer(cfg, expected).sync_newest(), timeout_s=wait_s,
+                                          says_why=True)
+    if not answered:
+        return Kept(None, where, f"its copy into {where} failed: {why or 'no answer'}")
+    step = result.step
+    if step is None or (remote_step is not None and step <= remote_step):
+        return Kept(None, where, f"no checkpoint in {cfg.checkpoint_dir} newer than run.remote's validates")
+    return Kept(step, where / step_name(step))
+
+
+def kept_step(cfg) -> int | None:
+    """The step kept in run.dir, as its listing says (None: none; nothing opened but the directory)."""
+    from minilmd.untrusted import listed
+
+    try:
+        found = listed(place(cfg))
+    except (OSError, ValueError):  # not there (the usual case), or not a directory this reads
+        return None
+    return max((s for s in map(step_or_none, found) if s is not None), default=None)
+
+
+def bring_back(cfg, expected: Any) -> str:
+    """At staging: the kept checkpoint fetched into scratch when it is newer than scratch's newest (a requeued job
+    on another node, whose scratch is empty); what was done, in words ("" when nothing). A copy that does not verify
+    is set aside by the fetch, and the start goes on as without it. CheckpointMismatch is raised as the fetch
+    raises it."""
+    kept = kept_step(cfg)
+    newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    if kept is None or (newest is not None and newest >= kept):
+        return ""
+    from minilmd.checkpoint import CheckpointMismatch
+
+    try:
+        fetched = _syncer(cfg, expected).fetch_latest(cfg.checkpoint_dir)
+    except CheckpointMismatch:
+        raise
+    except Exception as e:  # noqa: BLE001 - a run.dir that cannot be read now: the remote's is the start then
+        return f"step {kept} kept in {place(cfg)} could not be fetched ({e}): not resumed from"
+    if fetched is None:
+        return f"step {kept} kept in {place(cfg)} did not verify: not resumed from"
+    return (f"resuming from step {step_or_none(fetched.name)}, which an earlier job's last sync could not put on "
+            f"run.remote, kept in {place(cfg)}: the sync pushes it")
+
+
+def drop_if_synced(cfg, remote_step: int | None) -> str:
+    """The kept checkpoint removed once run.remote holds its step or a newer one (only what this run's copy made:
+    Syncer's rule); what was done, in words ("" when nothing)."""
+    kept = kept_step(cfg)
+    if kept is None or remote_step is None or remote_step < kept:
+        return ""
+    remote = _syncer(cfg, None).remote
+    try:
+        why = remote.rm(step_name(kept))
+        if why is None:
+            remote.rm(LATEST, file=True)  # the pointer to it, when it is ours; left otherwise (a few bytes)
+    except OSError as e:
+        why = str(e)
+    if why:
+        return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
+    return f"removed step {kept} kept in {place(cfg)}: run.remote has step {remote_step}"

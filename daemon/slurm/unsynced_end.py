@@ -1,0 +1,89 @@
+"""A Slurm job whose last sync cannot finish within the job: its newest checkpoint kept in run.dir, the job requeued.
+
+The last sync of a run in a Slurm job waits for room on run.remote, or for its owner record, for
+lastsynccut.FINAL_SYNC_WAIT_S at most (the wait holds the allocation), and may fail outright (its tries spent).
+Before, the run then ended `failed`, exit 1, which no one requeues, its newest checkpoint left on the job's
+node-local scratch, which the job's end may wipe: a resubmission trained those steps again. Now that checkpoint is
+copied into run.dir (daemon/jobs/keptcopy.py: shared storage, the run's own; one copy at most) and the job is
+requeued through the preemption's path (state.json's outcome written first, then `scontrol requeue`), so that its
+next start fetches it back, resumes from it and syncs it. A job Slurm will not requeue (`Requeue=0`: sbatch
+--no-requeue, or JobRequeue=0 in slurm.conf), or a requeue that fails, ends `failed` (non-final) with a reason
+that says where the checkpoint is and what to do. A preempted job keeps its own plan (daemon/slurm/job.py: a failed
+last sync is not requeued, the requeued job would wait the same again), the checkpoint kept in run.dir all the same
+while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full. Torch-free.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from minilmd.daemon.jobs import keptcopy
+from minilmd.daemon.slurm.job import SlurmJob, job_info
+
+
+@dataclass
+class UnsyncedEnd:
+    """How the run ends: requeued or not, and the reason status shows (the failure's message when not)."""
+
+    requeue: bool
+    words: str
+
+
+def requeueable(slurm: SlurmJob) -> bool:
+    """Whether Slurm requeues this job when asked: not when `scontrol show job` says Requeue=0 (an answer without
+    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then)."""
+    return job_info(slurm.alloc.job_id, slurm.runner).get("Requeue", "1") != "0"
+
+
+def _keep(cfg, sync, state, emit: Callable[..., None], sync_problem: str,
+          wait_s: float = keptcopy.KEEP_WAIT_S) -> tuple[keptcopy.Kept, str]:
+    """The newest checkpoint run.remote lacks copied into run.dir (said in the log, recorded in state.json's slurm
+    section): what was kept, and where the checkpoint is, in words."""
+    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
+    expected = sync.syncer.expected if sync.syncer is not None else None
+    kept = keptcopy.keep(cfg, expected, remote, wait_s)
+    on_remote = f"run.remote's newest is step {remote}" if remote is not None else "run.remote holds none of its"
+    if kept.step is not None:
+        where = f"its newest checkpoint, step {kept.step}, which run.remote lacks ({on_remote}), is kept in " \
+                f"{kept.where}"
+        emit("sync", f"{where}: the last sync could not put it on run.remote within the job ({sync_problem})")
+        state["slurm"]["unsynced_kept"] = str(kept.where)
+        return kept, where
+    where = f"{kept.why_not}; the checkpoint stays in {cfg.checkpoint_dir}"
+    if cfg.scratch_is_default:
+        where += ", this job's node-local scratch, which the job's end may wipe"
+    return kept, where
+
+
+def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], problem: str,
+                  sync_problem: str, clock: Callable[[], float] = time.time) -> str:
+    """A preempted job whose last sync failed (not requeued: its plan's `problem`, daemon/slurm/job.py): the
+    checkpoint kept in run.dir all the same while the job's end leaves time for it, and `problem` saying where."""
+    at = clock()
+    deadline = slurm.job_end(at).deadline
+    wait_s = keptcopy.KEEP_WAIT_S if deadline is None else min(keptcopy.KEEP_WAIT_S, deadline - at)
+    if wait_s < 1.0:
+        return problem  # the job's end is here: nothing more is begun
+    kept, where = _keep(cfg, sync, state, emit, sync_problem, wait_s)
+    if kept.step is None:
+        return problem
+    return f"{problem}; {where}: once run.remote takes this run's checkpoints again, resubmit the job (sbatch): " \
+           f"its start resumes from that copy and syncs it"
+
+
+def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_problem: str) -> UnsyncedEnd:
+    """The checkpoint kept (said in the log) and how the run ends (module docstring)."""
+    kept, where = _keep(cfg, sync, state, emit, sync_problem)
+    may = requeueable(slurm)
+    if may and (kept.step is not None or not cfg.scratch_is_default):
+        state["slurm"]["requeued"], state["slurm"]["state"] = True, "REQUEUED"
+        return UnsyncedEnd(True, f"requeued by Slurm: the last sync could not finish within the job "
+                                 f"({sync_problem}); {where}; the requeued job resumes from it and syncs it")
+    how = "resubmit the job (sbatch) once run.remote takes this run's checkpoints again: its start " \
+          "resumes from that copy and syncs it" if kept.step is not None else \
+        "resubmit the job once run.remote takes this run's checkpoints again"
+    why = "Slurm does not requeue this job (Requeue=0)" if not may else \
+        "not requeued: a requeued job on another node would not find it"
+    return UnsyncedEnd(False, f"the last sync could not finish within the job ({sync_problem}); {where}; {why}: "
+                              f"{how}")
