@@ -47,5 +47,6 @@ def supervision(environ=os.environ) -> Supervision | None:
             f"{RUN_DIR_ENV}={run_dir!r} and {SUPERVISOR_PROCESS_ENV}={identity!r}: a supervised trainer needs both, "
             f"the second as \"PID START_TICKS HOST [PIDNS]\" (minilmd run sets them); refused, so that nothing "
             f"trains as supervised with no supervisor watching it: start it with `minilmd run`, or unset both to "
-            f"train by hand")
+            f"train by hand (a `minilmd run` started before minilmd was upgraded sets only the first: stop it and "
+            f"start it again)")
     return Supervision(run_dir, int(parts[0]), int(parts[1]), parts[2], int(parts[3]) if len(parts) == 4 else 0)
