@@ -60,3 +60,20 @@ class StagingState(Named):
     WAITING_REMOTE = "waiting_remote"  # staged; the remote could not be read, the fetch is retried after a backoff
     DONE = "done"
     FAILED = "failed"
+
+
+IN_PROGRESS = (SyncState.RUNNING, SyncState.STALLED, StagingState.RUNNING, StagingState.FETCHING,
+               StagingState.WAITING_REMOTE)
+"""The sync and staging states that say work goes on (a copy, a fetch, a wait that retries): only while a supervisor
+runs to carry it on."""
+INTERRUPTED = "interrupted"
+"""How a reader shows one of IN_PROGRESS that no supervisor carries on (`shown_state`); never written to state.json."""
+
+
+def shown_state(state: str, supervisor_alive: bool) -> str:
+    """A sync's or staging's state as `minilmd status`, the overview and the Prometheus textfile show it: one of
+    IN_PROGRESS written by a supervisor that no longer runs (killed, crashed, or exited mid-copy) is INTERRUPTED,
+    never "running" of a run nothing runs for (fault10 F3: `not running (... killed or crashed)` above `sync:
+    running`). The one rule: each reader passes its own liveness (status's and the overview's supervisor_alive,
+    the textfile's `up`)."""
+    return INTERRUPTED if not supervisor_alive and state in IN_PROGRESS else state

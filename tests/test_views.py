@@ -70,7 +70,9 @@ def test_status_of_a_finished_run_and_a_stalled_sync(tmp_path):
                         last_error="sync failed: OSError: [Errno 5] Input/output error")
     rc, text = status_text(run_dir)
     assert "not running (ended" in text and "exit 0" in text
-    assert "sync: stalled (sync running for 300s)" in text
+    # its supervisor gone: the stalled sync is no longer waited on (fault10 F3), its error still said
+    assert "sync: interrupted (was stalled at " in text, text
+    assert ": sync running for 300s; `minilmd run` syncs again)" in text, text
     assert "last error: sync failed: OSError" in text
     rc, raw = status_text(run_dir, as_json=True)
     doc = json.loads(raw)

@@ -20,7 +20,7 @@ from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import owned_by_me, user_words
-from minilmd.run_states import SYNC_TROUBLE, Phase, SyncState
+from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, SyncState, shown_state
 
 WRITE_EVERY_S = 5.0
 TEXTFILE_MODE = 0o644
@@ -43,7 +43,7 @@ GAUGES: dict[str, str] = {
                                            "while none has (Unix time)",
     "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
     "minilmd_sync_failing": "1 while the sync is failing, stalled, the remote unavailable, or none of its "
-                            "checkpoints verifies",
+                            "checkpoints verifies; in the file written at exit, also for a sync cut by the exit",
     "minilmd_local_checkpoint_timestamp_seconds": "when the newest local checkpoint was saved (Unix time)",
     "minilmd_local_checkpoint_age_seconds": "age of the newest local checkpoint when the file was written",
     "minilmd_remote_checkpoint_timestamp_seconds": "when the newest remote checkpoint was synced (Unix time)",
@@ -114,7 +114,8 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
         last_ok = number(sync.get("last_ok")) or number(remote.get("time")) or started
         put("minilmd_last_sync_timestamp_seconds", last_ok)
         put("minilmd_last_sync_age_seconds", t - last_ok if last_ok else None)
-        put("minilmd_sync_failing", 1 if sync.get("state") in SYNC_TROUBLE else 0)
+        shown = shown_state(str(sync.get("state")), up)  # the file written at exit: a sync going on is cut
+        put("minilmd_sync_failing", 1 if shown in (*SYNC_TROUBLE, INTERRUPTED) else 0)
     for name, ckpt in (("local", local), ("remote", remote)):
         when = number(ckpt.get("time"))
         put(f"minilmd_{name}_checkpoint_timestamp_seconds", when)

@@ -5,10 +5,12 @@ Each row: name, phase (with "not running" when its supervisor is gone before the
 final phase it never wrote its outcome for, "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
-successful sync's age, restarts; "(stop requested)" after the phase while `minilmd stop`'s request is left
-(daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same rows as a list
-(the request: "stop_request"). With no supervisor alive, the row is of state.json caught up with what its trainer
-wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when that moved it).
+successful sync's age (with its trouble, or "(interrupted)" for a sync that was going on when its supervisor
+ended: minilmd/run_states.py shown_state), restarts; "(stop requested)" after the phase while `minilmd stop`'s
+request is left (daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same
+rows as a list (the request: "stop_request"). With no supervisor alive, the row is of state.json caught up with
+what its trainer wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when
+that moved it).
 A run without state.json is "starting (supervisor pid N)" while a supervisor holds its run lock, else "not started",
 or "failed (exit N)" when its supervisor gave up before it could write one (its events.jsonl records that end:
 daemon/views/lastwords.py; a line after the table gives the reason), or "could not start" when its run lock alone is
@@ -42,7 +44,7 @@ from minilmd.daemon.views.lastwords import no_state_row
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
-from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
+from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, shown_state
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -190,8 +192,9 @@ def _cells(r: dict) -> list[str]:
         sync = "off"
     else:
         sync = f"{fmt_duration(r['last_sync_age_s'])} ago" if r.get("last_sync_age_s") is not None else "-"
-        if r.get("sync_state") in SYNC_TROUBLE:
-            sync += f" ({r['sync_state']})"
+        shown = shown_state(str(r.get("sync_state")), bool(r.get("running")))  # no supervisor: no sync goes on
+        if shown in (*SYNC_TROUBLE, INTERRUPTED):
+            sync += f" ({shown})"
     return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
             f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", _eta_cell(r), gpu, sync,
             str(r.get("restarts", "-")), printable(r["run_dir"])]

@@ -24,10 +24,12 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_ow
 from minilmd.daemon.base.states import FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.daemon.views.interrupted import staging_interrupted, sync_interrupted
 from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines
 from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
 from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
+from minilmd.daemon.views.remotenow import RemoteNow, look_now, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
@@ -54,10 +56,11 @@ def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
 
 
 def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None,
-                  saved_pass: str = "") -> list[str]:
+                  saved_pass: str = "", remote_now: RemoteNow | None = None) -> list[str]:
     """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
     a killed supervisor left training (liveness.trainer_alone); `saved_pass`: what a stopped DPO reference pass
-    kept at step 0 (savedpass.py), said on the step line when no pass runs."""
+    kept at step 0 (savedpass.py), said on the step line when no pass runs; `remote_now`: what run.remote holds
+    now (remotenow.look_now)."""
     t = t or time.time()
     lines = [_head_line(state, alive, t, alone)]
     if state.reason:
@@ -77,11 +80,11 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == Phase.WAITING_SPACE:
         lines.append(_space_line(state.space_wait, t))
-    lines.append(_checkpoints_line(state, t))
+    lines.append(_checkpoints_line(state, t, alive, remote_now))
     if (textfile := state.prometheus) is not None and textfile.problem:
         lines.append(f"  prometheus textfile {textfile.path} {textfile.problem}: this run's current gauges are not "
                      f"in it")
-    lines += _staging_lines(state.staging)
+    lines += _staging_lines(state.staging, staging_interrupted(state, alive))
     lines += _restart_lines(state, t)
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
@@ -212,9 +215,10 @@ def _gone(path: str) -> bool:
     return answered and not there
 
 
-def _checkpoints_line(state: StateJson, t: float) -> str:
-    """The local checkpoint, the remote one and the sync between them."""
-    local, remote, sync = state.local_checkpoint, state.remote_checkpoint, state.sync
+def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now: RemoteNow | None = None) -> str:
+    """The local checkpoint, the remote one (daemon/views/remotenow.py) and the sync between them (one in progress
+    that no supervisor carries on: daemon/views/interrupted.py)."""
+    local, sync = state.local_checkpoint, state.sync
     # scratch holds none (metrics.jsonl's is gone)
     if state.staging.state in (StagingState.FETCHING, StagingState.WAITING_REMOTE):
         local = None
@@ -232,9 +236,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
                            f"is gone: lost with scratch)")
         where = f", the newest at {local.path}" if local and local.path else ""
         return line + f"   remote: none configured (checkpoints only in scratch{where}: a reboot may lose them)"
-    line += "   remote: " + (f"step {remote.step} ({_ago(t, remote.time)}, "
-                             f"{'verified' if remote.verified else 'NOT verified'})"
-                             if remote and remote.time else "none")
+    line += "   remote: " + remote_words(state, t, alive, remote_now)
+    if cut := sync_interrupted(state, alive):
+        return line + f"   sync: {cut}"
     line += f"   sync: {sync.state}"
     if sync.error and sync.state in SYNC_TROUBLE:
         line += f" ({sync.error})"
@@ -243,7 +247,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
     return line
 
 
-def _staging_lines(staging: Staging) -> list[str]:
+def _staging_lines(staging: Staging, interrupted: str | None = None) -> list[str]:
+    if interrupted:  # no supervisor carries it on: what it waited for is said in it
+        return [interrupted]
     if staging.stalled is not None:
         return [f"  {staging.stalled.what} not answering since {fmt_time(staging.stalled.since)} (stalled), "
                 f"waiting for it"]
@@ -311,7 +317,8 @@ def _status(run: Dir, as_json: bool, out) -> int:
         print("\n".join(printable(line) for line in no_state_lines(run_dir, run.fd)), file=out)
         return 0
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
-    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd))
+    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd),
+                          remote_now=_remote_now(run, state, alive))
     lines += orphan_lines(run_dir, state, alone, inside)
     lines += _lineage_lines(run, state) + _corpus_owner_lines(run)
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
@@ -384,6 +391,12 @@ def _scratch_root(run: Dir) -> tuple[str, dict | None]:
     from minilmd.scratch_root import status_words
 
     return status_words(run.inside, os.fstat(run.fd).st_uid)
+
+
+def _remote_now(run: Dir, state: StateJson, alive: bool) -> RemoteNow | None:
+    """What the run's local run.remote holds now, for a run no supervisor keeps the record of (remotenow.py)."""
+    cfg = None if alive or state.remote_checkpoint is None else _own_config(run)
+    return look_now(state, cfg.run.remote, alive) if cfg is not None else None
 
 
 def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:

@@ -1,0 +1,104 @@
+"""What `minilmd status` says of the remote checkpoint state.json records, once no supervisor keeps that record
+(fault10 F5: a finished run showed `remote: step 4000 (verified)` after the remote had lost that step).
+
+For a local run.remote (a path, file://, local://) status looks at the remote's LATEST as the sync reads it (from the
+root's descriptor, no link followed below it: daemon/jobs/remote_write.py parent_dir; a small regular file read as
+untrusted, minilmd/untrusted.py) and whether the recorded step's directory is there, in a bounded thread
+(minilmd/bounded.py: a share that stalls leaves it unsaid, as status's other looks at the remote). That is what a
+launch judges a finished run by (daemon/jobs/rundone.py: LATEST naming its last step), so a LATEST that names an
+older step, or none, is repaired by `minilmd run`. A store behind a URL, a run of another host (its paths are that
+host's) or a look that does not answer: the record is said as what it was when it was made ("verified when
+synced"). Torch-free, light imports: the LocalRemote class itself would load numpy (minilmd/checkpoint.py).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from minilmd.bounded import bounded_probe
+from minilmd.daemon.base.runstate import fmt_time, names_remote
+from minilmd.daemon.base.statesections import StateJson
+from minilmd.fmt import fmt_duration
+from minilmd.names import LATEST, POINTER_MAX_BYTES, is_step_name, step_name, step_of
+from minilmd.scratch_lost import other_host
+from minilmd.untrusted import Unreadable, printable, read_bytes
+from minilmd.urls import local_remote_root
+
+
+@dataclass(frozen=True)
+class RemoteNow:
+    """What a look at a local run.remote found now."""
+
+    latest: str | None
+    """The name its LATEST holds (stripped, at most POINTER_MAX_BYTES); None when there is none (or it is no
+    regular file)."""
+    recorded_there: bool
+    """Whether the recorded step's directory is there (a real directory, no link)."""
+    root_gone: bool = False
+    """The root itself is not there (a share not mounted, removed)."""
+
+
+def look(root: str, recorded: str) -> RemoteNow:
+    """LATEST and the recorded step's directory at the local remote `root`, through its descriptor (remote_write's
+    walk, the sync's reads). Raises OSError when the root cannot be read (then nothing is said)."""
+    from minilmd.daemon.jobs.remote_write import parent_dir
+
+    try:
+        with parent_dir(root, (LATEST,), lambda *names: "/".join([root, *names])) as at:
+            try:
+                latest = read_bytes(LATEST, max_bytes=POINTER_MAX_BYTES, dir_fd=at.fd).decode("utf-8", "replace")
+            except Unreadable as e:
+                if e.os_error is not None:
+                    raise e.os_error from None
+                latest = None
+            try:
+                there = stat.S_ISDIR(os.stat(recorded, dir_fd=at.fd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                there = False
+    except FileNotFoundError:
+        return RemoteNow(None, False, root_gone=True)
+    return RemoteNow((latest or "").strip() or None, there)
+
+
+def look_now(state: StateJson, remote: str | None, alive: bool) -> RemoteNow | None:
+    """The look at run.remote (`remote`: the run's config's) for a run no supervisor runs for, whose record names a
+    checkpoint on it; None where nothing is looked at (a supervisor alive keeps the record, a URL, another host's
+    run, no record of this remote) or the look did not answer in time."""
+    synced = state.remote_checkpoint
+    root = local_remote_root(remote)
+    if alive or synced is None or synced.step is None or root is None or not names_remote(synced.path, remote):
+        return None
+    if other_host(state.supervisor.host):
+        return None
+    answered, found, _ = bounded_probe(look, root, step_name(synced.step))
+    return found if answered else None
+
+
+def remote_words(state: StateJson, t: float, alive: bool, now: RemoteNow | None) -> str:
+    """The remote checkpoint as status's checkpoints line says it, after "remote: "."""
+    synced = state.remote_checkpoint
+    if not synced or not synced.time:
+        return "none"
+    checked = "verified" if synced.verified else "NOT verified"
+    ago = f"{fmt_duration(t - synced.time)} ago"
+    if alive:
+        return f"step {synced.step} ({ago}, {checked})"
+    if now is None:  # not looked at: the record, as of when it was made
+        return f"step {synced.step} ({ago}, {checked} when synced)"
+    said = f"step {synced.step} {checked} at {fmt_time(synced.time)}; "
+    recorded = step_name(synced.step) if synced.step is not None else ""
+    if now.root_gone:
+        return said + "run.remote is not there now (a share not mounted? removed?)"
+    if now.latest is None:
+        return said + "the remote holds no LATEST now: `minilmd run` repairs it"
+    if not is_step_name(now.latest):
+        return said + f"the remote's LATEST now names no checkpoint ({printable(now.latest)[:40]!r}): `minilmd run` " \
+                      f"repairs it"
+    if now.latest != recorded:
+        newer = synced.step is not None and step_of(now.latest) > synced.step
+        return said + f"the remote's LATEST now names step {step_of(now.latest)}" + (
+            ", newer than this record" if newer else ": `minilmd run` repairs it")
+    if not now.recorded_there:
+        return said + f"its directory {recorded} is gone from the remote now, though LATEST names it"
+    return f"step {synced.step} ({ago}, {checked}; LATEST names it now)"
