@@ -52,3 +52,29 @@ def test_a_wiped_scratch_lora_run_is_done_only_with_its_own_base_on_the_remote(t
     atomic_write_json(cfg.run_dir / names.STATE, body)
     assert not cfg.checkpoint_dir.exists()  # scratch wiped
     assert bool(done_line(cfg, 30, f"remote: {remote / 'step-00000030'}")) is done
+
+
+@pytest.mark.parametrize("damage", [None, "step removed", "file cut"])
+def test_a_finished_run_is_done_only_while_the_step_latest_names_is_whole_on_the_remote(tmp_path, corpus, weights,
+                                                                                        damage):
+    """LATEST naming the final step is not enough (statusfix10's note): a remote that lost that step's directory,
+    or a file of it cut short, kept "done, nothing to do" at every start; now the launch goes on and its last sync
+    puts the step back."""
+    import shutil
+
+    cfg = load_config(write_config(tmp_path, corpus, name="whole"))
+    remote = Path(cfg.run.remote)
+    state = {"step": 30, "tokens_seen": 30 * 64, "epoch": 0, "config": {"model": dict(TINY)},
+             "fingerprints": {"data": "d" * 64, "tokenizer": "t" * 64}}
+    final = ckpt_io.save(remote, 30, weights[0], weights[1], state)
+    (remote / names.LATEST).write_text("step-00000030\n")
+    if damage == "step removed":
+        shutil.rmtree(final)
+    elif damage == "file cut":
+        model = final / names.MODEL_FILE
+        model.write_bytes(model.read_bytes()[:100])
+    cfg.run_dir.mkdir(parents=True)
+    body = new_state("whole", cfg.run_dir, str(cfg.source))
+    body.update(phase="done", outcome={"exit": 0, "phase": "done", "reason": "the run finished", "ended": "finished"})
+    atomic_write_json(cfg.run_dir / names.STATE, body)
+    assert bool(done_line(cfg, 30, f"remote: {final}")) is (damage is None)

@@ -109,6 +109,9 @@ def _holds_the_end(cfg: RunConfig, step: int) -> bool | None:
         return None
     if (remote.read_text(LATEST) or "").strip() != step_name(step):
         return False
+    manifest, problems = remote.intact(step_name(step))  # sizes, not hashes: LATEST naming a removed step is no end
+    if manifest is None or problems:
+        return False
     if not cfg.lora.enabled:
         return True
     from minilmd.daemon.jobs.basecopy import copy_in_place
