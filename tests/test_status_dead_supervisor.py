@@ -142,7 +142,8 @@ def test_status_looks_at_the_remotes_latest_of_a_finished_run(tmp_path, corpus):
     (remote / names.LATEST).write_text(names.step_name(30) + "\n")  # a sync its record missed: nothing to repair
     assert "the remote's LATEST now names step 30, newer than this record" in in_process()
     (remote / names.LATEST).write_text(names.step_name(20) + "\n")  # LATEST names it, its directory is gone
-    assert f"its directory {names.step_name(20)} is gone from the remote now, though LATEST names it" in \
+    assert f"its directory {names.step_name(20)} is gone from the remote now, though LATEST names it: " \
+           f"`minilmd run` repairs it" in \
         in_process()
     shutil.rmtree(remote)
     assert "run.remote is not there now" in in_process()

@@ -100,5 +100,6 @@ def remote_words(state: StateJson, t: float, alive: bool, now: RemoteNow | None)
         return said + f"the remote's LATEST now names step {step_of(now.latest)}" + (
             ", newer than this record" if newer else ": `minilmd run` repairs it")
     if not now.recorded_there:
-        return said + f"its directory {recorded} is gone from the remote now, though LATEST names it"
+        return said + (f"its directory {recorded} is gone from the remote now, though LATEST names it: "
+                       f"`minilmd run` repairs it")
     return f"step {synced.step} ({ago}, {checked}; LATEST names it now)"
