@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def shared_place() -> Iterator[Path]:
         os.umask(old)
         trainer_lock.release_all()
         scratch_hold.let_go(place / "scratch")
-        subprocess.run(["rm", "-rf", "--one-file-system", str(place)], check=False)
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def _mode(path: Path) -> int:
