@@ -19,20 +19,30 @@ So here, once:
   times at most. `Held` (with the holder's body) when another holds it, `Unsafe` when the file is no lock of ours;
 - `read_body` / `holder`: the body read bounded (BODY_MAX_BYTES) and parsed bounded in depth (minilmd/untrusted.py),
   never trusted for more than words and the caller's own comparisons.
-Who holds an flock by the kernel's record (device and inode, /proc) is minilmd/procs.py's (`flock_holders`,
-`holds_flock`), as is a process's owner. tests/test_one_lockfile.py fails on fcntl.flock or fcntl.lockf called
-anywhere else, and on /proc/locks read outside procs' readers. Torch-free.
+- `LOCK_FILE_MODE`: a run's lock files (supervisor.lock, trainer.lock, scratch's owner marker) are their owner's
+  alone, whatever run.share says: anyone who can open one, read-only, can flock it, and before, one `sleep` of
+  another user holding supervisor.lock (0644 under run.share "all") refused every restart of the run for good
+  (hostile10 F1, F2). `private` takes wider bits away and, since a descriptor opened before a chmod outlives it,
+  replaces such a file by a fresh inode (`fresh`); `strangers` names the holders when every one is another user's
+  process, and then the caller replaces the file too: that user's lock on the old inode holds nothing of ours.
+Who holds an flock by the kernel's record (device and inode, /proc) is minilmd/proc_info.py's (`flock_holders`,
+`process_uids`; minilmd/procs.py re-exports them, with `holds_flock`). tests/test_one_lockfile.py fails on
+fcntl.flock or fcntl.lockf called anywhere else, and on /proc/locks read outside procs' readers. Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minilmd.dirfd import Dir
-from minilmd.perms import own_uid, owned_by_me
+from minilmd.names import atomic_tmp_prefix
+from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
+from minilmd.proc_info import flock_holders, process_uids
 from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
 
 LOCK_OPEN = NO_FOLLOW_NO_BLOCK
@@ -44,6 +54,9 @@ STILL_NAMED_TRIES = 100
 """Opens of the lock name, each after the file just locked was no longer the one the name leads to."""
 BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 """What flock says when another open file holds a conflicting lock."""
+LOCK_FILE_MODE = 0o600
+"""A run's lock files (supervisor.lock, trainer.lock, scratch's owner.json): never shared, whatever run.share says.
+Whoever can open a lock file, even read-only, can flock it and so refuse the run (hostile10 F1, F2)."""
 
 
 class Unsafe(Exception):
@@ -56,11 +69,12 @@ class Unsafe(Exception):
 
 
 class Held(Exception):
-    """Another open file holds the lock; `body`: what its file says of the holder ({} when unreadable or empty)."""
+    """Another open file holds the lock; `body`: what its file says of the holder ({} when unreadable or empty);
+    `holders`: who holds it by the kernel's record (`holders`: pid, uid or None)."""
 
-    def __init__(self, body: dict):
+    def __init__(self, body: dict, holders: list[tuple[int, int | None]] | None = None):
         super().__init__(f"held by {body or 'a holder that has not said who it is'}")
-        self.body = body
+        self.body, self.holders = body, holders or []
 
 
 class Replaced(Exception):
@@ -73,6 +87,9 @@ class Taken:
     """The lock file, opened read-write and locked: closing it lets the lock go."""
     created: bool
     """This process made the file (it may remove it on its way out: prepare's lock)."""
+    strangers: list[tuple[int, int]] = field(default_factory=list)
+    """Other users' processes (pid, uid) that held the file at the lock's name, which was replaced by a fresh one
+    (`strangers`): the caller says so (`strangers_words`)."""
 
 
 def _dir_fd(where: Dir | int) -> int:
@@ -157,19 +174,26 @@ def still_named(where: Dir | int, name: str, fd: int) -> bool:
     return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
-def take(where: Dir | int, name: str, body: bytes | None, *, mode: int, tries: int = STILL_NAMED_TRIES) -> Taken:
+def take(where: Dir | int, name: str, body: bytes | None, *, mode: int = LOCK_FILE_MODE,
+         tries: int = STILL_NAMED_TRIES) -> Taken:
     """The lock `name` in `where` taken (exclusive, not waiting) and its body replaced by `body` (None: left as it
-    is, for a caller that looks at it first). Held when another holds it, Unsafe when the file is no lock of ours
-    (`problem`), Replaced when its name kept leading elsewhere, OSError from the open (see open_lock)."""
+    is, for a caller that looks at it first); its file given `mode` (`private`), and replaced by a fresh one when
+    only other users' processes hold it (`strangers`, listed in Taken.strangers). Held when another holds it, Unsafe
+    when the file is no lock of ours (`problem`), Replaced when its name kept leading elsewhere, OSError from the
+    open (see open_lock)."""
     for _ in range(tries):
         try:
             fd, created = open_lock(where, name, mode=mode)
         except FileNotFoundError:
             continue  # removed between the create's try and the open: made on the next
+        found: list[tuple[int, int]] = []
         try:
             check(fd)
+            fd = private(where, name, fd, mode)
             if not try_flock(fd):
-                raise Held(read_body(fd))
+                if not (found := strangers(fd)) or not own_dir(where):
+                    raise Held(read_body(fd), holders(fd))
+                fd = _swap(fd, fresh(where, name, mode=mode))
             if not still_named(where, name, fd):
                 os.close(fd)  # its maker removed it between our open and our lock: the name again
                 continue
@@ -178,8 +202,95 @@ def take(where: Dir | int, name: str, body: bytes | None, *, mode: int, tries: i
         except BaseException:
             os.close(fd)
             raise
-        return Taken(fd, created)
+        return Taken(fd, created, found)
     raise Replaced(f"{name}: its lock file keeps being replaced")
+
+
+def _swap(old: int, new: int) -> int:
+    os.close(old)
+    return new
+
+
+def holders(fd: int) -> list[tuple[int, int | None]]:
+    """Who holds an flock on the open file `fd` by the kernel's record (/proc/locks, matched on device and inode):
+    (pid, its effective uid, None when it cannot be read: gone, another pid namespace's). For words, and for
+    `strangers`: never a reason to signal anyone."""
+    found: list[tuple[int, int | None]] = []
+    for pid in flock_holders(os.fstat(fd)):
+        uids = process_uids(pid) if pid > 0 else None
+        found.append((pid, uids[1] if uids else None))
+    return found
+
+
+def strangers(fd: int) -> list[tuple[int, int]]:
+    """The holders of an flock on the open file `fd` when every one is another user's process than the file's
+    owner's (none of its uids the owner's, not this process): a lock file once readable by others, locked by one of
+    them. [] when none is named, or one is the owner's or cannot be told (a real holder, as before)."""
+    st = os.fstat(fd)
+    found = []
+    for pid in flock_holders(st):
+        uids = process_uids(pid) if pid > 0 else None
+        if pid == os.getpid() or not uids or owner_in(st, uids):
+            return []
+        found.append((pid, uids[1]))
+    return found
+
+
+def strangers_words(found: list[tuple[int, int]], what: str) -> str:
+    """"held by user mal (uid 1001)'s process 4242, not a supervisor of yours: ..." (`what`: the lock's holder)."""
+    who = ", ".join(f"{user_words(uid)}'s process {pid}" for pid, uid in found)
+    return (f"held by {who}, not a {what} of yours: your lock file was readable by others; replaced by a new one "
+            f"only you can open, and taken")
+
+
+def own_dir(where: Dir | int) -> bool:
+    """Whether the directory holding the lock is this user's: only there is a lock file of ours replaced."""
+    return owned_by_me(os.fstat(_dir_fd(where)))
+
+
+def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
+            body_max: int = BODY_MAX_BYTES) -> int:
+    """The open lock file `fd` (checked ours: `check`) given no bits beyond `mode`: wider ones taken away (fchmod);
+    and since a descriptor another user opened before outlives a chmod, the file is then replaced by a fresh one
+    (`fresh`, its body copied) when nobody holds it and its directory is ours. Returns the descriptor to go on
+    with: `fd`, or the fresh file's, locked (exclusive), `fd` then closed. A fresh file that cannot be made (no
+    room), or a body longer than `body_max`, leaves `fd`, narrowed."""
+    if not stat.S_IMODE(os.fstat(fd).st_mode) & ~mode:
+        return fd
+    os.fchmod(fd, mode)
+    if not own_dir(where) or not try_flock(fd):
+        return fd  # held: by one of ours, the caller's refusal; by another user only, its `strangers` replacement
+    try:
+        body = os.pread(fd, body_max + 1, 0)
+        if len(body) > body_max:
+            raise OSError(errno.EFBIG, "not copied whole")
+        new = fresh(where, name, body, mode=mode)
+    except OSError:
+        unlock(fd)
+        return fd
+    return _swap(fd, new)
+
+
+def fresh(where: Dir | int, name: str, body: bytes = b"", *, mode: int = LOCK_FILE_MODE) -> int:
+    """A new lock file (a new inode, `mode`, `body` written and synced) made under a temporary name in `where`,
+    locked (exclusive) and renamed over `name`: whoever holds or opened the file there before holds nothing of it.
+    Its descriptor, read-write and locked. OSError as the create or rename says."""
+    dir_fd = _dir_fd(where)
+    tmp = f"{atomic_tmp_prefix(name)}{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | LOCK_OPEN, mode, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)  # not what the umask leaves of it
+        try_flock(fd)  # nobody else has it open yet
+        if body:
+            os.pwrite(fd, body, 0)
+            os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    return fd
 
 
 def write_body(fd: int, body: bytes) -> None:

@@ -7,6 +7,8 @@ launch. So:
   <uid>/<run.name>-slurm<job id>`): the per-user root and the scratch in it are created 0700, and each must be a
   real directory (not a symbolic link) owned by this user; where another user took the root's name first, the
   launch makes a private root instead and records it in run.dir (minilmd/scratch_root.py), never a refusal;
+- a run.scratch chosen by hand (this user's) is made 0700 at its claim too, and its marker and trainer.lock are
+  0600 whatever run.share says (lockfile.LOCK_FILE_MODE: whoever can open a lock file can flock it, hostile10 F2);
 - a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
   owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from minilmd import names, run_owner
 from minilmd.dirfd import PRIVATE, place_problem
+from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
@@ -275,7 +278,7 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Iden
         _make_private_dir(scratch.parent, "the per-user scratch root", tighten=True)
     else:
         scratch.parent.mkdir(parents=True, exist_ok=True)
-    identity = _make_private_dir(scratch, "run.scratch", tighten=False)
+    identity = _make_private_dir(scratch, "run.scratch", tighten=True)  # a hand-made one too (hostile10 F2)
     found = problems(scratch, run_dir, is_default)  # again, now that every directory on the way exists
     if found:
         raise ScratchRefused(found)
@@ -287,9 +290,13 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Iden
 
 
 def _write_marker(scratch: Path, run_dir: Path, run_name: str) -> None:
+    """The marker, LOCK_FILE_MODE whatever run.share says: supervisors flock it (minilmd/scratch_hold.py), and
+    whoever can open it can (hostile10 F2)."""
     tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
     try:
-        with open(tmp, "xb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
+        with open(fd, "wb") as f:
+            os.fchmod(fd, LOCK_FILE_MODE)  # not what the umask leaves of it
             f.write(run_owner.encode(run_owner.record(run_dir, run_name)))
             f.flush()
             os.fsync(f.fileno())

@@ -9,18 +9,24 @@ its run directory's path (minilmd/run_owner.py), the same for both, so the claim
 start a trainer and prune in the scratch the first was still syncing from. This hold refuses it (exit 2, the first
 supervisor's pid named, from /proc/locks), `run --check` says the same (`in_use`), and once the first has ended the
 run starts again. Only supervisors hold it (their trainers, a Slurm node's claim, `minilmd train` do not), and the
-descriptor is close-on-exec: no trainer keeps it past its supervisor. Torch-free.
+descriptor is close-on-exec: no trainer keeps it past its supervisor. The marker is its owner's alone
+(lockfile.LOCK_FILE_MODE, 0600, minilmd/scratch.py writes it so): before, under run.share "all" any user who could
+read it held an flock on it and every start of the run was refused as "another supervisor" (hostile10 F2). An older
+marker with wider bits is narrowed and replaced by a fresh copy, and one held by other users' processes only is
+replaced (its words copied) and taken, said on stderr (lockfile.private, strangers). Torch-free.
 """
 from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
 from minilmd import lockfile
-from minilmd.names import SCRATCH_OWNER
-from minilmd.procs import flock_holders
+from minilmd.names import OWNER_MAX_BYTES, SCRATCH_OWNER
+from minilmd.perms import owned_by_me, user_words
+from minilmd.procs import flock_holders, process_uids
 
 MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """The marker opened for its lock: never through a link, never blocking on a FIFO, never inherited."""
@@ -45,7 +51,18 @@ def hold(scratch: Path) -> None:
     the new one. A marker that is not there, not a regular file, or cannot be opened is left to the claim's checks."""
     key = os.path.abspath(scratch)
     try:
-        fd = os.open(Path(scratch) / SCRATCH_OWNER, MARKER_OPEN)
+        dir_fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _hold(Path(scratch), key, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _hold(scratch: Path, key: str, dir_fd: int) -> None:
+    try:
+        fd = os.open(SCRATCH_OWNER, MARKER_OPEN, dir_fd=dir_fd)
     except OSError:
         return
     st = os.fstat(fd)
@@ -54,20 +71,43 @@ def hold(scratch: Path) -> None:
         os.close(fd)
         return
     give_up = time.monotonic() + PROBE_WAIT_S
-    while True:
-        try:
-            if lockfile.try_flock(fd):
+    try:
+        if owned_by_me(st) and st.st_nlink == 1:  # an older run's marker others could read: a fresh one
+            fd = lockfile.private(dir_fd, SCRATCH_OWNER, fd, body_max=OWNER_MAX_BYTES)
+        while not lockfile.try_flock(fd):
+            if found := _strangers(dir_fd, fd):
+                fd = _fresh(scratch, dir_fd, fd, found)
                 break
-        except OSError:
-            os.close(fd)
-            raise
-        if time.monotonic() >= give_up:
-            os.close(fd)
-            raise ScratchInUse(_in_use_words(Path(scratch), st)) from None
-        time.sleep(PROBE_POLL_S)
+            if time.monotonic() >= give_up:
+                raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
+            time.sleep(PROBE_POLL_S)
+    except BaseException:
+        os.close(fd)
+        raise
     if old is not None:
         os.close(old[0])
+    st = os.fstat(fd)
     _holds[key] = (fd, st.st_dev, st.st_ino)
+
+
+def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int]]:
+    """lockfile.strangers, for a marker of ours in a scratch of ours only: the ones replaced."""
+    st = os.fstat(fd)
+    if not owned_by_me(st) or st.st_nlink != 1 or not lockfile.own_dir(dir_fd):
+        return []
+    return lockfile.strangers(fd)
+
+
+def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int]]) -> int:
+    """The marker held by other users' processes only replaced by a fresh copy (its words), taken; `fd` closed."""
+    body = os.pread(fd, OWNER_MAX_BYTES + 1, 0)
+    if len(body) > OWNER_MAX_BYTES:  # no marker of ours: the claim's checks say so
+        raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
+    new = lockfile.fresh(dir_fd, SCRATCH_OWNER, body)
+    os.close(fd)
+    print(f"minilmd run: {scratch / SCRATCH_OWNER} was {lockfile.strangers_words(found, 'supervisor')}",
+          file=sys.stderr, flush=True)
+    return new
 
 
 def let_go(scratch: Path) -> None:
@@ -92,7 +132,9 @@ def in_use(scratch: Path) -> str | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         try:
-            return None if lockfile.probe_free(fd) else _in_use_words(Path(scratch), st)
+            if lockfile.probe_free(fd) or lockfile.strangers(fd):  # the latter: the launch replaces it (hold)
+                return None
+            return _in_use_words(Path(scratch), st)
         except OSError:
             return None
     finally:
@@ -101,7 +143,13 @@ def in_use(scratch: Path) -> str | None:
 
 def _in_use_words(scratch: Path, st: os.stat_result) -> str:
     pids = [pid for pid in flock_holders(st) if pid != os.getpid()]
-    who = f"pid {', '.join(map(str, pids))}" if pids else "a process /proc/locks does not name here"
+    who = ", ".join(f"pid {pid}, a process of {_owner_words(pid)}" for pid in pids) or \
+        "a process /proc/locks does not name here"
     return (f"run.scratch {scratch} is still held by another supervisor of this run ({who}, which holds "
             f"{scratch / SCRATCH_OWNER}): a run whose run.dir was removed while it ran goes on with its last sync "
             f"from there before it stops; wait for it to end, then start the run again")
+
+
+def _owner_words(pid: int) -> str:
+    uids = process_uids(pid)
+    return user_words(uids[1] if uids else None)

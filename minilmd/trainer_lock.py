@@ -28,9 +28,12 @@ Scratch is the run's own (claimed before this: minilmd/scratch.py), and still op
 directory walked without a planted link, the lock file opened relative to it without following a link and without
 blocking, a regular file of ours with one link only (minilmd/lockfile.py's checks, as every lock file's: before,
 a hard link planted at its name had its body written into another file of the user's), and the name still leading
-to the file once locked; its body (who holds it) is read bounded, owner checked, printed, and its
-`launch` and `rank` compared with this process's (a match lets a rank of the same job go on beside the holder, never
-a rank 0 beside a rank 0), never trusted for more.
+to the file once locked. The file is its owner's alone (lockfile.LOCK_FILE_MODE, 0600, whatever run.share says:
+before, any user who could read it held an flock on it and the trainer looped on exit 69, hostile10 F2); an older
+one with wider bits is narrowed and replaced by a fresh file, and one held by other users' processes only is
+replaced and taken, said on stderr (lockfile.private, strangers). Its body (who holds it) is read bounded, owner
+checked, printed, and its `launch` and `rank` compared with this process's (a match lets a rank of the same job go
+on beside the holder, never a rank 0 beside a rank 0), never trusted for more.
 No room for the lock (ENOSPC, EDQUOT: inodes or bytes, fsio.is_disk_full; another user's files may fill scratch
 after staging) is no refusal: TrainerLockNoRoom, exit 74, the supervisor's wait for room (hostile9 F2; before, exit 2,
 "config error, final", with advice to move away a file that did not exist).
@@ -40,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -47,7 +51,6 @@ from pathlib import Path
 from minilmd import lockfile, names
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import is_disk_full
-from minilmd.perms import file_mode
 from minilmd.place_rule import walk_to
 from minilmd.proc_info import process_alive
 from minilmd.roomwords import no_room, top_of
@@ -137,8 +140,8 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         if isinstance(e, OSError) and is_disk_full(e):
             raise TrainerLockNoRoom(scratch, run_dir, "the scratch directory", e) from None
         raise TrainerLockRefused(f"cannot take the trainer lock in {printable(scratch)}: {e}") from None
-    try:  # the mode the umask gives, as for every file of the run (run.share)
-        fd, _ = lockfile.open_lock(where, names.TRAINER_LOCK, mode=file_mode())
+    try:  # never shared, whatever run.share says: whoever can open it can lock it (hostile10 F2)
+        fd, _ = lockfile.open_lock(where, names.TRAINER_LOCK, mode=lockfile.LOCK_FILE_MODE)
     except OSError as e:  # a link (ELOOP), a FIFO's ENXIO aside (O_NONBLOCK): nothing followed, nothing waited on
         where.close()
         if is_disk_full(e):  # no inode (or byte) left: room to wait for, no file to move away
@@ -149,6 +152,8 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
         if problem := lockfile.problem(os.fstat(fd)):  # a hard link too: never another file's body written
             raise TrainerLockRefused(f"{printable(scratch / names.TRAINER_LOCK)}: {problem}, so not minilmd's "
                                      "trainer lock; move it away, then start again")
+        fd = lockfile.private(where, names.TRAINER_LOCK, fd)  # an older run's wider file: a fresh one
+        fd = _past_strangers(where, fd, scratch)
         mine = _body(supervised, run_dir, rank, launch)
         if (body := _taken_or_holder(where.fd, fd, rank, launch)) is not None:
             if same_job(body, rank, launch):
@@ -168,6 +173,19 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
     finally:
         where.close()
     _held.append(fd)
+
+
+def _past_strangers(where: Dir, fd: int, scratch: Path) -> int:
+    """`fd`, or, when only other users' processes hold it (lockfile.strangers: a lock file they could read, from an
+    older run) and scratch is ours, a fresh lock file put in its place, taken: that user's lock holds nothing of
+    ours (hostile10 F2: before, the trainer looped on exit 69 for as long as it was held)."""
+    if lockfile.try_flock(fd) or not (found := lockfile.strangers(fd)) or not lockfile.own_dir(where):
+        return fd
+    new = lockfile.fresh(where, names.TRAINER_LOCK)
+    os.close(fd)
+    print(f"minilmd train: {printable(scratch / names.TRAINER_LOCK)} was "
+          f"{lockfile.strangers_words(found, 'trainer')}", file=sys.stderr, flush=True)
+    return new
 
 
 def _body(supervised: bool, run_dir: Path, rank: int, launch: str | None) -> bytes:

@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from in_process import train_in_process
+from minilmd import names
 from minilmd.config import ConfigError, config_from_dict
+from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import COMPILE_CACHE
 from supervisor_helpers import cli, run_supervisor, write_config
 
+LOCK_FILES = {("run", names.LOCK), ("scratch", names.SCRATCH_OWNER), ("scratch", names.TRAINER_LOCK)}
+"""The run's lock files: LOCK_FILE_MODE whatever run.share says (hostile10 F1, F2)."""
 MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640), "all": (0o755, 0o644)}
 """(directory mode, file mode) of each policy under umask 022 (docs/operations.md, "File permissions")."""
 
@@ -54,12 +58,14 @@ def wrong_modes(found: dict[str, int], dir_mode: int, file_mode: int, base: Path
                 always_private: tuple[str, ...] = ()) -> list[str]:
     """Every entry whose mode is not the policy's ("path 0644, expected 0600"); names in always_private are 0700
     whatever the policy (scratch: nobody else may list or enter it), and so are the directories of the run's compile
-    caches (minilmd/compile_cache.py: the kernels the trainer loads and its TMPDIR, the user's alone)."""
+    caches (minilmd/compile_cache.py: the kernels the trainer loads and its TMPDIR, the user's alone); lock files are
+    0600 whatever the policy (minilmd/lockfile.py LOCK_FILE_MODE: whoever can open one can hold its lock)."""
     wrong = []
     for rel, mode in sorted(found.items()):
         is_dir = (base / rel).is_dir()
         in_cache = is_dir and COMPILE_CACHE in Path(rel).parts[:-1]
-        expected = 0o700 if rel in always_private or in_cache else dir_mode if is_dir else file_mode
+        expected = 0o700 if rel in always_private or in_cache else dir_mode if is_dir else \
+            LOCK_FILE_MODE if Path(rel).parts[-2:] in LOCK_FILES else file_mode
         if mode != expected:
             wrong.append(f"{rel} {mode:04o}, expected {expected:04o}")
     return wrong

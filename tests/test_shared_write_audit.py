@@ -82,9 +82,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("atomic_write_text", "tempfile.mkstemp"): 1, ("atomic_write_text", "os.link"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
-        ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
-        ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1, ("remove_own", "shutil.rmtree"): 1,
-        ("release_inputs", "shutil.rmtree"): 1}),
+        ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "os.open"): 1,
+        ("_write_marker", "open"): 1, ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1,
+        ("remove_own", "shutil.rmtree"): 1, ("release_inputs", "shutil.rmtree"): 1}),
     "minilmd/scratch_root.py": ("private", "the default scratch's per-user root in the sticky base (/dev/shm): "
                                 "mkdir 0700 never replaces what is there (what stands there is then judged, lstat, "
                                 "and another user's, a link or a file is never used), and mkdtemp makes a new name "
@@ -103,7 +103,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                             "O_NOFOLLOW at the descriptor of a directory its caller opened checked (dirfd's Dir, the "
                             "place rule's walk, run.dir opened once), an existing one opened O_NOFOLLOW|O_NONBLOCK "
                             "there and checked (regular, one link, ours) before it is written", {
-        ("open_lock", "os.open@dir_fd"): 2}),
+        ("open_lock", "os.open@dir_fd"): 2, ("fresh", "os.open@dir_fd"): 1, ("fresh", "os.rename@dir_fd"): 1,
+        ("fresh", "os.unlink@dir_fd"): 1}),
     "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_multiturn_chat_corpus", "open"): 1}),
     "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),

@@ -8,7 +8,12 @@ the launch id (its supervisor id) in its environment. The descriptor is opened c
 never inherits the lock and cannot keep it alive after its supervisor died. The file is opened without following a
 symlink and checked (a regular file of ours, one link) before anything is written to it: a run directory another
 user can write into must not make the supervisor overwrite some other file through a link planted as
-supervisor.lock. The protocol (those checks, the non-blocking flock, the body read bounded) is minilmd/lockfile.py's;
+supervisor.lock. The file is its owner's alone (lockfile.LOCK_FILE_MODE, 0600), whatever run.share says: before,
+0644 under run.share "all", any user opened it read-only and held an flock on it with a `sleep`, and every start of
+the run was refused for good, "pid None" (hostile10 F1). An older run's wider file is narrowed and replaced by a
+fresh one, and one held by other users' processes only is replaced and taken, said on stderr with who held it
+(lockfile.private, strangers). The protocol (those checks, the non-blocking flock, the body read bounded) is
+minilmd/lockfile.py's;
 the lock is opened through the run directory's descriptor, a missing run directory made by run.dir's place-rule walk
 (place_rule.open_run_dir): never a mkdir(parents=True) by a path a link planted on the way would redirect.
 Torch-free.
@@ -20,6 +25,7 @@ import json
 import os
 import socket
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +33,7 @@ from pathlib import Path
 from minilmd import lockfile
 from minilmd.dirfd import Dir
 from minilmd.names import LOCK
-from minilmd.perms import published_file_mode
+from minilmd.perms import user_words
 from minilmd.place_rule import PlaceRefused, open_run_dir
 from minilmd.procs import supervisor_id
 
@@ -51,11 +57,19 @@ class LockInfo:
 class LockHeld(RuntimeError):
     """Another live supervisor owns this run directory."""
 
-    def __init__(self, pid: int | None, host: str, since: float | None, path: Path | None = None):
+    def __init__(self, pid: int | None, host: str, since: float | None, path: Path | None = None,
+                 holders: list[tuple[int, int | None]] | None = None):
         self.pid, self.host, self.since, self.path = pid, host, since, path
         info = LockInfo(pid, host, since).describe()
-        super().__init__(f"run already owned by another supervisor: {info} (lock {path}); "
+        super().__init__(f"run already owned by another supervisor: {info} (lock {path}{_kernel_says(holders)}); "
                          f"use `minilmd status` to see it or `minilmd stop` to stop it")
+
+
+def _kernel_says(holders: list[tuple[int, int | None]] | None) -> str:
+    """", held by process 4242 of user vic (uid 1000)": who holds the lock by the kernel's record, "" when unknown."""
+    if not holders:
+        return ""
+    return ", held by " + ", ".join(f"process {pid} of {user_words(uid)}" for pid, uid in holders)
 
 
 class LockUnsafe(RuntimeError):
@@ -88,7 +102,7 @@ class RunLock:
                            "launch_id": supervisor_id()}).encode("utf-8")
         where = _run_dir(self.path.parent)
         try:
-            taken = lockfile.take(where, LOCK, body, mode=published_file_mode())
+            taken = lockfile.take(where, LOCK, body)  # LOCK_FILE_MODE: never shared (hostile10 F1)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise LockUnsafe(f"{self.path} is a symbolic link: not followed; remove it (only this run's "
@@ -99,13 +113,16 @@ class RunLock:
                              f"file)") from None
         except lockfile.Held as e:
             info = _info(e.body)
-            raise LockHeld(info.pid, info.host, info.since, self.path) from None
+            raise LockHeld(info.pid, info.host, info.since, self.path, e.holders) from None
         except lockfile.Replaced:
             raise LockUnsafe(f"{self.path} keeps being replaced: not used; check who does it") from None
         finally:
             where.close()
         os.fsync(taken.fd)
         self._fd = taken.fd
+        if taken.strangers:
+            print(f"minilmd run: {self.path} was {lockfile.strangers_words(taken.strangers, 'supervisor')}",
+                  file=sys.stderr, flush=True)
 
     def release(self) -> None:
         """Empty the body (a clean end leaves no stale owner to report) and drop the flock."""
@@ -150,8 +167,10 @@ def lock_holder(run_dir: str | os.PathLike, dir_fd: int | None = None) -> LockIn
 def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[LockInfo | None, bool]:
     """(its holder's body, or None; whether the lock is provably free: a regular file whose flock this look took
     and let go at once). A held lock's body may not name its pid yet (pid None: the holder writes it just after its
-    flock). (None, False) when there is no lock file, or a link or not a regular file there. OSError when it cannot
-    be opened: whether anyone holds it cannot be told (another user's lock of mode 0600)."""
+    flock). (None, False) when there is no lock file, or a link or not a regular file there, or when only other
+    users' processes than its owner's hold it (lockfile.strangers: an older run's lock file others could read; the
+    next start replaces it). OSError when it cannot be opened: whether anyone holds it cannot be told (another
+    user's lock of mode 0600)."""
     path = Path(run_dir) / LOCK if dir_fd is None else LOCK
     try:
         fd = os.open(path, os.O_RDONLY | lockfile.LOCK_OPEN, dir_fd=dir_fd)
@@ -164,6 +183,8 @@ def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[Lo
             return None, False
         if lockfile.probe_free(fd):
             return None, True
+        if lockfile.strangers(fd):
+            return None, False  # no supervisor: another user's process holding a lock file it could read
         return _info(lockfile.read_body(fd)), False
     finally:
         os.close(fd)

@@ -1,0 +1,221 @@
+"""A run's lock files are their owner's alone, whatever run.share says (hostile10 F1, F2).
+
+Anyone who can open a lock file, even read-only, can flock it. Before, supervisor.lock (0644 less the umask),
+scratch's owner.json and trainer.lock (the umask's mode: 0644 under run.share "all") and a hand-made run.scratch
+(left 0755) let any user hold the run's locks with one `sleep`: every `minilmd run` was refused for good ("run already
+owned by another supervisor: pid None") and the trainer looped on exit 69. Here a real process of another uid (4242,
+no such user: the tests run as root and drop to it before exec) tries to open each lock file read-only and flock it:
+the open is refused (EACCES) and the run's own lock is taken. And a lock file an older run left 0644, held by that
+other uid's process, is replaced by a fresh 0600 file and taken, the holder named: its lock on the old inode holds
+nothing of the run's.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minilmd import names, run_owner, scratch, scratch_hold, trainer_lock
+from minilmd.daemon.host.lock import RunLock, lock_holder
+
+STRANGER = 4242
+"""A uid no user has: the other user whose process tries the run's lock files."""
+
+TRY_LOCK = """import errno, fcntl, os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+except OSError as e:
+    print("refused", errno.errorcode[e.errno], flush=True)
+    sys.exit(0)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+sys.stdin.read()
+"""
+"""Run as the stranger: open the file read-only and hold an flock on it until stdin closes."""
+
+
+def _as_stranger() -> None:
+    os.setgroups([])
+    os.setgid(STRANGER)
+    os.setuid(STRANGER)
+
+
+def _strangers_python() -> str | None:
+    """A Python the stranger can run (the tests' own may lie under root's 0700 home); None when there is none."""
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", os.path.realpath(sys.executable)):
+        try:
+            ran = subprocess.run([python, "-I", "-S", "-c", "print('ok')"], capture_output=True, text=True,
+                                 preexec_fn=_as_stranger, timeout=60)
+        except OSError:
+            continue
+        if ran.stdout.strip() == "ok":
+            return python
+    return None
+
+
+PYTHON = _strangers_python() if os.geteuid() == 0 else None
+
+
+class Stranger:
+    """The other user's process trying `path`: `said` is "held" (it holds the flock) or "refused EACCES"."""
+
+    def __init__(self, path: Path):
+        assert PYTHON is not None
+        self.proc = subprocess.Popen([PYTHON, "-I", "-S", "-c", TRY_LOCK, str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=_as_stranger)
+        self.said = self.proc.stdout.readline().strip()
+
+    def end(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+pytestmark = pytest.mark.skipif(PYTHON is None, reason="needs root, and a Python another uid can run")
+
+
+@pytest.fixture
+def shared_place() -> Iterator[Path]:
+    """A directory the stranger can reach (not under pytest's 0700 one), under run.share "all"'s umask (022)."""
+    old = os.umask(0o022)
+    place = Path(tempfile.mkdtemp(prefix="minilmd-lockmode-", dir="/tmp"))
+    os.chmod(place, 0o755)
+    try:
+        yield place
+    finally:
+        os.umask(old)
+        trainer_lock.release_all()
+        scratch_hold.let_go(place / "scratch")
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _run_dir(place: Path) -> Path:
+    run_dir = place / "run"
+    run_dir.mkdir(0o755)  # run.share "all"'s run.dir: others may list and enter it
+    return run_dir
+
+
+def test_supervisor_lock_is_private_under_share_all_and_another_user_cannot_hold_it(shared_place):
+    run_dir = _run_dir(shared_place)
+    with RunLock(run_dir):
+        pass
+    stranger = Stranger(run_dir / names.LOCK)
+    try:
+        assert stranger.said == f"refused {errno.errorcode[errno.EACCES]}"  # before: "held"
+        assert _mode(run_dir / names.LOCK) == 0o600
+        with RunLock(run_dir) as lock:  # before: LockHeld, "pid None", for as long as the stranger lived
+            assert lock.held
+    finally:
+        stranger.end()
+
+
+def test_an_older_runs_wide_supervisor_lock_held_by_another_user_is_replaced_and_taken(shared_place, capsys):
+    run_dir = _run_dir(shared_place)
+    lock_path = run_dir / names.LOCK
+    lock_path.write_bytes(b"")
+    os.chmod(lock_path, 0o644)  # as an older minilmd left it under run.share "all"
+    old = os.lstat(lock_path)
+    stranger = Stranger(lock_path)
+    try:
+        assert stranger.said == "held"
+        assert lock_holder(run_dir) is None  # no supervisor holds it: status and --check say so
+        with RunLock(run_dir) as lock:
+            assert lock.held
+            new = os.lstat(lock_path)
+            assert (new.st_ino, _mode(lock_path)) != (old.st_ino, 0o644) and _mode(lock_path) == 0o600
+            assert lock_holder(run_dir) is not None and lock_holder(run_dir).pid == os.getpid()
+        said = capsys.readouterr().err
+        assert f"uid {STRANGER}'s process {stranger.proc.pid}, not a supervisor of yours" in said, said
+        assert "your lock file was readable by others" in said
+    finally:
+        stranger.end()
+
+
+def test_a_holder_of_ones_own_uid_still_refuses_the_run_lock(shared_place):
+    run_dir = _run_dir(shared_place)
+    with RunLock(run_dir):
+        from minilmd.daemon.host.lock import LockHeld
+
+        with pytest.raises(LockHeld, match=f"held by process {os.getpid()} of user root"):
+            RunLock(run_dir).acquire()
+
+
+def test_trainer_lock_is_private_in_a_hand_made_wide_scratch(shared_place):
+    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
+    place.mkdir(0o755)  # run.scratch made by hand, never claimed (a by-hand trainer's)
+    trainer_lock.hold(place, run_dir, supervised=True)
+    trainer_lock.release_all()
+    stranger = Stranger(place / names.TRAINER_LOCK)
+    try:
+        assert stranger.said == f"refused {errno.errorcode[errno.EACCES]}"  # before: "held"
+        assert _mode(place / names.TRAINER_LOCK) == 0o600
+        trainer_lock.hold(place, run_dir, supervised=True)  # before: TrainerLockHeld, exit 69 for good
+    finally:
+        stranger.end()
+
+
+def test_an_older_wide_trainer_lock_held_by_another_user_is_replaced_and_taken(shared_place, capsys):
+    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
+    place.mkdir(0o755)
+    lock_path = place / names.TRAINER_LOCK
+    lock_path.write_bytes(b"")
+    os.chmod(lock_path, 0o644)
+    stranger = Stranger(lock_path)
+    try:
+        assert stranger.said == "held"
+        trainer_lock.hold(place, run_dir, supervised=True)
+        assert _mode(lock_path) == 0o600
+        dir_fd = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert trainer_lock.holder(dir_fd)["pid"] == os.getpid()
+        finally:
+            os.close(dir_fd)
+        said = capsys.readouterr().err
+        assert f"uid {STRANGER}'s process {stranger.proc.pid}, not a trainer of yours" in said, said
+    finally:
+        stranger.end()
+
+
+def test_claim_makes_a_hand_made_scratch_private_and_its_marker_unopenable_by_others(shared_place):
+    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
+    place.mkdir(0o755)
+    scratch.claim(place, run_dir, "s", is_default=False)
+    stranger = Stranger(place / names.SCRATCH_OWNER)
+    try:
+        assert stranger.said == f"refused {errno.errorcode[errno.EACCES]}"  # before: "held"
+        assert (_mode(place), _mode(place / names.SCRATCH_OWNER)) == (0o700, 0o600)
+        scratch_hold.hold(place)  # before: ScratchInUse, "another supervisor of this run"
+        assert scratch_hold.in_use(place) is None
+    finally:
+        stranger.end()
+
+
+def test_an_older_wide_marker_held_by_another_user_is_replaced_with_its_words_and_held(shared_place, capsys):
+    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
+    place.mkdir(0o755)
+    marker = place / names.SCRATCH_OWNER
+    body = run_owner.encode(run_owner.record(run_dir.resolve(), "s"))
+    marker.write_bytes(body)
+    os.chmod(marker, 0o644)  # as an older minilmd wrote it under run.share "all", in a scratch made by hand
+    stranger = Stranger(marker)
+    try:
+        assert stranger.said == "held"
+        assert scratch_hold.in_use(place) is None  # the launch takes it: --check refuses nothing
+        scratch_hold.hold(place)
+        assert marker.read_bytes() == body and _mode(marker) == 0o600
+        said = capsys.readouterr().err
+        assert f"uid {STRANGER}'s process {stranger.proc.pid}, not a supervisor of yours" in said, said
+    finally:
+        stranger.end()
