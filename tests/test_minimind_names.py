@@ -42,8 +42,25 @@ def test_minimind_names_in_a_config_say_the_minilmd_key_and_the_difference():
 
 def test_a_minimind_name_outside_any_section_is_named_too_and_other_typos_keep_the_known_list():
     said = problems_of({"batch_size": 16, "train": {"bogus": 1}})
-    assert any(p.startswith("unknown section [batch_size]: did you mean train.micro_batch_size?") for p in said)
+    assert any(p.startswith("key batch_size outside any section: did you mean train.micro_batch_size?") for p in said)
     assert any(p.startswith("unknown key train.bogus (known: seq_len, micro_batch_size") for p in said), said
+
+
+def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_given_their_likely_key():
+    """user10 #4: `train.log_evry` had no "did you mean", `[model] lr` no pointer to train.lr, and a config whose
+    [run] header was missing said "unknown section [name]" of each key above the first header."""
+    said = problems_of({"name": "x", "dir": "/tmp/r", "trian": {"lr": 1e-3},
+                        "train": {"log_evry": 10, "max_epoch": 2}, "model": {"lr": 1e-3, "seq_lenn": 64},
+                        "eval": {"every": 100}})
+    assert "key name outside any section: did you mean run.name (a missing [run] header?)" in said, said
+    assert "key dir outside any section: did you mean run.dir (a missing [run] header?)" in said, said
+    assert "unknown section [trian]: did you mean [train]?" in said, said
+    assert "unknown key train.log_evry: did you mean train.log_every?" in said, said
+    assert "unknown key train.max_epoch: did you mean train.max_epochs?" in said, said
+    assert "unknown key model.lr: did you mean train.lr?" in said, said
+    assert "unknown key model.seq_lenn: did you mean train.seq_len?" in said, said
+    assert "unknown key eval.every: did you mean train.eval_every?" in said, said
+    assert not any("staged" in p for p in problems_of({"init": {"stage": "x"}}))  # the supervisor's keys: never
 
 
 def test_the_table_names_only_real_config_keys():
