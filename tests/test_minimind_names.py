@@ -4,6 +4,8 @@ docs/operations.md's table is the table in minilmd/minimind_names.py, row for ro
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -61,6 +63,19 @@ def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_give
     assert "unknown key model.seq_lenn: did you mean train.seq_len?" in said, said
     assert "unknown key eval.every: did you mean train.eval_every?" in said, said
     assert not any("staged" in p for p in problems_of({"init": {"stage": "x"}}))  # the supervisor's keys: never
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["run", "cfg.toml", "--epochs", "2"], "no such option --epochs: MiniMind's epochs is train.max_epochs here: "
+                                           "use --set train.max_epochs=2 ("),
+    (["run", "cfg.toml", "--check", "--learning-rate=5e-4"], "use --set train.lr=5e-4 ("),
+    (["train", "cfg.toml", "--batch_size", "16"], "use --set train.micro_batch_size=16 ("),
+])
+def test_a_minimind_flag_on_the_command_line_is_given_its_set_override(argv, said, tmp_path):
+    """user10 #5: `minilmd run cfg.toml --epochs 2` got typer's bare "No such option: --epochs"."""
+    proc = subprocess.run([sys.executable, "-m", "minilmd.cli", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 
 
 def test_the_table_names_only_real_config_keys():
