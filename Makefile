@@ -1,18 +1,19 @@
-# The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active.
+# The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active. The demos install
+# minilmd with its demo extra (the corpora, matplotlib), the test targets and lint with the test extra.
 # test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
 .PHONY: demo demo-sft demo-dpo test test-fast lint
 
 demo:
-	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
+	@py=$$(scripts/setup.sh demo | tail -n1) && "$$py" -m minilmd.daemon.demo
 
 # Each demo in a directory of its own (demo-run/, demo-sft-run/, demo-dpo-run/): one never removes another's.
 # demo-sft: the demo's pretraining, then fine-tuning on a small real chat corpus (chatterbot-corpus), then a chat.
 demo-sft:
-	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_sft
+	@py=$$(scripts/setup.sh demo | tail -n1) && "$$py" -m minilmd.daemon.demo_sft
 
 # demo-dpo: demo-sft, then DPO (the fourth stage) on preference pairs from the same chat corpus, then a chat.
 demo-dpo:
-	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_dpo
+	@py=$$(scripts/setup.sh demo | tail -n1) && "$$py" -m minilmd.daemon.demo_dpo
 
 # Both run on TEST_WORKERS pytest-xdist processes: most slow tests wait on child processes, timeouts and faults
 # rather than compute, so more workers than the 2 cores of the test machine fill the cores those waits leave idle.

@@ -19,6 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from minilmd.config_hints import key_hint, top_level_problem
 from minilmd.config_sections import (
     LORA_TARGETS,
     SECTIONS,
@@ -39,7 +40,6 @@ from minilmd.config_sections import (
     toml_key,
 )
 from minilmd.config_values import TrainTokens, check_values, machine_checks_wait
-from minilmd.minimind_names import unknown_key_hint
 from minilmd.perms import own_uid
 from minilmd.urls import is_url
 
@@ -216,11 +216,11 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     classes = _section_classes()
     cfg = RunConfig(source=source)
     explicit, mistyped = set(), set()
+    settable = {section: [toml_key(f.name) for f in fields(cls) if f"{section}.{toml_key(f.name)}"
+                          not in SUPERVISOR_SET_KEYS] for section, cls in classes.items()}
     for section, body in raw.items():
         if section not in classes:
-            hint = unknown_key_hint("", section)  # a MiniMind name at the top, outside any section
-            problems.append(f"unknown section [{section}]"
-                            + (f": {hint}" if hint else f" (known: {', '.join(classes)})"))
+            problems.append(top_level_problem(section, body, settable))
             continue
         if not isinstance(body, dict):
             problems.append(f"[{section}] must be a table, not {type(body).__name__}")
@@ -231,7 +231,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
         target = getattr(cfg, section)
         for key, value in body.items():
             if key not in hints:
-                hint = unknown_key_hint(section, key)
+                hint = key_hint(section, key, settable)
                 known = ", ".join(k for k in hints if f"{section}.{k}" not in SUPERVISOR_SET_KEYS)
                 problems.append(f"unknown key {section}.{key}" + (f": {hint}" if hint else f" (known: {known})"))
                 continue

@@ -101,3 +101,26 @@ def unknown_key_hint(section: str, key: str) -> str:
     if not found.key:
         return f"{whose} {key}: minilmd has no such key: {found.note}"
     return f"did you mean {found.key}? ({whose} {key}: {found.note})"
+
+
+def foreign_flag_hint(args: list[str]) -> tuple[str, str] | None:
+    """The first `--name` in a command's arguments that is a MiniMind (PEFT, HF Trainer) name, and what to write
+    instead: `--epochs 2` -> ("--epochs", "MiniMind's epochs is train.max_epochs here: use --set
+    train.max_epochs=2 (...)") (user10 #5: typer said only "No such option"). None without one."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return None
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg.partition("=")
+        name = flag[2:].replace("-", "_")
+        whose, found = next(((whose, table[name]) for whose, table in FOREIGN_NAMES.items() if name in table),
+                            ("", None))
+        if found is None:
+            continue
+        if not found.key:
+            return flag, f"{whose} {name}: minilmd has no such key: {found.note}"
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "VALUE"
+        return flag, f"{whose} {name} is {found.key} here: use --set {found.key}={value} ({found.note})"
+    return None

@@ -1,8 +1,8 @@
 """What a run would do that its config may not mean, for `run --check`'s `note:` lines (stage_notes): settings its
-corpus's stage ignores, DPO without init.from, an init.from checkpoint root of a run not finished yet, a model
-trained on text before DPO, a tokenizer or chat template other than the corpus's, a .pth whose shapes are not read
-here (init_pth.pth_note); the supervisor says init.from's (init_from_notes) once it has staged its checkpoint.
-Notes, never problems: what the config check refuses is minilmd/probes.py's. Torch-free.
+corpus's stage ignores, DPO or SFT without init.from (a `WARNING:` line), an init.from checkpoint root of a run not
+finished yet, a model trained on text before DPO, a tokenizer or chat template other than the corpus's, a .pth whose
+shapes are not read here (init_pth.pth_note); the supervisor says init.from's (init_from_notes) once it has staged
+its checkpoint. Notes, never problems: what the config check refuses is minilmd/probes.py's. Torch-free.
 """
 from __future__ import annotations
 
@@ -31,20 +31,24 @@ real stage, but how tiny tests exercise the objective, so not refused."""
 WITHOUT_INIT = {"dpo": DPO_WITHOUT_INIT, "chat": "no [init] from on a chat corpus: this run trains SFT from randomly "
                 "initialised weights, a model that has learnt no language first; set init.from to the pretraining "
                 "run's config or run directory (a pretraining corpus is one of `minilmd prepare --format text`)"}
-"""The note of a fine-tuning stage's corpus without init.from (user6 #11: a pretraining config pointed at the SFT
+"""The warning of a fine-tuning stage's corpus without init.from (user6 #11: a pretraining config pointed at the SFT
 corpus trained SFT from random weights in silence), by the corpus's data_format."""
+
+WARNING = "WARNING: "
+"""The start of a note `run --check` prints as a warning, not as `note:` (a stage from random weights, as the
+update share's WARNING: plan/update_share.py)."""
 
 
 def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
-    stage ignores (ignored_settings), DPO or SFT without init.from (from random weights), a corpus of another user's
-    (corpus_meta.owner_note), and what init.from's checkpoint records (init_notes). A corpus or a source that
-    cannot be read now gives no note: the checks say it."""
+    stage ignores (ignored_settings), DPO or SFT without init.from (from random weights: a WARNING), a corpus of
+    another user's (corpus_meta.owner_note), and what init.from's checkpoint records (init_notes). A corpus or a
+    source that cannot be read now gives no note: the checks say it."""
     meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
     if not cfg.init.from_ and (without := WITHOUT_INIT.get(data_format)):
-        notes.append(without)  # a fine-tuning stage from random weights
+        notes.append(f"{WARNING}{without}")  # a fine-tuning stage from random weights: rarely meant (user10 #9)
     if owner := bounded_probe(owner_note, cfg.data.prepared, meta)[1]:  # another user's corpus: said, not refused
         notes.append(owner)
     return notes + _bounded_init_notes(cfg, meta)

@@ -48,7 +48,8 @@ def test_bench_step_prints_both_modes_and_their_ratios(capsys):
                      r"\(compile\) took [\d.]+ s", out)
     assert re.search(r"loss in the model/outside tok/s: compiled [\d.]+x, eager [\d.]+x; compiled \(loss in the "
                      r"graph\)/eager-outside [\d.]+x", out)
-    assert re.search(r"masked/unmasked tok/s \(the cost of data.doc_mask\): compiled [\d.]+x, eager [\d.]+x", out)
+    assert re.search(r"masked/unmasked tok/s ratio \(data.doc_mask; below 1x, its cost\): compiled [\d.]+x, "
+                     r"eager [\d.]+x", out)
 
     cfg = bench_step.load(None, TINY)
     eager = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager")
@@ -126,3 +127,11 @@ def test_bench_step_runs_the_kernels_the_loop_runs(capsys):
            "CUDA only: the cpu's kernels are deterministic already), as `minilmd train` runs them" in out  # on the
     # CPU deterministic mode changes nothing (determinism.apply), and the line says why it is off
     assert enabled == {"flash": False, "mem_efficient": False, "cudnn": False, "math": True}
+
+
+def test_the_doc_mask_ratio_is_called_its_cost_only_when_the_mask_is_slower():
+    """user10 #7: `bench packing` said "1.11x (the cost of data.doc_mask)" of a masked run that was faster."""
+    from minilmd.trainer.bench.packing import doc_mask_ratio
+
+    assert doc_mask_ratio(1.11) == "1.11x (data.doc_mask's ratio: no cost measured)"
+    assert doc_mask_ratio(0.88) == "0.88x (the cost of data.doc_mask: 12% fewer tokens/s)"

@@ -72,7 +72,6 @@ def test_a_later_system_message_s_empty_tools_replace_the_earlier_ones_as_minimi
 
 NULL_CONTENT = {
     "user": (1, [s("sys"), u(None), a("ok")]),
-    "assistant without calls": (2, [s("sys"), u("hi"), a(None)]),
     "tool result": (3, [s("sys"), u("hi"), {**a(""), "tool_calls": json.dumps(CALLS)}, {"role": "tool",
                                                                                          "content": None}, a("ok")]),
     "a later system message": (2, [u("hi"), a("ok"), s(None), u("again"), a("ok")]),
@@ -88,6 +87,12 @@ def test_a_null_content_renders_as_an_empty_one_as_minimind_s_template_does(temp
     assert bad is None and messages[i]["content"] == ""
     given_empty = [{**m, "content": "" if m.get("content") is None else m["content"]} for m in conv]
     assert template.render(messages) == template.render(check_conversation({"conversations": given_empty})[0])
+
+
+def test_an_assistant_message_without_content_or_calls_is_a_bad_line_not_an_empty_reply():
+    # user10 #3: before, accepted, and its target taught the model to answer nothing
+    messages, bad = check_conversation({"conversations": [s("sys"), u("hi"), a(None)]})
+    assert messages is None and bad[0] == "empty_reply", bad
 
 
 @pytest.mark.parametrize("conv", [[s(None), u("hi"), a("ok")], [{"role": "system", "tools": json.dumps(TOOLS)},

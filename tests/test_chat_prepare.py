@@ -115,6 +115,7 @@ BAD = [
     ('{"conversations": [{"role": "user", "content": "\\udc80"}, {"role": "assistant", "content": "a"}]}',
      "invalid_utf8"),
     ('{"conversations": [{"role": "user"', "invalid_json"),
+    ('{"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null}]}', "empty_reply"),
 ]
 
 
@@ -127,6 +128,7 @@ def test_bad_conversations_are_named_by_file_and_line_or_skipped_and_counted(cha
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 65, proc.stderr
     assert f"{src}:2: conversations not list" in proc.stderr and not (tmp_path / "out").exists()
+    assert f"{src}:{len(BAD) + 1}: empty reply" in proc.stderr, proc.stderr  # the last bad line, its file and line
     meta = _prepare([src], chat_tokenizer, tmp_path / "skip", on_bad_line="skip")
     assert meta["bad_lines"]["by_reason"] == {reason: 1 for _, reason in BAD}
     assert meta["bad_lines"]["examples"][0].startswith(f"{src}:2: conversations not list")

@@ -60,6 +60,9 @@ def test_a_tool_call_line_is_accepted_its_nulls_absent_and_its_strings_parsed():
     (lambda c: c[2].update(tool_calls='[{"name": "f", "arguments": "\\udc80"}]'), "invalid_utf8", "surrogate"),
     (lambda c: c[0].update(tools="[" * 200 + "]" * 200), "bad_tools", "nested deeper than"),
     (lambda c: c[1].update(role="function"), "unknown_role", "(allowed: system, user, assistant, tool)"),
+    # A null reply without calls trained '<think>\n\n</think>\n\n<|im_end|>': an empty answer (user10 #3).
+    (lambda c: c[2].pop("tool_calls"), "empty_reply", 'message 2 is the assistant\'s with a null "content" and no'),
+    (lambda c: c[2].update(tool_calls="[]"), "empty_reply", "train the model to answer with an empty reply"),
 ])
 def test_what_minimind_could_not_render_and_typos_are_still_bad_lines_named(change, reason, words):
     line = tool_line()

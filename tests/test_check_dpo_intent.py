@@ -83,7 +83,9 @@ def test_init_from_the_root_of_a_run_still_training_is_said_and_a_finished_one_i
 
 def test_dpo_without_init_from_or_from_a_model_trained_on_text_is_said(tmp_path, dpo_corpus):
     said = _check(_dpo(tmp_path, dpo_corpus, name="alone"))
-    assert "note: no [init] from on a preference corpus: DPO trains from randomly initialised weights" in said, said
+    # a WARNING as the update share's, not a `note:` (user10 #9)
+    assert " WARNING: no [init] from on a preference corpus: DPO trains from randomly initialised weights" in said, \
+        said
     config = _dpo(tmp_path, dpo_corpus, init={"from": str(tmp_path / "nfs-sft")})
     _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, template=False)
     said = _check(config)
@@ -196,5 +198,6 @@ def test_sft_without_init_from_is_said_as_dpo_without_it_is(tmp_path, corpus, ch
     """user6 #11: a pretraining config pointed at the SFT corpus, no init.from, trained SFT from random weights; only
     `lr 1e-05 (SFT default ...)` hinted at it. A text corpus without init.from is pretraining: nothing said."""
     said = _check(write_config(tmp_path, chat_corpus, name="sft-scratch"))
-    assert "note: no [init] from on a chat corpus: this run trains SFT from randomly initialised weights" in said, said
+    assert " WARNING: no [init] from on a chat corpus: this run trains SFT from randomly initialised weights" \
+        in said, said
     assert "no [init] from" not in _check(write_config(tmp_path, corpus, name="pretrain"))

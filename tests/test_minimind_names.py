@@ -4,6 +4,8 @@ docs/operations.md's table is the table in minilmd/minimind_names.py, row for ro
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -42,8 +44,38 @@ def test_minimind_names_in_a_config_say_the_minilmd_key_and_the_difference():
 
 def test_a_minimind_name_outside_any_section_is_named_too_and_other_typos_keep_the_known_list():
     said = problems_of({"batch_size": 16, "train": {"bogus": 1}})
-    assert any(p.startswith("unknown section [batch_size]: did you mean train.micro_batch_size?") for p in said)
+    assert any(p.startswith("key batch_size outside any section: did you mean train.micro_batch_size?") for p in said)
     assert any(p.startswith("unknown key train.bogus (known: seq_len, micro_batch_size") for p in said), said
+
+
+def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_given_their_likely_key():
+    """user10 #4: `train.log_evry` had no "did you mean", `[model] lr` no pointer to train.lr, and a config whose
+    [run] header was missing said "unknown section [name]" of each key above the first header."""
+    said = problems_of({"name": "x", "dir": "/tmp/r", "trian": {"lr": 1e-3},
+                        "train": {"log_evry": 10, "max_epoch": 2}, "model": {"lr": 1e-3, "seq_lenn": 64},
+                        "eval": {"every": 100}})
+    assert "key name outside any section: did you mean run.name (a missing [run] header?)" in said, said
+    assert "key dir outside any section: did you mean run.dir (a missing [run] header?)" in said, said
+    assert "unknown section [trian]: did you mean [train]?" in said, said
+    assert "unknown key train.log_evry: did you mean train.log_every?" in said, said
+    assert "unknown key train.max_epoch: did you mean train.max_epochs?" in said, said
+    assert "unknown key model.lr: did you mean train.lr?" in said, said
+    assert "unknown key model.seq_lenn: did you mean train.seq_len?" in said, said
+    assert "unknown key eval.every: did you mean train.eval_every?" in said, said
+    assert not any("staged" in p for p in problems_of({"init": {"stage": "x"}}))  # the supervisor's keys: never
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["run", "cfg.toml", "--epochs", "2"], "no such option --epochs: MiniMind's epochs is train.max_epochs here: "
+                                           "use --set train.max_epochs=2 ("),
+    (["run", "cfg.toml", "--check", "--learning-rate=5e-4"], "use --set train.lr=5e-4 ("),
+    (["train", "cfg.toml", "--batch_size", "16"], "use --set train.micro_batch_size=16 ("),
+])
+def test_a_minimind_flag_on_the_command_line_is_given_its_set_override(argv, said, tmp_path):
+    """user10 #5: `minilmd run cfg.toml --epochs 2` got typer's bare "No such option: --epochs"."""
+    proc = subprocess.run([sys.executable, "-m", "minilmd.cli", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 
 
 def test_the_table_names_only_real_config_keys():

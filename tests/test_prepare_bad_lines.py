@@ -6,6 +6,7 @@ by number and reason."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,10 @@ def test_every_bad_line_is_named_at_once_and_nothing_is_published(tmp_path, text
     assert named(listing.read_text(encoding="utf-8"), src) == expected  # every one, in the file
     # nothing beside the listing: the lock file this prepare made is gone with it (minilmd/corpus/prepare/lock.py)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "out.bad-lines.txt"]
+    # and --help says that file is the one thing a failed prepare leaves (user10 #8: "nothing is written unless 0")
+    helped = subprocess.run([sys.executable, "-m", "minilmd.cli", "prepare", "--help"], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    assert "no corpus is written unless 0 (OUT.bad-lines.txt aside" in " ".join(helped.stdout.split()), helped.stdout
 
 
 def test_skip_names_them_too_and_counts_them_by_reason(tmp_path, texts, tokenizer):

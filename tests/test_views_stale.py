@@ -68,6 +68,17 @@ def test_status_takes_step_and_checkpoint_from_what_the_trainer_wrote_after_the_
     assert "training for" not in text and "not running (last seen" in text, text
 
 
+def test_a_killed_supervisors_last_reason_is_not_said_as_why_the_run_is_where_it_is(tmp_path):
+    """user10 #6: after `kill -9` of the supervisor, status said "not running (... killed or crashed ...)" and then
+    "why: training, since the first heartbeat ..." as if training went on."""
+    run_dir, _ = killed_run(tmp_path)
+    st = json.loads((run_dir / names.STATE).read_text())
+    atomic_write_json(run_dir / names.STATE, {**st, "reason": "first heartbeat from attempt 1 (step 0)"})
+    text = status_text(run_dir)
+    assert "not running (last seen" in text and "  why:" not in text, text
+    assert "  last reason: training, since the first heartbeat from attempt 1 (step 0)" in text, text
+
+
 def status_json(run_dir: Path) -> dict:
     out = io.StringIO()
     assert views.status(run_dir, as_json=True, out=out) == 0

@@ -21,7 +21,7 @@ from minilmd import names, protocol
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
-from minilmd.daemon.base.states import FIRST_HEARTBEAT
+from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.interrupted import staging_interrupted, sync_interrupted
@@ -63,8 +63,9 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     now (remotenow.look_now)."""
     t = t or time.time()
     lines = [_head_line(state, alive, t, alone)]
-    if state.reason:
-        lines += _block("  why: ", _why(state))
+    if state.reason:  # a killed supervisor's mid-run is what it last wrote, not why anything happens now (user10 #6)
+        stale = not alive and not state.outcome and state.phase not in FINAL_PHASES
+        lines += _block("  last reason: " if stale else "  why: ", _why(state))
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 

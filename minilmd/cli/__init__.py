@@ -57,4 +57,24 @@ def main() -> None:
 
         print(f"minilmd: {e}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    _refuse_foreign_flags(sys.argv[1:])
     app()
+
+
+def _refuse_foreign_flags(argv: list[str]) -> None:
+    """`minilmd run cfg.toml --epochs 2`: MiniMind's flag names get the --set that says it, exit 2, where typer
+    said only "No such option: --epochs" (user10 #5)."""
+    if argv[:1] not in (["run"], ["train"]):
+        return
+    from minilmd.minimind_names import foreign_flag_hint
+
+    found = foreign_flag_hint(argv[1:])
+    if found is None:
+        return
+    command = typer.main.get_command(app).commands[argv[0]]  # type: ignore[attr-defined]
+    if any(found[0] in (*p.opts, *p.secondary_opts) for p in command.params):
+        return  # an option of ours after all
+    from minilmd.protocol import EXIT_CONFIG
+
+    print(f"minilmd {argv[0]}: no such option {found[0]}: {found[1]}", file=sys.stderr)
+    raise SystemExit(EXIT_CONFIG)  # 2, as typer's own "No such option"

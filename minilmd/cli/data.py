@@ -59,8 +59,8 @@ def prepare_command(
     input (every bad line named as file:line: reason, the whole input read first; or a
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
     writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
-    can rearrange (without --group-share), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the cleanup runs first); nothing is
-    written unless 0."""
+    can rearrange (without --group-share), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the cleanup runs first); no corpus
+    is written unless 0 (OUT.bad-lines.txt aside: every bad line of a 65 that had more than 20)."""
     from minilmd.corpus.analysis.scripts import parse_scripts
     from minilmd.corpus.prepare.pipeline import prepare
 

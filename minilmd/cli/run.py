@@ -85,7 +85,7 @@ def run_command(
         from minilmd.plan.epoch_notes import epoch_notes
 
         for line in _notes(cfg, plan, claim_remote, rate) + epoch_notes(cfg, plan(), meta):
-            typer.echo(f"note: {line}")
+            typer.echo(line if line.startswith("WARNING: ") else f"note: {line}")  # stage_notes.WARNING
         for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room

@@ -9,7 +9,8 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   names them) when it is not valid UTF-8 or JSON, not an object with a "conversations" list, the list is empty, a
   message is not an object, has a role outside the four, a content that is not a string (or holds a lone surrogate;
   null on a first message that is a system one), a key other than role, content, reasoning_content (a string), tools
-  and tool_calls, a tool field MiniMind could not render, or when no message is the assistant's. Other keys of the
+  and tool_calls, a tool field MiniMind could not render, an assistant message with a null or absent content and no
+  tool_calls (`empty_reply`: it would teach empty answers), or when no message is the assistant's. Other keys of the
   line (an "id") are ignored; what MiniMind's template never renders (OpenAI's `tool_call_id` and `name`, a tool
   key off its role) is dropped from the message and named (chat_tools.py). A preference pair's sides (--format
   dpo) keep the three roles and keys, `tool_call_id` and `name` dropped and named alike.
@@ -113,7 +114,8 @@ def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
         role = m.get("role")
         if role not in roles:
             return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(roles)})")
-        if m.get("content") is None:  # null or absent: MiniMind's template renders "" (`content is string`) ...
+        null_content = m.get("content") is None
+        if null_content:  # null or absent: MiniMind's template renders "" (`content is string`) ...
             if i == 0 and role == "system":  # ... but adds a first system message's to a string, and fails
                 return None, ("content_not_string", 'message 0 "content" is null on the first message, a system one: '
                                                     "MiniMind's template adds it to a string and fails")
@@ -130,6 +132,9 @@ def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
         bad = check_tool_keys(i, m, kept)
         if bad:
             return None, bad
+        if null_content and role == "assistant" and "tool_calls" not in kept:  # a reply that says nothing
+            return None, ("empty_reply", f'message {i} is the assistant\'s with a null "content" and no "tool_calls": '
+                                         "it would train the model to answer with an empty reply")
         messages.append(kept)
     if not any(m["role"] == "assistant" for m in messages):
         return None, ("no_assistant_turn", f"{len(messages)} messages, none with role 'assistant'")

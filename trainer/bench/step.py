@@ -201,7 +201,7 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
                      f"{ratio('eager', 'eager-outside')}; compiled (loss in the graph)/eager-outside "
                      f"{ratio('compiled', 'eager-outside')}")
     if {"compiled", "eager", "compiled-masked", "eager-masked"} <= r.keys():
-        lines.append(f"masked/unmasked tok/s (the cost of data.doc_mask): compiled "
+        lines.append(f"masked/unmasked tok/s ratio (data.doc_mask; below 1x, its cost): compiled "
                      f"{ratio('compiled-masked', 'compiled')}, eager {ratio('eager-masked', 'eager')}")
     return "\n".join(lines)
 
