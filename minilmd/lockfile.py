@@ -1,8 +1,9 @@
 """The one way minilmd takes a lock file: an flock on a file named in a directory held open (minilmd/dirfd.py's Dir,
 or a descriptor a walk gave), its body saying who holds it.
 
-Four locks use it: the supervisor's run lock (daemon/host/lock.py), the trainer's (minilmd/trainer_lock.py), a
-prepared corpus's (minilmd/corpus/prepare/lock.py) and the GPU leases (daemon/host/leases.py). Before, each wrote
+Five locks use it: the supervisor's run lock (daemon/host/lock.py), the trainer's (minilmd/trainer_lock.py), a
+prepared corpus's (minilmd/corpus/prepare/lock.py), the GPU leases (daemon/host/leases.py) and the scratch's hold
+(minilmd/scratch_hold.py). Before, each wrote
 the protocol itself with different guards: one followed no check of links (a hard link planted at the trainer's
 lock name had the trainer truncate and write another file of the user's), one parsed its holder unbounded, one read
 /proc/locks matching the inode number alone (another device's lock with that number was named as the holder).
@@ -118,11 +119,13 @@ def open_lock(where: Dir | int, name: str, *, mode: int | None, write: bool = Tr
 
 def problem(st: os.stat_result, *, others: bool = False) -> str | None:
     """Why the file `st` describes must not be used as a lock file, or None: not a regular file, more than one
-    link, another user's (allowed with `others`: a lease file another user made, only read and locked)."""
+    link, another user's (allowed with `others`: a lease file another user made, only read and locked). No link at
+    all passes: the file was removed after it was opened (prepare's maker removes its lock on the way out), and
+    the caller's still-named check after its flock opens the name again (review12b F3: it was refused, exit 2)."""
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
-    if st.st_nlink != 1:
-        return f"has {st.st_nlink} hard links (it could be another file's name)"
+    if st.st_nlink > 1:  # 0 is a file its maker removed after our open: no name, so no other file's body; the
+        return f"has {st.st_nlink} hard links (it could be another file's name)"  # still-named check sends us back
     if not others and not owned_by_me(st):
         return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
     return None

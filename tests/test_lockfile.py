@@ -108,3 +108,30 @@ def test_a_lock_on_another_device_with_the_same_inode_is_not_the_holder(tmp_path
               f"2: FLOCK  ADVISORY  WRITE 222 {major:02x}:{minor:02x}:{st.st_ino} 0 EOF\n"
               f"2: -> FLOCK  ADVISORY  WRITE 333 {major:02x}:{minor:02x}:{st.st_ino} 0 EOF\n")
     assert flock_holders(st, read=lambda _: record) == [222]
+
+
+def test_a_lock_file_removed_between_the_open_and_the_lock_is_opened_again_not_refused(tmp_path, monkeypatch):
+    """Prepare's maker removes its lock file on the way out; a second prepare that had just opened it found 0 links
+    and was refused ("has 0 hard links ... Remove it", exit 2, naming a file that was gone: review12b F3). A file
+    with no name holds nobody's body: the still-named check after the flock sends the taker to the name again."""
+    real_open = lockfile.open_lock
+    removed = []
+
+    def open_then_removed(where, name, **kw):
+        fd, created = real_open(where, name, **kw)
+        if not removed:  # the first open only: its maker ends and removes the file just after
+            os.unlink(name, dir_fd=where.fd if isinstance(where, Dir) else where)
+            removed.append(os.fstat(fd).st_ino)
+        return fd, created
+
+    monkeypatch.setattr(lockfile, "open_lock", open_then_removed)
+    with CorpusLock(tmp_path / "corpus", "prepare") as lock:
+        assert removed and lock.locked and os.fstat(lock.fd).st_nlink == 1
+        assert os.fstat(lock.fd).st_ino == (tmp_path / "corpus.lock").stat().st_ino
+    removed.clear()
+    with Dir.open(tmp_path, "the test's directory") as d:
+        taken = lockfile.take(d, "other.lock", b"{}")
+        try:
+            assert removed and lockfile.still_named(d, "other.lock", taken.fd)
+        finally:
+            os.close(taken.fd)

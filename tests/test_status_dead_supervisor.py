@@ -88,6 +88,8 @@ def test_the_overview_and_the_textfile_written_at_exit_say_the_same():
            "last_sync_age_s": 600.0}
     assert _cells(row)[7] == "10m ago (interrupted)"
     assert _cells({**row, "running": True})[7] == "10m ago"  # a supervisor alive: its sync goes on
+    # a supervisor of another host (a Slurm job's run dir on a share) is not known dead from here (review12b F4)
+    assert _cells({**row, "elsewhere": "node7"})[7] == "10m ago"
     state = new_state("r", Path("/x"), "c.toml")
     state["sync"] = {"state": "running", "since": time.time(), "attempts": 1}
 

@@ -45,6 +45,7 @@ from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
 from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, shown_state
+from minilmd.scratch_lost import other_host
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -90,6 +91,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "reason": state.reason,
         "ended": protocol.how_ended(raw),
         "running": alive,
+        "elsewhere": other_host(written.supervisor.host),  # not known dead from here (liveness: this host's only)
         "step": progress.step,
         "total_steps": progress.total_steps,
         "loss": progress.loss,
@@ -192,7 +194,8 @@ def _cells(r: dict) -> list[str]:
         sync = "off"
     else:
         sync = f"{fmt_duration(r['last_sync_age_s'])} ago" if r.get("last_sync_age_s") is not None else "-"
-        shown = shown_state(str(r.get("sync_state")), bool(r.get("running")))  # no supervisor: no sync goes on
+        # no supervisor: no sync goes on; one of another host is not known dead from here (interrupted.py's rule)
+        shown = shown_state(str(r.get("sync_state")), bool(r.get("running") or r.get("elsewhere")))
         if shown in (*SYNC_TROUBLE, INTERRUPTED):
             sync += f" ({shown})"
     return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
