@@ -237,7 +237,7 @@ class Ending:
         assert self.slurm is not None
         end = unsynced_end.plan(self.slurm, self.cfg, self.sync, self.state, self.events.emit, sync_problem)
         if not end.requeue:
-            self._fail(protocol.SUPERVISOR_RETRY, end.words)
+            self._fail(end.exit, end.words)  # exit 79 once requeue_bound's requeues in a row are spent
             return
         self.loop.ended = protocol.ENDED_REQUEUED
         self._go(Phase.DONE, end.words)

@@ -15,6 +15,7 @@ from minilmd.daemon.base.statesections import Outcome
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.slurm import requeue_bound
 from minilmd.fsio import atomic_write_text
 from minilmd.run_states import SyncState
 from minilmd.untrusted import Unreadable
@@ -53,7 +54,10 @@ class RunFiles:
         """What the previous supervisor's state.json holds that survives a restart (RunState.adopt), for a run whose
         remote is `remote` now; a remote checkpoint it recorded on another remote is said, and not adopted."""
         try:
-            self.state.adopt(load_state(self.run_dir), remote)
+            previous = load_state(self.run_dir)
+            self.state.adopt(previous, remote)
+            # in a Slurm job: its requeues after a last sync that gave up, counted across the run's starts
+            requeue_bound.carry(self.state.slurm, previous.get("slurm") if isinstance(previous, dict) else None)
         except Unreadable as e:
             self.state.previous_unreadable = "" if e.missing else e.why
             if not e.missing:

@@ -40,6 +40,7 @@ from minilmd import protocol, scratch_hold, scratch_root
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
+from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.attempt import Attempt
 from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.base.runstate import now
@@ -124,6 +125,7 @@ class Supervisor(Attempt, Ending):
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
+            self.after_sync = AfterSync(self.cfg, self.state, self.events.emit)  # from the adopted remote step
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
             start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None)
@@ -202,6 +204,7 @@ class Supervisor(Attempt, Ending):
         self.files.read_progress()
         live = self.phase in ATTEMPT_PHASES
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
+        self.after_sync.tick(self.staging.running)  # a newer step on run.remote: the kept copy goes, the count resets
         if live:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()

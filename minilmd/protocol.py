@@ -43,7 +43,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP ended a command (128 + SIGIN
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
 SUPERVISOR_CONFIG = 2  # bad config or a run already owned by another supervisor: do not restart (bad data: 65)
 SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress, or a trainer that ended done with no
-#                          checkpoint in scratch to sync (it saved elsewhere): do not restart (systemd prevents it)
+#                          checkpoint in scratch to sync (it saved elsewhere), or too many Slurm requeues in a row
+#                          after a last sync that gave up: do not restart (systemd prevents it)
 SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
 SUPERVISOR_RETRY = 1  # failed, not for good: systemd restarts it (a last sync that failed, a supervisor error, a
 #                        Slurm requeue refused, a scratch record unreadable at --check); never in FINAL_EXIT_STATUSES

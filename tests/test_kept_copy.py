@@ -34,7 +34,17 @@ def test_one_copy_at_most_and_only_what_the_remote_lacks(tmp_path, weights):
     assert _kept(cfg) == [step_name(20)]  # the older copy removed: one at most
     assert keptcopy.drop_if_synced(cfg, 10) == "" and _kept(cfg) == [step_name(20)]  # the remote is behind it
     assert "removed step 20" in keptcopy.drop_if_synced(cfg, 20)
-    assert _kept(cfg) == [] and keptcopy.kept_step(cfg) is None
+    assert not keptcopy.place(cfg).exists() and keptcopy.kept_step(cfg) is None  # its empty directory with it
+
+
+def test_the_directory_of_the_copy_stays_when_anything_else_is_in_it(tmp_path, weights):
+    cfg = _cfg(tmp_path)
+    save(cfg.checkpoint_dir, 20, weights)
+    assert keptcopy.keep(cfg, EXPECTED, None).step == 20
+    (keptcopy.place(cfg) / "notes.txt").write_text("the user's\n")
+    said = keptcopy.drop_if_synced(cfg, 20)
+    assert "removed step 20" in said and "empty" not in said
+    assert _kept(cfg) == [] and (keptcopy.place(cfg) / "notes.txt").read_text() == "the user's\n"
 
 
 def test_brought_back_only_when_newer_than_scratch_and_valid(tmp_path, weights):

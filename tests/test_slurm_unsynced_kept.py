@@ -2,7 +2,8 @@
 full (ENOSPC) once step 10 is synced: the finished run's last sync waits for room for MINILMD_FINAL_SYNC_WAIT (2 s
 here, 15 min by default) and fails. Its newest checkpoint, step 30, is copied into run.dir/unsynced and the job is
 requeued (state.json's outcome first, then `scontrol requeue`); the requeued job, on another node (the first node's
-scratch wiped), resumes from that copy, not from the remote's step 10, syncs it and removes the copy.
+scratch wiped), resumes from that copy, not from the remote's step 10, syncs it and removes the copy and its
+directory; the requeue counted in state.json's slurm section, the count gone once the sync put step 30 there.
 
 Before (daemon/slurm/unsynced_end.py): the run ended `failed`, exit 1, not requeued, step 30 only in the node's
 scratch, which the job's end wipes; the next start trained steps 11-30 again from the remote's step 10. And a job
@@ -19,6 +20,7 @@ import pytest
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.jobs import keptcopy
+from minilmd.daemon.slurm import requeue_bound
 from reliability_helpers import event_texts
 from slurm_helpers import job_line, remote_step, slurm_env
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -59,6 +61,7 @@ def test_a_last_sync_that_cannot_finish_in_the_job_keeps_the_checkpoint_in_run_d
     assert str(kept.parent) in left["reason"] and "step 30" in left["reason"], left["reason"]
     assert kept.is_dir() and (kept / names.MANIFEST).is_file()
     assert remote_step(run_dir) == 10
+    assert left["slurm"][requeue_bound.KEY]["count"] == 1, left["slurm"]  # bounded: tests/test_slurm_requeue_bound.py
     at_requeue = json.loads((tmp_path / "scontrol-calls.state").read_text())  # said before the requeue ends the job
     assert at_requeue["outcome"]["ended"] == "requeued", at_requeue
     shown = cli("status", str(config)).stdout
@@ -75,7 +78,8 @@ def test_a_last_sync_that_cannot_finish_in_the_job_keeps_the_checkpoint_in_run_d
     assert final["outcome"]["ended"] == "finished" and remote_step(run_dir) == 30, final
     fetched = [m for m in event_texts(run_dir, "fetch") if "resuming from step 30" in m]
     assert fetched, event_texts(run_dir, "fetch")  # from the kept copy, not the remote's step 10
-    assert not kept.exists(), sorted(p.name for p in kept.parent.iterdir())  # the remote has it: the copy goes
+    assert not kept.parent.exists(), sorted(p.name for p in kept.parent.iterdir())  # the remote has it: it goes
+    assert requeue_bound.KEY not in final["slurm"], final["slurm"]  # a sync: the count begins again
 
 
 def test_a_job_slurm_will_not_requeue_ends_failed_saying_where_the_kept_checkpoint_is(tmp_path, corpus, faultfs):

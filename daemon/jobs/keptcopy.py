@@ -10,12 +10,15 @@ root's descriptor; read back against the manifest before it is renamed into plac
 run.dir and only that ever removed; one copy at most: retention keeps one). The next start's staging fetches it back
 into scratch (`bring_back`: downloaded, hashed and validated as any fetch) when it is newer than scratch's, before
 the remote's older one is looked at, so the trainer resumes from it and the ordinary sync pushes it; once the remote
-holds that step it is removed (`drop_if_synced`: at the run's end, and at a start whose state.json records that
-step or a newer one synced). Torch-free; the Syncer (numpy) is loaded only when a copy is made
+holds that step it is removed (`drop_if_synced`: at the run's end, at a start whose state.json records that
+step or a newer one synced, and as soon as a sync of the run that resumed from it pushes that step or a newer one:
+daemon/aftersync.py), and `unsynced/` with it once empty (rmdir at run.dir's descriptor, only a directory of this
+user's: nothing else there is ever removed). Torch-free; the Syncer (numpy) is loaded only when a copy is made
 or read.
 """
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,4 +120,22 @@ def drop_if_synced(cfg, remote_step: int | None) -> str:
         why = str(e)
     if why:
         return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
-    return f"removed step {kept} kept in {place(cfg)}: run.remote has step {remote_step}"
+    emptied = f" ({place(cfg)}, empty then, with it)" if _remove_if_empty(cfg) else ""
+    return f"removed step {kept} kept in {place(cfg)}{emptied}: run.remote has step {remote_step}"
+
+
+def _remove_if_empty(cfg) -> bool:
+    """`<run.dir>/unsynced` removed when it is an empty directory of this user's (rmdir(2) at run.dir's checked
+    descriptor: one that holds anything, a link or another's entry stays); whether it was."""
+    from minilmd.dirfd import Dir
+    from minilmd.perms import owned_by_me
+
+    try:
+        with Dir.open(cfg.run_dir, "run.dir") as run_dir:
+            found = run_dir.lstat(KEPT_DIR)
+            if found is None or not stat.S_ISDIR(found.st_mode) or not owned_by_me(found):
+                return False
+            run_dir.remove_dir(KEPT_DIR)  # ENOTEMPTY when anything is left in it: then it stays
+    except (OSError, ValueError):  # not empty, gone, or run.dir refused by the place rule (PlaceRefused) now
+        return False
+    return True

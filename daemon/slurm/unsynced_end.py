@@ -8,9 +8,12 @@ copied into run.dir (daemon/jobs/keptcopy.py: shared storage, the run's own; one
 requeued through the preemption's path (state.json's outcome written first, then `scontrol requeue`), so that its
 next start fetches it back, resumes from it and syncs it. A job Slurm will not requeue (`Requeue=0`: sbatch
 --no-requeue, or JobRequeue=0 in slurm.conf), or a requeue that fails, ends `failed` (non-final) with a reason
-that says where the checkpoint is and what to do. A preempted job keeps its own plan (daemon/slurm/job.py: a failed
-last sync is not requeued, the requeued job would wait the same again), the checkpoint kept in run.dir all the same
-while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full. Torch-free.
+that says where the checkpoint is and what to do. Such requeues in a row are bounded (daemon/slurm/requeue_bound.py:
+a remote that stays refused would requeue the job for ever): the give-up after MAX_UNSYNCED_REQUEUES of them ends
+the run failed for good, exit 79, saying why and what to do. A preempted job keeps its own plan (daemon/slurm/job.py:
+a failed last sync is not requeued, the requeued job would wait the same again), the checkpoint kept in run.dir all
+the same while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from minilmd import protocol
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.jobs import keptcopy
+from minilmd.daemon.slurm import requeue_bound
 from minilmd.daemon.slurm.job import SlurmJob, job_info
 
 
@@ -28,6 +34,8 @@ class UnsyncedEnd:
 
     requeue: bool
     words: str
+    exit: int = protocol.SUPERVISOR_RETRY
+    """The supervisor's exit status when not requeued: SUPERVISOR_GAVE_UP once requeue_bound's requeues are spent."""
 
 
 def requeueable(slurm: SlurmJob) -> bool:
@@ -75,9 +83,17 @@ def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], 
 def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_problem: str) -> UnsyncedEnd:
     """The checkpoint kept (said in the log) and how the run ends (module docstring)."""
     kept, where = _keep(cfg, sync, state, emit, sync_problem)
+    section = state["slurm"]
+    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
+    newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    before = requeue_bound.consecutive(section, remote, newest)
+    if before >= requeue_bound.MAX_UNSYNCED_REQUEUES:  # a remote that stays refused: no requeue loop for ever
+        return UnsyncedEnd(False, requeue_bound.spent_words(before, sync_problem, where, kept.step is not None),
+                           protocol.SUPERVISOR_GAVE_UP)
     may = requeueable(slurm)
     if may and (kept.step is not None or not cfg.scratch_is_default):
-        state["slurm"]["requeued"], state["slurm"]["state"] = True, "REQUEUED"
+        section["requeued"], section["state"] = True, "REQUEUED"
+        requeue_bound.requeued(section, before + 1, remote, newest)
         return UnsyncedEnd(True, f"requeued by Slurm: the last sync could not finish within the job "
                                  f"({sync_problem}); {where}; the requeued job resumes from it and syncs it")
     how = "resubmit the job (sbatch) once run.remote takes this run's checkpoints again: its start " \
