@@ -23,11 +23,11 @@ import torch
 
 from held import PAUSING_TRAINER, proc_state
 from minilmd import checkpoint_dirs, names, protocol, scratch
+from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import load_config
 from minilmd.daemon.jobs import scratch_removed
 from minilmd.names import FAULT_ENV, FAULTS_FIRED, TRAINER_CMD_ENV, step_name
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.checkpoint_pin import ScratchGone
 from minilmd.trainer.loop import exits
 from supervisor_helpers import events, start_supervisor, state, wait_for, wait_or_kill, write_config
 from trainer_corpus import read_metrics
@@ -105,7 +105,7 @@ def test_a_directory_of_ones_own_made_at_the_claimed_scratchs_name_is_refused_sa
     words = scratch_removed.changed(e, where, 8)
     assert "someone" not in words and "check who can change" not in words, words  # before: the user blamed
     assert f"run.scratch {where} is not the directory this run claimed" in words, words
-    assert f"its newest checkpoint is step 12; " in words, words
+    assert "its newest checkpoint is step 12; " in words, words
     assert words.endswith(f"; run.remote's newest is step 8: `rm -r {where}` loses steps 9..12, which are only "
                           f"there, and the run, started again, resumes from step 8"), words
     assert scratch_removed.changed(e, where, 12).endswith(f"`rm -r {where}` loses no step the remote lacks, and "
@@ -152,7 +152,7 @@ def test_scratch_removed_while_the_real_trainer_trains_is_staged_again_and_the_r
     assert rc == 0, text[-4000:]
     first = (run_dir / "logs" / "attempt-0001.log").read_text()
     assert f"minilmd train: run.scratch {cfg.scratch_dir} was removed while the run trained (" in first, first[-3000:]
-    assert f"): step 8 not saved; the supervisor stages again and resumes from the newest synced checkpoint" \
+    assert "): step 8 not saved; the supervisor stages again and resumes from the newest synced checkpoint" \
         in first, first[-3000:]
     assert "Traceback" not in first, first[-3000:]
     assert text.count(scratch_removed.claimed_again(cfg.scratch_dir)) == 1, text[-4000:]

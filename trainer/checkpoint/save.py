@@ -24,6 +24,7 @@ import numpy as np
 
 from minilmd import procs
 from minilmd.checkpoint import FORMAT, VERSION, for_loading
+from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
 from minilmd.names import (
@@ -42,7 +43,6 @@ from minilmd.names import (
     step_name,
 )
 from minilmd.plan.trainer_state import STEP
-from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from minilmd.checkpoint import CheckpointMismatch
+from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
@@ -25,7 +26,6 @@ from minilmd.protocol import (
     write_fault,
 )
 from minilmd.supervision import supervision
-from minilmd.checkpoint_pin import ScratchGone
 from minilmd.trainer.checkpoint.save import ScratchFull
 from minilmd.trainer.loop import determinism
 from minilmd.trainer.loop.faults import FaultSpecError
