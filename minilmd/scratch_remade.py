@@ -15,9 +15,8 @@ def remade_words(scratch: Path, before, now, newest: int | None) -> str:
     held = f"its newest checkpoint is step {newest}" if newest is not None else "it holds no checkpoint"
     return (f"run.scratch {scratch} is not the directory this run claimed (device {before.dev}, inode {before.ino}): "
             f"that one was removed (or moved) while the run ran, and another directory of yours (device {now.dev}, "
-            f"inode {now.ino}) has been made at its name since, without this run's owner.json, staged corpus or lock; "
-            f"{held}; the run stops rather than stage into, delete from or train in a directory it did not claim "
-            f"(final)")
+            f"inode {now.ino}) stands at its name now, made or put there since; {held}; the run stops rather than "
+            f"stage into, delete from or train in a directory it did not claim (final)")
 
 
 def newest_step(scratch: Path) -> int | None:
