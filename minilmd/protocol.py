@@ -164,6 +164,9 @@ class FaultNote(str, Enum):
     REFUSED = "refused"  # a final refusal (a config or data error), its whole text in "message"
     SCRATCH_FULL = "scratch_full"  # a checkpoint did not fit in scratch: needs, free, path
     CUDA_OOM = "cuda_oom"  # CUDA ran out of memory: step, micro_batch_size, device, rank, source
+    SCRATCH_GONE = "scratch_gone"  # run.scratch removed (or another directory there) while it trained: a save
+    #                                refused, exit EXIT_CRASH (restarted: staging claims and stages it afresh);
+    #                                step, checkpoint_step, path
 
 
 def write_fault(run_dir: str | os.PathLike, kind: FaultNote, message: str, **details) -> None:

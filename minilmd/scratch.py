@@ -42,6 +42,7 @@ from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
+from minilmd.scratch_remade import newest_step, remade_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
 
@@ -55,7 +56,13 @@ class ScratchRefused(ValueError):
 
 
 class ScratchChanged(ScratchRefused):
-    """The scratch is not the directory this process claimed (another one, or a link, put in its place): final."""
+    """The scratch is not the directory this process claimed (another one, or a link, put in its place): final.
+    `remade`: a directory of this user's stands there (minilmd/scratch_remade.py), `newest_there` the newest
+    checkpoint step in it (None: none), which a caller that knows the remote's newest compares with it."""
+
+    def __init__(self, problems: list[str], remade: bool = False, newest_there: int | None = None):
+        super().__init__(problems)
+        self.remade, self.newest_there = remade, newest_there
 
 
 @dataclass(frozen=True)
@@ -328,6 +335,9 @@ def _check_held(scratch: Path, now: Identity | None = None) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise ScratchChanged([_changed(scratch, before, f"a symbolic link to {_link_target(scratch)}")])
         now = Identity.of(st)
+    if now != before and now.uid == own_uid():
+        newest = newest_step(scratch)
+        raise ScratchChanged([remade_words(scratch, before, now, newest)], True, newest)
     if now != before:
         raise ScratchChanged([_changed(scratch, before, f"a directory of {now.describe()}")])
 

@@ -114,17 +114,19 @@ def test_a_scratch_swapped_mid_run_stops_the_run_before_anything_is_staged_or_de
             proc.kill()
     final = state(run_dir)
     said = final.get("last_error") or ""
-    assert f"run.scratch {where} changed since this run claimed it: it was the directory of " in said, said
+    changed = "changed since this run claimed it" if swap != "a copy of it" else "is not the directory this run claimed"
+    assert f"run.scratch {where} {changed}" in said, said
     if swap == "link to her data":
         assert f"it is now a symbolic link to {data};" in said, said
-    elif swap == "a copy of it":
-        assert "it is now a directory of device" in said and "owned by user root (uid 0);" in said, said
+    elif swap == "a copy of it":  # the user's own copy: no stranger blamed (tests/test_scratch_removed.py)
+        assert "another directory of yours" in said and "it holds no checkpoint" in said, said
+        assert "someone" not in said, said
         assert final["child"] is None and len(final["restarts"]) == 1  # no second attempt started in the copy
     else:
         assert "it is now a directory of device" in said, said
         assert f"owned by user nobody (uid {NOBODY.pw_uid});" in said, said
     assert final["phase"] == "failed" and final["outcome"]["exit"] == SUPERVISOR_CONFIG
-    assert "changed since this run claimed it" in (run_dir / "events.jsonl").read_text()
+    assert changed in (run_dir / "events.jsonl").read_text()
     assert untouched(data)
     if swap == "his own 0777 directory":
         assert list(where.iterdir()) == []  # nothing of hers was copied into his directory
@@ -142,7 +144,8 @@ def test_staging_deletes_nothing_in_a_scratch_that_changed_since_the_claim(tmp_p
     where.unlink()
     where.mkdir(mode=0o700)  # another directory of the same owner and name
     victims_data(where)
-    with pytest.raises(scratch.ScratchChanged, match=f"run.scratch {where} changed since this run claimed it"):
+    # one's own: no stranger blamed (the user's own `rm -rf` and mkdir: tests/test_scratch_removed.py)
+    with pytest.raises(scratch.ScratchChanged, match=f"run.scratch {where} is not the directory this run claimed"):
         scratch.claim(where, run_dir, "r", False)
     with pytest.raises(scratch.ScratchChanged):
         staging.stage(str(corpus[0]), where)

@@ -200,7 +200,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("bench_prepare", "tempfile.mkdtemp"): 1, ("bench_chat_prepare", "tempfile.mkdtemp"): 1}),
     "trainer/checkpoint/save.py": ("private", PRIVATE_SCRATCH + " (a checkpoint being saved)", {
         ("_write_bytes", "open"): 1, ("_write_safetensors", "open"): 1, ("save", ".mkdir"): 1,
-        ("save", "shutil.rmtree"): 2, ("_write_checkpoint", ".mkdir"): 1}),
+        ("save", "shutil.rmtree"): 3, ("_write_checkpoint", ".mkdir"): 1}),  # the third: the half of a save whose
+    # scratch was removed meanwhile (minilmd/checkpoint_pin.py ScratchGone), under the very root it saves into
+    "minilmd/checkpoint_pin.py": ("private", PRIVATE_SCRATCH + " (the trainer's checkpoint root, made once at its "
+                                  "start; under a supervisor only inside the claimed scratch, never its parents)",
+                                  {("pin_root", ".mkdir"): 1}),
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the SIGBUS page in a nameless "
                                "temporary file (tempfile's, O_TMPFILE); faults-fired is appended through "
                                "minilmd/jsonlines.py", {("_sigbus", "tempfile.TemporaryFile"): 1}),

@@ -55,9 +55,10 @@ def spies(monkeypatch, tmp_path):
 
 def under_a_supervisor(tmp_path, monkeypatch) -> None:
     """As a supervisor's trainer: MINILMD_RUN_DIR and MINILMD_SUPERVISOR_PROCESS set (a supervisor on another host:
-    supervised, not watched), run.dir made before the launch (the trainer never makes it under a supervisor:
-    minilmd/metrics.py RunDirGone)."""
+    supervised, not watched), run.dir and scratch made before the launch (the trainer never makes them under a
+    supervisor: minilmd/metrics.py RunDirGone, minilmd/checkpoint_pin.py ScratchGone)."""
     (tmp_path / "t" / "run").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "t" / "scratch").mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
     monkeypatch.setenv(SUPERVISOR_PROCESS_ENV, "1 1 not-this-host")
 

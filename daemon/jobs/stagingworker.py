@@ -19,6 +19,7 @@ it returns. Torch-free.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from minilmd.daemon.base.runstate import RunState, fmt_time, now
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
-from minilmd.daemon.jobs import initstage, remotewait
+from minilmd.daemon.jobs import initstage, remotewait, scratch_removed
 from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remote
 from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
@@ -127,6 +128,9 @@ class StagingWorker(StagingFetch):
         self.source_retry_at = 0.0
         self.reads = ReadWatch()
         """What the staging thread reads on shared storage, and when a read last returned (a stall shows)."""
+        self.claimed = False  # reclaim() has claimed scratch: one gone since was removed while the run ran
+        self.removed: tuple[int | None] | None = None
+        """Scratch was found removed at a reclaim: (the step its trainer had reached), said once staged again."""
 
     @property
     def running(self) -> bool:
@@ -176,15 +180,23 @@ class StagingWorker(StagingFetch):
         """Claim scratch again (minilmd/scratch.py), before each staging, fetch and trainer start: None while it is
         still this run's own directory; else why not (a final config error: it was swapped, or can be)."""
         cfg = self.cfg
+        gone = self.claimed and not os.path.lexists(cfg.scratch_dir)
         try:
             scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             scratch_hold.hold(cfg.scratch_dir)  # kept; moved to a scratch made anew (minilmd/scratch_hold.py)
+        except scratch.ScratchChanged as e:  # a directory of the user's own there: what `rm -r` of it loses
+            remote = self.state.remote_checkpoint
+            return scratch_removed.changed(e, cfg.scratch_dir, remote.step if remote is not None else None)
         except scratch.ScratchRefused as e:
             return "; ".join(e.problems)
         except scratch_hold.ScratchInUse as e:
             return str(e)
         except OSError as e:
             return f"run.scratch {cfg.scratch_dir} cannot be claimed again: {e}"
+        self.claimed = True
+        if gone:
+            self.removed = (self.state.progress.step,)
+            self.emit("staging", scratch_removed.claimed_again(cfg.scratch_dir))
         return None
 
     def tick(self) -> Staged | StagingFailed | None:
@@ -265,6 +277,12 @@ class StagingWorker(StagingFetch):
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
+        if self.removed is not None:
+            said = scratch_removed.resumed(self.cfg.scratch_dir, step_of(Path(fetched)) if fetched else None,
+                                           self.removed[0])
+            self.emit("staging", said)
+            self.state.record_error(said)  # status's last error: why the steps since are trained again
+            self.removed = None
         self.record_shape_change()
         # the first staging has ended: a later one waits as any run does
         self.fresh, self.records, self.fetch_set_aside = False, None, ()

@@ -24,6 +24,7 @@ import numpy as np
 
 from minilmd import procs
 from minilmd.checkpoint import FORMAT, VERSION, for_loading
+from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
 from minilmd.names import (
@@ -169,7 +170,7 @@ def _maybe_kill(point: str, step: int) -> None:
 
 def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,
          tokenizer: Tokenizer = None, param_names: list[str] | None = None,
-         extra: dict[str, bytes] | None = None, notes: dict | None = None) -> Path:
+         extra: dict[str, bytes] | None = None, notes: dict | None = None, pinned: Pinned | None = None) -> Path:
     """Write checkpoint `step` under `root` with the full atomic protocol; returns its directory.
 
     `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
@@ -177,9 +178,14 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     `step`); `tokenizer` the tokenizer's files to write in (Tokenizer); `param_names[i]` the name of optimizer
     parameter i; `extra` more files by name (a DPO run's reference sums: trainer/loop/dpo_reference.py), listed and
     hashed as the rest; `notes` more keys of the manifest (a stopped DPO reference pass's REFERENCE_PASS).
-    ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
+    ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed).
+    `pinned` (the trainer's root, AsyncCheckpointer's pin_root): nothing is made, ScratchGone when it is not that
+    directory any more; without it (a tool's or a test's root of its own) the root is made with its parents."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    if pinned is not None:
+        _still_there(pinned, step)
+    else:
+        root.mkdir(parents=True, exist_ok=True)
     if STEP in trainer_state and trainer_state[STEP] != step:
         raise ValueError(f"trainer_state step {trainer_state[STEP]} != checkpoint step {step}")
     final = root / step_name(step)
@@ -197,11 +203,19 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
         _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer,
                           extra, notes or {})
     except OSError as e:
+        if pinned is not None and (why := pinned.gone()) is not None:  # removed while written (ENOENT)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ScratchGone(root, step, why) from e
         if not is_disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise ScratchFull(root, step, needs, _free_bytes(root)) from e
     return final
+
+
+def _still_there(pinned: Pinned, step: int) -> None:
+    if (why := pinned.gone()) is not None:
+        raise ScratchGone(pinned.root, step, why)
 
 
 def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state: dict, opt_tensors: dict,
@@ -369,8 +383,10 @@ class AsyncCheckpointer:
     failure of the writer)."""
 
     def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: Tokenizer = None,
-                 background: bool = True, log: Callable[[str], None] = print, state_of: Callable | None = None):
+                 background: bool = True, log: Callable[[str], None] = print, state_of: Callable | None = None,
+                 parents: bool = True):
         self.root, self.keep, self.background, self.log = Path(root), keep, background, log
+        self.pinned = pin_root(self.root, parents)  # made now, once: a save never makes it again (ScratchGone)
         self.tokenizer = tokenizer_files(tokenizer)  # read once: every checkpoint carries these same bytes
         self.state_of = state_of  # what of the model is saved: its state_dict, or (LoRA) its adapters
         self._thread: threading.Thread | None = None
@@ -390,6 +406,7 @@ class AsyncCheckpointer:
         show here) plus the snapshot."""
         t0 = time.perf_counter()
         self.wait()
+        _still_there(self.pinned, step)  # here, in the loop: not a step trained on to the next save's wait
         self.last_wait_s = time.perf_counter() - t0
         args = (step, snapshot_model(model, self._buffers, self.state_of), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
@@ -407,9 +424,13 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
-                                  tokenizer=self.tokenizer, param_names=param_names, extra=files[0], notes=files[1])
+                                  tokenizer=self.tokenizer, param_names=param_names, extra=files[0], notes=files[1],
+                                  pinned=self.pinned)
             if best:
                 mark_best(self.root, self.last_path.name)
+        except OSError as e:  # BEST's write into a root removed meanwhile: said as the save's would be
+            why = self.pinned.gone()
+            self._error = ScratchGone(self.root, step, why) if why is not None else e
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:

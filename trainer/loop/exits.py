@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from minilmd.checkpoint import CheckpointMismatch
+from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
@@ -24,6 +25,7 @@ from minilmd.protocol import (
     FaultNote,
     write_fault,
 )
+from minilmd.supervision import supervision
 from minilmd.trainer.checkpoint.save import ScratchFull
 from minilmd.trainer.loop import determinism
 from minilmd.trainer.loop.faults import FaultSpecError
@@ -45,6 +47,8 @@ def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
         return refused(cfg, e.exit_status, f"refusing to resume: {e}")
     if isinstance(e, ScratchFull):  # the supervisor makes room or waits for it; a restart now would only repeat
         return scratch_full(cfg, e, step)
+    if isinstance(e, ScratchGone):
+        return scratch_gone(cfg, e, step)
     return crashed(cfg, e, dist, step)  # any other crash: its traceback to the log, a restartable exit status
 
 
@@ -67,6 +71,23 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
         pass  # run.dir on the same full disk: the exit status alone says it
     print(f"minilmd train: {e}", file=sys.stderr)
     return EXIT_SCRATCH_FULL
+
+
+def scratch_gone(cfg: RunConfig, e: ScratchGone, step: int) -> int:
+    """run.scratch was removed (`rm -rf` to free /dev/shm) while the run trained: the save was refused, nothing made
+    again by path. One line, fault.json kind scratch_gone, and a restartable exit: the supervisor's next attempt
+    claims scratch afresh, stages and resumes from the newest synced checkpoint (daemon/jobs/stagingworker.py)."""
+    refused = f"step {e.step} not saved" if e.step is not None else "nothing saved"
+    then = "the supervisor stages again and resumes from the newest synced checkpoint" if supervision() else \
+        "the next `minilmd train` starts from what scratch holds then"
+    message = f"run.scratch {cfg.scratch_dir} was removed while the run trained ({e.why}): {refused}; {then}"
+    try:
+        write_fault(cfg.run_dir, FaultNote.SCRATCH_GONE, message, step=step, checkpoint_step=e.step,
+                    path=str(cfg.scratch_dir))
+    except OSError:
+        pass  # run.dir unwritable: the attempt log's last line says it
+    print(f"minilmd train: {message}", file=sys.stderr)
+    return EXIT_CRASH
 
 
 def scratch_without_room(e) -> int:

@@ -186,8 +186,11 @@ class Trainer:
         # synced and what it is copying right now; the trainer neither prunes nor re-validates its checkpoints
         # (a read of every byte: 0.5 s per save of a 767 MB one). On its own it keeps the newest keep_local.
         keep = None if supervision() is not None else t.keep_local
+        # made here with the directories above it only on its own: under a supervisor scratch is the claimed one, and
+        # one gone since was removed (save.ScratchGone), never made again by path
         self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_files,
-                                              state_of=adapter_state_dict if cfg.lora.enabled else None)
+                                              state_of=adapter_state_dict if cfg.lora.enabled else None,
+                                              parents=supervision() is None)
         self.loss_guard = LossGuard(self.device)
         self.saves = Saves(cfg, dist, self.checkpointer, self.log, self.loss_guard,
                            lambda: (self.model, self.optimizer, self.trainer_state()))
