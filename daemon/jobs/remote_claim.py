@@ -24,7 +24,8 @@ server where run.dir is the same path (a shared home) name the same run, and so 
 sync never rewrites it, so a run moved to another run.dir (another server, another path; renamed or not) is refused
 by its own remote, as a copy is: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to
 name this run (one rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of
-the run it names is seen, and says so in events.jsonl. Torch-free.
+the run it names is seen, and says so in events.jsonl; the next sync then takes the root it finds as this run's
+(daemon/jobs/remote_root.py accept: a share's directory replaced on purpose). Torch-free.
 """
 from __future__ import annotations
 
@@ -367,6 +368,13 @@ def take_over_at_launch(cfg, emit: Callable[..., None]) -> str:
         return (f"run.remote {cfg.run.remote} did not answer in time (or cannot be opened): its claim is not known "
                 f"to be rewritten, and the run does not start; start it again with {CONSENT} once the remote answers")
     refused, took = found
+    if not refused:  # the root there now is this run's remote, whatever the run recorded of it (remote_root.py)
+        from minilmd.daemon.jobs import remote_root
+
+        try:
+            remote_root.accept(cfg.run.remote.rstrip("/"), Path(cfg.run_dir))
+        except OSError as e:
+            return f"{CONSENT}: the run's record of run.remote's root was not rewritten ({e.strerror or e})"
     if took:
         emit("remote_claim", f"run.remote {cfg.run.remote} is this run's now ({CONSENT}): {took}; {TAKING_OVER}",
              remote=cfg.run.remote)

@@ -21,6 +21,8 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   the claim's (owner.json's, RemotePublish.put_new): one holding this run's claim, whole or its start cut past its
   run_dir field (a supervisor killed as it wrote it), which names this run's directory whole: another run's claim,
   or one cut before its run_dir ends, is never one.
+The record also holds what the remote's root was when the run claimed it (`root`: its device, inode, file system;
+daemon/jobs/remote_root.py judges by it), so that a root gone or replaced is never taken for it.
 What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
 """
 from __future__ import annotations
@@ -89,10 +91,11 @@ class Made:
         """Where the record goes while run.dir is full (ENOSPC, EDQUOT) or removed: scratch's place, read back into
         `path` at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
+        self._root: dict | None = None
 
     def _current(self) -> set[Entry]:
         if self.path is not None:
-            self._entries = _load(self.path)
+            self._entries, self._root = _load(self.path)
             if self.was_at is not None:
                 self._adopt_old()
         return self._entries
@@ -103,11 +106,12 @@ class Made:
         old, self.was_at = self.was_at, None
         assert old is not None and self.path is not None
         try:
-            found = _read(old)
+            found, root = _read(old)
         except Unreadable:
             return  # none (the usual case), or not this user's file: its word proves nothing
-        if not found <= self._entries:
+        if not found <= self._entries or (root and not self._root):
             self._entries |= found
+            self._root = self._root or root
             if not self._save():
                 return  # run.dir still full: written back where it was, kept there
         old.unlink(missing_ok=True)
@@ -118,7 +122,9 @@ class Made:
         run.dir full, to `fallback`, which the next read joins into `path`."""
         if self.path is None:
             return True
-        made = {"made": sorted([list(e) for e in self._entries])}
+        made: dict = {"made": sorted([list(e) for e in self._entries])}
+        if self._root is not None:
+            made["root"] = self._root
         try:
             atomic_write_json(self.path, made)
             fsync_dir(self.path.parent)
@@ -161,29 +167,43 @@ class Made:
             self._entries = kept
             self._save()
 
+    def root(self) -> dict | None:
+        """What the remote's root was when the run claimed it, as daemon/jobs/remote_root.py wrote it (None: none)."""
+        self._current()
+        return self._root
+
+    def set_root(self, root: dict | None) -> None:
+        """The remote's root as it is to be known from now on (remote_root.py), written durably (None: forgotten)."""
+        self._current()
+        if root != self._root:
+            self._root = root
+            self._save()
+
     def where(self) -> str:
         return str(self.path) if self.path is not None else "this process"
 
 
-def _load(path: Path) -> set[Entry]:
+def _load(path: Path) -> tuple[set[Entry], dict | None]:
     """The record as written; none when there is none, or it is not this user's regular file of the right shape
     (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
     try:
         return _read(path)
     except Unreadable:
-        return set()
+        return set(), None
 
 
-def _read(path: Path) -> set[Entry]:
-    """The entries of the record at `path` (its rows of another shape skipped); Unreadable when there is none, or
-    it is not this user's regular file holding a JSON object."""
+def _read(path: Path) -> tuple[set[Entry], dict | None]:
+    """The entries of the record at `path` (its rows of another shape skipped), and its root (a JSON object, or
+    None; remote_root.py reads its fields); Unreadable when there is none, or it is not this user's regular file
+    holding a JSON object."""
     found = loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
-    rows = found.get("made")
+    rows, root = found.get("made"), found.get("root")
+    root = root if isinstance(root, dict) else None
     if not isinstance(rows, list):
-        return set()
+        return set(), root
     return {(r[0], r[1], r[2]) for r in rows
             if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}, root
 
 
 def made_new(root: Dir, name: str) -> Identity:
