@@ -18,8 +18,11 @@ from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteGone
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 
+SYNCED = "state.json records step 10 on it"
+"""What the run's records say once it synced (Claim.synced_before, remotewait.records)."""
 
-def _syncer(tmp_path: Path, remote: Path, synced: str = "") -> Syncer:
+
+def _syncer(tmp_path: Path, remote: Path, synced: str = SYNCED) -> Syncer:
     claim = remote_claim.Claim(tmp_path / "run", "r", lambda: synced)
     (tmp_path / "run").mkdir(exist_ok=True)
     return Syncer(tmp_path / "scratch" / "checkpoints", str(remote), EXPECTED, claim=claim, run_dir=tmp_path / "run")
@@ -29,7 +32,7 @@ def _synced_once(tmp_path: Path, weights) -> tuple[Path, Path]:
     local, remote = tmp_path / "scratch" / "checkpoints", tmp_path / "share" / "remote"
     remote.mkdir(parents=True)
     save(local, 10, weights)
-    assert _syncer(tmp_path, remote).sync_newest().step == 10
+    assert _syncer(tmp_path, remote, synced="").sync_newest().step == 10
     return local, remote
 
 
@@ -64,9 +67,22 @@ def test_a_root_gone_that_the_runs_records_say_it_synced_to_is_not_made_even_wit
     (tmp_path / "share").mkdir()
     save(tmp_path / "scratch" / "checkpoints", 10, weights)
     with pytest.raises(RemoteGone, match="is gone \\(state.json records step 10 on it; an unmounted share"):
-        _syncer(tmp_path, remote, synced="state.json records step 10 on it").sync_newest()
+        _syncer(tmp_path, remote).sync_newest()
     assert not remote.exists()
-    assert _syncer(tmp_path, remote).sync_newest().step == 10  # a run that never synced there makes it
+    assert _syncer(tmp_path, remote, synced="").sync_newest().step == 10  # a run that never synced there makes it
+
+
+def test_a_fresh_lineage_whose_records_say_it_never_synced_there_makes_the_root_again_and_records_it(tmp_path,
+                                                                                                   weights):
+    local, remote = _synced_once(tmp_path, weights)
+    remote.rename(tmp_path / "share" / "old-lineage")  # `run --fresh` with the old remote moved away
+    save(local, 20, weights)
+    assert _syncer(tmp_path, remote, synced="").sync_newest().step == 20
+    made = remote_made.Made(remote_made.run_record(tmp_path / "run"))
+    found = remote_root.recorded(str(remote), made)
+    assert found is not None and found.ino == remote.stat().st_ino
+    save(local, 30, weights)
+    assert _syncer(tmp_path, remote).sync_newest().step == 30  # the new root is the run's from now on
 
 
 def test_claim_remote_accepts_the_directory_there_now(tmp_path, weights):
@@ -95,6 +111,6 @@ def test_a_config_naming_another_remote_records_that_one(tmp_path, weights):
     other = tmp_path / "elsewhere" / "remote"
     other.parent.mkdir()
     save(local, 20, weights)
-    assert _syncer(tmp_path, other).sync_newest().step == 20
+    assert _syncer(tmp_path, other, synced="").sync_newest().step == 20  # records are matched by URL
     made = remote_made.Made(remote_made.run_record(tmp_path / "run"))
     assert remote_root.recorded(str(other), made) is not None and remote_root.recorded(str(remote), made) is None

@@ -110,7 +110,7 @@ class LocalRemote(Publishing, Remote):
         not the directory the run claimed (remote_root.judge_opened: a share unmounted, the directory replaced)."""
         fresh = remote_write.open_root(self.root)
         try:
-            remote_root.judge_opened(self.url, fresh, self.made)
+            remote_root.judge_opened(self.url, fresh, self.made, self.synced_before)
         except BaseException:
             fresh.close()
             raise

@@ -6,13 +6,15 @@ next sync made `remote/` again in it, claimed it, synced there "verified", and t
 given back, while the share held an older step (fault audit 10, F1). A directory moved away and another put at its
 path was taken alike. So the run records what its remote's root is when it claims it (`remember`: device, inode, the
 file system's type, source and mount point from /proc/self/mountinfo), in its own record in run.dir (remote_made.py
-`Made.root`, `remote-made.json`: the user's file, which a reboot leaves), and from then on:
-- a root that is not there is never made again (`judge_missing`): not when the record names it, nor when the run's
-  records say it synced there (Claim.synced_before: state.json, events.jsonl since the last `--fresh`). The sync
-  fails, "remote unavailable: run.remote R is gone (...; an unmounted share?)", and is retried: training goes on, the
-  last sync waits, no try counted (sync_errors.RemoteGone), and the run never ends done without it;
-- a root that is there but is another directory (`judge_opened`: another device and not the same share mounted
-  again, or another inode) is refused alike, saying which: nothing is written into it, nothing deleted there.
+`Made.root`, `remote-made.json`: the user's file, which a reboot leaves), and once the run's records say it synced
+there (Claim.synced_before: state.json's remote step, events.jsonl's syncs since the last `--fresh`):
+- a root that is not there is never made again (`judge_missing`). The sync fails, "remote unavailable: run.remote R
+  is gone (it was ...; an unmounted share?)", and is retried: training goes on, the last sync waits, no try counted
+  (sync_errors.RemoteGone), and the run never ends done without it;
+- a root that is there but is another directory than the record's (`judge_opened`: another device and not the same
+  share mounted again, or another inode) is refused alike, saying which: nothing is written or deleted there.
+A run whose records say it never synced there (a first sync cut, a `--fresh` lineage) makes the root or takes the
+one there, and records it.
 The same share mounted again (a reboot, an automounter's expiry) has the same file-system type, source and root
 inode, maybe another device number: it is the same root, and the record takes its device.
 A record for another run.remote is no record of this one (a config that names another remote: the first sync
@@ -95,14 +97,13 @@ def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
 
 
 def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
-    """Before the sync makes the root that is not there: NotTheRoot when the run's record names it (it was there)
-    or its records say it synced there, unless `run --claim-remote` was given since."""
+    """Before the sync makes the root that is not there: NotTheRoot when the run's records say it synced there
+    (`synced_before`: since the last `--fresh`), unless `run --claim-remote` was given since; the record says what
+    the root was."""
     found = recorded(url, made)
-    if found is not None and found.accept:
+    if found is not None and found.accept or not (why := synced_before()):
         return
-    was = f"it was {found.words()}" if found is not None else synced_before()
-    if not was:
-        return
+    was = f"it was {found.words()}; {why}" if found is not None else why
     raise NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
                                    f"there, not here, so it is not made again on whatever disk holds its path now; "
                                    f"mount the share again (the syncs go on by themselves), or, to sync to a new "
@@ -110,16 +111,17 @@ def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], 
                                    f"CONFIG`, or set run.remote to another place")
 
 
-def judge_opened(url: str, held: Dir, made: remote_made.Made) -> None:
+def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
     """The root just opened (`held`) against the record: NotTheRoot when it is another directory than the one the
-    run synced to; the same share mounted again under another device number is recorded so."""
+    run synced to and its records say it synced there; the same share mounted again under another device number,
+    or another root where the run's records say it never synced (a `--fresh` lineage's), is recorded so."""
     found = recorded(url, made)
     if found is None or found.accept:
         return
     now = of(url, held)
     if now.dev == found.dev and now.ino == found.ino:
         return
-    if found.same_share(now):
+    if found.same_share(now) or not synced_before():
         made.set_root(asdict(now))
         return
     which = "another device: a share unmounted, its mount point's directory of the local disk in its place" \
