@@ -34,9 +34,6 @@ from minilmd import mounts
 from minilmd.daemon.jobs import remote_made
 from minilmd.dirfd import Dir
 
-CONSENT = "--claim-remote"
-"""remote_claim.CONSENT: the one consent to make a remote this run's (not imported: remote_claim imports this)."""
-
 
 class NotTheRoot(OSError):
     """run.remote's root is gone or is not the directory this run synced to: nothing is made, written or deleted
@@ -107,7 +104,7 @@ def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], 
     raise NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
                                    f"there, not here, so it is not made again on whatever disk holds its path now; "
                                    f"mount the share again (the syncs go on by themselves), or, to sync to a new "
-                                   f"empty {url} from now on, start the run once with `minilmd run {CONSENT} "
+                                   f"empty {url} from now on, start the run once with `minilmd run --claim-remote "
                                    f"CONFIG`, or set run.remote to another place")
 
 
@@ -130,8 +127,8 @@ def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Cal
                                    f"now {now.words()}: {which}, or the directory replaced): nothing is written or "
                                    f"deleted there; mount the share again, or put the directory back (the syncs go "
                                    f"on by themselves); if it was replaced on purpose (this run's checkpoints moved "
-                                   f"there), start the run once with `minilmd run {CONSENT} CONFIG`, which takes the "
-                                   f"directory there now as this run's remote")
+                                   f"there), start the run once with `minilmd run --claim-remote CONFIG`, which "
+                                   f"takes the directory there now as this run's remote")
 
 
 def remember(url: str, held: Dir, made: remote_made.Made) -> None:

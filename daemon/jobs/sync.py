@@ -155,7 +155,7 @@ class Syncer(CopyUp, Fetcher):
         remote = self.remote
         remote.makedirs()
         self._ensure_claim()
-        if isinstance(remote, LocalRemote):
+        if isinstance(remote, LocalRemote) and self.claim is not None:  # a run's (a tool's syncs: no claim, no record)
             remote.remember_root()  # what the root is, for every later sync to know it by (remote_root.py)
         sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
                                         remote_claim.encoded(self.claim) if self.claim is not None else None)
