@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,7 +90,9 @@ def test_claim_remote_accepts_the_directory_there_now(tmp_path, weights):
     local, remote = _synced_once(tmp_path, weights)
     remote.rename(tmp_path / "share" / "moved")
     remote.mkdir()
-    remote_root.accept(str(remote), tmp_path / "run")
+    cfg = SimpleNamespace(run=SimpleNamespace(remote=str(remote), dir=str(tmp_path / "run"), name="r"),
+                          run_dir=tmp_path / "run")
+    assert remote_claim.take_over_at_launch(cfg, lambda *a, **k: None) == ""  # `minilmd run --claim-remote`
     save(local, 20, weights)
     assert _syncer(tmp_path, remote).sync_newest().step == 20
     recorded = remote_root.recorded(str(remote), remote_made.Made(remote_made.run_record(tmp_path / "run")))

@@ -270,7 +270,7 @@ class SyncWorker:
         if isinstance(error, RemoteFull) and self.final_waits_for_room:
             return f"retry in {retry:.0f}s (a full remote counts no try)"
         if isinstance(error, RemoteNotOurs) and self.final_waits_for_room:
-            return f"retry in {retry:.0f}s (a refused owner record counts no try)"
+            return f"retry in {retry:.0f}s (no try counts until {self.refusal.waits_for})"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
         return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
