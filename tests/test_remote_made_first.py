@@ -144,8 +144,8 @@ def test_a_remote_replaced_under_the_run_is_said_replaced_and_gets_nothing(tmp_p
         with pytest.raises(SyncError) as refused:
             without_blocking(sync.sync_newest)
         said = str(refused.value)
-        assert (f"run.remote {remote} was replaced since this run claimed it (was {claimed.st_dev}:{claimed.st_ino}, "
-                f"claimed at " in said), said
+        assert (f"run.remote {remote} was replaced since this run claimed it (was dev {os.major(claimed.st_dev)}:"
+                f"{os.minor(claimed.st_dev)} inode {claimed.st_ino}" in said), said
         assert "the checkpoints synced before are no longer there" in said, said
         assert f"belongs to user {_his_name()}" in said, said  # and still refused: nothing written into his directory
         assert os.listdir(remote) == []

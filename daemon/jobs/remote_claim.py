@@ -24,14 +24,14 @@ server where run.dir is the same path (a shared home) name the same run, and so 
 sync never rewrites it, so a run moved to another run.dir (another server, another path; renamed or not) is refused
 by its own remote, as a copy is: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to
 name this run (one rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of
-the run it names is seen, and says so in events.jsonl. A local remote's root is recorded at the claim in the
-run's own run.dir (`record_root`: its inode; the claim on the remote goes with the directory), so that a root moved
-away and replaced since (a team directory's member: `mv remote remote.stolen; mkdir -m777 remote`) is said to be
-replaced, its synced checkpoints gone from there, besides the refusal of his directory (`replaced`). Torch-free.
+the run it names is seen, and says so in events.jsonl; the next sync then takes the root it finds as this run's
+(daemon/jobs/remote_root.py accept: a share's directory replaced on purpose). A root moved away and replaced
+since the run synced to it (a team directory's member: `mv remote remote.stolen; mkdir -m777 remote`) is said
+to be replaced, its synced checkpoints gone from there, besides the refusal of his directory (`replaced`, by
+remote_root.py's record of the root). Torch-free.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,33 +188,20 @@ def still_ours(store: RemoteStore, claim: Claim) -> str | None:
 # --- the root this run claimed: a local remote replaced under it (hostile audit 10 F4) ------------------------------
 
 def replaced(store: LocalRemote) -> str:
-    """Why the root at run.remote's path is not the directory this run claimed and synced into: another inode there
-    now than the one recorded at the claim (remote_made.Made.claim_root, in the run's run.dir: the claim on the
-    remote went with the directory); "" when it is the same, or nothing was recorded, or nothing is there. Compared
-    by inode alone: a share mounted again may give its files another device number. A group member of a team
-    directory above the remote can `mv remote remote.stolen; mkdir -m777 remote`: the refusal of his directory then
-    names him alone, and nothing said that the run's synced checkpoints were gone from run.remote."""
-    claimed, now = store.made.root_claimed(), store.root_identity_now()
-    if claimed is None or now is None or claimed[0] != store.root or claimed[2] == now[1]:
+    """Why the root at run.remote's path is not the directory this run synced into: another inode there now than
+    the one remote_root.py recorded (in the run's run.dir: the claim on the remote went with the directory); "" when
+    it is the same, or nothing was recorded, or nothing is there. Said beside a place-rule refusal, which comes
+    before remote_root's own judgement of an opened root: a group member of a team directory above the remote can
+    `mv remote remote.stolen; mkdir -m777 remote`, and the refusal of his directory named him alone, not that the
+    run's synced checkpoints were gone from run.remote (hostile audit 10 F4)."""
+    from minilmd.daemon.jobs import remote_root
+
+    claimed, now = remote_root.recorded(store.url, store.made), store.root_identity_now()
+    if claimed is None or claimed.accept or now is None or claimed.ino == now[1]:
         return ""
-    _, dev, ino, when = claimed
-    return (f"run.remote {store.root} was replaced since this run claimed it (was {dev}:{ino}, claimed at {when}; "
-            f"{now[0]}:{now[1]} now): the checkpoints synced before are no longer there (moved away or removed by "
-            f"whoever can write the directory above it: look beside it)")
-
-
-def record_root(store: LocalRemote, log: Callable[[str], None]) -> None:
-    """Once the remote is this run's (ensure): the root's identity recorded when it is new to the record, and a root
-    replaced by a directory the place rule accepts (this user's own: the run claimed it anew) said in the log."""
-    now = store.root_identity()
-    claimed = store.made.root_claimed()
-    if claimed is not None and claimed[:3] == (store.root, *now):
-        return
-    if claimed is not None and claimed[0] == store.root and claimed[2] != now[1]:
-        _, dev, ino, when = claimed
-        log(f"sync: run.remote {store.root} was replaced since this run claimed it (was {dev}:{ino}, claimed at "
-            f"{when}): the checkpoints synced before are no longer there; this run syncs to the directory there now")
-    store.made.claim_root(store.root, now, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    return (f"run.remote {store.root} was replaced since this run claimed it (was {claimed.words()}; inode {now[1]} "
+            f"now): the checkpoints synced before are no longer there (moved away or removed by whoever can write the "
+            f"directory above it: look beside it)")
 
 
 def _steps(store: RemoteStore) -> list[str]:
@@ -407,6 +394,13 @@ def take_over_at_launch(cfg, emit: Callable[..., None]) -> str:
         return (f"run.remote {cfg.run.remote} did not answer in time (or cannot be opened): its claim is not known "
                 f"to be rewritten, and the run does not start; start it again with {CONSENT} once the remote answers")
     refused, took = found
+    if not refused:  # the root there now is this run's remote, whatever the run recorded of it (remote_root.py)
+        from minilmd.daemon.jobs import remote_root
+
+        try:
+            remote_root.accept(cfg.run.remote.rstrip("/"), Path(cfg.run_dir))
+        except OSError as e:
+            return f"{CONSENT}: the run's record of run.remote's root was not rewritten ({e.strerror or e})"
     if took:
         emit("remote_claim", f"run.remote {cfg.run.remote} is this run's now ({CONSENT}): {took}; {TAKING_OVER}",
              remote=cfg.run.remote)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import fsio, perms
-from minilmd.daemon.jobs import remote_made, remote_write
+from minilmd.daemon.jobs import remote_made, remote_root, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
@@ -82,6 +82,8 @@ class LocalRemote(Publishing, Remote):
         self._opening = threading.Lock()
         self.made = remote_made.Made()
         """What this run's syncs made here and may remove (remote_made.py): the Syncer gives it the run's record."""
+        self.synced_before: Callable[[], str] = lambda: ""
+        """Why the run's records say it synced here ("": they do not): a root gone is not made again then."""
 
     @property
     def renames_into_place(self) -> bool:
@@ -104,8 +106,14 @@ class LocalRemote(Publishing, Remote):
     def _reopen(self) -> Dir:
         """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
         path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
-        may still use, is closed at the next sync's start (`makedirs()`) or with the Remote."""
+        may still use, is closed at the next sync's start (`makedirs()`) or with the Remote. NotTheRoot when it is
+        not the directory the run claimed (remote_root.judge_opened: a share unmounted, the directory replaced)."""
         fresh = remote_write.open_root(self.root)
+        try:
+            remote_root.judge_opened(self.url, fresh, self.made, self.synced_before)
+        except BaseException:
+            fresh.close()
+            raise
         with self._opening:
             held = self._dir
             if held is not None and held.identity == fresh.identity and _answers(held):
@@ -341,6 +349,7 @@ class LocalRemote(Publishing, Remote):
             raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
         if os.path.isdir(self.root):
             return
+        remote_root.judge_missing(self.url, self.made, self.synced_before)  # the run's root gone: never made again
         if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
             from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
 
@@ -350,6 +359,10 @@ class LocalRemote(Publishing, Remote):
         remote_write.owner_learnt(self.root, lambda: os.close(walk_to(
             self.root, "run.remote", what, advice, 0o777, team_root=True, team_above=True,
             owners=remote_write.OWN_UIDS)[0]))
+
+    def remember_root(self) -> None:
+        """The root, claimed, recorded as this run's remote (remote_root.remember) when the record has none."""
+        remote_root.remember(self.url, self._root(), self.made)
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
                  kept: Callable[[str], str | None] = lambda name: None) -> str:

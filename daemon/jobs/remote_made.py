@@ -21,6 +21,8 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   the claim's (owner.json's, RemotePublish.put_new): one holding this run's claim, whole or its start cut past its
   run_dir field (a supervisor killed as it wrote it), which names this run's directory whole: another run's claim,
   or one cut before its run_dir ends, is never one.
+The record also holds what the remote's root was when the run claimed it (`root`: its device, inode, file system;
+daemon/jobs/remote_root.py judges by it), so that a root gone or replaced is never taken for it.
 What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
 """
 from __future__ import annotations
@@ -50,9 +52,6 @@ SCRATCH_RECORD = ".remote-made.json"
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
-RootClaimed = tuple[str, int, int, str]
-"""(run.remote's root path, its device, its inode, when this run recorded it): the directory this run's syncs claimed
-and wrote into (daemon/jobs/remote_claim.py `replaced`)."""
 
 
 def run_record(run_dir: Path) -> Path:
@@ -83,8 +82,7 @@ class Made:
     so that the next sync after a kill, or a reboot, removes the half copy the cut one left; None: in this process
     only. `was_at`: where an older minilmd kept the run's record (scratch_record), joined into `path` and removed the
     first time the record is read. Read again before each change and each proof: another Syncer of the run in this
-    process (the fetch's, the last sync's) may have written it since. It also keeps the root the run claimed
-    (`claim_root`: remote_claim.record_root, for remote_claim.replaced)."""
+    process (the fetch's, the last sync's) may have written it since."""
 
     def __init__(self, path: Path | None = None, was_at: Path | None = None):
         self.path = path
@@ -93,7 +91,7 @@ class Made:
         """Where the record goes while run.dir is full (ENOSPC, EDQUOT) or removed: scratch's place, read back into
         `path` at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
-        self._root: RootClaimed | None = None
+        self._root: dict | None = None
 
     def _current(self) -> set[Entry]:
         if self.path is not None:
@@ -102,28 +100,18 @@ class Made:
                 self._adopt_old()
         return self._entries
 
-    def root_claimed(self) -> RootClaimed | None:
-        """The root this run's syncs claimed and wrote into, as recorded (`claim_root`); None before."""
-        self._current()
-        return self._root
-
-    def claim_root(self, root: str, identity: Identity, when: str) -> None:
-        """The remote's root `root` is `identity` (device, inode) since `when`: recorded durably, as `record` is."""
-        self._current()
-        self._root = (root, *identity, when)
-        self._save()
-
     def _adopt_old(self) -> None:
         """The record an older minilmd kept in scratch, read once: what it holds is written at `path` first, then it
         is removed (a kill in between leaves both: read again, nothing lost). One that cannot be read is left."""
         old, self.was_at = self.was_at, None
         assert old is not None and self.path is not None
         try:
-            found = _read(old)
+            found, root = _read(old)
         except Unreadable:
             return  # none (the usual case), or not this user's file: its word proves nothing
-        if not found <= self._entries:
+        if not found <= self._entries or (root and not self._root):
             self._entries |= found
+            self._root = self._root or root
             if not self._save():
                 return  # run.dir still full: written back where it was, kept there
         old.unlink(missing_ok=True)
@@ -136,7 +124,7 @@ class Made:
             return True
         made: dict = {"made": sorted([list(e) for e in self._entries])}
         if self._root is not None:
-            made["root"] = list(self._root)
+            made["root"] = self._root
         try:
             atomic_write_json(self.path, made)
             fsync_dir(self.path.parent)
@@ -179,42 +167,43 @@ class Made:
             self._entries = kept
             self._save()
 
+    def root(self) -> dict | None:
+        """What the remote's root was when the run claimed it, as daemon/jobs/remote_root.py wrote it (None: none)."""
+        self._current()
+        return self._root
+
+    def set_root(self, root: dict | None) -> None:
+        """The remote's root as it is to be known from now on (remote_root.py), written durably (None: forgotten)."""
+        self._current()
+        if root != self._root:
+            self._root = root
+            self._save()
+
     def where(self) -> str:
         return str(self.path) if self.path is not None else "this process"
 
 
-def _load(path: Path) -> tuple[set[Entry], RootClaimed | None]:
-    """The record as written, and the root it names; none when there is none, or it is not this user's regular file
-    of the right shape (nothing is removed on its word then: what it would have proven is left, and said where it
-    is met)."""
+def _load(path: Path) -> tuple[set[Entry], dict | None]:
+    """The record as written; none when there is none, or it is not this user's regular file of the right shape
+    (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
     try:
-        found = _parsed(path)
+        return _read(path)
     except Unreadable:
         return set(), None
-    root = found.get("root")
-    if not (isinstance(root, list) and len(root) == 4 and isinstance(root[0], str) and isinstance(root[3], str)
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in root[1:3])):
-        return _entries(found), None
-    return _entries(found), (root[0], root[1], root[2], root[3])
 
 
-def _read(path: Path) -> set[Entry]:
-    """The entries of the record at `path` (its rows of another shape skipped); Unreadable when there is none, or
-    it is not this user's regular file holding a JSON object."""
-    return _entries(_parsed(path))
-
-
-def _parsed(path: Path) -> dict:
-    return loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
-
-
-def _entries(found: dict) -> set[Entry]:
-    rows = found.get("made")
+def _read(path: Path) -> tuple[set[Entry], dict | None]:
+    """The entries of the record at `path` (its rows of another shape skipped), and its root (a JSON object, or
+    None; remote_root.py reads its fields); Unreadable when there is none, or it is not this user's regular file
+    holding a JSON object."""
+    found = loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
+    rows, root = found.get("made"), found.get("root")
+    root = root if isinstance(root, dict) else None
     if not isinstance(rows, list):
-        return set()
+        return set(), root
     return {(r[0], r[1], r[2]) for r in rows
             if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}, root
 
 
 def made_new(root: Dir, name: str) -> Identity:

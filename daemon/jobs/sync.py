@@ -40,12 +40,19 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full
 from minilmd.daemon.base.worker import ReadWatch, error_words
-from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, sync_leftovers, sync_pass
+from minilmd.daemon.jobs import basecopy, remote_claim, remote_made, remote_root, sync_leftovers, sync_pass
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.daemon.jobs.sync_copy import CopyUp
-from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs, SyncAbandoned, SyncError, SyncResult
+from minilmd.daemon.jobs.sync_errors import (
+    RemoteFull,
+    RemoteGone,
+    RemoteNotOurs,
+    SyncAbandoned,
+    SyncError,
+    SyncResult,
+)
 from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 - sync.STALE_TMP_SECONDS, as before
 from minilmd.names import (
     BEST,
@@ -109,6 +116,8 @@ class Syncer(CopyUp, Fetcher):
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
                 self._remote.made = remote_made.record_of(self.local_root, self.run_dir)
+                if self.claim is not None:  # a root gone is made again only where the run never synced
+                    self._remote.synced_before = self.claim.synced_before
             self._remote.moved = self._moved
         return self._remote
 
@@ -131,6 +140,8 @@ class Syncer(CopyUp, Fetcher):
             return self._sync_newest(started)
         except SyncError:
             raise
+        except remote_root.NotTheRoot as e:  # a share unmounted, the root replaced: waited for, nothing written
+            raise RemoteGone(f"remote unavailable: {e}") from e
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
             message = f"sync to {self.remote_url} failed: {error_words(e)}"
             if is_disk_full(e):
@@ -144,6 +155,8 @@ class Syncer(CopyUp, Fetcher):
         remote = self.remote
         self._make_root(remote)
         self._ensure_claim()
+        if isinstance(remote, LocalRemote) and self.claim is not None:  # a run's (a tool's syncs: no claim, no record)
+            remote.remember_root()  # what the root is, for every later sync to know it by (remote_root.py)
         sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
                                         remote_claim.encoded(self.claim) if self.claim is not None else None)
         self._sync_base()
@@ -197,8 +210,6 @@ class Syncer(CopyUp, Fetcher):
                 self.log(f"sync: claimed {self.remote_url} for this run ({self.remote.show(REMOTE_OWNER)})")
         except remote_claim.ClaimRefused as e:
             raise RemoteNotOurs(f"sync to {self.remote_url} refused: {e}") from None
-        if isinstance(self.remote, LocalRemote):
-            remote_claim.record_root(self.remote, self.log)
 
     def _claim_refused(self) -> str | None:
         """Why the fetch may take nothing from the remote (another run's claim); None also when the claim cannot be

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minilmd.names import REMOTE_OWNER
+
 
 class SyncError(RuntimeError):
     """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
@@ -17,6 +19,19 @@ class RemoteNotOurs(SyncError):
     run's since this run synced there. Nothing is written there; like a remote out of reach, retried (its owner may
     put it right), but said with its reason (daemon/jobs/syncworker.py); a finished run's last sync waits for it
     (SyncWorker.final_sync): never a run that ends, done or failed, with its last checkpoint unsynced."""
+
+    what = "run.remote's owner record is no longer this run's"
+    """What keeps the syncs out, in the words of the events and of `status`."""
+    waits_for = f"run.remote's {REMOTE_OWNER} is this run's again or gone (removed by whoever owns it)"
+    """What the syncs wait for."""
+
+
+class RemoteGone(RemoteNotOurs):
+    """run.remote's root is gone, or is not the directory this run synced to (daemon/jobs/remote_root.py: a share
+    unmounted, the directory replaced): nothing is made, written or deleted there; waited for as a refused claim."""
+
+    what = "run.remote is not the directory this run synced to"
+    waits_for = "run.remote is the directory this run synced to again (its share mounted)"
 
 
 class SyncAbandoned(SyncError):

@@ -101,7 +101,8 @@ class SyncWorker:
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits (room, the owner record), its latest try's: the phase's reason
         self.claim_wait_said = ""  # the owner record's refusal the last sync's wait last said ("": it has not waited)
-        self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's
+        self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's, or its root
+        self.refusal: type[RemoteNotOurs] = RemoteNotOurs  # its kind: what it is and waits for, in words (RemoteGone)
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -269,7 +270,7 @@ class SyncWorker:
         if isinstance(error, RemoteFull) and self.final_waits_for_room:
             return f"retry in {retry:.0f}s (a full remote counts no try)"
         if isinstance(error, RemoteNotOurs) and self.final_waits_for_room:
-            return f"retry in {retry:.0f}s (a refused owner record counts no try)"
+            return f"retry in {retry:.0f}s (no try counts until {self.refusal.waits_for})"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
         return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
@@ -277,9 +278,8 @@ class SyncWorker:
     def _out_of_reach(self) -> str:
         """What a remote whose owner record is no longer this run's means: a remote out of reach, said why."""
         goes_on = "" if self.final_tries or self.claim_wait_said else "training goes on, "
-        return (f"run.remote's owner record is no longer this run's: {goes_on}the checkpoints stay in scratch "
-                f"({self.cfg.checkpoint_dir}) and nothing is written to the remote; once the record is this run's "
-                f"again (or gone: the next sync claims the remote again), the syncs go on")
+        return (f"{self.refusal.what}: {goes_on}the checkpoints stay in scratch ({self.cfg.checkpoint_dir}) and "
+                f"nothing is written to the remote; once {self.refusal.waits_for}, the syncs go on")
 
     def _say_remote_full(self, retry: float, error: BaseException) -> None:
         """A sync that found the remote full: said when the remote becomes full, then every REMOTE_FULL_REMIND_S,
@@ -311,12 +311,12 @@ class SyncWorker:
         reason = f"{FINAL_SYNC_WAITING}{self.not_ours}"
         if self.claim_wait_said != self.not_ours:
             self.claim_wait_said = self.not_ours
-            self.emit("sync", f"{reason}: the last sync is tried again until run.remote's {names.REMOTE_OWNER} is "
-                              f"this run's again or gone (removed by whoever owns it), no try counts; the checkpoint "
-                              f"stays in {self.cfg.checkpoint_dir}; `minilmd stop` ends the run with it there")
+            self.emit("sync", f"{reason}: the last sync is tried again until {self.refusal.waits_for}, no try counts; "
+                              f"the checkpoint stays in {self.cfg.checkpoint_dir}; `minilmd stop` ends the run with "
+                              f"it there")
         self.room_wait = reason
         if now() >= self.next_at:
-            self._start("last sync (waiting for run.remote's owner record to be this run's)")
+            self._start(f"last sync (waiting until {self.refusal.waits_for})")
 
     def _start(self, why: str) -> None:
         sync = self.state.sync
@@ -350,6 +350,7 @@ class SyncWorker:
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")
             self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
+            self.refusal = type(worker.error) if isinstance(worker.error, RemoteNotOurs) else RemoteNotOurs
             if self.remote_full is not None:
                 self._say_remote_full(retry, worker.error)
                 return

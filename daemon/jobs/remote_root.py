@@ -1,0 +1,143 @@
+"""Which directory a run's local remote is: the root its syncs wrote to, known by what a path cannot carry.
+
+A share mounted by hand on a directory no fstab, autofs map or systemd unit names (minilmd/mount_places.py knows
+only those) and unmounted while the run trains leaves its mount point, an empty directory of the local disk. The
+next sync made `remote/` again in it, claimed it, synced there "verified", and the run ended `done`, exit 0, scratch
+given back, while the share held an older step (fault audit 10, F1). A directory moved away and another put at its
+path was taken alike. So the run records what its remote's root is when it claims it (`remember`: device, inode, the
+file system's type, source and mount point from /proc/self/mountinfo), in its own record in run.dir (remote_made.py
+`Made.root`, `remote-made.json`: the user's file, which a reboot leaves), and once the run's records say it synced
+there (Claim.synced_before: state.json's remote step, events.jsonl's syncs since the last `--fresh`):
+- a root that is not there is never made again (`judge_missing`). The sync fails, "remote unavailable: run.remote R
+  is gone (it was ...; an unmounted share?)", and is retried: training goes on, the last sync waits, no try counted
+  (sync_errors.RemoteGone), and the run never ends done without it;
+- a root that is there but is another directory than the record's (`judge_opened`: another device and not the same
+  share mounted again, or another inode) is refused alike, saying which: nothing is written or deleted there.
+A run whose records say it never synced there (a first sync cut, a `--fresh` lineage) makes the root or takes the
+one there, and records it.
+The same share mounted again (a reboot, an automounter's expiry) has the same file-system type, source and root
+inode, maybe another device number: it is the same root, and the record takes its device.
+A record for another run.remote is no record of this one (a config that names another remote: the first sync
+there records it). The user who put another directory at that path on purpose says so with `minilmd run
+--claim-remote CONFIG` (`accept`, called by remote_claim.take_over_at_launch): the next sync records the root it
+finds, or makes it where it is not there. Torch-free.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from minilmd import mounts
+from minilmd.daemon.jobs import remote_made
+from minilmd.dirfd import Dir
+
+
+class NotTheRoot(OSError):
+    """run.remote's root is gone or is not the directory this run synced to: nothing is made, written or deleted
+    there. Said in its words alone (no errno)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@dataclass(frozen=True)
+class RootRecord:
+    """What a local remote's root was when the run claimed it."""
+
+    url: str
+    dev: int = 0
+    ino: int = 0
+    fstype: str = ""
+    source: str = ""
+    point: str = ""
+    accept: bool = False
+    """`run --claim-remote` was given: the next sync records the root as it finds it (no identity yet)."""
+
+    def words(self) -> str:
+        """"dev 0:43 inode 2 on fuse faultfs mounted at /mnt/x"."""
+        on = f" on {self.fstype}" + (f" {self.source}" if self.source else "") if self.fstype else ""
+        at = f" mounted at {self.point}" if self.point else ""
+        return f"dev {os.major(self.dev)}:{os.minor(self.dev)} inode {self.ino}{on}{at}"
+
+    def same_share(self, now: RootRecord) -> bool:
+        """Whether `now` is this root: the same device and inode, or the same share mounted again (its file-system
+        type and source known and alike, and the same root inode: another device number after a remount)."""
+        if now.ino != self.ino:
+            return False
+        return now.dev == self.dev or bool(self.fstype and self.source and (now.fstype, now.source) ==
+                                           (self.fstype, self.source))
+
+
+def of(url: str, held: Dir) -> RootRecord:
+    """What the root opened as `held` is: its device and inode, and the mount of its device."""
+    st = os.fstat(held.fd)
+    found = mounts.mount_of_dev(st.st_dev, mounts.read_mounts(), os.path.realpath(held.path))
+    return RootRecord(url, st.st_dev, st.st_ino, found.fstype if found else "", found.source if found else "",
+                      found.point if found else "")
+
+
+def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
+    """The record of `url`'s root (None: none, or one of another run.remote, or not of the shape written)."""
+    raw = made.root()
+    if not raw or raw.get("url") != url:
+        return None
+    try:
+        found = RootRecord(**{k: raw[k] for k in RootRecord.__dataclass_fields__ if k in raw})
+    except TypeError:
+        return None
+    kinds = [isinstance(getattr(found, k), int) for k in ("dev", "ino")] + \
+        [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point")]
+    return found if all(kinds) else None
+
+
+def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
+    """Before the sync makes the root that is not there: NotTheRoot when the run's records say it synced there
+    (`synced_before`: since the last `--fresh`), unless `run --claim-remote` was given since; the record says what
+    the root was."""
+    found = recorded(url, made)
+    if found is not None and found.accept or not (why := synced_before()):
+        return
+    was = f"it was {found.words()}; {why}" if found is not None else why
+    raise NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
+                                   f"there, not here, so it is not made again on whatever disk holds its path now; "
+                                   f"mount the share again (the syncs go on by themselves), or, to sync to a new "
+                                   f"empty {url} from now on, start the run once with `minilmd run --claim-remote "
+                                   f"CONFIG`, or set run.remote to another place")
+
+
+def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
+    """The root just opened (`held`) against the record: NotTheRoot when it is another directory than the one the
+    run synced to and its records say it synced there; the same share mounted again under another device number,
+    or another root where the run's records say it never synced (a `--fresh` lineage's), is recorded so."""
+    found = recorded(url, made)
+    if found is None or found.accept:
+        return
+    now = of(url, held)
+    if now.dev == found.dev and now.ino == found.ino:
+        return
+    if found.same_share(now) or not synced_before():
+        made.set_root(asdict(now))
+        return
+    which = "another device: a share unmounted, its mount point's directory of the local disk in its place" \
+        if now.dev != found.dev else "another directory of the same file system: the one synced to moved away"
+    raise NotTheRoot(errno.ESTALE, f"run.remote {url} is not the directory this run synced to (was {found.words()}, "
+                                   f"now {now.words()}: {which}, or the directory replaced): nothing is written or "
+                                   f"deleted there; mount the share again, or put the directory back (the syncs go "
+                                   f"on by themselves); if it was replaced on purpose (this run's checkpoints moved "
+                                   f"there), start the run once with `minilmd run --claim-remote CONFIG`, which "
+                                   f"takes the directory there now as this run's remote")
+
+
+def remember(url: str, held: Dir, made: remote_made.Made) -> None:
+    """Once the root is claimed (or this run's already): its identity recorded when the record has none of it."""
+    found = recorded(url, made)
+    if found is None or found.accept:
+        made.set_root(asdict(of(url, held)))
+
+
+def accept(url: str, run_dir: Path) -> None:
+    """`run --claim-remote`: whatever the next sync finds at `url` (or makes there) is this run's remote."""
+    remote_made.Made(remote_made.run_record(run_dir)).set_root(asdict(RootRecord(url, accept=True)))
