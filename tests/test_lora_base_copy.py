@@ -139,8 +139,8 @@ class RestagedWhilePushed(LocalRemote):
 
     def put(self, local: Path, *names: str) -> int:
         self.puts += 1
-        if self.puts == 2:
-            publish_dir(self.other, self.staged)
+        if self.puts == 2:  # staged in a temporary directory beside it, as staging does, then published
+            publish_dir(Path(shutil.copytree(self.other, self.staged.parent / ".init.restaged")), self.staged)
         return super().put(local, *names)
 
 
