@@ -54,6 +54,8 @@ class StagingFetch:
     unlooked: str
     set_aside: tuple[str, ...]
     fetch_set_aside: tuple[str, ...] = ()
+    first_listed: int | None = None
+    """The newest step the remote's first listing held, when `_list_again` listed it again."""
     remote_newer: int | None
     fetch_full: bool
     none_valid: bool
@@ -109,7 +111,7 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
-        self.none_valid = False
+        self.none_valid, self.first_listed = False, None
         synced = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
         if said := keptcopy.drop_if_synced(self.cfg, synced) or keptcopy.bring_back(self.cfg, expected):
             self.emit("fetch", said)  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed
@@ -198,10 +200,13 @@ class StagingFetch:
                        f"again in {RELIST_AFTER_S:g}s before resuming from the older step")  # from the thread
         if self.stop_fetch.wait(RELIST_AFTER_S):
             raise FetchStopped(f"fetch from {self.cfg.run.remote} stopped: the supervisor stops")
+        self.first_listed = step_of(fetched)
         listed = syncer.listed()
         if not listed or step_of(listed[-1]) <= step_of(fetched):
             return fetched
-        return syncer.fetch_latest(self.cfg.checkpoint_dir) or fetched
+        again = syncer.fetch_latest(self.cfg.checkpoint_dir)
+        self.fetch_set_aside += tuple(syncer.fetch_set_aside)  # what it set aside counts as the first fetch's does
+        return again or fetched
 
     def _older_than_synced(self, step: int, newer: tuple[str, ...], listed_again: bool = False) -> tuple[str, ...]:
         """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
@@ -213,10 +218,14 @@ class StagingFetch:
         if not newer:
             if not listed_again or recorded is None or recorded <= step:
                 return ()
-            return (f"run.remote {self.cfg.run.remote} lists no step newer than {step}, though the run's records "
-                    f"say step {recorded} was synced there ({found.why}), and listed again after "
-                    f"{RELIST_AFTER_S:g}s the same (steps removed there, or a listing that stays stale): resuming "
-                    f"from step {step}, which verifies: steps {step + 1}-{recorded} are trained again",)
+            first = self.first_listed
+            newer_now = first is not None and first < step  # the second listing held a newer step, still behind
+            again = f"its newest was step {step}, still older" if newer_now else \
+                "the same (steps removed there, or a listing that stays stale)"
+            return (f"run.remote {self.cfg.run.remote} listed no step newer than {first if newer_now else step}, "
+                    f"though the run's records say step {recorded} was synced there ({found.why}), and listed "
+                    f"again after {RELIST_AFTER_S:g}s {again}: resuming from step {step}, which verifies: steps "
+                    f"{step + 1}-{recorded} are trained again",)
         behind = f"; the run's records say step {recorded} was synced there ({found.why}): steps " \
                  f"{step + 1}-{recorded} are trained again" if recorded is not None and recorded > step else ""
         return (f"run.remote {self.cfg.run.remote}: {len(newer)} newer checkpoint(s) did not verify at any read "
