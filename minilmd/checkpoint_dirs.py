@@ -149,11 +149,13 @@ def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -
     cannot be opened (none yet): nothing."""
     root = Path(root)
     say = say or leftovers.stderr_say("checkpoints")
+    at: Dir | None
     try:
         at = Dir(os.open(root, OPEN_DIR), root)
     except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.ENOTDIR) or (at := _own_linked_root(root, say)) is None:
-            return []
+        at = _own_linked_root(root, say) if e.errno in (errno.ELOOP, errno.ENOTDIR) else None
+    if at is None:
+        return []
     with at:
         return leftovers.sweep(at, _tmp_maker, _WORDS, say, out=root,
                                mine_is_dead=True, only_dirs_and_links=True)
