@@ -54,6 +54,9 @@ class StagingFetch:
     unlooked: str
     set_aside: tuple[str, ...]
     fetch_set_aside: tuple[str, ...] = ()
+    fetched_step: int | None = None
+    """The step a fetch of this start put in scratch, though the staging may not have ended (a stop during the
+    re-list): with no trainer run since, the last sync has nothing new to push (daemon/jobs/lastsyncrule.py)."""
     first_listed: int | None = None
     """The newest step the remote's first listing held, when `_list_again` listed it again."""
     remote_newer: int | None
@@ -127,6 +130,7 @@ class StagingFetch:
             taken, self.unlooked, self.set_aside, self.remote_newer = verdict.taken, verdict.unlooked, \
                 verdict.set_aside, None
             self.fetched_why = taken.words() if taken else ""
+            self.fetched_step = taken.step if taken else self.fetched_step
             return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
@@ -134,6 +138,7 @@ class StagingFetch:
             syncer = self._syncer(expected)
             fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
             self.fetch_set_aside += tuple(syncer.fetch_set_aside)
+            self.fetched_step = step_of(fetched) if fetched is not None else self.fetched_step
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
                 return expected, None, self._nothing_fetched()
             listed_again = not syncer.fetch_set_aside and self._behind_records(step_of(fetched))
@@ -206,6 +211,7 @@ class StagingFetch:
             return fetched
         again = syncer.fetch_latest(self.cfg.checkpoint_dir)
         self.fetch_set_aside += tuple(syncer.fetch_set_aside)  # what it set aside counts as the first fetch's does
+        self.fetched_step = step_of(again) if again is not None else self.fetched_step
         return again or fetched
 
     def _older_than_synced(self, step: int, newer: tuple[str, ...], listed_again: bool = False) -> tuple[str, ...]:
