@@ -75,3 +75,13 @@ def test_the_records_take_events_newer_step_over_an_older_state_json(tmp_path):
     assert "records step 20" in found.why and "state.json records step 10" in found.why, found.why
     newer = RemoteCheckpoint(step=30, time=1.0, verified=True, path=f"{REMOTE}/step-00000030")
     assert remotewait.records(REMOTE, run_dir, newer).step == 30
+
+
+def test_after_a_start_that_resumed_from_an_older_step_saying_so_the_older_steps_are_pushed(tmp_path):
+    """This start's staging resumed from an older step than the remote held and said which steps are trained again
+    (its newer ones set aside as invalid, or gone): the record's step is lost there, so the last sync pushes scratch's
+    newest (step 4) though state.json records step 8."""
+    sync, syncer, _said = _worker(tmp_path, 4, 8)
+    sync.trainer_launched = True
+    assert sync.final_sync(None, fetched=2, rewound=True) is None  # begun
+    assert syncer.started.wait(30)

@@ -117,6 +117,7 @@ def test_a_second_listing_newer_but_still_behind_the_records_is_not_said_the_sam
     assert "the same" not in note and "listed no step newer than 5" in note and \
         "listed again after 0.1s its newest was step 7, still older: resuming from step 7" in note and \
         "steps 8-9 are trained again" in note, note
+    assert staging.rewound  # said: the last sync may push the steps trained again (lastsyncrule.py)
 
 
 def test_what_the_second_fetch_of_a_relisting_sets_aside_is_the_stagings(tmp_path, corpus, weights, monkeypatch):

@@ -57,6 +57,10 @@ class StagingFetch:
     fetched_step: int | None = None
     """The step a fetch of this start put in scratch, though the staging may not have ended (a stop during the
     re-list): with no trainer run since, the last sync has nothing new to push (daemon/jobs/lastsyncrule.py)."""
+    rewound: bool = False
+    """A fetch of this start resumes from an older step than the remote held, saying so (`set_aside`'s notes: its
+    newer steps set aside as invalid, or gone, their steps trained again): the last sync may push an older step
+    than state.json records, the remote's newer one being lost (daemon/jobs/lastsyncrule.py)."""
     first_listed: int | None = None
     """The newest step the remote's first listing held, when `_list_again` listed it again."""
     remote_newer: int | None
@@ -129,6 +133,7 @@ class StagingFetch:
                 return expected, None, verdict.wait
             taken, self.unlooked, self.set_aside, self.remote_newer = verdict.taken, verdict.unlooked, \
                 verdict.set_aside, None
+            self.rewound = self.rewound or bool(self.set_aside)
             self.fetched_why = taken.words() if taken else ""
             self.fetched_step = taken.step if taken else self.fetched_step
             return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
@@ -145,6 +150,7 @@ class StagingFetch:
             if listed_again:
                 fetched = self._list_again(syncer, fetched)
             self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside), listed_again)
+            self.rewound = self.rewound or bool(self.set_aside)
         except CheckpointMismatch:
             raise
         except FetchStopped as e:  # the supervisor stops: no step 0 chosen, `--fresh` or not

@@ -139,7 +139,8 @@ class SyncWorker:
             else:
                 self.next_at = now() + min(self.cfg.sync.every_s, 30.0)
 
-    def final_sync(self, staged: Path | None, wait_for_room: bool = False, fetched: int | None = None) -> str | None:
+    def final_sync(self, staged: Path | None, wait_for_room: bool = False, fetched: int | None = None,
+                   rewound: bool = False) -> str | None:
         """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
         is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
         a stall: nothing moved for FINAL_STALL_PATIENCE x the stall limit, no Syncer). A slow sync that moves is
@@ -154,7 +155,8 @@ class SyncWorker:
         A stop while either waits ends it at once. On one server the wait holds nothing else (the trainer has exited,
         its GPU lease is given back); a Slurm job's allocation stays held, so there the caller gives `wait_for_room`
         only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S. Nothing is pushed when scratch holds nothing newer
-        than the remote is recorded to hold (`fetched`: the step this start's staging fetched; lastsyncrule.py)."""
+        than the remote is recorded to hold (`fetched`: the step this start's staging fetched; `rewound`: it
+        resumed from an older step than the remote held, saying so; lastsyncrule.py)."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room
@@ -189,7 +191,7 @@ class SyncWorker:
             return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         if not self.final_tries and (said := nothing_to_push(self.cfg.run.remote, self.state, newest, fetched,
-                                                             self.trainer_launched)):
+                                                             self.trainer_launched, rewound)):
             self.emit("sync", f"the last sync pushes nothing: {said}")
             return ""
         if self.final_tries == 0 or now() >= self.next_at:
