@@ -27,6 +27,7 @@ from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.stagingworker import StagingWorker
+from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.loopstate import SupervisorState
 from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
@@ -53,6 +54,7 @@ class Attempt:
     room: RunDirWatch
     gpu: GpuWaiter
     staging: StagingWorker
+    sync: SyncWorker
     slurm: SlurmJob | None
     notifier: Notifier
 
@@ -105,6 +107,7 @@ class Attempt:
             self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
             return
         trainerwatch.launched(self.loop.child, self.cfg, newest)
+        self.sync.trainer_launched = True  # its saves are what the last sync pushes (lastsyncrule.py)
         self._restarted()  # the earlier trainer's rate is no ETA for this one
         self.state.child = trainerwatch.child_info(self.loop.child, command)  # its saves past `newest` reset the streak
         self._go(Phase.STARTING, f"attempt {self.loop.attempt}: trainer pid {self.loop.child.pid} "

@@ -115,7 +115,7 @@ class Ending:
         waits = not (self.loop.stop_requested or self.room.stopping) and \
             lastsynccut.may_wait(self.slurm, self.state.since or now(),  # a Slurm job's allocation: not for ever
                                  wait_s=self.knobs.final_sync_wait_s)
-        problem = self.sync.final_sync(self.staging.staged, waits)
+        problem = self.sync.final_sync(self.staging.staged, waits, self.staging.fetched_step, self.staging.rewound)
         if problem is not None:
             self._finish(problem)
         elif self.sync.room_wait:

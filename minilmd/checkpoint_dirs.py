@@ -5,6 +5,7 @@ it and stay fast. Torch-free.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -25,7 +26,7 @@ from minilmd.names import (
     step_of,
     tmp_owner_pid,
 )
-from minilmd.perms import owned_by_me
+from minilmd.perms import own_link, owned_by_me
 from minilmd.untrusted import Unreadable, listed, printable, read_bytes
 
 
@@ -141,17 +142,50 @@ def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -
     directory of another live process is left alone. Only this user's own real directories are removed: a
     symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
     ownership) are left, and said (`say`, default stderr; leftovers.sweep); anything but a directory or a link by
-    such a name (a writer's temporary file) is passed by unsaid. The root is opened once, a link at its name not
-    followed, and everything is looked at and removed through that descriptor; a root that cannot be opened (none
-    yet): nothing."""
+    such a name (a writer's temporary file) is passed by unsaid. The root is opened once, and everything is looked
+    at and removed through that descriptor; a link at its name is followed only when it is the user's own (or
+    root's: perms.own_link, the rule of Dir.open) and leads to a directory of the user's (scratch/checkpoints linked
+    to a bigger disk, which list_checkpoints follows too), else nothing is swept and that is said; a root that
+    cannot be opened (none yet): nothing."""
     root = Path(root)
+    say = say or leftovers.stderr_say("checkpoints")
+    at: Dir | None
     try:
         at = Dir(os.open(root, OPEN_DIR), root)
-    except OSError:
+    except OSError as e:
+        at = _own_linked_root(root, say) if e.errno in (errno.ELOOP, errno.ENOTDIR) else None
+    if at is None:
         return []
     with at:
-        return leftovers.sweep(at, _tmp_maker, _WORDS, say or leftovers.stderr_say("checkpoints"), out=root,
+        return leftovers.sweep(at, _tmp_maker, _WORDS, say, out=root,
                                mine_is_dead=True, only_dirs_and_links=True)
+
+
+def _own_linked_root(root: Path, say: leftovers.Say) -> Dir | None:
+    """The checkpoint root through the link at its name when that link is the user's own (or root's) and its target
+    a directory of the user's, opened once: what is swept is what that descriptor holds. Else None, and why nothing
+    is swept is said (once: a trainer sweeps once, at its start)."""
+    try:
+        link = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISLNK(link.st_mode):
+        return None  # a file by the root's name: not a root
+    if not own_link(link):
+        say(f"{root}: a symbolic link of another user's (uid {link.st_uid}): not followed, so killed saves' "
+            f"temporary directories there are not swept")
+        return None
+    try:
+        fd = os.open(root, OPEN_DIR & ~os.O_NOFOLLOW)
+    except OSError:
+        return None  # a link to nowhere: no root yet
+    target = os.fstat(fd)
+    if not owned_by_me(target):
+        os.close(fd)
+        say(f"{root}: links to a directory of another user's (uid {target.st_uid}): killed saves' temporary "
+            f"directories there are not swept")
+        return None
+    return Dir(fd, root)
 
 
 def _tmp_maker(name: str) -> leftovers.Maker | None:

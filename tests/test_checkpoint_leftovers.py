@@ -53,3 +53,34 @@ def test_another_users_directory_by_a_dead_writers_name_is_left_and_said(shared,
     err = capsys.readouterr().err
     assert f"{shared / name}: left as it is: the temporary directory of a killed checkpoint writer, but another " \
            f"user's (uid {uid})" in err, err
+
+
+def test_a_root_that_is_the_users_own_link_to_a_bigger_disk_is_swept_through_it(tmp_path, capsys):
+    """scratch/checkpoints is the user's own link to a directory of hers on a bigger disk (review12a F4): before,
+    the root was opened O_NOFOLLOW and nothing was swept, unsaid, while list_checkpoints followed the link. Now
+    the killed save's debris there is removed through the opened target; the link and the target stay."""
+    disk = tmp_path / "bigdisk"
+    disk.mkdir()
+    stale = _half_save(disk / f".tmp-step-00000008-{_dead_pid()}")
+    root = tmp_path / "checkpoints"
+    root.symlink_to(disk)
+    assert checkpoint_dirs.clean_stale_tmp(root) == [root / stale.name]
+    assert not os.path.lexists(stale) and root.is_symlink() and disk.is_dir()
+    assert f"removed {root / stale.name}" in capsys.readouterr().err
+
+
+def test_a_root_linked_to_another_users_directory_is_not_swept_and_said(shared, capsys):
+    """The user's own link as the root, but to a directory of another user's (a real `nobody`): not swept, and
+    said, with the uid; that user's leftover stays."""
+    uid, _gid = second_user()
+    name = f".tmp-step-00000007-{_dead_pid()}"
+    sh_as_user(f"mkdir -p theirs/{name}", cwd=shared)
+    root = shared.parent / f"{shared.name}-checkpoints"
+    root.symlink_to(shared / "theirs")
+    try:
+        assert checkpoint_dirs.clean_stale_tmp(root) == []
+        assert (shared / "theirs" / name).is_dir()
+        err = capsys.readouterr().err
+        assert f"{root}: links to a directory of another user's (uid {uid})" in err, err
+    finally:
+        root.unlink()

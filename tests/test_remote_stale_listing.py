@@ -19,7 +19,7 @@ from minilmd.daemon.jobs.stagingworker import Staged, StagingWorker
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import step_name
 from supervisor_helpers import write_config
-from sync_helpers import EXPECTED, save, weights  # noqa: F401  (fixtures)
+from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401  (fixtures)
 from waiting import wait_until
 
 
@@ -79,3 +79,55 @@ def test_an_older_listing_than_state_json_records_is_listed_again_before_an_olde
             "resuming from step 5, which verifies: steps 6-8 are trained again" in notes[0] and \
             "state.json records step 8 on it" in notes[0], notes
     assert not (remote / names.QUARANTINE).exists()
+
+
+def _staging_behind(tmp_path, corpus, weights, steps, recorded, name):
+    """A staging with an empty scratch over a remote holding `steps` whose first listing lacks its newest, and a
+    state.json recording `recorded` synced there; (staging, cfg, remote, emitted)."""
+    StaleListing.stale, StaleListing.listings = 1, 0
+    cfg = load_config(write_config(tmp_path, corpus, name=name))
+    cfg.run_dir.mkdir(parents=True)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    remote = Path(cfg.run.remote)
+    elsewhere = tmp_path / "before-the-reboot"
+    for step in steps:
+        save(elsewhere, step, weights)
+        Syncer(elsewhere, str(remote), EXPECTED).sync_newest()
+    emitted: list[tuple[str, str]] = []
+    emit = lambda event, message, **_: emitted.append((event, message))
+    run_state = RunState(cfg.run_dir / names.STATE, new_state(name, cfg.run_dir, f"{name}.toml"))
+    run_state.remote_checkpoint = RemoteCheckpoint(step=recorded, time=1.0, verified=True,
+                                                   path=str(remote / step_name(recorded)))
+    staging = StagingWorker(cfg, Infra(), run_state, emit, Inbox(emit),
+                            lambda expected: StaleListing(cfg.checkpoint_dir, str(remote), expected))
+    return staging, cfg, remote, emitted
+
+
+def test_a_second_listing_newer_but_still_behind_the_records_is_not_said_the_same(tmp_path, corpus, weights,
+                                                                                  monkeypatch):
+    """Steps 5 and 7 on the remote, step 9 recorded; the first listing lacks 7. Listed again, 7 is fetched: still
+    older than the records. Before, the note said the second listing was "the same" (review12a F3); now it says
+    the first listing's step and the newer one, and which steps are trained again."""
+    monkeypatch.setattr(stagingfetch, "RELIST_AFTER_S", 0.1)
+    staging, cfg, _remote, _emitted = _staging_behind(tmp_path, corpus, weights, (5, 7), 9, "behind")
+    _expected, fetched, error = staging._fetch_job(cfg.scratch_dir / names.STAGED_CORPUS)
+    assert error is None and fetched == cfg.checkpoint_dir / step_name(7), (fetched, error)
+    assert len(staging.set_aside) == 1, staging.set_aside
+    note = staging.set_aside[0]
+    assert "the same" not in note and "listed no step newer than 5" in note and \
+        "listed again after 0.1s its newest was step 7, still older: resuming from step 7" in note and \
+        "steps 8-9 are trained again" in note, note
+    assert staging.rewound  # said: the last sync may push the steps trained again (lastsyncrule.py)
+
+
+def test_what_the_second_fetch_of_a_relisting_sets_aside_is_the_stagings(tmp_path, corpus, weights, monkeypatch):
+    """The second listing shows step 7, which does not verify: the second fetch sets it aside. Before, only the
+    first fetch's set-asides reached `fetch_set_aside` (what the wait for a valid checkpoint says: review12a F3)."""
+    from minilmd import checkpoint as ck  # numpy: as the fetch itself
+
+    monkeypatch.setattr(stagingfetch, "RELIST_AFTER_S", 0.1)
+    staging, cfg, remote, _emitted = _staging_behind(tmp_path, corpus, weights, (5, 7), 9, "aside")
+    corrupt(remote / step_name(7) / ck.TRAINER_STATE)
+    _expected, fetched, error = staging._fetch_job(cfg.scratch_dir / names.STAGED_CORPUS)
+    assert error is None and fetched == cfg.checkpoint_dir / step_name(5), (fetched, error)
+    assert len(staging.fetch_set_aside) == 1 and step_name(7) in staging.fetch_set_aside[0], staging.fetch_set_aside

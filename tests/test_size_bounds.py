@@ -22,7 +22,7 @@ import pytest
 from minilmd import init_source, names
 from minilmd.checkpoint import MAX_JSON_PART, CheckpointInvalid, read_manifest
 from minilmd.corpus import chat_files, chat_templates
-from minilmd.daemon.jobs import remote_local, syncworker
+from minilmd.daemon.jobs import checkpoint_room, remote_local
 from minilmd.daemon.phases import initwait
 from minilmd.plan import update_share
 
@@ -53,7 +53,7 @@ def manifest_verdicts(root: Path) -> dict[str, bool]:
         verdicts["init.from fingerprint"] = True
     except init_source.InitSourceError:
         verdicts["init.from fingerprint"] = False
-    verdicts["sync size estimate"] = syncworker.checkpoint_bytes(ckpt) is not None
+    verdicts["sync size estimate"] = checkpoint_room.checkpoint_bytes(ckpt) is not None
     _, problems = remote_local.open_remote(str(root)).manifest_or_problems(STEP)
     verdicts["remote scan"] = not any("cannot read" in p for p in problems)
     return verdicts

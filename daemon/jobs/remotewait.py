@@ -6,9 +6,9 @@ A remote that is not there now (its share gone, a link to nowhere), an empty dir
 not mounted reads as its empty stub) or one that cannot be listed lists no checkpoint, like a remote never written.
 Taken at its word after a reboot that emptied scratch, the run would train again from step 0 (a fine-tune from its
 init.from) and its new lineage would later be synced over the old one. So the run's own records are asked first:
-state.json's remote checkpoint, else the steps events.jsonl says were synced to the remote or fetched from it, each
-counted only when it names the current run.remote (a run pointed at a new place has not synced there), and in
-events.jsonl only after the last `--fresh` start (what came before is a lineage given up). A run that has synced
+the newer of state.json's remote checkpoint and the steps events.jsonl says were synced to the remote or fetched
+from it, each counted only when it names the current run.remote (a run pointed at a new place has not synced there),
+and in events.jsonl only after the last `--fresh` start (what came before is a lineage given up). A run that has synced
 before waits (staging `waiting_remote`, retried with backoff, for as long as it takes) and resumes from the remote's
 newest checkpoint once the remote answers; so does one whose records cannot be read (it may have synced); a run that
 never synced has nothing there to lose and starts from step 0, and is told, of a remote not there whose place above
@@ -96,18 +96,24 @@ class Records:
 
 
 def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unreadable: str = "") -> Records:
-    """Whether this run synced to `url` before: state.json's remote checkpoint (`remote`, adopted from the previous
-    supervisor's) when it is on `url`, else the newest step events.jsonl says was synced to `url` or fetched from
-    it since the last `run --fresh`. UNKNOWN when neither says so and one of them cannot be read
-    (`state_unreadable`: why the previous state.json could not be, "" when it could or there was none)."""
-    if remote is not None and remote.step is not None and names_remote(remote.path, url):
-        return Records(SYNCED, f"{names.STATE} records step {remote.step} on it", remote.step)
+    """Whether this run synced to `url` before, and the newest step it did: the larger of state.json's remote
+    checkpoint (`remote`, adopted from the previous supervisor's) when it is on `url` and the newest step
+    events.jsonl says was synced to `url` or fetched from it since the last `run --fresh` (a state.json rewritten
+    to an older step, as an older minilmd's last sync could after a stop during staging's re-list, does not hide
+    the newer step events.jsonl still holds: review12a F1). UNKNOWN when neither says so and one of them cannot be
+    read (`state_unreadable`: why the previous state.json could not be, "" when it could or there was none)."""
+    state_step = remote.step if remote is not None and names_remote(remote.path, url) else None
+    said = f"{names.STATE} records step {state_step} on it"
     try:
         step, earlier_unreadable = read_events(run_dir, url)
     except Unreadable as e:
-        return Records(UNKNOWN, f"{names.EVENTS} {e.why}")
+        return Records(SYNCED, said, state_step) if state_step is not None else \
+            Records(UNKNOWN, f"{names.EVENTS} {e.why}")
+    if state_step is not None and (step is None or step <= state_step):
+        return Records(SYNCED, said, state_step)
     if step is not None:
-        return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it", step)
+        older = f" ({said})" if state_step is not None else ""
+        return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it{older}", step)
     if state_unreadable:
         return Records(UNKNOWN, f"{names.STATE} {state_unreadable}")
     if earlier_unreadable:

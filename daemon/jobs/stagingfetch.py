@@ -54,6 +54,15 @@ class StagingFetch:
     unlooked: str
     set_aside: tuple[str, ...]
     fetch_set_aside: tuple[str, ...] = ()
+    fetched_step: int | None = None
+    """The step a fetch of this start put in scratch, though the staging may not have ended (a stop during the
+    re-list): with no trainer run since, the last sync has nothing new to push (daemon/jobs/lastsyncrule.py)."""
+    rewound: bool = False
+    """A fetch of this start resumes from an older step than the remote held, saying so (`set_aside`'s notes: its
+    newer steps set aside as invalid, or gone, their steps trained again): the last sync may push an older step
+    than state.json records, the remote's newer one being lost (daemon/jobs/lastsyncrule.py)."""
+    first_listed: int | None = None
+    """The newest step the remote's first listing held, when `_list_again` listed it again."""
     remote_newer: int | None
     fetch_full: bool
     none_valid: bool
@@ -109,7 +118,7 @@ class StagingFetch:
 
         expected = self.infra.expectation(self.cfg, staged)
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
-        self.none_valid = False
+        self.none_valid, self.first_listed = False, None
         synced = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
         if said := keptcopy.drop_if_synced(self.cfg, synced) or keptcopy.bring_back(self.cfg, expected):
             self.emit("fetch", said)  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed
@@ -124,7 +133,9 @@ class StagingFetch:
                 return expected, None, verdict.wait
             taken, self.unlooked, self.set_aside, self.remote_newer = verdict.taken, verdict.unlooked, \
                 verdict.set_aside, None
+            self.rewound = self.rewound or bool(self.set_aside)
             self.fetched_why = taken.words() if taken else ""
+            self.fetched_step = taken.step if taken else self.fetched_step
             return expected, self.cfg.checkpoint_dir / taken.name if taken else None, None
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         self.from_step_0, self.remote_newer = "", None  # scratch emptied meanwhile: no step of its to wait over
@@ -132,12 +143,14 @@ class StagingFetch:
             syncer = self._syncer(expected)
             fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
             self.fetch_set_aside += tuple(syncer.fetch_set_aside)
+            self.fetched_step = step_of(fetched) if fetched is not None else self.fetched_step
             if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
                 return expected, None, self._nothing_fetched()
             listed_again = not syncer.fetch_set_aside and self._behind_records(step_of(fetched))
             if listed_again:
                 fetched = self._list_again(syncer, fetched)
             self.set_aside = self._older_than_synced(step_of(fetched), tuple(syncer.fetch_set_aside), listed_again)
+            self.rewound = self.rewound or bool(self.set_aside)
         except CheckpointMismatch:
             raise
         except FetchStopped as e:  # the supervisor stops: no step 0 chosen, `--fresh` or not
@@ -198,10 +211,14 @@ class StagingFetch:
                        f"again in {RELIST_AFTER_S:g}s before resuming from the older step")  # from the thread
         if self.stop_fetch.wait(RELIST_AFTER_S):
             raise FetchStopped(f"fetch from {self.cfg.run.remote} stopped: the supervisor stops")
+        self.first_listed = step_of(fetched)
         listed = syncer.listed()
         if not listed or step_of(listed[-1]) <= step_of(fetched):
             return fetched
-        return syncer.fetch_latest(self.cfg.checkpoint_dir) or fetched
+        again = syncer.fetch_latest(self.cfg.checkpoint_dir)
+        self.fetch_set_aside += tuple(syncer.fetch_set_aside)  # what it set aside counts as the first fetch's does
+        self.fetched_step = step_of(again) if again is not None else self.fetched_step
+        return again or fetched
 
     def _older_than_synced(self, step: int, newer: tuple[str, ...], listed_again: bool = False) -> tuple[str, ...]:
         """The note for a fetch that set `newer` checkpoints aside as invalid and took an older one (their steps are
@@ -213,10 +230,14 @@ class StagingFetch:
         if not newer:
             if not listed_again or recorded is None or recorded <= step:
                 return ()
-            return (f"run.remote {self.cfg.run.remote} lists no step newer than {step}, though the run's records "
-                    f"say step {recorded} was synced there ({found.why}), and listed again after "
-                    f"{RELIST_AFTER_S:g}s the same (steps removed there, or a listing that stays stale): resuming "
-                    f"from step {step}, which verifies: steps {step + 1}-{recorded} are trained again",)
+            first = self.first_listed
+            newer_now = first is not None and first < step  # the second listing held a newer step, still behind
+            again = f"its newest was step {step}, still older" if newer_now else \
+                "the same (steps removed there, or a listing that stays stale)"
+            return (f"run.remote {self.cfg.run.remote} listed no step newer than {first if newer_now else step}, "
+                    f"though the run's records say step {recorded} was synced there ({found.why}), and listed "
+                    f"again after {RELIST_AFTER_S:g}s {again}: resuming from step {step}, which verifies: steps "
+                    f"{step + 1}-{recorded} are trained again",)
         behind = f"; the run's records say step {recorded} was synced there ({found.why}): steps " \
                  f"{step + 1}-{recorded} are trained again" if recorded is not None and recorded > step else ""
         return (f"run.remote {self.cfg.run.remote}: {len(newer)} newer checkpoint(s) did not verify at any read "

@@ -17,7 +17,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +27,13 @@ from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.base.worker import Inbox, Worker, error_words
+from minilmd.daemon.jobs.checkpoint_room import checkpoint_bytes, free_bytes
+from minilmd.daemon.jobs.lastsyncrule import nothing_to_push
 from minilmd.daemon.jobs.remote_full_words import full_why, full_words
 from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
 from minilmd.fmt import fmt_mb as mb
 from minilmd.protocol import FINAL_SYNC_WAITING
 from minilmd.run_states import SyncState
-from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:
     from minilmd.daemon.jobs.sync import Syncer
@@ -49,25 +49,6 @@ REMOTE_FULL_REMIND_S = 600.0
 ROOM_FOR = 2
 """Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
 older one): below it, superseded checkpoints are pruned."""
-
-
-def free_bytes(root: Path) -> int | None:
-    """Bytes an unprivileged writer may still use on root's filesystem; None if it cannot be measured."""
-    try:
-        st = os.statvfs(root)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def checkpoint_bytes(path: Path) -> int | None:
-    """A checkpoint's size from its manifest (one small read, no hashing); None if it has no readable one."""
-    try:
-        manifest_path = path / names.MANIFEST
-        files = loads(read_bytes(manifest_path, max_bytes=names.MANIFEST_MAX_BYTES)).get("files") or {}  # untrusted
-        return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
-    except (OSError, ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
-        return None
 
 
 class SyncWorker:
@@ -93,6 +74,7 @@ class SyncWorker:
         self.failures = 0
         self.failing_since: float | None = None  # the first of `failures` failed syncs in a row
         self.final_tries = 0
+        self.trainer_launched = False  # in this start (daemon/attempt.py): it may have saved what the last sync pushes
         self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.remote_inodes: int | None = None  # the remote's inode count when none was left (what ran out)
@@ -158,7 +140,8 @@ class SyncWorker:
             else:
                 self.next_at = now() + min(self.cfg.sync.every_s, 30.0)
 
-    def final_sync(self, staged: Path | None, wait_for_room: bool = False) -> str | None:
+    def final_sync(self, staged: Path | None, wait_for_room: bool = False, fetched: int | None = None,
+                   rewound: bool = False) -> str | None:
         """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
         is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
         a stall: nothing moved for FINAL_STALL_PATIENCE x the stall limit, no Syncer). A slow sync that moves is
@@ -172,7 +155,9 @@ class SyncWorker:
         only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a /dev/shm scratch.
         A stop while either waits ends it at once. On one server the wait holds nothing else (the trainer has exited,
         its GPU lease is given back); a Slurm job's allocation stays held, so there the caller gives `wait_for_room`
-        only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S."""
+        only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S. Nothing is pushed when scratch holds nothing newer
+        than the remote is recorded to hold (`fetched`: the step this start's staging fetched; `rewound`: it
+        resumed from an older step than the remote held, saying so; lastsyncrule.py)."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room
@@ -205,6 +190,11 @@ class SyncWorker:
             return f"the last sync was refused: {self.not_ours}"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        if not self.final_tries and (said := nothing_to_push(self.cfg.run.remote, self.state, newest, fetched,
+                                                             self.trainer_launched, rewound)):
+            self.emit("sync", f"the last sync pushes nothing: {said}")
+            return ""
         if self.final_tries == 0 or now() >= self.next_at:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
@@ -449,8 +439,7 @@ class SyncWorker:
             self._start("scratch is short of room: early sync")
 
     def _remote_step(self) -> int | None:
-        remote = self.state.remote_checkpoint
-        return remote.step if remote is not None else None
+        return self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
 
     def _being_copied(self) -> list[Path]:
         paths = [self.copying] if self.copying is not None else []
