@@ -22,6 +22,7 @@ from minilmd import names, protocol
 from minilmd.config import load_config
 from minilmd.init_source import Predecessor, predecessor_report
 from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_or_kill, write_config
+from sync_helpers import weights  # noqa: F401  (fixture)
 from waiting import wait_until
 
 LORA = {"rank": 4, "alpha": 8.0}
@@ -131,14 +132,15 @@ def test_a_lora_base_push_on_a_full_remote_waits_for_room_and_ends_finished(tmp_
     ({"exit": 1, "phase": "failed", "reason": "finished, but ...", "ended": "failed"}, "step-00000030", False),
     (None, "step-00000030", False),  # its supervisor killed before it wrote how it ended
 ])
-def test_done_is_a_finished_record_and_a_whole_remote(tmp_path, corpus, outcome, latest, done):
+def test_done_is_a_finished_record_and_a_whole_remote(tmp_path, corpus, weights, outcome, latest, done):
     from minilmd.daemon.base.runstate import new_state
     from minilmd.daemon.jobs.rundone import done_line
     from minilmd.fsio import atomic_write_json
+    from minilmd.trainer.checkpoint import save as ckpt_io
 
     cfg = load_config(write_config(tmp_path, corpus, name="rec"))
     remote = Path(cfg.run.remote)
-    (remote / "step-00000030").mkdir(parents=True)
+    ckpt_io.save(remote, 30, weights[0], weights[1], {"step": 30})  # whole: the done check reads its manifest too
     (remote / names.LATEST).write_text(latest + "\n")
     cfg.run_dir.mkdir(parents=True)
     body = new_state("rec", cfg.run_dir, str(cfg.source))
