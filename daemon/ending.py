@@ -156,7 +156,10 @@ class Ending:
                 self._finish_preempted(sync_problem)
                 return
             if sync_problem and not self.slurm.sync_cut and not self.loop.stop_requested and not self.room.stopping:
-                self._finish_unsynced(sync_problem)  # kept in run.dir, requeued: never lost with the node's scratch
+                if self.room.removed:  # nothing kept in, nor requeued into, a run.dir removed meanwhile: 73, final
+                    self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
+                else:
+                    self._finish_unsynced(sync_problem)  # kept in run.dir, requeued: never lost with the node's scratch
                 return
         # a trainer that ended done (budget reached, or early_stop) has finished: a stop that came during its last
         # sync, that sync done, changes nothing (recorded "stopped", a later stage's init.from waited for ever)
@@ -216,7 +219,8 @@ class Ending:
         self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
                                                                sync_problem, request.words() if request else "")
         if problem:
-            if sync_problem and not self.slurm.sync_cut and not self.room.stopping:  # kept in run.dir all the same
+            if sync_problem and not self.slurm.sync_cut and not self.room.stopping and not self.room.removed:
+                # kept in run.dir all the same
                 problem = unsynced_end.at_preemption(self.slurm, self.cfg, self.sync, self.state, self.events.emit,
                                                      problem, sync_problem)
             self._fail(protocol.SUPERVISOR_RETRY, problem)

@@ -50,6 +50,11 @@ SCRATCH_ROOT_RECORD = "scratch-root.json"
 """{root, because, since}: the private root of the run's default scratch, where another user had taken the default
 root's name (minilmd/scratch_root.py)."""
 REMOTE_MADE = "remote-made.json"  # what the run's syncs made on a local remote: all they may remove there
+KEPT_DIR = "unsynced"
+"""run.dir's directory of a Slurm job's unsynced checkpoint (daemon/jobs/keptcopy.py)."""
+KEPT_MADE = "unsynced.remote-made.json"
+"""What the copies of a Slurm job's unsynced checkpoint made in `<run.dir>/unsynced/` (daemon/jobs/keptcopy.py): a
+record of its own, since each sync's clean-up keeps only the entries naming what is on its own root."""
 REMOTE_MADE_MAX_BYTES = 1 << 20
 """The largest record of what the syncs made read (daemon/jobs/remote_made.py)."""
 

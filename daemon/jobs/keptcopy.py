@@ -7,14 +7,16 @@ trained its steps again from the remote's older one. run.dir is on shared storag
 checkpoint is copied there, to `<run.dir>/unsynced/`, by the one way checkpoints are written out of scratch: a
 `Syncer` whose remote is that directory (daemon/jobs/sync.py: each file made new, never through a link, from the
 root's descriptor; read back against the manifest before it is renamed into place; what this run made recorded in
-run.dir and only that ever removed; one copy at most: retention keeps one). The next start's staging fetches it back
-into scratch (`bring_back`: downloaded, hashed and validated as any fetch) when it is newer than scratch's, before
-the remote's older one is looked at, so the trainer resumes from it and the ordinary sync pushes it; once the remote
-holds that step it is removed (`drop_if_synced`: at the run's end, at a start whose state.json records that
-step or a newer one synced, and as soon as a sync of the run that resumed from it pushes that step or a newer one:
-daemon/aftersync.py), and `unsynced/` with it once empty (rmdir at run.dir's descriptor, only a directory of this
-user's: nothing else there is ever removed). Torch-free; the Syncer (numpy) is loaded only when a copy is made
-or read.
+run.dir, in a record of its own, not run.remote's, and only that ever removed; one copy at most: retention keeps one;
+run.dir itself never made: daemon/jobs/keptremote.py). A run.dir that is not there takes no copy (`run_dir_gone`):
+removed while the run ran, the run ends as that rule says (daemon/phases/rundirwatch.py: exit 73, final).
+The next start's staging fetches it back into scratch (`bring_back`: downloaded, hashed and validated as any fetch) when
+it is newer than scratch's, before the remote's older one is looked at, so the trainer resumes from it and the ordinary
+sync pushes it; once the remote holds that step it is removed (`drop_if_synced`: at the run's end, at a start whose
+state.json records that step or a newer one synced, and as soon as a sync of the run that resumed from it pushes that
+step or a newer one: daemon/aftersync.py), and `unsynced/` with it once empty (rmdir at run.dir's descriptor, only a
+directory of this user's: nothing else there is ever removed).
+Torch-free; the Syncer (numpy) is loaded only when a copy is made or read.
 """
 from __future__ import annotations
 
@@ -25,10 +27,8 @@ from typing import Any
 
 from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.names import LATEST, step_name, step_or_none
+from minilmd.names import KEPT_DIR, LATEST, step_name, step_or_none
 
-KEPT_DIR = "unsynced"
-"""run.dir's directory of the kept checkpoint."""
 KEEP_WAIT_S = 600.0
 """How long the copy into run.dir is waited for at the job's end (a checkpoint of a small model: seconds on a
 working share); a run.dir that does not answer is left to its thread, and the job ends without the copy."""
@@ -48,9 +48,31 @@ def place(cfg) -> Path:
 
 
 def _syncer(cfg, expected: Any):
-    from minilmd.daemon.jobs.sync import Syncer  # numpy: only when a checkpoint is copied
+    from minilmd.daemon.jobs.keptremote import KeptSyncer  # numpy: only when a checkpoint is copied
 
-    return Syncer(cfg.checkpoint_dir, str(place(cfg)), expected, keep=1, run_dir=cfg.run_dir)
+    return KeptSyncer(cfg.checkpoint_dir, cfg.run_dir, expected)
+
+
+def run_dir_gone(run_dir: Path) -> str:
+    """Why nothing may be made in run.dir now ("" when it may): it is not there (removed while the run ran: the
+    removed-run.dir rule, daemon/phases/rundirwatch.py, ends the run, exit 73, final, and no copy makes it again),
+    or its checked walk refuses it. run.dir is opened by that walk (dirfd.Dir.open), nothing made on the way."""
+    from minilmd.dirfd import Dir
+
+    try:
+        with Dir.open(run_dir, "run.dir"):
+            return ""
+    except FileNotFoundError:
+        return f"run.dir {run_dir} is not there (removed while the run ran?): nothing is made there"
+    except (OSError, ValueError) as e:  # PlaceRefused (a ValueError), or it cannot be opened
+        return f"run.dir {run_dir} cannot be opened ({e}): nothing is made there"
+
+
+def _copy(cfg, expected: Any):
+    """The copy into `<run.dir>/unsynced/`: the Syncer's SyncResult, or why run.dir takes none (words)."""
+    if gone := run_dir_gone(cfg.run_dir):
+        return gone
+    return _syncer(cfg, expected).sync_newest()
 
 
 def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_S) -> Kept:
@@ -61,10 +83,11 @@ def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_
     local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
     if local is None or (remote_step is not None and local <= remote_step):
         return Kept(None, where, "run.remote has scratch's newest checkpoint")
-    answered, result, why = bounded_probe(lambda: _syncer(cfg, expected).sync_newest(), timeout_s=wait_s,
-                                          says_why=True)
+    answered, result, why = bounded_probe(_copy, cfg, expected, timeout_s=wait_s, says_why=True)
     if not answered:
         return Kept(None, where, f"its copy into {where} failed: {why or 'no answer'}")
+    if isinstance(result, str):
+        return Kept(None, where, f"not copied into {where}: {result}")
     step = result.step
     if step is None or (remote_step is not None and step <= remote_step):
         return Kept(None, where, f"no checkpoint in {cfg.checkpoint_dir} newer than run.remote's validates")

@@ -10,7 +10,8 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
 - a temporary directory (a checkpoint's or the LoRA base's copy, what stood at `init` moved aside): its (name, device,
   inode) is in this run's record of what its syncs made (`Made`, a file in the run's run.dir, `remote-made.json`,
   written and fsynced before anything is copied into it: it outlives a reboot, which empties a scratch in /dev/shm,
-  so the half copy of a sync the reboot cut is still this run's to remove). A directory renamed to that name has
+  so the half copy of a sync the reboot cut is still this run's to remove; the copies into run.dir/unsynced keep
+  their own, `kept_record`: a record is of one root). A directory renamed to that name has
   another inode; one this run made, renamed to another of its names, has a record under another name. A record goes
   before the directory is published under its final name (never again a temporary of this run's);
 - a step directory: its manifest, read through the directory opened and checked to be the one judged, names that
@@ -35,6 +36,7 @@ from pathlib import Path
 from minilmd.dirfd import Dir
 from minilmd.fsio import atomic_write_json, dir_removed, fsync_dir, is_disk_full
 from minilmd.names import (
+    KEPT_MADE,
     MANIFEST,
     MANIFEST_MAX_BYTES,
     POINTER_MAX_BYTES,
@@ -74,6 +76,15 @@ def record_of(local_root: Path, run_dir: Path | None) -> Made:
     if run_dir is None:
         return Made(scratch_record(local_root))
     return Made(run_record(run_dir), was_at=scratch_record(local_root))
+
+
+def kept_record(run_dir: Path) -> Made:
+    """The record of the Syncer that keeps a Slurm job's unsynced checkpoint in `<run.dir>/unsynced/`
+    (daemon/jobs/keptcopy.py), `<run.dir>/unsynced.remote-made.json`: one record per root, since each sync's clean-up
+    drops the entries naming nothing on its own root (`keep_only`), and with one record for both, the kept copy's
+    sync dropped run.remote's (the half copy a stalled last sync left there then never removable) and run.remote's
+    the kept copy's (review12b F1). No fallback: a run.dir that is full or gone takes no copy either."""
+    return Made(run_dir / KEPT_MADE)
 
 
 class Made:
@@ -161,7 +172,7 @@ class Made:
 
     def keep_only(self, names: set[str]) -> None:
         """Records of names no longer on the remote dropped (removed by hand, moved away): never proof of anything
-        a later name is given."""
+        a later name is given. A record is of one root (`kept_record`): another root's entries would go too."""
         kept = {e for e in self._current() if e[0] in names}
         if kept != self._entries:
             self._entries = kept

@@ -12,8 +12,8 @@ that says where the checkpoint is and what to do. Such requeues in a row are bou
 a remote that stays refused would requeue the job for ever): the give-up after MAX_UNSYNCED_REQUEUES of them ends
 the run failed for good, exit 79, saying why and what to do. A preempted job keeps its own plan (daemon/slurm/job.py:
 a failed last sync is not requeued, the requeued job would wait the same again), the checkpoint kept in run.dir all
-the same while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full.
-Torch-free.
+the same while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full or
+was removed (daemon/ending.py: exit 73, final). Torch-free.
 """
 from __future__ import annotations
 
