@@ -327,3 +327,38 @@ def test_an_abandon_during_the_lora_base_copy_stops_the_sync(dirs, weights, monk
         syncer.sync_newest()
     assert syncer.base_problem is None, syncer.base_problem  # not taken for a base the remote lacks
     assert not checkpoint_dirs.list_checkpoints(remote)
+
+
+def test_an_abandon_waits_for_a_repoint_of_latest_under_way_and_returns_its_step(dirs):
+    """A Slurm job's cut gave up on a sync already past its last check, renaming LATEST on a slow remote: the cut
+    said `run.remote keeps step 10` while LATEST came to name step 40 (a real-Slurm test, flaky under load). Now
+    the repoint holds Syncer.placing, an abandon waits for it and learns the step it put in place."""
+    local, remote = dirs
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.placing.acquire()  # a repoint under way
+    got: list[str] = []
+    cutter = threading.Thread(target=lambda: got.append(syncer.abandon("the job's end is near", wait_s=600)))
+    cutter.start()
+    syncer.latest_placed = "step-00000040"  # ... that puts step 40 in place
+    assert not syncer.abandoned and cutter.is_alive()  # it waits: no abandon lands inside a repoint
+    syncer.placing.release()
+    cutter.join(600)
+    assert got == ["step-00000040"] and syncer.abandoned == "the job's end is near"
+    with pytest.raises(SyncAbandoned):
+        syncer._go_on()  # nothing more is put in place
+
+
+def test_a_cut_names_the_step_a_repoint_put_in_place_before_the_abandon(tmp_path):
+    line = f"JobState=RUNNING Reason=None Restarts=0 EndTime={iso(T0 + 100)}"
+    job = slurm.SlurmJob(slurm.Allocation("42", ["node01"], []), {}, Events(), FakeScontrol(line),
+                         signal_runner=FakeScontrol(line), environ={})
+    job.preempt("USR1")
+    job.preempted_at = T0
+    answered(job)
+    with last_sync_running(tmp_path) as (sync, syncer, said):
+        syncer.abandon = lambda why: "step-00000004"  # a Syncer whose repoint of LATEST ended during the wait
+        sync.state.remote_checkpoint = None
+        words = lastsynccut.due(job, sync, sync.cfg, sync.state, lambda kind, m, **d: said.append(m),
+                                Clock(T0 + 100 - jobend.REQUEUE_MARGIN_S)) or ""
+        assert words.startswith("last sync cut at the job's end: run.remote keeps step 4, the newest"), words
+        assert sync.state.remote_checkpoint is not None and sync.state.remote_checkpoint.step == 4

@@ -32,6 +32,7 @@ with backoff. Torch-free.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +65,10 @@ from minilmd.names import (
     step_of,
     step_or_none,
 )
+
+PLACING_WAIT_S = 10.0
+"""How long an abandon waits for a repoint of LATEST under way (Syncer.placing): a few operations on a slow remote,
+well within the REQUEUE_MARGIN_S (20 s) a Slurm job's cut leaves before its end."""
 
 
 class Syncer(CopyUp, Fetcher):
@@ -106,6 +111,21 @@ class Syncer(CopyUp, Fetcher):
         self.abandoned = ""
         """Why the supervisor gave up on the running sync ("" while it has not): its next chunk raises SyncAbandoned,
         so that the copy ends before it is put in place and removes its half copy itself."""
+        self.placing = threading.Lock()
+        """Held while LATEST is repointed: an abandon (SyncWorker.abandon) waits for a repoint under way, so that the
+        words of a Slurm job's cut name the step the remote's LATEST names (before: `keeps step 10` while a repoint
+        already past its last check put step 40 in place)."""
+        self.latest_placed = ""
+        """The step this Syncer pointed the remote's LATEST at last ("" before one): read by an abandon."""
+
+    def abandon(self, why: str, wait_s: float = PLACING_WAIT_S) -> str:
+        """The supervisor gives up on this sync (`abandoned`), once a repoint of LATEST under way has ended (waited
+        for `wait_s` at most): no repoint begins after it. The step LATEST was last pointed at ("" for none)."""
+        waited = self.placing.acquire(timeout=wait_s)
+        self.abandoned = why
+        if waited:
+            self.placing.release()
+        return self.latest_placed
 
     @property
     def remote(self) -> RemoteStore:
@@ -326,7 +346,10 @@ class Syncer(CopyUp, Fetcher):
             _, problems = remote.intact(name, full_hash=True)
             if problems:
                 raise SyncError(f"remote {remote.show(name)} does not validate: {'; '.join(problems[:3])}")
-        remote.write_latest(name)
+        with self.placing:  # an abandon now waits for it, then knows the step put in place
+            self._go_on()
+            remote.write_latest(name)
+            self.latest_placed = name
         self.watch.answer()
         if (remote.read_text(LATEST) or "").strip() != name:
             raise SyncError(f"{remote.show(LATEST)} does not read back as {name} after replacing it")

@@ -209,11 +209,22 @@ class SyncWorker:
         worker, self.worker, self.copying = self.worker, None, None
         if worker is None:
             return False
-        if self.syncer is not None:
+        if self.syncer is not None and hasattr(self.syncer, "abandon"):  # waits for a repoint of LATEST under way
+            self._placed_before_abandon(self.syncer.abandon(why))
+        elif self.syncer is not None:
             self.syncer.abandoned = why
         sync = self.state.sync
         sync.state, sync.error, sync.since, sync.progress = SyncState.FAILED, why, now(), None
         return True
+
+    def _placed_before_abandon(self, name: str) -> None:
+        """The step the abandoned sync pointed LATEST at, newer than the record: recorded, as a sync's end would
+        (its copy was read back before LATEST named it), so that the cut's words name what the remote holds."""
+        step = names.step_or_none(name)
+        known = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
+        if step is not None and (known is None or step > known):
+            self.state.remote_checkpoint = RemoteCheckpoint(step=step, time=now(), verified=True,
+                                                           path=f"{self.cfg.run.remote.rstrip('/')}/{name}")
 
     def silent_for(self) -> float:
         """Seconds since the running sync last moved a byte or had an answer from the remote (the Syncer's

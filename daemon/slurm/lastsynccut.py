@@ -53,14 +53,18 @@ def due(slurm: SlurmJob, sync: SyncWorker, cfg, state, emit: Callable[..., None]
     local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
     if local is None or not reached(slurm, cfg, clock):
         return None  # nothing to sync (final_sync ends at once), or time left
-    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     running = sync.running_for()
+    abandoned = sync.abandon("the job's end is near")  # first: a repoint of LATEST under way ends, or is waited for
+    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     words = cut_words(remote, local, cfg.checkpoint_dir)
     slurm.sync_cut = words
-    if sync.abandon(words):
-        emit("sync", f"{words} (the copy, running for {running:.0f}s, is abandoned: nothing of it is put in place)")
+    sync.state.sync.error = words
+    if abandoned:
+        if sync.syncer is not None:
+            sync.syncer.abandoned = words  # its SyncAbandoned says why, in the cut's words
+        emit("sync", f"{words} (the copy, running for {running:.0f}s, is abandoned: nothing more of it is put in "
+                     f"place)")
     else:
-        sync.state.sync.error = words
         emit("sync", f"{words} (no copy was running: none is begun)")
     return words
 
@@ -81,6 +85,7 @@ def save_cut(slurm: SlurmJob, sync: SyncWorker, cfg, state, waited: float) -> st
     """The words of a trainer's save cut at the job's end (SIGKILLed `waited` seconds after its SIGTERM; the
     caller kills it), SlurmJob.sync_cut set for its plan, a running sync abandoned: no last sync then."""
     local = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
+    abandoned = sync.abandon("the job's end is near")  # first: a repoint of LATEST under way ends, or is waited for
     remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     what = f"the trainer's save cut at the job's end (still saving {waited:.0f}s after its SIGTERM: SIGKILL; a " \
            f"save is put in place whole or not at all)"
@@ -89,7 +94,8 @@ def save_cut(slurm: SlurmJob, sync: SyncWorker, cfg, state, waited: float) -> st
     else:
         words = f"{what}: the next start resumes from scratch's newest checkpoint if it runs on this node"
     slurm.sync_cut = words
-    sync.abandon(words)
+    if abandoned:
+        sync.state.sync.error = words
     return words
 
 
