@@ -252,3 +252,36 @@ def test_two_of_ours_replacing_a_lock_held_by_a_stranger_leave_one_holder(shared
         stranger.end()
         for fd in dirs + [taken.fd for taken in taken_a]:
             os.close(fd)
+
+
+def test_two_supervisors_replacing_a_marker_held_by_a_stranger_leave_one_holder(shared_place, monkeypatch):
+    """review12c F1 for scratch's marker: supervisor A's whole hold runs while B, having found only the stranger on
+    the old marker, is about to replace it; before, B renamed its copy over A's and both held the scratch."""
+    from minilmd import lockfile
+    place = shared_place / "scratch"
+    place.mkdir(0o755)
+    marker = place / names.SCRATCH_OWNER
+    marker.write_bytes(b'{"run_dir": "/x"}')
+    os.chmod(marker, 0o644)
+    stranger = Stranger(marker)
+    assert stranger.said == "held"
+    real, dir_fd = lockfile.strangers, os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+
+    def a_holds_meanwhile(fd: int) -> list:
+        monkeypatch.setattr(lockfile, "strangers", real)
+        found = real(fd)
+        scratch_hold._hold(place, "A", dir_fd)
+        return found
+
+    monkeypatch.setattr(lockfile, "strangers", a_holds_meanwhile)
+    monkeypatch.setattr(scratch_hold, "PROBE_WAIT_S", 0.2)
+    try:
+        with pytest.raises(scratch_hold.ScratchInUse):
+            scratch_hold._hold(place, "B", dir_fd)
+        assert scratch_hold._holds["A"][2] == os.lstat(marker).st_ino and "B" not in scratch_hold._holds
+    finally:
+        stranger.end()
+        for key in ("A", "B"):
+            if (held := scratch_hold._holds.pop(key, None)) is not None:
+                os.close(held[0])
+        os.close(dir_fd)
