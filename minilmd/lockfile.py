@@ -18,6 +18,10 @@ So here, once:
 - `take`: all of it, and after the lock the "still named" check: the name still leads to the file locked (its
   maker may have removed it between the open and the flock, prepare's way out), else opened again, STILL_NAMED_TRIES
   times at most. `Held` (with the holder's body) when another holds it, `Unsafe` when the file is no lock of ours;
+- `replace`: a lock file put in place of an old one (`private`'s wide file, `strangers`' one), one replacement at a
+  time among this user's processes: under an exclusive flock on the directory (an open of its own), and only while
+  the name still leads to the old file. Before (review12c F1, F3), two of ours that both found the old file replaced
+  it one after the other, each renaming its fresh file over the name, and both held "the" lock;
 - `read_body` / `holder`: the body read bounded (BODY_MAX_BYTES) and parsed bounded in depth (minilmd/untrusted.py),
   never trusted for more than words and the caller's own comparisons.
 - `LOCK_FILE_MODE`: a run's lock files (supervisor.lock, trainer.lock, scratch's owner marker) are their owner's
@@ -38,6 +42,7 @@ import fcntl
 import os
 import secrets
 import stat
+import time
 from dataclasses import dataclass, field
 
 from minilmd.dirfd import Dir
@@ -51,6 +56,9 @@ LOCK_OPEN = NO_FOLLOW_NO_BLOCK
 inherited by a child (a trainer must not keep its supervisor's lock alive)."""
 BODY_MAX_BYTES = 4096
 """What is read of a lock file's body, at most: another user (or a full disk) may have put anything there."""
+GUARD_WAIT_S = 5.0
+"""How long `replace` waits for the directory's flock: another of ours holds it for one fresh file's making."""
+GUARD_POLL_S = 0.01
 STILL_NAMED_TRIES = 100
 """Opens of the lock name, each after the file just locked was no longer the one the name leads to."""
 BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
@@ -196,7 +204,14 @@ def take(where: Dir | int, name: str, body: bytes | None, *, mode: int = LOCK_FI
             if not try_flock(fd):
                 if not (found := strangers(fd)) or not own_dir(where):
                     raise Held(read_body(fd), holders(fd))
-                fd = _swap(fd, fresh(where, name, mode=mode))
+                try:
+                    new = replace(where, name, fd, mode=mode)
+                except GuardBusy:
+                    raise Held(read_body(fd), holders(fd)) from None
+                if new is None:
+                    os.close(fd)  # replaced meanwhile (by another of ours, which holds it): the name again
+                    continue
+                fd = _swap(fd, new)
             if not still_named(where, name, fd):
                 os.close(fd)  # its maker removed it between our open and our lock: the name again
                 continue
@@ -255,7 +270,7 @@ def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
             body_max: int = BODY_MAX_BYTES) -> int:
     """The open lock file `fd` (checked ours: `check`) given no bits beyond `mode`: wider ones taken away (fchmod);
     and since a descriptor another user opened before outlives a chmod, the file is then replaced by a fresh one
-    (`fresh`, its body copied) when nobody holds it and its directory is ours. Returns the descriptor to go on
+    (`replace`, its body copied) when nobody holds it and its directory is ours. Returns the descriptor to go on
     with: `fd`, or the fresh file's, locked (exclusive), `fd` then closed. A fresh file that cannot be made (no
     room), or a body longer than `body_max`, leaves `fd`, narrowed."""
     if not stat.S_IMODE(os.fstat(fd).st_mode) & ~mode:
@@ -267,11 +282,41 @@ def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
         body = os.pread(fd, body_max + 1, 0)
         if len(body) > body_max:
             raise OSError(errno.EFBIG, "not copied whole")
-        new = fresh(where, name, body, mode=mode)
+        new = replace(where, name, fd, body, mode=mode, held=True)
     except OSError:
-        unlock(fd)
+        new = None
+    if new is None:  # no longer named (another of ours replaced it: review12c F3), or not replaced: the caller's
+        unlock(fd)  # still-named check after its own flock opens the name again
         return fd
     return _swap(fd, new)
+
+
+class GuardBusy(OSError):
+    """`replace` waited GUARD_WAIT_S for the directory's flock: someone holds it (another user can, who can open the
+    directory)."""
+
+
+def replace(where: Dir | int, name: str, fd: int, body: bytes = b"", *, mode: int = LOCK_FILE_MODE,
+            held: bool = False) -> int | None:
+    """A fresh lock file (`fresh`, `body`) put at `name` in place of the open file `fd`, one replacement at a time
+    among this user's processes: under an exclusive flock on `where`'s directory, taken on an open of its own (a
+    descriptor shared in this process would not keep its threads apart) and let go once the rename is done. Only
+    while the name still leads to `fd`'s file and, unless `held` (the caller holds `fd`'s lock), only other users'
+    processes hold it (`strangers`): else None, nothing made, and the caller opens the name again (whoever replaced
+    it holds the new file). Returns the fresh file's descriptor, locked; `fd` is left open to the caller. GuardBusy
+    after GUARD_WAIT_S without the directory's flock; OSError as `fresh` says."""
+    guard = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=_dir_fd(where))
+    try:
+        give_up = time.monotonic() + GUARD_WAIT_S
+        while not try_flock(guard):
+            if time.monotonic() >= give_up:
+                raise GuardBusy(errno.EAGAIN, f"{name}: its directory stayed locked by another process")
+            time.sleep(GUARD_POLL_S)
+        if not still_named(where, name, fd) or not held and not strangers(fd):
+            return None
+        return fresh(where, name, body, mode=mode)
+    finally:
+        os.close(guard)  # the directory's flock let go with it
 
 
 def fresh(where: Dir | int, name: str, body: bytes = b"", *, mode: int = LOCK_FILE_MODE) -> int:

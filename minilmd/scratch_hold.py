@@ -13,7 +13,8 @@ descriptor is close-on-exec: no trainer keeps it past its supervisor. The marker
 (lockfile.LOCK_FILE_MODE, 0600, minilmd/scratch.py writes it so): before, under run.share "all" any user who could
 read it held an flock on it and every start of the run was refused as "another supervisor" (hostile10 F2). An older
 marker with wider bits is narrowed and replaced by a fresh copy, and one held by other users' processes only is
-replaced (its words copied) and taken, said on stderr (lockfile.private, strangers). Torch-free.
+replaced (its words copied) and taken, said on stderr (lockfile.private, strangers, replace: one replacement
+at a time among this user's processes, and the name checked to lead to the marker locked, review12c F1, F2). Torch-free.
 """
 from __future__ import annotations
 
@@ -61,29 +62,44 @@ def hold(scratch: Path) -> None:
 
 
 def _hold(scratch: Path, key: str, dir_fd: int) -> None:
-    try:
-        fd = os.open(SCRATCH_OWNER, MARKER_OPEN, dir_fd=dir_fd)
-    except OSError:
-        return
-    st = os.fstat(fd)
     old = _holds.get(key)
-    if not stat.S_ISREG(st.st_mode) or old is not None and (old[1], old[2]) == (st.st_dev, st.st_ino):
-        os.close(fd)
-        return
-    give_up = time.monotonic() + PROBE_WAIT_S
-    try:
-        if owned_by_me(st) and st.st_nlink == 1:  # an older run's marker others could read: a fresh one
-            fd = lockfile.private(dir_fd, SCRATCH_OWNER, fd, body_max=OWNER_MAX_BYTES)
-        while not lockfile.try_flock(fd):
-            if found := _strangers(dir_fd, fd):
-                fd = _fresh(scratch, dir_fd, fd, found)
+    for _ in range(lockfile.STILL_NAMED_TRIES):
+        try:
+            fd = os.open(SCRATCH_OWNER, MARKER_OPEN, dir_fd=dir_fd)
+        except OSError:
+            return
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or old is not None and (old[1], old[2]) == (st.st_dev, st.st_ino):
+            os.close(fd)
+            return
+        give_up = time.monotonic() + PROBE_WAIT_S
+        try:
+            if owned_by_me(st) and st.st_nlink == 1:  # an older run's marker others could read: a fresh one
+                fd = lockfile.private(dir_fd, SCRATCH_OWNER, fd, body_max=OWNER_MAX_BYTES)
+            locked = lockfile.try_flock(fd)
+            while not locked:
+                if found := _strangers(dir_fd, fd):
+                    if (new := _fresh(scratch, dir_fd, fd, found)) is not None:
+                        fd, gone = new, fd
+                        os.close(gone)
+                        break
+                    if not lockfile.still_named(dir_fd, SCRATCH_OWNER, fd):
+                        break  # another supervisor of ours replaced it: the name again
+                if time.monotonic() >= give_up:
+                    raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
+                time.sleep(PROBE_POLL_S)
+                locked = lockfile.try_flock(fd)
+            # the marker locked may no longer be the one named: another supervisor moved it to a fresh file between
+            # our open and our flock (review12c F2: both held the scratch); the name again, as lockfile.take does
+            if locked and lockfile.still_named(dir_fd, SCRATCH_OWNER, fd):
                 break
-            if time.monotonic() >= give_up:
-                raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
-            time.sleep(PROBE_POLL_S)
-    except BaseException:
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
-        raise
+    else:
+        raise ScratchInUse(f"run.scratch {scratch}: its owner marker {SCRATCH_OWNER} kept being replaced while it "
+                           "was locked (someone else writes this scratch)")
     if old is not None:
         os.close(old[0])
     st = os.fstat(fd)
@@ -98,15 +114,19 @@ def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int]]:
     return lockfile.strangers(fd)
 
 
-def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int]]) -> int:
-    """The marker held by other users' processes only replaced by a fresh copy (its words), taken; `fd` closed."""
+def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int]]) -> int | None:
+    """The marker held by other users' processes only replaced by a fresh copy (its words), taken, one replacement
+    at a time among ours (lockfile.replace); None when another of ours replaced it meanwhile or it was let go."""
     body = os.pread(fd, OWNER_MAX_BYTES + 1, 0)
     if len(body) > OWNER_MAX_BYTES:  # no marker of ours: the claim's checks say so
         raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
-    new = lockfile.fresh(dir_fd, SCRATCH_OWNER, body)
-    os.close(fd)
-    print(f"minilmd run: {scratch / SCRATCH_OWNER} was {lockfile.strangers_words(found, 'supervisor')}",
-          file=sys.stderr, flush=True)
+    try:
+        new = lockfile.replace(dir_fd, SCRATCH_OWNER, fd, body)
+    except lockfile.GuardBusy:
+        return None
+    if new is not None:
+        print(f"minilmd run: {scratch / SCRATCH_OWNER} was {lockfile.strangers_words(found, 'supervisor')}",
+              file=sys.stderr, flush=True)
     return new
 
 

@@ -177,11 +177,16 @@ def hold(scratch: Path, run_dir: Path, supervised: bool, rank: int = 0, launch: 
 
 def _past_strangers(where: Dir, fd: int, scratch: Path) -> int:
     """`fd`, or, when only other users' processes hold it (lockfile.strangers: a lock file they could read, from an
-    older run) and scratch is ours, a fresh lock file put in its place, taken: that user's lock holds nothing of
-    ours (hostile10 F2: before, the trainer looped on exit 69 for as long as it was held)."""
+    older run) and scratch is ours, a fresh lock file put in its place (lockfile.replace), taken: that user's lock
+    holds nothing of ours (hostile10 F2: before, the trainer looped on exit 69 for as long as it was held)."""
     if lockfile.try_flock(fd) or not (found := lockfile.strangers(fd)) or not lockfile.own_dir(where):
         return fd
-    new = lockfile.fresh(where, names.TRAINER_LOCK)
+    try:  # one replacement at a time among ours (review12c F1)
+        new = lockfile.replace(where, names.TRAINER_LOCK, fd)
+    except lockfile.GuardBusy:
+        new = None
+    if new is None:  # replaced by another of ours meanwhile (it holds the new file), or let go: the lock's checks
+        return fd  # after (_taken_or_holder: the name's holder, or "replaced while it was being locked")
     os.close(fd)
     print(f"minilmd train: {printable(scratch / names.TRAINER_LOCK)} was "
           f"{lockfile.strangers_words(found, 'trainer')}", file=sys.stderr, flush=True)

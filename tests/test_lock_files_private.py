@@ -219,3 +219,69 @@ def test_an_older_wide_marker_held_by_another_user_is_replaced_with_its_words_an
         assert f"uid {STRANGER}'s process {stranger.proc.pid}, not a supervisor of yours" in said, said
     finally:
         stranger.end()
+
+
+def test_two_of_ours_replacing_a_lock_held_by_a_stranger_leave_one_holder(shared_place, monkeypatch):
+    """review12c F1: A's whole take runs while B, having found only the stranger on the old file, is about to
+    replace it; before, B renamed its fresh file over A's and both held "the" run lock. Now B finds the name moved
+    and is refused, naming A's lock."""
+    from minilmd import lockfile
+    run_dir = _run_dir(shared_place)
+    lock = run_dir / names.LOCK
+    lock.write_bytes(b"")
+    os.chmod(lock, 0o644)  # an older run's lock, readable by others
+    stranger = Stranger(lock)
+    assert stranger.said == "held"
+    real, taken_a, dirs = lockfile.strangers, [], [os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY) for _ in "ab"]
+
+    def a_takes_meanwhile(fd: int) -> list:
+        found = real(fd)
+        if not taken_a:  # B has seen only the stranger on the old file; A takes the lock now
+            monkeypatch.setattr(lockfile, "strangers", real)
+            taken_a.append(lockfile.take(dirs[0], names.LOCK, b'{"pid": 1}'))
+        return found
+
+    monkeypatch.setattr(lockfile, "strangers", a_takes_meanwhile)
+    try:
+        with pytest.raises(lockfile.Held) as held:
+            lockfile.take(dirs[1], names.LOCK, b'{"pid": 2}')
+        assert held.value.body == {"pid": 1}
+        assert os.fstat(taken_a[0].fd).st_ino == os.lstat(lock).st_ino
+        assert [uid for _, uid in taken_a[0].strangers] == [STRANGER]
+    finally:
+        stranger.end()
+        for fd in dirs + [taken.fd for taken in taken_a]:
+            os.close(fd)
+
+
+def test_two_supervisors_replacing_a_marker_held_by_a_stranger_leave_one_holder(shared_place, monkeypatch):
+    """review12c F1 for scratch's marker: supervisor A's whole hold runs while B, having found only the stranger on
+    the old marker, is about to replace it; before, B renamed its copy over A's and both held the scratch."""
+    from minilmd import lockfile
+    place = shared_place / "scratch"
+    place.mkdir(0o755)
+    marker = place / names.SCRATCH_OWNER
+    marker.write_bytes(b'{"run_dir": "/x"}')
+    os.chmod(marker, 0o644)
+    stranger = Stranger(marker)
+    assert stranger.said == "held"
+    real, dir_fd = lockfile.strangers, os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+
+    def a_holds_meanwhile(fd: int) -> list:
+        monkeypatch.setattr(lockfile, "strangers", real)
+        found = real(fd)
+        scratch_hold._hold(place, "A", dir_fd)
+        return found
+
+    monkeypatch.setattr(lockfile, "strangers", a_holds_meanwhile)
+    monkeypatch.setattr(scratch_hold, "PROBE_WAIT_S", 0.2)
+    try:
+        with pytest.raises(scratch_hold.ScratchInUse):
+            scratch_hold._hold(place, "B", dir_fd)
+        assert scratch_hold._holds["A"][2] == os.lstat(marker).st_ino and "B" not in scratch_hold._holds
+    finally:
+        stranger.end()
+        for key in ("A", "B"):
+            if (held := scratch_hold._holds.pop(key, None)) is not None:
+                os.close(held[0])
+        os.close(dir_fd)
