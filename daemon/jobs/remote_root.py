@@ -14,9 +14,15 @@ there (Claim.synced_before: state.json's remote step, events.jsonl's syncs since
 - a root that is there but is another directory than the record's (`judge_opened`: another device and not the same
   share mounted again, or another inode) is refused alike, saying which: nothing is written or deleted there.
 A run whose records say it never synced there (a first sync cut, a `--fresh` lineage) makes the root or takes the
-one there, and records it.
-The same share mounted again (a reboot, an automounter's expiry) has the same file-system type, source and root
-inode, maybe another device number: it is the same root, and the record takes its device.
+one there, and records it, but only on the file system the record names (type, source, mount point; or a record
+that knows none): after `run --fresh`, an unmounted share's empty mount point of the local disk is refused alike
+(review 12c F5: before, remote/ was made there).
+The same share mounted again (a reboot, an automounter's expiry) has the same file-system type (nfs and nfs4 alike),
+source and root inode, maybe another device number: it is the same root, and the record takes its device. A FUSE
+share (fuse.*: rclone, sshfs, gcsfuse) numbers its inodes anew at each mount: its root is known by type, source
+and its path under the mount point (`under`), its inode not compared. A device no mount lists (a btrfs
+subvolume's) is recorded with the mount holding the root's path (review 12c F4: before, with no type nor source,
+so that a device number changed at a reboot was refused).
 A record for another run.remote is no record of this one (a config that names another remote: the first sync
 there records it). The user who put another directory at that path on purpose says so with `minilmd run
 --claim-remote CONFIG` (`accept`, called by remote_claim.take_over_at_launch): the next sync records the root it
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from minilmd import mounts
+from minilmd import mounts, urls
 from minilmd.daemon.jobs import remote_made
 from minilmd.dirfd import Dir
 
@@ -53,6 +59,9 @@ class RootRecord:
     fstype: str = ""
     source: str = ""
     point: str = ""
+    under: str = ""
+    """The root's path below the mount point ("remote", "." for the mount point itself): a FUSE share's root is
+    known by it, its inode numbers new at each mount."""
     accept: bool = False
     """`run --claim-remote` was given: the next sync records the root as it finds it (no identity yet)."""
 
@@ -64,19 +73,49 @@ class RootRecord:
 
     def same_share(self, now: RootRecord) -> bool:
         """Whether `now` is this root: the same device and inode, or the same share mounted again (its file-system
-        type and source known and alike, and the same root inode: another device number after a remount)."""
-        if now.ino != self.ino:
-            return False
-        return now.dev == self.dev or bool(self.fstype and self.source and (now.fstype, now.source) ==
-                                           (self.fstype, self.source))
+        family and source known and alike; another device number after a remount). A FUSE share (fuse.*: rclone,
+        sshfs, gcsfuse) numbers its inodes anew at each mount: its root is the same path under its mount point."""
+        if now.ino == self.ino and now.dev == self.dev:
+            return True
+        share = bool(self.fstype and self.source and (_family(now.fstype), now.source) ==
+                     (_family(self.fstype), self.source))
+        if self.fstype.startswith("fuse.") and self.under:  # a record without it (older) compares inodes
+            return share and now.under == self.under
+        return share and now.ino == self.ino
+
+    def same_file_system(self, now: mounts.Mount | None) -> bool:
+        """Whether the mount `now` holds the root's path is the one the record names (type family, source and mount
+        point), or the record knows none: a `--fresh` lineage may make or take the root there, never on the local
+        disk under an unmounted share's mount point."""
+        if not (self.fstype or self.point):
+            return True
+        return now is not None and (_family(now.fstype), now.source, now.point) == \
+            (_family(self.fstype), self.source, self.point)
+
+
+def _family(fstype: str) -> str:
+    """One name for the types one share may be mounted again as (nfs and nfs4)."""
+    return "nfs" if fstype in ("nfs", "nfs4") else fstype
 
 
 def of(url: str, held: Dir) -> RootRecord:
-    """What the root opened as `held` is: its device and inode, and the mount of its device."""
-    st = os.fstat(held.fd)
-    found = mounts.mount_of_dev(st.st_dev, mounts.read_mounts(), os.path.realpath(held.path))
-    return RootRecord(url, st.st_dev, st.st_ino, found.fstype if found else "", found.source if found else "",
-                      found.point if found else "")
+    """What the root opened as `held` is: its device and inode, and the mount of its device, or the mount holding its
+    path when no mount has its device (a btrfs subvolume's), with the root's path under that mount point."""
+    st, real = os.fstat(held.fd), os.path.realpath(held.path)
+    every = mounts.read_mounts()
+    found = mounts.mount_of_dev(st.st_dev, every, real) or mounts.mount_at(real, every)
+    if found is None:
+        return RootRecord(url, st.st_dev, st.st_ino)
+    return RootRecord(url, st.st_dev, st.st_ino, found.fstype, found.source, found.point,
+                      under=os.path.relpath(real, found.point))
+
+
+def _mount_now(url: str) -> mounts.Mount | None:
+    """The mount that holds `url`'s path now (its nearest directory there, the root being gone)."""
+    path = urls.local_remote_root(url) or url
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return mounts.mount_of(path)
 
 
 def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
@@ -89,7 +128,7 @@ def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
     except TypeError:
         return None
     kinds = [isinstance(getattr(found, k), int) for k in ("dev", "ino")] + \
-        [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point")]
+        [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point", "under")]
     return found if all(kinds) else None
 
 
@@ -98,8 +137,12 @@ def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], 
     (`synced_before`: since the last `--fresh`), unless `run --claim-remote` was given since; the record says what
     the root was."""
     found = recorded(url, made)
-    if found is not None and found.accept or not (why := synced_before()):
+    if found is not None and found.accept:
         return
+    if not (why := synced_before()):
+        if found is None or found.same_file_system(now := _mount_now(url)):
+            return  # a run that never synced there (a `--fresh` lineage) makes it, where the record's file system is
+        why = f"its path is now on {_mount_words(now)}"
     was = f"it was {found.words()}; {why}" if found is not None else why
     raise NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
                                    f"there, not here, so it is not made again on whatever disk holds its path now; "
@@ -118,17 +161,23 @@ def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Cal
     now = of(url, held)
     if now.dev == found.dev and now.ino == found.ino:
         return
-    if found.same_share(now) or not synced_before():
+    elsewhere = not found.same_file_system(mounts.Mount(now.point, now.fstype, now.dev, source=now.source))
+    if found.same_share(now) or not synced_before() and not elsewhere:
         made.set_root(asdict(now))
         return
     which = "another device: a share unmounted, its mount point's directory of the local disk in its place" \
-        if now.dev != found.dev else "another directory of the same file system: the one synced to moved away"
+        if now.dev != found.dev or elsewhere else "another directory of the same file system: the one synced to " \
+                                                  "moved away"
     raise NotTheRoot(errno.ESTALE, f"run.remote {url} is not the directory this run synced to (was {found.words()}, "
                                    f"now {now.words()}: {which}, or the directory replaced): nothing is written or "
                                    f"deleted there; mount the share again, or put the directory back (the syncs go "
                                    f"on by themselves); if it was replaced on purpose (this run's checkpoints moved "
                                    f"there), start the run once with `minilmd run --claim-remote CONFIG`, which "
                                    f"takes the directory there now as this run's remote")
+
+
+def _mount_words(found: mounts.Mount | None) -> str:
+    return f"{found.fstype} {found.source} mounted at {found.point}" if found else "no mount known"
 
 
 def remember(url: str, held: Dir, made: remote_made.Made) -> None:
