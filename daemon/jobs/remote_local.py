@@ -347,8 +347,14 @@ class LocalRemote(Publishing, Remote):
         by then). The owner a squashing share gives what is made is learnt as open_root learns it."""
         if missing := remote_parents_refused(self.root):  # the root there too: on an unmounted share's stub
             raise FileNotFoundError(errno.ENOENT, f"{self.url}: {missing}")
-        if os.path.isdir(self.root):
-            return
+        try:
+            if stat.S_ISDIR(os.stat(self.root).st_mode):
+                return
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # not there (or a file on the way: said below)
+        except OSError as e:  # EIO, ESTALE of a share that answers badly: that, as it is, not "gone"
+            if e.errno != errno.ELOOP:
+                raise
         remote_root.judge_missing(self.url, self.made, self.synced_before)  # the run's root gone: never made again
         if not os.path.isdir(there := _nearest_there(self.root)):  # a link to nowhere, a file: say what it is (not
             from minilmd.shared_place import look  # "File exists"), nor make where a link of the user's leads
