@@ -100,3 +100,19 @@ def test_after_fresh_a_share_mounted_at_the_root_itself_and_unmounted_is_refused
                                                                             ".*another device: a share unmounted"):
         remote_root.judge_opened(str(remote), held, made, lambda: "")
     assert remote_root.recorded(str(remote), made).point == str(remote)  # the record kept
+
+
+def test_the_replaced_words_beside_a_refusal_follow_the_same_root_rule(tmp_path):
+    """remote_claim.replaced's words ("was replaced since this run claimed it") come from remote_root's rule: a FUSE
+    share mounted again, its inode numbers new, is no replacement; a directory replaced on a disk is."""
+    made = _made(tmp_path)
+    fuse = remote_root.RootRecord("/m/r", dev=os.makedev(0, 43), ino=7, fstype="fuse.rclone", source="gdrive:",
+                                  point="/m", under="r")
+    made.set_root(dataclasses.asdict(fuse))
+    assert remote_root.replaced_words("/m/r", made, (os.makedev(0, 51), 12)) == ""
+    disk = remote_root.RootRecord("/d/r", dev=os.makedev(252, 0), ino=7, fstype="ext4", source="/dev/vda", point="/",
+                                  under="d/r")
+    made.set_root(dataclasses.asdict(disk))
+    assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 7)) == ""
+    assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 8)) == f"was {disk.words()}; inode 8 now"
+    assert remote_root.replaced_words("/d/r", made, None) == ""  # nothing stands there

@@ -188,20 +188,19 @@ def still_ours(store: RemoteStore, claim: Claim) -> str | None:
 # --- the root this run claimed: a local remote replaced under it (hostile audit 10 F4) ------------------------------
 
 def replaced(store: LocalRemote) -> str:
-    """Why the root at run.remote's path is not the directory this run synced into: another inode there now than
-    the one remote_root.py recorded (in the run's run.dir: the claim on the remote went with the directory); "" when
-    it is the same, or nothing was recorded, or nothing is there. Said beside a place-rule refusal, which comes
+    """Why the root at run.remote's path is not the directory this run synced into: not the root remote_root.py
+    recorded (in the run's run.dir: the claim on the remote went with the directory), by its rule (`replaced_words`);
+    "" when it is the same, or nothing was recorded, or nothing is there. Said beside a place-rule refusal, which comes
     before remote_root's own judgement of an opened root: a group member of a team directory above the remote can
     `mv remote remote.stolen; mkdir -m777 remote`, and the refusal of his directory named him alone, not that the
     run's synced checkpoints were gone from run.remote (hostile audit 10 F4)."""
     from minilmd.daemon.jobs import remote_root
 
-    claimed, now = remote_root.recorded(store.url, store.made), store.root_identity_now()
-    if claimed is None or claimed.accept or now is None or claimed.ino == now[1]:
+    if not (was := remote_root.replaced_words(store.url, store.made, store.root_identity_now())):
         return ""
-    return (f"run.remote {store.root} was replaced since this run claimed it (was {claimed.words()}; inode {now[1]} "
-            f"now): the checkpoints synced before are no longer there (moved away or removed by whoever can write the "
-            f"directory above it: look beside it)")
+    return (f"run.remote {store.root} was replaced since this run claimed it ({was}): the checkpoints synced before "
+            f"are no longer there (moved away or removed by whoever can write the directory above it: look beside "
+            f"it)")
 
 
 def _steps(store: RemoteStore) -> list[str]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from minilmd import mounts, urls
@@ -130,6 +130,17 @@ def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
     kinds = [isinstance(getattr(found, k), int) for k in ("dev", "ino")] + \
         [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point", "under")]
     return found if all(kinds) else None
+
+
+def replaced_words(url: str, made: remote_made.Made, now: tuple[int, int] | None) -> str:
+    """What the recorded root was, with the inode of what stands at its path now (`now`: device, inode), when that is
+    not the same root by `same_share`; "" when it is (a FUSE share's new inode numbers are no replacement), or nothing
+    was recorded, or nothing stands there. For the words beside a place-rule refusal, which comes before
+    judge_opened's look (remote_claim.replaced): one rule of what "the same root" is."""
+    found = recorded(url, made)
+    if found is None or found.accept or now is None or found.same_share(replace(found, dev=now[0], ino=now[1])):
+        return ""
+    return f"was {found.words()}; inode {now[1]} now"
 
 
 def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
