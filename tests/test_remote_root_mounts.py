@@ -96,9 +96,11 @@ def test_after_fresh_a_share_mounted_at_the_root_itself_and_unmounted_is_refused
     remote.rename(tmp_path / "share" / "mounted")
     remote.mkdir()  # the mount point left on the local disk (another inode, as another device would give)
     _mountinfo(monkeypatch, DISK)
-    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to "
-                                                                            ".*another device: a share unmounted"):
-        remote_root.judge_opened(str(remote), held, made, lambda: "")
+    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match=r"is gone \(it was dev .* on nfs4 "
+                                                                            r"srv:/export mounted at .*; its path is "
+                                                                            r"now on ext4 /dev/vda mounted at /; an "
+                                                                            r"unmounted share\?\)"):
+        remote_root.judge_opened(str(remote), held, made, lambda: "")  # its mount point is mounted by nothing
     assert remote_root.recorded(str(remote), made).point == str(remote)  # the record kept
 
 
@@ -116,3 +118,20 @@ def test_the_replaced_words_beside_a_refusal_follow_the_same_root_rule(tmp_path)
     assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 7)) == ""
     assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 8)) == f"was {disk.words()}; inode 8 now"
     assert remote_root.replaced_words("/d/r", made, None) == ""  # nothing stands there
+
+
+def test_check_words_judge_by_the_syncs_rule_and_record_nothing(tmp_path, monkeypatch):
+    """`run --check`'s look (remote_root.check_words): the same share mounted again under another device number is
+    the run's root, said nothing of and left for the sync to record; another share mounted at the recorded mount
+    point is another directory, not a share gone; nothing mounted there any more is gone."""
+    remote, made = _recorded_on_a_share(tmp_path, monkeypatch, tmp_path / "share")
+    was = remote_root.recorded(str(remote), made)
+    assert was is not None
+    made.set_root(dataclasses.asdict(dataclasses.replace(was, dev=was.dev + 1)))  # the share's device renumbered
+    assert remote_root.check_words(str(remote), made, lambda: SYNCED) == ""
+    assert remote_root.recorded(str(remote), made).dev == was.dev + 1  # read only: the sync records it
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "cifs", remote.stat().st_dev,
+                                               source="//other/share"))  # another share at the recorded point
+    assert "is not the directory this run synced to" in remote_root.check_words(str(remote), made, lambda: SYNCED)
+    _mountinfo(monkeypatch, DISK)
+    assert "is gone (it was dev" in remote_root.check_words(str(remote), made, lambda: "")

@@ -17,6 +17,13 @@ A run whose records say it never synced there (a first sync cut, a `--fresh` lin
 one there, and records it, but only on the file system the record names (type, source, mount point; or a record
 that knows none): after `run --fresh`, an unmounted share's empty mount point of the local disk is refused alike
 (review 12c F5: before, remote/ was made there).
+The record is written at the claim, before the first copy, so it is the check before any sync completed as well: a
+root whose recorded mount is mounted nowhere now (`_unmounted`: a share unmounted after the first sync claimed it,
+its copy failed or cut; the remote its mount point or below it) is gone, said so, whatever the run's records say
+(before, with the remote the mount point itself, "not the directory this run synced to"). A run with nothing
+recorded (brand new) makes its root where its path leads, as before: nothing tells a mount point from a directory.
+`minilmd run --check` says a root gone or replaced before the start (`check_words`: the same rule and words, read
+only; daemon/preflight.py remote_root_wait).
 The same share mounted again (a reboot, an automounter's expiry) has the same file-system type (nfs and nfs4 alike),
 source and root inode, maybe another device number: it is the same root, and the record takes its device. A FUSE
 share (fuse.*: rclone, sshfs, gcsfuse) numbers its inodes anew at each mount: its root is known by type, source
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -98,11 +106,15 @@ def _family(fstype: str) -> str:
     return "nfs" if fstype in ("nfs", "nfs4") else fstype
 
 
-def of(url: str, held: Dir) -> RootRecord:
+def of(url: str, held: Dir, every: list[mounts.Mount] | None = None) -> RootRecord:
     """What the root opened as `held` is: its device and inode, and the mount of its device, or the mount holding its
-    path when no mount has its device (a btrfs subvolume's), with the root's path under that mount point."""
-    st, real = os.fstat(held.fd), os.path.realpath(held.path)
-    every = mounts.read_mounts()
+    path when no mount has its device (a btrfs subvolume's), with the root's path under that mount point. `every`:
+    the mounts as read once for this look (read now when None)."""
+    return _of(url, os.fstat(held.fd), os.path.realpath(held.path), every)
+
+
+def _of(url: str, st: os.stat_result, real: str, every: list[mounts.Mount] | None = None) -> RootRecord:
+    every = mounts.read_mounts() if every is None else every
     found = mounts.mount_of_dev(st.st_dev, every, real) or mounts.mount_at(real, every)
     if found is None:
         return RootRecord(url, st.st_dev, st.st_ino)
@@ -154,28 +166,46 @@ def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], 
         if found is None or found.same_file_system(now := _mount_now(url)):
             return  # a run that never synced there (a `--fresh` lineage) makes it, where the record's file system is
         why = f"its path is now on {_mount_words(now)}"
+    raise _gone(url, found, why)
+
+
+def _gone(url: str, found: RootRecord | None, why: str) -> NotTheRoot:
+    """The words of a root gone: what the record says it was (`found`), and `why` it is taken for gone."""
     was = f"it was {found.words()}; {why}" if found is not None else why
-    raise NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
-                                   f"there, not here, so it is not made again on whatever disk holds its path now; "
-                                   f"mount the share again (the syncs go on by themselves), or, to sync to a new "
-                                   f"empty {url} from now on, start the run once with `minilmd run --claim-remote "
-                                   f"CONFIG`, or set run.remote to another place")
+    return NotTheRoot(errno.ENOENT, f"run.remote {url} is gone ({was}; an unmounted share?): the run's copies are "
+                                    f"there, not here, so it is not made again on whatever disk holds its path now; "
+                                    f"mount the share again (the syncs go on by themselves), or, to sync to a new "
+                                    f"empty {url} from now on, start the run once with `minilmd run --claim-remote "
+                                    f"CONFIG`, or set run.remote to another place")
 
 
 def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Callable[[], str]) -> None:
     """The root just opened (`held`) against the record: NotTheRoot when it is another directory than the one the
-    run synced to and its records say it synced there; the same share mounted again under another device number,
-    or another root where the run's records say it never synced (a `--fresh` lineage's), is recorded so."""
+    run synced to and its records say it synced there, or when the mount the record names is mounted nowhere now
+    (`_unmounted`: gone, whether the run synced there or only claimed it); the same share mounted again under another
+    device number, or another root where the run's records say it never synced (a `--fresh` lineage's), is recorded
+    so."""
     found = recorded(url, made)
     if found is None or found.accept:
         return
-    now = of(url, held)
+    every = mounts.read_mounts()
+    if (keep := _judged(url, found, of(url, held, every), synced_before, every)) is not None:
+        made.set_root(asdict(keep))
+
+
+def _judged(url: str, found: RootRecord, now: RootRecord, synced_before: Callable[[], str],
+            every: list[mounts.Mount]) -> RootRecord | None:
+    """judge_opened's rule, recording nothing: NotTheRoot, or the record to keep from now on (None: as it is)."""
     if now.dev == found.dev and now.ino == found.ino:
-        return
-    elsewhere = not found.same_file_system(mounts.Mount(now.point, now.fstype, now.dev, source=now.source))
-    if found.same_share(now) or not synced_before() and not elsewhere:
-        made.set_root(asdict(now))
-        return
+        return None
+    if found.same_share(now):
+        return now
+    there = mounts.Mount(now.point, now.fstype, now.dev, source=now.source) if now.point else None
+    if _unmounted(found, every):  # its mount point a directory of whatever holds it: no other share, nor replaced
+        raise _gone(url, found, f"its path is now on {_mount_words(there)}")
+    elsewhere = not found.same_file_system(there or mounts.Mount("", "", now.dev))
+    if not synced_before() and not elsewhere:
+        return now
     which = "another device: a share unmounted, its mount point's directory of the local disk in its place" \
         if now.dev != found.dev or elsewhere else "another directory of the same file system: the one synced to " \
                                                   "moved away"
@@ -185,6 +215,46 @@ def judge_opened(url: str, held: Dir, made: remote_made.Made, synced_before: Cal
                                    f"on by themselves); if it was replaced on purpose (this run's checkpoints moved "
                                    f"there), start the run once with `minilmd run --claim-remote CONFIG`, which "
                                    f"takes the directory there now as this run's remote")
+
+
+def _unmounted(found: RootRecord, every: list[mounts.Mount]) -> bool:
+    """Whether the mount the record names (a share's, the root its mount point or below it) is mounted nowhere now:
+    its point is in no line of a mount table that could be read. The record is written when the run claims the root,
+    before its first copy: a share unmounted before any sync of the run completed is gone too (before, only once the
+    run's records said it synced there)."""
+    return bool(found.point and found.fstype and every) and all(m.point != found.point for m in every)
+
+
+def check_words(url: str, made: remote_made.Made, synced_before: Callable[[], str]) -> str:
+    """What the next sync would refuse run.remote's root for, for `run --check` (daemon/preflight.py) to say before
+    the start: judge_missing's words for a root not there, judge_opened's rule (`_judged`) for the directory there
+    now; "" when nothing. The same rules and words, read only: nothing made, opened for writing nor recorded (the
+    same share mounted again under another device number is the sync's to record). A root whose path cannot be
+    looked at (EIO, ESTALE), or that the place rule of path_checks.remote_parents_refused already refuses (said by
+    its own check), is left to those words."""
+    from minilmd.path_checks import remote_parents_refused
+
+    path = urls.local_remote_root(url) or url
+    found = recorded(url, made)
+    if found is not None and found.accept or remote_parents_refused(path):
+        return ""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return ""
+        st = None
+    try:
+        if st is None:
+            judge_missing(url, made, synced_before)
+        elif stat.S_ISDIR(st.st_mode) and found is not None:
+            every = mounts.read_mounts()
+            _judged(url, found, _of(url, st, os.path.realpath(path), every), synced_before, every)
+    except NotTheRoot as e:
+        return str(e)
+    return ""
 
 
 def _mount_words(found: mounts.Mount | None) -> str:
