@@ -135,3 +135,55 @@ def test_check_words_judge_by_the_syncs_rule_and_record_nothing(tmp_path, monkey
     assert "is not the directory this run synced to" in remote_root.check_words(str(remote), made, lambda: SYNCED)
     _mountinfo(monkeypatch, DISK)
     assert "is gone (it was dev" in remote_root.check_words(str(remote), made, lambda: "")
+
+
+def _by_name_then(tmp_path: Path, monkeypatch) -> tuple[Path, remote_made.Made, int]:
+    """A root recorded on an NFS share mounted by its server's name, and the device number it had then."""
+    remote = tmp_path / "share" / "remote"
+    remote.mkdir(parents=True)
+    dev = remote.stat().st_dev
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs4", dev, source="nfs.example:/export",
+                                               options="rw,vers=4.2,clientaddr=10.0.0.2,addr=10.0.0.5"))
+    made = _made(tmp_path)
+    with _held(remote) as held:
+        remote_root.remember(str(remote), held, made)
+    found = remote_root.recorded(str(remote), made)
+    assert found is not None and found.server == "10.0.0.5"
+    made.set_root(dataclasses.asdict(dataclasses.replace(found, dev=dev + 1)))  # another device number then
+    return remote, made, dev
+
+
+@pytest.mark.parametrize(("source", "addr", "same"), [("10.0.0.5:/export", "10.0.0.5", True),
+                                                      ("10.0.0.6:/export", "10.0.0.6", False),
+                                                      ("10.0.0.5:/other", "10.0.0.5", False)])
+def test_an_nfs_share_mounted_again_by_its_servers_address_is_the_same_share(tmp_path, monkeypatch, source, addr,
+                                                                             same):
+    """nfs.example:/export mounted again as 10.0.0.5:/export: the kernel shows the address it talks to (addr=) for
+    both, so the same export path on the same address (and the same root inode) is the same share, recorded so;
+    another address or another export is not (before: refused until `--claim-remote`, the sources differing)."""
+    remote, made, dev = _by_name_then(tmp_path, monkeypatch)
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs", dev, source=source,
+                                               options=f"rw,vers=3,addr={addr}"))
+    remote.rename(tmp_path / "share" / "away")  # a `--fresh` lineage, the old remote moved away: made again only
+    if same:                                     # on the share recorded
+        remote_root.judge_missing(str(remote), made, lambda: "")
+    else:
+        with pytest.raises(remote_root.NotTheRoot, match="is gone"):
+            remote_root.judge_missing(str(remote), made, lambda: "")
+    (tmp_path / "share" / "away").rename(remote)
+    with _held(remote) as held:
+        if same:
+            remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)
+            assert remote_root.recorded(str(remote), made).source == source  # known by its new source from now on
+        else:
+            with pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to"):
+                remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)
+
+def test_a_record_without_the_servers_address_needs_the_same_source(tmp_path, monkeypatch):
+    """A record an older minilmd wrote (no address) keeps the rule it had: another source is another share."""
+    remote, made, dev = _by_name_then(tmp_path, monkeypatch)
+    made.set_root(dataclasses.asdict(dataclasses.replace(remote_root.recorded(str(remote), made), server="")))
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs4", dev, source="10.0.0.5:/export",
+                                               options="rw,addr=10.0.0.5"))
+    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to"):
+        remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)

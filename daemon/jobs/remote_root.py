@@ -25,7 +25,11 @@ recorded (brand new) makes its root where its path leads, as before: nothing tel
 `minilmd run --check` says a root gone or replaced before the start (`check_words`: the same rule and words, read
 only; daemon/preflight.py remote_root_wait).
 The same share mounted again (a reboot, an automounter's expiry) has the same file-system type (nfs and nfs4 alike),
-source and root inode, maybe another device number: it is the same root, and the record takes its device. A FUSE
+source and root inode, maybe another device number: it is the same root, and the record takes its device. An NFS
+share mounted again by its server's address instead of its name (`10.0.0.5:/export` for `nfs.example:/export`), or
+the other way round, is the same source when the export path and the server address the kernel shows for the mount
+(`addr=` in mountinfo's super options, recorded as `server`) are alike. statvfs's f_fsid is no test of it: Linux's
+NFS client has long left it 0 (FUSE too), and zeros alike say nothing. A FUSE
 share (fuse.*: rclone, sshfs, gcsfuse) numbers its inodes anew at each mount: its root is known by type, source
 and its path under the mount point (`under`), its inode not compared. A device no mount lists (a btrfs
 subvolume's) is recorded with the mount holding the root's path (review 12c F4: before, with no type nor source,
@@ -70,6 +74,9 @@ class RootRecord:
     under: str = ""
     """The root's path below the mount point ("remote", "." for the mount point itself): a FUSE share's root is
     known by it, its inode numbers new at each mount."""
+    server: str = ""
+    """An NFS share's server address as its mount showed it (`addr=`): the same share mounted again by that address
+    instead of its host's name (or the other way round) is told by it (`_same_source`)."""
     accept: bool = False
     """`run --claim-remote` was given: the next sync records the root as it finds it (no identity yet)."""
 
@@ -85,8 +92,8 @@ class RootRecord:
         sshfs, gcsfuse) numbers its inodes anew at each mount: its root is the same path under its mount point."""
         if now.ino == self.ino and now.dev == self.dev:
             return True
-        share = bool(self.fstype and self.source and (_family(now.fstype), now.source) ==
-                     (_family(self.fstype), self.source))
+        share = bool(self.fstype and self.source and _family(now.fstype) == _family(self.fstype)
+                     and _same_source(self, now.source, now.server))
         if self.fstype.startswith("fuse.") and self.under:  # a record without it (older) compares inodes
             return share and now.under == self.under
         return share and now.ino == self.ino
@@ -97,8 +104,24 @@ class RootRecord:
         disk under an unmounted share's mount point."""
         if not (self.fstype or self.point):
             return True
-        return now is not None and (_family(now.fstype), now.source, now.point) == \
-            (_family(self.fstype), self.source, self.point)
+        return now is not None and (_family(now.fstype), now.point) == (_family(self.fstype), self.point) and \
+            _same_source(self, now.source, now.server_address())
+
+
+def _same_source(found: RootRecord, source: str, server: str) -> bool:
+    """Whether a mount's `source` (and NFS `server` address) names the share the record does: the same source, or,
+    for NFS, the same export path on the same server address (`nfs.example:/export` mounted again as
+    `10.0.0.5:/export`: the kernel resolved the name to that address, and shows it, for both). A record without an
+    address (older, or not NFS) needs the same source."""
+    if source == found.source:
+        return True
+    return bool(found.server) and server == found.server and _export(source) == _export(found.source) != ""
+
+
+def _export(source: str) -> str:
+    """The export path of an NFS source ("host:/export", "[fe80::1]:/export"); "" for another shape."""
+    path = source.rpartition(":")[2]
+    return path if path.startswith("/") else ""
 
 
 def _family(fstype: str) -> str:
@@ -119,7 +142,7 @@ def _of(url: str, st: os.stat_result, real: str, every: list[mounts.Mount] | Non
     if found is None:
         return RootRecord(url, st.st_dev, st.st_ino)
     return RootRecord(url, st.st_dev, st.st_ino, found.fstype, found.source, found.point,
-                      under=os.path.relpath(real, found.point))
+                      under=os.path.relpath(real, found.point), server=found.server_address())
 
 
 def _mount_now(url: str) -> mounts.Mount | None:
@@ -140,7 +163,7 @@ def recorded(url: str, made: remote_made.Made) -> RootRecord | None:
     except TypeError:
         return None
     kinds = [isinstance(getattr(found, k), int) for k in ("dev", "ino")] + \
-        [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point", "under")]
+        [isinstance(getattr(found, k), str) for k in ("fstype", "source", "point", "under", "server")]
     return found if all(kinds) else None
 
 
@@ -200,7 +223,8 @@ def _judged(url: str, found: RootRecord, now: RootRecord, synced_before: Callabl
         return None
     if found.same_share(now):
         return now
-    there = mounts.Mount(now.point, now.fstype, now.dev, source=now.source) if now.point else None
+    there = mounts.Mount(now.point, now.fstype, now.dev, source=now.source,
+                         options=f"addr={now.server}" if now.server else "") if now.point else None
     if _unmounted(found, every):  # its mount point a directory of whatever holds it: no other share, nor replaced
         raise _gone(url, found, f"its path is now on {_mount_words(there)}")
     elsewhere = not found.same_file_system(there or mounts.Mount("", "", now.dev))
