@@ -21,7 +21,8 @@ user can rearrange it, is no other user's directory, and holds no other user's L
 run.remote is this run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py),
 that no other supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from
 (scratch's, or the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
-(daemon/jobs/resumefrom.py).
+(daemon/jobs/resumefrom.py). A local run.remote whose recorded root is gone or replaced (daemon/jobs/remote_root.py)
+is a `waits:` line in the sync's words (`remote_root_wait`): the syncs wait for it, the start is not refused.
 Torch-free.
 """
 from __future__ import annotations
@@ -73,6 +74,8 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
         problems = run_space_problem(cfg, waits)  # a scratch big enough that others fill now: a line in waits
         if lock_wait := lock_dir_wait(cfg):  # a gpu.lock_dir another user may rearrange: waited for, never refused
             waits.append(lock_wait)
+        if root_wait := remote_root_wait(cfg, fresh, claim_remote):  # gone or replaced: the syncs wait, said now
+            waits.append(root_wait)
         return (problems + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                 + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
                 + resume_problems(cfg, start, fresh) + memory_problems(cfg) + remote_room_problems(cfg)
@@ -178,6 +181,30 @@ def remote_place_problems(cfg: RunConfig) -> list[str]:
         return []
     answered, refused, _ = bounded_probe(remote_write.root_refused, root)
     return [refused] if answered and refused else []
+
+
+def remote_root_wait(cfg: RunConfig, fresh: bool = False, claim_remote: bool = False) -> str:
+    """A local run.remote whose root the run recorded (daemon/jobs/remote_root.py: at its first sync's claim) and that
+    is gone now (an unmounted share) or another directory: the run would start and train, and every sync would fail
+    with these words, waited for, the last one too; said at `--check` in the sync's own words (remote_root's rule,
+    `check_words`), with what to do, not found once the run has started. No refusal (exit 0): a share mounted again
+    is the run's remote again. `fresh` (`run --fresh`): a new lineage, whose records say it never synced there;
+    `claim_remote` (`run --claim-remote`): the directory there now is taken, nothing to say. A run.dir or remote
+    that does not answer now: nothing said (the sync says it)."""
+    from pathlib import Path
+
+    from minilmd.daemon.jobs import remote_claim, remote_made, remote_root
+
+    if claim_remote or not cfg.run.dir or local_remote_root(cfg.run.remote) is None:
+        return ""
+    url = cfg.run.remote.rstrip("/")
+    made = remote_made.Made(remote_made.run_record(Path(cfg.run_dir)))  # read only: no older record adopted here
+    synced_before = (lambda: "") if fresh else remote_claim.synced_before(cfg)
+    answered, words, _ = bounded_probe(remote_root.check_words, url, made, synced_before)
+    if not (answered and words):
+        return ""
+    return (f"run.remote: remote unavailable: {words}; until then every sync of the run fails so and is retried (no "
+            f"try counted), and its last sync waits")
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

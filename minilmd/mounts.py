@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MOUNTINFO = "/proc/self/mountinfo"
 MAX_MOUNTINFO_BYTES = 8 << 20
@@ -82,6 +82,16 @@ class Mount:
     """The directory of the file system mounted there ("/" unless a bind mount of a subdirectory)."""
     source: str = ""
     """What was mounted ("/dev/sda1", "server:/export", "tmpfs")."""
+    options: str = field(default="", compare=False)
+    """Its super options ("rw,vers=4.2,...,addr=10.0.0.5"): an NFS mount's name the server's address the client
+    resolved its source's host to (`server_address`)."""
+
+    def server_address(self) -> str:
+        """The address of the server an NFS mount (nfs, nfs4) talks to, as the kernel shows it in the super options
+        (`addr=`): the same for a share mounted by its host's name and by that host's address; "" when unknown."""
+        if self.fstype not in ("nfs", "nfs4"):
+            return ""
+        return next((o[len("addr="):] for o in self.options.split(",") if o.startswith("addr=")), "")
 
 
 _ESCAPE = re.compile(rb"\\([0-3][0-7]{2})")
@@ -105,8 +115,9 @@ def parse_line(line: bytes) -> Mount | None:
     except (ValueError, IndexError):
         return None
     source = unescape(fields[dash + 2]) if len(fields) > dash + 2 else ""
+    options = unescape(fields[dash + 3]) if len(fields) > dash + 3 else ""
     return Mount(point=unescape(fields[4]), fstype=fstype, dev=os.makedev(major, minor), root=unescape(fields[3]),
-                 source=source)
+                 source=source, options=options)
 
 
 def parse(data: bytes) -> list[Mount]:

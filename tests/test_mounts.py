@@ -163,3 +163,11 @@ def test_scratch_never_suggests_a_fuse_file_system_as_a_local_disk(faultfs):
     fstype, suggested = done.stdout.splitlines()
     assert fstype.startswith("fuse")  # the namespace's /var/tmp is the FUSE mount
     assert not suggested.startswith("/var/tmp/"), suggested
+
+
+def test_an_nfs_mounts_server_address_is_read_from_its_super_options():
+    (by_name, tmpfs) = table(b"30 22 0:50 / /data rw - nfs4 nfs.example:/export rw,vers=4.2,clientaddr=10.0.0.2,"
+                             b"local_lock=none,addr=10.0.0.5", FAST_TMPFS)
+    assert by_name.server_address() == "10.0.0.5" and by_name.options.startswith("rw,vers=4.2")
+    assert tmpfs.server_address() == ""  # not NFS
+    assert mounts.Mount("/d", "nfs", 1, options="rw") == mounts.Mount("/d", "nfs", 1)  # options: no part of a mount

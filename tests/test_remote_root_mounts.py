@@ -96,9 +96,11 @@ def test_after_fresh_a_share_mounted_at_the_root_itself_and_unmounted_is_refused
     remote.rename(tmp_path / "share" / "mounted")
     remote.mkdir()  # the mount point left on the local disk (another inode, as another device would give)
     _mountinfo(monkeypatch, DISK)
-    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to "
-                                                                            ".*another device: a share unmounted"):
-        remote_root.judge_opened(str(remote), held, made, lambda: "")
+    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match=r"is gone \(it was dev .* on nfs4 "
+                                                                            r"srv:/export mounted at .*; its path is "
+                                                                            r"now on ext4 /dev/vda mounted at /; an "
+                                                                            r"unmounted share\?\)"):
+        remote_root.judge_opened(str(remote), held, made, lambda: "")  # its mount point is mounted by nothing
     assert remote_root.recorded(str(remote), made).point == str(remote)  # the record kept
 
 
@@ -116,3 +118,72 @@ def test_the_replaced_words_beside_a_refusal_follow_the_same_root_rule(tmp_path)
     assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 7)) == ""
     assert remote_root.replaced_words("/d/r", made, (os.makedev(252, 0), 8)) == f"was {disk.words()}; inode 8 now"
     assert remote_root.replaced_words("/d/r", made, None) == ""  # nothing stands there
+
+
+def test_check_words_judge_by_the_syncs_rule_and_record_nothing(tmp_path, monkeypatch):
+    """`run --check`'s look (remote_root.check_words): the same share mounted again under another device number is
+    the run's root, said nothing of and left for the sync to record; another share mounted at the recorded mount
+    point is another directory, not a share gone; nothing mounted there any more is gone."""
+    remote, made = _recorded_on_a_share(tmp_path, monkeypatch, tmp_path / "share")
+    was = remote_root.recorded(str(remote), made)
+    assert was is not None
+    made.set_root(dataclasses.asdict(dataclasses.replace(was, dev=was.dev + 1)))  # the share's device renumbered
+    assert remote_root.check_words(str(remote), made, lambda: SYNCED) == ""
+    assert remote_root.recorded(str(remote), made).dev == was.dev + 1  # read only: the sync records it
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "cifs", remote.stat().st_dev,
+                                               source="//other/share"))  # another share at the recorded point
+    assert "is not the directory this run synced to" in remote_root.check_words(str(remote), made, lambda: SYNCED)
+    _mountinfo(monkeypatch, DISK)
+    assert "is gone (it was dev" in remote_root.check_words(str(remote), made, lambda: "")
+
+
+def _by_name_then(tmp_path: Path, monkeypatch) -> tuple[Path, remote_made.Made, int]:
+    """A root recorded on an NFS share mounted by its server's name, and the device number it had then."""
+    remote = tmp_path / "share" / "remote"
+    remote.mkdir(parents=True)
+    dev = remote.stat().st_dev
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs4", dev, source="nfs.example:/export",
+                                               options="rw,vers=4.2,clientaddr=10.0.0.2,addr=10.0.0.5"))
+    made = _made(tmp_path)
+    with _held(remote) as held:
+        remote_root.remember(str(remote), held, made)
+    found = remote_root.recorded(str(remote), made)
+    assert found is not None and found.server == "10.0.0.5"
+    made.set_root(dataclasses.asdict(dataclasses.replace(found, dev=dev + 1)))  # another device number then
+    return remote, made, dev
+
+
+@pytest.mark.parametrize(("source", "addr", "same"), [("10.0.0.5:/export", "10.0.0.5", True),
+                                                      ("10.0.0.6:/export", "10.0.0.6", False),
+                                                      ("10.0.0.5:/other", "10.0.0.5", False)])
+def test_an_nfs_share_mounted_again_by_its_servers_address_is_the_same_share(tmp_path, monkeypatch, source, addr,
+                                                                             same):
+    """nfs.example:/export mounted again as 10.0.0.5:/export: the kernel shows the address it talks to (addr=) for
+    both, so the same export path on the same address (and the same root inode) is the same share, recorded so;
+    another address or another export is not (before: refused until `--claim-remote`, the sources differing)."""
+    remote, made, dev = _by_name_then(tmp_path, monkeypatch)
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs", dev, source=source,
+                                               options=f"rw,vers=3,addr={addr}"))
+    remote.rename(tmp_path / "share" / "away")  # a `--fresh` lineage, the old remote moved away: made again only
+    if same:                                     # on the share recorded
+        remote_root.judge_missing(str(remote), made, lambda: "")
+    else:
+        with pytest.raises(remote_root.NotTheRoot, match="is gone"):
+            remote_root.judge_missing(str(remote), made, lambda: "")
+    (tmp_path / "share" / "away").rename(remote)
+    with _held(remote) as held:
+        if same:
+            remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)
+            assert remote_root.recorded(str(remote), made).source == source  # known by its new source from now on
+        else:
+            with pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to"):
+                remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)
+
+def test_a_record_without_the_servers_address_needs_the_same_source(tmp_path, monkeypatch):
+    """A record an older minilmd wrote (no address) keeps the rule it had: another source is another share."""
+    remote, made, dev = _by_name_then(tmp_path, monkeypatch)
+    made.set_root(dataclasses.asdict(dataclasses.replace(remote_root.recorded(str(remote), made), server="")))
+    _mountinfo(monkeypatch, DISK, mounts.Mount(str(tmp_path / "share"), "nfs4", dev, source="10.0.0.5:/export",
+                                               options="rw,addr=10.0.0.5"))
+    with _held(remote) as held, pytest.raises(remote_root.NotTheRoot, match="not the directory this run synced to"):
+        remote_root.judge_opened(str(remote), held, made, lambda: SYNCED)
