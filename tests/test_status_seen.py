@@ -135,6 +135,23 @@ def test_a_live_record_that_holds_no_run_lock_is_said_to_be_judged_from_the_reco
         holder.end()
 
 
+def test_a_supervisor_whose_proc_entry_is_hidden_but_holds_its_run_lock_is_running(tmp_path, monkeypatch):
+    """/proc mounted hidepid=2 hides the run's user's processes from a teammate (faked: the record's /proc look says
+    gone); /proc/locks still has its pid holding the lock, which only the owner's processes can open."""
+    from minilmd.daemon.views import seen
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = Holder(run_dir)
+    try:
+        _state(run_dir, "training", pid=holder.pid)
+        monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)
+        head = _status_of(run_dir).splitlines()[0]
+        assert head.endswith(f"; supervisor pid {holder.pid} running"), head  # before: killed or crashed
+    finally:
+        holder.end()
+
+
 def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_be_opened(tmp_path, monkeypatch):
     """The fake teammate: lock_look's open refused as a stranger's is (EACCES); the holder is a real process."""
     from minilmd.daemon.host import lock

@@ -8,8 +8,9 @@ a sync or staging it shows interrupted, the look at run.remote) and the overview
   holds its run lock, matched on the lock file's device and inode, the file looked at with an lstat, never opened,
   never locked). The lock file is its owner's alone (mode 0600, hostile10 F1): a teammate of a run shared with
   run.share "group" or "all" cannot open it, and before was told "cannot tell". Both agree: judged by the lock
-  (LOCK); where the table cannot be read, the lock file is not there as the run's owner made it, or the two
-  disagree, the record alone is the judge, and the words say so (RECORD).
+  (LOCK), as when the table has the record's pid holding the lock though /proc hides it from us (hidepid: only the
+  owner's processes can open the lock to hold it); where the table cannot be read, the lock file is not there as
+  the run's owner made it, or the two disagree, the record alone is the judge, and the words say so (RECORD).
 
 What is shown, never whom to signal: `minilmd stop` proves a process by its own rule (minilmd/procs.py). Torch-free.
 """
@@ -24,7 +25,7 @@ from minilmd.daemon.base.runstate import fmt_time, supervisor_runs_here
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.names import LOCK as LOCK_FILE
 from minilmd.perms import is_own_uid, owner_in, user_words
-from minilmd.proc_info import flock_holders
+from minilmd.proc_info import flock_holders_known
 from minilmd.scratch_lost import other_host
 
 LOCK = "lock"
@@ -83,6 +84,8 @@ def supervisor_seen(state: StateJson, run_dir: Path | None = None, dir_fd: int |
     if run_dir is None and dir_fd is None:
         return Seen(alive, sup.pid, RECORD, why="its run lock not looked at", last_seen=state.updated, owner=owner)
     holders, why = lock_table(run_dir, dir_fd, owner)
+    if holders is not None and not alive and sup.pid in holders:  # its /proc entry hidden from us (hidepid)
+        return Seen(True, sup.pid, LOCK, last_seen=state.updated, owner=owner)
     if holders is not None and (sup.pid in holders) == alive and (alive or not holders):
         return Seen(alive, sup.pid, LOCK, last_seen=state.updated, owner=owner)
     if holders is not None and not why:
@@ -104,9 +107,5 @@ def lock_table(run_dir: Path | None, dir_fd: int | None, owner: int | None) -> t
         return None, f"{LOCK_FILE}: {e.strerror or type(e).__name__}"
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or owner is not None and not owner_in(st, (owner,)):
         return None, f"{LOCK_FILE} is not a lock file its owner made"
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            table = f.read(4 << 20)  # one line per lock of the host: a few KB, bounded all the same
-    except OSError as e:
-        return None, f"/proc/locks: {e.strerror or type(e).__name__}"
-    return flock_holders(st, read=lambda _: table), ""
+    holders = flock_holders_known(st)
+    return (holders, "") if holders is not None else (None, "the kernel's lock table cannot be read")

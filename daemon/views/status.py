@@ -38,7 +38,6 @@ from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
-from minilmd.scratch_lost import other_host
 from minilmd.untrusted import printable
 
 
@@ -237,7 +236,7 @@ def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
     if sync.state == SyncState.OFF:  # where the only copy is: a scratch in /dev/shm is lost at a reboot
-        if local and local.path and (host := other_host(state.supervisor.host)):  # that host's scratch, not ours
+        if local and local.path and (host := supervisor_seen(state).elsewhere):  # that host's scratch, not ours
             return line + (f"   remote: none configured (checkpoints only in scratch on host {host}, the newest at "
                            f"{local.path}: a reboot of {host} may lose them; not looked at from here)")
         if local and local.path and _gone(local.path):
