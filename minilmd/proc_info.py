@@ -149,6 +149,16 @@ def flock_holders(st: os.stat_result, read: Callable[[str], str] = _read_text) -
     return pids
 
 
+def flock_holders_known(st: os.stat_result, read: Callable[[str], str] = _read_text) -> list[int] | None:
+    """flock_holders, None where /proc/locks cannot be read: whether anyone holds the lock cannot be told (status's
+    look at a lock file it may not open, daemon/views/seen.py), never taken for "none does"."""
+    try:
+        table = read("/proc/locks")
+    except OSError:
+        return None
+    return flock_holders(st, read=lambda _: table)
+
+
 def _same_device(field: str, device: str) -> bool:
     """/proc/locks's "maj:min:inode" against ours: numbers compared (its hex may be padded otherwise)."""
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import time
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def test_status_of_a_live_training_run(tmp_path):
 
 
 def test_status_when_the_supervisor_died_without_an_outcome(tmp_path):
-    run_dir = write_run(tmp_path, phase="training", supervisor={"pid": 999999, "start_ticks": 1, "host": "h",
-                                                                 "started": 0})
+    run_dir = write_run(tmp_path, phase="training", supervisor={"pid": 999999, "start_ticks": 1,  # this host's
+                                                                 "host": socket.gethostname(), "started": 0})
     rc, text = status_text(run_dir)
     assert rc == 0 and "not running (last seen" in text and "did not exit cleanly" in text
     assert "trainer pid" not in text

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def killed_run(tmp_path: Path, saved: tuple[int, ...] = (50,)) -> tuple[Path, Pa
     t = time.time() - 60
     st = new_state("tiny", run_dir, str(tmp_path / "tiny.toml"))
     st.update(phase="training", since=t - 17, updated=t,
-              supervisor={"pid": 999999, "start_ticks": 1, "host": "h", "started": t - 30},
+              supervisor={"pid": 999999, "start_ticks": 1, "host": socket.gethostname(), "started": t - 30},
               progress={"step": 169, "total_steps": 3000, "loss": 7.5, "updated": t},
               local_checkpoint={"step": 50, "time": t - 10, "path": str(root / names.step_name(50))},
               sync={"state": "ok", "since": t, "error": None, "attempts": 1},

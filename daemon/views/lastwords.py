@@ -16,8 +16,10 @@ supervisor killed in the seconds between its lock and its first event (its "star
 init wait and the orphan hunt), and a lock held by one starting now looks alike while it writes its pid or where the
 lock cannot be opened (another user's, mode 0600). So "could not start: run.dir is full" (`could_not_start`) is said
 only on strict evidence: the lock provably free (opened, its flock taken), no events.jsonl, and 0 bytes free on
-run.dir's file system now; a lock that cannot be opened is said to be that, "cannot tell"; else the older words, "no
-state.json yet" / "not started" (review 9b #5).
+run.dir's file system now; a lock that cannot be opened (a teammate's look: the file is its owner's alone) is judged
+by the kernel's lock table (/proc/locks, daemon/views/seen.py lock_table: the file lstat'ed, never opened), and only
+where that cannot be read either is it "cannot tell"; else the older words, "no state.json yet" / "not started"
+(review 9b #5).
 """
 from __future__ import annotations
 
@@ -95,22 +97,60 @@ def _starting_words(holder: LockInfo) -> str:
 
     where = f" on {holder.host}" if holder.host and holder.host != socket.gethostname() else ""
     pid = f"pid {holder.pid}" if holder.pid else "pid not known yet"  # between its flock and its pwrite
+    if holder.launch_id == TABLE:  # its lock file is its owner's alone: who holds it, by the kernel's record
+        from minilmd.perms import is_own_uid, user_words
+        from minilmd.proc_info import process_uids
+
+        uids = process_uids(holder.pid) if holder.pid else None
+        whose = f" of {user_words(uids[1])}" if uids and not is_own_uid(uids[1]) else ""  # a teammate's look
+        return (f"starting (supervisor {pid}{whose}; seen holding its run lock in the kernel's lock table: "
+                f"{names.LOCK} is its owner's alone)")
     return f"starting (supervisor {pid}{where})"
 
 
-def _lock_now(run_dir: Path, dir_fd: int | None) -> tuple[LockInfo | None, str]:
+def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tuple[LockInfo | None, str]:
     """(the run lock's holder, its pid perhaps not written yet; None when none holds it or there is none) and why it
-    cannot be looked at ("" when it can): lock_look's open failed, so whether a supervisor holds it cannot be told."""
-    from minilmd.daemon.host.lock import lock_look
+    cannot be looked at ("" when it can). Where it cannot be opened (another user's, mode 0600: a teammate's look at
+    a run shared with run.share "group" or "all"), the kernel's lock table says who holds it (daemon/views/seen.py
+    lock_table: the file lstat'ed, never opened), the holder a LockInfo of that pid, said to be seen so (`table`);
+    only where that cannot be read either is it "cannot tell"."""
+    from minilmd.daemon.host.lock import LockInfo, lock_look
 
     try:
         return lock_look(run_dir, dir_fd)[0], ""
     except OSError as e:
-        return None, e.strerror or type(e).__name__
+        unknown = e.strerror or type(e).__name__
+    from minilmd.daemon.views.seen import lock_table
+
+    holders, _ = lock_table(run_dir, dir_fd, owner)
+    if holders is None:
+        return None, unknown  # the table cannot say either: cannot tell
+    if not holders:
+        return None, ""  # no process of this host holds it
+    return LockInfo(holders[0], "", None, launch_id=TABLE), ""
+
+
+TABLE = "(the kernel's lock table)"
+"""The launch id of a holder seen in /proc/locks, not read from the lock's body: its words say how it is known."""
+
+
+def _owner(run_dir: Path, dir_fd: int | None) -> int | None:
+    """The run directory's owner (its descriptor's when given); None when it cannot be looked at."""
+    try:
+        return (os.fstat(dir_fd) if dir_fd is not None else os.lstat(run_dir)).st_uid
+    except OSError:
+        return None
 
 
 def _cannot_tell(unknown: str) -> str:
     return f"whether a supervisor holds its run lock cannot be told ({names.LOCK}: {unknown})"
+
+
+def starting_holder(run_dir: Path, dir_fd: int | None = None) -> LockInfo | None:
+    """Who holds the run lock of a run directory without state.json (`status --json`'s "starting_pid"): by the
+    lock, or where it cannot be opened by the kernel's lock table (_lock_now); None when none is seen."""
+    holder = _lock_now(run_dir, dir_fd, _owner(run_dir, dir_fd))[0]
+    return holder if holder is not None and holder.pid else None
 
 
 def _int(value) -> int | None:
@@ -157,7 +197,7 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     run_dir then only names it."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
-    holder, unknown = _lock_now(run_dir, dir_fd)
+    holder, unknown = _lock_now(run_dir, dir_fd, _owner(run_dir, dir_fd))
     if holder is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}"),
@@ -180,7 +220,7 @@ def no_state_row(run_dir: Path, owner: int) -> dict:
     "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else
     "unreadable" with "why" when its lock cannot be opened (cannot tell), else "could not start" with
     "could_not_start" (could_not_start's words, on its strict evidence), else "not started"."""
-    holder, unknown = _lock_now(run_dir, None)
+    holder, unknown = _lock_now(run_dir, None, owner)
     if holder is not None:
         return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
     end = ended_in_events(run_dir, owner)

@@ -7,11 +7,10 @@ Torch-free, light imports.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
-from minilmd.daemon.base.runstate import load_state, read_heartbeat, supervisor_runs_here
+from minilmd.daemon.base.runstate import load_state, read_heartbeat
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.fmt import fmt_duration
 from minilmd.perms import owned_by_me
@@ -20,11 +19,11 @@ from minilmd.untrusted import Unreadable
 
 def supervisor_alive(state: StateJson | None) -> bool:
     """Whether the supervisor state.json names runs: that process, by its pid and its start time, on this host. A
-    pid alone is whichever process has it now (recycled, another user's); one of another host means nothing here."""
-    if state is None:
-        return False
-    sup = state.supervisor
-    return sup.host in ("", socket.gethostname()) and supervisor_runs_here(sup)
+    pid alone is whichever process has it now (recycled, another user's); one of another host means nothing here
+    (daemon/views/seen.py: its record alone, the run lock not looked at)."""
+    from minilmd.daemon.views.seen import supervisor_seen
+
+    return state is not None and supervisor_seen(state).alive is True  # the one rule: daemon/views/seen.py
 
 
 def load(run_dir: Path, dir_fd: int | None = None) -> tuple[dict | None, str]:

@@ -2,7 +2,8 @@
 from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 
 Each row: name, phase (with "not running" when its supervisor is gone before the end, "killed or crashed" after a
-final phase it never wrote its outcome for, "vanished" when its run
+final phase it never wrote its outcome for, "on host H: not checked from here" when state.json names another host:
+status's rule, daemon/views/seen.py; "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
 successful sync's age (with its trouble, or "(interrupted)" for a sync that was going on when its supervisor
@@ -15,7 +16,8 @@ A run without state.json is "starting (supervisor pid N)" while a supervisor hol
 or "failed (exit N)" when its supervisor gave up before it could write one (its events.jsonl records that end:
 daemon/views/lastwords.py; a line after the table gives the reason), or "could not start" when its run lock alone is
 there, free, on a run.dir with 0 bytes free now (a line after the table says so), or "unreadable (supervisor.lock:
-why: cannot tell if starting)" when its lock cannot be opened.
+why: cannot tell if starting)" when its lock cannot be opened nor the kernel's lock table read (a teammate's row is
+"starting" from that table: lastwords.py).
 Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
@@ -45,7 +47,6 @@ from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
 from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, shown_state
-from minilmd.scratch_lost import other_host
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -76,11 +77,13 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
             return {**base, **no_state_row(entry.run_dir, entry.uid)}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
-    from minilmd.daemon.views.liveness import supervisor_alive, trainer_alone
+    from minilmd.daemon.views.liveness import trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
+    from minilmd.daemon.views.seen import supervisor_seen
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
-    alive = supervisor_alive(written)
+    seen = supervisor_seen(written, entry.run_dir, None, entry.uid)  # status's rule (daemon/views/seen.py)
+    alive = seen.alive is True
     state = current(entry.run_dir, written, alive, entry.uid)  # no supervisor: what its trainer wrote since, as status
     progress, sync = state.progress, state.sync
     last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
@@ -91,7 +94,8 @@ def row(entry: registry.Entry, t: float) -> dict:
         "reason": state.reason,
         "ended": protocol.how_ended(raw),
         "running": alive,
-        "elsewhere": other_host(written.supervisor.host),  # not known dead from here (liveness: this host's only)
+        "elsewhere": seen.elsewhere,  # not known dead from here, nor alive: not checkable on this host
+        "judged_by": seen.how,  # the run lock (the kernel's lock table), the record alone, or "other host"
         "step": progress.step,
         "total_steps": progress.total_steps,
         "loss": progress.loss,
@@ -172,13 +176,16 @@ def _cells(r: dict) -> list[str]:
     phase = printable(shown_phase(r))[:PHASE_WIDTH]
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
+    elif r.get("phase") not in (*FINAL_PHASES, *OWN_PHASES) and not r.get("running") and r.get("elsewhere"):
+        phase += f" (on host {printable(r['elsewhere'])}: not checked from here)"  # not known dead (seen.py)
     elif r.get("phase") not in (*FINAL_PHASES, *OWN_PHASES) and not r.get("running"):
         phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("events_exit") is not None:
         phase += f" (exit {r['events_exit']})"  # no state.json: its events.jsonl's end (lastwords.py)
     elif r.get("starting"):
         phase = printable(r["starting"])[:PHASE_WIDTH]  # no state.json: a supervisor holds the lock (lastwords.py)
-    elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
+    elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running") \
+            and not r.get("elsewhere"):
         phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):
         phase += " (stop requested)"  # an automatic restart will not start it, until a start by hand

@@ -25,19 +25,19 @@ from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.interrupted import staging_interrupted, sync_interrupted
-from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines
-from minilmd.daemon.views.liveness import load, lock_supervisor_or_none, orphan_lines, supervisor_alive, trainer_alone
+from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines, starting_holder
+from minilmd.daemon.views.liveness import load, orphan_lines, trainer_alone
 from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.remotenow import RemoteNow, look_now, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
+from minilmd.daemon.views.seen import Seen, supervisor_seen
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
-from minilmd.scratch_lost import other_host
 from minilmd.untrusted import printable
 
 
@@ -56,15 +56,17 @@ def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
 
 
 def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None,
-                  saved_pass: str = "", remote_now: RemoteNow | None = None) -> list[str]:
+                  saved_pass: str = "", remote_now: RemoteNow | None = None, seen: Seen | None = None) -> list[str]:
     """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
     a killed supervisor left training (liveness.trainer_alone); `saved_pass`: what a stopped DPO reference pass
     kept at step 0 (savedpass.py), said on the step line when no pass runs; `remote_now`: what run.remote holds
-    now (remotenow.look_now)."""
+    now (remotenow.look_now); `seen`: where its supervisor is and how that is known (daemon/views/seen.py; not
+    given: its record alone)."""
     t = t or time.time()
-    lines = [_head_line(state, alive, t, alone)]
+    seen = seen or supervisor_seen(state)
+    lines = [_head_line(state, alive, t, alone, seen)]
     if state.reason:  # a killed supervisor's mid-run is what it last wrote, not why anything happens now (user10 #6)
-        stale = not alive and not state.outcome and state.phase not in FINAL_PHASES
+        stale = not alive and not state.outcome and state.phase not in FINAL_PHASES and not seen.elsewhere
         lines += _block("  last reason: " if stale else "  why: ", _why(state))
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
@@ -120,10 +122,12 @@ def _why(state: StateJson) -> str:
     return state.reason
 
 
-def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None = None) -> str:
+def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None = None,
+               seen: Seen | None = None) -> str:
     """The run, its phase and for how long (a `done` one by how it ended: `stopped`, `early-stopped`, as `status
     --all` shows it), and whether its supervisor runs (or how it ended; of a killed one, whether the trainer it
-    left, `alone`'s pids, trains on: "not running" alone read as nothing training)."""
+    left, `alone`'s pids, trains on: "not running" alone read as nothing training; of another host's, that this
+    host cannot check it: `seen`, daemon/views/seen.py)."""
     from minilmd.daemon.views.overview import shown_phase
 
     since = state.since
@@ -131,18 +135,21 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
     phase = shown_phase({"phase": state.phase, "ended": protocol.how_ended(state.to_dict()),
                          "staging_state": state.staging.state}) if state.phase else "?"
     head = run + f"{phase} for {fmt_duration(t - since if since else None)}"
+    seen = seen or supervisor_seen(state)
     if alive:
-        return head + f"; supervisor pid {state.supervisor.pid} running"
+        return head + "; " + seen.running_words()
     outcome = state.outcome
     if outcome:
         return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"
+    if seen.elsewhere:  # not known dead from here: never "killed or crashed"
+        return run + seen.elsewhere_words(state.phase)
     # its phase is only what a dead supervisor last wrote: never "training for ..." of a run nothing trains
     if alone:
         return run + (f"supervisor not running (killed or crashed, last seen {fmt_time(state.updated)} in "
                       f"{state.phase or '?'}) but its trainer is (pid {', '.join(map(str, alone))}): `minilmd run` "
                       f"again stops that trainer (it saves first) and resumes")
     return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}, the supervisor did not "
-                  f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
+                  f"exit cleanly: killed or crashed; `minilmd run` again resumes){seen.judged()}")
 
 
 def _earlier_trainers(p: Progress) -> bool:
@@ -229,7 +236,7 @@ def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
     if sync.state == SyncState.OFF:  # where the only copy is: a scratch in /dev/shm is lost at a reboot
-        if local and local.path and (host := other_host(state.supervisor.host)):  # that host's scratch, not ours
+        if local and local.path and (host := supervisor_seen(state).elsewhere):  # that host's scratch, not ours
             return line + (f"   remote: none configured (checkpoints only in scratch on host {host}, the newest at "
                            f"{local.path}: a reboot of {host} may lose them; not looked at from here)")
         if local and local.path and _gone(local.path):
@@ -303,7 +310,8 @@ def _status(run: Dir, as_json: bool, out) -> int:
     run_dir, inside = run.path, run.inside
     raw, unreadable = load(run_dir, run.fd)
     written = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
-    alive = supervisor_alive(written)
+    seen = supervisor_seen(written, run_dir, run.fd, os.fstat(run.fd).st_uid) if written is not None else None
+    alive = seen is not None and seen.alive is True
     # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
     state = current(inside, written, alive, os.fstat(run.fd).st_uid) if written is not None else None
     state, claims = _as_read(run, state) if state is not None else (None, None)
@@ -319,7 +327,7 @@ def _status(run: Dir, as_json: bool, out) -> int:
         return 0
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
     lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd),
-                          remote_now=_remote_now(run, state, alive))
+                          remote_now=_remote_now(run, state, alive), seen=seen)
     lines += orphan_lines(run_dir, state, alone, inside)
     lines += _lineage_lines(run, state) + _corpus_owner_lines(run)
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
@@ -372,7 +380,7 @@ def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unread
     run_dir = run.path
     left = stoprequest.as_json(run_dir, dir_fd=run.fd)  # `minilmd stop` left it: an automatic restart will not start it
     state = {**raw, **caught_up} if raw is not None else None
-    starting = lock_supervisor_or_none(run_dir, run.fd) if raw is None and not unreadable else None
+    starting = starting_holder(run_dir, run.fd) if raw is None and not unreadable else None  # a teammate's too
     end = ended_in_events(run.inside, state_owners(run_dir, run.fd)) if raw is None and not unreadable and \
         not starting else None
     own_root = _scratch_root(run)[1]

@@ -1,0 +1,216 @@
+"""Where a run's supervisor is, whether it runs, and how that is known: one rule for `minilmd status` and the
+overview (daemon/views/seen.py).
+
+- A supervisor on another host (run.dir on a share two machines see) is not "killed or crashed": status's head line
+  says which host, when it was last seen, and that this host cannot check it; the overview's row says the same
+  (before: `not running (... killed or crashed ...)`, and `training (not running)`).
+- A teammate of a run shared with run.share "group" or "all" cannot open its run lock (0600, hostile10 F1): who
+  holds it is read from the kernel's lock table (/proc/locks, the file lstat'ed, never opened), and a starting
+  supervisor is shown so, of its user (before: "whether a supervisor holds its run lock cannot be told"). A running
+  one is named with its user, and where the record alone judged (the lock table disagrees), the words say so.
+The teammate is a real second Unix user where the tests run as root (tests/second_user.py); elsewhere a fake lock
+open that fails as a teammate's does (EACCES).
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.host import registry
+from minilmd.daemon.views import lastwords, overview, status
+from minilmd.fsio import atomic_write_json
+from minilmd.proc_info import process_start_ticks
+from second_user import second_user, shared_dir, user_python
+
+HOLD = """import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+sys.stdin.read()
+"""
+"""The stand-in of a supervisor: holds the run lock's flock until stdin closes."""
+
+
+class Holder:
+    """A real process holding `run_dir`'s supervisor.lock (made 0600, as every run lock is)."""
+
+    def __init__(self, run_dir: Path):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir / names.LOCK)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+        self.pid = self.proc.pid
+
+    def end(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def _state(run_dir: Path, phase: str = "training", host: str | None = None, pid: int | None = None,
+           outcome: dict | None = None) -> None:
+    st = new_state(run_dir.name, run_dir, str(run_dir.parent / f"{run_dir.name}.toml"))
+    st["phase"] = phase
+    st["supervisor"]["pid"] = pid if pid is not None else _dead_pid()
+    st["supervisor"]["start_ticks"] = process_start_ticks(pid) if pid is not None else 1
+    if host is not None:
+        st["supervisor"]["host"] = host
+    if outcome is not None:
+        st["outcome"] = outcome
+    atomic_write_json(run_dir / names.STATE, st)
+    os.chmod(run_dir / names.STATE, 0o644)  # run.share "all": anyone reads it
+
+
+def _status_of(run_dir: Path) -> str:
+    out = io.StringIO()
+    assert status.status(run_dir, out=out) == 0
+    return out.getvalue()
+
+
+@pytest.fixture
+def own_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+
+
+def test_a_supervisor_on_another_host_is_said_to_be_there_not_killed_or_crashed(tmp_path, own_registry):
+    assert socket.gethostname() != "node-b"
+    run_dir = tmp_path / "shared"
+    run_dir.mkdir()
+    _state(run_dir, "training", host="node-b")
+    head = _status_of(run_dir).splitlines()[0]
+    assert "supervisor on host node-b (last seen " in head and "in training" in head, head
+    assert "this host cannot check it" in head, head
+    assert "killed or crashed" not in head and "not running" not in head, head  # before: both
+
+    ended = tmp_path / "ended"  # a final phase without its outcome: on another host, not known to have crashed
+    ended.mkdir()
+    _state(ended, "done", host="node-b")
+    mine = tmp_path / "mine"  # this host's killed supervisor: still said so
+    mine.mkdir()
+    _state(mine, "training")
+    assert "killed or crashed" in _status_of(mine).splitlines()[0]
+    for each in (run_dir, ended, mine):
+        registry.register(each.name, each, tmp_path / f"{each.name}.toml")
+    out = io.StringIO()
+    overview.status_all(out=out)
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines()[1:] if line.strip()}
+    assert "training (on host node-b: not checked from here)" in rows["shared"], rows  # before: (not running)
+    assert "killed or crashed" not in rows["ended"], rows
+    assert "training (not running)" in rows["mine"], rows
+    out = io.StringIO()
+    overview.status_all(as_json=True, out=out)
+    judged = {r["run"]: (r["elsewhere"], r["judged_by"]) for r in json.loads(out.getvalue())}
+    assert judged["shared"] == ("node-b", "other host") and judged["mine"] == (None, "lock"), judged
+
+
+def test_a_live_record_that_holds_no_run_lock_is_said_to_be_judged_from_the_record(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _state(run_dir, "training", pid=os.getpid())  # a live process, this one, holding no lock
+    head = _status_of(run_dir).splitlines()[0]
+    assert f"supervisor pid {os.getpid()} running (judged from its record, state.json's pid and start time" in head
+    assert "no process holds its run lock by the kernel's lock table" in head, head
+    holder = Holder(run_dir)  # the lock held by the record's process: judged by the lock, no more words
+    try:
+        _state(run_dir, "training", pid=holder.pid)
+        head = _status_of(run_dir).splitlines()[0]
+        assert head.endswith(f"; supervisor pid {holder.pid} running"), head
+    finally:
+        holder.end()
+
+
+def test_a_supervisor_whose_proc_entry_is_hidden_but_holds_its_run_lock_is_running(tmp_path, monkeypatch):
+    """/proc mounted hidepid=2 hides the run's user's processes from a teammate (faked: the record's /proc look says
+    gone); /proc/locks still has its pid holding the lock, which only the owner's processes can open."""
+    from minilmd.daemon.views import seen
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = Holder(run_dir)
+    try:
+        _state(run_dir, "training", pid=holder.pid)
+        monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)
+        head = _status_of(run_dir).splitlines()[0]
+        assert head.endswith(f"; supervisor pid {holder.pid} running"), head  # before: killed or crashed
+    finally:
+        holder.end()
+
+
+def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_be_opened(tmp_path, monkeypatch):
+    """The fake teammate: lock_look's open refused as a stranger's is (EACCES); the holder is a real process."""
+    from minilmd.daemon.host import lock
+
+    def refused(*_args, **_kw):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = Holder(run_dir)
+    monkeypatch.setattr(lock, "lock_look", refused)
+    try:
+        said = "\n".join(lastwords.no_state_lines(run_dir))
+        assert f"starting (supervisor pid {holder.pid}; seen holding its run lock in the kernel's lock table" in said
+        assert "cannot be told" not in said, said  # before: "whether a supervisor holds its run lock cannot be told"
+        row = lastwords.no_state_row(run_dir, os.geteuid())
+        assert row["phase"] == "starting" and row["running"] is True, row  # before: "unreadable"
+    finally:
+        holder.end()
+    said = "\n".join(lastwords.no_state_lines(run_dir))  # none holds it now: the table says so too
+    assert "cannot be told" not in said and "no state.json yet (the supervisor has not started here" in said, said
+
+
+TEAMMATE_STATUS = """import sys
+from minilmd.daemon.views.lastwords import no_state_row
+from minilmd.daemon.views.status import status
+from pathlib import Path
+status(sys.argv[1])
+print("ROW", no_state_row(Path(sys.argv[1]), 0)["phase"])
+"""
+
+
+def test_a_teammate_sees_whose_supervisor_runs_or_starts_though_its_run_lock_is_private():
+    """A real second user (`nobody`) looks at root's run shared with run.share "all": its lock is root's, 0600."""
+    second_user()  # skipped where the tests cannot act as one (not root)
+    place = shared_dir()
+    try:
+        run_dir = place / "run"
+        run_dir.mkdir(0o755)
+        holder = Holder(run_dir)
+        try:
+            assert os.stat(run_dir / names.LOCK).st_mode & 0o777 == 0o600
+            look = subprocess.run(user_python(TEAMMATE_STATUS, str(run_dir)), capture_output=True, text=True,
+                                  timeout=120, cwd="/")
+            said = look.stdout + look.stderr
+            assert look.returncode == 0, said
+            assert (f"starting (supervisor pid {holder.pid} of user root (uid 0); seen holding its run lock in the "
+                    f"kernel's lock table") in said, said  # before: "... cannot be told (supervisor.lock: ...)"
+            assert "ROW starting" in said, said  # before: "ROW unreadable"
+            _state(run_dir, "training", pid=holder.pid)
+            look = subprocess.run(user_python(TEAMMATE_STATUS, str(run_dir)), capture_output=True, text=True,
+                                  timeout=120, cwd="/")
+            head = look.stdout.splitlines()[0] if look.stdout else look.stderr
+            assert head.endswith(f"; supervisor pid {holder.pid} of user root (uid 0) running"), head
+        finally:
+            holder.end()
+        look = subprocess.run(user_python(TEAMMATE_STATUS, str(run_dir)), capture_output=True, text=True,
+                              timeout=120, cwd="/")
+        head = look.stdout.splitlines()[0] if look.stdout else look.stderr
+        assert "killed or crashed" in head and "judged from its record" not in head, head  # the lock table agrees
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
