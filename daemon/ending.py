@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from minilmd import names, protocol, scratch, scratch_hold
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
+from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.knobs import Knobs
 from minilmd.daemon.base.runstate import EventLog, RunState, now
@@ -28,7 +29,6 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -60,6 +60,7 @@ class Ending:
     slurm: SlurmJob | None
     notifier: Notifier
     knobs: Knobs
+    after_sync: AfterSync
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py; _on_child_end: daemon/attempt.py)
         @property
@@ -143,8 +144,7 @@ class Ending:
                                 f"checkpoint in it (saved elsewhere); nothing in it is given back"
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
             return
-        if not sync_problem and self.cfg.run.remote and \
-                (dropped := keptcopy.drop_if_synced(self.cfg, self._remote_step())):
+        if not sync_problem and self.cfg.run.remote and (dropped := self.after_sync.at_end(self._remote_step())):
             self.events.emit("sync", dropped)  # an earlier job's unsynced checkpoint, kept in run.dir: synced now
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
         if self.slurm and self.cfg.scratch_is_default:  # $TMPDIR or /dev/shm of the job's node

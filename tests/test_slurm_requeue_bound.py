@@ -69,6 +69,14 @@ class Run:
         return self.calls.read_text().splitlines().count("requeue 42") if self.calls.exists() else 0
 
 
+def _settle(after: AfterSync, staging_running: bool = False) -> None:
+    """A tick of the loop, then the removal it began (in a thread: daemon/aftersync.py) waited for and said."""
+    after.tick(staging_running)
+    if after.removal is not None:
+        assert after.removal.wait(120), "the kept copy's removal did not return"
+        after.tick(staging_running)
+
+
 def test_the_give_up_after_the_bound_is_not_requeued_and_ends_failed_saying_why_and_what_to_do(
         tmp_path, monkeypatch, weights):
     run = Run(tmp_path, monkeypatch)
@@ -97,7 +105,7 @@ def test_a_sync_between_give_ups_or_a_newer_checkpoint_begins_the_count_again(tm
     run.start(remote_step=10)  # the remote takes checkpoints again for a while: a periodic sync pushes step 30
     after = AfterSync(run.cfg, run.state, lambda *a, **k: run.events.append(a))
     run.state.remote_checkpoint = RemoteCheckpoint(step=30)
-    after.tick(staging_running=False)
+    _settle(after)
     assert requeue_bound.KEY not in run.state.slurm  # the count begins again at once
     assert not keptcopy.place(run.cfg).exists()  # the copy the remote has now goes, and its empty directory
     assert any("removed step 30" in e[1] for e in run.events), run.events
@@ -118,11 +126,11 @@ def test_the_kept_copy_waits_for_its_own_step_and_for_staging(tmp_path, monkeypa
     run.start(remote_step=10)
     after = AfterSync(run.cfg, run.state, lambda *a, **k: run.events.append(a))
     run.state.remote_checkpoint = RemoteCheckpoint(step=20)  # older than the copy: it stays
-    after.tick(staging_running=False)
+    _settle(after)
     run.state.remote_checkpoint = RemoteCheckpoint(step=30)
-    after.tick(staging_running=True)  # staging's thread fetches or drops it: not two at once
-    assert (keptcopy.place(run.cfg) / step_name(30)).is_dir()
-    after.tick(staging_running=False)
+    _settle(after, staging_running=True)  # staging's thread fetches or drops it: not two at once
+    assert after.removal is None and (keptcopy.place(run.cfg) / step_name(30)).is_dir()
+    _settle(after)
     assert not keptcopy.place(run.cfg).exists()
 
 
