@@ -40,10 +40,12 @@ class UnsyncedEnd:
     """The supervisor's exit status when not requeued: SUPERVISOR_GAVE_UP once requeue_bound's requeues are spent."""
 
 
-def requeueable(slurm: SlurmJob) -> bool:
+def requeueable(slurm: SlurmJob, preempted: bool = False) -> bool:
     """Whether Slurm requeues this job when asked: not when `scontrol show job` says Requeue=0 (an answer without
-    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then)."""
-    return job_info(slurm.alloc.job_id, slurm.runner).get("Requeue", "1") != "0"
+    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then). Asked within SIGNAL_TIMEOUT_S
+    after a preemption, whose copy may have taken the time up to the job's deadline (jobend.REQUEUE_MARGIN_S)."""
+    runner = slurm.signal_runner if preempted else slurm.runner
+    return job_info(slurm.alloc.job_id, runner).get("Requeue", "1") != "0"
 
 
 def _keep(cfg, sync, state, emit: Callable[..., None], sync_problem: str,
@@ -109,7 +111,7 @@ def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_prob
                            protocol.SUPERVISOR_GAVE_UP)
     failed = f"the last sync failed ({sync_problem})" if preempted else \
         f"the last sync could not finish within the job ({sync_problem})"
-    may = slurm_requeues or requeueable(slurm)
+    may = slurm_requeues or requeueable(slurm, bool(preempted))
     if slurm_requeues or (may and (kept.step is not None or not cfg.scratch_is_default)):
         section["requeued"], section["state"] = True, "REQUEUED"
         requeue_bound.requeued(section, before + 1, remote, newest)
