@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from minilmd import names, protocol, scratch, scratch_hold
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
+from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.knobs import Knobs
 from minilmd.daemon.base.runstate import EventLog, RunState, now
@@ -28,7 +29,6 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -60,6 +60,7 @@ class Ending:
     slurm: SlurmJob | None
     notifier: Notifier
     knobs: Knobs
+    after_sync: AfterSync
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py; _on_child_end: daemon/attempt.py)
         @property
@@ -143,8 +144,7 @@ class Ending:
                                 f"checkpoint in it (saved elsewhere); nothing in it is given back"
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
             return
-        if not sync_problem and self.cfg.run.remote and \
-                (dropped := keptcopy.drop_if_synced(self.cfg, self._remote_step())):
+        if not sync_problem and self.cfg.run.remote and (dropped := self.after_sync.at_end(self._remote_step())):
             self.events.emit("sync", dropped)  # an earlier job's unsynced checkpoint, kept in run.dir: synced now
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
         if self.slurm and self.cfg.scratch_is_default:  # $TMPDIR or /dev/shm of the job's node
@@ -216,11 +216,15 @@ class Ending:
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
         request, _ = stoprequest.read(self.run_dir)  # a SIGTERM of `minilmd stop` (it wrote this first): no requeue
-        self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
-                                                               sync_problem, request.words() if request else "")
+        plan = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at, sync_problem,
+                               request.words() if request else "")
+        self.loop.ended, reason, problem, requeue = plan.ended, plan.reason, plan.problem, plan.requeue
         if problem:
             if sync_problem and not self.slurm.sync_cut and not self.room.stopping and not self.room.removed:
-                # kept in run.dir all the same
+                if plan.unsynced:  # kept in run.dir and requeued, as a last sync that could not finish in the job
+                    self._finish_unsynced(sync_problem, preempted=reason, ask=requeue)
+                    return
+                # a stop asked for, a cancel: not requeued, kept in run.dir all the same
                 problem = unsynced_end.at_preemption(self.slurm, self.cfg, self.sync, self.state, self.events.emit,
                                                      problem, sync_problem)
             self._fail(protocol.SUPERVISOR_RETRY, problem)
@@ -235,18 +239,21 @@ class Ending:
             self.state.record_error(problem)
             self.state.save()
 
-    def _finish_unsynced(self, sync_problem: str) -> None:
-        """A Slurm job's last sync that could not finish within the job (daemon/slurm/unsynced_end.py): requeued,
-        its outcome in state.json before `scontrol requeue` as after a preemption; else failed, saying where."""
+    def _finish_unsynced(self, sync_problem: str, preempted: str = "", ask: bool = True) -> None:
+        """A Slurm job's last sync that could not finish within the job, or failed as Slurm preempted the job
+        (`preempted`, in words; daemon/slurm/unsynced_end.py): requeued, its outcome in state.json before `scontrol
+        requeue` (not asked when Slurm requeues the job itself: `ask` False) as after a preemption; else failed,
+        saying where."""
         assert self.slurm is not None
-        end = unsynced_end.plan(self.slurm, self.cfg, self.sync, self.state, self.events.emit, sync_problem)
+        end = unsynced_end.plan(self.slurm, self.cfg, self.sync, self.state, self.events.emit, sync_problem,
+                                preempted, slurm_requeues=not ask)
         if not end.requeue:
             self._fail(end.exit, end.words)  # exit 79 once requeue_bound's requeues in a row are spent
             return
         self.loop.ended = protocol.ENDED_REQUEUED
         self._go(Phase.DONE, end.words)
         self.files.record_outcome(self.loop.exit_status, Phase.DONE, self.loop.ended)
-        if (problem := self.slurm.requeue()) is not None:
+        if ask and (problem := self.slurm.requeue()) is not None:
             self.loop.exit_status = protocol.SUPERVISOR_RETRY
             self.state.record_error(f"{problem}: resubmit the job; {end.words}")
             self.state.save()

@@ -231,19 +231,24 @@ def test_the_waiting_last_sync_gives_the_gpu_back(tmp_path, corpus, monkeypatch)
     assert final["devices"] == [0]  # the card it trained on, still said
 
 
-def test_slurms_usr1_during_the_owner_record_wait_ends_failed_not_finished(teammate, tmp_path, corpus):
-    """review11a F1: in a Slurm job, USR1 during the wait ends the run failed, not requeued, never `finished`, exit 0,
-    with the remote behind (the allocation is not held by a wait Slurm has said must end)."""
+def test_slurms_usr1_during_the_owner_record_wait_keeps_the_checkpoint_and_requeues_never_finished(
+        teammate, tmp_path, corpus):
+    """review11a F1: in a Slurm job, USR1 during the wait ends it at once, never `finished`, exit 0, with the remote
+    behind (the allocation is not held by a wait Slurm has said must end). The newest checkpoint is kept in run.dir
+    and the job requeued, counted as after the final sync's wait (daemon/slurm/unsynced_end.py); before, it ended
+    `failed`, exit 1, not requeued: the run stopped until someone resubmitted it."""
     env, calls = fake_scontrol(tmp_path, "4242")
     with _last_sync_waiting(teammate, tmp_path, corpus, **env) as (proc, _config, run_dir, _remote):
         proc.send_signal(signal.SIGUSR1)  # Slurm's time-limit warning (--signal=USR1@...)
         rc = wait_or_kill(proc, 120)
     after = state(run_dir)
     assert _remote_step(run_dir) == 10 and after["progress"]["step"] == 30  # the remote is behind
-    assert rc != 0 and after["phase"] == "failed", (rc, after["phase"], after.get("outcome"))
-    assert after["outcome"]["ended"] != "finished", after["outcome"]
+    assert rc == 0 and after["phase"] == "done", (rc, after["phase"], after.get("outcome"), after.get("reason"))
+    assert after["outcome"]["ended"] == "requeued", after["outcome"]
+    assert after["reason"].startswith("requeued by Slurm (preempted by USR1): the last sync failed")
     assert "refused" in after["reason"] and "owner.json" in after["reason"], after["reason"]
-    assert "requeue" not in calls.read_text(), calls.read_text()  # a requeued job would wait the same again
+    assert "requeue 4242" in calls.read_text().splitlines(), calls.read_text()
+    assert after["slurm"]["unsynced_requeues"]["count"] == 1, after["slurm"]  # within requeue_bound's bound
     assert (tmp_path / "s" / "scratch" / "checkpoints").is_dir()  # the last checkpoint is kept where it is
     kept = run_dir / keptcopy.KEPT_DIR  # and in run.dir, which the job's end never wipes (daemon/jobs/keptcopy.py)
     assert (kept / names.step_name(30)).is_dir() and str(kept) in after["reason"], after["reason"]

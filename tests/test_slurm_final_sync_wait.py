@@ -14,7 +14,8 @@ def test_a_finished_runs_unsynced_last_checkpoint_is_never_planned_finished():
                    runner=lambda args: "JobState=RUNNING Restarts=0")
     job.preempted_by = "USR1"
     plan = job.plan(True, 30, REFUSED)
-    assert plan.ended == "failed" and plan.problem and "refused" in plan.problem and not plan.requeue, plan
+    assert plan.ended == "failed" and plan.problem and "refused" in plan.problem, plan
+    assert plan.unsynced, plan  # requeued, its checkpoint kept in run.dir: daemon/slurm/unsynced_end.py decides
 
 
 def test_the_final_sync_wait_is_bounded_in_a_slurm_job_only():

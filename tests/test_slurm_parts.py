@@ -144,11 +144,31 @@ def test_slurm_preemption_requeues_unless_done_cancelled_or_already_requeued(by,
         assert job.state["slurm"]["requeued"] and job.state["slurm"]["state"] == "REQUEUED"
 
 
-def test_slurm_preemption_without_a_synced_checkpoint_or_a_requeue_is_a_problem():
-    job = job_for(FakeScontrol())
-    job.preempt("USR1")
-    plan = job.plan(False, 5, "the last sync failed: remote unreachable")
-    assert not plan.requeue and "not requeued" in (plan.problem or "") and "remote unreachable" in (plan.problem or "")
+@pytest.mark.parametrize("by, job_line, stop_asked, unsynced, ask", [
+    ("USR1", "JobState=RUNNING Reason=None Restarts=1", "", True, True),
+    ("SIGTERM", "JobState=COMPLETING Reason=TimeLimit Restarts=1", "", True, True),
+    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=2", "", True, False),  # Slurm requeues it itself
+    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=1", "", False, False),  # scancel: not requeued
+    ("SIGTERM", "JobState=RUNNING Reason=None Restarts=1", "minilmd stop at 12:00", False, False),
+])
+def test_slurm_preemption_whose_last_sync_failed_is_requeued_unsynced_unless_stopped_or_cancelled(
+        by, job_line, stop_asked, unsynced, ask):
+    """A failed last sync is requeued as one that could not finish within the job (daemon/slurm/unsynced_end.py:
+    the checkpoint kept in run.dir, requeue_bound's bound); before, every such preemption ended failed, exit 1, not
+    requeued. Never `finished`; a stop asked for or a cancel is not requeued."""
+    job = job_for(FakeScontrol(job_line))
+    job.preempt(by)
+    plan = job.plan(True, 5, "the last sync failed: remote unreachable", stop_asked)
+    assert plan.ended == "failed" and "remote unreachable" in (plan.problem or ""), plan  # words if nothing is kept
+    assert plan.unsynced == unsynced and plan.requeue == ask, plan
+    assert not job.state["slurm"]["requeued"]  # unsynced_end.plan decides, and records it
+    if unsynced:
+        assert plan.reason == f"preempted by {by}", plan
+    else:
+        assert "not requeued" in (plan.problem or ""), plan
+
+
+def test_slurm_requeue_that_fails_is_said():
     failing = job_for(FakeScontrol(fail_requeue=True))
     assert "permission denied" in (failing.requeue() or "") and not failing.state["slurm"]["requeued"]
 

@@ -47,11 +47,19 @@ class Run:
             requeue_bound.carry(self.state.slurm, self.left.get("slurm"))
         self.state.remote_checkpoint = RemoteCheckpoint(step=remote_step)
 
-    def give_up(self) -> unsynced_end.UnsyncedEnd:
-        """The last sync gave up: the plan, and the requeue when it says so; state.json left as the job's end."""
+    def give_up(self, preempted: bool = False) -> unsynced_end.UnsyncedEnd:
+        """The last sync gave up (`preempted`: failed as Slurm's USR1 preempted the job, the plan SlurmJob's first,
+        as daemon/ending.py asks it): the plan, and the requeue when it says so; state.json left as the job's end."""
         sync = SimpleNamespace(syncer=SimpleNamespace(expected=EXPECTED))
+        problem, words = f"the last sync waited 15 min: {REFUSED}", ""
+        if preempted:
+            self.job.preempt("USR1")
+            problem = f"the last sync was refused: {REFUSED}"
+            first = self.job.plan(False, 30, problem)
+            assert first.unsynced and first.requeue, first  # before: failed, exit 1, never requeued
+            words = first.reason
         end = unsynced_end.plan(self.job, self.cfg, sync, self.state, lambda *a, **k: self.events.append(a),
-                                f"the last sync waited 15 min: {REFUSED}")
+                                problem, words)
         if end.requeue:
             assert self.job.requeue() is None
         self.left = json.loads(json.dumps(self.state.data))
@@ -59,6 +67,14 @@ class Run:
 
     def requeues(self) -> int:
         return self.calls.read_text().splitlines().count("requeue 42") if self.calls.exists() else 0
+
+
+def _settle(after: AfterSync, staging_running: bool = False) -> None:
+    """A tick of the loop, then the removal it began (in a thread: daemon/aftersync.py) waited for and said."""
+    after.tick(staging_running)
+    if after.removal is not None:
+        assert after.removal.wait(120), "the kept copy's removal did not return"
+        after.tick(staging_running)
 
 
 def test_the_give_up_after_the_bound_is_not_requeued_and_ends_failed_saying_why_and_what_to_do(
@@ -89,7 +105,7 @@ def test_a_sync_between_give_ups_or_a_newer_checkpoint_begins_the_count_again(tm
     run.start(remote_step=10)  # the remote takes checkpoints again for a while: a periodic sync pushes step 30
     after = AfterSync(run.cfg, run.state, lambda *a, **k: run.events.append(a))
     run.state.remote_checkpoint = RemoteCheckpoint(step=30)
-    after.tick(staging_running=False)
+    _settle(after)
     assert requeue_bound.KEY not in run.state.slurm  # the count begins again at once
     assert not keptcopy.place(run.cfg).exists()  # the copy the remote has now goes, and its empty directory
     assert any("removed step 30" in e[1] for e in run.events), run.events
@@ -110,9 +126,29 @@ def test_the_kept_copy_waits_for_its_own_step_and_for_staging(tmp_path, monkeypa
     run.start(remote_step=10)
     after = AfterSync(run.cfg, run.state, lambda *a, **k: run.events.append(a))
     run.state.remote_checkpoint = RemoteCheckpoint(step=20)  # older than the copy: it stays
-    after.tick(staging_running=False)
+    _settle(after)
     run.state.remote_checkpoint = RemoteCheckpoint(step=30)
-    after.tick(staging_running=True)  # staging's thread fetches or drops it: not two at once
-    assert (keptcopy.place(run.cfg) / step_name(30)).is_dir()
-    after.tick(staging_running=False)
+    _settle(after, staging_running=True)  # staging's thread fetches or drops it: not two at once
+    assert after.removal is None and (keptcopy.place(run.cfg) / step_name(30)).is_dir()
+    _settle(after)
     assert not keptcopy.place(run.cfg).exists()
+
+
+def test_a_preempted_job_whose_last_sync_failed_is_requeued_with_its_copy_within_the_same_bound(
+        tmp_path, monkeypatch, weights):
+    """Slurm's USR1 while run.remote refuses the run: its newest checkpoint kept in run.dir and the job requeued, as
+    after the final sync's wait, counted in the same bound: the give-up after it ends failed, exit 79."""
+    run = Run(tmp_path, monkeypatch)
+    save(run.cfg.checkpoint_dir, 30, weights)
+    for n in range(1, requeue_bound.MAX_UNSYNCED_REQUEUES + 1):
+        run.start(remote_step=10)
+        end = run.give_up(preempted=True)
+        assert end.requeue and run.requeues() == n, (n, end)
+        assert end.words.startswith("requeued by Slurm (preempted by USR1): the last sync failed"), end
+        assert str(keptcopy.place(run.cfg) / step_name(30)) in end.words, end.words
+        assert run.left["slurm"]["requeued"] and run.left["slurm"][requeue_bound.KEY]["count"] == n
+    run.start(remote_step=10)
+    end = run.give_up(preempted=True)
+    assert not end.requeue and end.exit == protocol.SUPERVISOR_GAVE_UP, end
+    assert run.requeues() == requeue_bound.MAX_UNSYNCED_REQUEUES and REFUSED in end.words
+    assert (keptcopy.place(run.cfg) / step_name(30)).is_dir()  # the copy stays for the resubmitted job

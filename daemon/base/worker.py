@@ -41,6 +41,11 @@ class Worker:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Whether it ended within `timeout_s` (tests: the loop itself only looks at `done`)."""
+        self._thread.join(timeout_s)
+        return self.done
+
     def running_for(self) -> float:
         return now() - self.started
 

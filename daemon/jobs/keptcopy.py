@@ -21,6 +21,7 @@ Torch-free; the Syncer (numpy) is loaded only when a copy is made or read.
 from __future__ import annotations
 
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,11 @@ from minilmd.names import KEPT_DIR, LATEST, step_name, step_or_none
 KEEP_WAIT_S = 600.0
 """How long the copy into run.dir is waited for at the job's end (a checkpoint of a small model: seconds on a
 working share); a run.dir that does not answer is left to its thread, and the job ends without the copy."""
+
+
+ONE_AT_A_TIME = threading.Lock()
+"""The copy, its fetch back and its removal run in threads of their own (the last sync's bounded probe, staging's,
+the removal's: daemon/aftersync.py): one at a time, as when the loop made the removal itself between two ticks."""
 
 
 @dataclass
@@ -70,9 +76,10 @@ def run_dir_gone(run_dir: Path) -> str:
 
 def _copy(cfg, expected: Any):
     """The copy into `<run.dir>/unsynced/`: the Syncer's SyncResult, or why run.dir takes none (words)."""
-    if gone := run_dir_gone(cfg.run_dir):
-        return gone
-    return _syncer(cfg, expected).sync_newest()
+    with ONE_AT_A_TIME:
+        if gone := run_dir_gone(cfg.run_dir):
+            return gone
+        return _syncer(cfg, expected).sync_newest()
 
 
 def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_S) -> Kept:
@@ -110,6 +117,11 @@ def bring_back(cfg, expected: Any) -> str:
     on another node, whose scratch is empty); what was done, in words ("" when nothing). A copy that does not verify
     is set aside by the fetch, and the start goes on as without it. CheckpointMismatch is raised as the fetch
     raises it."""
+    with ONE_AT_A_TIME:
+        return _bring_back(cfg, expected)
+
+
+def _bring_back(cfg, expected: Any) -> str:
     kept = kept_step(cfg)
     newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
     if kept is None or (newest is not None and newest >= kept):
@@ -131,6 +143,11 @@ def bring_back(cfg, expected: Any) -> str:
 def drop_if_synced(cfg, remote_step: int | None) -> str:
     """The kept checkpoint removed once run.remote holds its step or a newer one (only what this run's copy made:
     Syncer's rule); what was done, in words ("" when nothing)."""
+    with ONE_AT_A_TIME:
+        return _drop_if_synced(cfg, remote_step)
+
+
+def _drop_if_synced(cfg, remote_step: int | None) -> str:
     kept = kept_step(cfg)
     if kept is None or remote_step is None or remote_step < kept:
         return ""

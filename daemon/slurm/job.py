@@ -272,6 +272,11 @@ class Plan(NamedTuple):
     """Why it cannot end so (the run fails, exit 1), or None."""
     requeue: bool = False
     """Whether to `scontrol requeue` the job."""
+    unsynced: bool = False
+    """A failed last sync in a job that would be requeued (no stop asked for, not cancelled): it is requeued as a
+    last sync that could not finish within the job (daemon/slurm/unsynced_end.py plan: the checkpoint kept in
+    run.dir, requeue_bound's bound), `reason` the preemption in words, `requeue` False when Slurm requeues it itself;
+    `problem` is the failure's words, should run.dir take nothing."""
 
 
 @dataclass
@@ -391,24 +396,29 @@ class SlurmJob:
         requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
         SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
         writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A failed or refused last
-        sync (`sync_problem`) is judged first: a finished run whose last checkpoint is not on the remote ends failed,
-        never `finished` (exit 0 would leave that checkpoint on a scratch the job's end may wipe). A last sync cut at
-        the job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run too (its
-        next start syncs the last checkpoint), the reason saying where it resumes."""
+        sync (`sync_problem`) is judged first: a finished run whose last checkpoint is not on the remote is never
+        `finished` (exit 0 would leave that checkpoint on a scratch the job's end may wipe): it ends failed after a
+        stop asked for or a cancel, else its plan is `unsynced` (requeued with its checkpoint kept in run.dir). A
+        last sync cut at the job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a
+        finished run too (its next start syncs the last checkpoint), the reason saying where it resumes."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by, cut = self.preempted_by, f"; {self.sync_cut}" if self.sync_cut else ""
         if cut:  # not a failed sync: the remote keeps its previous checkpoint, and the next start syncs on
             slurm["last_sync_cut"] = self.sync_cut
         if sync_problem and not cut:  # before the budget: a last checkpoint not on the remote is never `finished`
-            return Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
-                                          f"requeued, the checkpoint stays on this node's scratch")
+            failed = Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
+                                            f"requeued, the checkpoint stays on this node's scratch")
+            info = job_info(self.alloc.job_id, self.runner)
+            itself = self._requeued_by_slurm(info)  # judged first, as below: Slurm's requeue ends this job anyway
+            if not itself and (stop_asked or (by == "SIGTERM" and cancelled(info))):
+                return failed
+            return failed._replace(reason=f"preempted by {by}", unsynced=True, requeue=not itself)
         if budget_done and not cut:
             return Plan(ENDED_FINISHED, f"the run finished as Slurm preempted it ({by}): not requeued")
         # after a cut the job's end is REQUEUE_MARGIN_S away: asked within SIGNAL_TIMEOUT_S, the requeue's 10 s kept
         info = job_info(self.alloc.job_id, self.signal_runner if cut else self.runner)
-        restarts = info.get("Restarts", "0")
-        if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
+        if self._requeued_by_slurm(info):
             slurm["requeued"], slurm["state"] = True, "REQUEUED"
             return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}; Slurm requeued it "
                                         f"itself){cut}")
@@ -420,6 +430,11 @@ class SlurmJob:
         slurm["requeued"], slurm["state"] = True, "REQUEUED"
         finished = " (the run finished: the requeued job syncs its last checkpoint)" if budget_done else ""
         return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}){finished}{cut}", requeue=True)
+
+    def _requeued_by_slurm(self, info: dict[str, str]) -> bool:
+        """Whether Slurm requeues this job itself (its restart count went up since this start)."""
+        restarts = info.get("Restarts", "0")
+        return restarts.isdigit() and int(restarts) > self.alloc.restart_count
 
     def requeue(self) -> str | None:
         """`scontrol requeue` this job (None: done)."""

@@ -10,10 +10,12 @@ next start fetches it back, resumes from it and syncs it. A job Slurm will not r
 --no-requeue, or JobRequeue=0 in slurm.conf), or a requeue that fails, ends `failed` (non-final) with a reason
 that says where the checkpoint is and what to do. Such requeues in a row are bounded (daemon/slurm/requeue_bound.py:
 a remote that stays refused would requeue the job for ever): the give-up after MAX_UNSYNCED_REQUEUES of them ends
-the run failed for good, exit 79, saying why and what to do. A preempted job keeps its own plan (daemon/slurm/job.py:
-a failed last sync is not requeued, the requeued job would wait the same again), the checkpoint kept in run.dir all
-the same while the job's end leaves time (`at_preemption`). Not for a stop asked for, or a run.dir that is full or
-was removed (daemon/ending.py: exit 73, final). Torch-free.
+the run failed for good, exit 79, saying why and what to do. A preempted job whose last sync failed is requeued the
+same way, within the same bound (`plan` with `preempted`: its copy bounded by the job's end; before, it ended
+`failed`, exit 1, not requeued, and a resubmission by hand was the only way on); one whose stop was asked for
+(`minilmd stop`) or that is being cancelled is not, its checkpoint kept in run.dir all the same while the job's end
+leaves time (`at_preemption`). Not for a run.dir that is full or was removed (daemon/ending.py: exit 73, final).
+Torch-free.
 """
 from __future__ import annotations
 
@@ -38,10 +40,12 @@ class UnsyncedEnd:
     """The supervisor's exit status when not requeued: SUPERVISOR_GAVE_UP once requeue_bound's requeues are spent."""
 
 
-def requeueable(slurm: SlurmJob) -> bool:
+def requeueable(slurm: SlurmJob, preempted: bool = False) -> bool:
     """Whether Slurm requeues this job when asked: not when `scontrol show job` says Requeue=0 (an answer without
-    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then)."""
-    return job_info(slurm.alloc.job_id, slurm.runner).get("Requeue", "1") != "0"
+    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then). Asked within SIGNAL_TIMEOUT_S
+    after a preemption, whose copy may have taken the time up to the job's deadline (jobend.REQUEUE_MARGIN_S)."""
+    runner = slurm.signal_runner if preempted else slurm.runner
+    return job_info(slurm.alloc.job_id, runner).get("Requeue", "1") != "0"
 
 
 def _keep(cfg, sync, state, emit: Callable[..., None], sync_problem: str,
@@ -64,14 +68,20 @@ def _keep(cfg, sync, state, emit: Callable[..., None], sync_problem: str,
     return kept, where
 
 
-def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], problem: str,
-                  sync_problem: str, clock: Callable[[], float] = time.time) -> str:
-    """A preempted job whose last sync failed (not requeued: its plan's `problem`, daemon/slurm/job.py): the
-    checkpoint kept in run.dir all the same while the job's end leaves time for it, and `problem` saying where."""
+def keep_wait_s(slurm: SlurmJob, clock: Callable[[], float] = time.time) -> float:
+    """How long a preempted job's copy into run.dir may take: until its deadline before the job's end (KEEP_WAIT_S
+    at most); under 1 s nothing more is begun."""
     at = clock()
     deadline = slurm.job_end(at).deadline
-    wait_s = keptcopy.KEEP_WAIT_S if deadline is None else min(keptcopy.KEEP_WAIT_S, deadline - at)
-    if wait_s < 1.0:
+    return keptcopy.KEEP_WAIT_S if deadline is None else min(keptcopy.KEEP_WAIT_S, deadline - at)
+
+
+def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], problem: str,
+                  sync_problem: str, clock: Callable[[], float] = time.time) -> str:
+    """A preempted job whose last sync failed and that is not requeued (a stop asked for, a job cancelled: its
+    plan's `problem`, daemon/slurm/job.py): the checkpoint kept in run.dir all the same while the job's end leaves
+    time for it, and `problem` saying where."""
+    if (wait_s := keep_wait_s(slurm, clock)) < 1.0:
         return problem  # the job's end is here: nothing more is begun
     kept, where = _keep(cfg, sync, state, emit, sync_problem, wait_s)
     if kept.step is None:
@@ -80,9 +90,18 @@ def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], 
            f"its start resumes from that copy and syncs it"
 
 
-def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_problem: str) -> UnsyncedEnd:
-    """The checkpoint kept (said in the log) and how the run ends (module docstring)."""
-    kept, where = _keep(cfg, sync, state, emit, sync_problem)
+def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_problem: str,
+         preempted: str = "", slurm_requeues: bool = False,
+         clock: Callable[[], float] = time.time) -> UnsyncedEnd:
+    """The checkpoint kept (said in the log) and how the run ends (module docstring). `preempted`: a preempted
+    job's last sync that failed: the preemption in words ("preempted by USR1"; daemon/slurm/job.py Plan): its
+    copy bounded by the job's end, and `slurm_requeues` when Slurm requeues the job itself (not asked again)."""
+    wait_s = keep_wait_s(slurm, clock) if preempted else keptcopy.KEEP_WAIT_S
+    if wait_s >= 1.0:
+        kept, where = _keep(cfg, sync, state, emit, sync_problem, wait_s)
+    else:  # the job's end is here: nothing more is begun
+        kept = keptcopy.Kept(None, keptcopy.place(cfg), "no time left before the job's end to copy it")
+        where = f"{kept.why_not}; the checkpoint stays in {cfg.checkpoint_dir}"
     section = state["slurm"]
     remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     newest = max(local_checkpoint_steps(cfg.checkpoint_dir), default=None)
@@ -90,16 +109,19 @@ def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_prob
     if before >= requeue_bound.MAX_UNSYNCED_REQUEUES:  # a remote that stays refused: no requeue loop for ever
         return UnsyncedEnd(False, requeue_bound.spent_words(before, sync_problem, where, kept.step is not None),
                            protocol.SUPERVISOR_GAVE_UP)
-    may = requeueable(slurm)
-    if may and (kept.step is not None or not cfg.scratch_is_default):
+    failed = f"the last sync failed ({sync_problem})" if preempted else \
+        f"the last sync could not finish within the job ({sync_problem})"
+    may = slurm_requeues or requeueable(slurm, bool(preempted))
+    if slurm_requeues or (may and (kept.step is not None or not cfg.scratch_is_default)):
         section["requeued"], section["state"] = True, "REQUEUED"
         requeue_bound.requeued(section, before + 1, remote, newest)
-        return UnsyncedEnd(True, f"requeued by Slurm: the last sync could not finish within the job "
-                                 f"({sync_problem}); {where}; the requeued job resumes from it and syncs it")
+        itself = "; Slurm requeued it itself" if slurm_requeues else ""
+        by = f"requeued by Slurm ({preempted})" if preempted else "requeued by Slurm"
+        return UnsyncedEnd(True, f"{by}: {failed}; {where}; the requeued job resumes from it and syncs it{itself}")
     how = "resubmit the job (sbatch) once run.remote takes this run's checkpoints again: its start " \
           "resumes from that copy and syncs it" if kept.step is not None else \
         "resubmit the job once run.remote takes this run's checkpoints again"
     why = "Slurm does not requeue this job (Requeue=0)" if not may else \
         "not requeued: a requeued job on another node would not find it"
-    return UnsyncedEnd(False, f"the last sync could not finish within the job ({sync_problem}); {where}; {why}: "
-                              f"{how}")
+    head = f"the job was {preempted}: " if preempted else ""
+    return UnsyncedEnd(False, f"{head}{failed}; {where}; {why}: {how}")

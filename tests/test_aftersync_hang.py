@@ -1,0 +1,100 @@
+"""The removal of a Slurm job's kept copy once run.remote holds its step (daemon/aftersync.py) runs in a thread of
+its own, never on the supervisor's loop. Before, the loop's tick made it: run.dir on a share that hangs held the
+loop there, a stop unanswered, only systemd's watchdog noticed. Here the share's hang is a fake: the listing of
+`<run.dir>/unsynced/` (keptcopy.kept_step, the removal's first touch of run.dir, where a stalled NFS or FUSE mount
+blocks) held on an Event. The tick returns, the silence is said once, no second removal is begun beside the first,
+the run's end does not wait for it, and once the share answers the copy goes; a removal that failed is tried again,
+its failure said once. The real Slurm job's copy and removal: tests/test_slurm_unsynced_kept.py."""
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+
+from minilmd.daemon.aftersync import AfterSync
+from minilmd.daemon.base.statesections import RemoteCheckpoint
+from minilmd.daemon.jobs import keptcopy
+from minilmd.names import step_name
+from sync_helpers import EXPECTED, save, weights  # noqa: F401 - the fixture
+
+GENEROUS_S = 60.0
+"""What `_returns` waits for a call that does not touch the share: a loaded machine's worst, not a timing asked."""
+
+
+def _kept_run(tmp_path, weights):
+    """A run whose step 30 is kept in run.dir, run.remote at step 10: (cfg, state, events, AfterSync)."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    cfg = SimpleNamespace(checkpoint_dir=tmp_path / "scratch" / "checkpoints", run_dir=tmp_path / "run")
+    save(cfg.checkpoint_dir, 30, weights)
+    assert keptcopy.keep(cfg, EXPECTED, 10).step == 30
+    state = SimpleNamespace(remote_checkpoint=RemoteCheckpoint(step=10), slurm={})
+    events: list[tuple] = []
+    return cfg, state, events, AfterSync(cfg, state, lambda *a, **k: events.append(a))
+
+
+def _returns(call: Callable[[], object]) -> bool:
+    """Whether `call` returned (in a thread, so that a call held by the share cannot hold the test)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
+    return done.wait(GENEROUS_S)
+
+
+def _said(events: list[tuple], words: str) -> list[str]:
+    return [e[1] for e in events if words in e[1]]
+
+
+def test_a_removal_held_by_a_hung_run_dir_leaves_the_loop_ticking_and_ends_once_the_share_answers(
+        tmp_path, weights, monkeypatch):
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    release, entered, calls, listing = threading.Event(), threading.Event(), [], keptcopy.kept_step
+
+    def hung(cfg_):
+        calls.append(cfg_)
+        entered.set()
+        release.wait(10 * GENEROUS_S)  # the share stalls until the test lets it answer
+        return listing(cfg_)
+
+    monkeypatch.setattr(keptcopy, "kept_step", hung)
+    after.silent_say_s = 0.0  # its silence said at the next tick
+    state.remote_checkpoint = RemoteCheckpoint(step=30)  # a sync put the kept step on run.remote
+    try:
+        assert _returns(lambda: after.tick(False)), "the loop's tick waited on run.dir's hung share"
+        assert entered.wait(GENEROUS_S), "the removal never began"
+        for _ in range(3):
+            assert _returns(lambda: after.tick(False)), "a later tick waited on the share"
+        assert len(calls) == 1, calls  # no second removal begun beside the held one
+        assert len(_said(events, "has not answered")) == 1, events  # said once
+        ended: list[str] = []
+        assert _returns(lambda: ended.append(after.at_end(30))), "the run's end waited on the share"
+        assert "left for the next start" in ended[0], ended
+        assert (keptcopy.place(cfg) / step_name(30)).is_dir()  # nothing removed while it hangs
+    finally:
+        release.set()
+    assert after.removal is not None and after.removal.wait(10 * GENEROUS_S)
+    after.tick(False)
+    assert _said(events, "removed step 30"), events
+    assert not keptcopy.place(cfg).exists()  # the copy, and its empty directory with it
+
+
+def test_a_removal_that_failed_is_tried_again_and_its_failure_said_once(tmp_path, weights, monkeypatch):
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    failures, listing = [OSError(errno.EIO, "Input/output error")] * 2, keptcopy.kept_step
+
+    def flaky(cfg_):
+        if failures:
+            raise failures.pop()
+        return listing(cfg_)
+
+    monkeypatch.setattr(keptcopy, "kept_step", flaky)
+    after.retry_s = 0.0  # tried again at the next tick (60 s in a run)
+    state.remote_checkpoint = RemoteCheckpoint(step=30)
+    for _ in range(4):  # each tick collects the try before it and begins the next
+        after.tick(False)
+        if (removal := getattr(after, "removal", None)) is not None:
+            assert removal.wait(10 * GENEROUS_S)
+    after.tick(False)
+    assert not failures and not keptcopy.place(cfg).exists(), events  # the third try removed it
+    failed = _said(events, "is not removed now")
+    assert len(failed) == 1 and "Input/output error" in failed[0], events  # the same failure: said once
+    assert _said(events, "removed step 30"), events
