@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from minilmd.dirfd import Dir
-from minilmd.names import atomic_tmp_prefix
+from minilmd.names import atomic_tmp_prefix, lock_guard_name
 from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.proc_info import flock_holders, process_uids
 from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
@@ -64,7 +64,6 @@ BODY_MAX_BYTES = 4096
 """What is read of a lock file's body, at most: another user (or a full disk) may have put anything there."""
 GUARD_WAIT_S = 5.0
 """How long `replace` waits for its guard's flock: another of ours holds it for one fresh file's making."""
-GUARD_SUFFIX = ".guard"
 GUARD_POLL_S = 0.01
 STILL_NAMED_TRIES = 100
 """Opens of the lock name, each after the file just locked was no longer the one the name leads to."""
@@ -327,11 +326,6 @@ class GuardBusy(OSError):
     guard of ours (a file another user put there: only in a directory others may write)."""
 
 
-def guard_name(name: str) -> str:
-    """`.supervisor.lock.guard`: the file whose flock `replace` holds for the lock file `name`."""
-    return f".{name}{GUARD_SUFFIX}"
-
-
 @contextlib.contextmanager
 def guarded(where: Dir | int, name: str) -> Iterator[None]:
     """An exclusive flock on `name`'s guard in `where`, held for the body of the `with`: a file of ours, 0600 from its
@@ -340,7 +334,7 @@ def guarded(where: Dir | int, name: str) -> Iterator[None]:
     holding it, and whoever locked it checks afterwards that the name still leads to it (else opens the name
     again), as `take` does. A guard left by a maker killed meanwhile is used and left. GuardBusy after GUARD_WAIT_S
     or for a guard that is not ours; OSError as the open says (no room, a link planted there)."""
-    dir_fd, gname = _dir_fd(where), guard_name(name)
+    dir_fd, gname = _dir_fd(where), lock_guard_name(name)
     give_up, fd, made = time.monotonic() + GUARD_WAIT_S, -1, False
     try:
         while True:
