@@ -19,9 +19,11 @@ So here, once:
   maker may have removed it between the open and the flock, prepare's way out), else opened again, STILL_NAMED_TRIES
   times at most. `Held` (with the holder's body) when another holds it, `Unsafe` when the file is no lock of ours;
 - `replace`: a lock file put in place of an old one (`private`'s wide file, `strangers`' one), one replacement at a
-  time among this user's processes: under an exclusive flock on the directory (an open of its own), and only while
-  the name still leads to the old file. Before (review12c F1, F3), two of ours that both found the old file replaced
-  it one after the other, each renaming its fresh file over the name, and both held "the" lock;
+  time among this user's processes: under an exclusive flock on its guard (`guarded`: `.NAME.guard` beside it, made
+  0600 O_EXCL by us, removed by its maker), and only while the name still leads to the old file. Before (review12c
+  F1, F3), two of ours that both found the old file replaced it one after the other, each renaming its fresh file
+  over the name, and both held "the" lock; and the guard was an flock on the directory itself, which anyone who can
+  open the directory can hold: another user holding it and the old file refused the run for good (hostile11 F1a);
 - `read_body` / `holder`: the body read bounded (BODY_MAX_BYTES) and parsed bounded in depth (minilmd/untrusted.py),
   never trusted for more than words and the caller's own comparisons.
 - `LOCK_FILE_MODE`: a run's lock files (supervisor.lock, trainer.lock, scratch's owner marker) are their owner's
@@ -29,7 +31,10 @@ So here, once:
   another user holding supervisor.lock (0644 under run.share "all") refused every restart of the run for good
   (hostile10 F1, F2). `private` takes wider bits away and, since a descriptor opened before a chmod outlives it,
   replaces such a file by a fresh inode (`fresh`); `strangers` names the holders when every one is another user's
-  process, and then the caller replaces the file too: that user's lock on the old inode holds nothing of ours.
+  process, and then the caller replaces the file too: that user's lock on the old inode holds nothing of ours. On a
+  file found wide (`found_wide`) a holder whose user cannot be read (the pid /proc/locks names has ended, its lock
+  kept by a child it forked; another pid namespace's) counts as another user's: only a holder proven ours keeps it
+  (hostile11 F1b: before, such a holder refused the run for good, "pid None on an unknown host").
 Who holds an flock by the kernel's record (device and inode, /proc) is minilmd/proc_info.py's (`flock_holders`,
 `process_uids`; minilmd/procs.py re-exports them, with `holds_flock`). tests/test_one_lockfile.py fails on
 fcntl.flock or fcntl.lockf called anywhere else, and on /proc/locks read outside procs' readers. Torch-free.
@@ -43,10 +48,11 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from minilmd.dirfd import Dir
-from minilmd.names import atomic_tmp_prefix
+from minilmd.names import atomic_tmp_prefix, lock_guard_name
 from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.proc_info import flock_holders, process_uids
 from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
@@ -57,7 +63,7 @@ inherited by a child (a trainer must not keep its supervisor's lock alive)."""
 BODY_MAX_BYTES = 4096
 """What is read of a lock file's body, at most: another user (or a full disk) may have put anything there."""
 GUARD_WAIT_S = 5.0
-"""How long `replace` waits for the directory's flock: another of ours holds it for one fresh file's making."""
+"""How long `replace` waits for its guard's flock: another of ours holds it for one fresh file's making."""
 GUARD_POLL_S = 0.01
 STILL_NAMED_TRIES = 100
 """Opens of the lock name, each after the file just locked was no longer the one the name leads to."""
@@ -86,6 +92,13 @@ class Held(Exception):
         self.body, self.holders = body, holders or []
 
 
+_found_wide: set[tuple[int, int, int]] = set()
+"""(device, inode, ctime in ns after the chmod) of the lock files `private` found with wider bits than LOCK_FILE_MODE
+and narrowed, in this process: `strangers` judges them as still wide (a descriptor opened while they were outlives
+the chmod). The ctime tells a later file given the same inode number apart (it changes with any write of the file's
+body or mode too: by then one of ours has taken it, or another of ours narrows it and knows)."""
+
+
 class Replaced(Exception):
     """The name kept leading to another file than the one just locked, STILL_NAMED_TRIES times."""
 
@@ -96,7 +109,7 @@ class Taken:
     """The lock file, opened read-write and locked: closing it lets the lock go."""
     created: bool
     """This process made the file (it may remove it on its way out: prepare's lock)."""
-    strangers: list[tuple[int, int]] = field(default_factory=list)
+    strangers: list[tuple[int, int | None]] = field(default_factory=list)
     """Other users' processes (pid, uid) that held the file at the lock's name, which was replaced by a fresh one
     (`strangers`): the caller says so (`strangers_words`)."""
 
@@ -197,7 +210,7 @@ def take(where: Dir | int, name: str, body: bytes | None, *, mode: int = LOCK_FI
             fd, created = open_lock(where, name, mode=mode)
         except FileNotFoundError:
             continue  # removed between the create's try and the open: made on the next
-        found: list[tuple[int, int]] = []
+        found: list[tuple[int, int | None]] = []
         try:
             check(fd)
             fd = private(where, name, fd, mode)
@@ -240,23 +253,39 @@ def holders(fd: int) -> list[tuple[int, int | None]]:
     return found
 
 
-def strangers(fd: int) -> list[tuple[int, int]]:
-    """The holders of an flock on the open file `fd` when every one is another user's process than the file's
-    owner's (none of its uids the owner's, not this process): a lock file once readable by others, locked by one of
-    them. [] when none is named, or one is the owner's or cannot be told (a real holder, as before)."""
+def strangers(fd: int) -> list[tuple[int, int | None]]:
+    """The holders (pid, effective uid) of an flock on the open file `fd` when every one is another user's process
+    than the file's owner's (none of its uids the owner's, not this process): a lock file once readable by others,
+    locked by one of them. On a file found wide (`found_wide`) a holder whose uids cannot be read is one (uid None):
+    anyone could have opened it then, and only a holder proven the owner's keeps it. [] when none is named, or one
+    is the owner's, or, on a file never wide, cannot be told (a real holder, as before)."""
     st = os.fstat(fd)
-    found = []
+    wide = found_wide(st)
+    found: list[tuple[int, int | None]] = []
     for pid in flock_holders(st):
         uids = process_uids(pid) if pid > 0 else None
-        if pid == os.getpid() or not uids or owner_in(st, uids):
+        if pid == os.getpid() or uids and owner_in(st, uids) or not uids and not wide:
             return []
-        found.append((pid, uids[1]))
+        found.append((pid, uids[1] if uids else None))
     return found
 
 
-def strangers_words(found: list[tuple[int, int]], what: str) -> str:
-    """"held by user mal (uid 1001)'s process 4242, not a supervisor of yours: ..." (`what`: the lock's holder)."""
-    who = ", ".join(f"{user_words(uid)}'s process {pid}" for pid, uid in found)
+def found_wide(st: os.stat_result) -> bool:
+    """Whether the lock file `st` describes has, or had when this process found it (`private`), wider bits than
+    LOCK_FILE_MODE: a file other users could open, so a holder of it may be theirs."""
+    return bool(stat.S_IMODE(st.st_mode) & ~LOCK_FILE_MODE) or _wide_key(st) in _found_wide
+
+
+def _wide_key(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def strangers_words(found: list[tuple[int, int | None]], what: str) -> str:
+    """"held by user mal (uid 1001)'s process 4242, not a supervisor of yours: ..." (`what`: the lock's holder); a
+    holder whose user cannot be read is said so."""
+    who = ", ".join(f"{user_words(uid)}'s process {pid}" if uid is not None else
+                    f"process {pid} (its user cannot be read: it ended, its lock kept by a process it started)"
+                    for pid, uid in found)
     return (f"held by {who}, not a {what} of yours: your lock file was readable by others; replaced by a new one "
             f"only you can open, and taken")
 
@@ -276,6 +305,7 @@ def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
     if not stat.S_IMODE(os.fstat(fd).st_mode) & ~mode:
         return fd
     os.fchmod(fd, mode)
+    _found_wide.add(_wide_key(os.fstat(fd)))  # its holders judged as a wide file's (`strangers`) after the chmod
     if not own_dir(where) or not try_flock(fd):
         return fd  # held: by one of ours, the caller's refusal; by another user only, its `strangers` replacement
     try:
@@ -292,31 +322,72 @@ def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
 
 
 class GuardBusy(OSError):
-    """`replace` waited GUARD_WAIT_S for the directory's flock: someone holds it (another user can, who can open the
-    directory)."""
+    """`replace` waited GUARD_WAIT_S for its guard's flock (another of ours holds it), or the guard's name holds no
+    guard of ours (a file another user put there: only in a directory others may write)."""
+
+
+@contextlib.contextmanager
+def guarded(where: Dir | int, name: str) -> Iterator[None]:
+    """An exclusive flock on `name`'s guard in `where`, held for the body of the `with`: a file of ours, 0600 from its
+    making (O_EXCL; open_lock), so no other user can open it, let alone hold it (hostile11 F1a: the directory's own
+    flock was the guard, and anyone who can open the directory can hold that). Its maker removes it after, still
+    holding it, and whoever locked it checks afterwards that the name still leads to it (else opens the name
+    again), as `take` does. A guard left by a maker killed meanwhile is used and left. GuardBusy after GUARD_WAIT_S
+    or for a guard that is not ours; OSError as the open says (no room, a link planted there)."""
+    dir_fd, gname = _dir_fd(where), lock_guard_name(name)
+    give_up, fd, made = time.monotonic() + GUARD_WAIT_S, -1, False
+    try:
+        while True:
+            if fd < 0:
+                fd, made = _open_guard(dir_fd, gname)
+            if fd >= 0 and try_flock(fd):
+                if still_named(dir_fd, gname, fd):
+                    break
+                os.close(fd)  # its maker removed it as we waited: the name again
+                fd = -1
+            if time.monotonic() >= give_up:
+                raise GuardBusy(errno.EAGAIN, f"{name}: its guard {gname} stayed locked by another process")
+            time.sleep(GUARD_POLL_S)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    try:
+        yield
+    finally:
+        if made and still_named(dir_fd, gname, fd):
+            with contextlib.suppress(OSError):  # left: the next replacement uses it as it is
+                os.unlink(gname, dir_fd=dir_fd)
+        os.close(fd)  # its flock let go with it
+
+
+def _open_guard(dir_fd: int, gname: str) -> tuple[int, bool]:
+    """(descriptor, made now) of the guard `gname`, made 0600 when missing (open_lock); (-1, False) when its maker
+    removed it between our create's try and our open. GuardBusy for a file there that is no guard of ours."""
+    try:
+        fd, made = open_lock(dir_fd, gname, mode=LOCK_FILE_MODE)
+    except FileNotFoundError:
+        return -1, False
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if why := problem(st) or (mode & ~LOCK_FILE_MODE and f"is mode {mode:o}, others may open it"):
+        os.close(fd)
+        raise GuardBusy(errno.EPERM, f"{gname}: {why}, so not a guard of yours")
+    return fd, made
 
 
 def replace(where: Dir | int, name: str, fd: int, body: bytes = b"", *, mode: int = LOCK_FILE_MODE,
             held: bool = False) -> int | None:
     """A fresh lock file (`fresh`, `body`) put at `name` in place of the open file `fd`, one replacement at a time
-    among this user's processes: under an exclusive flock on `where`'s directory, taken on an open of its own (a
-    descriptor shared in this process would not keep its threads apart) and let go once the rename is done. Only
+    among this user's processes: under the flock of `name`'s guard (`guarded`), let go once the rename is done. Only
     while the name still leads to `fd`'s file and, unless `held` (the caller holds `fd`'s lock), only other users'
     processes hold it (`strangers`): else None, nothing made, and the caller opens the name again (whoever replaced
     it holds the new file). Returns the fresh file's descriptor, locked; `fd` is left open to the caller. GuardBusy
-    after GUARD_WAIT_S without the directory's flock; OSError as `fresh` says."""
-    guard = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=_dir_fd(where))
-    try:
-        give_up = time.monotonic() + GUARD_WAIT_S
-        while not try_flock(guard):
-            if time.monotonic() >= give_up:
-                raise GuardBusy(errno.EAGAIN, f"{name}: its directory stayed locked by another process")
-            time.sleep(GUARD_POLL_S)
+    as `guarded` says; OSError as `fresh` says."""
+    with guarded(where, name):
         if not still_named(where, name, fd) or not held and not strangers(fd):
             return None
         return fresh(where, name, body, mode=mode)
-    finally:
-        os.close(guard)  # the directory's flock let go with it
 
 
 def fresh(where: Dir | int, name: str, body: bytes = b"", *, mode: int = LOCK_FILE_MODE) -> int:

@@ -322,6 +322,12 @@ def atomic_tmp_prefix(name: str) -> str:
     return f".{name}."
 
 
+def lock_guard_name(name: str) -> str:
+    """`.supervisor.lock.guard` for supervisor.lock: the file whose flock a replacement of the lock file `name` holds
+    (minilmd/lockfile.py `guarded`), removed by its maker after."""
+    return f"{atomic_tmp_prefix(name)}guard"
+
+
 def aside_name(tmp_name: str) -> str:
     """`<tmp_name>.old`: what a publish (dirpublish.publish, on NFS) sets aside beside the temporary directory
     `tmp_name` it renames into place (a prepare's, an export's): its maker's matcher (prepare_tmp_maker,

@@ -106,7 +106,7 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
     _holds[key] = (fd, st.st_dev, st.st_ino)
 
 
-def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int]]:
+def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int | None]]:
     """lockfile.strangers, for a marker of ours in a scratch of ours only: the ones replaced."""
     st = os.fstat(fd)
     if not owned_by_me(st) or st.st_nlink != 1 or not lockfile.own_dir(dir_fd):
@@ -114,7 +114,7 @@ def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int]]:
     return lockfile.strangers(fd)
 
 
-def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int]]) -> int | None:
+def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int | None]]) -> int | None:
     """The marker held by other users' processes only replaced by a fresh copy (its words), taken, one replacement
     at a time among ours (lockfile.replace); None when another of ours replaced it meanwhile or it was let go."""
     body = os.pread(fd, OWNER_MAX_BYTES + 1, 0)

@@ -102,9 +102,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/lockfile.py": ("private", "every lock file (run, trainer, corpus, GPU lease) made O_CREAT|O_EXCL|"
                             "O_NOFOLLOW at the descriptor of a directory its caller opened checked (dirfd's Dir, the "
                             "place rule's walk, run.dir opened once), an existing one opened O_NOFOLLOW|O_NONBLOCK "
-                            "there and checked (regular, one link, ours) before it is written", {
+                            "there and checked (regular, one link, ours) before it is written; a replacement's "
+                            "guard (`.NAME.guard`) removed only by its maker, holding it, while its name leads to it", {
         ("open_lock", "os.open@dir_fd"): 2, ("fresh", "os.open@dir_fd"): 1, ("fresh", "os.rename@dir_fd"): 1,
-        ("fresh", "os.unlink@dir_fd"): 1}),
+        ("fresh", "os.unlink@dir_fd"): 1, ("guarded", "os.unlink@dir_fd"): 1}),
     "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_multiturn_chat_corpus", "open"): 1}),
     "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),

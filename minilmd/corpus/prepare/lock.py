@@ -30,13 +30,14 @@ import json
 import os
 import socket
 import stat
+import sys
 import time
 from pathlib import Path
 
 from minilmd import lockfile
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.perms import owned_by_me, published_file_mode, user_words
+from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import InTheWay, walk_to
 from minilmd.untrusted import file_kind, printable
 
@@ -113,27 +114,36 @@ class CorpusLock:
                              "it, then run this again")
         if _holder_line(self.fd) is None:  # somebody's own file of that name: never overwritten
             self.close()
-            raise ValueError(f"{parent / lock_name(self.out.name)}: exists and is not a lock file of minilmd's (the "
-                             f"lock of {self.out} is this name); nothing was changed. Move it away, or choose another "
-                             "--out")
+            raise ValueError(_not_a_lock_words(parent / lock_name(self.out.name), self.out))
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                                         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
         return self
 
     def _open_and_lock(self) -> None:
-        """self.fd: the lock file, opened (made when missing) without following a link, locked; ValueError (the
-        lock closed) when it is not safe to use or another writer holds it."""
+        """self.fd: the lock file, opened (made when missing, LOCK_FILE_MODE) without following a link, locked, by
+        lockfile.take, every run lock's protocol: an older prepare's wider file narrowed and replaced, one only other
+        users' processes hold replaced and taken, said on stderr (hostile11 F4: before, it was made 0644, and one
+        left by a killed prepare and flocked by another user refused every prepare to --out for good). self.fd -1
+        when its name led elsewhere once locked (the caller opens it again); ValueError (the lock closed) when it is
+        not safe to use or another writer holds it."""
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
+        self.fd = -1
         if self.parent is None:  # closed: no directory to open it in
-            self.fd = -1
             return
+        self._refuse_a_file_of_another_kind(name, path)
         try:
-            self.fd, self.created = lockfile.open_lock(self.parent, name, mode=published_file_mode())
-        except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
-            if isinstance(e, FileNotFoundError):
-                self.fd = -1
-                return
+            taken = lockfile.take(self.parent, name, None, tries=1)  # the still-named tries are __enter__'s
+        except lockfile.Replaced:
+            return
+        except lockfile.Unsafe as e:
+            self.close()
+            raise ValueError(f"{path}: {self._lock_problem(e.st)}") from None
+        except lockfile.Held as e:
+            self.close()
+            raise ValueError(f"{self.out}: another prepare is writing it ({_holder(e.body)}); nothing was changed. "
+                             "Wait for it to end and run this again") from None
+        except OSError as e:  # a link, or a directory we may not write
             in_the_way = self._foreign_lock(name) if e.errno in CANNOT_WRITE_THERE else None
             self.close()
             if in_the_way:  # another user's file at the lock's name, not the directory: his, named
@@ -142,16 +152,29 @@ class CorpusLock:
                 raise OSError(e.errno, e.strerror, str(self.out.parent)) from None
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
-        st = os.fstat(self.fd)
-        if problem := self._lock_problem(st):
-            self.close()
-            raise ValueError(f"{path}: {problem}")
-        if not lockfile.try_flock(self.fd):
-            holder = _holder(self.fd)
-            self.close()
-            raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
-                             f"it to end and run this again") from None
-        self.locked = True
+        self.fd, self.created, self.locked = taken.fd, taken.created, True
+        if taken.strangers:
+            print(f"minilmd prepare: {printable(path)} was {lockfile.strangers_words(taken.strangers, 'prepare')}",
+                  file=sys.stderr, flush=True)
+
+    def _refuse_a_file_of_another_kind(self, name: str, path: Path) -> None:
+        """ValueError when a file of the user's own with wider bits than a lock's, which nobody holds, stands at the
+        lock's name and says no holder line: a file of hers that happens to have that name, left as it was (take
+        would narrow it, and put a copy in its place). Whatever else is there is take's to judge; one held is read
+        after its lock (a writer's line may be half written now)."""
+        try:
+            fd, _ = lockfile.open_lock(self.parent_fd, name, mode=None, write=False)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if lockfile.problem(st) or not lockfile.found_wide(st) or lockfile.holders(fd) or \
+                    _holder_line(fd) is not None:
+                return
+        finally:
+            os.close(fd)
+        self.close()
+        raise ValueError(_not_a_lock_words(path, self.out))
 
     def _lock_problem(self, st: os.stat_result) -> str | None:
         """Why the file `st` describes, at the lock's name, is not a lock file this prepare may use (lockfile.problem):
@@ -256,11 +279,16 @@ def _holder_line(fd: int) -> dict | None:
     return h if h and {"pid", "host", "command", "since"} <= h.keys() else None
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, from the line it wrote: "pid 123 on host, prepare --append, since ..."."""
+def _holder(h: dict) -> str:
+    """Who holds the lock, from the line it wrote (its body, lockfile.read_body): "pid 123 on host, prepare
+    --append, since ..."."""
     try:
-        h = _holder_line(fd) or {}
         return printable(f"pid {int(h['pid'])} on {str(h['host'])[:64]}, {str(h['command'])[:64]}, "
                          f"since {str(h['since'])[:32]}")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return "a process that has not said who it is yet"
+
+
+def _not_a_lock_words(path: Path, out: Path) -> str:
+    return (f"{path}: exists and is not a lock file of minilmd's (the lock of {out} is this name); nothing was "
+            "changed. Move it away, or choose another --out")
