@@ -7,8 +7,9 @@ must have exactly the shape the format defines, the tensors tiling the data in o
 
 A loader asks for the bytes too (`keep`): the file is then read whole, once, and scanned and hashed in memory, so
 that what it loads is exactly what was hashed and scanned; reading the path again would load whatever whoever can
-write the file put there since. A resume reads its own files once into a buffer as it hashes them
-(checkpoint.for_loading) and asks in_memory for their layout: the one parser of a header, here.
+write the file put there since. A resume's rank 0 keeps them so, writable (its tensors are views of them:
+checkpoint.validated_for_loading); its other ranks read them once into a buffer as they hash them
+(checkpoint.for_loading); both ask in_memory for their layout: the one parser of a header, here.
 """
 from __future__ import annotations
 
