@@ -71,6 +71,7 @@ from minilmd.untrusted import (
     loads,
     read_bytes,
     sha256_regular,
+    size_text,
 )
 
 FORMAT = "minilmd-checkpoint"
@@ -211,22 +212,23 @@ def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None 
     anyway), no more than the size the manifest lists; a tokenizer file listed over its bound is hashed, not kept
     (Validated.over_bound). Raises as validate does."""
     path = Path(ckpt_dir)
-    state, manifest, manifest_sha256, scans, kept = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
+    state, manifest, manifest_sha256, scans, kept, _ = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
     weights = scans[MODEL_FILE].data
-    assert weights is not None  # kept: `keep` names it
+    assert isinstance(weights, bytes)  # kept (`keep` names it), as bytes (no `carried`)
     return Validated(state, manifest_sha256, weights, tokenizer=kept.get(TOKENIZER_FILE),
                      tokenizer_config=kept.get(TOKENIZER_CONFIG), path=path,
                      over_bound=frozenset(name for name, data in kept.items() if data is None),
                      listed=frozenset(manifest["files"]))
 
 
-def _validate(ckpt_dir: Path, expected: Expectation | None,
-              keep: tuple[str, ...] = ()) -> tuple[dict, dict, str, dict[str, Scan], dict[str, bytes | None]]:
-    """(trainer_state, the manifest, its sha256, the safetensors scans, those named in `keep` with their bytes, the
-    bytes of the other files `keep` names that the manifest lists: _verify_files)."""
+def _validate(ckpt_dir: Path, expected: Expectation | None, keep: tuple[str, ...] = (),
+              carried: Mapping[str, int] | None = None) -> tuple[dict, dict, str, dict[str, Scan],
+                                                                 dict[str, bytes | None], dict]:
+    """(trainer_state, the manifest, its sha256, the safetensors scans (those `keep` names with their bytes), the
+    bytes of the other files kept (_verify_files, `carried` too), optimizer.json)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
-    scans, kept = _verify_files(ckpt_dir, manifest, keep)
+    scans, kept = _verify_files(ckpt_dir, manifest, keep, carried)
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
@@ -235,7 +237,21 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     problems = contents.tensor_problems(scans, opt_meta, shapes, step) + contents.pass_file_problems(manifest, scans)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    return state, manifest, manifest_sha256, scans, kept
+    return state, manifest, manifest_sha256, scans, kept, opt_meta
+
+
+def validated_for_loading(ckpt_dir: str | os.PathLike, expected: Expectation | None = None,
+                          carried: Mapping[str, int] | None = None) -> ForLoading:
+    """validate(ckpt_dir, expected) and for_loading(ckpt_dir, carried) in one read of each file: ForLoading made of
+    the very bytes validation hashed and scanned (a tensors' file in one buffer of its listed size; a file of
+    `carried` listed over its bound refused unread). A resume validates each checkpoint it tries so (resume.py):
+    the one it takes is hashed once, and nothing put in its place since is loaded. Raises as validate does."""
+    path, carried = Path(ckpt_dir), dict(carried or {})
+    state, _, _, scans, kept, opt_meta = _validate(path, expected, (MODEL_FILE, OPTIMIZER_FILE, *carried), carried)
+    held = {name: data for name, scan in scans.items() if isinstance(data := scan.data, bytearray)}
+    return ForLoading(_in_memory(path, held[MODEL_FILE], MODEL_FILE),
+                      _in_memory(path, held[OPTIMIZER_FILE], OPTIMIZER_FILE), state, opt_meta,
+                      {name: bytes(data) for name in carried if (data := held.get(name, kept.get(name))) is not None})
 
 
 def check_recorded(ckpt_dir: Path, state: dict, step: int, expected: Expectation | None,
@@ -254,8 +270,8 @@ JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
 """The files validation parses: kept as they are hashed (no more than MAX_JSON_PART), and parsed from those bytes."""
 
 
-def _verify_files(ckpt_dir: Path, manifest: dict,
-                  keep: tuple[str, ...] = ()) -> tuple[dict[str, Scan], dict[str, bytes | None]]:
+def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = (),
+                  carried: Mapping[str, int] | None = None) -> tuple[dict[str, Scan], dict[str, bytes | None]]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
     (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name, and the bytes of
     the JSON_PARTS as they were hashed: parsing those, never the path read again, parses what the manifest's hash
@@ -263,7 +279,8 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
     as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are another place's), a FIFO
     listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
     in `keep` are kept whole in their scan (Scan.data), as hashed; the TOKENIZER_FILES named in it and listed are
-    kept beside the JSON parts, as hashed, when listed within their bound (None: listed over it, hashed only)."""
+    kept beside the JSON parts, as hashed, when listed within their bound (None: listed over it, hashed only). A
+    loader's `carried` ({name: the most read}): each refused listed over it, else kept; the tensors' kept writable."""
     scans: dict[str, Scan | ValueError] = {}
     kept: dict[str, bytes | None] = {}
 
@@ -278,18 +295,21 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
 
     def sha256_of(name: str) -> str:
         try:
+            size, most = manifest["files"][name]["size"], (carried or {}).get(name)
+            if most is not None and size > most:
+                raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: over {size_text(most)}")
             if name.endswith(".safetensors"):
                 try:
-                    scan = scan_safetensors(ckpt_dir / name, size=manifest["files"][name]["size"],
-                                            keep=name in keep)
+                    scan = scan_safetensors(ckpt_dir / name, size=size, keep=name in keep,
+                                            writable=carried is not None)
                     scans[name] = scan
                     return scan.sha256
                 except Unreadable:
                     raise
                 except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
                     scans[name] = e
-            if name in JSON_PARTS:
-                digest, kept[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"], MAX_JSON_PART)
+            if name in JSON_PARTS or most is not None:
+                digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, MAX_JSON_PART if most is None else most)
                 return digest
             if name in keep and name in TOKENIZER_FILES:
                 size = manifest["files"][name]["size"]
@@ -362,8 +382,12 @@ def _checked_tensors(ckpt_dir: Path, name: str, entry: dict) -> InMemory:
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
     _check_entry(ckpt_dir, name, entry, sink.at, sink.sha256.hexdigest())
-    try:
-        return in_memory(sink.data, name)
+    return _in_memory(ckpt_dir, sink.data, name)
+
+
+def _in_memory(ckpt_dir: Path, data: bytearray, name: str) -> InMemory:
+    try:  # a bad header: the checkpoint invalid
+        return in_memory(data, name)
     except ValueError as e:
         raise CheckpointInvalid(ckpt_dir, str(e)) from None
 

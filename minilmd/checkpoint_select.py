@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, read_manifest, validate
 from minilmd.checkpoint_contents import reference_pass
@@ -22,6 +22,8 @@ from minilmd.urls import is_url
 
 if TYPE_CHECKING:
     from minilmd.config import RunConfig
+
+T = TypeVar("T")
 
 
 def checkpoint_roots(cfg: RunConfig) -> list[Path]:
@@ -164,10 +166,17 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
     False (a reader such as `minilmd sample RUN_DIR`): nothing is moved, a damaged one of the first root too.
     `reuse`: a validation this process made a moment ago of the same unchanged checkpoint stands (validate_once:
     the supervisor's start looks at scratch's newest twice, at launch and in staging)."""
+    found = first_valid(roots, lambda path: (validate_once if reuse else validate)(path, expected), log, set_aside)
+    return found[0] if found else None
+
+
+def first_valid(roots: Iterable[str | os.PathLike], check: Callable[[Path], T], log: Callable[[str], None] = print,
+                set_aside: bool = True) -> tuple[Path, T] | None:
+    """find_latest's walk, each checkpoint tried by check(path) (which raises as validate does), with what check
+    gave of the one taken: a resume validates and keeps what it loads in one read (checkpoint.validated_for_loading)."""
     for root_index, path in resume_order(roots):
         try:
-            (validate_once if reuse else validate)(path, expected)
-            return path
+            return path, check(path)
         except CheckpointInvalid as e:
             if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
                 continue

@@ -7,8 +7,9 @@ must have exactly the shape the format defines, the tensors tiling the data in o
 
 A loader asks for the bytes too (`keep`): the file is then read whole, once, and scanned and hashed in memory, so
 that what it loads is exactly what was hashed and scanned; reading the path again would load whatever whoever can
-write the file put there since. A resume reads its own files once into a buffer as it hashes them
-(checkpoint.for_loading) and asks in_memory for their layout: the one parser of a header, here.
+write the file put there since. A resume's rank 0 keeps them so, writable (its tensors are views of them:
+checkpoint.validated_for_loading); its other ranks read them once into a buffer as they hash them
+(checkpoint.for_loading); both ask in_memory for their layout: the one parser of a header, here.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def _parse_held(data: bytes | bytearray, name: str) -> tuple[dict, int, dict[str
     return _parse_safetensors_header(first, read, len(data), name)
 
 
-def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int,
+def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes | memoryview], size: int,
                               name: str) -> tuple[dict, int, dict[str, str]]:
     """(tensor entries sorted by offset, data start, the metadata). Raises ValueError naming what is wrong: the
     header is read as untrusted JSON (depth bound, an object), and every entry must be {"dtype", "shape",
@@ -87,7 +88,7 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
     if n > _MAX_HEADER or 8 + n > size:
         raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
     try:
-        header = loads(read(n), expect=dict)
+        header = loads(bytes(read(n)), expect=dict)
     except Unreadable as err:
         raise ValueError(f"{name}: header is not a JSON object ({err.why})") from None
     metadata = header.pop("__metadata__", {})
@@ -126,7 +127,7 @@ def _entry_problem(e: Any) -> str | None:
     return None
 
 
-def _nonfinite_count(buf: bytes, dtype: str) -> int:
+def _nonfinite_count(buf: bytes | memoryview, dtype: str) -> int:
     np_dtype, is_float = _NP_DTYPES[dtype]
     if not is_float:
         return 0
@@ -146,16 +147,20 @@ class Scan(NamedTuple):
     """{name: count of NaN and inf values}, for the tensors that have any."""
     scalars: dict[str, float]
     """{name: value} of the one-element tensors (an optimizer's step)."""
-    data: bytes | None = None
-    """The whole file exactly as hashed and scanned, when asked for (`keep`); else None."""
+    data: bytes | bytearray | None = None
+    """The whole file exactly as hashed and scanned, when asked for (`keep`; a bytearray when `writable`); else
+    None."""
 
 
-def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: bool = False) -> Scan:
+def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: bool = False,
+                     writable: bool = False) -> Scan:
     """One sequential read of a safetensors file (see Scan). `size`: the size its manifest lists, the only size
     read (a file of another size when opened is refused before a byte is read: it was replaced since its size was
     looked at). `keep`: the file's bytes are kept in Scan.data (read whole once, then scanned in memory: no more
-    than `size` when given, the file's own size else). Raises ValueError for a malformed file, its subclass
-    Unreadable for one that is not a regular file, cannot be opened or has not the size listed."""
+    than `size` when given, the file's own size else); `writable`: kept in a bytearray, which a loader makes its
+    tensors over (held_tensors: an optimizer updates its state in place), where bytes is what safetensors' own load
+    takes. Raises ValueError for a malformed file, its subclass Unreadable for one that is not a regular file,
+    cannot be opened or has not the size listed."""
     path = Path(path)
     fd = open_regular(path)  # a checkpoint from elsewhere: no link followed, no FIFO blocked on (Unreadable)
     h = hashlib.sha256()
@@ -167,15 +172,15 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
         if size is not None and have != size:
             raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
         if keep:
-            kept = _read_whole(f, have, path)
-        source: BinaryIO = io.BytesIO(kept) if kept is not None else f  # kept: the file is not read again
+            kept = _read_whole(f, have, path, writable)
+        source: BinaryIO | _Held = _Held(kept) if kept is not None else f  # kept: the file is not read again
 
-        def read(n: int) -> bytes:
+        def read(n: int) -> bytes | memoryview:
             b = source.read(n)
             h.update(b)
             return b
 
-        entries, _, _ = _parse_safetensors_header(read(8), read, have, path.name)
+        entries, _, _ = _parse_safetensors_header(bytes(read(8)), read, have, path.name)
         for key, e in entries.items():
             begin, end = e["data_offsets"]
             itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
@@ -195,13 +200,37 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
     return Scan(h.hexdigest(), shapes, nonfinite, scalars, kept)
 
 
-def _read_whole(f: BinaryIO, size: int, path: Path) -> bytes:
-    """The file's `size` bytes (its size when opened) in one bytes object, held once in memory (the loader
-    deserializes them as they are); one more byte is asked for, so that a file that grew since is refused."""
+def _read_whole(f: io.BufferedIOBase, size: int, path: Path, writable: bool = False) -> bytes | bytearray:
+    """The file's `size` bytes (its size when opened) in one bytes object (a bytearray when `writable`), held once
+    in memory (the loader uses them as they are); one more byte is asked for, so that a file that grew since is
+    refused."""
     try:
-        data = f.read(size + 1)
+        if writable:
+            data: bytes | bytearray = bytearray(size)
+            with memoryview(data) as view:
+                at = 0
+                while at < size and (n := f.readinto(view[at:])):
+                    at += n
+            grown = at == size and f.read(1)
+            got = size + 1 if grown else at
+        else:
+            data = f.read(size + 1)
+            got = len(data)
     except OSError as e:
         raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    if len(data) != size:
+    if got != size:
         raise Unreadable(f"changed while being read ({size_text(size)} when opened)", path, kind="changed")
     return data
+
+
+class _Held:
+    """A file held in memory read in order as a scan reads one, each read a view of it, not a copy (io.BytesIO
+    copies every read, and the whole of a bytearray it is given)."""
+
+    def __init__(self, data: bytes | bytearray):
+        self.view, self.at = memoryview(data), 0
+
+    def read(self, n: int) -> memoryview:
+        chunk = self.view[self.at:self.at + n]
+        self.at += len(chunk)
+        return chunk

@@ -5,14 +5,19 @@ a 123M-parameter model (hidden 768 x 16 layers, vocab 6400: MiniMind's) with its
   cache, shared between the ranks of a node; its pages become the process's own where the optimizer writes them);
 - `bytes`: ef0bd47's (checkpoint.for_loading then): every file read whole into bytes while hashed, model and optimizer
   held at once, then safetensors.torch.load(bytes) making tensors from them (another copy);
-- `now`: this tree's save.load_carrying.
+- `now`: this tree's save.load_carrying (what a rank other than 0 does);
+- `twice` and `once`, a resume's rank 0 with the validation before its load (`--variants twice,once`): `twice` as it
+  was before validated_for_loading, find_latest (every file read, hashed and scanned) then save.load_carrying (every
+  file read and hashed again); `once` as trainer/loop/resume.py does now, find_latest's walk validating with
+  checkpoint.validated_for_loading (each file read once, hashed, scanned, and loaded from those bytes). Their `load
+  s` is the validation and the load.
 A resume here is the load, then what a trainer does with it (Trainer.apply_resume): the weights into its model, the
 state into its AdamW, the load's result dropped, then one optimizer step. Per variant, the median of `--repeats`: the
 load's wall time and the resume's, and the resume's peak host memory above the process's before it (model, AdamW and
 gradients built): peak RSS (VmHWM: anonymous and file-backed pages; ru_maxrss would do, but it is inherited across
 exec from the parent that saved the checkpoint) and the peak of RssAnon sampled every 2 ms (what the kernel cannot
-drop or share: what an OOM kill weighs). Ratios are to `mmap`.
-`.venv/bin/python scripts/resume_load_cost.py [--repeats N] [--dir DIR] [--hidden H --layers L]`
+drop or share: what an OOM kill weighs). Ratios are to the first variant of `--variants` (default mmap,bytes,now).
+`.venv/bin/python scripts/resume_load_cost.py [--repeats N] [--dir DIR] [--hidden H --layers L] [--variants V,V]`
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from pathlib import Path
 
 from minilmd import pychild
 
-VARIANTS = ("mmap", "bytes", "now")
+VARIANTS = ("mmap", "bytes", "now", "twice", "once")
 
 
 def _save(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
@@ -95,6 +100,28 @@ def _load_now(path: Path) -> tuple:
     return ckpt_io.load_carrying(path, {})
 
 
+def _load_twice(path: Path) -> tuple:
+    """A resume's rank 0 before validated_for_loading: find_latest validated, then the load read it all again."""
+    from minilmd.checkpoint_select import find_latest
+    from minilmd.trainer.checkpoint import save as ckpt_io
+    from minilmd.trainer.loop.resume import CARRIED
+
+    assert find_latest([path.parent], None, log=print, set_aside=False) == path
+    return ckpt_io.load_carrying(path, CARRIED)
+
+
+def _load_once(path: Path) -> tuple:
+    """A resume's rank 0 now (trainer/loop/resume.py): the validation's one read is what is loaded."""
+    from minilmd.checkpoint import validated_for_loading
+    from minilmd.checkpoint_select import first_valid
+    from minilmd.trainer.checkpoint import save as ckpt_io
+    from minilmd.trainer.loop.resume import CARRIED
+
+    taken = first_valid([path.parent], lambda p: validated_for_loading(p, None, CARRIED), log=print, set_aside=False)
+    assert taken is not None and taken[0] == path
+    return ckpt_io.loaded(taken[1])
+
+
 def _status(field: str) -> int:
     """A field of /proc/self/status in bytes: VmHWM (this process's peak RSS; unlike ru_maxrss, not inherited across
     exec from the parent that started it), RssAnon (its anonymous pages now)."""
@@ -129,7 +156,8 @@ def one(variant: str, path: Path, hidden: int, layers: int) -> dict:
 
     from minilmd.trainer.checkpoint import save as ckpt_io
 
-    load = {"mmap": _load_mmap, "bytes": _load_bytes, "now": _load_now}[variant]
+    load = {"mmap": _load_mmap, "bytes": _load_bytes, "now": _load_now, "twice": _load_twice,
+            "once": _load_once}[variant]
     model, opt = _trainer(hidden, layers)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -146,7 +174,7 @@ def one(variant: str, path: Path, hidden: int, layers: int) -> dict:
     loaded = load(path)
     load_s = time.perf_counter() - t0
     model.load_state_dict(loaded[0], strict=True)
-    opt.load_state_dict(loaded[1] if variant == "now" else ckpt_io.optimizer_state_of(*loaded[1:]))
+    opt.load_state_dict(ckpt_io.optimizer_state_of(*loaded[1:]) if variant in ("mmap", "bytes") else loaded[1])
     del loaded
     opt.step()
     resume_s = time.perf_counter() - t0
@@ -164,13 +192,13 @@ def _warm(path: Path, names) -> None:
                 pass
 
 
-def measure(work: Path, hidden: int, layers: int, repeats: int) -> None:
+def measure(work: Path, hidden: int, layers: int, repeats: int, variants: tuple[str, ...] = VARIANTS[:3]) -> None:
     path, params = _save(work / "checkpoints", hidden, layers)
     sizes = {f.name: f.stat().st_size for f in path.iterdir()}
     total = sizes["model.safetensors"] + sizes["optimizer.safetensors"]
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     for _ in range(repeats):
-        for variant in VARIANTS:  # interleaved: a load of the machine weighs on every variant alike
+        for variant in variants:  # interleaved: a load of the machine weighs on every variant alike
             _warm(path, sizes)
             argv = pychild.python_argv(str(Path(__file__).resolve()), "--one", variant, str(path),
                                        "--hidden", str(hidden), "--layers", str(layers))
@@ -180,14 +208,16 @@ def measure(work: Path, hidden: int, layers: int, repeats: int) -> None:
     print(f"{params:,} parameters; model {sizes['model.safetensors'] / 1e6:,.0f} MB + optimizer "
           f"{sizes['optimizer.safetensors'] / 1e6:,.0f} MB = {total / 1e6:,.0f} MB (T) in {path}; median of {repeats}")
     keys = ("load_s", "resume_s", "hwm", "anon")
-    ref = {k: med(r[k] for r in runs["mmap"]) for k in keys}
+    first = variants[0]
+    ref = {k: med(r[k] for r in runs[first]) for k in keys}
     print(f"  {'load':<7}{'load s':>8}{'resume s':>10}{'peak RSS MB':>13}{'x T':>6}{'peak anon MB':>14}{'x T':>6}"
-          f"{'resume s/mmap':>15}{'RSS/mmap':>10}{'anon/mmap':>11}")
+          f"{'load s/' + first:>15}{'resume s/' + first:>16}{'RSS/' + first:>11}{'anon/' + first:>12}")
     for variant, rs in runs.items():
         m = {k: med(r[k] for r in rs) for k in keys}
         print(f"  {variant:<7}{m['load_s']:8.2f}{m['resume_s']:10.2f}{m['hwm'] / 1e6:13,.0f}{m['hwm'] / total:6.2f}"
-              f"{m['anon'] / 1e6:14,.0f}{m['anon'] / total:6.2f}{m['resume_s'] / ref['resume_s']:15.2f}"
-              f"{m['hwm'] / max(ref['hwm'], 1):10.2f}{m['anon'] / max(ref['anon'], 1):11.2f}", flush=True)
+              f"{m['anon'] / 1e6:14,.0f}{m['anon'] / total:6.2f}{m['load_s'] / ref['load_s']:15.2f}"
+              f"{m['resume_s'] / ref['resume_s']:16.2f}{m['hwm'] / max(ref['hwm'], 1):11.2f}"
+              f"{m['anon'] / max(ref['anon'], 1):12.2f}", flush=True)
 
 
 def main() -> int:
@@ -199,6 +229,8 @@ def main() -> int:
                         help="where a new directory of the bench's own is made (on disk: a checkpoint's place)")
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--variants", default=",".join(VARIANTS[:3]),
+                        help=f"which loads, comma-separated, the ratios to the first: of {', '.join(VARIANTS)}")
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -206,7 +238,10 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="minilmd-load-cost-", dir=args.dir))  # new, 0700: the bench's own
     try:
-        measure(work, args.hidden, args.layers, args.repeats)
+        variants = tuple(args.variants.split(","))
+        if not variants or not set(variants) <= set(VARIANTS):
+            parser.error(f"--variants: of {', '.join(VARIANTS)}")
+        measure(work, args.hidden, args.layers, args.repeats, variants)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # made above: nothing else
     return 0

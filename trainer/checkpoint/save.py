@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd import procs
-from minilmd.checkpoint import FORMAT, VERSION, for_loading
+from minilmd.checkpoint import FORMAT, VERSION, ForLoading, for_loading
 from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
@@ -265,9 +265,14 @@ def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
     more than MAX_JSON_PART), and what is loaded is made of those very bytes, never from a path read again: the
     tensors are views of the buffers the files were read into (held_tensors), so the load holds the tensors' files
     once, their size, as the tensors themselves would. Raises CheckpointInvalid."""
+    return loaded(for_loading(ckpt_dir, carried), device)
+
+
+def loaded(parts: ForLoading, device: str = "cpu") -> tuple[dict, dict, dict, dict[str, bytes]]:
+    """load_carrying's answer made of a checkpoint's parts as one read checked them (checkpoint.for_loading, or a
+    resume's checkpoint.validated_for_loading): the tensors views of the buffers the files were read into."""
     from minilmd.trainer.checkpoint.held_tensors import tensors_of
 
-    parts = for_loading(ckpt_dir, carried)
     model_state = _on(tensors_of(parts.model), device)
     optimizer_state = optimizer_state_of(_on(tensors_of(parts.optimizer), device), parts.opt_meta)
     return model_state, optimizer_state, parts.state, parts.carried

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from minilmd.checkpoint import CheckpointMismatch, Expectation
+from minilmd.checkpoint import CheckpointMismatch, Expectation, ForLoading, for_loading
 from minilmd.config import ConfigError, RunConfig, stage_defaults
 from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_MAX_BYTES
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -22,19 +22,27 @@ from minilmd.trainer.loop.parts import Found
 
 def resume(cfg: RunConfig, dist: Dist, expectation: Expectation) -> Found | None:
     """The newest valid checkpoint and what it holds, or None: rank 0 finds it (and quarantines bad ones), all ranks
-    load it. Nothing is applied here: the Trainer does that, in one place (Trainer.apply_resume)."""
+    load it. Nothing is applied here: the Trainer does that, in one place (Trainer.apply_resume).
+    Rank 0 loads what its validation read (checkpoint.validated_for_loading): each file read and hashed once, the
+    bytes loaded those verified; the other ranks of its node read and check it themselves (read_checkpoint)."""
+    from minilmd.checkpoint import validated_for_loading
     from minilmd.checkpoint_dirs import clean_stale_tmp
-    from minilmd.checkpoint_select import checkpoint_roots, find_latest
+    from minilmd.checkpoint_select import checkpoint_roots, first_valid
 
     found: list[str | None] = [None]
+    taken = None
     if dist.is_main:
         clean_stale_tmp(cfg.checkpoint_dir)  # debris of a save killed mid-way
-        path = find_latest(checkpoint_roots(cfg), expectation, log=print)
-        found = [str(path) if path else None]
+        taken = first_valid(checkpoint_roots(cfg), lambda path: validated_for_loading(path, expectation, CARRIED),
+                            log=print)
+        found = [str(taken[0]) if taken else None]
     if dist.active:
         torch_dist.broadcast_object_list(found, src=0)
     if found[0] is None:
         return None
+    if taken is not None:
+        parts = taken[1]
+        return multinode.load_checkpoint(taken[0], dist, lambda path: _found(path, parts))
     return multinode.load_checkpoint(Path(found[0]), dist, read_checkpoint)
 
 
@@ -46,7 +54,11 @@ def read_checkpoint(path: Path) -> Found:
     """All a resume takes from a checkpoint (find_latest validated it): the model, optimizer and trainer state, and
     the CARRIED files it lists, each read once and checked against one reading of the manifest, and loaded from
     those bytes (checkpoint.for_loading)."""
-    model_state, optimizer_state, state, carried = ckpt_io.load_carrying(path, CARRIED)
+    return _found(path, for_loading(path, CARRIED))
+
+
+def _found(path: Path, parts: ForLoading) -> Found:
+    model_state, optimizer_state, state, carried = ckpt_io.loaded(parts)
     return Found(path, model_state, optimizer_state, state, carried)
 
 
