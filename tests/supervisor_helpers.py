@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -111,6 +112,18 @@ def transitions(run_dir: Path) -> list[str]:
 
 
 wait_for = wait_until  # the name these tests have always used
+
+
+def remove_while_written(directory: Path, timeout: float = 60) -> None:
+    """A user's `rm -r` of a directory that live processes still write into (the trainer replaces its heartbeat at
+    every step, the supervisor its state.json): one rmtree can meet a file made after it listed the directory
+    (rmdir: ENOTEMPTY; under load it did) or one gone before it got there (ENOENT). Tried again until the directory
+    is gone, as the user would; once it is, their writes by path fail and make nothing again."""
+    def gone() -> bool:
+        shutil.rmtree(directory, ignore_errors=True)
+        return not os.path.lexists(directory)
+
+    wait_until(gone, timeout, f"{directory} to be removed", interval=0.01)
 
 
 def step_of_state(run_dir: Path) -> int:
