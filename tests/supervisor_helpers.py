@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trainer_corpus
 from minilmd import names
+from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.child.process import TRAINER_CMD_ENV
 from minilmd.fsio import atomic_write_json
@@ -74,6 +75,17 @@ def wait_or_kill(proc: subprocess.Popen, timeout: float = 120) -> int:
 
 def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True, **extra_env) -> int:
     return wait_or_kill(start_supervisor(config, tmp / "supervisor.out", fake, **extra_env), timeout)
+
+
+def synced_steps_10_and_20(tmp: Path, corpus: tuple[Path, int], then: int) -> tuple[Path, object, Path]:
+    """A run whose remote holds step 10 and step 20 (two supervised runs of the fake trainer, sync.keep 2): the config
+    that trains it on to step `then`, that config loaded, and the remote."""
+    for steps in (10, 20):
+        config = write_config(tmp, corpus, train={"max_steps": steps})
+        assert run_supervisor(config, tmp) == 0, (tmp / "supervisor.out").read_text()[-3000:]
+    config = write_config(tmp, corpus, train={"max_steps": then})
+    cfg = load_config(config)
+    return config, cfg, Path(cfg.run.remote)
 
 
 def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
