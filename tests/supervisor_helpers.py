@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import trainer_corpus
 from minilmd import names
+from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.child.process import TRAINER_CMD_ENV
 from minilmd.fsio import atomic_write_json
@@ -75,6 +77,17 @@ def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = T
     return wait_or_kill(start_supervisor(config, tmp / "supervisor.out", fake, **extra_env), timeout)
 
 
+def synced_steps_10_and_20(tmp: Path, corpus: tuple[Path, int], then: int) -> tuple[Path, object, Path]:
+    """A run whose remote holds step 10 and step 20 (two supervised runs of the fake trainer, sync.keep 2): the config
+    that trains it on to step `then`, that config loaded, and the remote."""
+    for steps in (10, 20):
+        config = write_config(tmp, corpus, train={"max_steps": steps})
+        assert run_supervisor(config, tmp) == 0, (tmp / "supervisor.out").read_text()[-3000:]
+    config = write_config(tmp, corpus, train={"max_steps": then})
+    cfg = load_config(config)
+    return config, cfg, Path(cfg.run.remote)
+
+
 def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
     """Run the real trainer straight through, without a supervisor or a remote; its last checkpoint, to compare
     a disturbed run's final weights against. In this process (in_process.py): nothing disturbs it, and a new
@@ -111,6 +124,18 @@ def transitions(run_dir: Path) -> list[str]:
 
 
 wait_for = wait_until  # the name these tests have always used
+
+
+def remove_while_written(directory: Path, timeout: float = 60) -> None:
+    """A user's `rm -r` of a directory that live processes still write into (the trainer replaces its heartbeat at
+    every step, the supervisor its state.json): one rmtree can meet a file made after it listed the directory
+    (rmdir: ENOTEMPTY; under load it did) or one gone before it got there (ENOENT). Tried again until the directory
+    is gone, as the user would; once it is, their writes by path fail and make nothing again."""
+    def gone() -> bool:
+        shutil.rmtree(directory, ignore_errors=True)
+        return not os.path.lexists(directory)
+
+    wait_until(gone, timeout, f"{directory} to be removed", interval=0.01)
 
 
 def step_of_state(run_dir: Path) -> int:

@@ -53,6 +53,8 @@ def test_a_registered_faulthandler_dumps_every_thread_and_the_message_counts_the
 def test_a_process_without_the_handler_is_not_sent_sigusr1_and_the_message_says_no_dump(tmp_path):
     child = start(tmp_path, "import time\nprint('READY'.lower(), flush=True)\ntime.sleep(600)\n")
     try:
+        # "ready" is printed just before the sleep: a child preempted between the two (under load) is state R
+        wait_until(lambda: procs.process_state(child.pid) == "S", 30, "the child to sleep", interval=0.02)
         said = dump_stack(child.pid, child.log_path)
         assert said.startswith("no stack dump: it does not catch SIGUSR1 yet")
         assert f"pid {child.pid} state S" in said

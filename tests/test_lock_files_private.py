@@ -107,6 +107,23 @@ def _run_dir(place: Path) -> Path:
     return run_dir
 
 
+def _hand_made_scratch(place: Path) -> tuple[Path, Path]:
+    """run.scratch made by hand (0755, never claimed) and run.dir, in the shared place."""
+    scratch_dir, run_dir = place / "scratch", _run_dir(place)
+    scratch_dir.mkdir(0o755)
+    return scratch_dir, run_dir
+
+
+def _wide_and_held(path: Path, body: bytes = b"") -> Stranger:
+    """A lock file an older minilmd left readable by others (0644, as under run.share "all"), the stranger's process
+    holding an flock on it; end() it when done."""
+    path.write_bytes(body)
+    os.chmod(path, 0o644)
+    stranger = Stranger(path)
+    assert stranger.said == "held"
+    return stranger
+
+
 def test_supervisor_lock_is_private_under_share_all_and_another_user_cannot_hold_it(shared_place):
     run_dir = _run_dir(shared_place)
     with RunLock(run_dir):
@@ -124,12 +141,9 @@ def test_supervisor_lock_is_private_under_share_all_and_another_user_cannot_hold
 def test_an_older_runs_wide_supervisor_lock_held_by_another_user_is_replaced_and_taken(shared_place, capsys):
     run_dir = _run_dir(shared_place)
     lock_path = run_dir / names.LOCK
-    lock_path.write_bytes(b"")
-    os.chmod(lock_path, 0o644)  # as an older minilmd left it under run.share "all"
+    stranger = _wide_and_held(lock_path)
     old = os.lstat(lock_path)
-    stranger = Stranger(lock_path)
     try:
-        assert stranger.said == "held"
         assert lock_holder(run_dir) is None  # no supervisor holds it: status and --check say so
         with RunLock(run_dir) as lock:
             assert lock.held
@@ -153,8 +167,7 @@ def test_a_holder_of_ones_own_uid_still_refuses_the_run_lock(shared_place):
 
 
 def test_trainer_lock_is_private_in_a_hand_made_wide_scratch(shared_place):
-    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
-    place.mkdir(0o755)  # run.scratch made by hand, never claimed (a by-hand trainer's)
+    place, run_dir = _hand_made_scratch(shared_place)  # a by-hand trainer's
     trainer_lock.hold(place, run_dir, supervised=True)
     trainer_lock.release_all()
     stranger = Stranger(place / names.TRAINER_LOCK)
@@ -167,14 +180,10 @@ def test_trainer_lock_is_private_in_a_hand_made_wide_scratch(shared_place):
 
 
 def test_an_older_wide_trainer_lock_held_by_another_user_is_replaced_and_taken(shared_place, capsys):
-    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
-    place.mkdir(0o755)
+    place, run_dir = _hand_made_scratch(shared_place)
     lock_path = place / names.TRAINER_LOCK
-    lock_path.write_bytes(b"")
-    os.chmod(lock_path, 0o644)
-    stranger = Stranger(lock_path)
+    stranger = _wide_and_held(lock_path)
     try:
-        assert stranger.said == "held"
         trainer_lock.hold(place, run_dir, supervised=True)
         assert _mode(lock_path) == 0o600
         dir_fd = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
@@ -189,8 +198,7 @@ def test_an_older_wide_trainer_lock_held_by_another_user_is_replaced_and_taken(s
 
 
 def test_claim_makes_a_hand_made_scratch_private_and_its_marker_unopenable_by_others(shared_place):
-    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
-    place.mkdir(0o755)
+    place, run_dir = _hand_made_scratch(shared_place)
     scratch.claim(place, run_dir, "s", is_default=False)
     stranger = Stranger(place / names.SCRATCH_OWNER)
     try:
@@ -203,15 +211,11 @@ def test_claim_makes_a_hand_made_scratch_private_and_its_marker_unopenable_by_ot
 
 
 def test_an_older_wide_marker_held_by_another_user_is_replaced_with_its_words_and_held(shared_place, capsys):
-    place, run_dir = shared_place / "scratch", _run_dir(shared_place)
-    place.mkdir(0o755)
+    place, run_dir = _hand_made_scratch(shared_place)
     marker = place / names.SCRATCH_OWNER
     body = run_owner.encode(run_owner.record(run_dir.resolve(), "s"))
-    marker.write_bytes(body)
-    os.chmod(marker, 0o644)  # as an older minilmd wrote it under run.share "all", in a scratch made by hand
-    stranger = Stranger(marker)
+    stranger = _wide_and_held(marker, body)  # as an older minilmd wrote it, in a scratch made by hand
     try:
-        assert stranger.said == "held"
         assert scratch_hold.in_use(place) is None  # the launch takes it: --check refuses nothing
         scratch_hold.hold(place)
         assert marker.read_bytes() == body and _mode(marker) == 0o600
@@ -228,10 +232,7 @@ def test_two_of_ours_replacing_a_lock_held_by_a_stranger_leave_one_holder(shared
     from minilmd import lockfile
     run_dir = _run_dir(shared_place)
     lock = run_dir / names.LOCK
-    lock.write_bytes(b"")
-    os.chmod(lock, 0o644)  # an older run's lock, readable by others
-    stranger = Stranger(lock)
-    assert stranger.said == "held"
+    stranger = _wide_and_held(lock)  # an older run's lock
     real, taken_a, dirs = lockfile.strangers, [], [os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY) for _ in "ab"]
 
     def a_takes_meanwhile(fd: int) -> list:
@@ -258,13 +259,9 @@ def test_two_supervisors_replacing_a_marker_held_by_a_stranger_leave_one_holder(
     """review12c F1 for scratch's marker: supervisor A's whole hold runs while B, having found only the stranger on
     the old marker, is about to replace it; before, B renamed its copy over A's and both held the scratch."""
     from minilmd import lockfile
-    place = shared_place / "scratch"
-    place.mkdir(0o755)
+    place, _ = _hand_made_scratch(shared_place)
     marker = place / names.SCRATCH_OWNER
-    marker.write_bytes(b'{"run_dir": "/x"}')
-    os.chmod(marker, 0o644)
-    stranger = Stranger(marker)
-    assert stranger.said == "held"
+    stranger = _wide_and_held(marker, b'{"run_dir": "/x"}')
     real, dir_fd = lockfile.strangers, os.open(place, os.O_RDONLY | os.O_DIRECTORY)
 
     def a_holds_meanwhile(fd: int) -> list:

@@ -7,24 +7,25 @@ stays, and the next start lists again and says which steps are trained again."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from minilmd import names
-from minilmd.config import load_config
 from reliability_helpers import event_texts
-from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    cli,
+    run_supervisor,
+    start_supervisor,
+    state,
+    synced_steps_10_and_20,
+    wait_for,
+    wait_or_kill,
+)
 
 
 @pytest.mark.slow  # three supervised runs of the fake trainer, a stopped start between them
 def test_a_stop_during_the_relist_pushes_nothing_and_the_next_start_says_what_is_trained_again(tmp_path, corpus):
-    for steps in (10, 20):
-        config = write_config(tmp_path, corpus, train={"max_steps": steps})
-        assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
-    config = write_config(tmp_path, corpus, train={"max_steps": 30})
-    cfg = load_config(config)
-    remote = Path(cfg.run.remote)
+    config, cfg, remote = synced_steps_10_and_20(tmp_path, corpus, then=30)
     assert state(cfg.run_dir)["remote_checkpoint"]["step"] == 20
     shutil.rmtree(remote / names.step_name(20))  # removed by hand: the remote lists step 10 only
     shutil.rmtree(cfg.scratch_dir)  # a reboot emptied scratch

@@ -22,7 +22,16 @@ import pytest
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
-from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    cli,
+    run_supervisor,
+    start_supervisor,
+    state,
+    synced_steps_10_and_20,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow  # each test runs supervisors through a FUSE mount
 
@@ -41,6 +50,18 @@ def synced_then_rebooted(tmp_path: Path, corpus, faultfs) -> tuple[Path, object]
     assert state(cfg.run_dir)["remote_checkpoint"]["step"] == 20
     shutil.rmtree(cfg.scratch_dir)
     return config, cfg
+
+
+def synced_10_and_20_then_damaged(tmp_path: Path, corpus, damaged: tuple[str, ...]) -> tuple[Path, object, Path]:
+    """A run whose remote holds step 10 and step 20 (sync.keep 2), the model of each step named in `damaged` cut to
+    half there (real damage: every read the same), its scratch then emptied (a reboot); the config that trains it on
+    to 40, that config loaded, and the remote."""
+    config, cfg, remote = synced_steps_10_and_20(tmp_path, corpus, then=40)
+    for step in damaged:
+        model = remote / step / "model.safetensors"
+        model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    shutil.rmtree(cfg.scratch_dir)
+    return config, cfg, remote
 
 
 def waiting_for_the_remote(cfg) -> str:
@@ -124,17 +145,9 @@ def test_a_damaged_newest_checkpoint_beside_an_older_good_one_resumes_from_the_o
     """The damage is real (model.safetensors cut to half on the remote): read again, it reads the same; it is set
     aside and the run resumes from step 10, the older one that verifies, with a note naming the step state.json
     records synced. No wait: the older one is this run's, and nothing would ever mend the newer."""
-    for steps in (10, 20):  # the remote holds step 10 and step 20 (sync.keep 2)
-        config = write_config(tmp_path, corpus, train={"max_steps": steps})
-        assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
-    config = write_config(tmp_path, corpus, train={"max_steps": 40})
-    cfg = load_config(config)
-    remote = Path(cfg.run.remote)
+    config, cfg, remote = synced_10_and_20_then_damaged(tmp_path, corpus, damaged=("step-00000020",))
     assert sorted(p.name for p in remote.iterdir() if names.is_step_name(p.name)) == ["step-00000010",
                                                                                        "step-00000020"]
-    model = remote / "step-00000020" / "model.safetensors"
-    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
-    shutil.rmtree(cfg.scratch_dir)
     before = attempt_logs(cfg)
     assert run_supervisor(config, tmp_path, timeout=180) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
     resumed = [p for p in attempt_logs(cfg) if p not in before]
@@ -150,16 +163,7 @@ def test_a_remote_that_answers_with_no_checkpoint_that_verifies_is_shown_as_that
     """The wait for a valid remote checkpoint in `minilmd status`: sync `none_valid`, saying how many checkpoints the
     remote had and the step state.json records there. Before, `sync: unavailable (remote unavailable: ...)`, though
     the remote answered every read."""
-    for steps in (10, 20):  # the remote holds step 10 and step 20 (sync.keep 2)
-        config = write_config(tmp_path, corpus, train={"max_steps": steps})
-        assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
-    config = write_config(tmp_path, corpus, train={"max_steps": 40})
-    cfg = load_config(config)
-    remote = Path(cfg.run.remote)
-    for step in ("step-00000010", "step-00000020"):  # both damaged for good: every read the same
-        model = remote / step / "model.safetensors"
-        model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
-    shutil.rmtree(cfg.scratch_dir)
+    config, cfg, remote = synced_10_and_20_then_damaged(tmp_path, corpus, damaged=("step-00000010", "step-00000020"))
     before = attempt_logs(cfg)
     sup = start_supervisor(config, tmp_path / "again.out")
     try:

@@ -14,7 +14,7 @@ from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.metrics import MetricsLog, RunDirGone
 from minilmd.trainer.loop import entry, exits
 from minilmd.trainer.loop.guards import StopFlag
-from supervisor_helpers import start_supervisor, wait_for, wait_or_kill, write_config
+from supervisor_helpers import remove_while_written, start_supervisor, wait_for, wait_or_kill, write_config
 
 
 @pytest.mark.slow  # a real supervisor and the fake trainer
@@ -27,7 +27,7 @@ def test_a_run_dir_removed_mid_run_stops_the_run_with_one_line_and_the_last_sync
         wait_for(lambda: checkpoint_dirs.read_latest(cfg.run.remote) is not None, 120, "a first sync")
         wait_for(lambda: ((beat := read_heartbeat(cfg.run_dir)) is not None and (beat.step or 0) >= 25), 120,
                  "the trainer past step 25")
-        shutil.rmtree(cfg.run_dir)
+        remove_while_written(cfg.run_dir)  # the trainer's heartbeat and the supervisor's state.json go on
         rc = wait_or_kill(sup, 120)
     finally:
         if sup.poll() is None:
@@ -88,9 +88,7 @@ def test_a_run_dir_removed_under_the_real_trainer_loses_no_step_past_the_save_it
         wait_for(lambda: ((beat := read_heartbeat(cfg.run_dir)) is not None and (beat.step or 0) >= 3), 600,
                  "three steps")
         before = read_heartbeat(cfg.run_dir).step
-        # as `rm -rf` does it, again while the live trainer's writes put a file back in between (ENOTEMPTY)
-        wait_for(lambda: shutil.rmtree(cfg.run_dir, ignore_errors=True) or not cfg.run_dir.exists(), 60,
-                 "run.dir removed")
+        remove_while_written(cfg.run_dir)
         rc = wait_or_kill(sup, 600)
     finally:
         if sup.poll() is None:
