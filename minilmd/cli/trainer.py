@@ -227,6 +227,7 @@ def export(
             )
             from minilmd.trainer.model.tokenizer_files import find_chat_config
 
+            _say_whose(checkpoint)  # another user's place: said; a copy of his claiming your run: refused
             if format == "minimind":
                 path, checked = write_minimind(checkpoint, out, merge, group_share, force)
                 try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
@@ -262,3 +263,18 @@ def export(
             failed = not_read(checkpoint, e)  # its run.remote chmod 700 by the directory's owner: EACCES
             typer.echo(f"minilmd export: {failed}", err=True)
             raise typer.Exit(failed.exit_status) from None
+
+
+def _say_whose(checkpoint: str) -> None:
+    """The checkpoint `export` takes, judged by minilmd/source_owner.py: another user's, or below a directory
+    another user owns or can rearrange, said on stderr; another user's copy naming one of your run directories
+    refused (ExportError). The same rule init.from's checkpoint is said and refused by."""
+    from minilmd.source_owner import named_checkpoint_words
+    from minilmd.trainer.model.export_paths import ExportError
+    from minilmd.trainer.model.export_source import resolve_checkpoint
+
+    note, refused = named_checkpoint_words(resolve_checkpoint(checkpoint), "")
+    if refused:
+        raise ExportError(refused)
+    if note:
+        typer.echo(f"minilmd export: note: {note}", err=True)
