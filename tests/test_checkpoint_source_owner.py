@@ -149,3 +149,5 @@ def test_export_says_a_teammates_checkpoint_and_refuses_his_copy_claiming_your_r
     else:
         assert result.exit_code == 1 and not out.exists(), said
         assert f"{ckpt / names.TRAINER_STATE} belongs to user nobody (uid" in said and CLAIM in said, said
+        sampled = CliRunner().invoke(app, ["sample", str(root), "--prompt", "hi", "--max-new-tokens", "2"])
+        assert sampled.exit_code == 1 and CLAIM in " ".join(sampled.output.split()), sampled.output
