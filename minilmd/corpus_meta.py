@@ -171,12 +171,15 @@ OWNER_LOOKS = 64
 
 def owner_note(prepared: str | None, meta: dict | None = None, key: str = "data.prepared") -> str:
     """One line naming the owner of a local prepared corpus when its directory, its meta.json or a file it lists
-    is not this user's ("data.prepared /x belongs to user mal2 (uid 1002) ..."): another user's corpus is trained
-    on by design (docs/failure-modes.md), but said, by `run --check`, the launch log and `status`, since a corpus in
-    a team directory can be replaced by a teammate. "" when all are this user's or root's (root's files are trusted
-    by every other rule too), for a URL, and for what cannot be looked at (the checks say that). `meta`: meta.json
-    as already read (None: read here)."""
-    from minilmd.perms import owned_by_me, owned_by_me_or_root, owner_in, user_words
+    is not this user's ("data.prepared /x belongs to user mal2 (uid 1002) ..."), or when a directory above it is
+    another user's or can be written by others (minilmd/source_owner.py above_words, the rule init.from's and
+    export's checkpoints are said by too): another user's corpus is trained on by design (docs/failure-modes.md),
+    but said, by `run --check`, the launch log and `status`, since a corpus in a team directory can be replaced by
+    a teammate. "" when all are this user's or root's (root's files are trusted by every other rule too), for a
+    URL, and for what cannot be looked at (the checks say that). `meta`: meta.json as already read (None: read
+    here)."""
+    from minilmd.perms import owned_by_me_or_root, owner_in, user_words
+    from minilmd.source_owner import above_words, whose
     from minilmd.urls import is_url
 
     if not prepared or is_url(prepared):
@@ -199,8 +202,10 @@ def owner_note(prepared: str | None, meta: dict | None = None, key: str = "data.
             continue
         if not owned_by_me_or_root(st) and not owner_in(st, (top.st_uid,)):
             others.setdefault(st.st_uid, rel)
-    if owned_by_me_or_root(top) and not others:  # root's (an admin's shared corpus under /data) is trusted as ours
+    above = above_words(root, {top.st_uid, *others})
+    if owned_by_me_or_root(top) and not others and not above:  # root's (an admin's corpus under /data): as ours
         return ""
-    said = [f"{key} {prepared} " + ("is yours" if owned_by_me(top) else f"belongs to {user_words(top.st_uid)}")]
+    said = [f"{key} {prepared} {whose(top)}"]
     said += [f"its {rel} belongs to {user_words(uid)}" for uid, rel in others.items()]
-    return ", ".join(said) + ": trained on as it is (another user's corpus is allowed); check it is the one you mean"
+    return ", ".join(said + above) + ": trained on as it is (another user's corpus is allowed); check it is the " \
+                                     "one you mean"

@@ -53,6 +53,7 @@ from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.run_states import Phase
 from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
 from minilmd.shared_place import Place, look
+from minilmd.source_owner import claim_checked
 from minilmd.untrusted import file_kind, loads, printable, read_json
 from minilmd.urls import is_url
 
@@ -257,7 +258,7 @@ def resolve(spec: str, checkpoint: str = "best") -> InitSource:
     when it has one (early_stop's lowest val loss), else its LATEST; "last" takes its LATEST. A pointer file
     (ROOT/BEST, ROOT/LATEST) is taken as the step directory it names."""
     try:
-        return _resolve(spec, checkpoint)
+        return claim_checked(_resolve(spec, checkpoint))  # a copy in another user's place claiming your run: refused
     except OSError as e:
         raise _unreadable(e) from None
 

@@ -21,6 +21,7 @@ from minilmd.init_pth import pth_note
 from minilmd.init_source import InitSource, predecessor, resolve, source_state
 from minilmd.names import TOKENIZER_CONFIG, is_step_name
 from minilmd.probes import has_checkpoint
+from minilmd.source_owner import checkpoint_note
 from minilmd.untrusted import printable
 from minilmd.urls import is_url
 
@@ -137,9 +138,11 @@ def dpo_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[
 
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
     """What init.from's checkpoint says the run may not mean (none once the run has a checkpoint of its own: it
-    never reads init.from again): a checkpoint root of a run that has not finished (unfinished_source), a model
-    trained on text before DPO, a tokenizer or chat template other than the corpus's (minilmd/init_tokenizer.py
-    notes: where another tokenizer cannot be proven; where it can, _check_init refuses it)."""
+    never reads init.from again): a checkpoint of another user's or below a directory another user owns or can
+    rearrange (source_owner.checkpoint_note), a checkpoint root of a run that has not finished (unfinished_source),
+    a model trained on text before DPO, a tokenizer or chat template other than the corpus's
+    (minilmd/init_tokenizer.py notes: where another tokenizer cannot be proven; where it can, _check_init refuses
+    it)."""
     spec = cfg.init.from_
     if has_checkpoint(cfg):
         return []
@@ -149,10 +152,12 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         state = source_state(source) if source.kind == "checkpoint" else None
     except (ValueError, OSError):  # InitSourceError, Unreadable: said by the checks, as a problem or a wait
         return []
+    owner = checkpoint_note(f"init.from = {spec!r}", source.path)  # another user's place: said, not refused
+    notes = [owner] if owner else []
     if state is None:  # a .pth records nothing of how it was trained; its shapes, where not read here, are noted
         note = pth_note(source, cfg.model_dict()) if source.kind == "minimind" else ""
-        return [f"init.from = {spec!r}: {note}"] if note else []
-    notes = [] if names_a_run or source.pointer is None else unfinished_source(spec, source)
+        return notes + ([f"init.from = {spec!r}: {note}"] if note else [])
+    notes += [] if names_a_run or source.pointer is None else unfinished_source(spec, source)
     if meta is not None and data_format_of(meta) == "dpo" and not os.path.lexists(source.path / TOKENIZER_CONFIG):
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "

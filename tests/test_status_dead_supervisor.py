@@ -5,7 +5,11 @@ killed or crashed)` and `sync: running` together. A sync or staging in progress 
 supervisor that is gone is shown "interrupted" (run_states.shown_state: status, the overview's sync cell and the
 textfile written at exit alike). F5: a finished run's status said `remote: step 4000 (verified)` from its record after
 the remote had lost that step: for a local run.remote status now looks at the remote's LATEST (daemon/views/
-remotenow.py) and says when it names another step.
+remotenow.py) and says when it names another step; a teammate's directory at run.remote's path (hostile audit 11 F3,
+a real second user, nobody, owning it: after `mv vr vr.stolen; mkdir -m777 vr` and a copy of the step there with his
+LATEST, status said `LATEST names it now`; before he wrote one, "`minilmd run` repairs it", though `minilmd run`
+refuses that remote) is said to be not the run's: judged by remote_root's rule against the root the run recorded, its
+LATEST read as a file of the run's user.
 
 Each state.json is real and its supervisor a real process of this test, started and SIGKILLed (its pid and start
 time recorded as a supervisor's are), read by the real `minilmd status` command.
@@ -13,6 +17,7 @@ time recorded as a supervisor's are), read by the real `minilmd status` command.
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import signal
 import socket
@@ -21,14 +26,19 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import prometheus
+from minilmd.daemon.jobs import remote_made, remote_root
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views.overview import _cells
+from minilmd.dirfd import Dir
 from minilmd.fsio import atomic_write_json
 from minilmd.proc_info import process_start_ticks
+from second_user import chown_tree, second_user
 from supervisor_helpers import cli, write_config
 
 
@@ -149,3 +159,56 @@ def test_status_looks_at_the_remotes_latest_of_a_finished_run(tmp_path, corpus):
         in_process()
     shutil.rmtree(remote)
     assert "run.remote is not there now" in in_process()
+
+
+NOT_OURS = "run.remote is not this run's directory now ("
+
+
+def _status_words(run_dir: Path) -> str:
+    out = io.StringIO()
+    assert views.status(run_dir, out=out) == 0
+    return " ".join(out.getvalue().split())
+
+
+def _recorded(run_dir: Path, remote: Path) -> None:
+    """The root recorded as the run's first sync records it (remote_root.remember, in run.dir's record)."""
+    url = load_config(run_dir / names.RUN_CONFIG_COPY).run.remote.rstrip("/")
+    with Dir(os.open(remote, os.O_RDONLY | os.O_DIRECTORY), remote) as held:
+        remote_root.remember(url, held, remote_made.Made(remote_made.run_record(run_dir)))
+
+
+def _his_directory_at(remote: Path, latest: bool) -> None:
+    """The teammate's swap: the run's remote moved away, his own 0777 directory at its name holding a copy of its
+    step 20 (and his LATEST naming it)."""
+    remote.rename(remote.with_name(remote.name + ".stolen"))
+    remote.mkdir(mode=0o777)
+    shutil.copytree(remote.with_name(remote.name + ".stolen") / names.step_name(20), remote / names.step_name(20))
+    if latest:
+        (remote / names.LATEST).write_text(names.step_name(20) + "\n")
+    chown_tree(remote, *second_user())
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("latest", [True, False], ids=["his LATEST", "no LATEST yet"])
+def test_a_teammates_directory_at_run_remote_is_not_vouched_for(tmp_path, corpus, latest):
+    second_user()
+    run_dir, remote = finished_run(tmp_path, corpus)
+    _recorded(run_dir, remote)
+    assert "remote: step 20 (10m ago, verified; LATEST names it now)" in _status_words(run_dir)
+    _his_directory_at(remote, latest)
+    said = _status_words(run_dir)
+    assert f"{NOT_OURS}the directory there is not the one it synced to: it was dev " in said, said
+    assert "LATEST names it now" not in said and "repairs it" not in said, said
+
+
+@pytest.mark.root
+def test_without_a_record_another_users_root_or_latest_is_not_the_runs(tmp_path, corpus):
+    uid, gid = second_user()
+    run_dir, remote = finished_run(tmp_path, corpus)  # an older run: no record of its root
+    os.chown(remote / names.LATEST, uid, gid)  # a LATEST of his in the run's own root
+    said = _status_words(run_dir)
+    assert f"{NOT_OURS}its LATEST belongs to user nobody (uid {uid}))" in said, said
+    _his_directory_at(remote, latest=True)
+    said = _status_words(run_dir)
+    assert f"{NOT_OURS}{remote} belongs to user nobody (uid {uid}))" in said, said
+    assert "LATEST names it now" not in said, said

@@ -6,9 +6,15 @@ root's descriptor, no link followed below it: daemon/jobs/remote_write.py parent
 untrusted, minilmd/untrusted.py) and whether the recorded step's directory is there, in a bounded thread
 (minilmd/bounded.py: a share that stalls leaves it unsaid, as status's other looks at the remote). That is what a
 launch judges a finished run by (daemon/jobs/rundone.py: LATEST naming its last step), so a LATEST that names an
-older step, or none, is repaired by `minilmd run`. A store behind a URL, a run of another host (its paths are that
-host's) or a look that does not answer: the record is said as what it was when it was made ("verified when
-synced"). Torch-free, light imports: the LocalRemote class itself would load numpy (minilmd/checkpoint.py).
+older step, or none, is repaired by `minilmd run`. But only in the run's own directory: the root is judged first by
+the rule the sync judges it by (daemon/jobs/remote_root.py `replaced_words`, against the root the run recorded in its
+run.dir), or, with no record to go by, by its owner (the run's user, root or yours), and LATEST is read as a file of
+the run's user (or of the owner of the very root recorded: a squashing share's); where either fails, status says
+`run.remote is not this run's directory now (...)`, which `minilmd run` refuses too (hostile audit 11 F3: a
+teammate's directory put at run.remote's path was vouched for, `LATEST names it now`, and before he wrote a LATEST,
+`minilmd run` was said to repair it). A store behind a URL, a run of another host (its paths are that host's) or a
+look that does not answer: the record is said as what it was when it was made ("verified when synced"). Torch-free,
+light imports: the LocalRemote class itself would load numpy (minilmd/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.seen import supervisor_seen
 from minilmd.fmt import fmt_duration
 from minilmd.names import LATEST, POINTER_MAX_BYTES, is_step_name, step_name, step_of
+from minilmd.perms import own_uid, owned_by_me_or_root, user_words
 from minilmd.untrusted import Unreadable, printable, read_bytes
 from minilmd.urls import local_remote_root
 
@@ -37,20 +44,31 @@ class RemoteNow:
     """Whether the recorded step's directory is there (a real directory, no link)."""
     root_gone: bool = False
     """The root itself is not there (a share not mounted, removed)."""
+    not_ours: str = ""
+    """Why the directory at run.remote's path is not this run's (another directory than the one it recorded, another
+    user's, a LATEST of another user's); "" when it is, as far as can be told."""
 
 
-def look(root: str, recorded: str) -> RemoteNow:
+def look(root: str, recorded: str, url: str = "", run_dir: str = "") -> RemoteNow:
     """LATEST and the recorded step's directory at the local remote `root`, through its descriptor (remote_write's
-    walk, the sync's reads). Raises OSError when the root cannot be read (then nothing is said)."""
+    walk, the sync's reads), once the root is found the run's (`_not_ours`; `url`: the config's run.remote, `run_dir`:
+    the run's directory, whose record of the root is read). Raises OSError when the root cannot be read (then
+    nothing is said)."""
     from minilmd.daemon.jobs.remote_write import parent_dir
 
     try:
         with parent_dir(root, (LATEST,), lambda *names: "/".join([root, *names])) as at:
+            not_ours, owners = _not_ours(url, run_dir, at)
+            if not_ours:
+                return RemoteNow(None, False, not_ours=not_ours)
             try:
-                latest = read_bytes(LATEST, max_bytes=POINTER_MAX_BYTES, dir_fd=at.fd).decode("utf-8", "replace")
+                latest = read_bytes(LATEST, max_bytes=POINTER_MAX_BYTES, owner=owners, dir_fd=at.fd).decode(
+                    "utf-8", "replace")
             except Unreadable as e:
                 if e.os_error is not None:
                     raise e.os_error from None
+                if e.kind == "owner" and (st := at.lstat(LATEST)) is not None:
+                    return RemoteNow(None, False, not_ours=f"its {LATEST} belongs to {user_words(st.st_uid)}")
                 latest = None
             try:
                 there = stat.S_ISDIR(os.stat(recorded, dir_fd=at.fd, follow_symlinks=False).st_mode)
@@ -59,6 +77,31 @@ def look(root: str, recorded: str) -> RemoteNow:
     except FileNotFoundError:
         return RemoteNow(None, False, root_gone=True)
     return RemoteNow((latest or "").strip() or None, there)
+
+
+def _not_ours(url: str, run_dir: str, at) -> tuple[str, tuple[int, ...]]:
+    """(why the root opened as `at` is not this run's directory, or ""; whose its LATEST may be): by remote_root's rule
+    against the root the run recorded (replaced_words: a share mounted again is the same root); with no record (an
+    older run's, or another user's run, whose record only she reads), by its owner: the run's user, root or yours,
+    as `minilmd run` takes no other user's root. The owner of the very root recorded is the run's too (a squashing
+    share gives the run's files its anonymous user)."""
+    from pathlib import Path
+
+    from minilmd.daemon.base.runstate import state_owners
+    from minilmd.daemon.jobs import remote_made, remote_root
+
+    owners = state_owners(run_dir) if run_dir else (own_uid(),)
+    st = os.fstat(at.fd)
+    if run_dir and url:
+        made = remote_made.Made(remote_made.run_record(Path(run_dir)))
+        if was := remote_root.replaced_words(url, made, at.identity):
+            return f"the directory there is not the one it synced to: it {was}", owners
+        found = remote_root.recorded(url, made)
+        if found is not None and not found.accept:
+            return "", (*owners, st.st_uid)
+    if not owned_by_me_or_root(st, also=owners):
+        return f"{printable(str(at.path))} belongs to {user_words(st.st_uid)}", owners
+    return "", owners
 
 
 def look_now(state: StateJson, remote: str | None, alive: bool) -> RemoteNow | None:
@@ -71,7 +114,8 @@ def look_now(state: StateJson, remote: str | None, alive: bool) -> RemoteNow | N
         return None
     if supervisor_seen(state).elsewhere:  # not checkable from here (daemon/views/seen.py)
         return None
-    answered, found, _ = bounded_probe(look, root, step_name(synced.step))
+    answered, found, _ = bounded_probe(look, root, step_name(synced.step), (remote or "").rstrip("/"),
+                                       state.run_dir)
     return found if answered else None
 
 
@@ -90,6 +134,8 @@ def remote_words(state: StateJson, t: float, alive: bool, now: RemoteNow | None)
     recorded = step_name(synced.step) if synced.step is not None else ""
     if now.root_gone:
         return said + "run.remote is not there now (a share not mounted? removed?)"
+    if now.not_ours:  # `minilmd run` refuses it too: nothing there to repair, nor to vouch for
+        return said + f"run.remote is not this run's directory now ({now.not_ours})"
     if now.latest is None:
         return said + "the remote holds no LATEST now: `minilmd run` repairs it"
     if not is_step_name(now.latest):

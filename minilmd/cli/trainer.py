@@ -110,6 +110,7 @@ def sample(
     from minilmd.trainer.model.generate import sample_text
 
     try:
+        _say_whose(checkpoint, "sample")  # another user's place: said; a copy of his claiming your run: refused
         if chat:
             from minilmd.trainer.model.chat import ChatSession, shown
 
@@ -160,6 +161,7 @@ def chat_command(
     from minilmd.trainer.model.export import ExportError
 
     try:
+        _say_whose(checkpoint, "chat")
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                               seed, lora or None, no_lora)
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
@@ -227,6 +229,7 @@ def export(
             )
             from minilmd.trainer.model.tokenizer_files import find_chat_config
 
+            _say_whose(checkpoint, "export")  # another user's place: said; a copy of his claiming your run: refused
             if format == "minimind":
                 path, checked = write_minimind(checkpoint, out, merge, group_share, force)
                 try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
@@ -262,3 +265,18 @@ def export(
             failed = not_read(checkpoint, e)  # its run.remote chmod 700 by the directory's owner: EACCES
             typer.echo(f"minilmd export: {failed}", err=True)
             raise typer.Exit(failed.exit_status) from None
+
+
+def _say_whose(checkpoint: str, command: str) -> None:
+    """The checkpoint `export`, `sample` or `chat` (`command`) takes, judged by minilmd/source_owner.py: another
+    user's, or below a directory another user owns or can rearrange, said on stderr; another user's copy naming one
+    of your run directories refused (ExportError). The same rule init.from's checkpoint is said and refused by."""
+    from minilmd.source_owner import named_checkpoint_words
+    from minilmd.trainer.model.export_paths import ExportError
+    from minilmd.trainer.model.export_source import resolve_checkpoint
+
+    note, refused = named_checkpoint_words(resolve_checkpoint(checkpoint), "")
+    if refused:
+        raise ExportError(refused)
+    if note:
+        typer.echo(f"minilmd {command}: note: {note}", err=True)
