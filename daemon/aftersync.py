@@ -8,7 +8,8 @@ staging runs (whose fetch brings the kept copy back, or drops it, in its own thr
   runs in a thread of its own (daemon/base/worker.py), never on the loop: run.dir on a share that hangs held the loop
   there (the stop unanswered, only systemd's watchdog noticed). A removal that has not answered is said once and left
   to its thread, no second one begun beside it; one that failed (or returned after a hang) is tried again after
-  RETRY_S; at the run's end, `at_end`, bounded;
+  RETRY_S; at the run's end, `at_end`, bounded (a damaged copy set aside in its quarantine/ too, whatever its step,
+  when the trainer ended done: `finished`);
 - the count of a Slurm job's requeues after a last sync that gave up (daemon/slurm/requeue_bound.py) begins again
   (state.json only: on the loop).
 Torch-free.
@@ -33,8 +34,10 @@ class AfterSync:
     """Made once the previous state.json is adopted (its remote step is the one this start began with)."""
 
     def __init__(self, cfg, state, emit: Callable[..., None], retry_s: float = RETRY_S,
-                 silent_say_s: float = SILENT_SAY_S):
+                 silent_say_s: float = SILENT_SAY_S, finished: Callable[[], bool] = lambda: False):
         self.cfg, self.state, self.emit = cfg, state, emit
+        self.finished = finished
+        """Whether the run's trainer ended done (the supervisor's loop knows): its end removes what is set aside."""
         self.retry_s, self.silent_say_s = retry_s, silent_say_s
         self.seen = self._remote_step()
         self.pending: int | None = None
@@ -97,12 +100,14 @@ class AfterSync:
             self.emit("sync", said)
 
     def at_end(self, remote_step: int | None) -> str:
-        """At the run's end, once its last sync is done: the kept copy removed if run.remote holds its step, within
+        """At the run's end, once its last sync is done: the kept copy removed if run.remote holds its step (and a
+        damaged one set aside, whatever its step, when the trainer ended done: `finished`), within
         the shared-storage probe's bound (minilmd/bounded.py: a share that hangs leaves its thread behind, the run
         ends); not begun while an earlier removal has not returned. What was done, in words ("" when nothing)."""
         where = keptcopy.place(self.cfg)
         self._collect()  # a removal that returned since the last tick: said, not left unsaid
         if self.removing:
             return f"the copy in {where} is left for the next start: removing it has not answered (a stalled share?)"
-        answered, said, why = bounded_probe(keptcopy.drop_if_synced, self.cfg, remote_step, says_why=True)
+        answered, said, why = bounded_probe(keptcopy.drop_if_synced, self.cfg, remote_step, self.finished(),
+                                           says_why=True)
         return said if answered else f"the copy in {where} is not removed now ({why}): at the next start"

@@ -6,10 +6,13 @@ SIGTERM (SIGKILL after the save grace, or at a preempted Slurm job's deadline), 
 for a bounded time, then the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue,
 which the job's end does not wait for: a last sync still copying then is cut, daemon/slurm/lastsynccut.py). A last
 sync that waits (room on the remote, run.remote's owner record) gives the GPU lease back while it waits; in a Slurm
-job the allocation itself stays held, so that wait ends after lastsynccut.FINAL_SYNC_WAIT_S, the run `failed`
-(non-final), never `finished` with its last checkpoint unsynced. At exit,
-whatever phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
-run's files closed and the lock released. Torch-free.
+job the allocation itself stays held, so that wait ends after lastsynccut.FINAL_SYNC_WAIT_S, never `finished` with
+its last checkpoint unsynced: its newest checkpoint is kept in run.dir and the job requeued (`done`, ended
+`requeued`: the requeued job resumes from that copy; a requeue scontrol refuses exits 1, saying to resubmit); where
+Slurm will not requeue the job (Requeue=0), or nothing could be kept off the node's scratch, the run ends `failed`
+(non-final), saying where the checkpoint is; `failed` for good (exit 79) once such requeues in a row are spent
+(daemon/slurm/unsynced_end.py, requeue_bound.py). At exit, whatever phase: a trainer still there is killed, the GPU
+lease released, a final failure's staged inputs given back, the run's files closed and the lock released. Torch-free.
 """
 from __future__ import annotations
 

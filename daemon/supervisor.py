@@ -48,6 +48,7 @@ from minilmd.daemon.base.states import (
     ATTEMPT_PHASES,
     FINAL_PHASES,
     Action,
+    Cause,
     Phase,
     check_start,
     check_transition,
@@ -125,7 +126,8 @@ class Supervisor(Attempt, Ending):
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
-            self.after_sync = AfterSync(self.cfg, self.state, self.events.emit)  # from the adopted remote step
+            self.after_sync = AfterSync(self.cfg, self.state, self.events.emit,  # from the adopted remote step
+                                        finished=lambda: self.loop.last_cause == Cause.DONE)
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
             start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None)

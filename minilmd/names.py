@@ -193,7 +193,8 @@ LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts
 BEST = "BEST"  # the checkpoint of the best validation by early_stop.metric; pruning and retention keep it
 POINTER_MAX_BYTES = 4096
 """The largest LATEST or BEST read, local or on the remote: a checkpoint's name is some 15 bytes."""
-QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
+QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted (but a Slurm
+# job's damaged kept copy in run.dir/unsynced/, by its own record: daemon/jobs/keptremote.py)
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
 REMOTE_OWNER = "owner.json"

@@ -93,3 +93,26 @@ def test_a_job_slurm_will_not_requeue_ends_failed_saying_where_the_kept_checkpoi
     assert (kept / names.step_name(30)).is_dir()
     shown = cli("status", str(config)).stdout
     assert str(kept) in shown and "resubmit" in shown, shown
+
+
+def test_a_damaged_kept_copy_is_not_resumed_from_said_where_it_is_set_aside_and_gone_at_the_runs_end(
+        tmp_path, corpus, faultfs):
+    """Real-fault audit F5: the copy was set aside silently into unsynced/quarantine/ and stayed in run.dir, with
+    unsynced/'s LATEST, after the run finished (tests/test_kept_quarantine.py: the rules one by one)."""
+    config, run_dir, rc = _first_job(tmp_path, corpus, faultfs)
+    kept = run_dir / keptcopy.KEPT_DIR / names.step_name(30)
+    assert rc == 0 and kept.is_dir(), (tmp_path / "first.out").read_text()[-3000:]
+    damaged = kept / "model.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-100] ^= 1  # one bit on the share
+    damaged.write_bytes(bytes(data))
+    shutil.rmtree(tmp_path / "node-tmp")
+    job_line(tmp_path, 1, time.time() + 3600)
+    again = start_supervisor(config, tmp_path / "second.out", **slurm_env(tmp_path, 1))
+    assert wait_or_kill(again, 300) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    assert state(run_dir)["outcome"]["ended"] == "finished" and remote_step(run_dir) == 30
+    [said] = [m for m in event_texts(run_dir, "fetch") if "did not verify: not resumed from" in m]
+    assert f"set aside in {kept.parent / names.QUARANTINE}/{names.step_name(30)}-" in said and "sha256" in said, said
+    removed = [m for m in event_texts(run_dir, "sync") if "removed the damaged copy set aside" in m]
+    assert removed, event_texts(run_dir, "sync")
+    assert not kept.parent.exists(), sorted(p.name for p in kept.parent.rglob("*"))  # nothing left in run.dir

@@ -16,6 +16,11 @@ sync pushes it; once the remote holds that step it is removed (`drop_if_synced`:
 state.json records that step or a newer one synced, and as soon as a sync of the run that resumed from it pushes that
 step or a newer one: daemon/aftersync.py), and `unsynced/` with it once empty (rmdir at run.dir's descriptor, only a
 directory of this user's: nothing else there is ever removed).
+A kept copy that does not verify is not resumed from: the fetch sets it aside into `unsynced/quarantine/`, which the
+start says in one line (where, and why), and its record proves it this run's (daemon/jobs/keptremote.py). It is
+removed as a good copy is, once run.remote holds its step or a newer one, and at the run's end when the trainer
+ended done (whatever its step: nothing resumes from it again), with quarantine/, unsynced/'s LATEST and unsynced/
+itself once nothing else is in them; one the record does not prove this run's is left, and said so at the quarantine.
 Torch-free; the Syncer (numpy) is loaded only when a copy is made or read.
 """
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 from minilmd.bounded import bounded_probe
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.names import KEPT_DIR, LATEST, step_name, step_or_none
+from minilmd.names import KEPT_DIR, LATEST, QUARANTINE, step_name, step_or_none
 
 KEEP_WAIT_S = 600.0
 """How long the copy into run.dir is waited for at the job's end (a checkpoint of a small model: seconds on a
@@ -128,29 +133,60 @@ def _bring_back(cfg, expected: Any) -> str:
         return ""
     from minilmd.checkpoint import CheckpointMismatch
 
+    syncer = _syncer(cfg, expected)
     try:
-        fetched = _syncer(cfg, expected).fetch_latest(cfg.checkpoint_dir)
+        fetched = syncer.fetch_latest(cfg.checkpoint_dir)
     except CheckpointMismatch:
         raise
     except Exception as e:  # noqa: BLE001 - a run.dir that cannot be read now: the remote's is the start then
         return f"step {kept} kept in {place(cfg)} could not be fetched ({e}): not resumed from"
+    aside = "".join(_set_aside_words(one) for one in _kept_remote(syncer).set_aside_here)
     if fetched is None:
-        return f"step {kept} kept in {place(cfg)} did not verify: not resumed from"
+        return f"step {kept} kept in {place(cfg)} did not verify: not resumed from{aside}"
     return (f"resuming from step {step_or_none(fetched.name)}, which an earlier job's last sync could not put on "
-            f"run.remote, kept in {place(cfg)}: the sync pushes it")
+            f"run.remote, kept in {place(cfg)}: the sync pushes it{aside}")
 
 
-def drop_if_synced(cfg, remote_step: int | None) -> str:
+def _set_aside_words(one) -> str:
+    """One copy the fetch set aside (keptremote.SetAside), said where it is, why, and whether it is removed later."""
+    later = f"left there for good: {one.left}" if one.left else \
+        "removed once run.remote holds its step or a newer one, or when the run is done"
+    return f"; set aside in {one.where} ({one.reason}): {later}"
+
+
+def drop_if_synced(cfg, remote_step: int | None, done: bool = False) -> str:
     """The kept checkpoint removed once run.remote holds its step or a newer one (only what this run's copy made:
-    Syncer's rule); what was done, in words ("" when nothing)."""
+    Syncer's rule), and a damaged copy set aside in its quarantine/ then too, or whatever its step when `done` (the
+    run's end, the trainer ended done); what was done, in words ("" when nothing)."""
     with ONE_AT_A_TIME:
-        return _drop_if_synced(cfg, remote_step)
+        return _drop_if_synced(cfg, remote_step, done)
 
 
-def _drop_if_synced(cfg, remote_step: int | None) -> str:
-    kept = kept_step(cfg)
-    if kept is None or remote_step is None or remote_step < kept:
+def _drop_if_synced(cfg, remote_step: int | None, done: bool = False) -> str:
+    from minilmd.untrusted import listed
+
+    try:
+        names = listed(place(cfg))
+    except (OSError, ValueError):  # not there (the usual case), or not a directory this reads
         return ""
+    kept = kept_step(cfg)
+    said = []
+    if kept is not None and remote_step is not None and remote_step >= kept:
+        if why := _drop_kept(cfg, kept):
+            return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
+        said.append(f"removed step {kept} kept in {place(cfg)}")
+        kept = None
+    if QUARANTINE in names:
+        said += _drop_set_aside(cfg, remote_step, done, kept)
+    if not said:
+        return ""
+    emptied = f" ({place(cfg)}, empty then, with it)" if _remove_if_empty(cfg) else ""
+    because = [f"run.remote has step {remote_step}"] if remote_step is not None else []
+    return "; ".join(said) + f"{emptied}: " + "; ".join(because + (["the run is done"] if done else []))
+
+
+def _drop_kept(cfg, kept: int) -> str | None:
+    """The kept step and the LATEST naming it removed: why not (None when removed)."""
     remote = _syncer(cfg, None).remote
     try:
         why = remote.rm(step_name(kept))
@@ -158,10 +194,33 @@ def _drop_if_synced(cfg, remote_step: int | None) -> str:
             remote.rm(LATEST, file=True)  # the pointer to it, when it is ours; left otherwise (a few bytes)
     except OSError as e:
         why = str(e)
-    if why:
-        return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
-    emptied = f" ({place(cfg)}, empty then, with it)" if _remove_if_empty(cfg) else ""
-    return f"removed step {kept} kept in {place(cfg)}{emptied}: run.remote has step {remote_step}"
+    return why
+
+
+def _drop_set_aside(cfg, remote_step: int | None, done: bool, kept: int | None) -> list[str]:
+    """The damaged copies set aside in quarantine/ that the record proves this run's, removed when due (the run
+    done, or run.remote holding their step or a newer one); unsynced/'s LATEST with them when no step is kept."""
+    def due(step: int | None) -> bool:
+        return done or (step is not None and remote_step is not None and remote_step >= step)
+
+    remote = _kept_remote(_syncer(cfg, None))
+    try:
+        removed, left = remote.drop_set_aside(due)
+        if removed and kept is None:
+            remote.rm(LATEST, file=True)  # it named the copy set aside: nothing now
+    except (OSError, ValueError) as e:  # run.dir failing, or refused by the place rule (PlaceRefused) now
+        return [f"the damaged copy set aside in {place(cfg) / QUARANTINE} was not removed ({e})"]
+    said = [f"removed the damaged copy set aside in {', '.join(removed)}"] if removed else []
+    return (said + [", ".join(left)]) if left else said
+
+
+def _kept_remote(syncer):
+    """The KeptSyncer's remote, as the KeptRemote it is (its set-aside record and removal)."""
+    from minilmd.daemon.jobs.keptremote import KeptRemote  # numpy: loaded with the Syncer already
+
+    remote = syncer.remote
+    assert isinstance(remote, KeptRemote)
+    return remote
 
 
 def _remove_if_empty(cfg) -> bool:

@@ -6,12 +6,19 @@
   removed while the run ran (exit 73, final: daemon/phases/rundirwatch.py) was made again by the copy, and the job
   requeued into it (review12b F2). Here only `unsynced` is made, in run.dir opened by the place rule's checked
   walk (dirfd.Dir.open: nothing made on the way), and a run.dir that is not there fails the copy.
+A kept copy that does not verify when it is fetched back is set aside into `unsynced/quarantine/` as any local
+remote's, and recorded in this root's record by its identity (under QUARANTINE: a rename keeps the inode) when it is
+proven this run's as a removal proves a step (its manifest names its step): that record alone lets
+`drop_set_aside` remove it later (daemon/jobs/keptcopy.py says when); what the record does not prove stays.
 Loads numpy (the Syncer): imported only when a checkpoint is copied, fetched back or removed.
 """
 from __future__ import annotations
 
 import errno
 import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.daemon.jobs import remote_made
@@ -19,7 +26,23 @@ from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
-from minilmd.names import KEPT_DIR, host_tag, pointer_tmp_tag
+from minilmd.names import KEPT_DIR, QUARANTINE, host_tag, pointer_tmp_tag, step_or_none
+from minilmd.perms import owned_by_me
+from minilmd.untrusted import listed
+
+
+@dataclass
+class SetAside:
+    """A kept copy set aside into quarantine/: where, why, and why it is left for good ("": recorded, removed later)."""
+
+    where: str
+    reason: str
+    left: str = ""
+
+
+def set_aside_step(name: str) -> int | None:
+    """The step of a directory set aside into quarantine/ (`step-00000300-20261206T154615[-2]`), None for others."""
+    return step_or_none("-".join(name.split("-")[:2]))
 
 
 class KeptRemote(LocalRemote):
@@ -29,6 +52,8 @@ class KeptRemote(LocalRemote):
         super().__init__(str(run_dir / KEPT_DIR), tmp_tag)
         self.run_dir = run_dir
         self.made = remote_made.kept_record(run_dir)
+        self.set_aside_here: list[SetAside] = []
+        """What this remote's fetches set aside, for keptcopy to say in one line."""
 
     def _make_root(self) -> None:
         """`unsynced` made (mkdirat) in run.dir opened by its checked walk, when nothing stands at its name (what
@@ -45,6 +70,60 @@ class KeptRemote(LocalRemote):
                     run_dir.make_dir(KEPT_DIR)  # as the remote's own walk made it: 0o777 less the umask
                 except FileExistsError:
                     pass  # made meanwhile: judged as it is by `_root`
+
+    def set_aside(self, name: str, reason: str) -> str | None:
+        """`name` set aside into quarantine/ (LocalRemote's), recorded as this run's when its manifest names its
+        step (remote_made.why_kept's proof of a step, looked at before the move; the move keeps the identity judged
+        then, or refuses)."""
+        root = self._root()
+        st = root.lstat(name)
+        left = "not there" if st is None else remote_made.why_kept(root, name, st, self.made) or ""
+        dest = super().set_aside(name, reason)
+        assert dest is not None  # a local remote renames: set aside, or NotOurs raised
+        if not left and st is not None:
+            left = self._record_set_aside(root, dest.rsplit("/", 1)[-1], (st.st_dev, st.st_ino))
+        self.set_aside_here.append(SetAside(dest, reason.removeprefix("fetch: "), left))
+        return dest
+
+    def _record_set_aside(self, root: Dir, name: str, identity: tuple[int, int]) -> str:
+        """quarantine/`name` recorded when it is still the directory judged: why not ("" when recorded)."""
+        try:
+            with Dir.at(root, QUARANTINE) as into:
+                if into.identity_of(name) != identity:
+                    return "a directory moved there while it was set aside"
+            self.made.record(QUARANTINE, identity)
+        except OSError as e:  # run.dir full or failing: never removed then, by no proof
+            return f"its record in {self.made.where()} was not written ({e.strerror or e})"
+        return ""
+
+    def drop_set_aside(self, due: Callable[[int | None], bool]) -> tuple[list[str], list[str]]:
+        """Each directory in quarantine/ this root's record proves this run set aside, removed when `due(its
+        step)` (through descriptors, only while its name leads to the identity recorded); quarantine/ with them
+        once empty (rmdir: a directory of this user's holding nothing). (what was removed, what was left and why),
+        as words; anything the record does not prove is never looked into."""
+        root = self._root()
+        found = root.lstat(QUARANTINE)
+        if found is None or not stat.S_ISDIR(found.st_mode) or not owned_by_me(found):
+            return [], []
+        removed, left = [], []
+        with Dir.at(root, QUARANTINE) as into:
+            if into.identity != (found.st_dev, found.st_ino):
+                return [], []  # swapped since the look: nothing removed
+            for name in listed(into.fd):
+                identity = into.identity_of(name)
+                if identity is None or not self.made.proves(QUARANTINE, identity) or not due(set_aside_step(name)):
+                    continue
+                if into.remove_tree(name, identity):
+                    self.made.forget(QUARANTINE, identity)
+                    removed.append(self.show(QUARANTINE, name))
+                else:
+                    left.append(f"{self.show(QUARANTINE, name)} (not removed whole: left)")
+        if removed:
+            try:
+                root.remove_dir(QUARANTINE)  # ENOTEMPTY while anything is left in it: then it stays
+            except OSError:
+                pass
+        return removed, left
 
 
 class KeptSyncer(Syncer):

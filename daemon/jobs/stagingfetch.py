@@ -120,8 +120,9 @@ class StagingFetch:
         self.fetch_started, self.fetched_why, self.unlooked, self.set_aside, self.fetch_full = now(), "", "", (), False
         self.none_valid, self.first_listed = False, None
         synced = self.state.remote_checkpoint.step if self.state.remote_checkpoint is not None else None
-        if said := keptcopy.drop_if_synced(self.cfg, synced) or keptcopy.bring_back(self.cfg, expected):
-            self.emit("fetch", said)  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed
+        for said in (keptcopy.drop_if_synced(self.cfg, synced), keptcopy.bring_back(self.cfg, expected)):
+            if said:  # an earlier job's unsynced newest, kept in run.dir: synced since, or resumed (both may be said:
+                self.emit("fetch", said)  # a damaged copy set aside removed, a newer one kept brought back)
         if local_checkpoint_steps(self.cfg.checkpoint_dir):  # the remote's only when scratch is behind it
             try:
                 verdict = scratch_behind.fetch_over_scratch(self._syncer(expected), self.cfg.checkpoint_dir,
