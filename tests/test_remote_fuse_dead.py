@@ -27,6 +27,7 @@ from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteGone, ShareDead
+from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import wait_until
 
@@ -107,3 +108,42 @@ def test_a_root_that_answers_a_stale_handle_is_waited_for_in_its_own_words(tmp_p
         share.remove(rule)
         assert syncer.sync_newest().step == 20
     assert checkpoint_dirs.read_latest(backing / "remote") == "step-00000020"
+
+
+@pytest.mark.slow
+@pytest.mark.fuse
+def test_a_finished_run_whose_fuse_daemon_died_waits_for_the_share_and_ends_done_once_it_is_mounted_again(
+        tmp_path, corpus):
+    """The supervisor and its trainer: the FUSE daemon killed while the run trains, the run finishes, its last sync
+    waits (before: failed after 3 tries, exit 1), and once the share is mounted again the run ends done."""
+    backing, mount_point = faultfs_dirs(tmp_path)
+    remote = mount_point / "remote"
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote)})
+    run_dir, release = tmp_path / "s" / "run", tmp_path / "release"
+    with contextlib.ExitStack() as stack:
+        share = stack.enter_context(mounted_faultfs(backing, mount_point))
+        proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"15:{release}")
+        stack.callback(lambda: proc.poll() is None and (proc.kill(), proc.wait(60)))
+        stack.callback(release.touch)
+        wait_for(lambda: _remote_step(run_dir) == 10 or proc.poll() is not None, timeout=180, what="step 10 synced")
+        share.proc.kill()  # the FUSE daemon dies: its mount answers ENOTCONN to everything
+        share.proc.wait()
+        release.touch()  # steps 20 and 30 saved, the run finishes, its last sync meets the dead share
+        wait_for(lambda: "FUSE daemon is gone" in (state(run_dir).get("reason") or "") or proc.poll() is not None,
+                 timeout=240, what="the last sync to wait for the share")
+        assert proc.poll() is None, f"the run ended (exit {proc.poll()}): {state(run_dir).get('reason')}"
+        assert state(run_dir)["reason"].startswith("final sync waiting: remote unavailable: "), state(run_dir)
+        shown = cli("status", str(config)).stdout
+        assert "stopping" in shown and "the share's FUSE daemon is gone" in shown, shown
+        unmount(mount_point)
+        stack.enter_context(mounted_faultfs(backing, mount_point))  # the share mounted again
+        rc = wait_or_kill(proc, timeout=300)
+        out = (tmp_path / "supervisor.out").read_text()[-3000:]
+        assert rc == 0, out
+        st = state(run_dir)
+        assert st["phase"] == "done" and st["remote_checkpoint"]["step"] == 30, out
+        assert checkpoint_dirs.read_latest(backing / "remote") == "step-00000030"
+
+
+def _remote_step(run_dir: Path) -> int:
+    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
