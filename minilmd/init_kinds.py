@@ -7,6 +7,8 @@ import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minilmd.mounts import DEAD_MOUNT_ERRNOS
+
 
 class InitSourceError(ValueError):
     """init.from cannot be used: missing, not a checkpoint nor a .pth, no LATEST, unreadable."""
@@ -20,10 +22,11 @@ class InitSourceUnreachable(InitSourceError):
 
 
 UNREACHABLE_ERRNOS = frozenset({
-    errno.ENOENT, errno.EIO, errno.ETIMEDOUT, errno.ENOTCONN, errno.ESTALE, errno.EHOSTDOWN, errno.EHOSTUNREACH,
-    errno.ENETDOWN, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN,
-    errno.EINTR, errno.ENOLINK, errno.EREMOTEIO, errno.ENOMEDIUM, errno.EKEYEXPIRED})
-"""The errors of a source that cannot be reached now (the storage, not the source, is at fault). Any other OSError
+    errno.ENOENT, errno.EIO, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ENETDOWN, errno.ENETUNREACH,
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN, errno.EINTR, errno.ENOLINK,
+    errno.EREMOTEIO, errno.ENOMEDIUM, errno.EKEYEXPIRED, *DEAD_MOUNT_ERRNOS})
+"""The errors of a source that cannot be reached now (the storage, not the source, is at fault; a dead mount's,
+mounts.DEAD_MOUNT_ERRNOS, among them: ENOTCONN, ESTALE). Any other OSError
 (permission denied, not a directory, a link loop, a name too long) is of a source there and wrong: final."""
 
 

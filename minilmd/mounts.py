@@ -15,6 +15,7 @@ known, which every caller takes for an unknown file system (never local). Torch-
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ them, never local."""
 KERNEL_TYPES = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
                           "securityfs", "pstore", "bpf", "configfs", "efivarfs", "mqueue", "fusectl"})
 """The kernel's views (of processes, devices, cgroups), no storage: no directory a run writes can be made there."""
+
+DEAD_MOUNT_ERRNOS = {
+    errno.ENOTCONN: "the share's FUSE daemon is gone",
+    errno.ESTALE: "the share's mount holds a stale handle of it, the directory or its export replaced on the server",
+}
+"""The errors of a mount that no access through it gets past until it is mounted again, what each means: a FUSE
+mount whose daemon died answers every access with ENOTCONN; an NFS mount whose handle of a directory its server no
+longer knows answers ESTALE (the kernel looks a path up once more, afresh, before it says so: a path that still
+gets it is the mount's own). The one list of them: a run.remote root that answers one is waited for as a share gone
+(daemon/jobs/sync.py), an init.from that does is unreachable, not wrong (minilmd/init_kinds.py)."""
+
+
+def renumbers_inodes(fstype: str) -> bool:
+    """Whether a file system of that type numbers its inodes anew at each mount: FUSE's (fuse, fuse.*: rclone,
+    sshfs, gcsfuse), whose daemon gives them out as it meets each file; not fuseblk's, a block device's."""
+    return fstype == "fuse" or fstype.startswith("fuse.")
+
 
 LOCAL_DISK, RAM_DISK, NETWORK, UNKNOWN = "local disk", "RAM disk", "network or FUSE", "unknown"
 

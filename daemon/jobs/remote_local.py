@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import fsio, perms
+from minilmd import fsio, mounts, perms
 from minilmd.daemon.jobs import remote_made, remote_root, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
@@ -127,6 +127,16 @@ class LocalRemote(Publishing, Remote):
     def root_identity(self) -> remote_made.Identity:
         """(device, inode) of the root as opened and checked (`_root`)."""
         return self._root().identity
+
+    def dead_mount(self) -> str:
+        """Words for a root whose mount answers no access until it is mounted again (mounts.DEAD_MOUNT_ERRNOS: a FUSE
+        daemon gone, a stale NFS handle), as its stat answers now; "" when it answers, or fails otherwise."""
+        try:
+            os.stat(self.root)
+        except OSError as e:
+            if what := mounts.DEAD_MOUNT_ERRNOS.get(e.errno or 0):
+                return f"run.remote {self.url}: {what} ({e.strerror}): mount it again"
+        return ""
 
     def root_identity_now(self) -> remote_made.Identity | None:
         """(device, inode) of what stands at the root's path now, whatever the place rule says of it (words only:
@@ -415,8 +425,8 @@ class LocalRemote(Publishing, Remote):
         root = self._root()
         st = root.lstat(name)
         why = remote_write.remove_ours(root, name, self.made, file, was, claim)
-        if why is None and st is not None and not file:
-            self.made.forget(was or name, (st.st_dev, st.st_ino))
+        if why is None and st is not None and not file:  # every record of the name: one proven by it after a remount
+            self.made.forget(was or name)  # holds the inode it had before
         return why
 
     def set_aside(self, name: str, reason: str) -> str | None:

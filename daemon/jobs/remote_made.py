@@ -13,7 +13,11 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   so the half copy of a sync the reboot cut is still this run's to remove; the copies into run.dir/unsynced keep
   their own, `kept_record`: a record is of one root). A directory renamed to that name has
   another inode; one this run made, renamed to another of its names, has a record under another name. A record goes
-  before the directory is published under its final name (never again a temporary of this run's);
+  before the directory is published under its final name (never again a temporary of this run's). A FUSE share
+  (the root's record: `mounts.renumbers_inodes`) numbers its inodes anew at each mount: there a checkpoint's copy of
+  this host whose sync is over is proven by its recorded name once its inode is another, unless it holds a manifest
+  of another step (a step renamed to that name says its own; fault audit 11, F4: a remount left the cut sync's half
+  copy for good);
 - a step directory: its manifest, read through the directory opened and checked to be the one judged, names that
   step (a step renamed to another step's name says its own; a directory without one is no sync's on a local
   remote, where copies are renamed into place whole); one a further copy replaced (a stopped DPO reference pass's
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir
 from minilmd.fsio import atomic_write_json, dir_removed, fsync_dir, is_disk_full
+from minilmd.mounts import renumbers_inodes
 from minilmd.names import (
     KEPT_MADE,
     MANIFEST,
@@ -43,10 +48,15 @@ from minilmd.names import (
     REMOTE_MADE,
     REMOTE_MADE_MAX_BYTES,
     REMOTE_MARK,
+    TMP_PREFIX,
+    host_tag,
     is_step_name,
+    remote_tmp_owner,
     step_of,
+    step_or_none,
 )
 from minilmd.perms import own_uid
+from minilmd.proc_info import process_alive
 from minilmd.untrusted import Unreadable, listed, loads, open_regular, read_bytes
 
 SCRATCH_RECORD = ".remote-made.json"
@@ -170,6 +180,10 @@ class Made:
     def proves(self, name: str, identity: Identity) -> bool:
         return (name, *identity) in self._current()
 
+    def recorded(self, name: str) -> bool:
+        """Whether `name` is recorded, with any identity (a FUSE share mounted again numbers its inodes anew)."""
+        return any(n == name for n, _, _ in self._current())
+
     def keep_only(self, names: set[str]) -> None:
         """Records of names no longer on the remote dropped (removed by hand, moved away): never proof of anything
         a later name is given. A record is of one root (`kept_record`): another root's entries would go too."""
@@ -244,8 +258,43 @@ def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = 
         return _step_problem(root, name, identity, step_of(was or name))
     if made.proves(was or name, identity):
         return None
+    if was is None and made.recorded(name) and _renumbered(made):  # a FUSE share mounted again since it was made
+        if (why := _half_copy_problem(root, name, identity)) is None:
+            return None
+        return (f"a directory by a name this run recorded in {made.where()}, not with its inode now (a share that "
+                f"numbers its inodes anew at each mount), and {why}")
     return (f"a directory this run has no record of making there (not in {made.where()}: renamed there by another "
             f"user, or left by a sync before the record)")
+
+
+def _renumbered(made: Made) -> bool:
+    """Whether the root the record names is a share that numbers its inodes anew at each mount (FUSE's: mounted again,
+    this run's own half copy has another inode than the one recorded as it was made): its record's name proves it."""
+    root = made.root() or {}
+    return isinstance(fstype := root.get("fstype"), str) and renumbers_inodes(fstype)
+
+
+def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
+    """None when `name`, recorded by this run on a share that renumbers its inodes, is proven its half copy by what
+    its name and contents say: a checkpoint's temporary copy of this host (`.tmp-step-XXXXXXXX-<host>-<pid>`) whose
+    sync is over (its pid dead, or this process's: no other sync of it runs while one cleans), holding no manifest
+    or one of its step (a step directory of this run's renamed to that name by another user says its own step: left;
+    the owner check is remote_write.not_made_here's, before this). A LoRA base's copy is never proven so."""
+    pid = remote_tmp_owner(name, host_tag())
+    step = step_or_none("-".join(name[len(TMP_PREFIX):].split("-")[:2])) if name.startswith(TMP_PREFIX) else None
+    if pid is None or step is None or (pid != os.getpid() and process_alive(pid)):
+        return "not a checkpoint's copy by a sync of this host that is over"
+    try:
+        with Dir.at(root, name) as opened:
+            if opened.identity != identity:
+                return "a directory moved there while it was looked at: not removed"
+            manifest = loads(read_bytes(MANIFEST, max_bytes=MANIFEST_MAX_BYTES, dir_fd=opened.fd), expect=dict)
+    except Unreadable as e:
+        return None if e.missing else f"its {MANIFEST} cannot be read ({e.why})"
+    except OSError as e:
+        return f"a directory that cannot be looked at ({e.strerror or e})"
+    said = manifest.get("step")
+    return None if said == step else f"its {MANIFEST} says step {said!r}, not {step} (a step renamed there?)"
 
 
 def _step_problem(root: Dir, name: str, identity: Identity, step: int) -> str | None:

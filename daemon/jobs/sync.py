@@ -50,11 +50,13 @@ from minilmd.daemon.jobs.sync_errors import (
     RemoteFull,
     RemoteGone,
     RemoteNotOurs,
+    ShareDead,
     SyncAbandoned,
     SyncError,
     SyncResult,
 )
 from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 - sync.STALE_TMP_SECONDS, as before
+from minilmd.mounts import DEAD_MOUNT_ERRNOS
 from minilmd.names import (
     BEST,
     LATEST,
@@ -158,11 +160,15 @@ class Syncer(CopyUp, Fetcher):
         self.watch.reading(f"looking at {self.remote_url}")
         try:
             return self._sync_newest(started)
-        except SyncError:
+        except (RemoteNotOurs, SyncAbandoned):
             raise
         except remote_root.NotTheRoot as e:  # a share unmounted, the root replaced: waited for, nothing written
             raise RemoteGone(f"remote unavailable: {e}") from e
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
+            if dead := self._dead_mount(e):  # a share that answers nothing until mounted again: waited for
+                raise ShareDead(f"remote unavailable: {dead}") from e
+            if isinstance(e, SyncError):
+                raise
             message = f"sync to {self.remote_url} failed: {error_words(e)}"
             if is_disk_full(e):
                 raise RemoteFull(message, self.remote.free(), self.remote.inodes_if_none_left()) from e
@@ -170,6 +176,18 @@ class Syncer(CopyUp, Fetcher):
         finally:
             self.copying = None
             self.watch.reading("")
+
+    def _dead_mount(self, error: BaseException) -> str:
+        """LocalRemote.dead_mount's words when `error`, or what it came from, is one of mounts.DEAD_MOUNT_ERRNOS
+        and the root itself answers one now (a file's error alone proves nothing of the share); "" otherwise."""
+        cause: BaseException | None = error
+        for _ in range(8):  # a SyncError's cause, its cause's...: a chain of a few, bounded all the same
+            if cause is None:
+                break
+            if isinstance(cause, OSError) and cause.errno in DEAD_MOUNT_ERRNOS:
+                return self._remote.dead_mount() if isinstance(self._remote, LocalRemote) else ""
+            cause = cause.__cause__ or cause.__context__
+        return ""
 
     def _sync_newest(self, started: float) -> SyncResult:
         remote = self.remote

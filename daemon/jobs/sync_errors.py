@@ -34,6 +34,15 @@ class RemoteGone(RemoteNotOurs):
     waits_for = "run.remote is the directory this run synced to again (its share mounted)"
 
 
+class ShareDead(RemoteGone):
+    """run.remote's root answers one of mounts.DEAD_MOUNT_ERRNOS (a FUSE share whose daemon died: ENOTCONN; a stale
+    NFS handle of the mount's: ESTALE): no access gets past it until the share is mounted again, and three tries in
+    three seconds would end the run failed, its last checkpoint only in scratch. Waited for as a share gone."""
+
+    what = "run.remote's share does not answer (its FUSE daemon gone, or a stale handle)"
+    waits_for = "run.remote's share answers again (mounted again)"
+
+
 class SyncAbandoned(SyncError):
     """The supervisor gave up on this sync (a Slurm job's end is near: daemon/slurm/lastsynccut.py): raised at the
     copy's next chunk, whose half copy is then removed as after any failed copy (`_copy_up`)."""
