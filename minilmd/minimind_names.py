@@ -23,7 +23,10 @@ MINIMIND_NAMES: dict[str, MiniMindName] = {
                                               "(0.1, as MiniMind's get_lr)"),
     "epochs": MiniMindName("train.max_epochs", "passes over the prepared train split, fractions allowed; or a "
                                                "budget in steps (train.max_steps) or tokens (train.max_tokens)"),
-    "accumulation_steps": MiniMindName("train.grad_accum", "micro-batches per optimizer step, the same"),
+    "accumulation_steps": MiniMindName("train.grad_accum", "micro-batches per optimizer step; MiniMind's "
+                                                           "train_pretrain.py defaults to 8 (its SFT, LoRA and DPO "
+                                                           "trainers to 1), minilmd to 1 for every stage: "
+                                                           "grad_accum = 8 for MiniMind's pretraining batch"),
     "max_seq_len": MiniMindName("train.seq_len", "tokens per row; the corpus is cut at prepare's --seq-len"),
     "data_path": MiniMindName("data.prepared", "a directory `minilmd prepare FILE.jsonl --out DIR` wrote, not "
                                                "the .jsonl"),
