@@ -266,11 +266,13 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         raise ScratchRootUnknown(e) from None
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
-        for moved in (line for line in said if line.startswith("note: init.from: the run ")):  # its base moved on
+        for moved in (line for line in said if line.startswith("note: init.from")):  # its base moved on, or edited
             print(f"minilmd run: {moved}", flush=True)
         if cleared := stoprequest.clear_at_a_done_start(cfg.run_dir, os.environ):
             print(f"minilmd run: {cleared}", flush=True)
         raise NothingToDo(done)
+    for edited in (line for line in said if line.startswith("note: init.from now names ")):  # not applied: said
+        print(f"minilmd run: {edited}", flush=True)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
     held = claim_scratch(cfg, config_path)

@@ -37,6 +37,8 @@
 set -euo pipefail
 
 usage() { echo "usage: $(basename "$0") [--no-attach] CONFIG [SESSION]" >&2; exit 2; }
+# -h/--help: the comment above, without its `# `, on stdout (what the script does, its environment), exit 0
+show_help() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0; }
 die() { echo "minilmd-tmux: $1" >&2; exit "${2:-1}"; }
 
 tm() {
@@ -48,7 +50,7 @@ args=()
 for arg in "$@"; do
     case "$arg" in
         --no-attach) attach=0 ;;
-        -h|--help) usage ;;
+        -h|--help) show_help ;;
         -*) echo "minilmd-tmux: unknown option $arg" >&2; usage ;;
         *) args+=("$arg") ;;
     esac

@@ -40,7 +40,38 @@ run's scale and dropout. A dpo key is compared only where the checkpoint trained
 where it trained adapters (RELEVANT_WHEN): elsewhere the run never used it."""
 
 RESUME_KEYS = (*STREAM_KEYS, *UPDATE_KEYS)
-"""Every key a resume compares against its checkpoint's recorded config (stream_changes, the one rule)."""
+"""Every key a resume compares against its checkpoint's recorded config (stream_changes, the one rule). Beside
+them train.dtype, compared as what it resolves to (matmul_of): "auto" is fp32 on the CPU as "fp32" is."""
+
+MATMUL = "matmul"
+"""The key trainer_state.json records (trainer/loop/train.py) and stream_record copies: what the checkpoint's
+matrices ran in, "bf16" (autocast) or "fp32", train.dtype resolved on its device."""
+
+
+def matmul_of(setting: Any, on_cuda: bool | None) -> str | None:
+    """What train.dtype `setting` runs the matrices in (the one rule; the trainer's autocast follows it,
+    trainer/loop/step.py): "bf16" for "bf16", "fp32" for "fp32", and "auto" bf16 on CUDA, fp32 on the CPU; None
+    where that cannot be told ("auto" on a device not known yet, a value that is none of these)."""
+    if setting in ("bf16", "fp32"):
+        return setting
+    if setting == "auto" and on_cuda is not None:
+        return "bf16" if on_cuda else "fp32"
+    return None
+
+
+def _on_cuda(cfg: RunConfig) -> bool | None:
+    """Whether the run's trainer runs on CUDA as far as its config tells (train.device "auto": not known here)."""
+    return {"cpu": False, "cuda": True}.get(cfg.train.device)
+
+
+def _dtype_change(cfg: RunConfig, recorded: Any, on_cuda: bool | None) -> list[str]:
+    """`train.dtype = ...` where the matmul dtype the resume runs differs from the one the checkpoint ran
+    (stream_record's MATMUL): every step's rounding changes from the resumed step on."""
+    then = recorded.get(MATMUL) if isinstance(recorded, dict) else None
+    now = matmul_of(cfg.train.dtype, _on_cuda(cfg) if on_cuda is None else on_cuda)
+    if then is None or now is None or then == now:
+        return []
+    return [f"train.dtype = {cfg.train.dtype!r} ({now} matmuls, was {then})"]
 
 def bit_reproducible(on_cpu: bool, deterministic: bool, shape_changes: Sequence[str] = ()) -> bool:
     """Whether a run killed and resumed ends with the weights an undisturbed run would have, bit for bit (the one
@@ -104,17 +135,31 @@ def stream_record(state: Any) -> Any:
     corpus = state.get(CORPUS_SUMMARY)
     return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE),
             DATA_FORMAT: corpus.get("data_format") if isinstance(corpus, dict) else None,
-            TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}, INIT_USED: state.get("init")}
+            TRAINED: {key: state[key] for key in TRAINED_KEYS if key in state}, INIT_USED: state.get("init"),
+            MATMUL: _recorded_matmul(state, config)}
+
+
+def _recorded_matmul(state: dict, config: Any) -> str | None:
+    """What the checkpoint's matrices ran in: its MATMUL record, or (saved before that existed) its train.dtype
+    resolved on the device its "kernels" record names; None where neither tells."""
+    if state.get(MATMUL) in ("bf16", "fp32"):
+        return state[MATMUL]
+    train = config.get("train") if isinstance(config, dict) else None
+    kernels = state.get("kernels")
+    device = kernels.get("device_type") if isinstance(kernels, dict) else None
+    return matmul_of(train.get("dtype") if isinstance(train, dict) else None,
+                     {"cuda": True, "cpu": False}.get(device) if isinstance(device, str) else None)
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
-                   world_size: int | None = None) -> list[str]:
+                   world_size: int | None = None, on_cuda: bool | None = None) -> list[str]:
     """`KEY = now (was then)` for each of RESUME_KEYS whose value in `cfg` (with the supervisor's `overrides`, as
     its trainer runs) differs from `recorded`, a checkpoint's config (stream_record: its trainer_state.json
     "config"); a key `recorded` lacks (saved before it was recorded) is not compared. The keys the `overrides` set
     (the OOM retry's smaller micro-batch) are said in one line, as that retry's (OOM_RETRY). Then the world size:
     `world_size` (the ranks the resume trains on; None: the config's, cfg.world_size, as the supervisor launches)
-    against the one `recorded` holds, when it holds one."""
+    against the one `recorded` holds, when it holds one. And the matmul dtype (_dtype_change): `on_cuda` whether the
+    resume trains on CUDA (None: as train.device tells; "auto" then compares an explicit dtype only)."""
     said: list[str] = []
     retried: list[str] = []
     overrides = overrides or {}
@@ -132,6 +177,7 @@ def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
             (retried if key in overrides else said).append(f"{key} = {now!r} (was {printable(repr(then))})")
     if retried:
         said.append(f"{' and '.join(retried)} {OOM_RETRY}")
+    said += _dtype_change(cfg, recorded, on_cuda)
     then_world = recorded.get(WORLD_SIZE) if isinstance(recorded, dict) else None
     now_world = cfg.world_size if world_size is None else world_size
     if isinstance(then_world, int) and not isinstance(then_world, bool) and then_world != now_world:

@@ -212,7 +212,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
     which wait while a field they derive from is invalid: config_values.machine_checks_wait). Only the values are
     checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
-    problems: list[str] = []
+    problems: list[str] = unexpanded_problems(raw)
     classes = _section_classes()
     cfg = RunConfig(source=source)
     explicit, mistyped = set(), set()
@@ -323,10 +323,32 @@ def absolute_paths(raw: dict[str, Any], base: Path) -> list[str]:
         section, name = key.split(".")
         body = raw.get(section)
         value = body.get(name) if isinstance(body, dict) else None
-        if isinstance(value, str) and value and not is_url(value) and not os.path.isabs(value):
+        if isinstance(value, str) and value and not is_url(value) and not os.path.isabs(value) \
+                and not unexpanded(value):  # refused as it is (unexpanded_problems), not made a place under base
             body[name] = os.path.abspath(os.path.join(base, value))  # type: ignore[index]
             changed.append(key)
     return changed
+
+
+def unexpanded(value: str) -> bool:
+    """A path value a shell would expand and TOML does not: `~/runs`, `$HOME/runs`, `${SCRATCH}/x`."""
+    return value.startswith("~") or "$" in value
+
+
+def unexpanded_problems(raw: dict[str, Any]) -> list[str]:
+    """Each path of PATH_KEYS in `raw` (the file's values and the --sets) holding a `~` or a `$VAR`: taken literally
+    it would be a directory named `~` under the config's (a later `rm -rf ~` to clean it deletes the home)."""
+    problems = []
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        body = raw.get(section)
+        value = body.get(name) if isinstance(body, dict) else None
+        if isinstance(value, str) and not is_url(value) and unexpanded(value):
+            example = os.path.expandvars(os.path.expanduser(value))
+            example = example if os.path.isabs(example) and not unexpanded(example) else "/home/you/..."
+            problems.append(f"{key} = {value!r}: TOML expands neither ~ nor $VAR: write the full path, e.g. "
+                            f"{example}")
+    return problems
 
 
 def named_run_dir(data: bytes, path: str | os.PathLike) -> Path | None:

@@ -1,11 +1,39 @@
 """A finished stage whose init.from run has trained on since: `run --check` and the launch say "run is done" of the
 stage (daemon/jobs/rundone.py), and this note says that its base has moved on, so that re-running a pipeline after
 extending an earlier stage does not leave the later stages silently fine-tunes of the old model (user report 9,
-finding 5). A note only: the stage is what it was, a fine-tune of the step it started from. Torch-free.
+finding 5). A note only: the stage is what it was, a fine-tune of the step it started from. And a run with checkpoints
+whose config's init.from now names another source than the one it started from (an edit, a --set): [init] is
+skipped once a run has checkpoints of its own (docs/training.md), and `names_another` says so at `run --check` and
+the launch rather than resume silently. Torch-free.
 """
 from __future__ import annotations
 
+import os
+
 from minilmd.config import RunConfig
+from minilmd.untrusted import printable
+
+
+def names_another(cfg: RunConfig, init_record, step: int | None) -> str:
+    """"init.from now names X; this run started from Y (step N) and resumes its own checkpoints ..." when the
+    config's init.from differs from what the resumed checkpoint (at `step`) records it started from (its
+    trainer_state "init": "from", the config's value then, and the "step" it took); "" when they agree, when the
+    config names none, or when nothing is resumed."""
+    now = cfg.init.from_
+    if not now or step is None:
+        return ""
+    record = init_record if isinstance(init_record, dict) else {}
+    then, then_step = record.get("from"), record.get("step")
+    if isinstance(then, str) and then and os.path.normpath(then) == os.path.normpath(now):
+        return ""
+    if isinstance(then, str) and then:
+        taken = isinstance(then_step, int) and not isinstance(then_step, bool)
+        started = printable(then) + (f" (step {then_step:,})" if taken else "")
+    else:
+        started = "its own random initialization (no init.from)"
+    return (f"init.from now names {printable(now)}; this run started from {started} and resumes its own "
+            f"checkpoints (step {step:,}): [init] is read only at a run's first start; for a fine-tune of "
+            f"{printable(now)} give it a new run.dir (and run.remote)")
 
 
 def moved_on(cfg: RunConfig, init_record) -> str:

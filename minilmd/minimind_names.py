@@ -23,7 +23,10 @@ MINIMIND_NAMES: dict[str, MiniMindName] = {
                                               "(0.1, as MiniMind's get_lr)"),
     "epochs": MiniMindName("train.max_epochs", "passes over the prepared train split, fractions allowed; or a "
                                                "budget in steps (train.max_steps) or tokens (train.max_tokens)"),
-    "accumulation_steps": MiniMindName("train.grad_accum", "micro-batches per optimizer step, the same"),
+    "accumulation_steps": MiniMindName("train.grad_accum", "micro-batches per optimizer step; MiniMind's "
+                                                           "train_pretrain.py defaults to 8 (its SFT, LoRA and DPO "
+                                                           "trainers to 1), minilmd to 1 for every stage: "
+                                                           "grad_accum = 8 for MiniMind's pretraining batch"),
     "max_seq_len": MiniMindName("train.seq_len", "tokens per row; the corpus is cut at prepare's --seq-len"),
     "data_path": MiniMindName("data.prepared", "a directory `minilmd prepare FILE.jsonl --out DIR` wrote, not "
                                                "the .jsonl"),
@@ -50,6 +53,8 @@ MINIMIND_NAMES: dict[str, MiniMindName] = {
     "save_weight": MiniMindName("", "checkpoints are step directories; `minilmd export --format minimind --out "
                                     "FILE.pth` names the .pth"),
     "num_workers": MiniMindName("", "the prepared corpus is memory-mapped: no loader workers"),
+    "dynamic_pad": MiniMindName("", "minilmd always packs pretraining and length-buckets SFT/DPO: nothing to set"),
+    "length_bucket": MiniMindName("", "minilmd always packs pretraining and length-buckets SFT/DPO: nothing to set"),
 }
 """MiniMind's name -> its minilmd key and how it differs. Names minilmd spells the same (grad_clip, hidden_size)
 are here too: written in another section (`[train] hidden_size`) they are unknown there."""
@@ -122,5 +127,9 @@ def foreign_flag_hint(args: list[str]) -> tuple[str, str] | None:
             return flag, f"{whose} {name}: minilmd has no such key: {found.note}"
         if not eq:
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "VALUE"
+        if name == "data_path":  # a .jsonl is no prepared corpus: --set data.prepared=X.jsonl would be refused
+            return flag, (f"{whose} {name} is a .jsonl; minilmd trains on a prepared corpus: run `minilmd prepare "
+                          f"{value} --out DIR` (with --format chat for SFT data, --format dpo for preference pairs), "
+                          f"then use --set {found.key}=DIR")
         return flag, f"{whose} {name} is {found.key} here: use --set {found.key}={value} ({found.note})"
     return None

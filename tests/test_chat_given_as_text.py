@@ -87,7 +87,7 @@ def test_prepare_of_text_as_chat_says_use_format_text_once_and_lists_the_first_l
     assert said.count(TEXT_ADVICE) == 1 and TEXT_ADVICE == \
         'this looks like a text corpus ({"text": ...} lines): use --format text'
     assert "300 bad lines (text line 300)" in said, said
-    assert f'{src}:1: text line (a "conversations" key expected, found "text": text data)' in said
+    assert f'{src}:1: text line (a "conversations" (or "messages") key expected, found "text": text data)' in said
     assert said.count(f"{src}:") <= 25, said  # the first lines, not all 300
     with pytest.raises(InputError) as e:  # every line skipped: no documents; the advice is the error's
         prepare([str(src)], chat_tokenizer, tmp_path / "out2", data_format="chat", workers=0, on_bad_line="skip",

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from minilmd import names
-from minilmd.config import load_config
+from minilmd.config import load_config, toml_value
 from minilmd.names import FAULT_ENV
 from supervisor_helpers import env_for, events, state, step_of_state, wait_for, wait_or_kill, write_config
 
@@ -89,3 +90,25 @@ def test_a_supervisor_whose_starting_directory_is_removed_relaunches_its_trainer
     assert status == 0, log
     assert [e for e in events(run_dir) if e.get("event") == "child_exit"][0]["cause"] == "crash", log
     assert state(run_dir)["phase"] == "done" and step_of_state(run_dir) == 12
+
+
+@pytest.mark.parametrize("key, value", [("run.dir", "~/runs/pt"), ("run.remote", "~/nfs"),
+                                        ("data.prepared", "$HOME/corpus"), ("init.from", "${WORK}/pt")])
+def test_a_path_with_a_tilde_or_a_variable_is_refused_not_taken_under_the_configs_directory(tmp_path, corpus, key,
+                                                                                            value):
+    """Before: `dir = "~/runs/pt"` was tmp/cfg/~/runs/pt, --check said OK, and `rm -rf ~` to clean it deletes the
+    home. TOML expands neither; refused in the file and in a --set, exit 2 as any config error."""
+    section, name = key.split(".")
+    config = write_config(tmp_path, corpus)
+    raw = tomllib.loads(config.read_text())
+    raw.setdefault(section, {})[name] = value
+    in_file = tmp_path / "in_file.toml"
+    in_file.write_text("".join(f"[{sec}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in body.items())
+                               for sec, body in raw.items()))
+    for args in (["--check", str(in_file)], ["--check", str(config), "--set", f"{key}={value}"]):
+        done = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", *args], capture_output=True, text=True,
+                              env=env_for(), timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"{key} = {value!r}: TOML expands neither ~ nor $VAR: write the full path, e.g. " in done.stderr, \
+            done.stderr
+        assert "OK" not in done.stdout, done.stdout

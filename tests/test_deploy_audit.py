@@ -103,3 +103,15 @@ def test_the_logs_window_follows_the_run_dir_the_supervisor_uses_when_run_dir_is
     assert f"{tmp_path / 'runs'}" not in logs_screen()  # never waited on the shell's directory
     assert not (tmp_path / "runs").exists()  # nothing ran beside the shell's directory
 
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_the_header_on_stdout_and_exits_0(flag):
+    """Before: one usage line on stderr, exit 2, as for a mistake; the header comment says what the launcher does
+    and which environment it reads. No tmux is needed to read it."""
+    out = subprocess.run(["bash", str(LAUNCHER), flag], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("minilmd-tmux.sh - run `minilmd run CONFIG` in a named tmux session"), lines[:3]
+    assert "Usage: minilmd-tmux.sh [--no-attach] CONFIG [SESSION]" in lines and "Environment:" in lines, lines
+    assert not any(line.startswith(("#", "set -")) for line in lines), lines

@@ -63,6 +63,10 @@ def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_give
     assert "unknown key model.seq_lenn: did you mean train.seq_len?" in said, said
     assert "unknown key eval.every: did you mean train.eval_every?" in said, said
     assert not any("staged" in p for p in problems_of({"init": {"stage": "x"}}))  # the supervisor's keys: never
+    said = problems_of({"train": {"dynamic_pad": True, "length_bucket": True}})
+    for key in ("dynamic_pad", "length_bucket"):
+        assert (f"unknown key train.{key}: MiniMind's {key}: minilmd has no such key: minilmd always packs "
+                f"pretraining and length-buckets SFT/DPO: nothing to set") in said, said
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -70,6 +74,15 @@ def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_give
                                            "use --set train.max_epochs=2 ("),
     (["run", "cfg.toml", "--check", "--learning-rate=5e-4"], "use --set train.lr=5e-4 ("),
     (["train", "cfg.toml", "--batch_size", "16"], "use --set train.micro_batch_size=16 ("),
+    (["run", "cfg.toml", "--dynamic_pad", "1"], "no such option --dynamic_pad: MiniMind's dynamic_pad: minilmd has "
+                                                "no such key: minilmd always packs pretraining and length-buckets "
+                                                "SFT/DPO: nothing to set"),
+    (["run", "cfg.toml", "--length_bucket", "1"], "MiniMind's length_bucket: minilmd has no such key: minilmd always "
+                                                  "packs"),
+    (["run", "cfg.toml", "--data_path", "sft.jsonl"], "MiniMind's data_path is a .jsonl; minilmd trains on a prepared "
+                                                      "corpus: run `minilmd prepare sft.jsonl --out DIR` (with "
+                                                      "--format chat for SFT data, --format dpo for "
+                                                      "preference pairs), then use --set data.prepared=DIR"),
 ])
 def test_a_minimind_flag_on_the_command_line_is_given_its_set_override(argv, said, tmp_path):
     """user10 #5: `minilmd run cfg.toml --epochs 2` got typer's bare "No such option: --epochs"."""

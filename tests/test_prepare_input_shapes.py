@@ -67,13 +67,13 @@ def _prepare(fmt: str, sources: list[Path], out: Path, tokenizer: Path, chat_tok
 def test_each_reader_names_the_lines_of_another_format_for_what_they_are():
     assert check_pair(CHAT)[1] == ("chat_line", '"chosen" and "rejected" expected, found "conversations": chat data')
     assert check_pair(TEXT)[1] == ("text_line", '"chosen" and "rejected" expected, found "text": text data')
-    assert check_conversation(PAIR)[1] == ("dpo_line", 'a "conversations" key expected, found "chosen" and '
-                                                       '"rejected": a preference pair')
+    assert check_conversation(PAIR)[1] == ("dpo_line", 'a "conversations" (or "messages") key expected, found '
+                                                       '"chosen" and "rejected": a preference pair')
     assert check_conversation(TEXT)[1][0] == "text_line"
     assert parse_block(json.dumps(PAIR).encode() + b"\n", 1).bad == [
         (1, "dpo_line", 'a "text" key expected, found "chosen" and "rejected": a preference pair')]
     assert check_pair({"chosen": []})[1][0] == "missing_chosen_rejected"  # half a pair: no other format's line
-    assert check_conversation({"messages": []})[1][0] == "missing_conversations"
+    assert check_conversation({"messages": []})[1][0] == "empty_conversation"  # "messages": the list's other name
 
 
 @pytest.mark.parametrize("given, fmt", [("chat", "dpo"), ("dpo", "chat"), ("dpo", "text"), ("text", "dpo")])
@@ -244,3 +244,23 @@ def test_the_first_line_is_judged_in_short_blocks_and_when_longer_than_one(tmp_p
         finally:
             s.close()
         assert s.json_array is one_document, block_bytes
+
+
+def test_openai_style_messages_lines_are_prepared_as_chat(tmp_path, tokenizer, chat_tokenizer):
+    """`prepare` of {"messages": [...]} lines said "use --format chat", and --format chat then refused each line
+    `missing_conversations`, exit 65: "messages" is the list's other name (raw_corpus.CHAT_KEYS)."""
+    lines = [{"messages": line["conversations"]} for line in _lines("chat", 5)]
+    _prepare("chat", [_write(tmp_path / "in.jsonl", lines)], tmp_path / "out", tokenizer, chat_tokenizer)
+    assert open_prepared(tmp_path / "out").train.n_docs == 5
+
+
+def test_sharegpt_and_alpaca_lines_are_refused_naming_their_shape_and_the_conversion():
+    sharegpt = {"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}]}
+    reason, detail = check_conversation(sharegpt)[1]
+    assert detail.startswith("message 0 is ShareGPT-style ('from'/'value'): convert each message to "
+                             '{"role": ..., "content": value}, "from" human -> "user", gpt -> "assistant"'), detail
+    alpaca = {"instruction": "翻译", "input": "hello", "output": "你好"}
+    reason, detail = check_conversation(alpaca)[1]
+    assert reason == "missing_conversations" and detail.startswith(
+        "line is Alpaca-style ('instruction'/'output'): convert each line to {\"conversations\": [{\"role\": "
+        "\"user\", \"content\": instruction"), detail

@@ -101,3 +101,23 @@ def test_a_key_left_to_the_stage_is_no_change_and_a_rate_the_config_sets_anew_is
     was = recorded["train"]["max_steps"]
     assert stream_changes(cfg, recorded) == ["train.lr = 0.003 (was 1e-05)",
                                              f"train.max_steps = {was + 100} (was {was})"]
+
+
+@pytest.mark.slow  # two real supervised runs of a one-layer model
+def test_a_resume_under_another_dtype_is_said_by_the_check_the_trainer_and_status(tmp_path, corpus):
+    """An fp32 CPU run (train.dtype "auto") given dtype = "bf16" at step 4: before, nothing said anywhere, the steps
+    after ran under bf16 autocast and status said `bit-reproducible: yes, on the CPU`."""
+    first = write_config(tmp_path, corpus, name="dt", remote=False, train={"max_steps": 4, "checkpoint_every": 2})
+    assert run_supervisor(first, tmp_path, fake=False, timeout=300) == 0
+    run_dir = load_config(first).run_dir
+    assert "bit-reproducible: yes, on the CPU" in cli("status", str(run_dir)).stdout
+    bf16 = write_config(tmp_path, corpus, name="dt", remote=False,
+                        train={"max_steps": 6, "checkpoint_every": 2, "dtype": "bf16"})
+    said = "train.dtype = 'bf16' (bf16 matmuls, was fp32)"
+    check = cli("run", "--check", str(bf16))
+    assert check.returncode == 0 and said in check.stdout, check.stdout + check.stderr
+    assert run_supervisor(bf16, tmp_path, fake=False, timeout=300) == 0
+    logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("attempt-*.log")))
+    assert "minilmd: note: the resume from step 4 changes" in logs and said in logs, logs
+    line = next(ln for ln in cli("status", str(run_dir)).stdout.splitlines() if "bit-reproducible" in ln)
+    assert line.startswith("  bit-reproducible: no (a resume changed") and "step 4: " in line and said in line, line

@@ -69,3 +69,41 @@ def test_a_key_the_checkpoints_run_never_used_is_no_change():
     assert stream_changes(cfg, recorded) == []
     cfg.override("train.grad_clip", 0.5)  # used by every run
     assert stream_changes(cfg, recorded) == ["train.grad_clip = 0.5 (was 1.0)"]
+
+
+def _state_with_dtype(dtype: str, device_type: str, matmul: str | None) -> dict:
+    """A checkpoint's trainer_state.json of a run with train.dtype `dtype` on `device_type`; `matmul`: its record of
+    the resolved dtype (None: saved before that was recorded)."""
+    state = _checkpoint_state("text", lora_rank=0)
+    state["config"]["train"]["dtype"] = dtype
+    state["kernels"] = {"device_type": device_type}
+    if matmul is not None:
+        state["matmul"] = matmul
+    return state
+
+
+@pytest.mark.parametrize("matmul", ["fp32", None])
+def test_a_resume_that_runs_another_matmul_dtype_is_said_and_not_bit_reproducible(tmp_path, matmul):
+    """An fp32 CPU run (train.dtype "auto") resumed with dtype = "bf16": before, not compared at all."""
+    recorded = stream_record(_state_with_dtype("auto", "cpu", matmul))
+    cfg = RunConfig()
+    assert stream_changes(cfg, recorded, on_cuda=False) == []
+    cfg.override("train.dtype", "fp32")  # "auto" on the CPU is fp32 already: no change
+    assert stream_changes(cfg, recorded, on_cuda=False) == []
+    cfg.override("train.dtype", "bf16")
+    changes = stream_changes(cfg, recorded)  # `run --check`, staging: train.device "auto", an explicit dtype
+    assert changes == ["train.dtype = 'bf16' (bf16 matmuls, was fp32)"]
+    assert stream_changes(cfg, recorded, on_cuda=False) == changes  # the trainer on its device
+    lines = _status_line(tmp_path, [f"step 30: {', '.join(changes)}"])
+    assert len(lines) == 1 and lines[0].startswith("  bit-reproducible: no (") and "train.dtype" in lines[0], lines
+
+
+def test_auto_is_resolved_on_the_device_it_runs_on():
+    """A bf16 GPU checkpoint resumed on the CPU under "auto" runs fp32: said where the device is known."""
+    recorded = stream_record(_state_with_dtype("auto", "cuda", "bf16"))
+    cfg = RunConfig()
+    assert stream_changes(cfg, recorded, on_cuda=True) == []
+    assert stream_changes(cfg, recorded, on_cuda=False) == ["train.dtype = 'auto' (fp32 matmuls, was bf16)"]
+    assert stream_changes(cfg, recorded) == []  # train.device "auto" at --check: not known, not guessed
+    cfg.override("train.device", "cpu")
+    assert stream_changes(cfg, recorded) == ["train.dtype = 'auto' (fp32 matmuls, was bf16)"]

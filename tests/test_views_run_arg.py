@@ -48,6 +48,24 @@ def test_a_file_that_is_no_run_config_is_not_a_run(tmp_path, capsys):
     assert views_stop.stop(bad, out=io.StringIO()) == 2 and views.logs(bad, out=io.StringIO()) == 2
 
 
+def test_the_config_of_a_run_never_started_is_said_to_be_one_with_how_to_start_it(tmp_path, capsys):
+    """Before: `/path/runs/tiny: no such directory`, as if the config were wrong. The exit status stays 2 (docs/
+    operations.md: not a run directory); `logs -f` still waits for that run.dir (the tmux launcher's)."""
+    config = tmp_path / "cfg" / "tiny.toml"
+    config.parent.mkdir()
+    config.write_text(CONFIG)
+    said = (f"run tiny has not started yet (no run.dir at {tmp_path / 'cfg' / 'runs' / 'tiny'}): `minilmd run "
+            f"{config}` starts it")
+    for command in (lambda: views.status(config, out=io.StringIO()), lambda: views_stop.stop(config, out=io.StringIO()),
+                    lambda: views.logs(config, out=io.StringIO())):
+        assert command() == 2
+        err = capsys.readouterr().err
+        assert said in err and "no such directory" not in err, err
+    with pytest.raises(runarg.RunProblem) as e:
+        runarg.open_run(config, "logs")
+    assert e.value.run_dir == tmp_path / "cfg" / "runs" / "tiny"  # what `logs -f` waits for
+
+
 @pytest.mark.root
 def test_another_users_private_run_is_refused_naming_its_owner_exit_1():
     """A run directory of root's, 0700 (run.share "private"), as user nobody sees it: each command names its owner

@@ -113,6 +113,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
         said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {moved}"] if done and (moved := _moved_on(cfg, start)) else []
+        said += [f"note: {other}"] if not refused and (other := _init_names_another(cfg, start)) else []
         said += [f"note: {p}" for p in start.passed_by]
         said += [f"note: {kept}"] if not refused and (kept := _kept_over(cfg, start)) else []
         said += [f"note: {start.unlooked}"] if start.unlooked else []
@@ -217,6 +218,17 @@ def _moved_on(cfg: RunConfig, start: Start) -> str:
     from minilmd.init_moved import moved_on
 
     return moved_on(cfg, start.recorded.get(INIT_USED)) if isinstance(start.recorded, dict) else ""
+
+
+def _init_names_another(cfg: RunConfig, start: Start) -> str:
+    """A run with a checkpoint of its own whose config's init.from names another source than it started from: the
+    edit is not applied (minilmd/init_moved.py names_another)."""
+    from minilmd.batch_stream import INIT_USED
+    from minilmd.init_moved import names_another
+
+    if not start.step or not isinstance(start.recorded, dict):
+        return ""
+    return names_another(cfg, start.recorded.get(INIT_USED), start.step)
 
 
 def _rate_change(cfg: RunConfig, start: Start) -> str:

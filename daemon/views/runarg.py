@@ -236,6 +236,10 @@ def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str, ow
         return _run_dir_despite(path, data, e.problems, command, owners)
     if not config.run.dir:
         raise RunProblem(f"{printable(path)}: a config without run.dir names no run directory", NOT_A_RUN)
+    if not os.path.lexists(config.run_dir):  # the run of a config never launched (not "no such directory")
+        raise RunProblem(f"run {printable(config.run.name)} has not started yet (no run.dir at "
+                         f"{printable(config.run_dir)}): `minilmd run {printable(path)}` starts it", NOT_A_RUN,
+                         config.run_dir)
     return config.run_dir  # absolute: config_from_bytes resolved it against the config's directory, as for `run`
 
 

@@ -2,7 +2,8 @@
 conversations checked line by line, rendered by the tokenizer's own chat template exactly as transformers'
 `apply_chat_template` renders them, and the character spans of the assistant replies that are the targets.
 
-- Input lines: `{"conversations": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}`, with
+- Input lines: `{"conversations": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}` (or
+  `"messages"`, the OpenAI style's name for the list: raw_corpus.CHAT_KEYS), with
   MiniMind's tool-call schema (`tools` on a system message, `tool_calls` on an assistant one, `role: "tool"`
   results: chat_tools.py); a null value is an absent key, and so is an empty string in a tool key
   (chat_tools.without_absent); a null or absent content is "". A line is bad (reason and detail, as jsonl.parse_block
@@ -54,6 +55,7 @@ from minilmd.corpus.chat_tools import (
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.corpus.sources.line_shape import other_format
 from minilmd.protocol import SPECIAL_TOKENS
+from minilmd.raw_corpus import CHAT_KEYS
 
 TEXT_KEYS = ("role", "content", "reasoning_content")
 PLAIN_ROLES = ("system", "user", "assistant")
@@ -83,6 +85,16 @@ class TurnError(ChatError):
 
 
 # --- conversations ---------------------------------------------------------------------------------------------
+SHAREGPT_KEYS = frozenset({"from", "value"})
+SHAREGPT_HOW = ('convert each message to {"role": ..., "content": value}, "from" human -> "user", gpt -> '
+                '"assistant", system -> "system"')
+ALPACA_KEYS = ("instruction", "output")
+ALPACA_HOW = ('convert each line to {"conversations": [{"role": "user", "content": instruction (+ "\\n" + input)}, '
+              '{"role": "assistant", "content": output}]}')
+"""Two other chat shapes a user may have (ShareGPT's messages, Alpaca's lines): a line of either is refused naming
+its shape and the conversion, not as a line missing "conversations" alone."""
+
+
 def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
                        ) -> tuple[list[dict] | None, tuple[str, str] | None]:
     """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
@@ -90,22 +102,29 @@ def check_conversation(obj, tools: bool = True, ignored: list[str] | None = None
     roles and keys of TEXT_KEYS alone (a preference pair's sides). The keys MiniMind trains on but its template
     never renders are dropped, each named in `ignored` (`message 2 (role 'tool') "tool_call_id"`)."""
     ignored = [] if ignored is None else ignored
-    if not isinstance(obj, dict) or "conversations" not in obj:
+    key = next((k for k in CHAT_KEYS if k in obj), None) if isinstance(obj, dict) else None
+    if key is None:
         other = other_format(obj, "chat")  # a text line, a preference pair: --format text, dpo
         if other:
             return None, other
-        what = 'an object without "conversations"' if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+        if isinstance(obj, dict) and all(k in obj for k in ALPACA_KEYS):
+            return None, ("missing_conversations", f"line is Alpaca-style ({'/'.join(map(repr, ALPACA_KEYS))}): "
+                                                   f"{ALPACA_HOW}")
+        what = ('an object without "conversations" or "messages"' if isinstance(obj, dict)
+                else f"a JSON {type(obj).__name__}")
         return None, ("missing_conversations", f"line is {what}")
-    conv = obj["conversations"]
+    conv = obj[key]
     if not isinstance(conv, list):
-        return None, ("conversations_not_list", f'"conversations" is a JSON {type(conv).__name__}')
+        return None, ("conversations_not_list", f'"{key}" is a JSON {type(conv).__name__}')
     if not conv:
-        return None, ("empty_conversation", '"conversations" is an empty list')
+        return None, ("empty_conversation", f'"{key}" is an empty list')
     roles, keys, allowed = _ALLOWED[tools]
     messages = []
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
+        if "role" not in m and SHAREGPT_KEYS <= m.keys():
+            return None, ("unknown_message_key", f"message {i} is ShareGPT-style ('from'/'value'): {SHAREGPT_HOW}")
         m = without_absent(m)  # null, and "" in a tool key: an absent key (HF datasets writes every key of its schema)
         if not m.keys() <= allowed or tools and ("tools" in m or "tool_calls" in m):  # the first test: most lines
             m, bad = schema_keys(i, m, allowed, keys, ignored)

@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
+from minilmd.batch_stream import matmul_of
 from minilmd.plan.sampler_base import Batch, Sampler
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.objective import DeviceBatch, Metrics, Objective
@@ -68,7 +69,7 @@ class StepResult(NamedTuple):
 def matmul_dtype(setting: str, device: torch.device) -> str:
     """"bf16" (autocast) or "fp32" (train.dtype; "auto": bf16 on CUDA): what the matrices run in, and so which peak
     MFU is measured against."""
-    return "bf16" if setting == "bf16" or (setting == "auto" and device.type == "cuda") else "fp32"
+    return matmul_of(setting, device.type == "cuda") or "fp32"  # the rule a resume's dtype change is told by
 
 
 def autocast_for(matmul: str, device: torch.device) -> Callable[[], AbstractContextManager]:

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # imported early: the model uses it
 
-from minilmd.batch_stream import change_note, stream_changes, stream_record
+from minilmd.batch_stream import MATMUL, change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.corpus_meta import CORPUS_SUMMARY, corpus_summary
@@ -178,7 +178,7 @@ class Trainer:
         """What runs the steps once the weights are where the run starts: the attention kernel, the log, the saves,
         the (compiled, DDP) forward and the StepSetup every step of this attempt runs with, the reports."""
         cfg, t, dist = self.cfg, self.cfg.train, self.dist
-        matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
+        matmul = self.matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
         recorded = found.state.get("kernels") if found else None  # a resume keeps the run's attention kernel
         self.kernels = attention_choice.settle(cfg, dist, matmul == "bf16", recorded)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
@@ -222,7 +222,8 @@ class Trainer:
                                                   self.state.trained())
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
         self.stage_defaults = {k: v for k, v in self.stage_defaults.items() if k not in kept}  # not applied now
-        changes = stream_changes(self.cfg, stream_record(found.state), world_size=self.dist.world_size)  # another
+        changes = stream_changes(self.cfg, stream_record(found.state), world_size=self.dist.world_size,
+                                 on_cuda=self.device.type == "cuda")  # another dtype,
         # seq_len, batch, seed, mode, or another number of ranks
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
@@ -267,7 +268,7 @@ class Trainer:
         out = {"epoch": self.epoch_of(self.step), "config": self.cfg.to_dict(),
                "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
                "world_size": self.dist.world_size, "global_batch": self.global_batch, "total_steps": self.total_steps,
-               "kernels": self.kernels, CORPUS_SUMMARY: corpus_summary(self.corpus.meta)}
+               "kernels": self.kernels, MATMUL: self.matmul, CORPUS_SUMMARY: corpus_summary(self.corpus.meta)}
         for part in self.parts():
             out.update(part.state_dict())
         return out

@@ -40,6 +40,7 @@ from minilmd.corpus.sources.local import real_source
 from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
 from minilmd.place_rule import PlaceRefused
+from minilmd.raw_corpus import CHAT_KEYS
 from minilmd.untrusted import Unreadable, read_bytes
 from minilmd.urls import is_url
 
@@ -170,7 +171,7 @@ def line_text(obj) -> str | None:
     text = obj.get("text")
     if isinstance(text, str):
         return text
-    conv = obj.get("conversations")
+    conv = next((obj[key] for key in CHAT_KEYS if key in obj), None)  # "conversations" or "messages"
     if isinstance(conv, list):
         return _contents(conv)
     chosen, rejected = obj.get("chosen"), obj.get("rejected")

@@ -12,11 +12,11 @@ from minilmd.raw_corpus import CHAT_KEYS, DPO_KEYS  # the keys a format is told 
 
 LINE_OF = {"text": "text_line", "chat": "chat_line", "dpo": "dpo_line"}
 """The bad-line reason of a line of that format given to a reader of another."""
-EXPECTED = {"text": 'a "text" key', "chat": 'a "conversations" key', "dpo": '"chosen" and "rejected"'}
+EXPECTED = {"text": 'a "text" key', "chat": 'a "conversations" (or "messages") key', "dpo": '"chosen" and "rejected"'}
 WHAT = {"text": "text data", "chat": "chat data", "dpo": "a preference pair"}
 
 ADVICE = {
-    "chat_line": 'this looks like chat data ({"conversations": [...]} lines): use --format chat',
+    "chat_line": 'this looks like chat data ({"conversations": [...]} or {"messages": [...]} lines): use --format chat',
     "text_line": 'this looks like a text corpus ({"text": ...} lines): use --format text',
     "dpo_line": 'this looks like preference pairs ({"chosen": [...], "rejected": [...]} lines): use --format dpo',
 }
