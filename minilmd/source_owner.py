@@ -1,5 +1,6 @@
 """Whose is what a command loads from a place the user names: one rule for a prepared corpus (data.prepared,
-corpus_meta.owner_note) and a checkpoint (init.from's, export's: checkpoint_note, false_claim).
+corpus_meta.owner_note) and a checkpoint (init.from's, export's: checkpoint_note, false_claim; status's lineage:
+owner_words).
 
 Another user's corpus or checkpoint is loaded by design (a teammate's shared model), but said, with who owns it,
 by `run --check`, the run's start (its log and state.json's notes, which `status` shows) and `export`: the place
@@ -49,6 +50,17 @@ def whose_checkpoint(st: os.stat_result) -> str:
         return (f"{whose(st)}, the share's squash uid (or a user namespace's unmapped owner): who wrote it cannot be "
                 f"told")
     return whose(st)
+
+
+def owner_words(path: str | os.PathLike) -> str:
+    """For a line naming a checkpoint (or .pth) whose trainer_state.json was read as another run's (status's
+    lineage: daemon/phases/initwait.py): "belongs to user X (uid N)" where it is neither yours nor root's; "" otherwise
+    and where it cannot be looked at (a recorded path gone, a NUL in it)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return ""
+    return "" if owned_by_me_or_root(st) else whose(st)
 
 
 def squashed(st: os.stat_result) -> bool:
