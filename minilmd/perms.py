@@ -118,6 +118,27 @@ class LearntOwners(Set[int]):
         return True
 
 
+@functools.lru_cache(maxsize=1)
+def squash_uids() -> frozenset[int]:
+    """The uids that show a file's owner as unknown, never as who wrote it: the one an NFS share squashes to
+    (all_squash: every user's files; root_squash: root's), nobody's and nfsnobody's, and the kernel's overflow uid
+    (/proc/sys/fs/overflowuid: what a user namespace shows for an owner it does not map, on any file system).
+    Cached: these do not change while a command runs. daemon/jobs/remote_write.py squash_uids is an older copy
+    without the overflow uid (its SQUASH_NAMES): it should come to call this one."""
+    found = {65534, 4294967294}  # anonuid's default; 4294967294 on old kernels
+    for name in ("nobody", "nfsnobody"):  # the users NFS maps squashed uids to
+        try:
+            found.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    try:
+        with open("/proc/sys/fs/overflowuid", encoding="ascii") as f:
+            found.add(int(f.read(32).strip()))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)
+
+
 def user_words(uid: int | None) -> str:
     """A uid for a message: "user alice (uid 1000)", "uid 1234" (no such user), "an unknown user" (None). The one
     place a uid is named."""

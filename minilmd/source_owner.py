@@ -1,5 +1,6 @@
 """Whose is what a command loads from a place the user names: one rule for a prepared corpus (data.prepared,
-corpus_meta.owner_note) and a checkpoint (init.from's, export's: checkpoint_note, false_claim).
+corpus_meta.owner_note) and a checkpoint (init.from's, export's: checkpoint_note, false_claim; status's lineage:
+owner_words).
 
 Another user's corpus or checkpoint is loaded by design (a teammate's shared model), but said, with who owns it,
 by `run --check`, the run's start (its log and state.json's notes, which `status` shows) and `export`: the place
@@ -11,7 +12,12 @@ where her own run refused that remote). Such a place is not refused: naming it i
 
 One thing is refused: a checkpoint whose trainer_state.json is another user's file while it names one of your own
 run directories (its config.run.dir, a directory of yours): your run writes its checkpoints as you, so that is a
-copy claiming to be your run's (false_claim). Root's files are trusted here as by every other rule. Torch-free.
+copy claiming to be your run's (false_claim). Root's files are trusted here as by every other rule. But not one owned
+by a squash uid (perms.squash_uids: nobody's 65534, the kernel's overflow uid): a share that squashes every user
+(NFS all_squash; root_squash for a run as root) gives the user's own synced checkpoint that owner, and a user
+namespace shows it for any owner it does not map, so it proves no other user wrote the file: such a claim is
+loaded, and the checkpoint's note says that who wrote it cannot be told (before: the user's own run's checkpoint on
+an all_squash share was refused as another user's copy). Torch-free.
 """
 from __future__ import annotations
 
@@ -20,7 +26,14 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root, owner_in, user_words
+from minilmd.perms import (
+    others_can_rearrange,
+    owned_by_me,
+    owned_by_me_or_root,
+    owner_in,
+    squash_uids,
+    user_words,
+)
 
 MAX_ABOVE_SAID = 4
 """The most directories above a place one note names (a path is a handful deep)."""
@@ -29,6 +42,30 @@ MAX_ABOVE_SAID = 4
 def whose(st: os.stat_result) -> str:
     """"is yours" or "belongs to user X (uid N)"."""
     return "is yours" if owned_by_me(st) else f"belongs to {user_words(st.st_uid)}"
+
+
+def whose_checkpoint(st: os.stat_result) -> str:
+    """whose(), and for a squash uid's file why that names no one (a claim of it is not refused: false_claim)."""
+    if squashed(st):
+        return (f"{whose(st)}, the share's squash uid (or a user namespace's unmapped owner): who wrote it cannot be "
+                f"told")
+    return whose(st)
+
+
+def owner_words(path: str | os.PathLike) -> str:
+    """For a line naming a checkpoint (or .pth) whose trainer_state.json was read as another run's (status's
+    lineage: daemon/phases/initwait.py): "belongs to user X (uid N)" where it is neither yours nor root's; "" otherwise
+    and where it cannot be looked at (a recorded path gone, a NUL in it)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return ""
+    return "" if owned_by_me_or_root(st) else whose(st)
+
+
+def squashed(st: os.stat_result) -> bool:
+    """The file's owner is a squash uid (perms.squash_uids): it says no one in particular wrote it."""
+    return owner_in(st, squash_uids())
 
 
 def above_words(path: str | os.PathLike, named: Collection[int] = ()) -> list[str]:
@@ -66,7 +103,7 @@ def checkpoint_note(key: str, path: str | os.PathLike) -> str:
         top = os.stat(path)
     except OSError:
         return ""
-    said = [] if owned_by_me_or_root(top) else [f"its checkpoint {path} {whose(top)}"]
+    said = [] if owned_by_me_or_root(top) else [f"its checkpoint {path} {whose_checkpoint(top)}"]
     said += above_words(path, {top.st_uid})
     if not said:
         return ""
@@ -77,8 +114,9 @@ def checkpoint_note(key: str, path: str | os.PathLike) -> str:
 
 def false_claim(where, key: str) -> str:
     """Why the checkpoint directory `where` (an init_place Dir, the one resolve judged or export names) must not be
-    loaded: its trainer_state.json is another user's file (not yours, not root's) and names as its run directory one
-    of yours. "" otherwise, and when it cannot be read here (its readers say why)."""
+    loaded: its trainer_state.json is another user's file (not yours, not root's, not a squash uid's: `squashed`, whose
+    writer cannot be told, said by checkpoint_note) and names as its run directory one of yours. "" otherwise, and
+    when it cannot be read here (its readers say why)."""
     from minilmd.names import TRAINER_STATE
     from minilmd.names import TRAINER_STATE_MAX_BYTES as MAX_STATE
     from minilmd.untrusted import loads, open_regular, printable, read_open
@@ -87,7 +125,7 @@ def false_claim(where, key: str) -> str:
         fd = open_regular(TRAINER_STATE, dir_fd=where.fd)
         try:
             st = os.fstat(fd)
-            if owned_by_me_or_root(st):
+            if owned_by_me_or_root(st) or squashed(st):
                 return ""
             state = loads(read_open(fd, where.path / TRAINER_STATE, max_bytes=MAX_STATE))
         finally:

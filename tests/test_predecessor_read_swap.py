@@ -9,7 +9,8 @@ Reproduced on the code before: the run directory was looked at by its descriptor
 between (by whoever can write above it) made this stage wait on that run and start from its checkpoint, or take an
 unfinished predecessor for finished (the third uid's finished state.json read as that directory's owner's). The
 lineage `status` shows and `run --check`'s update share read a trainer_state.json a third uid planted in the
-teammate's checkpoint (no owner checked).
+teammate's checkpoint (no owner checked). The lineage says whose each checkpoint it read is where it is neither
+the caller's nor root's (before: a teammate's shown as if the caller's own).
 """
 from __future__ import annotations
 
@@ -151,7 +152,7 @@ def test_the_lineage_reads_her_checkpoints_trainer_state_not_one_a_third_uid_pla
     step = _her_checkpoint(where, uid, uid if planted_by == "her" else THIRD_UID)
     init = {"kind": "checkpoint", "path": str(step), "step": 5, "manifest_sha256": "ab" * 32}
     run_dir = run_whose_step_1_records(tmp_path, corpus, init, name="mine", remote=False)[1].run_dir
-    hers = f"{step} (step 5, sha256 abababababab)"
+    hers = f"{step} (step 5, sha256 abababababab, belongs to user nobody (uid {uid}))"  # her checkpoint: whose said
     chain = [hers, "/planted.pth (step -, sha256 cdcdcdcdcdcd)"] if planted_by == "her" else [hers]
     assert initwait.lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir) == chain
     assert _lineage_lines(run_dir) == [f"  lineage: {' <- '.join(chain)}"]

@@ -36,6 +36,7 @@ from minilmd.init_source import (
 )
 from minilmd.names import BEST, LATEST, step_name
 from minilmd.probes import bounded_probe
+from minilmd.source_owner import owner_words
 from minilmd.untrusted import clipped
 
 POLL_S = 2.0
@@ -248,7 +249,8 @@ def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = N
     run.remote, once scratch is gone, or not looked in: None): each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read). Each is another
     run's, often another user's: read as init.from's checkpoint is (init_source.source_state: in its directory
-    opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours)."""
+    opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours), and said
+    with its owner where that is neither yours nor root's (source_owner.owner_words: a teammate's checkpoint)."""
     chain: list[str] = []
     found = local_checkpoint_steps(checkpoint_dir) if checkpoint_dir is not None else []  # names only: numpy-free
     path: Path | None = checkpoint_dir / step_name(found[-1]) if checkpoint_dir is not None and found else synced
@@ -261,9 +263,11 @@ def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = N
             break
         sha = init.get("manifest_sha256") or init.get("sha256") or ""
         via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
-        chain.append(f"{clipped(str(init.get('path')), LINEAGE_PATH_SHOWN)} (step "  # each is another user's word
-                     f"{clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]})")
         said_path = init.get("path")  # a checkpoint's word: a path only when it is a string
+        whose = owner_words(said_path) if isinstance(said_path, str) and said_path else ""  # a teammate's: said
+        chain.append(f"{clipped(str(init.get('path')), LINEAGE_PATH_SHOWN)} (step "  # each is another user's word
+                     f"{clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]}"
+                     f"{', ' + whose if whose else ''})")
         path = None
         if init.get("kind") == "checkpoint" and isinstance(said_path, str) and said_path:
             path = Path(said_path)
