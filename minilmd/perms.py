@@ -123,8 +123,8 @@ def squash_uids() -> frozenset[int]:
     """The uids that show a file's owner as unknown, never as who wrote it: the one an NFS share squashes to
     (all_squash: every user's files; root_squash: root's), nobody's and nfsnobody's, and the kernel's overflow uid
     (/proc/sys/fs/overflowuid: what a user namespace shows for an owner it does not map, on any file system).
-    Cached: these do not change while a command runs. daemon/jobs/remote_write.py squash_uids is an older copy
-    without the overflow uid (its SQUASH_NAMES): it should come to call this one."""
+    Cached: these do not change while a command runs. The one list: source_owner's claims and remote_write's
+    learning of a squashing share's owner both ask it."""
     found = {65534, 4294967294}  # anonuid's default; 4294967294 on old kernels
     for name in ("nobody", "nfsnobody"):  # the users NFS maps squashed uids to
         try:

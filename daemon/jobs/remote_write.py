@@ -26,7 +26,6 @@ import contextlib
 import errno
 import os
 import pathlib
-import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +45,7 @@ from minilmd.names import (
     pointer_tmp_tag,
     quarantine_name,
 )
-from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in
+from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in, squash_uids
 from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
 OWN_UIDS = LearntOwners()
@@ -222,18 +221,6 @@ def owner_learnt(root: str, act: Callable[[], Found]) -> Found:
         if not learnt:
             raise
     return act()
-
-
-SQUASH_NAMES = ("nobody", "nfsnobody")
-"""The users NFS maps squashed uids to (anonuid's default 65534; 4294967294 on old kernels)."""
-
-
-def squash_uids() -> set[int]:
-    found = {65534, 4294967294}
-    for name in SQUASH_NAMES:
-        with contextlib.suppress(KeyError):
-            found.add(pwd.getpwnam(name).pw_uid)
-    return found
 
 
 def _learning_place(root: str) -> Dir | None:
