@@ -1,18 +1,23 @@
 """What /proc says of a process: its start time (with the pid, its identity), state, process group, uids,
-environment as started, and the signals it catches. The one parser of /proc/PID/stat and /proc/PID/status.
+environment as started, the signals it catches, and of each thread the signals pending and blocked. The one parser
+of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/status).
 
 Readers only: nothing here signals. minilmd/procs.py, the one place that signals, proves a process the run's with
 these (and re-exports them: its callers ask it); daemon/child/stackdump.py asks them which processes of a hung
-trainer's group catch SIGUSR1, and in which state each is. Linux only. Torch-free, standard library only.
+trainer's group catch SIGUSR1, in which state each is, and whether its handler has returned (signal_masks). Linux
+only. Torch-free, standard library only.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
+MAX_STATUS_BYTES = 64 << 10
+"""The most of a /proc/PID/status read (about 1.5 KiB in practice): a longer one is not known, never cut short."""
 
 
 def _read_text(path: str) -> str:
@@ -87,15 +92,39 @@ def group_members(pgid: int) -> list[int]:
     return sorted(members, key=lambda p: p != pgid)
 
 
+def _read_status(path: str) -> str:
+    """A /proc status file, read bounded (MAX_STATUS_BYTES: past it ValueError); OSError when it cannot be read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        chunks, got = [], 0
+        while got <= MAX_STATUS_BYTES:
+            chunk = os.read(fd, MAX_STATUS_BYTES + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if got > MAX_STATUS_BYTES:
+        raise ValueError(f"{path}: over {MAX_STATUS_BYTES} bytes")
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _status_words(path: str, keys: tuple[str, ...]) -> dict[str, list[str]] | None:
+    """The words after each of `keys` ("Uid:", "SigCgt:") in a /proc status file, None when it is gone, unreadable,
+    over the bound or lacks one of them."""
+    try:
+        lines = _read_status(path).splitlines()
+    except (OSError, ValueError):
+        return None
+    found = {line.split(maxsplit=1)[0]: line.split()[1:] for line in lines if line.strip()}
+    return {key: found[key] for key in keys} if all(key in found for key in keys) else None
+
+
 def _status_line(pid: int, key: str) -> list[str] | None:
     """The words after `key` ("Uid:", "SigCgt:") in /proc/PID/status, None when it is gone, unreadable or lacks it."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key):
-                return line.split()[1:]
-    except OSError:
-        return None
-    return None
+    words = _status_words(f"/proc/{pid}/status", (key,))
+    return None if words is None else words[key]
 
 
 def process_uids(pid: int) -> tuple[int, ...] | None:
@@ -115,6 +144,33 @@ def catches_signal(pid: int, sig: int) -> bool:
         return bool(words and int(words[0], 16) >> (sig - 1) & 1)
     except ValueError:
         return False
+
+
+@dataclass(frozen=True)
+class SignalMasks:
+    """One thread's signal sets, from its /proc status: pending (SigPnd, its own, or ShdPnd, the process's: sent and
+    not yet taken by a handler) and blocked (SigBlk: a handler installed without SA_NODEFER, faulthandler's among
+    them, runs with its own signal blocked in the thread that runs it, until it returns)."""
+    pending_set: int
+    blocked_set: int
+
+    def pending(self, sig: int) -> bool:
+        return bool(self.pending_set >> (sig - 1) & 1)
+
+    def blocks(self, sig: int) -> bool:
+        return bool(self.blocked_set >> (sig - 1) & 1)
+
+
+def signal_masks(pid: int, tid: int | None = None) -> SignalMasks | None:
+    """The signal sets of process `pid`'s thread `tid` (/proc/PID/task/TID/status; without a tid, its main thread's,
+    /proc/PID/status); None when it is gone or cannot be read."""
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
+    words = _status_words(path, ("SigPnd:", "ShdPnd:", "SigBlk:"))
+    try:
+        return None if words is None else SignalMasks(
+            int(words["SigPnd:"][0], 16) | int(words["ShdPnd:"][0], 16), int(words["SigBlk:"][0], 16))
+    except (IndexError, ValueError):
+        return None
 
 
 def process_environ(pid: int) -> dict[str, str]:

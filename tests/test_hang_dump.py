@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names, procs
+from minilmd import names, proc_info, procs
 from minilmd.config import load_config
 from minilmd.daemon.child.process import launch
 from minilmd.daemon.child.stackdump import _DUMP_MARK, dump_stack
@@ -46,6 +46,65 @@ def test_a_registered_faulthandler_dumps_every_thread_and_the_message_counts_the
         assert log.count(_DUMP_MARK) == 2 and b"in stuck_here" in log
         assert said.startswith("SIGUSR1: the faulthandler dumped 2 thread stack(s)")
         assert child.poll() is None  # dumping does not end it; the supervisor kills it next
+    finally:
+        child.kill_group()
+
+
+# A handler that, as faulthandler's does (installed without SA_NODEFER), holds SIGUSR1 blocked while it writes, and
+# is paused between its two thread blocks as a trainer on a loaded machine may be: written in Python, where the
+# mask is set by hand (Python's own C handler only sets a flag), so that the pause can be made long.
+PAUSING = ("import os, signal, time\n"
+           "def dump(signum, frame):\n"
+           "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+           "    os.write(2, b'Thread 0x1 (most recent call first):\\n  File \"t.py\", line 1 in first\\n')\n"
+           "    time.sleep(1.0)\n"
+           "    os.write(2, b'Thread 0x2 (most recent call first):\\n  File \"t.py\", line 2 in second\\n')\n"
+           "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})\n"
+           "signal.signal(signal.SIGUSR1, dump)\n"
+           "print('READY'.lower(), flush=True)\n"
+           "while True:\n"
+           "    time.sleep(600)\n")
+
+
+def test_a_dump_paused_midway_is_waited_for_until_its_handler_has_returned(tmp_path):
+    """The dump is over when the handler is, not when the log is quiet for one poll: a trainer paused within its
+    dump (a loaded machine) still has SIGUSR1 blocked in the thread running the handler (/proc/PID/task/*/status
+    SigBlk). Before, the supervisor counted what had come by the first quiet poll: "dumped 1 thread stack(s)" of 2."""
+    child = start(tmp_path, PAUSING)
+    try:
+        said = dump_stack(child.pid, child.log_path, wait_s=120)  # generous: the rule, not the clock, ends the wait
+        assert said.startswith("SIGUSR1: the faulthandler dumped 2 thread stack(s)"), said
+        dumped = child.log_path.read_bytes().split(b"\nready\n", 1)[1]  # the header's command line spells it too
+        assert dumped.count(_DUMP_MARK) == 2 and dumped.endswith(b"line 2 in second\n")
+        assert child.poll() is None
+    finally:
+        child.kill_group()
+
+
+def test_faulthandler_holds_sigusr1_blocked_in_the_thread_writing_its_dump(tmp_path):
+    """What the rule above relies on, with the real faulthandler: its handler runs with SIGUSR1 blocked until it has
+    written the dump. Its file is a full pipe, so the handler is held in its write; read through proc_info."""
+    code = ("import faulthandler, os, signal, time\n"
+            "r, w = os.pipe()\n"
+            "os.set_blocking(w, False)\n"
+            "try:\n"
+            "    while True:\n"
+            "        os.write(w, b'x' * 4096)\n"
+            "except BlockingIOError:\n"
+            "    pass\n"
+            "os.set_blocking(w, True)\n"
+            "faulthandler.register(signal.SIGUSR1, file=w, all_threads=True)\n"
+            "print('READY'.lower(), flush=True)\n"
+            "time.sleep(600)\n")
+    child = start(tmp_path, code)
+    try:
+        before = proc_info.signal_masks(child.pid)
+        assert before is not None and not before.blocks(signal.SIGUSR1) and not before.pending(signal.SIGUSR1)
+        os.kill(child.pid, signal.SIGUSR1)
+        held = wait_until(lambda: (m := proc_info.signal_masks(child.pid)) and m.blocks(signal.SIGUSR1) and m, 60,
+                          "the handler to hold SIGUSR1 blocked in its write", interval=0.02)
+        assert not held.pending(signal.SIGUSR1)  # taken by the handler, which has not returned
+        assert child.poll() is None
     finally:
         child.kill_group()
 

@@ -8,17 +8,20 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import procs
 from minilmd.daemon.child.process import SUPERVISOR_LINE
 from minilmd.jsonlines import append_whole, open_log
-from minilmd.untrusted import printable
+from minilmd.proc_info import signal_masks
+from minilmd.untrusted import Unreadable, dir_names, printable
 
 # --- the dump -----------------------------------------------------------------------------------------
 
 DUMP_WAIT_S = 3.0
-"""After SIGUSR1, how long dump_stack waits for the faulthandler's dump to reach the attempt log."""
+"""After SIGUSR1, how long dump_stack waits at most for the faulthandler's dump to reach the attempt log and its
+handlers to return (_wait_for_dump)."""
 _DUMP_MARK = b"(most recent call first):"  # faulthandler's line above each thread's stack
 
 
@@ -89,12 +92,13 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
                                     f"their faulthandler dumps every thread's stack below\n"):
         return f"no stack dump: {problem}, so no SIGUSR1 was sent"
     start = _size(log_path)
+    before = {target: _handling(target) for target in targets}  # threads that blocked SIGUSR1 before: no handler's
     for target in targets:
         if target not in started:
             procs.signal_group_member(pid, target, None, signal.SIGUSR1)
         elif launch is not None:  # outside the group: a pid that may have been recycled since the scan
             launch.signal(target, started[target], signal.SIGUSR1)
-    dumped = _wait_for_dump(log_path, start, wait_s)
+    dumped = _wait_for_dump(log_path, start, wait_s, lambda: _handlers_running(before))
     if dumped:
         threads, lines = dumped.count(_DUMP_MARK), dumped.count(b"\n")
         return f"SIGUSR1: the faulthandler dumped {threads} thread stack(s) ({lines} lines) into the attempt log"
@@ -138,19 +142,60 @@ def _why_no_handler(pids: list[int]) -> str:
     return "; ".join(why) or "no state here keeps a handler from running: the dump may come late, or not at all"
 
 
-def _wait_for_dump(log_path: Path, start: int, wait_s: float, interval: float = 0.05) -> bytes:
-    """What the log gained after `start` once it holds a stack and has stopped growing, or b"" after wait_s."""
+def _wait_for_dump(log_path: Path, start: int, wait_s: float, running: Callable[[], bool] = lambda: False,
+                   interval: float = 0.05) -> bytes:
+    """What the log gained after `start` once it holds a stack, has stopped growing and no handler is `running`
+    (asked before the read: a handler that had returned by then had written all it writes), or what it holds after
+    wait_s (b"" without a stack). The log's quiet alone ended it before: a trainer paused within its dump for one
+    poll (a loaded machine) had its dump counted short."""
     deadline = time.monotonic() + wait_s
     seen = b""
     while time.monotonic() < deadline:
         time.sleep(interval)
+        busy = running()
         with open(log_path, "rb") as log:
             log.seek(start)
             now_seen = log.read(1 << 20)
-        if _DUMP_MARK in now_seen and now_seen == seen:
+        if _DUMP_MARK in now_seen and now_seen == seen and not busy:
             return now_seen
         seen = now_seen
     return seen if _DUMP_MARK in seen else b""
+
+
+Handling = tuple[int, bool, frozenset[int]]
+"""A target's start ticks, whether SIGUSR1 is pending in it, and the threads that block it."""
+
+
+def _handling(pid: int) -> Handling | None:
+    """Where SIGUSR1 stands in process `pid` (/proc/PID/task/*/status, through minilmd/proc_info.py); None when it is
+    gone or cannot be read: its dump is then judged by the log's quiet alone."""
+    ticks = procs.process_start_ticks(pid)
+    try:
+        tids = [int(name) for name in dir_names(f"/proc/{pid}/task") if name.isdigit()]
+    except Unreadable:
+        return None
+    pending, blocked = False, set()
+    for tid in tids:
+        masks = signal_masks(pid, tid)
+        if masks is None:  # the thread has ended since the listing
+            continue
+        pending |= masks.pending(signal.SIGUSR1)
+        if masks.blocks(signal.SIGUSR1):
+            blocked.add(tid)
+    return (ticks, pending, frozenset(blocked)) if ticks is not None else None
+
+
+def _handlers_running(before: dict[int, Handling | None]) -> bool:
+    """Whether a target's handler may still be writing its dump: SIGUSR1 pending (not yet taken), or blocked in a
+    thread that did not block it before it was sent (faulthandler's handler runs with it blocked until it returns).
+    A target gone, not known, or its pid another process's now (another start time) is not waited for."""
+    for pid, then in before.items():
+        now = _handling(pid) if then is not None else None
+        if then is None or now is None or now[0] != then[0]:
+            continue
+        if (now[1] and not then[1]) or now[2] - then[2]:
+            return True
+    return False
 
 
 def _size(path: Path) -> int:
