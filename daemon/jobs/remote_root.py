@@ -98,14 +98,15 @@ class RootRecord:
             return share and now.under == self.under
         return share and now.ino == self.ino
 
-    def same_file_system(self, now: mounts.Mount | None) -> bool:
-        """Whether the mount `now` holds the root's path is the one the record names (type family, source and mount
-        point), or the record knows none: a `--fresh` lineage may make or take the root there, never on the local
-        disk under an unmounted share's mount point."""
+    def same_file_system(self, fstype: str, point: str, source: str, server: str) -> bool:
+        """Whether the mount that holds the root's path now (`fstype` mounted at `point` from `source`, NFS `server`
+        address; all "" where none is known) is the one the record names (type family, source and mount point), or
+        the record knows none: a `--fresh` lineage may make or take the root there, never on the local disk under
+        an unmounted share's mount point."""
         if not (self.fstype or self.point):
             return True
-        return now is not None and (_family(now.fstype), now.point) == (_family(self.fstype), self.point) and \
-            _same_source(self, now.source, now.server_address())
+        return bool(point) and (_family(fstype), point) == (_family(self.fstype), self.point) and \
+            _same_source(self, source, server)
 
 
 def _same_source(found: RootRecord, source: str, server: str) -> bool:
@@ -186,9 +187,11 @@ def judge_missing(url: str, made: remote_made.Made, synced_before: Callable[[], 
     if found is not None and found.accept:
         return
     if not (why := synced_before()):
-        if found is None or found.same_file_system(now := _mount_now(url)):
+        now = _mount_now(url)
+        if found is None or (now is not None and found.same_file_system(now.fstype, now.point, now.source,
+                                                                        now.server_address())):
             return  # a run that never synced there (a `--fresh` lineage) makes it, where the record's file system is
-        why = f"its path is now on {_mount_words(now)}"
+        why = f"its path is now on {_mount_words(now.fstype, now.source, now.point) if now else 'no mount known'}"
     raise _gone(url, found, why)
 
 
@@ -223,11 +226,10 @@ def _judged(url: str, found: RootRecord, now: RootRecord, synced_before: Callabl
         return None
     if found.same_share(now):
         return now
-    there = mounts.Mount(now.point, now.fstype, now.dev, source=now.source,
-                         options=f"addr={now.server}" if now.server else "") if now.point else None
     if _unmounted(found, every):  # its mount point a directory of whatever holds it: no other share, nor replaced
-        raise _gone(url, found, f"its path is now on {_mount_words(there)}")
-    elsewhere = not found.same_file_system(there or mounts.Mount("", "", now.dev))
+        there = _mount_words(now.fstype, now.source, now.point) if now.point else "no mount known"
+        raise _gone(url, found, f"its path is now on {there}")
+    elsewhere = not found.same_file_system(now.fstype, now.point, now.source, now.server)
     if not synced_before() and not elsewhere:
         return now
     which = "another device: a share unmounted, its mount point's directory of the local disk in its place" \
@@ -281,8 +283,8 @@ def check_words(url: str, made: remote_made.Made, synced_before: Callable[[], st
     return ""
 
 
-def _mount_words(found: mounts.Mount | None) -> str:
-    return f"{found.fstype} {found.source} mounted at {found.point}" if found else "no mount known"
+def _mount_words(fstype: str, source: str, point: str) -> str:
+    return f"{fstype} {source} mounted at {point}"
 
 
 def remember(url: str, held: Dir, made: remote_made.Made) -> None:
