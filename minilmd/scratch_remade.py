@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER
+from minilmd.perms import owned_by_me
 
 
 def remade_words(scratch: Path, before, now, newest: int | None) -> str:
@@ -50,8 +51,8 @@ def lost(scratch: Path, before) -> str | None:
 
 
 def partly_removed(scratch: Path, before) -> bool:
-    """Whether `scratch` is the very directory this process claimed (`before`: its Identity then: device, inode,
-    owner) and its owner record is gone: an `rm -rf` of it that raced a checkpoint save ("Directory not empty")
+    """Whether `scratch` is the very directory this process claimed (`before`: its Identity then: device, inode;
+    this user's) and its owner record is gone: an `rm -rf` of it that raced a checkpoint save ("Directory not empty")
     leaves scratch/ and checkpoints/ standing while owner.json, corpus/ and trainer.lock go (fault11 F1). What is left
     in it is this run's: the directory is the one it made or adopted and marked (0700, its user's), so the claim
     marks it again and the run stages again; nothing in it is deleted for it."""
@@ -61,8 +62,8 @@ def partly_removed(scratch: Path, before) -> bool:
         st = os.lstat(scratch)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino, st.st_uid) == (before.dev, before.ino, before.uid) \
-        and not os.path.lexists(scratch / SCRATCH_OWNER)
+    return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (before.dev, before.ino) and owned_by_me(st) \
+        and not os.path.lexists(scratch / SCRATCH_OWNER)  # owned_by_me: a claimed scratch is its user's
 
 
 def partly_removed_words(scratch: Path) -> str:
