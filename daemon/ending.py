@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd import names, protocol, scratch, scratch_hold
+from minilmd import names, protocol, scratch, scratch_hold, scratch_remade
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.aftersync import AfterSync
@@ -32,6 +32,7 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.jobs import scratch_removed
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -142,7 +143,11 @@ class Ending:
         self._finish(words)
 
     def _finish(self, sync_problem: str) -> None:
-        if missing := self._nothing_to_sync():
+        if (missing := self._nothing_to_sync()) and \
+                (lost := scratch_remade.lost(self.cfg.scratch_dir, scratch.held_identity(self.cfg.scratch_dir))):
+            self._scratch_lost_at_end(lost)
+            return
+        if missing:
             self.loop.scratch_kept = f"kept {self.cfg.scratch_dir}: the trainer ended done with no " \
                                 f"checkpoint in it (saved elsewhere); nothing in it is given back"
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
@@ -185,6 +190,29 @@ class Ending:
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _scratch_lost_at_end(self, lost: str) -> None:
+        """The trainer ended done, but scratch was removed (or partly: its marker gone) before the last sync copied
+        its last checkpoint (fault11 F2): before, "saved elsewhere", final (79). As after a removal while it trained,
+        the run stages again (a scratch claimed afresh, run.remote's newest fetched) and trains its last steps again,
+        unattended; not when a stop was asked (stopped: the next start does it), in a Slurm job, or with the sync's
+        thread still hanging or a wait of the last sync's behind it (its GPU given back): failed, not final (1)."""
+        again = not (self.loop.stop_requested or self.room.stopping or self.slurm or self.sync.worker is not None or
+                     self.sync.waited_for_room or self.sync.claim_wait_said)
+        words = scratch_removed.lost_at_end(self.cfg.scratch_dir, lost, self.state.progress.step, self._remote_step(),
+                                            again)
+        self.state.record_error(words)
+        if again:
+            self.sync.final_tries = 0  # the last sync after the steps trained again is tried afresh
+            self.loop.last_cause = None  # not done yet: its last steps are to be trained again
+            self.staging.forget()
+            self.staging.stop_fetch.clear()  # set as the stopping phase began: the fetch from the remote is wanted
+            self._go(Phase.STAGING, words)
+        elif self.loop.stop_requested:
+            self.loop.ended = protocol.ENDED_STOPPED
+            self._go(Phase.DONE, f"{self.loop.stop_reason} ({words})")
+        else:
+            self._fail(protocol.SUPERVISOR_RETRY, words)
 
     def _nothing_to_sync(self) -> str:
         """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no

@@ -47,6 +47,7 @@ from minilmd.daemon.scratchclaim import (  # noqa: F401 - run_lock: the supervis
     RunDirFull,
     ScratchRootUnknown,
     claim_scratch,
+    in_use_words,
     run_lock,
 )
 from minilmd.names import INIT_DIR
@@ -138,7 +139,8 @@ def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool 
 def owner_problems(cfg: RunConfig) -> list[str]:
     """Another live supervisor holds the run's supervisor.lock (daemon/host/lock.py lock_holder: a non-blocking
     probe that creates nothing), or, with none there, the run's scratch (minilmd/scratch_hold.py in_use: one whose
-    run.dir was removed under it, still in its last sync): the launch would exit 2 on it, so --check does. Runs
+    run.dir was removed under it, still in its last sync; or one started at the same moment, named by its lock once
+    it holds it: scratchclaim.in_use_words): the launch would exit 2 on it, so --check does. Runs
     before this process takes the lock (the launch takes it after these checks). Said with what an edit of the
     config does to a running run (daemon/runningedits.py: it applies at the next start) and what this config
     changes against its copy."""
@@ -149,7 +151,7 @@ def owner_problems(cfg: RunConfig) -> list[str]:
     if not holder:  # the run's scratch still held by a supervisor whose run.dir (and lock) was removed under it
         from minilmd import scratch_hold
 
-        return [busy] if cfg.run.dir and (busy := scratch_hold.in_use(cfg.scratch_dir)) else []
+        return [in_use_words(cfg, busy)] if cfg.run.dir and (busy := scratch_hold.in_use(cfg.scratch_dir)) else []
     from minilmd.daemon.runningedits import running_words
 
     held = LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK)

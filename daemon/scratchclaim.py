@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from minilmd import names, protocol, scratch, scratch_hold, scratch_root
 from minilmd.backoff import exponential
 from minilmd.config import ConfigError, RunConfig
-from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
+from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock, lock_holder
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.phases.rundirwatch import full_at_start
@@ -300,9 +300,28 @@ def _settle_and_claim(cfg: RunConfig) -> str | None:
     except scratch.ScratchRefused as e:
         raise ConfigError(e.problems, cfg.source) from None
     except scratch_hold.ScratchInUse as e:
-        raise ConfigError([str(e)], cfg.source) from None
+        raise ConfigError([in_use_words(cfg, str(e))], cfg.source) from None
     except OSError as e:
         if is_disk_full(e):
             return f"run.scratch {cfg.scratch_dir} cannot be made now: {_no_room(e, cfg.scratch_dir.parent)}"
         raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
     return None
+
+
+def in_use_words(cfg: RunConfig, busy: str, wait_s: float = scratch_hold.PROBE_WAIT_S) -> str:
+    """Why this launch stops when another supervisor of this run holds its scratch's marker (`busy`: scratch_hold's
+    words, of a supervisor whose run.dir was removed under it, still in its last sync). A supervisor started at the
+    same moment as this one (two `minilmd run` of one config at once) claims scratch just before it takes run.dir's
+    lock: once it holds the lock (looked at for `wait_s`, while run.dir is there) it is named as any running
+    supervisor is (fault11 F6: before, the words said that run.dir had been removed while it ran)."""
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            holder = lock_holder(cfg.run_dir)
+        except OSError:
+            holder = None
+        if holder is not None:
+            return str(LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK))
+        if time.monotonic() >= give_up or not os.path.isdir(cfg.run_dir):
+            return busy
+        time.sleep(0.05)

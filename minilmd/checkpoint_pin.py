@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.names import step_name
+from minilmd.names import SCRATCH_OWNER, step_name
 
 
 class ScratchGone(Exception):
@@ -33,9 +33,14 @@ class Pinned:
 
     root: Path
     dirs: tuple[tuple[Path, int, int], ...]
+    marker: Path | None = None
+    """The scratch's owner record, when it had one at the trainer's start (a claimed scratch always has)."""
 
     def gone(self) -> str | None:
-        """Why the root is no longer the one pinned (removed, another directory there), or None."""
+        """Why the root is no longer the one pinned (removed, another directory there), or None. A scratch that is
+        still the pinned directory but has lost its owner record was partly removed: an `rm -rf` of it that raced a
+        save ("Directory not empty") leaves scratch/ and checkpoints/ standing while owner.json, corpus/ and
+        trainer.lock are gone (fault11 F1); saving on into it kept a scratch no claim would take again."""
         for path, dev, ino in self.dirs:
             try:
                 st = os.lstat(path)
@@ -44,6 +49,8 @@ class Pinned:
             if (st.st_dev, st.st_ino) != (dev, ino):
                 return f"{path} is another directory now (device {st.st_dev}, inode {st.st_ino}; it was device " \
                        f"{dev}, inode {ino})"
+        if self.marker is not None and not os.path.lexists(self.marker):
+            return f"scratch's {SCRATCH_OWNER} is gone: part of {self.marker.parent} was removed"
         return None
 
 
@@ -60,4 +67,5 @@ def pin_root(root: str | os.PathLike, parents: bool) -> Pinned:
     for path in (root.parent, root):
         st = os.lstat(path)
         dirs.append((path, st.st_dev, st.st_ino))
-    return Pinned(root, tuple(dirs))
+    marker = root.parent / SCRATCH_OWNER
+    return Pinned(root, tuple(dirs), marker if os.path.lexists(marker) else None)

@@ -20,7 +20,8 @@ launch. So:
   such a user could swap the scratch for a link to the owner's data, or for his own directory, at any time;
 - the claim is made again before every staging and every trainer start (daemon/jobs/stagingworker.py); a scratch
   whose identity (device, inode, owner) changed since this process first claimed it is a final error naming the
-  change (ScratchChanged), and `ensure_held()` is asked right before staging removes anything in it.
+  change (ScratchChanged); the very one claimed, its marker removed (an `rm -rf` that raced a save), is marked
+  again (scratch_remade.partly_removed); `ensure_held()` is asked right before staging removes anything in it.
 
 `problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch and
 again before each staging and trainer start, a Slurm node, the trainer when it runs on its own); `remove_own()`
@@ -42,7 +43,7 @@ from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
-from minilmd.scratch_remade import newest_step, remade_words
+from minilmd.scratch_remade import newest_step, partly_removed, remade_words, unmarked_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
 
@@ -89,12 +90,8 @@ directory there is ScratchChanged. A scratch that is gone (a cleaner emptied /de
 def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
     """Why an existing path cannot be a directory of ours (None: it can)."""
     if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        return (f"{label} {path} is a symbolic link (to {target}): minilmd never follows one there, since whoever "
-                f"placed it would choose where the run's files go; remove it, or set run.scratch")
+        return (f"{label} {path} is a symbolic link (to {_link_target(path)}): minilmd never follows one there, "
+                f"since whoever placed it would choose where the run's files go; remove it, or set run.scratch")
     if not stat.S_ISDIR(st.st_mode):
         return f"{label} {path} exists and is not a directory"
     if not owned_by_me(st):
@@ -163,12 +160,7 @@ def _foreign_entries(scratch: Path) -> list[str]:
 def _adoption_problem(scratch: Path) -> str | None:
     """A scratch without a marker is adopted only when empty: what is in it is nobody's run's to replace."""
     found = _foreign_entries(scratch)
-    if not found:
-        return None
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return (f"run.scratch {scratch} already holds files ({shown}) and no {SCRATCH_OWNER}: minilmd adopts only an "
-            f"empty directory or one marked for this run, since staging would replace or delete what is there; "
-            f"set run.scratch to a new or empty directory")
+    return unmarked_words(scratch, found) if found else None
 
 
 def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
@@ -278,6 +270,8 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Iden
     staging and trainer start; returns what the scratch is."""
     run_dir = run_dir.absolute().resolve()
     _check_held(scratch)  # a swap is named as one, before problems() finds a link or a stranger's directory
+    if partly_removed(scratch, held_identity(scratch)):  # this run's own, its marker removed: marked again
+        _write_marker(scratch, run_dir, run_name)
     found = problems(scratch, run_dir, is_default)
     if found:
         raise ScratchRefused(found)
@@ -319,6 +313,11 @@ def _write_marker(scratch: Path, run_dir: Path, run_name: str) -> None:
 
 def _key(scratch: Path) -> str:
     return os.path.abspath(scratch)
+
+
+def held_identity(scratch: Path) -> Identity | None:
+    """What `scratch` was when this process first claimed it (None: it claimed none there)."""
+    return _held.get(_key(scratch))
 
 
 def _check_held(scratch: Path, now: Identity | None = None) -> None:
@@ -389,8 +388,8 @@ def tree_bytes(path: Path) -> int:
         for name in dirs + files:
             try:
                 total += os.lstat(os.path.join(top, name)).st_blocks * 512
-            except OSError:
-                pass  # gone meanwhile
+            except OSError:  # gone meanwhile
+                pass
     return total
 
 

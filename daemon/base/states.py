@@ -49,6 +49,7 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.WAITING_SPACE, Phase.STARTING): "space_freed",
     (Phase.WAITING_SPACE, Phase.STAGING): "restage",
     (Phase.STOPPING, Phase.DONE): "stopped",
+    (Phase.STOPPING, Phase.STAGING): "restage",  # scratch removed before the last sync copied the last step (ending.py)
     (Phase.WAITING_SCRATCH, Phase.WAITING_INIT): "scratch_made",
     (Phase.WAITING_SCRATCH, Phase.WAITING_GPU): "scratch_made",
     (Phase.WAITING_SCRATCH, Phase.DONE): "stopped_waiting",  # nothing started: no trainer to save, nothing to sync

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import names, protocol, scratch, scratch_hold
+from minilmd import names, protocol, scratch, scratch_hold, scratch_remade
 from minilmd.batch_stream import change_note, newest_recorded, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
@@ -181,6 +181,8 @@ class StagingWorker(StagingFetch):
         still this run's own directory; else why not (a final config error: it was swapped, or can be)."""
         cfg = self.cfg
         gone = self.claimed and not os.path.lexists(cfg.scratch_dir)
+        partly = self.claimed and scratch_remade.partly_removed(cfg.scratch_dir,
+                                                                scratch.held_identity(cfg.scratch_dir))
         try:
             scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             scratch_hold.hold(cfg.scratch_dir)  # kept; moved to a scratch made anew (minilmd/scratch_hold.py)
@@ -194,9 +196,10 @@ class StagingWorker(StagingFetch):
         except OSError as e:
             return f"run.scratch {cfg.scratch_dir} cannot be claimed again: {e}"
         self.claimed = True
-        if gone:
+        if gone or partly:  # partly: the claim marked it again; what is left in it is this run's (fault11 F1)
             self.removed = (self.state.progress.step,)
-            self.emit("staging", scratch_removed.claimed_again(cfg.scratch_dir))
+            self.emit("staging", scratch_removed.claimed_again(cfg.scratch_dir) if gone else
+                      scratch_remade.partly_removed_words(cfg.scratch_dir))
         return None
 
     def tick(self) -> Staged | StagingFailed | None:
@@ -278,8 +281,9 @@ class StagingWorker(StagingFetch):
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
         if self.removed is not None:
+            kept = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)  # a partly removed one's
             said = scratch_removed.resumed(self.cfg.scratch_dir, step_of(Path(fetched)) if fetched else None,
-                                           self.removed[0])
+                                           self.removed[0], kept)
             self.emit("staging", said)
             self.state.record_error(said)  # status's last error: why the steps since are trained again
             self.removed = None

@@ -158,7 +158,7 @@ class SyncWorker:
         only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S. Nothing is pushed when scratch holds nothing newer
         than the remote is recorded to hold (`fetched`: the step this start's staging fetched; `rewound`: it
         resumed from an older step than the remote held, saying so; lastsyncrule.py)."""
-        if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
+        if not self.enabled or self.worker is None and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room
         if self.syncer is None:
@@ -175,6 +175,8 @@ class SyncWorker:
                     return f"the last sync stalled ({self.state.sync.error})"
                 return None  # running, however slowly, while it moves: waited for
             self._collect()
+        if not local_checkpoint_steps(self.cfg.checkpoint_dir):  # scratch removed while a sync ran: it is waited for
+            return ""  # and what it put on the remote recorded; ending.py judges the end (fault11 F2)
         waited = self.waited_for_room or bool(self.claim_wait_said)  # a sync of the wait's is the last sync's try
         if (self.final_tries > 0 or waited) and self.state.sync.state == SyncState.OK:
             return self._base_problem()
