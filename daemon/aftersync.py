@@ -7,8 +7,9 @@ staging runs (whose fetch brings the kept copy back, or drops it, in its own thr
   remote now holds its step or a newer one: before, it stayed until the run's end or its next start. The removal
   runs in a thread of its own (daemon/base/worker.py), never on the loop: run.dir on a share that hangs held the loop
   there (the stop unanswered, only systemd's watchdog noticed). A removal that has not answered is said once and left
-  to its thread, no second one begun beside it; one that failed (or returned after a hang) is tried again after
-  RETRY_S; at the run's end, `at_end`, bounded;
+  to its thread, no second one begun beside it; one that failed (its thread raised, or run.dir failed its listing
+  or the removal: keptcopy.Left, EIO, EACCES; a refusal, another's entry or a link, is not tried again) is tried
+  again after RETRY_S, said once; at the run's end, `at_end`, bounded;
 - the count of a Slurm job's requeues after a last sync that gave up (daemon/slurm/requeue_bound.py) begins again
   (state.json only: on the loop).
 Torch-free.
@@ -82,7 +83,8 @@ class AfterSync:
                                   f"goes on; tried again once it returns")
             return
         self.removal = None
-        if removal.error is None:
+        left = isinstance(removal.result, keptcopy.Left)  # its listing or removal failed: as a raise, tried again
+        if removal.error is None and not left:
             self.failure_said = ""
             if removal.result:
                 self.emit("sync", removal.result)
@@ -90,8 +92,9 @@ class AfterSync:
         if self.pending is None:  # a newer remote step meanwhile is tried for instead
             self.pending = self.removal_step
         self.retry_at = now() + self.retry_s
-        said = f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(removal.error)}): tried " \
-               f"again in {self.retry_s:.0f} s, or at the run's end or next start"
+        failed = removal.result if left else \
+            f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(removal.error)})"
+        said = f"{failed}: tried again in {self.retry_s:.0f} s, or at the run's end or next start"
         if said != self.failure_said:  # a run.dir that stays unwritable is said once, not each minute
             self.failure_said = said
             self.emit("sync", said)

@@ -20,6 +20,7 @@ Torch-free; the Syncer (numpy) is loaded only when a copy is made or read.
 """
 from __future__ import annotations
 
+import errno
 import stat
 import threading
 from dataclasses import dataclass
@@ -101,15 +102,24 @@ def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_
     return Kept(step, where / step_name(step))
 
 
+class Left(str):
+    """The words of a removal that left the copy there because run.dir failed it (its listing or the removal raised:
+    EIO, EACCES, ...), not because it refused: the caller that can try again does (daemon/aftersync.py)."""
+
+
 def kept_step(cfg) -> int | None:
     """The step kept in run.dir, as its listing says (None: none; nothing opened but the directory)."""
-    from minilmd.untrusted import listed
-
     try:
-        found = listed(place(cfg))
+        return _listed_step(cfg)
     except (OSError, ValueError):  # not there (the usual case), or not a directory this reads
         return None
-    return max((s for s in map(step_or_none, found) if s is not None), default=None)
+
+
+def _listed_step(cfg) -> int | None:
+    """`kept_step`, its listing's OSError raised."""
+    from minilmd.untrusted import listed
+
+    return max((s for s in map(step_or_none, listed(place(cfg))) if s is not None), default=None)
 
 
 def bring_back(cfg, expected: Any) -> str:
@@ -148,8 +158,15 @@ def drop_if_synced(cfg, remote_step: int | None) -> str:
 
 
 def _drop_if_synced(cfg, remote_step: int | None) -> str:
-    kept = kept_step(cfg)
-    if kept is None or remote_step is None or remote_step < kept:
+    if remote_step is None:
+        return ""
+    try:
+        kept = _listed_step(cfg)
+    except (OSError, ValueError) as e:
+        if getattr(e, "errno", None) in (errno.ENOENT, errno.ENOTDIR):  # none kept (the usual case)
+            return ""
+        return Left(f"the copy in {place(cfg)} is left there: it cannot be listed ({e})")
+    if kept is None or remote_step < kept:
         return ""
     remote = _syncer(cfg, None).remote
     try:
@@ -157,7 +174,7 @@ def _drop_if_synced(cfg, remote_step: int | None) -> str:
         if why is None:
             remote.rm(LATEST, file=True)  # the pointer to it, when it is ours; left otherwise (a few bytes)
     except OSError as e:
-        why = str(e)
+        return Left(f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {e}")
     if why:
         return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
     emptied = f" ({place(cfg)}, empty then, with it)" if _remove_if_empty(cfg) else ""
