@@ -152,6 +152,33 @@ def test_a_supervisor_whose_proc_entry_is_hidden_but_holds_its_run_lock_is_runni
         holder.end()
 
 
+def test_a_gone_record_whose_run_lock_another_pid_holds_is_not_judged_killed_nor_running(tmp_path, own_registry):
+    """state.json names a supervisor gone, a real process holds the 0600 run lock (only the owner's can: one that
+    systemd started again before it wrote state.json). Before: `not running (... killed or crashed; `minilmd run`
+    again resumes) (judged from its record ...: the kernel's lock table has pid N holding its run lock)`."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _state(run_dir, "training")  # the record's supervisor is gone
+    registry.register(run_dir.name, run_dir, tmp_path / "run.toml")
+    holder = Holder(run_dir)
+    try:
+        head = _status_of(run_dir).splitlines()[0]
+        assert f"supervisor not judged: pid {holder.pid} holds its run lock (a supervisor starting?)" in head, head
+        assert "killed or crashed" not in head and "again resumes" not in head and "running" not in head, head
+        out = io.StringIO()
+        overview.status_all(out=out)
+        row = next(line for line in out.getvalue().splitlines() if line.startswith("run "))
+        assert f"training (not judged: pid {holder.pid} holds its run lock" in row, row
+        assert "(not running)" not in row, row
+        out = io.StringIO()
+        overview.status_all(as_json=True, out=out)
+        (listed,) = json.loads(out.getvalue())
+        assert listed["running"] is False and f"pid {holder.pid}" in listed["unjudged"], listed
+    finally:
+        holder.end()
+    assert "killed or crashed" in _status_of(run_dir).splitlines()[0]  # none holds it now: gone, as the record says
+
+
 def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_be_opened(tmp_path, monkeypatch):
     """The fake teammate: lock_look's open refused as a stranger's is (EACCES); the holder is a real process."""
     from minilmd.daemon.host import lock

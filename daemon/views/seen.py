@@ -10,7 +10,10 @@ a sync or staging it shows interrupted, the look at run.remote) and the overview
   run.share "group" or "all" cannot open it, and before was told "cannot tell". Both agree: judged by the lock
   (LOCK), as when the table has the record's pid holding the lock though /proc hides it from us (hidepid: only the
   owner's processes can open the lock to hold it); where the table cannot be read, the lock file is not there as
-  the run's owner made it, or the two disagree, the record alone is the judge, and the words say so (RECORD).
+  the run's owner made it, or the two disagree, the record alone is the judge, and the words say so (RECORD). But
+  a record of a supervisor gone while another pid holds its run lock is not judged (alive None, `unjudged`): only
+  the owner's processes can hold it (a supervisor that systemd or the user started again, before it wrote its
+  state.json; one in another pid namespace), so neither "killed or crashed, start it again" nor "running" is known.
 
 What is shown, never whom to signal: `minilmd stop` proves a process by its own rule (minilmd/procs.py). Torch-free.
 """
@@ -40,6 +43,7 @@ class Seen:
     why the lock did not judge (RECORD); `owner`: the run directory's owner (None: not known)."""
 
     alive: bool | None
+    """None: another host's, or this host's not judged (`unjudged`)."""
     pid: int | None
     how: str
     host: str = ""
@@ -51,6 +55,12 @@ class Seen:
     def elsewhere(self) -> str | None:
         """The other host that runs (or ran) it, not checkable from here; None for this host's."""
         return self.host or None if self.how == OTHER_HOST else None
+
+    @property
+    def unjudged(self) -> str | None:
+        """Why a supervisor of this host is neither running nor known gone ("pid N holds its run lock ..."): its
+        record says gone, another pid holds its run lock; None otherwise."""
+        return self.why if self.alive is None and self.how == LOCK else None
 
     def running_words(self) -> str:
         """"supervisor pid N running", its user named when not ours (a teammate's look), the record named when it
@@ -88,6 +98,9 @@ def supervisor_seen(state: StateJson, run_dir: Path | None = None, dir_fd: int |
         return Seen(True, sup.pid, LOCK, last_seen=state.updated, owner=owner)
     if holders is not None and (sup.pid in holders) == alive and (alive or not holders):
         return Seen(alive, sup.pid, LOCK, last_seen=state.updated, owner=owner)
+    if holders and not alive:  # another than the record's: a supervisor started again before it wrote state.json?
+        return Seen(None, sup.pid, LOCK, why=f"pid {', '.join(map(str, holders))} holds its run lock (a supervisor "
+                                             f"starting?)", last_seen=state.updated, owner=owner)
     if holders is not None and not why:
         why = (f"the kernel's lock table has pid {', '.join(map(str, holders))} holding its run lock" if holders
                else "no process holds its run lock by the kernel's lock table")
