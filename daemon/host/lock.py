@@ -62,7 +62,8 @@ class LockHeld(RuntimeError):
         self.pid, self.host, self.since, self.path = pid, host, since, path
         info = LockInfo(pid, host, since).describe()
         super().__init__(f"run already owned by another supervisor: {info} (lock {path}{_kernel_says(holders)}); "
-                         f"use `minilmd status` to see it or `minilmd stop` to stop it")
+                         f"use `minilmd status` to see it or `minilmd stop` to stop it"
+                         f"{lockfile.unknown_holder_words(holders or [], path)}")
 
 
 def _kernel_says(holders: list[tuple[int, int | None]] | None) -> str:
@@ -183,7 +184,7 @@ def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[Lo
             return None, False
         if lockfile.probe_free(fd):
             return None, True
-        if lockfile.strangers(fd):
+        if lockfile.strangers(fd, unreadable_is_one=False):  # a holder hidden from us (hidepid) may be the owner's
             return None, False  # no supervisor: another user's process holding a lock file it could read
         return _info(lockfile.read_body(fd)), False
     finally:
