@@ -274,3 +274,20 @@ def test_a_stage_waiting_for_its_predecessor_and_logs_follow_ask_the_same_rule(t
         holder.end()
     with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY), run_dir) as run:
         assert "the run has ended" in logs._ended(run)  # none holds it: gone, as its record says
+
+
+def test_a_lock_body_that_names_the_lock_table_is_not_taken_for_a_look_at_the_table(tmp_path):
+    """lastwords marked a holder seen in /proc/locks by a sentinel launch id, "(the kernel's lock table)": a lock
+    body naming that launch id was said to be seen in the table. Now a field of its own (LockInfo.from_table)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / names.LOCK).write_text(json.dumps({"pid": 4321, "host": socket.gethostname(), "since": 1.0,
+                                                  "launch_id": "(the kernel's lock table)"}))
+    os.chmod(run_dir / names.LOCK, 0o600)
+    holder = Holder(run_dir)
+    try:
+        said = "\n".join(lastwords.no_state_lines(run_dir))
+    finally:
+        holder.end()
+    assert "starting (supervisor pid 4321); no state.json yet" in said, said  # read from the body, said so
+    assert "kernel's lock table" not in said, said

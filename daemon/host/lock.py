@@ -48,6 +48,9 @@ class LockInfo:
     """Unix time when it took the lock."""
     launch_id: str = ""
     """The supervisor id its environment carries (minilmd/procs.py proves the holder by it); "" if none."""
+    from_table: bool = False
+    """Seen holding the lock in the kernel's lock table (/proc/locks), not read from the lock's body: a look that
+    cannot open the lock (daemon/views/lastwords.py); its words say so."""
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "an unknown time"
