@@ -16,10 +16,10 @@ Torch-free.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from minilmd.bounded import bounded_probe
-from minilmd.daemon.base.runstate import now
 from minilmd.daemon.base.worker import Worker, error_words
 from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.slurm import requeue_bound
@@ -43,6 +43,8 @@ class AfterSync:
         self.removal: Worker | None = None
         self.removal_step: int | None = None
         self.retry_at = 0.0
+        """time.monotonic() before which a failed removal is not tried again (a wall clock set back an hour would
+        hold it that long)."""
         self.silence_said = False
         self.failure_said = ""
 
@@ -57,7 +59,8 @@ class AfterSync:
             self.seen = step
             requeue_bound.synced(self.state.slurm, step)
             self.pending = step
-        if self.pending is not None and self.removal is None and not staging_running and now() >= self.retry_at:
+        due = time.monotonic() >= self.retry_at
+        if self.pending is not None and self.removal is None and not staging_running and due:
             self._begin(self.pending)
 
     def _begin(self, step: int) -> None:
@@ -91,7 +94,7 @@ class AfterSync:
             return
         if self.pending is None:  # a newer remote step meanwhile is tried for instead
             self.pending = self.removal_step
-        self.retry_at = now() + self.retry_s
+        self.retry_at = time.monotonic() + self.retry_s  # never moved by a clock step
         failed = removal.result if left else \
             f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(removal.error)})"
         said = f"{failed}: tried again in {self.retry_s:.0f} s, or at the run's end or next start"

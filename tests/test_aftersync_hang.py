@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -131,3 +132,32 @@ def test_a_removal_that_run_dir_failed_is_tried_again_and_its_failure_said_once(
     failed = _tried_until_removed(cfg, state, after, events)
     assert not failures, events
     assert len(failed) == 1 and "Input/output error" in failed[0] and "left there" in failed[0], events
+
+
+def test_a_failed_removals_retry_waits_its_time_whatever_the_wall_clock_does(tmp_path, weights, monkeypatch):
+    """retry_at is on time.monotonic(): the wall clock stepped two hours forward (NTP, a suspended VM) does not make
+    the hour's wait pass at once (before: runstate.now(), time.time()); stepped back, it would have held it longer."""
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def flaky(listing):
+        if failures:
+            raise failures.pop()
+        return listing()
+
+    _at_listing_of_kept(monkeypatch, cfg, flaky)
+    after.retry_s = 3600.0
+    state.remote_checkpoint = RemoteCheckpoint(step=30)
+    after.tick(False)
+    assert after.removal is not None and after.removal.wait(10 * GENEROUS_S)
+    after.tick(False)  # the failure collected: tried again in an hour
+    assert after.removal is None and _said(events, "tried again in 3600 s"), events
+    stepped, real = time.time() + 7200, time.time
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    try:
+        after.tick(False)
+        begun = after.removal
+    finally:
+        monkeypatch.setattr(time, "time", real)
+    assert begun is None, events  # not tried again: its hour has not passed
+    assert (keptcopy.place(cfg) / step_name(30)).is_dir()
