@@ -85,9 +85,9 @@ class AfterSync:
                                   f"{removal.running_for():.0f} s (a stalled share?): left to its thread, the run "
                                   f"goes on; tried again once it returns")
             return
-        self.removal = None
+        self.removal, error = None, removal.error
         left = isinstance(removal.result, keptcopy.Left)  # its listing or removal failed: as a raise, tried again
-        if removal.error is None and not left:
+        if error is None and not left:
             self.failure_said = ""
             if removal.result:
                 self.emit("sync", removal.result)
@@ -95,8 +95,8 @@ class AfterSync:
         if self.pending is None:  # a newer remote step meanwhile is tried for instead
             self.pending = self.removal_step
         self.retry_at = time.monotonic() + self.retry_s  # never moved by a clock step
-        failed = removal.result if left else \
-            f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(removal.error)})"
+        failed = str(removal.result) if error is None else \
+            f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(error)})"
         said = f"{failed}: tried again in {self.retry_s:.0f} s, or at the run's end or next start"
         if said != self.failure_said:  # a run.dir that stays unwritable is said once, not each minute
             self.failure_said = said
