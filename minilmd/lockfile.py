@@ -295,7 +295,7 @@ def strangers_words(found: list[tuple[int, int | None]], what: str) -> str:
 
 def unknown_holder_words(found: list[tuple[int, int | None]], path: object) -> str:
     """For a lock held (Held.holders) by a process whose user cannot be read, the way out: "; if no process of yours
-    holds it, ..., mv PATH PATH.old" ("" when every holder's user is known). Such a holder keeps a lock file of
+    holds it, ..., mv PATH PATH.stale" ("" when every holder's user is known). Such a holder keeps a lock file of
     today's (`strangers`), and a start that narrowed an old wide one and died before replacing it left one: its
     note that the file was wide (`_found_wide`) died with it, and nothing else ever replaces that file."""
     if not any(uid is None for _pid, uid in found):
@@ -303,7 +303,7 @@ def unknown_holder_words(found: list[tuple[int, int | None]], path: object) -> s
     shown = shlex.quote(str(path))
     return (f"; if no process of yours holds it (its holder's user cannot be read: one that ended, its lock kept by "
             f"a process it started, or another user's that opened the file while it was readable), move the lock "
-            f"file away: mv {shown} {shlex.quote(f'{path}.old')}")
+            f"file away: mv {shown} {shlex.quote(f'{path}.stale')}")
 
 
 def own_dir(where: Dir | int) -> bool:

@@ -67,7 +67,7 @@ def test_a_run_lock_whose_holders_user_cannot_be_read_names_the_way_out(tmp_path
     if readable:  # a holder of the user's own, named: no more words
         assert "mv " not in said, said
     else:
-        assert "if no process of yours holds it" in said and f"mv {path} {path}.old" in said, said
+        assert "if no process of yours holds it" in said and f"mv {path} {path}.stale" in said, said
 
 
 def test_a_teammates_look_under_hidepid_sees_the_owners_supervisor_holding_an_old_wide_lock(tmp_path, monkeypatch):
