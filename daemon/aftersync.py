@@ -7,19 +7,20 @@ staging runs (whose fetch brings the kept copy back, or drops it, in its own thr
   remote now holds its step or a newer one: before, it stayed until the run's end or its next start. The removal
   runs in a thread of its own (daemon/base/worker.py), never on the loop: run.dir on a share that hangs held the loop
   there (the stop unanswered, only systemd's watchdog noticed). A removal that has not answered is said once and left
-  to its thread, no second one begun beside it; one that failed (or returned after a hang) is tried again after
-  RETRY_S; at the run's end, `at_end`, bounded (a damaged copy set aside in its quarantine/ too, whatever its step,
-  when the trainer ended done: `finished`);
+  to its thread, no second one begun beside it; one that failed (its thread raised, or run.dir failed its listing
+  or the removal: keptcopy.Left, EIO, EACCES; a refusal, another's entry or a link, is not tried again) is tried
+  again after RETRY_S, said once; at the run's end, `at_end`, bounded (a damaged copy set aside in its quarantine/
+  too, whatever its step, when the trainer ended done: `finished`);
 - the count of a Slurm job's requeues after a last sync that gave up (daemon/slurm/requeue_bound.py) begins again
   (state.json only: on the loop).
 Torch-free.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from minilmd.bounded import bounded_probe
-from minilmd.daemon.base.runstate import now
 from minilmd.daemon.base.worker import Worker, error_words
 from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.slurm import requeue_bound
@@ -45,6 +46,8 @@ class AfterSync:
         self.removal: Worker | None = None
         self.removal_step: int | None = None
         self.retry_at = 0.0
+        """time.monotonic() before which a failed removal is not tried again (a wall clock set back an hour would
+        hold it that long)."""
         self.silence_said = False
         self.failure_said = ""
 
@@ -59,7 +62,8 @@ class AfterSync:
             self.seen = step
             requeue_bound.synced(self.state.slurm, step)
             self.pending = step
-        if self.pending is not None and self.removal is None and not staging_running and now() >= self.retry_at:
+        due = time.monotonic() >= self.retry_at
+        if self.pending is not None and self.removal is None and not staging_running and due:
             self._begin(self.pending)
 
     def _begin(self, step: int) -> None:
@@ -84,17 +88,19 @@ class AfterSync:
                                   f"{removal.running_for():.0f} s (a stalled share?): left to its thread, the run "
                                   f"goes on; tried again once it returns")
             return
-        self.removal = None
-        if removal.error is None:
+        self.removal, error = None, removal.error
+        left = isinstance(removal.result, keptcopy.Left)  # its listing or removal failed: as a raise, tried again
+        if error is None and not left:
             self.failure_said = ""
             if removal.result:
                 self.emit("sync", removal.result)
             return
         if self.pending is None:  # a newer remote step meanwhile is tried for instead
             self.pending = self.removal_step
-        self.retry_at = now() + self.retry_s
-        said = f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(removal.error)}): tried " \
-               f"again in {self.retry_s:.0f} s, or at the run's end or next start"
+        self.retry_at = time.monotonic() + self.retry_s  # never moved by a clock step
+        failed = str(removal.result) if error is None else \
+            f"the copy in {keptcopy.place(self.cfg)} is not removed now ({error_words(error)})"
+        said = f"{failed}: tried again in {self.retry_s:.0f} s, or at the run's end or next start"
         if said != self.failure_said:  # a run.dir that stays unwritable is said once, not each minute
             self.failure_said = said
             self.emit("sync", said)

@@ -46,6 +46,7 @@ import errno
 import fcntl
 import os
 import secrets
+import shlex
 import stat
 import time
 from collections.abc import Iterator
@@ -253,14 +254,16 @@ def holders(fd: int) -> list[tuple[int, int | None]]:
     return found
 
 
-def strangers(fd: int) -> list[tuple[int, int | None]]:
+def strangers(fd: int, *, unreadable_is_one: bool = True) -> list[tuple[int, int | None]]:
     """The holders (pid, effective uid) of an flock on the open file `fd` when every one is another user's process
     than the file's owner's (none of its uids the owner's, not this process): a lock file once readable by others,
     locked by one of them. On a file found wide (`found_wide`) a holder whose uids cannot be read is one (uid None):
-    anyone could have opened it then, and only a holder proven the owner's keeps it. [] when none is named, or one
-    is the owner's, or, on a file never wide, cannot be told (a real holder, as before)."""
+    anyone could have opened it then, and only a holder proven the owner's keeps it; not with `unreadable_is_one`
+    False (a look of another user's, daemon/host/lock.py lock_look: under hidepid the owner's own supervisor is such
+    a holder to it). [] when none is named, or one is the owner's, or, on a file never wide, cannot be told (a real
+    holder, as before)."""
     st = os.fstat(fd)
-    wide = found_wide(st)
+    wide = found_wide(st) and unreadable_is_one
     found: list[tuple[int, int | None]] = []
     for pid in flock_holders(st):
         uids = process_uids(pid) if pid > 0 else None
@@ -288,6 +291,19 @@ def strangers_words(found: list[tuple[int, int | None]], what: str) -> str:
                     for pid, uid in found)
     return (f"held by {who}, not a {what} of yours: your lock file was readable by others; replaced by a new one "
             f"only you can open, and taken")
+
+
+def unknown_holder_words(found: list[tuple[int, int | None]], path: object) -> str:
+    """For a lock held (Held.holders) by a process whose user cannot be read, the way out: "; if no process of yours
+    holds it, ..., mv PATH PATH.stale" ("" when every holder's user is known). Such a holder keeps a lock file of
+    today's (`strangers`), and a start that narrowed an old wide one and died before replacing it left one: its
+    note that the file was wide (`_found_wide`) died with it, and nothing else ever replaces that file."""
+    if not any(uid is None for _pid, uid in found):
+        return ""
+    shown = shlex.quote(str(path))
+    return (f"; if no process of yours holds it (its holder's user cannot be read: one that ended, its lock kept by "
+            f"a process it started, or another user's that opened the file while it was readable), move the lock "
+            f"file away: mv {shown} {shlex.quote(f'{path}.stale')}")
 
 
 def own_dir(where: Dir | int) -> bool:

@@ -1,20 +1,25 @@
 """The removal of a Slurm job's kept copy once run.remote holds its step (daemon/aftersync.py) runs in a thread of
 its own, never on the supervisor's loop. Before, the loop's tick made it: run.dir on a share that hangs held the
 loop there, a stop unanswered, only systemd's watchdog noticed. Here the share's hang is a fake: the listing of
-`<run.dir>/unsynced/` (keptcopy.kept_step, the removal's first touch of run.dir, where a stalled NFS or FUSE mount
+`<run.dir>/unsynced/` (untrusted.listed, the removal's first touch of run.dir, where a stalled NFS or FUSE mount
 blocks) held on an Event. The tick returns, the silence is said once, no second removal is begun beside the first,
-the run's end does not wait for it, and once the share answers the copy goes; a removal that failed is tried again,
-its failure said once. The real Slurm job's copy and removal: tests/test_slurm_unsynced_kept.py."""
+the run's end does not wait for it, and once the share answers the copy goes. A removal that failed is tried again,
+its failure said once: run.dir's listing, or the removal itself, raising EIO where they run (before, both were taken
+in keptcopy as "nothing kept" or a result in words, the retry never made). The real Slurm job's copy and removal:
+tests/test_slurm_unsynced_kept.py."""
 from __future__ import annotations
 
 import errno
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
+from minilmd import untrusted
 from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.jobs import keptcopy
+from minilmd.daemon.jobs.keptremote import KeptRemote
 from minilmd.names import step_name
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - the fixture
 
@@ -40,6 +45,13 @@ def _returns(call: Callable[[], object]) -> bool:
     return done.wait(GENEROUS_S)
 
 
+def _at_listing_of_kept(monkeypatch, cfg, fake: Callable[[Callable[[], list[str]]], list[str]]) -> None:
+    """`fake(listing)` answers the listing of `<run.dir>/unsynced/` (listing: the real one); any other as it is."""
+    real, kept = untrusted.listed, str(keptcopy.place(cfg))
+    monkeypatch.setattr(untrusted, "listed", lambda folder, **kw: fake(lambda: real(folder, **kw))
+                        if str(folder) == kept else real(folder, **kw))
+
+
 def _said(events: list[tuple], words: str) -> list[str]:
     return [e[1] for e in events if words in e[1]]
 
@@ -47,15 +59,15 @@ def _said(events: list[tuple], words: str) -> list[str]:
 def test_a_removal_held_by_a_hung_run_dir_leaves_the_loop_ticking_and_ends_once_the_share_answers(
         tmp_path, weights, monkeypatch):
     cfg, state, events, after = _kept_run(tmp_path, weights)
-    release, entered, calls, listing = threading.Event(), threading.Event(), [], keptcopy.kept_step
+    release, entered, calls = threading.Event(), threading.Event(), []
 
-    def hung(cfg_):
-        calls.append(cfg_)
+    def hung(listing):
+        calls.append(listing)
         entered.set()
         release.wait(10 * GENEROUS_S)  # the share stalls until the test lets it answer
-        return listing(cfg_)
+        return listing()
 
-    monkeypatch.setattr(keptcopy, "kept_step", hung)
+    _at_listing_of_kept(monkeypatch, cfg, hung)
     after.silent_say_s = 0.0  # its silence said at the next tick
     state.remote_checkpoint = RemoteCheckpoint(step=30)  # a sync put the kept step on run.remote
     try:
@@ -77,24 +89,75 @@ def test_a_removal_held_by_a_hung_run_dir_leaves_the_loop_ticking_and_ends_once_
     assert not keptcopy.place(cfg).exists()  # the copy, and its empty directory with it
 
 
-def test_a_removal_that_failed_is_tried_again_and_its_failure_said_once(tmp_path, weights, monkeypatch):
-    cfg, state, events, after = _kept_run(tmp_path, weights)
-    failures, listing = [OSError(errno.EIO, "Input/output error")] * 2, keptcopy.kept_step
-
-    def flaky(cfg_):
-        if failures:
-            raise failures.pop()
-        return listing(cfg_)
-
-    monkeypatch.setattr(keptcopy, "kept_step", flaky)
+def _tried_until_removed(cfg, state, after, events) -> list[str]:
+    """Ticks until the copy goes (each collects the try before it and begins the next): the failures said."""
     after.retry_s = 0.0  # tried again at the next tick (60 s in a run)
-    state.remote_checkpoint = RemoteCheckpoint(step=30)
-    for _ in range(4):  # each tick collects the try before it and begins the next
+    state.remote_checkpoint = RemoteCheckpoint(step=30)  # a sync put the kept step on run.remote
+    for _ in range(4):
         after.tick(False)
-        if (removal := getattr(after, "removal", None)) is not None:
+        if (removal := after.removal) is not None:
             assert removal.wait(10 * GENEROUS_S)
     after.tick(False)
-    assert not failures and not keptcopy.place(cfg).exists(), events  # the third try removed it
-    failed = _said(events, "is not removed now")
-    assert len(failed) == 1 and "Input/output error" in failed[0], events  # the same failure: said once
+    assert not keptcopy.place(cfg).exists(), events  # the third try removed it
     assert _said(events, "removed step 30"), events
+    return _said(events, "tried again in")
+
+
+def test_a_removal_whose_listing_of_run_dir_failed_is_tried_again_and_its_failure_said_once(
+        tmp_path, weights, monkeypatch):
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    failures = [OSError(errno.EIO, "Input/output error")] * 2
+
+    def flaky(listing):
+        if failures:
+            raise failures.pop()
+        return listing()
+
+    _at_listing_of_kept(monkeypatch, cfg, flaky)
+    failed = _tried_until_removed(cfg, state, after, events)
+    assert not failures, events
+    assert len(failed) == 1 and "Input/output error" in failed[0], events  # the same failure: said once
+
+
+def test_a_removal_that_run_dir_failed_is_tried_again_and_its_failure_said_once(tmp_path, weights, monkeypatch):
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    failures, rm = [OSError(errno.EIO, "Input/output error")] * 2, KeptRemote.rm
+
+    def flaky(self, name, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return rm(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(KeptRemote, "rm", flaky)
+    failed = _tried_until_removed(cfg, state, after, events)
+    assert not failures, events
+    assert len(failed) == 1 and "Input/output error" in failed[0] and "left there" in failed[0], events
+
+
+def test_a_failed_removals_retry_waits_its_time_whatever_the_wall_clock_does(tmp_path, weights, monkeypatch):
+    """retry_at is on time.monotonic(): the wall clock stepped two hours forward (NTP, a suspended VM) does not make
+    the hour's wait pass at once (before: runstate.now(), time.time()); stepped back, it would have held it longer."""
+    cfg, state, events, after = _kept_run(tmp_path, weights)
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def flaky(listing):
+        if failures:
+            raise failures.pop()
+        return listing()
+
+    _at_listing_of_kept(monkeypatch, cfg, flaky)
+    after.retry_s = 3600.0
+    state.remote_checkpoint = RemoteCheckpoint(step=30)
+    after.tick(False)
+    assert after.removal is not None and after.removal.wait(10 * GENEROUS_S)
+    after.tick(False)  # the failure collected: tried again in an hour
+    assert after.removal is None and _said(events, "tried again in 3600 s"), events
+    stepped, real = time.time() + 7200, time.time
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    try:
+        after.tick(False)
+        begun = after.removal
+    finally:
+        monkeypatch.setattr(time, "time", real)
+    assert begun is None, events  # not tried again: its hour has not passed
+    assert (keptcopy.place(cfg) / step_name(30)).is_dir()

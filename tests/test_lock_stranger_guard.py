@@ -12,6 +12,7 @@ refuses, as before.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import pytest
 from minilmd import lockfile, names, trainer_lock
 from minilmd.corpus.prepare.lock import CorpusLock
 from minilmd.daemon.host.lock import LockHeld, RunLock
+from minilmd.proc_info import process_uids
 
 STRANGER = 4242
 
@@ -76,16 +78,36 @@ class Holder:
 
     def __init__(self, path: Path, how: str = "", ours: bool = False):
         assert PYTHON is not None
+        self.how = how
         self.proc = subprocess.Popen([PYTHON, "-I", "-S", "-c", HOLD, str(path), how], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, preexec_fn=None if ours else _as_stranger)
         assert self.proc.stdout.readline().strip() == "held"
         if how == "fork":
             self.proc.wait(timeout=60)  # gone and reaped: its pid, the one /proc/locks names, is no process's
 
+    def reused(self) -> bool:
+        """Whether the reaped pid of a "fork" holder is some process's again (a busy machine hands it on): then
+        /proc/locks names a process whose user can be read, root's perhaps, and the case is not the one staged."""
+        return self.how == "fork" and process_uids(self.proc.pid) is not None
+
     def end(self) -> None:
         self.proc.stdin.close()  # the child of "fork" shares it: its read ends too
         self.proc.wait(timeout=60)
         self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def staged(holder: Holder) -> Iterator[None]:
+    """The body's failure is a skip, not a flake, when the "fork" holder's reaped pid was reused meanwhile
+    (`Holder.reused`: looked at before the body and after a failure; the case asked for was not there)."""
+    if holder.reused():
+        pytest.skip(f"pid {holder.proc.pid} of the exited holder was reused before the lock was taken")
+    try:
+        yield
+    except BaseException:  # an assertion, or pytest.raises' "did not raise"
+        if holder.reused():
+            pytest.skip(f"pid {holder.proc.pid} of the exited holder was reused while the lock was taken")
+        raise
 
 
 @pytest.fixture
@@ -121,15 +143,16 @@ def test_a_wide_run_lock_held_by_a_stranger_who_holds_its_directory_or_has_exite
     old = os.lstat(lock).st_ino
     stranger = Holder(lock, how)
     try:
-        with RunLock(place / "run") as taken:  # before: LockHeld "pid None ...", for as long as the stranger held
-            assert taken.held
-            assert os.lstat(lock).st_ino != old and _mode(lock) == 0o600
-        said = capsys.readouterr().err
-        assert "not a supervisor of yours: your lock file was readable by others" in said, said
-        if how == "dir":
-            assert f"uid {STRANGER}'s process {stranger.proc.pid}," in said, said
-        else:
-            assert f"process {stranger.proc.pid} (its user cannot be read" in said, said
+        with staged(stranger):
+            with RunLock(place / "run") as taken:  # before: LockHeld "pid None ...", for as long as the stranger held
+                assert taken.held
+                assert os.lstat(lock).st_ino != old and _mode(lock) == 0o600
+            said = capsys.readouterr().err
+            assert "not a supervisor of yours: your lock file was readable by others" in said, said
+            if how == "dir":
+                assert f"uid {STRANGER}'s process {stranger.proc.pid}," in said, said
+            else:
+                assert f"process {stranger.proc.pid} (its user cannot be read" in said, said
         assert not (place / "run" / names.lock_guard_name(names.LOCK)).exists()  # its maker removed it
     finally:
         stranger.end()
@@ -140,7 +163,8 @@ def test_a_wide_trainer_lock_whose_stranger_holder_has_exited_is_replaced(place,
     lock = _wide_lock(place / "scratch", names.TRAINER_LOCK)
     stranger = Holder(lock, "fork")
     try:
-        trainer_lock.hold(place / "scratch", place / "run", supervised=True)  # before: TrainerLockHeld, exit 69
+        with staged(stranger):
+            trainer_lock.hold(place / "scratch", place / "run", supervised=True)  # before: TrainerLockHeld, exit 69
         dir_fd = os.open(place / "scratch", os.O_RDONLY | os.O_DIRECTORY)
         try:
             assert trainer_lock.holder(dir_fd)["pid"] == os.getpid() and _mode(lock) == 0o600
@@ -162,8 +186,10 @@ def test_a_wide_run_lock_held_by_a_process_of_ones_own_still_refuses(place, how)
     try:
         if how:
             os.chmod(lock, 0o600)  # a lock file of today's: a holder whose uid cannot be read is a real holder
-        with pytest.raises(LockHeld, match="run already owned by another supervisor"):
-            RunLock(place / "run").acquire()
+        with staged(ours):
+            with pytest.raises(LockHeld, match="run already owned by another supervisor") as refused:
+                RunLock(place / "run").acquire()
+            assert ("move the lock file away" in str(refused.value)) == bool(how), refused.value  # its user unread
         assert os.lstat(lock).st_ino == old
     finally:
         ours.end()
@@ -178,7 +204,7 @@ def test_a_stale_prepare_lock_flocked_by_a_stranger_no_longer_refuses_every_prep
     lock = _wide_lock(place, "corpus.lock", (json.dumps(line) + "\n").encode())
     stranger = Holder(lock, how)
     try:
-        with CorpusLock(place / "corpus", "prepare") as taken:
+        with staged(stranger), CorpusLock(place / "corpus", "prepare") as taken:
             assert taken.locked and _mode(lock) == 0o600
             assert json.loads(lock.read_text())["pid"] == os.getpid()
         said = capsys.readouterr().err

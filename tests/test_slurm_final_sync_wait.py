@@ -11,7 +11,8 @@ REFUSED = "the last sync was refused: sync to /r refused: /r/owner.json is anoth
 
 def test_a_finished_runs_unsynced_last_checkpoint_is_never_planned_finished():
     job = SlurmJob(Allocation("4242", ["n1"], [0]), {}, lambda *a, **k: None,
-                   runner=lambda args: "JobState=RUNNING Restarts=0")
+                   runner=lambda args: "JobState=RUNNING Restarts=0",
+                   signal_runner=lambda args: "JobState=RUNNING Restarts=0")
     job.preempted_by = "USR1"
     plan = job.plan(True, 30, REFUSED)
     assert plan.ended == "failed" and plan.problem and "refused" in plan.problem, plan

@@ -49,7 +49,9 @@ JOB_ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-02]", "CUDA_VISIB
 def job_for(runner: FakeScontrol, env: dict | None = None) -> slurm.SlurmJob:
     alloc = slurm.detect(env or JOB_ENV, runner)
     assert alloc is not None
-    return slurm.SlurmJob(alloc, {}, Events(), runner)
+    # the job's end and a preemption's plan after a failed last sync ask within SIGNAL_TIMEOUT_S: the same answers,
+    # recorded apart (the end's background watch would otherwise add to `runner.calls` at any time)
+    return slurm.SlurmJob(alloc, {}, Events(), runner, signal_runner=FakeScontrol(runner.job))
 
 
 def test_slurm_allocation_comes_from_the_job_environment():

@@ -138,18 +138,45 @@ def test_a_live_record_that_holds_no_run_lock_is_said_to_be_judged_from_the_reco
 def test_a_supervisor_whose_proc_entry_is_hidden_but_holds_its_run_lock_is_running(tmp_path, monkeypatch):
     """/proc mounted hidepid=2 hides the run's user's processes from a teammate (faked: the record's /proc look says
     gone); /proc/locks still has its pid holding the lock, which only the owner's processes can open."""
-    from minilmd.daemon.views import seen
+    from minilmd.daemon.base import seen
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     holder = Holder(run_dir)
     try:
         _state(run_dir, "training", pid=holder.pid)
-        monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)
+        monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)  # where the rule reads it
         head = _status_of(run_dir).splitlines()[0]
         assert head.endswith(f"; supervisor pid {holder.pid} running"), head  # before: killed or crashed
     finally:
         holder.end()
+
+
+def test_a_gone_record_whose_run_lock_another_pid_holds_is_not_judged_killed_nor_running(tmp_path, own_registry):
+    """state.json names a supervisor gone, a real process holds the 0600 run lock (only the owner's can: one that
+    systemd started again before it wrote state.json). Before: `not running (... killed or crashed; `minilmd run`
+    again resumes) (judged from its record ...: the kernel's lock table has pid N holding its run lock)`."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _state(run_dir, "training")  # the record's supervisor is gone
+    registry.register(run_dir.name, run_dir, tmp_path / "run.toml")
+    holder = Holder(run_dir)
+    try:
+        head = _status_of(run_dir).splitlines()[0]
+        assert f"supervisor not judged: pid {holder.pid} holds its run lock (a supervisor starting?)" in head, head
+        assert "killed or crashed" not in head and "again resumes" not in head and "running" not in head, head
+        out = io.StringIO()
+        overview.status_all(out=out)
+        row = next(line for line in out.getvalue().splitlines() if line.startswith("run "))
+        assert f"training (not judged: pid {holder.pid} holds its run lock" in row, row
+        assert "(not running)" not in row, row
+        out = io.StringIO()
+        overview.status_all(as_json=True, out=out)
+        (listed,) = json.loads(out.getvalue())
+        assert listed["running"] is False and f"pid {holder.pid}" in listed["unjudged"], listed
+    finally:
+        holder.end()
+    assert "killed or crashed" in _status_of(run_dir).splitlines()[0]  # none holds it now: gone, as the record says
 
 
 def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_be_opened(tmp_path, monkeypatch):
@@ -214,3 +241,53 @@ def test_a_teammate_sees_whose_supervisor_runs_or_starts_though_its_run_lock_is_
         assert "killed or crashed" in head and "judged from its record" not in head, head  # the lock table agrees
     finally:
         shutil.rmtree(place, ignore_errors=True)
+
+
+def test_a_stage_waiting_for_its_predecessor_and_logs_follow_ask_the_same_rule(tmp_path, monkeypatch):
+    """initwait judged the predecessor by the host test and its record inline, `logs --follow` by the record alone:
+    a predecessor whose /proc entry is hidden (hidepid, faked) while it holds its run lock was "not running since",
+    one started again before it wrote state.json (a dead record, another pid holding the lock) too, and `logs
+    --follow` ended on "the run has ended" of a run whose new supervisor holds the lock. Now both ask seen.py's rule:
+    running, or not judged (alive None): waited on, followed on."""
+    from minilmd.daemon.base import seen
+    from minilmd.daemon.phases import initwait
+    from minilmd.daemon.views import logs
+    from minilmd.dirfd import Dir
+
+    run_dir = tmp_path / "pre"
+    run_dir.mkdir()
+    pred = initwait.Predecessor("pre", run_dir, tmp_path / "remote")
+    holder = Holder(run_dir)
+    try:
+        _state(run_dir, "training", pid=holder.pid)
+        monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)  # /proc hides it
+        body = json.loads((run_dir / names.STATE).read_text())
+        assert initwait.predecessor_liveness(pred, body).running  # before: "its supervisor is gone"
+        monkeypatch.undo()
+        _state(run_dir, "training")  # a dead record: its pid gone, another holding the lock
+        body = json.loads((run_dir / names.STATE).read_text())
+        assert initwait.predecessor_liveness(pred, body).running  # not judged: waited on, as one running
+        _state(run_dir, "done", outcome={"time": 1.0, "exit": 0, "phase": "done", "ended": "finished"})
+        with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY), run_dir) as run:
+            assert logs._ended(run) == ""  # before: "the run has ended (done, exit 0)"
+    finally:
+        holder.end()
+    with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY), run_dir) as run:
+        assert "the run has ended" in logs._ended(run)  # none holds it: gone, as its record says
+
+
+def test_a_lock_body_that_names_the_lock_table_is_not_taken_for_a_look_at_the_table(tmp_path):
+    """lastwords marked a holder seen in /proc/locks by a sentinel launch id, "(the kernel's lock table)": a lock
+    body naming that launch id was said to be seen in the table. Now a field of its own (LockInfo.from_table)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / names.LOCK).write_text(json.dumps({"pid": 4321, "host": socket.gethostname(), "since": 1.0,
+                                                  "launch_id": "(the kernel's lock table)"}))
+    os.chmod(run_dir / names.LOCK, 0o600)
+    holder = Holder(run_dir)
+    try:
+        said = "\n".join(lastwords.no_state_lines(run_dir))
+    finally:
+        holder.end()
+    assert "starting (supervisor pid 4321); no state.json yet" in said, said  # read from the body, said so
+    assert "kernel's lock table" not in said, said

@@ -48,6 +48,9 @@ class LockInfo:
     """Unix time when it took the lock."""
     launch_id: str = ""
     """The supervisor id its environment carries (minilmd/procs.py proves the holder by it); "" if none."""
+    from_table: bool = False
+    """Seen holding the lock in the kernel's lock table (/proc/locks), not read from the lock's body: a look that
+    cannot open the lock (daemon/views/lastwords.py); its words say so."""
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "an unknown time"
@@ -62,7 +65,8 @@ class LockHeld(RuntimeError):
         self.pid, self.host, self.since, self.path = pid, host, since, path
         info = LockInfo(pid, host, since).describe()
         super().__init__(f"run already owned by another supervisor: {info} (lock {path}{_kernel_says(holders)}); "
-                         f"use `minilmd status` to see it or `minilmd stop` to stop it")
+                         f"use `minilmd status` to see it or `minilmd stop` to stop it"
+                         f"{lockfile.unknown_holder_words(holders or [], path)}")
 
 
 def _kernel_says(holders: list[tuple[int, int | None]] | None) -> str:
@@ -183,7 +187,7 @@ def lock_look(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[Lo
             return None, False
         if lockfile.probe_free(fd):
             return None, True
-        if lockfile.strangers(fd):
+        if lockfile.strangers(fd, unreadable_is_one=False):  # a holder hidden from us (hidepid) may be the owner's
             return None, False  # no supervisor: another user's process holding a lock file it could read
         return _info(lockfile.read_body(fd)), False
     finally:

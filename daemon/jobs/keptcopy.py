@@ -25,6 +25,7 @@ Torch-free; the Syncer (numpy) is loaded only when a copy is made or read.
 """
 from __future__ import annotations
 
+import errno
 import stat
 import threading
 from dataclasses import dataclass
@@ -106,15 +107,24 @@ def keep(cfg, expected: Any, remote_step: int | None, wait_s: float = KEEP_WAIT_
     return Kept(step, where / step_name(step))
 
 
+class Left(str):
+    """The words of a removal that left the copy there because run.dir failed it (its listing or the removal raised:
+    EIO, EACCES, ...), not because it refused: the caller that can try again does (daemon/aftersync.py)."""
+
+
 def kept_step(cfg) -> int | None:
     """The step kept in run.dir, as its listing says (None: none; nothing opened but the directory)."""
-    from minilmd.untrusted import listed
-
     try:
-        found = listed(place(cfg))
+        return _listed_step(cfg)
     except (OSError, ValueError):  # not there (the usual case), or not a directory this reads
         return None
-    return max((s for s in map(step_or_none, found) if s is not None), default=None)
+
+
+def _listed_step(cfg) -> int | None:
+    """`kept_step`, its listing's OSError raised."""
+    from minilmd.untrusted import listed
+
+    return max((s for s in map(step_or_none, listed(place(cfg))) if s is not None), default=None)
 
 
 def bring_back(cfg, expected: Any) -> str:
@@ -167,13 +177,16 @@ def _drop_if_synced(cfg, remote_step: int | None, done: bool = False) -> str:
 
     try:
         names = listed(place(cfg))
-    except (OSError, ValueError):  # not there (the usual case), or not a directory this reads
-        return ""
-    kept = kept_step(cfg)
+        kept = _listed_step(cfg)
+    except (OSError, ValueError) as e:
+        if getattr(e, "errno", None) in (errno.ENOENT, errno.ENOTDIR):  # none kept (the usual case)
+            return ""
+        return Left(f"the copy in {place(cfg)} is left there: it cannot be listed ({e})")
     said = []
     if kept is not None and remote_step is not None and remote_step >= kept:
         if why := _drop_kept(cfg, kept):
-            return f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
+            words = f"step {kept} kept in {place(cfg)} is on run.remote now, but was left there: {why}"
+            return Left(words) if isinstance(why, Left) else words
         said.append(f"removed step {kept} kept in {place(cfg)}")
         kept = None
     if QUARANTINE in names:
@@ -186,14 +199,14 @@ def _drop_if_synced(cfg, remote_step: int | None, done: bool = False) -> str:
 
 
 def _drop_kept(cfg, kept: int) -> str | None:
-    """The kept step and the LATEST naming it removed: why not (None when removed)."""
+    """The kept step and the LATEST naming it removed: why not (None when removed; a Left when run.dir failed it)."""
     remote = _syncer(cfg, None).remote
     try:
         why = remote.rm(step_name(kept))
         if why is None:
             remote.rm(LATEST, file=True)  # the pointer to it, when it is ours; left otherwise (a few bytes)
     except OSError as e:
-        why = str(e)
+        return Left(str(e))
     return why
 
 

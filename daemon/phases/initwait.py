@@ -14,13 +14,14 @@ already has a checkpoint of its own resumes from it and does not wait. Torch-fre
 from __future__ import annotations
 
 import functools
-import socket
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
-from minilmd.daemon.base.runstate import RunState, fmt_time, now, supervisor_runs_here
+from minilmd.daemon.base.runstate import RunState, fmt_time, now
+from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import InitWait, StateJson
 from minilmd.daemon.base.worker import Worker
 from minilmd.init_source import (
@@ -105,17 +106,18 @@ class Liveness:
 
 
 def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None = None) -> Liveness | None:
-    """Whether the supervisor of the predecessor runs: its recorded pid alive with its start time (on this host; on
-    another host sharing the run directory its state.json alone decides), and its state.json written within
-    STALE_S. Its lock is not probed: a probe every POLL_S, even a shared one of microseconds, could meet that
-    supervisor restarting and make its own non-blocking acquire fail, a final exit 2. None when there is no
-    state.json to judge by (not started, or unreadable: the why says so already)."""
+    """Whether the supervisor of the predecessor runs, by status's rule (daemon/base/seen.py: its recorded pid alive
+    with its start time, checked against who holds its run lock by the kernel's lock table; another host's, or a
+    record gone while another pid holds that lock, not judged here: waited on as running), and its state.json
+    written within STALE_S. Its lock is never opened nor probed: a probe every POLL_S, even a shared one of
+    microseconds, could meet that supervisor restarting and make its own non-blocking acquire fail, a final exit 2.
+    None when there is no state.json to judge by (not started, or unreadable: the why says so already)."""
     if state is None:
         return None
     t = now() if t is None else t
     read = StateJson.from_dict(state)
-    sup = read.supervisor
-    alive = supervisor_runs_here(sup) if sup.host in ("", socket.gethostname()) else True
+    seen = supervisor_seen(read, pred.run_dir, owner=_owner(pred.run_dir))
+    alive = seen.alive is not False
     updated = read.updated
     if read.outcome is not None:  # it ended, and not finished (stopped, or a status systemd restarts)
         return Liveness(False, read.outcome.time or updated, f"its supervisor ended with exit {read.outcome.exit}")
@@ -124,6 +126,14 @@ def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None 
     if updated is not None and t - updated > STALE_S:
         return Liveness(False, updated, "its supervisor has not written state.json since")
     return Liveness(True)
+
+
+def _owner(run_dir: Path) -> int | None:
+    """The predecessor's run directory's owner (its run lock must be theirs: daemon/base/seen.py); None if unknown."""
+    try:
+        return os.stat(run_dir).st_uid
+    except OSError:
+        return None
 
 
 def liveness_text(run: str, live: Liveness | None, last_said: str = "") -> str:

@@ -303,6 +303,9 @@ class SlurmJob:
     """The job's end, asked from the preemption's signal on (daemon/slurm/endwatch.py); None before it."""
     launch_env: dict[str, str] = field(default_factory=dict)
     """What the last command() needs in its environment: the rendezvous secret of an srun attempt ({} otherwise)."""
+    requeue_answer: str | None = field(default=None, init=False)
+    """`scontrol show job`'s Requeue, as `plan` was answered after a preemption's failed last sync ("1" without
+    the field or an answer); None before. unsynced_end.requeueable reads it, not asking again (time near the end)."""
 
     def __post_init__(self) -> None:
         self.state["slurm"] = {"job_id": self.alloc.job_id, "nodes": self.alloc.nodes, "gpus": self.alloc.gpus,
@@ -409,7 +412,10 @@ class SlurmJob:
         if sync_problem and not cut:  # before the budget: a last checkpoint not on the remote is never `finished`
             failed = Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
                                             f"requeued, the checkpoint stays on this node's scratch")
-            info = job_info(self.alloc.job_id, self.runner)
+            # the job's end is near: asked once within SIGNAL_TIMEOUT_S, its Requeue kept for unsynced_end (before,
+            # 10 s here and 3 s there, then the requeue's 10 s: more than jobend.REQUEUE_MARGIN_S counts)
+            info = job_info(self.alloc.job_id, self.signal_runner)
+            self.requeue_answer = info.get("Requeue", "1")
             itself = self._requeued_by_slurm(info)  # judged first, as below: Slurm's requeue ends this job anyway
             if not itself and (stop_asked or (by == "SIGTERM" and cancelled(info))):
                 return failed

@@ -43,7 +43,8 @@ REQUEUE_MARGIN_S = 20.0
 this long before the job's end, for what must still run after it and before the kill: the loop's next tick (0.2 s),
 a SIGKILLed trainer's reaping (SAVE_CUT_REAP_S, 2 s, daemon/ending.py), `scontrol show job` for the plan (whether
 Slurm requeues the job itself, or it is cancelled: bounded at daemon/slurm/job.py's SIGNAL_TIMEOUT_S, 3 s, after a
-cut), state.json and the events written to run.dir (a shared filesystem: a second or two), `scontrol requeue`
+cut or a failed last sync, asked once: its Requeue is what daemon/slurm/unsynced_end.py reads), state.json and the
+events written to run.dir (a shared filesystem: a second or two), `scontrol requeue`
 (bounded at SCONTROL_TIMEOUT_S, 10 s, for a busy slurmctld) and the supervisor's exit: 15 s of bounds, the rest for
 the writes. The job's end itself is asked from the signal on, in the background, before any of it. More would cut
 copies that had time to end; a SIGTERM at the time limit leaves only KillWait (30 s by default), of which it keeps

@@ -42,8 +42,11 @@ class UnsyncedEnd:
 
 def requeueable(slurm: SlurmJob, preempted: bool = False) -> bool:
     """Whether Slurm requeues this job when asked: not when `scontrol show job` says Requeue=0 (an answer without
-    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then). Asked within SIGNAL_TIMEOUT_S
-    after a preemption, whose copy may have taken the time up to the job's deadline (jobend.REQUEUE_MARGIN_S)."""
+    the field, or none, is asked anyway: `scontrol requeue` refusing it is said then). After a preemption, whose
+    copy may have taken the time up to the job's deadline (jobend.REQUEUE_MARGIN_S), the answer SlurmJob.plan had
+    (`requeue_answer`) is taken, not asked again; asked within SIGNAL_TIMEOUT_S when it has none."""
+    if preempted and slurm.requeue_answer is not None:
+        return slurm.requeue_answer != "0"
     runner = slurm.signal_runner if preempted else slurm.runner
     return job_info(slurm.alloc.job_id, runner).get("Requeue", "1") != "0"
 

@@ -97,7 +97,7 @@ def _starting_words(holder: LockInfo) -> str:
 
     where = f" on {holder.host}" if holder.host and holder.host != socket.gethostname() else ""
     pid = f"pid {holder.pid}" if holder.pid else "pid not known yet"  # between its flock and its pwrite
-    if holder.launch_id == TABLE:  # its lock file is its owner's alone: who holds it, by the kernel's record
+    if holder.from_table:  # its lock file is its owner's alone: who holds it, by the kernel's record
         from minilmd.perms import is_own_uid, user_words
         from minilmd.proc_info import process_uids
 
@@ -112,7 +112,7 @@ def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tu
     """(the run lock's holder, its pid perhaps not written yet; None when none holds it or there is none) and why it
     cannot be looked at ("" when it can). Where it cannot be opened (another user's, mode 0600: a teammate's look at
     a run shared with run.share "group" or "all"), the kernel's lock table says who holds it (daemon/views/seen.py
-    lock_table: the file lstat'ed, never opened), the holder a LockInfo of that pid, said to be seen so (`table`);
+    lock_table: the file lstat'ed, never opened), the holder a LockInfo of that pid, said to be seen so (`from_table`);
     only where that cannot be read either is it "cannot tell"."""
     from minilmd.daemon.host.lock import LockInfo, lock_look
 
@@ -127,11 +127,7 @@ def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tu
         return None, unknown  # the table cannot say either: cannot tell
     if not holders:
         return None, ""  # no process of this host holds it
-    return LockInfo(holders[0], "", None, launch_id=TABLE), ""
-
-
-TABLE = "(the kernel's lock table)"
-"""The launch id of a holder seen in /proc/locks, not read from the lock's body: its words say how it is known."""
+    return LockInfo(holders[0], "", None, from_table=True), ""
 
 
 def _owner(run_dir: Path, dir_fd: int | None) -> int | None:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.base.statesections import StateJson
-from minilmd.daemon.views.liveness import load, supervisor_alive
+from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, open_run, real_path, run_problem
+from minilmd.daemon.views.seen import supervisor_seen
 from minilmd.dirfd import Dir
 from minilmd.logread import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, clipped, listed, printable
@@ -128,10 +129,15 @@ def _logs(run: Dir, follow: bool, lines: int, out, poll_s: float) -> int:
 
 def _ended(run: Dir) -> str:
     """"the run has ended (PHASE, exit N)" once its supervisor recorded how it ended and no longer runs; "" while
-    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it)."""
+    it runs, before it starts, or after a supervisor killed (no outcome: systemd may restart it). Whether it runs is
+    status's rule (daemon/base/seen.py, its run lock looked at in the kernel's table): another host's, or one that
+    another pid holding its run lock leaves unjudged (a supervisor started again), is followed on."""
     raw, _ = load(run.path, run.fd)
     state = StateJson.from_dict(raw) if raw is not None else None
-    if state is None or state.outcome is None or supervisor_alive(state):
+    if state is None or state.outcome is None:
+        return ""
+    seen = supervisor_seen(state, run.path, run.fd, os.fstat(run.fd).st_uid)
+    if seen.alive is not False:
         return ""
     return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
 

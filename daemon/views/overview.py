@@ -2,7 +2,8 @@
 from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 
 Each row: name, phase (with "not running" when its supervisor is gone before the end, "killed or crashed" after a
-final phase it never wrote its outcome for, "on host H: not checked from here" when state.json names another host:
+final phase it never wrote its outcome for, "on host H: not checked from here" when state.json names another host,
+"not judged: pid N holds its run lock ..." when its supervisor is gone and another pid holds the run lock:
 status's rule, daemon/views/seen.py; "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
@@ -96,6 +97,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "running": alive,
         "elsewhere": seen.elsewhere,  # not known dead from here, nor alive: not checkable on this host
         "judged_by": seen.how,  # the run lock (the kernel's lock table), the record alone, or "other host"
+        "unjudged": seen.unjudged,  # its record's supervisor gone, another pid holding its run lock: not judged
         "step": progress.step,
         "total_steps": progress.total_steps,
         "loss": progress.loss,
@@ -178,6 +180,8 @@ def _cells(r: dict) -> list[str]:
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, *OWN_PHASES) and not r.get("running") and r.get("elsewhere"):
         phase += f" (on host {printable(r['elsewhere'])}: not checked from here)"  # not known dead (seen.py)
+    elif r.get("unjudged") and not r.get("running"):
+        phase += f" (not judged: {printable(r['unjudged'])})"  # neither running nor known gone (seen.py)
     elif r.get("phase") not in (*FINAL_PHASES, *OWN_PHASES) and not r.get("running"):
         phase += " (trainer without supervisor)" if r.get("trainer_alone") else " (not running)"
     elif r.get("events_exit") is not None:

@@ -138,6 +138,9 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
     seen = seen or supervisor_seen(state)
     if alive:
         return head + "; " + seen.running_words()
+    if seen.unjudged:  # its record's supervisor is gone, another pid holds the run lock: neither dead nor running
+        return run + (f"supervisor not judged: {seen.unjudged}; state.json was last written {fmt_time(state.updated)} "
+                      f"in {state.phase or '?'} by pid {state.supervisor.pid}, gone now")
     outcome = state.outcome
     if outcome:
         return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"

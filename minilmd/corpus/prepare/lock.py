@@ -142,7 +142,8 @@ class CorpusLock:
         except lockfile.Held as e:
             self.close()
             raise ValueError(f"{self.out}: another prepare is writing it ({_holder(e.body)}); nothing was changed. "
-                             "Wait for it to end and run this again") from None
+                             f"Wait for it to end and run this again{lockfile.unknown_holder_words(e.holders, path)}"
+                             ) from None
         except OSError as e:  # a link, or a directory we may not write
             in_the_way = self._foreign_lock(name) if e.errno in CANNOT_WRITE_THERE else None
             self.close()
