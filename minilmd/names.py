@@ -271,23 +271,40 @@ def fetch_tmp_name(name: str, pid: int) -> str:
     return f"{TMP_PREFIX}{name}-fetch-{pid}"
 
 
-def sync_tmp_name(name: str, host: str, pid: int) -> str:
-    """`.tmp-step-00001234-<host>-<pid>`: a copy to the remote in progress (the host: the remote is shared)."""
-    return f"{TMP_PREFIX}{name}-{host}-{pid}"
+def _maker(host: str, pid: int, ticks: int | None) -> str:
+    """`<host>-<pid>-<start ticks>`: the sync that made a temporary name on the remote; `<host>-<pid>` without a
+    start time (ticks None: an older minilmd's form, which the clean-up still reads)."""
+    return f"{host}-{pid}" if ticks is None else f"{host}-{pid}-{ticks}"
+
+
+def sync_tmp_name(name: str, host: str, pid: int, ticks: int | None = None) -> str:
+    """`.tmp-step-00001234-<host>-<pid>-<start ticks>`: a copy to the remote in progress (the host: the remote is
+    shared; the start time: the next sync tells its maker from a process that got its pid since, as an export's
+    name does). `ticks` None: an older minilmd's `.tmp-step-00001234-<host>-<pid>`."""
+    return f"{TMP_PREFIX}{name}-{_maker(host, pid, ticks)}"
+
+
+def remote_tmp_maker(name: str, host: str) -> tuple[int, int | None] | None:
+    """(pid, start ticks) of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA
+    base's copy, sync_tmp_name, or a pointer's or the claim's temp file, pointer_tmp_tag), ticks None for an older
+    minilmd's name that records none; None for any other name: another host's, or no sync's. The two forms are not
+    taken for each other: a random end (Dir.write_atomic's, fresh_tmp_name's) holds no `-` and ends in `.tmp`."""
+    copy = rf"{re.escape(TMP_PREFIX)}(?:step-[0-9]{{8,}}|init)-"
+    files = "|".join(re.escape(n) for n in (LATEST, BEST, REMOTE_OWNER))  # a pointer's, the claim's (put_new)
+    m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-([0-9]+))??(?:-\w+\.tmp)?", name)
+    if not m:
+        return None
+    return int(m.group(1)), None if m.group(2) is None else int(m.group(2))
 
 
 def remote_tmp_owner(name: str, host: str) -> int | None:
-    """The pid of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA base's
-    copy, sync_tmp_name, or a pointer's or the claim's temp file, pointer_tmp_tag), None for any other name: another
-    host's, or no sync's."""
-    copy = rf"{re.escape(TMP_PREFIX)}(?:step-[0-9]{{8,}}|init)-"
-    files = "|".join(re.escape(n) for n in (LATEST, BEST, REMOTE_OWNER))  # a pointer's, the claim's (put_new)
-    m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-\w+\.tmp)?", name)
-    return int(m.group(1)) if m else None
+    """The pid of remote_tmp_maker's maker, None for a name no sync of this host made."""
+    maker = remote_tmp_maker(name, host)
+    return maker[0] if maker else None
 
 
 def kept_name(name: str, tag: str, token: str) -> str:
-    """`init.kept-<host>-<pid>-<token>` beside a remote's `init` (tag: pointer_tmp_tag's `<host>-<pid>-`): what stood
+    """`init.kept-<host>-<pid>-<ticks>-<token>` beside a remote's `init` (tag: pointer_tmp_tag's): what stood
     there, which a push moved out to look at and could neither put back nor move into quarantine/ (another user's
     entry or a link there). Neither a temporary name (TMP_PREFIX) nor a step name: no clean-up, retention or
     Remote.make_tmp ever removes it; it may be the only copy of a base older checkpoints were trained on."""
@@ -301,9 +318,10 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def pointer_tmp_tag(host: str, pid: int) -> str:
-    """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-...`."""
-    return f"{host}-{pid}-"
+def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None) -> str:
+    """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-<start
+    ticks>-...` (ticks None: an older minilmd's `.LATEST.<host>-<pid>-...`)."""
+    return f"{_maker(host, pid, ticks)}-"
 
 
 def deleting_name(name: str, pid: int) -> str:

@@ -27,11 +27,12 @@ from minilmd.names import (
     MODEL_FILE,
     QUARANTINE,
     pointer_tmp_tag,
+    remote_tmp_maker,
     remote_tmp_owner,
     sync_tmp_name,
 )
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
-from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401 - weights: a fixture
+from sync_helpers import EXPECTED, corrupt, save, this_maker, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
 
 VICTIM_TEXT = "export PATH=/usr/bin\n"
@@ -77,7 +78,7 @@ class RacedRemote(LocalRemote):
 
 def raced_syncer(local: Path, remote: Path, **race) -> Syncer:
     syncer = Syncer(local, str(remote), EXPECTED)
-    syncer._remote = RacedRemote(str(remote), sync_tmp_name("step-00000010", names.host_tag(), os.getpid()),
+    syncer._remote = RacedRemote(str(remote), sync_tmp_name("step-00000010", *this_maker()),
                                  **race)
     return syncer
 
@@ -104,10 +105,10 @@ def test_a_link_placed_at_the_temporary_copys_name_is_passed_by_not_written_thro
 
 def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(shared, tmp_path, weights):
     """A real second user's directory at the predictable temporary name: left as it is, said once, the checkpoint
-    copied under a fresh name that names.remote_tmp_owner reads back as this host's and this pid's (the clean-up of
-    a killed sync's leftovers still takes it)."""
+    copied under a fresh name that names.remote_tmp_maker reads back as this host's, pid's and start time's (the
+    clean-up of a killed sync's leftovers still takes it)."""
     local, host = tmp_path / "scratch", names.host_tag()
-    at = sync_tmp_name("step-00000010", host, os.getpid())
+    at = sync_tmp_name("step-00000010", *this_maker())
     sh_as_user(f"mkdir {at} && echo theirs > {at}/notes", cwd=shared)
     save(local, 10, weights)
     logs: list[str] = []
@@ -123,7 +124,7 @@ def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(
     without_blocking(syncer.sync_newest)
     assert (shared / at / "notes").read_text() == "theirs\n"
     assert sorted(os.listdir(shared)) == sorted([at, LATEST, "step-00000010"])
-    assert made[0] != at and remote_tmp_owner(made[0], host) == os.getpid()
+    assert made[0] != at and remote_tmp_maker(made[0], host) == this_maker()[1:]  # this pid, its start time
     assert sum("is already there" in m for m in logs) == 1, logs
 
 

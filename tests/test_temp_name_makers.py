@@ -55,18 +55,20 @@ def test_an_exports_temporary_and_its_aside_name_their_maker(here):
         assert names.prepare_tmp_maker("out", name) is None, name
 
 
-def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid(here):
-    tag = names.pointer_tmp_tag(HOST, PID)
-    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID), names.sync_tmp_name("init", HOST, PID)]
-    made = [*copies, *(names.fresh_tmp_name(c, "0123abcd") for c in copies),
+@pytest.mark.parametrize("ticks", [TICKS, None])  # None: an older minilmd's names, which record no start time
+def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_and_start_time(here, ticks):
+    tag = names.pointer_tmp_tag(HOST, PID, ticks)
+    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID, ticks), names.sync_tmp_name("init", HOST, PID, ticks)]
+    made = [*copies, *(names.fresh_tmp_name(c, token) for c in copies for token in ("0123abcd", "01234567")),
             *(_made_file(here, names.atomic_tmp_prefix(f) + tag) for f in (names.LATEST, names.BEST,
                                                                             names.REMOTE_OWNER)),
             _made_file(here, names.atomic_tmp_prefix(names.LATEST) + tag + "owner")]  # remote_write's claim probe
     with here.replacing(names.LATEST, 0o644, tag):  # Dir.write_atomic's own temporary, while it is written
         made += [n for n in os.listdir(here.path) if n.startswith(names.atomic_tmp_prefix(names.LATEST))
                  and n not in made]
-    assert len(made) == 9
+    assert len(made) == 11
     for name in made:
+        assert names.remote_tmp_maker(name, HOST) == (PID, ticks), name
         assert names.remote_tmp_owner(name, HOST) == PID, name
         assert names.remote_tmp_owner(name, "other_host") is None, name
 

@@ -28,6 +28,7 @@ from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
 from minilmd.names import KEPT_DIR, QUARANTINE, host_tag, pointer_tmp_tag, step_or_none
 from minilmd.perms import owned_by_me
+from minilmd.proc_info import process_start_ticks
 from minilmd.untrusted import listed
 
 
@@ -136,7 +137,8 @@ class KeptSyncer(Syncer):
     @property
     def remote(self) -> RemoteStore:
         if self._remote is None:
-            opened = KeptRemote(self.kept_in, pointer_tmp_tag(host_tag(), os.getpid()))
+            opened = KeptRemote(self.kept_in, pointer_tmp_tag(host_tag(), os.getpid(),
+                                                                        process_start_ticks(os.getpid())))
             opened.moved = self._moved
             self._remote = opened
         return self._remote

@@ -51,7 +51,7 @@ from minilmd.names import (
     TMP_PREFIX,
     host_tag,
     is_step_name,
-    remote_tmp_owner,
+    remote_tmp_maker,
     step_of,
     step_or_none,
 )
@@ -275,14 +275,15 @@ def _renumbered(made: Made) -> bool:
 
 
 def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
-    """None when `name`, recorded by this run on a share that renumbers its inodes, is proven its half copy by what
-    its name and contents say: a checkpoint's temporary copy of this host (`.tmp-step-XXXXXXXX-<host>-<pid>`) whose
-    sync is over (its pid dead, or this process's: no other sync of it runs while one cleans), holding no manifest
-    or one of its step (a step directory of this run's renamed to that name by another user says its own step: left;
-    the owner check is remote_write.not_made_here's, before this). A LoRA base's copy is never proven so."""
-    pid = remote_tmp_owner(name, host_tag())
+    """None when `name`, recorded by this run on a share that renumbers its inodes, is proven its half copy by what its
+    name and contents say: a checkpoint's temporary copy of this host (`.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>`, an
+    older minilmd's without `-<ticks>`) whose sync is over (no process of that pid and start time, or this process's: no
+    other sync of it runs while one cleans), holding no manifest or one of its step (a step directory of this run's
+    renamed to that name by another user says its own step: left; the owner check is remote_write.not_made_here's,
+    before this). A LoRA base's copy is never proven so."""
+    maker = remote_tmp_maker(name, host_tag())  # (pid, start ticks): a recycled pid is no live sync
     step = step_or_none("-".join(name[len(TMP_PREFIX):].split("-")[:2])) if name.startswith(TMP_PREFIX) else None
-    if pid is None or step is None or (pid != os.getpid() and process_alive(pid)):
+    if maker is None or step is None or (maker[0] != os.getpid() and process_alive(*maker)):
         return "not a checkpoint's copy by a sync of this host that is over"
     try:
         with Dir.at(root, name) as opened:

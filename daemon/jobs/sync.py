@@ -67,6 +67,7 @@ from minilmd.names import (
     step_of,
     step_or_none,
 )
+from minilmd.proc_info import process_start_ticks
 
 PLACING_WAIT_S = 10.0
 """How long an abandon waits for a repoint of LATEST under way (Syncer.placing): a few operations on a slow remote,
@@ -133,7 +134,8 @@ class Syncer(CopyUp, Fetcher):
     def remote(self) -> RemoteStore:
         if self._remote is None:
             try:
-                self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
+                self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid(),
+                                                                           process_start_ticks(os.getpid())))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
@@ -321,7 +323,8 @@ class Syncer(CopyUp, Fetcher):
             return
         self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
         nbytes, self.base_problem, error = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
-                                                                taken=self._base_taken, passes=(SyncAbandoned,))
+                                                                taken=self._base_taken, passes=(SyncAbandoned,),
+                                                                ticks=process_start_ticks(os.getpid()))
         self.base_full = RemoteFull(self.base_problem or "", self.remote.free(), self.remote.inodes_if_none_left(),
                                     basecopy.staged_bytes(self.base)) if error is not None and is_disk_full(error) \
             else None

@@ -1,11 +1,12 @@
 """What an interrupted sync left on the remote, cleaned up at the start of the next (Syncer.sync_newest's step 1).
 
-The `.tmp-*` copies and pointer temp files an interrupted sync of this host left (its pid gone, or this process's)
-are removed; the remote is a shared path, so a temporary name of another host, or one without a host
-(publish_dir's), may be a copy in progress there, and is looked at only once it is STALE_TMP_SECONDS old. Either is
-removed only when proven this run's (LocalRemote.rm: remote_made.why_kept, by the run's record; another user may
-rename the run's checkpoint to such a name), else left and said. One that holds another LoRA base's copy (what stood
-at `init`, left by a push killed while it looked at it) is quarantined instead. Torch-free.
+The `.tmp-*` copies and pointer temp files an interrupted sync of this host left (its process gone: its pid, and the
+start time the name records, so that a recycled pid is no live maker; or this process's) are removed; the remote is a
+shared path, so a temporary name of another host, or one without a host (publish_dir's), may be a copy in progress
+there, and is looked at only once it is STALE_TMP_SECONDS old. Either is removed only when proven this run's
+(LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename the run's checkpoint to such a
+name), else left and said. One that holds another LoRA base's copy (what stood at `init`, left by a push killed while it
+looked at it) is quarantined instead. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from minilmd.daemon.base.runstate import process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
-from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix, host_tag, remote_tmp_owner
+from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix, host_tag, remote_tmp_maker
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
@@ -38,8 +39,8 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
     for n in names:
         if not n.startswith((TMP_PREFIX, *(atomic_tmp_prefix(f) for f in (LATEST, BEST, REMOTE_OWNER)))):
             continue
-        pid = remote_tmp_owner(n, host_tag())
-        if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
+        maker = remote_tmp_maker(n, host_tag())  # its start time tells its maker from a process of its pid since
+        if not ((maker is not None and (maker[0] == os.getpid() or not process_alive(*maker)))
                 or remote.age(n) > STALE_TMP_SECONDS):
             continue
         if n.startswith(TMP_PREFIX) and basecopy.another_base_left(remote, n, ours):

@@ -1,0 +1,103 @@
+"""A sync's temporary names on the remote record its maker's start time, so that the next sync's clean-up tells a
+dead maker from a process that got its pid since (pid_max is 32768 on many hosts: a pid is recycled within hours
+under load). Before, `.tmp-step-XXXXXXXX-<host>-<pid>` recorded the pid only: a recycled pid was taken for the
+killed sync still running and its half copy left for good (a loaded test run left `.tmp-step-00000010-vm-31377`).
+An older minilmd's name, without a start time, is still read as before: any live process of its pid keeps it."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint_dirs
+from minilmd import names as n
+from minilmd.daemon.jobs import remote_made
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
+from minilmd.daemon.jobs.sync import Syncer
+from minilmd.proc_info import process_start_ticks
+from sync_helpers import EXPECTED, KILL_MID_SYNC, dirs, names, save, weights  # noqa: F401 - dirs, weights: fixtures
+
+
+def _zombie_start_ticks(pid: int) -> int:
+    """The start time of our exited, not yet reaped child (os.waitid's WNOWAIT): its /proc entry still says it."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_a_killed_syncs_half_copy_records_its_pid_and_start_time(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    child = subprocess.Popen([sys.executable, "-c", KILL_MID_SYNC, str(local), str(remote), "2"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, its pid not free yet: its start time readable
+    ticks = _zombie_start_ticks(child.pid)
+    assert child.wait() == -9
+    left = [name for name in names(remote) if name.startswith(".tmp-step-00000010")]
+    assert [n.remote_tmp_maker(name, n.host_tag()) for name in left] == [(child.pid, ticks)]
+
+
+@pytest.fixture
+def other_process():
+    """A live process that is not a sync: what holds a dead sync's pid once the kernel has given it out again."""
+    with subprocess.Popen(["sleep", "600"]) as proc:
+        try:
+            yield proc.pid, process_start_ticks(proc.pid)
+        finally:
+            proc.kill()
+
+
+def _left_by_a_killed_sync(local: Path, remote: Path, pid: int, ticks: int | None) -> Path:
+    """The half copy of step 20 a sync of this run made as (pid, ticks) and was killed in (its run's record holds
+    it: the next sync's to remove once its maker is proven gone)."""
+    killed = Syncer(local, str(remote), EXPECTED)
+    left = remote / killed.remote.make_tmp(n.sync_tmp_name("step-00000020", n.host_tag(), pid, ticks))
+    (left / "model.safetensors").write_bytes(b"half")
+    return left
+
+
+def test_a_dead_syncs_half_copy_whose_pid_another_process_holds_now_is_removed(dirs, weights, other_process):
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    pid, ticks = other_process
+    left = _left_by_a_killed_sync(local, remote, pid, ticks - 1)  # its maker started before the pid's holder now
+    save(local, 20, weights)
+    assert Syncer(local, str(remote), EXPECTED).sync_newest().step == 20
+    assert not left.exists()  # was: left for good, its pid alive
+    assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
+
+
+def test_the_half_copy_of_a_live_maker_is_left(dirs, weights, other_process):
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    pid, ticks = other_process
+    live = _left_by_a_killed_sync(local, remote, pid, ticks)  # the very process: a copy in progress
+    older = _left_by_a_killed_sync(local, remote, pid, None)  # an older minilmd's name: whose, cannot be told
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert live.is_dir() and older.is_dir()
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
+
+
+@pytest.mark.parametrize(("ahead", "kept"), [(-1, False), (0, True)])
+def test_on_a_remounted_fuse_share_a_recycled_pid_proves_no_live_sync(tmp_path, other_process, ahead, kept):
+    """remote_made's proof of a half copy by its recorded name (a FUSE remount renumbered its inode) asks the same:
+    a process of its pid that started at another time is no sync of it still running."""
+    root = tmp_path / "remote"
+    remote = open_remote(str(root))
+    assert isinstance(remote, LocalRemote)
+    remote.made = remote_made.Made(tmp_path / "remote-made.json")
+    remote.makedirs()
+    remote.made.set_root({"url": str(root), "dev": 1, "ino": 1, "fstype": "fuse", "source": "share",
+                          "point": str(root), "under": "."})
+    pid, ticks = other_process
+    name = remote.make_tmp(n.sync_tmp_name(n.step_name(30), n.host_tag(), pid, ticks + ahead))
+    (root / name / "model.safetensors").write_bytes(b"half")
+    shutil.copytree(root / name, root / "renumbered")  # a remount's new inode under the recorded name
+    shutil.rmtree(root / name)
+    os.rename(root / "renumbered", root / name)
+    why = remote.rm(name)
+    assert (root / name).is_dir() == kept, why
