@@ -267,7 +267,8 @@ def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, 
     listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
     in `keep` are kept whole in their scan (Scan.data), as hashed; the TOKENIZER_FILES named in it and listed are
     kept beside the JSON parts, as hashed, when listed within their bound (None: listed over it, hashed only). A
-    loader's `carried` ({name: the most read}): each refused listed over it, else kept; the tensors' kept writable."""
+    loader's `carried` ({name: the most read}): each refused listed over it, else kept (as bytes); the model's and
+    optimizer's kept writable (its tensors are made over them)."""
     scans: dict[str, Scan | ValueError] = {}
     kept: dict[str, bytes | None] = {}
     digests: dict[str, str] = {}
@@ -295,8 +296,8 @@ def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, 
                 check = checked_first(name, size) if name in keep and name in (MODEL_FILE, OPTIMIZER_FILE) else None
                 whole = name in keep and (check is not None or name not in (MODEL_FILE, OPTIMIZER_FILE))
                 try:
-                    scan = scan_safetensors(ckpt_dir / name, size=size, keep=whole, writable=carried is not None,
-                                            check_header=check)
+                    scan = scan_safetensors(ckpt_dir / name, size=size, keep=whole, check_header=check,
+                                            writable=carried is not None and name in (MODEL_FILE, OPTIMIZER_FILE))
                     scans[name] = scan
                     return scan.sha256
                 except Unreadable:

@@ -37,10 +37,12 @@ def validated_for_loading(ckpt_dir: str | os.PathLike, expected: Expectation | N
     the one it takes is hashed once, and nothing put in its place since is loaded. Raises as validate does."""
     path, carried = Path(ckpt_dir), dict(carried or {})
     state, _, _, scans, kept, opt_meta = _validate(path, expected, (MODEL_FILE, OPTIMIZER_FILE, *carried), carried)
-    held = {name: data for name, scan in scans.items() if isinstance(data := scan.data, bytearray)}
-    return ForLoading(_in_memory(path, held[MODEL_FILE], MODEL_FILE),
-                      _in_memory(path, held[OPTIMIZER_FILE], OPTIMIZER_FILE), state, opt_meta,
-                      {name: bytes(data) for name in carried if (data := held.get(name, kept.get(name))) is not None})
+    held = {name: scan.data for name, scan in scans.items() if scan.data is not None}
+    model, optimizer = held[MODEL_FILE], held[OPTIMIZER_FILE]
+    assert isinstance(model, bytearray) and isinstance(optimizer, bytearray)  # kept writable (_verify_files)
+    return ForLoading(_in_memory(path, model, MODEL_FILE), _in_memory(path, optimizer, OPTIMIZER_FILE), state,
+                      opt_meta, {name: bytes(data) for name in carried  # bytes: no copy (a carried file is kept so)
+                                 if (data := held.get(name, kept.get(name))) is not None})
 
 
 def listed_files(ckpt_dir: str | os.PathLike,

@@ -87,3 +87,32 @@ def test_a_good_checkpoint_is_still_read_whole_once(tmp_path, whole_reads, monke
     parts = ckl.validated_for_loading(ckpt, None, {})
     assert parts.state["step"] == 1
     assert sorted(name for name, _ in whole_reads) == [ck.MODEL_FILE, ck.OPTIMIZER_FILE]
+
+
+def test_a_carried_reference_is_kept_as_read_once_not_copied(tmp_path, monkeypatch):
+    """A DPO run's reference sums are read into bytes as hashed and handed on as they are: only the model's and
+    optimizer's buffers are writable (tensors are made over those). Before: a bytearray, then copied by bytes()."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    from minilmd.names import DPO_REFERENCE
+
+    ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=1), step=1)
+    save_file({"sums": torch.zeros(4)}, str(ckpt / DPO_REFERENCE))
+    data = (ckpt / DPO_REFERENCE).read_bytes()
+    manifest = json.loads((ckpt / ck.MANIFEST).read_text())
+    manifest["files"][DPO_REFERENCE] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / ck.MANIFEST).write_text(json.dumps(manifest))
+    writable: dict[str, bool] = {}
+    real = safetensors_scan._read_whole
+
+    def recorded(f, size, path, writable_=False):
+        writable[path.name] = writable_
+        return real(f, size, path, writable_)
+
+    monkeypatch.setattr(safetensors_scan, "_read_whole", recorded)
+    parts = ckl.validated_for_loading(ckpt, None, {DPO_REFERENCE: 1 << 20})
+    assert parts.carried[DPO_REFERENCE] == data
+    assert writable == {ck.MODEL_FILE: True, ck.OPTIMIZER_FILE: True, DPO_REFERENCE: False}
