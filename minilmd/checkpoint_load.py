@@ -25,8 +25,8 @@ from minilmd.checkpoint import (
 from minilmd.checkpoint_expect import CheckpointInvalid, Expectation
 from minilmd.fsio import table_problems
 from minilmd.names import MANIFEST, MODEL_FILE, OPTIMIZER_FILE
-from minilmd.safetensors_scan import InMemory, in_memory
-from minilmd.untrusted import Unreadable, copy_regular
+from minilmd.safetensors_scan import InMemory, in_memory, read_whole
+from minilmd.untrusted import Unreadable
 
 
 def validated_for_loading(ckpt_dir: str | os.PathLike, expected: Expectation | None = None,
@@ -75,16 +75,16 @@ def _checked_bytes(ckpt_dir: Path, name: str, entry: dict, most: int | None) -> 
 
 
 def _checked_tensors(ckpt_dir: Path, name: str, entry: dict) -> InMemory:
-    """A tensors' file read once into one buffer of its listed size as it is hashed (_Filling), checked against its
-    manifest entry (size, then sha256), its header parsed by the one parser (safetensors_scan.in_memory): the bytes
-    a loader makes its tensors over, never copied. Raises CheckpointInvalid."""
-    sink = _Filling(entry["size"])
+    """A tensors' file read once into one buffer of its listed size (safetensors_scan.read_whole: the one reading of
+    a file whole, a resume's rank 0's too), hashed and checked against its manifest entry (size, then sha256), its
+    header parsed by the one parser (safetensors_scan.in_memory): the bytes a loader makes its tensors over, never
+    copied. Raises CheckpointInvalid."""
     try:
-        copy_regular(ckpt_dir / name, sink, size=entry["size"], max_bytes=entry["size"])
+        data = read_whole(ckpt_dir / name, entry["size"])
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
-    _check_entry(ckpt_dir, name, entry, sink.at, sink.sha256.hexdigest())
-    return _in_memory(ckpt_dir, sink.data, name)
+    _check_entry(ckpt_dir, name, entry, len(data), hashlib.sha256(data).hexdigest())
+    return _in_memory(ckpt_dir, data, name)
 
 
 def _in_memory(ckpt_dir: Path, data: bytearray, name: str) -> InMemory:
@@ -92,23 +92,6 @@ def _in_memory(ckpt_dir: Path, data: bytearray, name: str) -> InMemory:
         return in_memory(data, name)
     except ValueError as e:
         raise CheckpointInvalid(ckpt_dir, str(e)) from None
-
-
-class _Filling:
-    """copy_regular's sink for _checked_tensors: hashes each block and puts it in place in one buffer of the listed
-    size, made at the first block (copy_regular has checked the file's size against the listing by then: a manifest's
-    word alone never allocates). A byte past that size (the file grew) is hashed, not kept: copy_regular refuses it."""
-
-    def __init__(self, size: int):
-        self.sha256, self.size, self.data, self.at = hashlib.sha256(), size, bytearray(), 0
-
-    def write(self, block: bytes) -> None:
-        self.sha256.update(block)
-        if self.at == 0:  # the first block (copy_regular writes none empty)
-            self.data = bytearray(self.size)
-        fits = max(0, min(len(block), self.size - self.at))
-        self.data[self.at:self.at + fits] = memoryview(block)[:fits]
-        self.at += len(block)
 
 
 def _check_entry(ckpt_dir: Path, name: str, entry: dict, size: int, digest: str) -> None:

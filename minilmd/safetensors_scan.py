@@ -208,6 +208,21 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
     return Scan(h.hexdigest(), shapes, nonfinite, scalars, kept)
 
 
+def read_whole(path: Path, size: int) -> bytearray:
+    """A file from elsewhere (opened as open_regular opens one) read whole into one bytearray of `size`, the size its
+    manifest lists: one of another size when opened is refused before a byte is read (a manifest's word alone never
+    allocates), one that grew while read refused (_read_whole, which scan_safetensors's `keep` reads with too).
+    Raises Unreadable."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        have = os.fstat(fd).st_size
+        if have != size:
+            raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
+        data = _read_whole(f, size, path, writable=True)
+    assert isinstance(data, bytearray)  # writable
+    return data
+
+
 def _shapes(entries: dict[str, dict]) -> dict[str, dict]:
     return {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
 
