@@ -20,7 +20,8 @@ the supervisor validates before it syncs. Every part of a checkpoint is untruste
 manifest: a malformed one is CheckpointInvalid with the reason, never another exception. Finding the
 checkpoints of a root (listing, LATEST, BEST, quarantine, stale temporaries) is minilmd/checkpoint_dirs.py, without
 numpy; resuming and pruning, which validate as they walk a root, are minilmd/checkpoint_select.py; `minilmd verify`'s
-report is minilmd/checkpoint_verify.py. The writing half
+report is minilmd/checkpoint_verify.py; what a loader takes, as validated (validated_for_loading, for_loading,
+listed_files), is minilmd/checkpoint_load.py. The writing half
 (`save`, `load`, `AsyncCheckpointer`, RNG states) needs torch and is `minilmd.trainer.checkpoint.save`.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ from minilmd.names import (
     TRAINER_STATE_MAX_BYTES,
     step_of,  # noqa: F401  (the tests' name for it)
 )
-from minilmd.safetensors_scan import InMemory, Scan, in_memory, scan_safetensors
+from minilmd.safetensors_scan import MAX_HEADER, Scan, scan_safetensors
 from minilmd.untrusted import (
     Hashing,
     Unreadable,
@@ -228,7 +229,7 @@ def _validate(ckpt_dir: Path, expected: Expectation | None, keep: tuple[str, ...
     bytes of the other files kept (_verify_files, `carried` too), optimizer.json)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
-    scans, kept = _verify_files(ckpt_dir, manifest, keep, carried)
+    scans, kept = _verify_files(ckpt_dir, manifest, expected, keep, carried)
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
@@ -238,20 +239,6 @@ def _validate(ckpt_dir: Path, expected: Expectation | None, keep: tuple[str, ...
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state, manifest, manifest_sha256, scans, kept, opt_meta
-
-
-def validated_for_loading(ckpt_dir: str | os.PathLike, expected: Expectation | None = None,
-                          carried: Mapping[str, int] | None = None) -> ForLoading:
-    """validate(ckpt_dir, expected) and for_loading(ckpt_dir, carried) in one read of each file: ForLoading made of
-    the very bytes validation hashed and scanned (a tensors' file in one buffer of its listed size; a file of
-    `carried` listed over its bound refused unread). A resume validates each checkpoint it tries so (resume.py):
-    the one it takes is hashed once, and nothing put in its place since is loaded. Raises as validate does."""
-    path, carried = Path(ckpt_dir), dict(carried or {})
-    state, _, _, scans, kept, opt_meta = _validate(path, expected, (MODEL_FILE, OPTIMIZER_FILE, *carried), carried)
-    held = {name: data for name, scan in scans.items() if isinstance(data := scan.data, bytearray)}
-    return ForLoading(_in_memory(path, held[MODEL_FILE], MODEL_FILE),
-                      _in_memory(path, held[OPTIMIZER_FILE], OPTIMIZER_FILE), state, opt_meta,
-                      {name: bytes(data) for name in carried if (data := held.get(name, kept.get(name))) is not None})
 
 
 def check_recorded(ckpt_dir: Path, state: dict, step: int, expected: Expectation | None,
@@ -270,7 +257,7 @@ JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
 """The files validation parses: kept as they are hashed (no more than MAX_JSON_PART), and parsed from those bytes."""
 
 
-def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = (),
+def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, keep: tuple[str, ...] = (),
                   carried: Mapping[str, int] | None = None) -> tuple[dict[str, Scan], dict[str, bytes | None]]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
     (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name, and the bytes of
@@ -280,9 +267,11 @@ def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = (),
     listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
     in `keep` are kept whole in their scan (Scan.data), as hashed; the TOKENIZER_FILES named in it and listed are
     kept beside the JSON parts, as hashed, when listed within their bound (None: listed over it, hashed only). A
-    loader's `carried` ({name: the most read}): each refused listed over it, else kept; the tensors' kept writable."""
+    loader's `carried` ({name: the most read}): each refused listed over it, else kept (as bytes); the model's and
+    optimizer's kept writable (its tensors are made over them)."""
     scans: dict[str, Scan | ValueError] = {}
     kept: dict[str, bytes | None] = {}
+    digests: dict[str, str] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -294,14 +283,21 @@ def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = (),
         return st.st_size
 
     def sha256_of(name: str) -> str:
+        if name not in digests:  # a JSON part may be hashed first, for a tensors' file read whole (checked_first)
+            digests[name] = hashed(name)
+        return digests[name]
+
+    def hashed(name: str) -> str:
         try:
             size, most = manifest["files"][name]["size"], (carried or {}).get(name)
             if most is not None and size > most:
                 raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: over {size_text(most)}")
             if name.endswith(".safetensors"):
+                check = checked_first(name, size) if name in keep and name in (MODEL_FILE, OPTIMIZER_FILE) else None
+                whole = name in keep and (check is not None or name not in (MODEL_FILE, OPTIMIZER_FILE))
                 try:
-                    scan = scan_safetensors(ckpt_dir / name, size=size, keep=name in keep,
-                                            writable=carried is not None)
+                    scan = scan_safetensors(ckpt_dir / name, size=size, keep=whole, check_header=check,
+                                            writable=carried is not None and name in (MODEL_FILE, OPTIMIZER_FILE))
                     scans[name] = scan
                     return scan.sha256
                 except Unreadable:
@@ -312,15 +308,36 @@ def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = (),
                 digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, MAX_JSON_PART if most is None else most)
                 return digest
             if name in keep and name in TOKENIZER_FILES:
-                size = manifest["files"][name]["size"]
                 if size > TOKENIZER_FILES[name]:  # hashed below, not kept: Validated.over_bound
                     kept[name] = None
                 else:
                     digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, TOKENIZER_FILES[name])
                     return digest
-            return sha256_regular(ckpt_dir / name, size=manifest["files"][name]["size"])
+            return sha256_regular(ckpt_dir / name, size=size)
         except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
             raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+
+    def checked_first(name: str, size: int) -> Callable[[dict], None] | None:
+        """Before the model or optimizer file is read whole: the shapes its JSON parts (hashed first) make it need,
+        a listed size beyond them refused and its header checked against them (header_problems). None: a JSON
+        part not as listed, or not of `expected` (invalid, or a mismatch, later): the file is hashed, not kept."""
+        if any(sha256_of(part) != manifest["files"][part]["sha256"] for part in JSON_PARTS):
+            return None
+        try:
+            parts = {part: data for part in JSON_PARTS if (data := kept.get(part)) is not None}  # all: hashed
+            state, opt_meta = _parse_json_parts(ckpt_dir, parts)
+            check_recorded(ckpt_dir, state, manifest["step"], expected, opt_meta)
+            shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
+        except CheckpointError:
+            return None
+        if size > 8 + MAX_HEADER + contents.most_data_bytes(name, shapes):
+            raise CheckpointInvalid(ckpt_dir, f"{name}: listed as {size_text(size)}, more than its shapes need")
+
+        def check_header(found: dict) -> None:
+            problems = contents.header_problems(name, found, opt_meta, shapes, manifest["step"])
+            if problems:
+                raise CheckpointInvalid(ckpt_dir, problems)
+        return check_header
 
     try:
         problems = verify_manifest(manifest, size_of, sha256_of)
@@ -341,116 +358,6 @@ def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     sink = Hashing(keep=kept)
     copy_regular(path, sink, size=size, max_bytes=max_bytes)
     return sink.sha256.hexdigest(), kept.getvalue()
-
-
-def listed_files(ckpt_dir: str | os.PathLike,
-                 bounds: Mapping[str, int | None]) -> tuple[dict[str, bytes | None], dict]:
-    """({name: its bytes} of each file `bounds` names, the manifest they were checked against): one reading of the
-    manifest, and each file read once, no more than its bound (None: the size its manifest lists), checked against
-    its entry as verify_manifest checks every file (size, then sha256): the bytes checked, never a path read again.
-    None for a name the manifest does not list. Raises CheckpointInvalid."""
-    ckpt_dir = Path(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
-    problems = manifest_problems(manifest)
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    found: dict[str, bytes | None] = {}
-    for name, most in bounds.items():
-        entry = manifest["files"].get(name)
-        found[name] = None if entry is None else _checked_bytes(ckpt_dir, name, entry, most)
-    return found, manifest
-
-
-def _checked_bytes(ckpt_dir: Path, name: str, entry: dict, most: int | None) -> bytes:
-    """The file `name` read once, no more than `most` (None: its listed size), checked against its manifest entry
-    (size, then sha256). Raises CheckpointInvalid."""
-    try:
-        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], entry["size"] if most is None else most)
-    except Unreadable as e:
-        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
-    _check_entry(ckpt_dir, name, entry, len(data), digest)
-    return data
-
-
-def _checked_tensors(ckpt_dir: Path, name: str, entry: dict) -> InMemory:
-    """A tensors' file read once into one buffer of its listed size as it is hashed (_Filling), checked against its
-    manifest entry (size, then sha256), its header parsed by the one parser (safetensors_scan.in_memory): the bytes
-    a loader makes its tensors over, never copied. Raises CheckpointInvalid."""
-    sink = _Filling(entry["size"])
-    try:
-        copy_regular(ckpt_dir / name, sink, size=entry["size"], max_bytes=entry["size"])
-    except Unreadable as e:
-        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
-    _check_entry(ckpt_dir, name, entry, sink.at, sink.sha256.hexdigest())
-    return _in_memory(ckpt_dir, sink.data, name)
-
-
-def _in_memory(ckpt_dir: Path, data: bytearray, name: str) -> InMemory:
-    try:  # a bad header: the checkpoint invalid
-        return in_memory(data, name)
-    except ValueError as e:
-        raise CheckpointInvalid(ckpt_dir, str(e)) from None
-
-
-class _Filling:
-    """copy_regular's sink for _checked_tensors: hashes each block and puts it in place in one buffer of the listed
-    size, made at the first block (copy_regular has checked the file's size against the listing by then: a manifest's
-    word alone never allocates). A byte past that size (the file grew) is hashed, not kept: copy_regular refuses it."""
-
-    def __init__(self, size: int):
-        self.sha256, self.size, self.data, self.at = hashlib.sha256(), size, bytearray(), 0
-
-    def write(self, block: bytes) -> None:
-        self.sha256.update(block)
-        if self.at == 0:  # the first block (copy_regular writes none empty)
-            self.data = bytearray(self.size)
-        fits = max(0, min(len(block), self.size - self.at))
-        self.data[self.at:self.at + fits] = memoryview(block)[:fits]
-        self.at += len(block)
-
-
-def _check_entry(ckpt_dir: Path, name: str, entry: dict, size: int, digest: str) -> None:
-    """The size and sha256 of what was read of `name` against its manifest entry, as verify_manifest checks a file.
-    Raises CheckpointInvalid."""
-    problems = table_problems({name: entry}, lambda _: size, lambda _: digest, listed_in=MANIFEST)
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-
-
-@dataclass(frozen=True)
-class ForLoading:
-    """What a loader takes of a checkpoint (trainer/checkpoint/save.py load): every part read once and checked
-    against one reading of its manifest (listed_files), the JSON parts parsed from those bytes (depth bound, an
-    object, the types a loader uses), the tensors' files held as read, their headers parsed (in_memory)."""
-
-    model: InMemory
-    optimizer: InMemory
-    state: dict
-    """trainer_state.json."""
-    opt_meta: dict
-    """optimizer.json."""
-    carried: dict[str, bytes]
-    """The other files asked for that the manifest lists (a DPO run's reference sums), by name."""
-
-
-def for_loading(ckpt_dir: str | os.PathLike, carried: Mapping[str, int] | None = None) -> ForLoading:
-    """A checkpoint's parts for a loader (ForLoading), the files of `carried` ({name: the most read}) too; the JSON
-    parts no more than MAX_JSON_PART, read and checked first (a bad one is refused before the tensors' files are
-    read), then the tensors' files, exactly their listed size, each into one buffer that its tensors are made over
-    (_checked_tensors: the files' size in memory, once). A loader asks this of a checkpoint find_latest validated a
-    moment ago: what it loads is what it checks now, not whatever the path holds since. Raises CheckpointInvalid."""
-    ckpt_dir = Path(ckpt_dir)
-    files, manifest = listed_files(ckpt_dir, {**dict.fromkeys(JSON_PARTS, MAX_JSON_PART), **(carried or {})})
-    state, opt_meta = _parse_json_parts(ckpt_dir, {name: data for name in JSON_PARTS
-                                                              if (data := files[name]) is not None})
-    problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, manifest["step"],
-                                                                                       state)
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    listed = manifest["files"]  # REQUIRED_FILES: manifest_problems refused one unlisted
-    return ForLoading(_checked_tensors(ckpt_dir, MODEL_FILE, listed[MODEL_FILE]),
-                      _checked_tensors(ckpt_dir, OPTIMIZER_FILE, listed[OPTIMIZER_FILE]), state, opt_meta,
-                      {name: data for name in carried or {} if (data := files[name]) is not None})
 
 
 def _check_directory(ckpt_dir: Path) -> None:

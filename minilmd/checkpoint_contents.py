@@ -4,6 +4,7 @@ dtypes against what the config needs, the optimizer's state against the model's,
 returns the problems it finds, one line each, and raises nothing: validation turns them into CheckpointInvalid."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,7 +78,8 @@ def tensor_problems(scans: dict[str, Scan], opt_meta: dict, expected_shapes: dic
     """Keys, shapes and dtypes of the weights (the full model's, or a LoRA run's adapters) and the optimizer state
     against the shapes the config needs; the optimizer's step against the checkpoint's; every tensor finite."""
     problems = shape_problems(MODEL_FILE, scans[MODEL_FILE].tensors, expected_shapes)
-    problems += optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
+    problems += optimizer_problems(scans[OPTIMIZER_FILE].tensors, scans[OPTIMIZER_FILE].scalars, opt_meta,
+                                   expected_shapes, step)
     for name in (MODEL_FILE, OPTIMIZER_FILE):
         for key, n in scans[name].nonfinite.items():
             problems.append(f"{name}: tensor {key} has {n} non-finite value(s) (NaN or inf)")
@@ -101,8 +103,28 @@ def shape_problems(file: str, found: dict, expected: dict[str, tuple[int, ...]])
     return problems
 
 
-def optimizer_problems(scan: Scan, meta: dict, expected: dict[str, tuple[int, ...]], step: int) -> list[str]:
-    found, scalars = scan.tensors, scan.scalars
+def header_problems(name: str, found: dict, opt_meta: dict, expected: dict[str, tuple[int, ...]],
+                    step: int) -> list[str]:
+    """tensor_problems' look at one tensors' file from its header alone (keys, shapes, dtypes; no value read): what
+    validation asks before it reads a model or optimizer file whole, so that a wrong one is refused unread."""
+    if name == MODEL_FILE:
+        return shape_problems(name, found, expected)
+    return optimizer_problems(found, {}, opt_meta, expected, step)
+
+
+OPTIMIZER_MOMENTS = 3
+"""The most tensors of each parameter's size an optimizer file holds (AdamW: exp_avg, exp_avg_sq, and its step)."""
+
+
+def most_data_bytes(name: str, expected: dict[str, tuple[int, ...]]) -> int:
+    """The most bytes of tensors a model or optimizer file of a checkpoint whose tensors have these shapes holds
+    (F32, every checkpoint's): beyond it (and its header's bound), a listed size is refused before a byte is read."""
+    data = 4 * sum(math.prod(shape) for shape in expected.values())
+    return data if name == MODEL_FILE else OPTIMIZER_MOMENTS * data
+
+
+def optimizer_problems(found: dict, scalars: dict[str, float], meta: dict, expected: dict[str, tuple[int, ...]],
+                       step: int) -> list[str]:
     per_param: dict[int, dict[str, tuple]] = {}
     for key, e in found.items():
         parts = key.split(".", 2)

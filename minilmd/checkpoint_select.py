@@ -173,7 +173,8 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
 def first_valid(roots: Iterable[str | os.PathLike], check: Callable[[Path], T], log: Callable[[str], None] = print,
                 set_aside: bool = True) -> tuple[Path, T] | None:
     """find_latest's walk, each checkpoint tried by check(path) (which raises as validate does), with what check
-    gave of the one taken: a resume validates and keeps what it loads in one read (checkpoint.validated_for_loading)."""
+    gave of the one taken: a resume validates and keeps what it loads in one read
+    (checkpoint_load.validated_for_loading)."""
     for root_index, path in resume_order(roots):
         try:
             return path, check(path)

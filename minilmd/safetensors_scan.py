@@ -8,8 +8,8 @@ must have exactly the shape the format defines, the tensors tiling the data in o
 A loader asks for the bytes too (`keep`): the file is then read whole, once, and scanned and hashed in memory, so
 that what it loads is exactly what was hashed and scanned; reading the path again would load whatever whoever can
 write the file put there since. A resume's rank 0 keeps them so, writable (its tensors are views of them:
-checkpoint.validated_for_loading); its other ranks read them once into a buffer as they hash them
-(checkpoint.for_loading); both ask in_memory for their layout: the one parser of a header, here.
+checkpoint_load.validated_for_loading); its other ranks read them once into a buffer as they hash them
+(checkpoint_load.for_loading); both ask in_memory for their layout: the one parser of a header, here.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import numpy as np
 
 from minilmd.untrusted import Unreadable, is_count, kind_of, loads, open_regular, printable, size_text
 
-_MAX_HEADER = 64 << 20
+MAX_HEADER = 64 << 20
+"""The longest header a scan reads."""
 _READ_CHUNK = 16 << 20
 # safetensors dtype name -> (numpy dtype used to read it, is floating point)
 _NP_DTYPES = {"F64": ("<f8", True), "F32": ("<f4", True), "F16": ("<f2", True), "BF16": ("<u2", True),
@@ -85,7 +86,7 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes | memoryv
     if len(raw8) < 8:
         raise ValueError(f"{name}: shorter than a safetensors header")
     (n,) = struct.unpack("<Q", raw8)
-    if n > _MAX_HEADER or 8 + n > size:
+    if n > MAX_HEADER or 8 + n > size:
         raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
     try:
         header = loads(bytes(read(n)), expect=dict)
@@ -153,13 +154,16 @@ class Scan(NamedTuple):
 
 
 def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: bool = False,
-                     writable: bool = False) -> Scan:
+                     writable: bool = False, check_header: Callable[[dict[str, dict]], None] | None = None) -> Scan:
     """One sequential read of a safetensors file (see Scan). `size`: the size its manifest lists, the only size
     read (a file of another size when opened is refused before a byte is read: it was replaced since its size was
     looked at). `keep`: the file's bytes are kept in Scan.data (read whole once, then scanned in memory: no more
     than `size` when given, the file's own size else); `writable`: kept in a bytearray, which a loader makes its
     tensors over (held_tensors: an optimizer updates its state in place), where bytes is what safetensors' own load
-    takes. Raises ValueError for a malformed file, its subclass Unreadable for one that is not a regular file,
+    takes. `check_header`: given the tensors' {name: {"dtype", "shape"}} once the header alone is read (no more than
+    MAX_HEADER), before a `keep` reads the file whole; what it raises is raised, nothing more read (a file of the
+    listed size with a header of other shapes, a huge sparse one: refused before its size is in memory).
+    Raises ValueError for a malformed file, its subclass Unreadable for one that is not a regular file,
     cannot be opened or has not the size listed."""
     path = Path(path)
     fd = open_regular(path)  # a checkpoint from elsewhere: no link followed, no FIFO blocked on (Unreadable)
@@ -172,6 +176,10 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
         if size is not None and have != size:
             raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
         if keep:
+            if check_header is not None:
+                entries, _, _ = _parse_safetensors_header(f.read(8), f.read, have, path.name)
+                check_header(_shapes(entries))
+                f.seek(0)
             kept = _read_whole(f, have, path, writable)
         source: BinaryIO | _Held = _Held(kept) if kept is not None else f  # kept: the file is not read again
 
@@ -181,6 +189,7 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
             return b
 
         entries, _, _ = _parse_safetensors_header(bytes(read(8)), read, have, path.name)
+        shapes = _shapes(entries)
         for key, e in entries.items():
             begin, end = e["data_offsets"]
             itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
@@ -196,8 +205,26 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
                     scalars[key] = float(np.frombuffer(buf, dtype=_NP_DTYPES[e["dtype"]][0])[0])
             if bad:
                 nonfinite[key] = bad
-    shapes = {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
     return Scan(h.hexdigest(), shapes, nonfinite, scalars, kept)
+
+
+def read_whole(path: Path, size: int) -> bytearray:
+    """A file from elsewhere (opened as open_regular opens one) read whole into one bytearray of `size`, the size its
+    manifest lists: one of another size when opened is refused before a byte is read (a manifest's word alone never
+    allocates), one that grew while read refused (_read_whole, which scan_safetensors's `keep` reads with too).
+    Raises Unreadable."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        have = os.fstat(fd).st_size
+        if have != size:
+            raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
+        data = _read_whole(f, size, path, writable=True)
+    assert isinstance(data, bytearray)  # writable
+    return data
+
+
+def _shapes(entries: dict[str, dict]) -> dict[str, dict]:
+    return {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
 
 
 def _read_whole(f: io.BufferedIOBase, size: int, path: Path, writable: bool = False) -> bytes | bytearray:

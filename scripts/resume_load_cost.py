@@ -9,7 +9,7 @@ a 123M-parameter model (hidden 768 x 16 layers, vocab 6400: MiniMind's) with its
 - `twice` and `once`, a resume's rank 0 with the validation before its load (`--variants twice,once`): `twice` as it
   was before validated_for_loading, find_latest (every file read, hashed and scanned) then save.load_carrying (every
   file read and hashed again); `once` as trainer/loop/resume.py does now, find_latest's walk validating with
-  checkpoint.validated_for_loading (each file read once, hashed, scanned, and loaded from those bytes). Their `load
+  checkpoint_load.validated_for_loading (each file read once, hashed, scanned, and loaded from those bytes). Their `load
   s` is the validation and the load.
 A resume here is the load, then what a trainer does with it (Trainer.apply_resume): the weights into its model, the
 state into its AdamW, the load's result dropped, then one optimizer step. Per variant, the median of `--repeats`: the
@@ -112,7 +112,7 @@ def _load_twice(path: Path) -> tuple:
 
 def _load_once(path: Path) -> tuple:
     """A resume's rank 0 now (trainer/loop/resume.py): the validation's one read is what is loaded."""
-    from minilmd.checkpoint import validated_for_loading
+    from minilmd.checkpoint_load import validated_for_loading
     from minilmd.checkpoint_select import first_valid
     from minilmd.trainer.checkpoint import save as ckpt_io
     from minilmd.trainer.loop.resume import CARRIED

@@ -5,7 +5,7 @@ A restart with a checkpoint in scratch and the same step synced to a local run.r
 - the launch's look (`run --check`'s rule, daemon/jobs/resumefrom.py): scratch's newest valid step (find_latest),
 - staging's look (daemon/jobs/scratch_behind.py fetch_over_scratch): the same again, then the remote's newest,
 - the trainer's resume (trainer/loop/resume.py): find_latest's walk in its own process validating with
-  checkpoint.validated_for_loading, and the model's and optimizer's state made of the bytes that validation read.
+  checkpoint_load.validated_for_loading, and the model's and optimizer's state made of the bytes that validation read.
 Timed three ways, the median of `--repeats` each: `repeated hash` (each look validates: the code before
 checkpoint_select.validate_once), `one hash` (staging reuses the launch's validation of the unchanged checkpoint: the
 code now), and `no supervisor hash` (the trainer's resume alone: a floor no supervisor look can go under). torch's
@@ -57,7 +57,7 @@ def _timed(fn) -> float:
 
 def measure(work: Path, label: str, hidden: int, layers: int, repeats: int, trainer_before: bool = False) -> None:
     from minilmd import checkpoint_select
-    from minilmd.checkpoint import validated_for_loading
+    from minilmd.checkpoint_load import validated_for_loading
     from minilmd.checkpoint_select import find_latest, first_valid
     from minilmd.daemon.jobs.scratch_behind import fetch_over_scratch
     from minilmd.daemon.jobs.sync import Syncer

@@ -109,17 +109,18 @@ def _swap_for_another(ckpt: Path, other: Path) -> None:
 
 def _swap_once_the_weights_were_read(monkeypatch, swap) -> None:
     """`swap()` runs inside the validation, once every file was hashed and scanned (the weights included), before
-    the JSON parts are parsed: where no check is left to see it. The loaders that read the weights file again
+    the tensors' shapes are checked: where no check is left to see it. The loaders that read the weights file again
     afterwards (before: read_validated) read what the swap put there."""
-    real = ck._parse_json_parts
+    real = ck._verify_files
 
-    def swapped_then_read(*args):
-        if not getattr(swapped_then_read, "done", False):
-            swapped_then_read.done = True
+    def read_then_swapped(*args):
+        verified = real(*args)
+        if not getattr(read_then_swapped, "done", False):
+            read_then_swapped.done = True
             swap()
-        return real(*args)
+        return verified
 
-    monkeypatch.setattr(ck, "_parse_json_parts", swapped_then_read)
+    monkeypatch.setattr(ck, "_verify_files", read_then_swapped)
 
 
 def test_the_weights_validated_are_those_handed_back_whatever_is_swapped_in_after(checkpoints, ours):

@@ -62,6 +62,32 @@ def test_minilmd_sample_takes_a_run_directory(run):
     assert "the newest valid checkpoint of" in done.output and "hello" in done.output
 
 
+def test_sample_of_a_run_directory_resolves_it_once_and_loads_the_checkpoint_it_judged(run, monkeypatch):
+    """The owner note judges the checkpoint the run directory resolves to, and the load validates that directory:
+    find_latest's validation, then the load's, each of step 3 once. Before: the note's resolution, the loader's own
+    (find_latest again: every byte hashed again, LATEST free to have moved on) and its validation, three."""
+    from minilmd import checkpoint as ck
+
+    run_dir, cfg = run
+    validated: list[Path] = []
+    real = ck._validate
+    monkeypatch.setattr(ck, "_validate", lambda path, *args, **kwargs: validated.append(path) or
+                        real(path, *args, **kwargs))
+    done = CliRunner().invoke(app, ["sample", str(run_dir), "--prompt", "hello", "--max-new-tokens", "2",
+                                    "--temperature", "0"])
+    assert done.exit_code == 0, done.output
+    assert validated == [cfg.checkpoint_dir / "step-00000003"] * 2, validated
+
+
+def test_export_with_an_unknown_format_looks_for_no_checkpoint(run, monkeypatch, tmp_path):
+    from minilmd import checkpoint as ck
+
+    run_dir, _ = run
+    monkeypatch.setattr(ck, "_validate", lambda *_a, **_k: pytest.fail("a checkpoint validated"))
+    done = CliRunner().invoke(app, ["export", str(run_dir), "--format", "gguf", "--out", str(tmp_path / "o")])
+    assert done.exit_code == 1 and "--format 'gguf': use minimind, hf or peft" in done.output, done.output
+
+
 def test_a_run_directory_without_its_run_toml_says_where_checkpoints_are(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

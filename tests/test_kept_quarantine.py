@@ -85,3 +85,22 @@ def test_a_newer_copy_kept_since_stays_and_is_brought_back_when_the_one_set_asid
     assert "removed the damaged copy set aside" in said and "removed step" not in said, said
     assert keptcopy.kept_step(cfg) == 40 and (keptcopy.place(cfg) / LATEST).read_text().strip() == step_name(40)
     assert "resuming from step 40" in keptcopy.bring_back(cfg, EXPECTED)
+
+
+def test_a_copy_set_aside_then_removed_by_hand_is_recorded_no_more(tmp_path, weights):
+    """quarantine/ stays (the user's own directory in it), the copy set aside removed by hand: its record goes, so
+    that no later directory given its inode number is taken for it. Before: kept while quarantine/ was there."""
+    import json
+
+    from minilmd.names import KEPT_MADE
+
+    cfg = _damaged_kept(tmp_path, weights)
+    keptcopy.bring_back(cfg, EXPECTED)
+    [aside] = _set_aside(cfg)
+    made = cfg.run_dir / KEPT_MADE
+    assert [e for e in json.loads(made.read_text())["made"] if e[0] == QUARANTINE]
+    (keptcopy.place(cfg) / QUARANTINE / "mine").mkdir()
+    shutil.rmtree(keptcopy.place(cfg) / QUARANTINE / aside)
+    assert keptcopy.drop_if_synced(cfg, 20) == ""  # the remote behind: nothing due
+    assert not [e for e in json.loads(made.read_text())["made"] if e[0] == QUARANTINE]
+    assert _set_aside(cfg) == ["mine"]

@@ -1,5 +1,5 @@
 """A resume loads what it checked at no more host memory than the tensors' files' size (trainer/checkpoint/save.py
-load_carrying, checkpoint.for_loading, trainer/checkpoint/held_tensors.py).
+load_carrying, checkpoint_load.for_loading, trainer/checkpoint/held_tensors.py).
 
 ef0bd47 made the load read each file whole into bytes as it hashed them (model and optimizer held at once) and then
 made tensors from those bytes with safetensors.torch.load, a copy: at its peak a rank held the tensors' files twice

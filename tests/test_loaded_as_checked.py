@@ -3,7 +3,7 @@
 - A resume's load (trainer/checkpoint/save.py load) read model, optimizer, optimizer.json and trainer_state.json by
   path after find_latest had hashed them: a file swapped since was loaded unseen, a trainer_state.json of any size
   parsed, one nested deep enough raised RecursionError. Now each is read once, checked against the manifest, bounded
-  (MAX_JSON_PART) and parsed from those bytes (checkpoint.for_loading).
+  (MAX_JSON_PART) and parsed from those bytes (checkpoint_load.for_loading).
 - A DPO reference file's header was parsed a second time beside minilmd/safetensors_scan.py, with no bound and no
   depth cap: now by that one parser, refused with words.
 - The sync's copy parsed the local manifest by path with json.loads, and read it again to compare the remote's.

@@ -4,7 +4,7 @@ Before, the trainer's resume (trainer/loop/resume.py) validated the newest check
 hashed and scanned) and then loaded it (checkpoint.for_loading: every file read and hashed again, and checked against
 the manifest a second time), so each of its files was opened, read and hashed twice. That second read closed any
 window (a file swapped after validation was refused, not loaded); now the one read both validates and is what is
-loaded (checkpoint.validated_for_loading), so a file swapped after its hash is never read at all.
+loaded (checkpoint_load.validated_for_loading), so a file swapped after its hash is never read at all.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_load as ckl
 from minilmd.config import RunConfig
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.resume import resume
@@ -129,9 +130,9 @@ def test_a_carried_file_is_kept_as_hashed_and_one_over_its_bound_is_refused_unre
     import hashlib
     manifest["files"]["extra.bin"] = {"size": 7, "sha256": hashlib.sha256(b"carried").hexdigest()}
     (ckpt / ck.MANIFEST).write_text(json.dumps(manifest))
-    parts = ck.validated_for_loading(ckpt, None, {"extra.bin": 64, "absent": 64})
+    parts = ckl.validated_for_loading(ckpt, None, {"extra.bin": 64, "absent": 64})
     assert parts.carried == {"extra.bin": b"carried"} and parts.state["step"] == 1
     opens.clear()
     with pytest.raises(ck.CheckpointInvalid, match="cannot read extra.bin: over 6 bytes"):
-        ck.validated_for_loading(ckpt, None, {"extra.bin": 6})
+        ckl.validated_for_loading(ckpt, None, {"extra.bin": 6})
     assert opens[str(ckpt.absolute() / "extra.bin")] == 0

@@ -101,7 +101,8 @@ class KeptRemote(LocalRemote):
         """Each directory in quarantine/ this root's record proves this run set aside, removed when `due(its
         step)` (through descriptors, only while its name leads to the identity recorded); quarantine/ with them
         once empty (rmdir: a directory of this user's holding nothing). (what was removed, what was left and why),
-        as words; anything the record does not prove is never looked into."""
+        as words; anything the record does not prove is never looked into. A recorded one no longer there (removed
+        by hand) is forgotten: keep_only keeps every record of quarantine/ while it is there."""
         root = self._root()
         found = root.lstat(QUARANTINE)
         if found is None or not stat.S_ISDIR(found.st_mode) or not owned_by_me(found):
@@ -110,15 +111,20 @@ class KeptRemote(LocalRemote):
         with Dir.at(root, QUARANTINE) as into:
             if into.identity != (found.st_dev, found.st_ino):
                 return [], []  # swapped since the look: nothing removed
+            present: set[tuple[int, int]] = set()
             for name in listed(into.fd):
                 identity = into.identity_of(name)
-                if identity is None or not self.made.proves(QUARANTINE, identity) or not due(set_aside_step(name)):
+                if identity is None:
+                    continue
+                present.add(identity)
+                if not self.made.proves(QUARANTINE, identity) or not due(set_aside_step(name)):
                     continue
                 if into.remove_tree(name, identity):
                     self.made.forget(QUARANTINE, identity)
                     removed.append(self.show(QUARANTINE, name))
                 else:
                     left.append(f"{self.show(QUARANTINE, name)} (not removed whole: left)")
+            self.made.keep_identities(QUARANTINE, present)  # one removed by hand: its record goes (keep_only can't)
         if removed:
             try:
                 root.remove_dir(QUARANTINE)  # ENOTEMPTY while anything is left in it: then it stays

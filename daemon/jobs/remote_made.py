@@ -192,6 +192,15 @@ class Made:
             self._entries = kept
             self._save()
 
+    def keep_identities(self, name: str, identities: set[Identity]) -> None:
+        """Records of `name` with an identity not in `identities` dropped: what keep_only is for the entries of a
+        directory recorded by one name with many identities (the kept copy's quarantine/, one per copy set aside),
+        each gone by hand no proof of what a later entry there is given."""
+        kept = {e for e in self._current() if e[0] != name or (e[1], e[2]) in identities}
+        if kept != self._entries:
+            self._entries = kept
+            self._save()
+
     def root(self) -> dict | None:
         """What the remote's root was when the run claimed it, as daemon/jobs/remote_root.py wrote it (None: none)."""
         self._current()

@@ -110,7 +110,7 @@ def sample(
     from minilmd.trainer.model.generate import sample_text
 
     try:
-        _say_whose(checkpoint, "sample")  # another user's place: said; a copy of his claiming your run: refused
+        checkpoint = _say_whose(checkpoint, "sample")  # another user's: said; his copy claiming your run: refused
         if chat:
             from minilmd.trainer.model.chat import ChatSession, shown
 
@@ -161,7 +161,7 @@ def chat_command(
     from minilmd.trainer.model.export import ExportError
 
     try:
-        _say_whose(checkpoint, "chat")
+        checkpoint = _say_whose(checkpoint, "chat")
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                               seed, lora or None, no_lora)
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
@@ -229,7 +229,9 @@ def export(
             )
             from minilmd.trainer.model.tokenizer_files import find_chat_config
 
-            _say_whose(checkpoint, "export")  # another user's place: said; a copy of his claiming your run: refused
+            if format not in ("minimind", "hf", "peft"):  # said before the checkpoint is looked for
+                raise ExportError(f"--format {format!r}: use minimind, hf or peft")
+            checkpoint = _say_whose(checkpoint, "export")  # another user's: said; his copy claiming your run: refused
             if format == "minimind":
                 path, checked = write_minimind(checkpoint, out, merge, group_share, force)
                 try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
@@ -244,7 +246,7 @@ def export(
             elif format == "hf":
                 path = export_hf(checkpoint, out, tokenizer or None, dtype, merge, group_share)
                 typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
-            elif format == "peft":
+            else:  # peft
                 from minilmd.trainer.model.adapter import export_peft
 
                 path = export_peft(checkpoint, out, base_name, group_share)
@@ -254,8 +256,6 @@ def export(
                 else:
                     typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
                                f"{str(path)!r}); --base-name names that base for AutoPeftModelForCausalLM")
-            else:
-                raise ExportError(f"--format {format!r}: use minimind, hf or peft")
         except ExportError as e:
             typer.echo(f"minilmd export: {e}", err=True)
             raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a link, a live export's)
@@ -267,16 +267,21 @@ def export(
             raise typer.Exit(failed.exit_status) from None
 
 
-def _say_whose(checkpoint: str, command: str) -> None:
-    """The checkpoint `export`, `sample` or `chat` (`command`) takes, judged by minilmd/source_owner.py: another
-    user's, or below a directory another user owns or can rearrange, said on stderr; another user's copy naming one
-    of your run directories refused (ExportError). The same rule init.from's checkpoint is said and refused by."""
+def _say_whose(checkpoint: str, command: str) -> str:
+    """The checkpoint directory `export`, `sample` or `chat` (`command`) takes, judged by minilmd/source_owner.py:
+    another user's, or below a directory another user owns or can rearrange, said on stderr; another user's copy
+    naming one of your run directories refused (ExportError). The same rule init.from's checkpoint is said and
+    refused by. Resolved once, here (a run directory's or a run config's: find_latest, which hashes every file):
+    the command loads the directory judged, validated once more where it is read, not a resolution made again
+    (LATEST may have moved on between; before, a run directory's checkpoint was hashed three times)."""
     from minilmd.source_owner import named_checkpoint_words
     from minilmd.trainer.model.export_paths import ExportError
     from minilmd.trainer.model.export_source import resolve_checkpoint
 
-    note, refused = named_checkpoint_words(resolve_checkpoint(checkpoint), "")
+    resolved = resolve_checkpoint(checkpoint)
+    note, refused = named_checkpoint_words(resolved, "")
     if refused:
         raise ExportError(refused)
     if note:
         typer.echo(f"minilmd {command}: note: {note}", err=True)
+    return str(resolved)

@@ -1,5 +1,5 @@
 """Tensors made over a safetensors file held in memory, without copying its bytes: a resume's load
-(save.load_carrying) makes the model's and the optimizer's tensors over the very buffers checkpoint.for_loading
+(save.load_carrying) makes the model's and the optimizer's tensors over the very buffers checkpoint_load.for_loading
 hashed and checked, so that what is loaded is what was checked at no more host memory than the files' size (the
 tensors are those bytes; safetensors.torch.load(bytes) copied them, holding the file twice).
 

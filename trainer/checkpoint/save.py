@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from minilmd import procs
-from minilmd.checkpoint import FORMAT, VERSION, ForLoading, for_loading
+from minilmd.checkpoint import FORMAT, VERSION
+from minilmd.checkpoint_load import ForLoading, for_loading
 from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
@@ -261,7 +262,7 @@ def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, 
 def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
                   device: str = "cpu") -> tuple[dict, dict, dict, dict[str, bytes]]:
     """load's three parts, and the files of `carried` ({name: the most read}) the checkpoint lists, by name. Every
-    file is read once and checked against one reading of the manifest (checkpoint.for_loading: the JSON parts no
+    file is read once and checked against one reading of the manifest (checkpoint_load.for_loading: the JSON parts no
     more than MAX_JSON_PART), and what is loaded is made of those very bytes, never from a path read again: the
     tensors are views of the buffers the files were read into (held_tensors), so the load holds the tensors' files
     once, their size, as the tensors themselves would. Raises CheckpointInvalid."""
@@ -269,8 +270,8 @@ def load_carrying(ckpt_dir: str | os.PathLike, carried: Mapping[str, int],
 
 
 def loaded(parts: ForLoading, device: str = "cpu") -> tuple[dict, dict, dict, dict[str, bytes]]:
-    """load_carrying's answer made of a checkpoint's parts as one read checked them (checkpoint.for_loading, or a
-    resume's checkpoint.validated_for_loading): the tensors views of the buffers the files were read into."""
+    """load_carrying's answer made of a checkpoint's parts as one read checked them (checkpoint_load.for_loading, or a
+    resume's checkpoint_load.validated_for_loading): the tensors views of the buffers the files were read into."""
     from minilmd.trainer.checkpoint.held_tensors import tensors_of
 
     model_state = _on(tensors_of(parts.model), device)

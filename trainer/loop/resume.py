@@ -11,7 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from minilmd.checkpoint import CheckpointMismatch, Expectation, ForLoading, for_loading
+from minilmd.checkpoint import CheckpointMismatch, Expectation
+from minilmd.checkpoint_load import ForLoading, for_loading
 from minilmd.config import ConfigError, RunConfig, stage_defaults
 from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_MAX_BYTES
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -23,10 +24,10 @@ from minilmd.trainer.loop.parts import Found
 def resume(cfg: RunConfig, dist: Dist, expectation: Expectation) -> Found | None:
     """The newest valid checkpoint and what it holds, or None: rank 0 finds it (and quarantines bad ones), all ranks
     load it. Nothing is applied here: the Trainer does that, in one place (Trainer.apply_resume).
-    Rank 0 loads what its validation read (checkpoint.validated_for_loading): each file read and hashed once, the
+    Rank 0 loads what its validation read (checkpoint_load.validated_for_loading): each file read and hashed once, the
     bytes loaded those verified; the other ranks of its node read and check it themselves (read_checkpoint)."""
-    from minilmd.checkpoint import validated_for_loading
     from minilmd.checkpoint_dirs import clean_stale_tmp
+    from minilmd.checkpoint_load import validated_for_loading
     from minilmd.checkpoint_select import checkpoint_roots, first_valid
 
     found: list[str | None] = [None]
@@ -53,7 +54,7 @@ CARRIED = {DPO_REFERENCE: DPO_REFERENCE_MAX_BYTES}
 def read_checkpoint(path: Path) -> Found:
     """All a resume takes from a checkpoint (find_latest validated it): the model, optimizer and trainer state, and
     the CARRIED files it lists, each read once and checked against one reading of the manifest, and loaded from
-    those bytes (checkpoint.for_loading)."""
+    those bytes (checkpoint_load.for_loading)."""
     return _found(path, for_loading(path, CARRIED))
 
 
