@@ -207,7 +207,7 @@ def flock_holders(st: os.stat_result, read: Callable[[str], str] = _read_text) -
 
 def flock_holders_known(st: os.stat_result, read: Callable[[str], str] = _read_text) -> list[int] | None:
     """flock_holders, None where /proc/locks cannot be read: whether anyone holds the lock cannot be told (status's
-    look at a lock file it may not open, daemon/views/seen.py), never taken for "none does"."""
+    look at a lock file it may not open, daemon/base/seen.py), never taken for "none does"."""
     try:
         table = read("/proc/locks")
     except OSError:

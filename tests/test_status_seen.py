@@ -1,5 +1,5 @@
 """Where a run's supervisor is, whether it runs, and how that is known: one rule for `minilmd status` and the
-overview (daemon/views/seen.py).
+overview (daemon/base/seen.py).
 
 - A supervisor on another host (run.dir on a share two machines see) is not "killed or crashed": status's head line
   says which host, when it was last seen, and that this host cannot check it; the overview's row says the same

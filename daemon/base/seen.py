@@ -1,7 +1,7 @@
 """Where a run's supervisor is, whether it runs, and how that is known: the one rule `minilmd status` (its head line,
 a sync or staging it shows interrupted, the look at run.remote), the overview's rows, `minilmd logs --follow` and a
-stage waiting for its init.from predecessor (daemon/phases/initwait.py) ask (`supervisor_seen`; the views import it
-as daemon/views/seen.py).
+stage waiting for its init.from predecessor (daemon/phases/initwait.py) ask (`supervisor_seen`; in daemon/base, not
+the views, so that the phases may ask it too).
 
 - Another host's (state.json names a host that is not this one: a run directory on a share seen by two machines, a
   Slurm job's): not known dead from here, nor alive; said so, with when its state.json was written last (OTHER_HOST).

@@ -8,13 +8,13 @@ written. Torch-free.
 from __future__ import annotations
 
 from minilmd.daemon.base.runstate import fmt_time
+from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import StateJson
-from minilmd.daemon.views.seen import supervisor_seen
 from minilmd.run_states import INTERRUPTED, shown_state
 
 
 def _gone(state: StateJson, alive: bool) -> bool:
-    """Whether the supervisor is known not to run: not alive by status's look, and of this host (daemon/views/seen.py:
+    """Whether the supervisor is known not to run: not alive by status's look, and of this host (daemon/base/seen.py:
     one of another host is not checkable from here)."""
     return not alive and supervisor_seen(state).elsewhere is None
 

@@ -17,7 +17,7 @@ init wait and the orphan hunt), and a lock held by one starting now looks alike 
 lock cannot be opened (another user's, mode 0600). So "could not start: run.dir is full" (`could_not_start`) is said
 only on strict evidence: the lock provably free (opened, its flock taken), no events.jsonl, and 0 bytes free on
 run.dir's file system now; a lock that cannot be opened (a teammate's look: the file is its owner's alone) is judged
-by the kernel's lock table (/proc/locks, daemon/views/seen.py lock_table: the file lstat'ed, never opened), and only
+by the kernel's lock table (/proc/locks, daemon/base/seen.py lock_table: the file lstat'ed, never opened), and only
 where that cannot be read either is it "cannot tell"; else the older words, "no state.json yet" / "not started"
 (review 9b #5).
 """
@@ -111,7 +111,7 @@ def _starting_words(holder: LockInfo) -> str:
 def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tuple[LockInfo | None, str]:
     """(the run lock's holder, its pid perhaps not written yet; None when none holds it or there is none) and why it
     cannot be looked at ("" when it can). Where it cannot be opened (another user's, mode 0600: a teammate's look at
-    a run shared with run.share "group" or "all"), the kernel's lock table says who holds it (daemon/views/seen.py
+    a run shared with run.share "group" or "all"), the kernel's lock table says who holds it (daemon/base/seen.py
     lock_table: the file lstat'ed, never opened), the holder a LockInfo of that pid, said to be seen so (`from_table`);
     only where that cannot be read either is it "cannot tell"."""
     from minilmd.daemon.host.lock import LockInfo, lock_look
@@ -120,7 +120,7 @@ def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tu
         return lock_look(run_dir, dir_fd)[0], ""
     except OSError as e:
         unknown = e.strerror or type(e).__name__
-    from minilmd.daemon.views.seen import lock_table
+    from minilmd.daemon.base.seen import lock_table
 
     holders, _ = lock_table(run_dir, dir_fd, owner)
     if holders is None:

@@ -20,10 +20,10 @@ from minilmd.untrusted import Unreadable
 def supervisor_alive(state: StateJson | None) -> bool:
     """Whether the supervisor state.json names runs: that process, by its pid and its start time, on this host. A
     pid alone is whichever process has it now (recycled, another user's); one of another host means nothing here
-    (daemon/views/seen.py: its record alone, the run lock not looked at)."""
-    from minilmd.daemon.views.seen import supervisor_seen
+    (daemon/base/seen.py: its record alone, the run lock not looked at)."""
+    from minilmd.daemon.base.seen import supervisor_seen
 
-    return state is not None and supervisor_seen(state).alive is True  # the one rule: daemon/views/seen.py
+    return state is not None and supervisor_seen(state).alive is True  # the one rule: daemon/base/seen.py
 
 
 def load(run_dir: Path, dir_fd: int | None = None) -> tuple[dict | None, str]:

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, open_run, real_path, run_problem
-from minilmd.daemon.views.seen import supervisor_seen
 from minilmd.dirfd import Dir
 from minilmd.logread import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, clipped, listed, printable

@@ -4,7 +4,7 @@ from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 Each row: name, phase (with "not running" when its supervisor is gone before the end, "killed or crashed" after a
 final phase it never wrote its outcome for, "on host H: not checked from here" when state.json names another host,
 "not judged: pid N holds its run lock ..." when its supervisor is gone and another pid holds the run lock:
-status's rule, daemon/views/seen.py; "vanished" when its run
+status's rule, daemon/base/seen.py; "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
 successful sync's age (with its trouble, or "(interrupted)" for a sync that was going on when its supervisor
@@ -78,12 +78,12 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
             return {**base, **no_state_row(entry.run_dir, entry.uid)}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
+    from minilmd.daemon.base.seen import supervisor_seen
     from minilmd.daemon.views.liveness import trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
-    from minilmd.daemon.views.seen import supervisor_seen
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
-    seen = supervisor_seen(written, entry.run_dir, None, entry.uid)  # status's rule (daemon/views/seen.py)
+    seen = supervisor_seen(written, entry.run_dir, None, entry.uid)  # status's rule (daemon/base/seen.py)
     alive = seen.alive is True
     state = current(entry.run_dir, written, alive, entry.uid)  # no supervisor: what its trainer wrote since, as status
     progress, sync = state.progress, state.sync

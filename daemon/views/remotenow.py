@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base.runstate import fmt_time, names_remote
+from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import StateJson
-from minilmd.daemon.views.seen import supervisor_seen
 from minilmd.fmt import fmt_duration
 from minilmd.names import LATEST, POINTER_MAX_BYTES, is_step_name, step_name, step_of
 from minilmd.perms import own_uid, owned_by_me_or_root, user_words
@@ -112,7 +112,7 @@ def look_now(state: StateJson, remote: str | None, alive: bool) -> RemoteNow | N
     root = local_remote_root(remote)
     if alive or synced is None or synced.step is None or root is None or not names_remote(synced.path, remote):
         return None
-    if supervisor_seen(state).elsewhere:  # not checkable from here (daemon/views/seen.py)
+    if supervisor_seen(state).elsewhere:  # not checkable from here (daemon/base/seen.py)
         return None
     answered, found, _ = bounded_probe(look, root, step_name(synced.step), (remote or "").rstrip("/"),
                                        state.run_dir)

@@ -21,6 +21,7 @@ from minilmd import names, protocol
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
+from minilmd.daemon.base.seen import Seen, supervisor_seen
 from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
@@ -33,7 +34,6 @@ from minilmd.daemon.views.remotenow import RemoteNow, look_now, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
-from minilmd.daemon.views.seen import Seen, supervisor_seen
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
@@ -60,7 +60,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
     a killed supervisor left training (liveness.trainer_alone); `saved_pass`: what a stopped DPO reference pass
     kept at step 0 (savedpass.py), said on the step line when no pass runs; `remote_now`: what run.remote holds
-    now (remotenow.look_now); `seen`: where its supervisor is and how that is known (daemon/views/seen.py; not
+    now (remotenow.look_now); `seen`: where its supervisor is and how that is known (daemon/base/seen.py; not
     given: its record alone)."""
     t = t or time.time()
     seen = seen or supervisor_seen(state)
@@ -127,7 +127,7 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
     """The run, its phase and for how long (a `done` one by how it ended: `stopped`, `early-stopped`, as `status
     --all` shows it), and whether its supervisor runs (or how it ended; of a killed one, whether the trainer it
     left, `alone`'s pids, trains on: "not running" alone read as nothing training; of another host's, that this
-    host cannot check it: `seen`, daemon/views/seen.py)."""
+    host cannot check it: `seen`, daemon/base/seen.py)."""
     from minilmd.daemon.views.overview import shown_phase
 
     since = state.since
