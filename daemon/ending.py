@@ -13,8 +13,9 @@ Slurm will not requeue the job (Requeue=0), or nothing could be kept off the nod
 (non-final), saying where the checkpoint is; `failed` for good (exit 79) once such requeues in a row are spent
 (daemon/slurm/unsynced_end.py, requeue_bound.py). A trainer that ended done while its scratch was removed (gone,
 replaced or unmarked, no checkpoint left to sync) sends the run back to staging (`restage`): the remote's newest is
-fetched and the last steps trained again (daemon/jobs/scratch_removed.py). At exit, whatever phase: a trainer still there is killed, the GPU
-lease released, a final failure's staged inputs given back, the run's files closed and the lock released. Torch-free.
+fetched and the last steps trained again (daemon/jobs/scratch_removed.py). At exit, whatever phase: a trainer still
+there is killed, the GPU lease released, a final failure's staged inputs given back, the run's files closed and the
+lock released. Torch-free.
 """
 from __future__ import annotations
 
