@@ -11,7 +11,8 @@ launch. So:
   0600 whatever run.share says (lockfile.LOCK_FILE_MODE: whoever can open a lock file can flock it, hostile10 F2);
 - a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
-  owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
+  owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final); one holding only that marker,
+  of a run.dir gone (a launch that failed at once), is said so (scratch_remade.marker_only_words), never removed;
 - a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it,
   and only while it is empty: a directory holding anything else (someone's `corpus/`) is refused, never emptied; a
   trainer.lock of this user's that no process holds (trainer_lock.left_unheld: a by-hand trainer's) is no content;
@@ -43,7 +44,7 @@ from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
-from minilmd.scratch_remade import newest_step, partly_removed, remade_words, unmarked_words
+from minilmd.scratch_remade import marker_only_words, newest_step, partly_removed, remade_words, unmarked_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, read_json
 
@@ -170,6 +171,8 @@ def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
         return f"run.scratch {scratch}: {e}; if no run uses this scratch any more, remove {scratch / SCRATCH_OWNER}"
     if owner is None or run_owner.is_run(owner, run_dir):
         return None
+    if words := marker_only_words(scratch, owner):
+        return words
     return (f"run.scratch {scratch} belongs to another run: {run_owner.describe(owner)}. Two runs "
             f"never share a scratch (they would prune each other's checkpoints): give this run another run.name, or "
             f"set run.scratch; if that run is gone for good, remove {scratch}")

@@ -6,11 +6,14 @@ F2: daemon/ending.py stages again rather than call it "saved elsewhere"). Torch-
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
+from minilmd.dirtree import OPEN_DIR
 from minilmd.names import CHECKPOINTS, SCRATCH_OWNER
 from minilmd.perms import owned_by_me
+from minilmd.untrusted import listed, printable
 
 
 def remade_words(scratch: Path, before, now, newest: int | None) -> str:
@@ -83,3 +86,28 @@ def unmarked_words(scratch: Path, found: list[str]) -> str:
     return (f"run.scratch {scratch} already holds files ({shown}) and no {SCRATCH_OWNER}: minilmd adopts only an "
             f"empty directory or one marked for this run, since staging would replace or delete what is there{part}; "
             f"{'else ' if part else ''}set run.scratch to a new or empty directory")
+
+
+def marker_only_words(scratch: Path, owner: dict) -> str | None:
+    """Words for a scratch of another run that holds nothing but its marker (and perhaps an empty checkpoints/:
+    nothing trained, nothing staged) and whose run.dir is gone from this host: a launch that failed at once (run.dir
+    full, say) left it. Said with what to do; never removed here (this run did not make it). None otherwise: a
+    record of another host, a run.dir still there, anything more in it, or a listing that fails, is the plain
+    refusal. Bounded listings (untrusted.listed), no link followed."""
+    if owner.get("host") != socket.gethostname() or os.path.lexists(owner["run_dir"]):
+        return None
+    try:
+        found = set(listed(scratch)) - {SCRATCH_OWNER}
+        if found - {CHECKPOINTS}:
+            return None
+        if found:  # checkpoints/: a real directory (OPEN_DIR: no link followed), and empty
+            fd = os.open(scratch / CHECKPOINTS, OPEN_DIR | os.O_NONBLOCK)
+            try:
+                if listed(fd):
+                    return None
+            finally:
+                os.close(fd)
+    except OSError:
+        return None
+    return (f"run.scratch {scratch} holds only the marker of the run in {printable(owner['run_dir'])}, whose run.dir "
+            f"is gone (a launch that never trained): remove {scratch} (`rm -r {scratch}`) or set run.scratch")
