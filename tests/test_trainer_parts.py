@@ -26,7 +26,8 @@ TRAINER_STATE_KEYS = {"step", "tokens_seen", "rows_seen", "epoch", "early_stop",
                       "data_segments", "rng", "world_size", "global_batch", "total_steps",
                       "kernels",  # the attention kernel a resume keeps (issue 41); an older checkpoint lacks it
                       "corpus",  # the corpus summary a later stage's update share counts by; an older one lacks it
-                      "positions_seen"}  # the token positions a token budget counts; an older one lacks it
+                      "positions_seen",  # the token positions a token budget counts; an older one lacks it
+                      "matmul"}  # bf16 or fp32, what a resume compares (batch_stream); an older one lacks it
 
 
 def cpu() -> Dist:
