@@ -294,37 +294,43 @@ def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
     step = step_or_none("-".join(name[len(TMP_PREFIX):].split("-")[:2])) if name.startswith(TMP_PREFIX) else None
     if maker is None or step is None or (maker[0] != os.getpid() and process_alive(*maker)):
         return "not a checkpoint's copy by a sync of this host that is over"
-    try:
-        with Dir.at(root, name) as opened:
-            if opened.identity != identity:
-                return "a directory moved there while it was looked at: not removed"
-            manifest = loads(read_bytes(MANIFEST, max_bytes=MANIFEST_MAX_BYTES, dir_fd=opened.fd), expect=dict)
-    except Unreadable as e:
-        return None if e.missing else f"its {MANIFEST} cannot be read ({e.why})"
-    except OSError as e:
-        return f"a directory that cannot be looked at ({e.strerror or e})"
-    said = manifest.get("step")
-    return None if said == step else f"its {MANIFEST} says step {said!r}, not {step} (a step renamed there?)"
+    said, why = _manifest_step(root, name, identity)
+    if why is not None:
+        return why
+    if said is _NO_MANIFEST or said == step:
+        return None
+    return f"its {MANIFEST} says step {said!r}, not {step} (a step renamed there?)"
 
 
 def _step_problem(root: Dir, name: str, identity: Identity, step: int) -> str | None:
     """None when the directory `name` (the one judged: `identity`) holds a manifest that names its step (`step`:
     that of its name, or of the step name it had)."""
-    try:
-        with Dir.at(root, name) as opened:
-            if opened.identity != identity:
-                return "a directory moved there while it was looked at: not removed"
-            manifest = loads(read_bytes(MANIFEST, max_bytes=MANIFEST_MAX_BYTES, dir_fd=opened.fd), expect=dict)
-    except Unreadable as e:
-        if e.missing:
-            return f"a step directory without a {MANIFEST} (no sync of this run leaves one here: renamed there?)"
-        return f"a step directory whose {MANIFEST} cannot be read ({e.why})"
-    except OSError as e:
-        return f"a directory that cannot be looked at ({e.strerror or e})"
-    said = manifest.get("step")
+    said, why = _manifest_step(root, name, identity)
+    if why is not None:
+        return why
+    if said is _NO_MANIFEST:
+        return f"a step directory without a {MANIFEST} (no sync of this run leaves one here: renamed there?)"
     if said != step:
         return f"a step directory whose {MANIFEST} says step {said!r}, not {step} (renamed there?)"
     return None
+
+
+_NO_MANIFEST = object()  # what _manifest_step says of a directory that holds no manifest
+
+
+def _manifest_step(root: Dir, name: str, identity: Identity) -> tuple[object, str | None]:
+    """(the step the manifest of the directory `name` says, None), _NO_MANIFEST for the step where it holds none; or
+    (None, why) where it cannot be judged: moved there while looked at (`identity` is the one judged), unreadable."""
+    try:
+        with Dir.at(root, name) as opened:
+            if opened.identity != identity:
+                return None, "a directory moved there while it was looked at: not removed"
+            manifest = loads(read_bytes(MANIFEST, max_bytes=MANIFEST_MAX_BYTES, dir_fd=opened.fd), expect=dict)
+    except Unreadable as e:
+        return (_NO_MANIFEST, None) if e.missing else (None, f"its {MANIFEST} cannot be read ({e.why})")
+    except OSError as e:
+        return None, f"a directory that cannot be looked at ({e.strerror or e})"
+    return manifest.get("step"), None
 
 
 def _pointer_problem(root: Dir, name: str, identity: Identity, claim: bytes | None = None) -> str | None:
