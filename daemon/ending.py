@@ -23,7 +23,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd import names, protocol, scratch, scratch_hold, scratch_remade
+from minilmd import names, protocol, scratch, scratch_end, scratch_hold, scratch_remade
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.aftersync import AfterSync
@@ -179,7 +179,7 @@ class Ending:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self.loop.ended = protocol.ENDED_STOPPED
             self._go(Phase.DONE, self.loop.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
-            if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
+            if not self.slurm and not self.staging.running and (said := scratch_end.give_back_unsaved(
                     self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run, remote_step=self._remote_step())):
                 self.events.emit("scratch", said)
         elif self.room.stopping:
@@ -192,7 +192,7 @@ class Ending:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
-                self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+                self.events.emit("scratch", scratch_end.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
 
     def _scratch_lost_at_end(self, lost: str) -> None:
         """The trainer ended done, but scratch was removed (or partly: its marker gone) before the last sync copied
@@ -315,18 +315,18 @@ class Ending:
 
     def _remote_step(self) -> int | None:
         """The newest step the run has on run.remote, as state.json knows it (kept across starts): what a launch
-        that ended before a checkpoint of its own says is untouched (scratch.give_back_unsaved)."""
+        that ended before a checkpoint of its own says is untouched (scratch_end.give_back_unsaved)."""
         remote = self.state.remote_checkpoint
         return remote.step if remote is not None else None
 
     def _release_inputs(self) -> None:
-        """A final failure gives the staged inputs back to the machine (scratch.release_inputs): the corpus, the
+        """A final failure gives the staged inputs back to the machine (scratch_end.release_inputs): the corpus, the
         probe, init.from's copy. The corpus stays if the last staging trained from it because its source could not
         be read (Staging.from_copy), or its source cannot be reached now (its share gone since): the only copy within
         reach. A LoRA run's base stays once the run has checkpoints: its adapters need that very base (without a
         remote, its staged copy may be the only one). A scratch left with no checkpoint and nothing kept is removed
-        whole (scratch.give_back_unsaved: a run that failed before staging left its marker alone). Not in a Slurm job
-        (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        whole (scratch_end.give_back_unsaved: a run that failed before staging left its marker alone). Not in a Slurm
+        job (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
         if self.slurm or self.staging.running:
             return
         from minilmd.probes import corpus_out_of_reach
@@ -335,13 +335,13 @@ class Ending:
         why = f"the last staging trained from it, its source could not be read ({why})" if why else \
             (f"its source data.prepared {absent}" if (absent := corpus_out_of_reach(self.cfg)) else "")
         keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else {}
-        if self.cfg.lora.enabled and scratch.holds_checkpoints(self.cfg.scratch_dir):
+        if self.cfg.lora.enabled and scratch_end.holds_checkpoints(self.cfg.scratch_dir):
             keep[INIT_DIR] = "the LoRA base its adapters were trained on (without a copy on run.remote, the only one)"
-        if not keep and (done := scratch.give_back_unsaved(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run,
-                                                            "failed for good", self._remote_step())):
+        if not keep and (done := scratch_end.give_back_unsaved(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run,
+                                                                "failed for good", self._remote_step())):
             self.events.emit("scratch", done)
             return
-        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR, INIT_DIR), self.cfg.run,
-                                      keep)
+        done = scratch_end.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR, INIT_DIR),
+                                          self.cfg.run, keep)
         if done:
             self.events.emit("scratch", done)

@@ -55,7 +55,8 @@ class InTheWay(PlaceRefused):
     """A file where the walk needs a directory: no place rule's refusal, so no advice to share a directory."""
 
 
-def _lstat(path: Path) -> os.stat_result | None:
+def lstat_or_none(path: Path) -> os.stat_result | None:
+    """os.lstat, None where nothing is there (a missing component, or a file where a directory is named)."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         return os.lstat(path)
     return None
@@ -84,7 +85,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
         try:
-            st = _lstat(above)
+            st = lstat_or_none(above)
         except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
             todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
             return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {todo}"

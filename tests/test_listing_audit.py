@@ -43,7 +43,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                            "(mode_tree)", {
         ("depth_within", "os.scandir"): 1, ("empty_tree", "os.scandir"): 1, ("fsync_tree", "os.scandir"): 1,
         ("mode_tree", "os.scandir"): 1}),
-    "minilmd/scratch.py": ("private", PRIVATE_SCRATCH + " (the space a staged copy or the whole scratch holds, "
+    "minilmd/scratch_end.py": ("private", PRIVATE_SCRATCH + " (the space a staged copy or the whole scratch holds, "
                            "said when it is given back)", {("tree_bytes", "os.walk"): 1}),
     "trainer/loop/entry.py": ("private", "directories `minilmd train` on its own has just made (scratch, its per-user "
                               "root, the compile caches: none was there before its claim, which found no room), "
@@ -157,11 +157,11 @@ def test_the_places_others_may_fill_list_only_through_the_bounded_lister():
     scratch, a corpus's or an export's directory, leftovers beside an output, a sync's new directory, attempt logs
     status reads) hold no listing of their own any more (scratch's one left: the claimed scratch's size)."""
     found = sites()
-    for module in ("daemon/jobs/resumefrom.py", "minilmd/scratch.py", "minilmd/leftovers.py",
+    for module in ("daemon/jobs/resumefrom.py", "minilmd/scratch.py", "minilmd/scratch_end.py", "minilmd/leftovers.py",
                    "minilmd/corpus/prepare/append.py", "minilmd/corpus/prepare/pipeline.py",
                    "daemon/jobs/remote_made.py", "daemon/jobs/remote_local.py", "daemon/jobs/remote_publish.py",
                    "minilmd/checkpoint_dirs.py", "minilmd/checkpoint_verify.py", "minilmd/batch_stream.py",
                    "daemon/views/status.py", "daemon/views/logs.py", "trainer/model/export_paths.py",
                    "minilmd/shared_place.py", "daemon/demo.py"):
         assert set(found.get(module, {})) <= set(REVIEWED.get(module, ("", "", {}))[2]), module
-    assert set(found["minilmd/scratch.py"]) == {("tree_bytes", "os.walk")}
+    assert set(found["minilmd/scratch_end.py"]) == {("tree_bytes", "os.walk")}

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from minilmd import scratch as scratchmod
+from minilmd import scratch_end
 from minilmd.checkpoint_dirs import clean_stale_tmp, list_checkpoints, local_checkpoint_steps
 from minilmd.daemon.jobs.resumefrom import _lists_steps
 from minilmd.daemon.views.logs import _attempt_logs
-from minilmd.names import ATTEMPT_LOGS, MANIFEST, save_tmp_name
+from minilmd.names import ATTEMPT_LOGS, CHECKPOINTS, MANIFEST, save_tmp_name
 from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 
@@ -69,8 +70,8 @@ def test_a_scratch_past_the_bound_is_refused_saying_so(tmp_path):
 
 def test_a_scratch_checkpoint_root_past_the_bound_is_kept_as_holding_checkpoints(tmp_path):
     scratch = tmp_path / "scratch"
-    crowd(scratch / scratchmod.CHECKPOINTS)
-    assert scratchmod.holds_checkpoints(scratch)
+    crowd(scratch / CHECKPOINTS)
+    assert scratch_end.holds_checkpoints(scratch)
 
 
 def test_the_leftover_sweep_of_a_root_past_the_bound_finds_nothing(tmp_path):

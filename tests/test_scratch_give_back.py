@@ -4,7 +4,7 @@ its staged corpus and checkpoints there for good (issue: every stage finishes un
 - `minilmd run` to the end with a remote: scratch is removed once the last checkpoint is verified there, and the
   run's events say how much was freed; the remote keeps the checkpoint.
 - `run.keep_scratch = true`, or no `run.remote` (scratch holds the only copy): scratch stays, and the events say why.
-- `scratch.give_back` never removes a directory that is not marked for this run.
+- `scratch_end.give_back` never removes a directory that is not marked for this run.
 - A run stopped before its first checkpoint removes its scratch (issue 39: it kept it); one with anything under
   checkpoints/ keeps it, as does `run.keep_scratch`.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint, scratch
+from minilmd import checkpoint, scratch, scratch_end
 from minilmd.config import RunSection, load_config
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import (
@@ -40,7 +40,7 @@ def _claimed(tmp_path: Path, name: str = "s") -> tuple[Path, Path]:
 
 def test_give_back_removes_a_marked_scratch_and_says_what_it_freed(tmp_path):
     scratch_dir, run_dir = _claimed(tmp_path)
-    said = scratch.give_back(scratch_dir, run_dir, RunSection(remote="/nfs/x"))
+    said = scratch_end.give_back(scratch_dir, run_dir, RunSection(remote="/nfs/x"))
     assert not scratch_dir.exists()
     assert said.startswith(f"removed {scratch_dir}: ") and said.endswith(" MB freed")
     assert float(said.split(": ")[1].split(" MB")[0]) >= 0.3  # the 300 kB file at least
@@ -52,18 +52,18 @@ def test_give_back_removes_a_marked_scratch_and_says_what_it_freed(tmp_path):
 ])
 def test_give_back_keeps_scratch_when_asked_or_when_it_is_the_only_copy(tmp_path, run, kept_because):
     scratch_dir, run_dir = _claimed(tmp_path)
-    said = scratch.give_back(scratch_dir, run_dir, run)
+    said = scratch_end.give_back(scratch_dir, run_dir, run)
     assert (scratch_dir / "corpus" / "tokens.bin").is_file()
     assert said.startswith(f"kept {scratch_dir}") and kept_because in said
 
 
 def test_give_back_leaves_a_scratch_of_another_run_or_without_marker(tmp_path):
     scratch_dir, _ = _claimed(tmp_path)
-    said = scratch.give_back(scratch_dir, tmp_path / "another-run", RunSection(remote="/nfs/x"))
+    said = scratch_end.give_back(scratch_dir, tmp_path / "another-run", RunSection(remote="/nfs/x"))
     assert (scratch_dir / "corpus" / "tokens.bin").is_file() and "left" in said and "another-run" in said
     unmarked = tmp_path / "unmarked"
     (unmarked / "notes").mkdir(parents=True)
-    said = scratch.give_back(unmarked, tmp_path / "s" / "run", RunSection(remote="/nfs/x"))
+    said = scratch_end.give_back(unmarked, tmp_path / "s" / "run", RunSection(remote="/nfs/x"))
     assert (unmarked / "notes").is_dir() and "left" in said
 
 
@@ -85,13 +85,13 @@ def test_a_finished_run_removes_its_scratch_after_the_last_sync_unless_kept(tmp_
 def test_a_scratch_without_a_checkpoint_goes_back_one_with_anything_under_checkpoints_stays(tmp_path):
     scratch_dir, run_dir = _claimed(tmp_path)
     (scratch_dir / "checkpoints" / "quarantine").mkdir(parents=True)
-    assert scratch.give_back_unsaved(scratch_dir, run_dir, RunSection(remote="/nfs/x")) is None
+    assert scratch_end.give_back_unsaved(scratch_dir, run_dir, RunSection(remote="/nfs/x")) is None
     assert (scratch_dir / "corpus" / "tokens.bin").is_file()
     (scratch_dir / "checkpoints" / "quarantine").rmdir()
-    assert scratch.give_back_unsaved(scratch_dir, run_dir, RunSection(keep_scratch=True)) is None
-    said = scratch.give_back_unsaved(scratch_dir, tmp_path / "another-run", RunSection())
+    assert scratch_end.give_back_unsaved(scratch_dir, run_dir, RunSection(keep_scratch=True)) is None
+    said = scratch_end.give_back_unsaved(scratch_dir, tmp_path / "another-run", RunSection())
     assert (scratch_dir / "corpus").is_dir() and said is not None and "another-run" in said
-    said = scratch.give_back_unsaved(scratch_dir, run_dir, RunSection())
+    said = scratch_end.give_back_unsaved(scratch_dir, run_dir, RunSection())
     assert not scratch_dir.exists() and said is not None and said.startswith(f"removed {scratch_dir}: "), said
 
 

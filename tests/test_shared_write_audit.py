@@ -84,7 +84,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "os.open"): 1,
         ("_write_marker", "open"): 1, ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1,
-        ("remove_own", "shutil.rmtree"): 1, ("release_inputs", "shutil.rmtree"): 1}),
+        ("remove_own", "shutil.rmtree"): 1}),
+    "minilmd/scratch_end.py": ("private", PRIVATE_SCRATCH + " (the staged copies a run that failed for good gives "
+                               "back, each a directory found by lstat after ensure_held)", {
+        ("release_inputs", "shutil.rmtree"): 1}),
     "minilmd/scratch_root.py": ("private", "the default scratch's per-user root in the sticky base (/dev/shm): "
                                 "mkdir 0700 never replaces what is there (what stands there is then judged, lstat, "
                                 "and another user's, a link or a file is never used), and mkdtemp makes a new name "

@@ -314,7 +314,7 @@ class Staging(Section):
     from_copy: str | None = None
     """Why the latest staging trained from the verified copy already in scratch instead of its source: the source
     could not be read (its share gone or not mounted, EIO); None when it staged from the source. That copy may be
-    the only one within reach, so a final failure keeps it (minilmd/scratch.py `release_inputs`)."""
+    the only one within reach, so a final failure keeps it (minilmd/scratch_end.py `release_inputs`)."""
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -76,7 +76,7 @@ def scratch_record(local_root: Path) -> Path:
     """Where the record of a Syncer whose local checkpoint root is `local_root` lies in scratch,
     `<scratch>/.checkpoints.remote-made.json`: an older minilmd's place for a run's (read once, `Made.was_at`), and
     the place for a Syncer without a run (a tool, a test). Not in the checkpoint root, where any entry is one a failed
-    run's scratch is kept for (scratch.holds_checkpoints)."""
+    run's scratch is kept for (scratch_end.holds_checkpoints)."""
     return local_root.parent / f".{local_root.name}{SCRATCH_RECORD}"
 
 
