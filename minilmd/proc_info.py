@@ -9,6 +9,7 @@ only. Torch-free, standard library only.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,12 +17,31 @@ from pathlib import Path
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+"""A random id the kernel makes at each boot: a (pid, start ticks) recorded under another names no process of this
+one, whatever runs under that pid and start time now (a service started at boot gets much the same of both)."""
 MAX_STATUS_BYTES = 64 << 10
 """The most of a /proc/PID/status read (about 1.5 KiB in practice): a longer one is not known, never cut short."""
 
 
 def _read_text(path: str) -> str:
     return Path(path).read_text()
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's id (BOOT_ID), "" where it cannot be read (then no record is told from another boot's)."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as f:
+            return f.read(64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def of_another_boot(recorded: str) -> bool:
+    """Whether a record's boot id (`recorded`, "" in a record of an older minilmd) is another boot's than this one:
+    the machine has restarted since it was written."""
+    return bool(recorded) and bool(boot_id()) and recorded != boot_id()
 
 
 def stat_fields(pid: int, read: Callable[[str], str] = _read_text) -> list[str] | None:

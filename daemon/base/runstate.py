@@ -41,6 +41,7 @@ from minilmd.logread import new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
 from minilmd.perms import own_uid, owner_or_me
+from minilmd.proc_info import boot_id, of_another_boot
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
     process_environ,
@@ -67,8 +68,9 @@ def fmt_time(ts: float | None) -> str:
 def supervisor_runs_here(sup: SupervisorInfo) -> bool:
     """Whether the supervisor a state.json names runs on this host: that process, by its pid and its start time. A
     pid alone is whichever process has it now (recycled, another user's); the caller decides what another host's
-    means (`sup.host`)."""
-    return sup.start_ticks is not None and process_alive(sup.pid, sup.start_ticks)
+    means (`sup.host`). A record of an earlier boot names none (a supervisor started at boot gets much the same pid
+    and start time each boot)."""
+    return sup.start_ticks is not None and not of_another_boot(sup.boot) and process_alive(sup.pid, sup.start_ticks)
 
 
 # --- state.json ------------------------------------------------------------------------------------------------
@@ -118,7 +120,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
     return StateJson(version=STATE_VERSION, run=name, run_dir=str(run_dir), config=config_path,
                      phase=Phase.WAITING_GPU, since=t,
                      supervisor=SupervisorInfo(pid=os.getpid(), start_ticks=process_start_ticks(os.getpid()),
-                                               host=socket.gethostname(), started=t),
+                                               boot=boot_id(), host=socket.gethostname(), started=t),
                      sync=Sync(state=SyncState.OFF), staging=Staging(state=StagingState.NOT_STARTED),
                      updated=t).to_dict()
 

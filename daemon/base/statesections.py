@@ -104,6 +104,9 @@ class SupervisorInfo(Section):
     """The supervisor's pid."""
     start_ticks: int | None = None
     """Its start time in clock ticks since boot: with the pid, it tells the supervisor from a recycled pid."""
+    boot: str = ""
+    """The boot it started in (proc_info.boot_id; "" in a file of a version before it): a record of another boot's
+    names no process of this one, whatever its pid and start time match now."""
     host: str = ""
     """The host it runs on."""
     started: float | None = None

@@ -37,6 +37,7 @@ from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
+from minilmd.proc_info import of_another_boot
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
 from minilmd.untrusted import printable
 
@@ -151,6 +152,9 @@ def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None 
         return run + (f"supervisor not running (killed or crashed, last seen {fmt_time(state.updated)} in "
                       f"{state.phase or '?'}) but its trainer is (pid {', '.join(map(str, alone))}): `minilmd run` "
                       f"again stops that trainer (it saves first) and resumes")
+    if of_another_boot(state.supervisor.boot):  # not "killed or crashed": the machine went down under it
+        return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}; this host has "
+                      f"restarted since (another boot id); `minilmd run` again resumes)")
     return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}, the supervisor did not "
                   f"exit cleanly: killed or crashed; `minilmd run` again resumes){seen.judged()}")
 
