@@ -6,10 +6,12 @@ status` would say "running" of a run nothing runs for. state.json records the bo
 boot is not running, and status says the host restarted (not "killed or crashed").
 
 The supervisor recorded here is a real process of this test, alive while status looks: only the boot id recorded
-with it differs, and the same record with this boot's id is the control (running).
+with it differs, and the same record with this boot's id is the control (running). The overview's row says the same
+(`(host restarted since)`, not `(killed or crashed)`, after a final phase with no outcome written).
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +22,8 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.host import registry
+from minilmd.daemon.views.overview import _cells, row
 from minilmd.fsio import atomic_write_json
 from minilmd.proc_info import boot_id, of_another_boot, process_start_ticks
 from supervisor_helpers import cli
@@ -37,14 +41,20 @@ def live_process():
         proc.wait(timeout=60)
 
 
-def status_of(tmp_path: Path, pid: int, ticks: int, boot: str) -> str:
-    run_dir = tmp_path / (boot or "no-boot-id")
+def state_of(tmp_path: Path, pid: int, ticks: int, boot: str, phase: str = "training") -> Path:
+    """A run directory whose state.json names the supervisor (pid, ticks) of boot `boot`, last in `phase`, no
+    outcome written."""
+    run_dir = tmp_path / f"{boot or 'no-boot-id'}-{phase}"
     run_dir.mkdir()
     st = new_state("r", run_dir, str(run_dir / names.RUN_CONFIG_COPY))
-    st.update(phase="training", supervisor={"pid": pid, "start_ticks": ticks, "boot": boot,
-                                            "host": socket.gethostname(), "started": time.time() - 60})
+    st.update(phase=phase, supervisor={"pid": pid, "start_ticks": ticks, "boot": boot,
+                                       "host": socket.gethostname(), "started": time.time() - 60})
     atomic_write_json(run_dir / names.STATE, st)
-    done = cli("status", str(run_dir))
+    return run_dir
+
+
+def status_of(tmp_path: Path, pid: int, ticks: int, boot: str) -> str:
+    done = cli("status", str(state_of(tmp_path, pid, ticks, boot)))
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -66,6 +76,18 @@ def test_a_record_without_a_boot_id_is_judged_by_pid_and_start_time_as_before(tm
     assert not of_another_boot("") and of_another_boot(ANOTHER_BOOT) and not of_another_boot(boot_id())
     said = status_of(tmp_path, pid, ticks, "")
     assert f"supervisor pid {pid} running" in said, said
+
+
+def test_the_overview_row_of_a_run_ended_in_another_boot_says_the_host_restarted(tmp_path, live_process):
+    pid, ticks = live_process
+
+    def phase_cell(boot: str) -> str:
+        run_dir = state_of(tmp_path, pid, ticks, boot, phase="done")
+        r = row(registry.Entry("r", run_dir, "r.toml", os.getuid(), tmp_path / "entry"), time.time())
+        return _cells(r)[1]
+
+    assert phase_cell(ANOTHER_BOOT) == "done (host restarted since)"
+    assert phase_cell(boot_id()) == "done"  # the control: its supervisor, alive, has not written how it ended yet
 
 
 def test_a_new_state_records_this_boot():

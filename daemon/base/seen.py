@@ -5,17 +5,18 @@ the views, so that the phases may ask it too).
 
 - Another host's (state.json names a host that is not this one: a run directory on a share seen by two machines, a
   Slurm job's): not known dead from here, nor alive; said so, with when its state.json was written last (OTHER_HOST).
-- This host's: its record, state.json's pid and start time, against /proc/PID/stat (readable by anyone: a recycled
-  pid has another start time), checked against the kernel's table of flocks (/proc/locks, readable by anyone: who
-  holds its run lock, matched on the lock file's device and inode, the file looked at with an lstat, never opened,
-  never locked). The lock file is its owner's alone (mode 0600, hostile10 F1): a teammate of a run shared with
-  run.share "group" or "all" cannot open it, and before was told "cannot tell". Both agree: judged by the lock
-  (LOCK), as when the table has the record's pid holding the lock though /proc hides it from us (hidepid: only the
-  owner's processes can open the lock to hold it); where the table cannot be read, the lock file is not there as
-  the run's owner made it, or the two disagree, the record alone is the judge, and the words say so (RECORD). But
-  a record of a supervisor gone while another pid holds its run lock is not judged (alive None, `unjudged`): only
-  the owner's processes can hold it (a supervisor that systemd or the user started again, before it wrote its
-  state.json; one in another pid namespace), so neither "killed or crashed, start it again" nor "running" is known.
+- This host's: its record, state.json's pid and start time, against /proc/PID/stat (readable by anyone: a recycled pid
+  has another start time; a record of an earlier boot names no process: runstate.supervisor_runs_here), checked against
+  the kernel's table of flocks (/proc/locks, readable by anyone: who holds its run lock, matched on the lock file's
+  device and inode, the file looked at with an lstat, never opened, never locked). The lock file is its owner's alone
+  (mode 0600, hostile10 F1): a teammate of a run shared with run.share "group" or "all" cannot open it, and before was
+  told "cannot tell". Both agree: judged by the lock (LOCK), as when the table has the record's pid holding the lock
+  though /proc hides it from us (hidepid: only the owner's processes can open the lock to hold it); where the table
+  cannot be read, the lock file is not there as the run's owner made it, or the two disagree, the record alone is the
+  judge, and the words say so (RECORD). But a record of a supervisor gone while another pid holds its run lock is not
+  judged (alive None, `unjudged`): only the owner's processes can hold it (a supervisor that systemd or the user started
+  again, before it wrote its state.json; one in another pid namespace), so neither "killed or crashed, start it again"
+  nor "running" is known.
 
 What is shown, never whom to signal: `minilmd stop` proves a process by its own rule (minilmd/procs.py). Torch-free.
 """

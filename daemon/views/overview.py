@@ -47,6 +47,7 @@ from minilmd.daemon.views.lastwords import no_state_row
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
+from minilmd.proc_info import of_another_boot
 from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, shown_state
 from minilmd.untrusted import Unreadable, printable, read_json
 
@@ -98,6 +99,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "elsewhere": seen.elsewhere,  # not known dead from here, nor alive: not checkable on this host
         "judged_by": seen.how,  # the run lock (the kernel's lock table), the record alone, or "other host"
         "unjudged": seen.unjudged,  # its record's supervisor gone, another pid holding its run lock: not judged
+        "restarted": not alive and of_another_boot(written.supervisor.boot),  # its record is of an earlier boot
         "step": progress.step,
         "total_steps": progress.total_steps,
         "loss": progress.loss,
@@ -189,8 +191,8 @@ def _cells(r: dict) -> list[str]:
     elif r.get("starting"):
         phase = printable(r["starting"])[:PHASE_WIDTH]  # no state.json: a supervisor holds the lock (lastwords.py)
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running") \
-            and not r.get("elsewhere"):
-        phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
+            and not r.get("elsewhere"):  # its run ended, its supervisor did not exit cleanly: no outcome written
+        phase += " (host restarted since)" if r.get("restarted") else " (killed or crashed)"
     if (request := r.get("stop_request")) and not request.get("problem"):
         phase += " (stop requested)"  # an automatic restart will not start it, until a start by hand
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
