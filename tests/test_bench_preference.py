@@ -1,7 +1,9 @@
 """`minilmd bench sft` and `bench packing` given a preference corpus (found by a new user: `bench sft --prepared dpop
 --config cfg/dpo.toml --steps 1` ran DPO's whole reference pass for each mode, 244/2,431 pairs after 56 s, no figure
 in 400 s). A DPO run's pairs are length-bucketed whatever data.mode says, so the modes these benches compare are the
-same rows: refused at once, exit 2, with the reason, before any Trainer (and its reference pass) is built."""
+same rows: refused at once, exit 2, with the reason, before any Trainer (and its reference pass) is built. Both
+benches check their arguments by one function (trainer/bench/packing.py row_bench_config): a step count below one
+is refused alike."""
 from __future__ import annotations
 
 import subprocess
@@ -24,3 +26,13 @@ def test_bench_sft_and_packing_refuse_a_preference_corpus_before_any_reference_p
                                   "--format dpo)"), done.stderr
     assert "not benchmarked" in done.stderr and "reference pass" in done.stderr
     assert "DPO reference" not in done.stdout, done.stdout  # no pass began: nothing of it was printed
+
+
+@pytest.mark.parametrize("bench", ["sft", "packing"])
+def test_bench_sft_and_packing_refuse_fewer_than_one_step_alike(tmp_path, dpo_corpus, bench, capsys):
+    from minilmd.trainer.bench import packing, sft
+
+    config = write_config(tmp_path, dpo_corpus, name="dpo", train={"seq_len": 128, "micro_batch_size": 2})
+    main = {"sft": sft.main, "packing": packing.main}[bench]
+    assert main(str(dpo_corpus[0]), str(config), steps=0) == 2
+    assert capsys.readouterr().err == f"minilmd bench {bench}: --steps must be at least 1\n"

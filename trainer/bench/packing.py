@@ -86,6 +86,22 @@ def preference_refusal(cfg: RunConfig, command: str) -> str | None:
             "CONFIG` times the model's steps)")
 
 
+def row_bench_config(command: str, prepared: str, config_path: str, steps: int,
+                     overrides: list[str] | None) -> RunConfig | None:
+    """The checked config `command` (bench packing, bench sft) benchmarks the corpus `prepared` with; None, said on
+    stderr, for a config error, fewer than one step, or a preference corpus (preference_refusal)."""
+    try:
+        cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
+    except ConfigError as e:
+        print(f"minilmd {command}: {e}", file=sys.stderr)
+        return None
+    refused = f"minilmd {command}: --steps must be at least 1" if steps < 1 else preference_refusal(cfg, command)
+    if refused:
+        print(refused, file=sys.stderr)
+        return None
+    return cfg
+
+
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     """A Trainer for `mode` (one of MODES) writing only under `tmp` (its run dir and scratch)."""
     from minilmd.trainer.loop import determinism
@@ -187,16 +203,7 @@ def report(c: Comparison, cfg: RunConfig) -> str:
 
 
 def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] | None = None) -> int:
-    try:
-        cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
-    except ConfigError as e:
-        print(f"minilmd bench packing: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    if steps < 1:
-        print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
-        return EXIT_CONFIG
-    if refused := preference_refusal(cfg, "bench packing"):
-        print(refused, file=sys.stderr)
+    if (cfg := row_bench_config("bench packing", prepared, config_path, steps, overrides)) is None:
         return EXIT_CONFIG
     print(report(compare(cfg, steps), cfg), flush=True)
     return 0

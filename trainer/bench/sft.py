@@ -18,15 +18,12 @@ rows of the full seq_len).
 from __future__ import annotations
 
 import gc
-import json
-import sys
 import tempfile
 from dataclasses import dataclass
 
-from minilmd.config import ConfigError, RunConfig
-from minilmd.probes import load_checked
+from minilmd.config import RunConfig
 from minilmd.protocol import EXIT_CONFIG
-from minilmd.trainer.bench.packing import build_trainer, preference_refusal, timed_step
+from minilmd.trainer.bench.packing import build_trainer, row_bench_config, timed_step
 from minilmd.trainer.loop import cpu_threads
 
 MODES = ("padded", "bucketed", "packed", "masked")
@@ -111,16 +108,7 @@ def report(results: dict[str, SftResult], threads_line: str, cfg: RunConfig) -> 
 
 
 def main(prepared: str, config_path: str, steps: int = 10, overrides: list[str] | None = None) -> int:
-    try:
-        cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
-    except ConfigError as e:
-        print(f"minilmd bench sft: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    if steps < 1:
-        print("minilmd bench sft: --steps must be at least 1", file=sys.stderr)
-        return EXIT_CONFIG
-    if refused := preference_refusal(cfg, "bench sft"):
-        print(refused, file=sys.stderr)
+    if (cfg := row_bench_config("bench sft", prepared, config_path, steps, overrides)) is None:
         return EXIT_CONFIG
     print(report(*compare(cfg, steps), cfg), flush=True)
     return 0
