@@ -35,8 +35,9 @@ from minilmd import pychild
 VARIANTS = ("mmap", "bytes", "now", "twice", "once")
 
 
-def _save(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
-    """(the checkpoint's directory, the model's parameters): step 1 of a real model and its AdamW state."""
+def save_step_one(root: Path, hidden: int, layers: int):
+    """(the run's config, the checkpoint's directory, the model's parameters): step 1 of a real model and its AdamW
+    state (scripts/scratch_start_cost.py times its start on the same)."""
     import torch
 
     from minilmd.config import RunConfig
@@ -53,7 +54,7 @@ def _save(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
     opt.step()
     state = {"step": 1, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ckpt_io.capture_rng(),
              "fingerprints": {"data": None, "tokenizer": None}}
-    return ckpt_io.save(root, 1, model.state_dict(), opt.state_dict(), state), model.num_parameters()
+    return cfg, ckpt_io.save(root, 1, model.state_dict(), opt.state_dict(), state), model.num_parameters()
 
 
 def _load_mmap(path: Path) -> tuple:
@@ -193,7 +194,7 @@ def _warm(path: Path, names) -> None:
 
 
 def measure(work: Path, hidden: int, layers: int, repeats: int, variants: tuple[str, ...] = VARIANTS[:3]) -> None:
-    path, params = _save(work / "checkpoints", hidden, layers)
+    _, path, params = save_step_one(work / "checkpoints", hidden, layers)
     sizes = {f.name: f.stat().st_size for f in path.iterdir()}
     total = sizes["model.safetensors"] + sizes["optimizer.safetensors"]
     runs: dict[str, list[dict]] = {v: [] for v in variants}

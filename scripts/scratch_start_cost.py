@@ -27,26 +27,14 @@ SIZES = {"25M": (512, 8), "200M": (1024, 16)}
 
 
 def _checkpoint(root: Path, hidden: int, layers: int):
-    """(the run's config, its Expectation, the checkpoint's directory): step 1 of a real model and AdamW state."""
-    import torch
+    """(the run's config, its Expectation, the checkpoint's directory, the model's parameters): step 1 of a real model
+    and AdamW state, as resume_load_cost.py saves it."""
+    from resume_load_cost import save_step_one
 
     from minilmd.checkpoint import Expectation
-    from minilmd.config import RunConfig
-    from minilmd.trainer.checkpoint import save as ckpt_io
-    from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
-    cfg = RunConfig()
-    cfg.model.hidden_size, cfg.model.num_hidden_layers = hidden, layers
-    torch.manual_seed(0)
-    model = MiniMindForCausalLM(cfg.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
-    opt.step()
-    state = {"step": 1, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ckpt_io.capture_rng(),
-             "fingerprints": {"data": None, "tokenizer": None}}
-    path = ckpt_io.save(root, 1, model.state_dict(), opt.state_dict(), state)
-    return cfg, Expectation.for_corpus(cfg), path, model.num_parameters()
+    cfg, path, params = save_step_one(root, hidden, layers)
+    return cfg, Expectation.for_corpus(cfg), path, params
 
 
 def _timed(fn) -> float:
