@@ -20,6 +20,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from minilmd.fdread import read_past_bound
+
 MOUNTINFO = "/proc/self/mountinfo"
 MAX_MOUNTINFO_BYTES = 8 << 20
 """A kernel file, but bounded all the same: 8 MiB is some 50,000 mounts, far more than a server has."""
@@ -150,18 +152,12 @@ def read_mounts(path: str = MOUNTINFO, max_bytes: int = MAX_MOUNTINFO_BYTES) -> 
     except OSError:
         return []
     try:
-        chunks, got = [], 0
-        while got <= max_bytes:  # a /proc file's size is 0: read to its end, one byte past the bound at most
-            chunk = os.read(fd, max_bytes + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
+        data = read_past_bound(fd, max_bytes)  # a /proc file's size is 0: read to its end
     except OSError:
         return []
     finally:
         os.close(fd)
-    return parse(b"".join(chunks)) if got <= max_bytes else []
+    return parse(data) if len(data) <= max_bytes else []
 
 
 def _holds(point: str, real_path: str) -> bool:

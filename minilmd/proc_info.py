@@ -5,7 +5,7 @@ of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/st
 Readers only: nothing here signals. minilmd/procs.py, the one place that signals, proves a process the run's with
 these (and re-exports them: its callers ask it); daemon/child/stackdump.py asks them which processes of a hung
 trainer's group catch SIGUSR1, in which state each is, and whether its handler has returned (signal_masks). Linux
-only. Torch-free, standard library only.
+only. Torch-free, standard library only (and minilmd/fdread.py, its bounded read).
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from minilmd.fdread import read_past_bound
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
@@ -116,18 +118,12 @@ def _read_status(path: str) -> str:
     """A /proc status file, read bounded (MAX_STATUS_BYTES: past it ValueError); OSError when it cannot be read."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        chunks, got = [], 0
-        while got <= MAX_STATUS_BYTES:
-            chunk = os.read(fd, MAX_STATUS_BYTES + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
+        data = read_past_bound(fd, MAX_STATUS_BYTES)
     finally:
         os.close(fd)
-    if got > MAX_STATUS_BYTES:
+    if len(data) > MAX_STATUS_BYTES:
         raise ValueError(f"{path}: over {MAX_STATUS_BYTES} bytes")
-    return b"".join(chunks).decode(errors="replace")
+    return data.decode(errors="replace")
 
 
 def _status_words(path: str, keys: tuple[str, ...]) -> dict[str, list[str]] | None:

@@ -35,6 +35,7 @@ import stat
 from collections.abc import Collection
 from typing import Any, Literal
 
+from minilmd.fdread import read_past_bound
 from minilmd.perms import owner_in
 
 DEFAULT_MAX_DEPTH = 64
@@ -139,16 +140,10 @@ def read_open(fd: int, path: str | os.PathLike, *, max_bytes: int) -> bytes:
     try:
         if os.fstat(fd).st_size > max_bytes:
             raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")
-        chunks, got = [], 0
-        while got <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        if got > max_bytes:
+        data = read_past_bound(fd, max_bytes)
+        if len(data) > max_bytes:
             raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")  # it grew after the fstat
-        return b"".join(chunks)
+        return data
     except OSError as e:
         raise Unreadable(_os_why(e), path, os_error=e) from None
 
