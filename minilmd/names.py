@@ -261,6 +261,13 @@ def step_or_none(name: str | None) -> int | None:
     return int(m.group(1)) if name and (m := _STEP_DIR.fullmatch(name)) else None
 
 
+def leading_step(name: str) -> int | None:
+    """The step of a name that begins with a step directory's name and a `-` (a quarantined step's, quarantine_name;
+    a sync's copy once TMP_PREFIX is taken off, sync_tmp_name); None for any other."""
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m and name[m.end():m.end() + 1] == "-" else None
+
+
 def save_tmp_name(step: int, pid: int) -> str:
     """`.tmp-step-00001234-<pid>`: a save in progress (removed by the next trainer once <pid> is gone)."""
     return f"{TMP_PREFIX}{step_name(step)}-{pid}"

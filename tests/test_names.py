@@ -197,6 +197,14 @@ def spelled_names(exempt: dict[str, str] = NOT_YET, files: tuple[Path, ...] | No
     return offenders
 
 
+def test_the_step_a_longer_name_begins_with():
+    step = names.step_name(300)
+    assert names.leading_step(names.quarantine_name(step, "20261206T154615", 2)) == 300
+    assert names.leading_step(names.sync_tmp_name(step, "host-a", 77, 900).removeprefix(names.TMP_PREFIX)) == 300
+    for other in (step, step + "x", "step-0000030-1", "LATEST", "", "init-host-77"):
+        assert names.leading_step(other) is None, other
+
+
 def test_no_module_spells_an_owned_name_or_slices_a_step_name():
     offenders = spelled_names()
     assert not offenders, "spell these through minilmd.names:\n" + "\n".join(offenders)

@@ -26,7 +26,7 @@ from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
-from minilmd.names import KEPT_DIR, QUARANTINE, host_tag, pointer_tmp_tag, step_or_none
+from minilmd.names import KEPT_DIR, QUARANTINE, host_tag, leading_step, pointer_tmp_tag
 from minilmd.perms import owned_by_me
 from minilmd.proc_info import process_start_ticks
 from minilmd.untrusted import listed
@@ -43,7 +43,7 @@ class SetAside:
 
 def set_aside_step(name: str) -> int | None:
     """The step of a directory set aside into quarantine/ (`step-00000300-20261206T154615[-2]`), None for others."""
-    return step_or_none("-".join(name.split("-")[:2]))
+    return leading_step(name)
 
 
 class KeptRemote(LocalRemote):

@@ -51,9 +51,9 @@ from minilmd.names import (
     TMP_PREFIX,
     host_tag,
     is_step_name,
+    leading_step,
     remote_tmp_maker,
     step_of,
-    step_or_none,
 )
 from minilmd.perms import own_uid
 from minilmd.proc_info import process_alive
@@ -291,7 +291,7 @@ def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
     renamed to that name by another user says its own step: left; the owner check is remote_write.not_made_here's,
     before this). A LoRA base's copy is never proven so."""
     maker = remote_tmp_maker(name, host_tag())  # (pid, start ticks): a recycled pid is no live sync
-    step = step_or_none("-".join(name[len(TMP_PREFIX):].split("-")[:2])) if name.startswith(TMP_PREFIX) else None
+    step = leading_step(name.removeprefix(TMP_PREFIX)) if name.startswith(TMP_PREFIX) else None
     if maker is None or step is None or (maker[0] != os.getpid() and process_alive(*maker)):
         return "not a checkpoint's copy by a sync of this host that is over"
     said, why = _manifest_step(root, name, identity)
