@@ -59,16 +59,17 @@ def matmul_of(setting: Any, on_cuda: bool | None) -> str | None:
     return None
 
 
-def _on_cuda(cfg: RunConfig) -> bool | None:
-    """Whether the run's trainer runs on CUDA as far as its config tells (train.device "auto": not known here)."""
-    return {"cpu": False, "cuda": True}.get(cfg.train.device)
+def _is_cuda(device: Any) -> bool | None:
+    """Whether a device type ("cuda", "cpu": train.device, a checkpoint's kernels record) is CUDA; None where it does
+    not tell (train.device "auto": not known here)."""
+    return {"cpu": False, "cuda": True}.get(device) if isinstance(device, str) else None
 
 
 def _dtype_change(cfg: RunConfig, recorded: Any, on_cuda: bool | None) -> list[str]:
     """`train.dtype = ...` where the matmul dtype the resume runs differs from the one the checkpoint ran
     (stream_record's MATMUL): every step's rounding changes from the resumed step on."""
     then = recorded.get(MATMUL) if isinstance(recorded, dict) else None
-    now = matmul_of(cfg.train.dtype, _on_cuda(cfg) if on_cuda is None else on_cuda)
+    now = matmul_of(cfg.train.dtype, _is_cuda(cfg.train.device) if on_cuda is None else on_cuda)
     if then is None or now is None or then == now:
         return []
     return [f"train.dtype = {cfg.train.dtype!r} ({now} matmuls, was {then})"]
@@ -147,8 +148,7 @@ def _recorded_matmul(state: dict, config: Any) -> str | None:
     train = config.get("train") if isinstance(config, dict) else None
     kernels = state.get("kernels")
     device = kernels.get("device_type") if isinstance(kernels, dict) else None
-    return matmul_of(train.get("dtype") if isinstance(train, dict) else None,
-                     {"cuda": True, "cpu": False}.get(device) if isinstance(device, str) else None)
+    return matmul_of(train.get("dtype") if isinstance(train, dict) else None, _is_cuda(device))
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
