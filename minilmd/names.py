@@ -3,7 +3,7 @@ and a prepared corpus. Nothing else spells them; docs/formats.md describes what 
 
 Checkpoint directories are named by pure functions (`step_name`, `step_of`), as in nanochat's checkpoint manager:
 `step-00001234`, eight digits or more, so that names sort in step order. Temporary names all start with a dot, so
-that no reader that lists step directories or corpus files ever sees them. Torch-free, no imports beyond `re`.
+that no reader that lists step directories or corpus files ever sees them. Torch-free; at import, `os` and `re` only.
 """
 from __future__ import annotations
 
@@ -323,6 +323,14 @@ def host_tag() -> str:
     import socket
 
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def this_maker() -> tuple[str, int, int | None]:
+    """(host tag, pid, start ticks) of this process: what the temporary names it makes on a shared remote record
+    (sync_tmp_name, pointer_tmp_tag), so that a later sync tells it from a process given its pid since."""
+    from minilmd.proc_info import process_start_ticks
+
+    return host_tag(), os.getpid(), process_start_ticks(os.getpid())
 
 
 def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None) -> str:

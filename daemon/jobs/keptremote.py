@@ -15,7 +15,6 @@ Loads numpy (the Syncer): imported only when a checkpoint is copied, fetched bac
 from __future__ import annotations
 
 import errno
-import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +25,8 @@ from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
-from minilmd.names import KEPT_DIR, QUARANTINE, host_tag, leading_step, pointer_tmp_tag
+from minilmd.names import KEPT_DIR, QUARANTINE, leading_step, pointer_tmp_tag, this_maker
 from minilmd.perms import owned_by_me
-from minilmd.proc_info import process_start_ticks
 from minilmd.untrusted import listed
 
 
@@ -143,8 +141,7 @@ class KeptSyncer(Syncer):
     @property
     def remote(self) -> RemoteStore:
         if self._remote is None:
-            opened = KeptRemote(self.kept_in, pointer_tmp_tag(host_tag(), os.getpid(),
-                                                                        process_start_ticks(os.getpid())))
+            opened = KeptRemote(self.kept_in, pointer_tmp_tag(*this_maker()))
             opened.moved = self._moved
             self._remote = opened
         return self._remote

@@ -40,13 +40,12 @@ from minilmd.names import (
     REASON_FILE,
     REMOTE_MARK,
     atomic_tmp_prefix,
-    host_tag,
     is_step_name,
     pointer_tmp_tag,
     quarantine_name,
+    this_maker,
 )
 from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in, squash_uids
-from minilmd.proc_info import process_start_ticks
 from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
 OWN_UIDS = LearntOwners()
@@ -175,8 +174,7 @@ def given_owner(root: Dir) -> int:
     name another user planted, or a crash left, is passed by for another), its owner read from the open descriptor
     (nothing to swap), then removed through the root's descriptor when the name still holds that very file.
     OSError when the root cannot be written (nothing learnt)."""
-    tag = pointer_tmp_tag(host_tag(), os.getpid(), process_start_ticks(os.getpid()))
-    prefix = atomic_tmp_prefix(LATEST) + tag + "owner"
+    prefix = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(*this_maker()) + "owner"
     fd, name = root.create_new(prefix, ".tmp", 0o600)
     try:
         made = os.fstat(fd)

@@ -61,13 +61,12 @@ from minilmd.names import (
     BEST,
     LATEST,
     REMOTE_OWNER,
-    host_tag,
     pointer_tmp_tag,
     step_name,
     step_of,
     step_or_none,
+    this_maker,
 )
-from minilmd.proc_info import process_start_ticks
 
 PLACING_WAIT_S = 10.0
 """How long an abandon waits for a repoint of LATEST under way (Syncer.placing): a few operations on a slow remote,
@@ -134,8 +133,7 @@ class Syncer(CopyUp, Fetcher):
     def remote(self) -> RemoteStore:
         if self._remote is None:
             try:
-                self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid(),
-                                                                           process_start_ticks(os.getpid())))
+                self._remote = open_remote(self.remote_url, pointer_tmp_tag(*this_maker()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
@@ -322,9 +320,10 @@ class Syncer(CopyUp, Fetcher):
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
         self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
-        nbytes, self.base_problem, error = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
+        host, pid, ticks = this_maker()
+        nbytes, self.base_problem, error = basecopy.push_or_say(self.remote, self.base, host, pid,
                                                                 taken=self._base_taken, passes=(SyncAbandoned,),
-                                                                ticks=process_start_ticks(os.getpid()))
+                                                                ticks=ticks)
         self.base_full = RemoteFull(self.base_problem or "", self.remote.free(), self.remote.inodes_if_none_left(),
                                     basecopy.staged_bytes(self.base)) if error is not None and is_disk_full(error) \
             else None

@@ -9,7 +9,6 @@ half is (daemon/jobs/fetch.py), so that the copy reads apart from when and what 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +18,7 @@ from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import sync_pass
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.daemon.jobs.sync_errors import SyncError
-from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, host_tag, sync_tmp_name
-from minilmd.proc_info import process_start_ticks
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, sync_tmp_name, this_maker
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 
@@ -50,7 +48,7 @@ class CopyUp:
         manifest, manifest_text = _local_manifest(local)
         name = local.name
         if remote.renames_into_place:
-            target = sync_tmp_name(name, host_tag(), os.getpid(), process_start_ticks(os.getpid()))
+            target = sync_tmp_name(name, *this_maker())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
         # an earlier try's removed; another's entry or a link there is left, and the copy made under a fresh name
