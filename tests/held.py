@@ -51,3 +51,14 @@ def held_trainer(run_dir: Path) -> int | None:
         if argv[1:2] == [str(PAUSING_TRAINER)] and config in argv and proc_state(int(entry)) == "T":
             return int(entry)
     return None
+
+
+def held_at(run_dir: Path, fault: str, timeout: float = 300) -> int:
+    """Wait until the run's trainer, the one its supervisor's state.json names, has stopped itself at `fault`
+    (pausing_trainer.py's pause@N); its pid."""
+    from supervisor_helpers import state, wait_for
+
+    def stopped() -> int | None:
+        pid = (state(run_dir).get("child") or {}).get("pid")
+        return pid if fired(run_dir, fault) and pid and proc_state(pid) == "T" else None
+    return wait_for(stopped, timeout, f"the trainer held at {fault}")

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from minilmd import names
-from supervisor_helpers import state
 
 FAKE_SCONTROL = """#!/bin/sh
 case "$1 $2" in
@@ -66,5 +65,3 @@ def job_line(tmp: Path, restarts: int, end: float, extra: str = "") -> None:
                                   f"EndTime={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(end))} {extra}\n")
 
 
-def remote_step(run_dir: Path) -> int:
-    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0

@@ -185,3 +185,25 @@ def ended_run(run_dir: Path) -> Path:
     atomic_write_json(run_dir / names.STATE, st)
     (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
     return run_dir
+
+
+def model_sha(ckpt: Path) -> str:
+    """The sha256 a checkpoint's manifest lists for its weights: two checkpoints with the same one hold the same
+    model, bit for bit."""
+    return json.loads((ckpt / names.MANIFEST).read_text())["files"][names.MODEL_FILE]["sha256"]
+
+
+def remote_step(run_dir: Path) -> int:
+    """The step state.json records synced to run.remote (0: none yet)."""
+    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
+
+
+def wait_for_synced(run_dir: Path, step: int, proc, out: Path, timeout: float = 180) -> None:
+    """Until state.json records `step` synced, or the supervisor `proc` has ended; a timeout says what the
+    supervisor's output (`out`) ended with, so that a run slowed by load tells where it stood."""
+    try:
+        wait_for(lambda: remote_step(run_dir) == step or proc.poll() is not None, timeout, f"step {step} synced")
+    except AssertionError as e:
+        said = out.read_text(errors="replace")[-3000:] if out.exists() else "(no output)"
+        raise AssertionError(f"{e}; state.json's remote step {remote_step(run_dir)}; the supervisor's output "
+                             f"ends:\n{said}") from None

@@ -107,20 +107,23 @@ def _swap_for_another(ckpt: Path, other: Path) -> None:
         os.replace(ckpt / f".{name}.new", ckpt / name)
 
 
-def _swap_once_the_weights_were_read(monkeypatch, swap) -> None:
+def _swap_once_the_weights_were_read(monkeypatch, swap) -> list[bool]:
     """`swap()` runs inside the validation, once every file was hashed and scanned (the weights included), before
     the tensors' shapes are checked: where no check is left to see it. The loaders that read the weights file again
-    afterwards (before: read_validated) read what the swap put there."""
-    real = ck._verify_files
+    afterwards (before: read_validated) read what the swap put there. Returns a list that holds one entry once the
+    swap has run: a test asserts it, so that a loader no longer validating through `_verify_files` fails it, not
+    passes without a swap."""
+    real, swapped = ck._verify_files, []
 
     def read_then_swapped(*args):
         verified = real(*args)
-        if not getattr(read_then_swapped, "done", False):
-            read_then_swapped.done = True
+        if not swapped:
+            swapped.append(True)
             swap()
         return verified
 
     monkeypatch.setattr(ck, "_verify_files", read_then_swapped)
+    return swapped
 
 
 def test_the_weights_validated_are_those_handed_back_whatever_is_swapped_in_after(checkpoints, ours):
@@ -156,16 +159,19 @@ def _rewrite_consistently(ckpt: Path, name: str, data: bytes) -> None:
     (ckpt / ck.MANIFEST).write_text(json.dumps(manifest))
 
 
-def _after_validate(monkeypatch, swap) -> None:
-    """`swap()` runs each time validated_weights has passed a checkpoint: after export's one validation."""
-    real = ck.validated_weights
+def _after_validate(monkeypatch, swap) -> list[bool]:
+    """`swap()` runs each time validated_weights has passed a checkpoint: after export's one validation. Returns a
+    list with an entry per swap run (asserted, as _swap_once_the_weights_were_read's)."""
+    real, swapped = ck.validated_weights, []
 
     def validate_then_swap(path, *args, **kwargs):
         validated = real(path, *args, **kwargs)
+        swapped.append(True)
         swap()
         return validated
 
     monkeypatch.setattr(ck, "validated_weights", validate_then_swap)
+    return swapped
 
 
 def _nan_weights_consistently(ckpt: Path) -> None:
@@ -180,8 +186,9 @@ def test_export_never_loads_weights_that_no_validation_scanned(checkpoints, ours
     """Weights with a NaN and a manifest hashing them put in place once export's validation passed: the weights
     exported are those validated (before: read_validated checked the hash against the manifest read again, and
     the NaN weights, never scanned, were exported; then a second validation refused them)."""
-    _after_validate(monkeypatch, lambda: _nan_weights_consistently(ours))
+    swapped = _after_validate(monkeypatch, lambda: _nan_weights_consistently(ours))
     weights, _, _ = read_checkpoint(ours)
+    assert swapped
     assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
 
 
@@ -189,8 +196,9 @@ def test_export_loads_the_weights_its_loading_validated_not_a_checkpoint_swapped
                                                                                          monkeypatch):
     """Another consistent checkpoint swapped in once the loading's own validation read the weights: those
     validated are loaded, not the path read again."""
-    _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
+    swapped = _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
     weights, _, _ = read_checkpoint(ours)
+    assert swapped
     assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
 
 
@@ -202,8 +210,9 @@ def test_export_loads_no_link_swapped_in_after_validation(checkpoints, ours, mon
             model.unlink()
             model.symlink_to(checkpoints[1] / ck.MODEL_FILE)
 
-    _after_validate(monkeypatch, link_to_the_others)
+    swapped = _after_validate(monkeypatch, link_to_the_others)
     weights, _, _ = read_checkpoint(ours)
+    assert swapped
     assert model.is_symlink()
     assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
 
@@ -226,8 +235,9 @@ def test_init_from_loads_the_weights_it_validated_not_a_link_swapped_in_since(ch
         model.unlink()
         model.symlink_to(checkpoints[1] / ck.MODEL_FILE)
 
-    _swap_once_the_weights_were_read(monkeypatch, link_to_the_others)
+    swapped = _swap_once_the_weights_were_read(monkeypatch, link_to_the_others)
     weights, record = load_init(_init_from(ours))
+    assert swapped
     assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
     assert record["manifest_sha256"] == sha256_regular(checkpoints[0] / ck.MANIFEST)
 
@@ -240,6 +250,7 @@ def test_init_from_a_checkpoint_swapped_for_another_while_read_loads_nothing_of_
     never scanned (shapes, dtypes, NaN), under a manifest never validated."""
     from minilmd.trainer.checkpoint.init_weights import load_init
 
-    _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
+    swapped = _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
     with pytest.raises(ConfigError, match="manifest.json changed while it was read"):
         load_init(_init_from(ours))
+    assert swapped

@@ -76,7 +76,7 @@ def test_a_teammates_copy_claiming_your_run_is_refused_by_run_check(tmp_path, co
     config = _stage(tmp_path, corpus, team / "proj" / "vr")
     root = _checkpoint_root(team / "proj" / "vr", config, corpus[0], first_run, TEAMMATE_UID)
     code, said = _check(config)
-    assert code != 0, said
+    assert code == 2, said
     assert f"{root / STEP / names.TRAINER_STATE} belongs to uid {TEAMMATE_UID}," in said, said
     assert f"names your run directory {first_run}: {CLAIM}" in said, said
     with pytest.raises(InitSourceError, match=CLAIM):  # staging and the trainer resolve it so too

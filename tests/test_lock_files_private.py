@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +24,7 @@ import pytest
 
 from minilmd import names, run_owner, scratch, scratch_hold, trainer_lock
 from minilmd.daemon.host.lock import RunLock, lock_holder
-
-STRANGER = 4242
-"""A uid no user has: the other user whose process tries the run's lock files."""
+from stranger_helpers import NEEDS, PYTHON, STRANGER, as_stranger
 
 TRY_LOCK = """import errno, fcntl, os, sys
 try:
@@ -42,28 +39,6 @@ sys.stdin.read()
 """Run as the stranger: open the file read-only and hold an flock on it until stdin closes."""
 
 
-def _as_stranger() -> None:
-    os.setgroups([])
-    os.setgid(STRANGER)
-    os.setuid(STRANGER)
-
-
-def _strangers_python() -> str | None:
-    """A Python the stranger can run (the tests' own may lie under root's 0700 home); None when there is none."""
-    for python in ("/usr/bin/python3", "/usr/local/bin/python3", os.path.realpath(sys.executable)):
-        try:
-            ran = subprocess.run([python, "-I", "-S", "-c", "print('ok')"], capture_output=True, text=True,
-                                 preexec_fn=_as_stranger, timeout=60)
-        except OSError:
-            continue
-        if ran.stdout.strip() == "ok":
-            return python
-    return None
-
-
-PYTHON = _strangers_python() if os.geteuid() == 0 else None
-
-
 class Stranger:
     """The other user's process trying `path`: `said` is "held" (it holds the flock) or "refused EACCES"."""
 
@@ -71,7 +46,7 @@ class Stranger:
         assert PYTHON is not None
         self.proc = subprocess.Popen([PYTHON, "-I", "-S", "-c", TRY_LOCK, str(path)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=_as_stranger)
+                                     preexec_fn=as_stranger)
         self.said = self.proc.stdout.readline().strip()
 
     def end(self) -> None:
@@ -79,7 +54,7 @@ class Stranger:
         self.proc.wait(timeout=60)
 
 
-pytestmark = pytest.mark.skipif(PYTHON is None, reason="needs root, and a Python another uid can run")
+pytestmark = pytest.mark.skipif(PYTHON is None, reason=NEEDS)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +28,7 @@ from minilmd import lockfile, names, trainer_lock
 from minilmd.corpus.prepare.lock import CorpusLock
 from minilmd.daemon.host.lock import LockHeld, RunLock
 from minilmd.proc_info import process_uids
-
-STRANGER = 4242
+from stranger_helpers import NEEDS, PYTHON, STRANGER, as_stranger
 
 HOLD = """import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -51,26 +49,7 @@ sys.stdin.read()
 "fork", hand the lock to a child and exit), keep it until stdin closes."""
 
 
-def _as_stranger() -> None:
-    os.setgroups([])
-    os.setgid(STRANGER)
-    os.setuid(STRANGER)
-
-
-def _strangers_python() -> str | None:
-    for python in ("/usr/bin/python3", "/usr/local/bin/python3", os.path.realpath(sys.executable)):
-        try:
-            ran = subprocess.run([python, "-I", "-S", "-c", "print('ok')"], capture_output=True, text=True,
-                                 preexec_fn=_as_stranger, timeout=60)
-        except OSError:
-            continue
-        if ran.stdout.strip() == "ok":
-            return python
-    return None
-
-
-PYTHON = _strangers_python() if os.geteuid() == 0 else None
-needs_stranger = pytest.mark.skipif(PYTHON is None, reason="needs root, and a Python another uid can run")
+needs_stranger = pytest.mark.skipif(PYTHON is None, reason=NEEDS)
 
 
 class Holder:
@@ -80,7 +59,7 @@ class Holder:
         assert PYTHON is not None
         self.how = how
         self.proc = subprocess.Popen([PYTHON, "-I", "-S", "-c", HOLD, str(path), how], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, preexec_fn=None if ours else _as_stranger)
+                                     stdout=subprocess.PIPE, text=True, preexec_fn=None if ours else as_stranger)
         assert self.proc.stdout.readline().strip() == "held"
         if how == "fork":
             self.proc.wait(timeout=60)  # gone and reaped: its pid, the one /proc/locks names, is no process's

@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import QUARANTINE, REASON_FILE
 from reliability_helpers import event_texts, fake_weights_of, remote_of_an_earlier_run, undisturbed_fake_weights
-from supervisor_helpers import run_supervisor, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import model_sha, run_supervisor, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 pytestmark = pytest.mark.slow  # every test runs supervised runs end to end
 
@@ -32,9 +31,6 @@ def damage(path: Path) -> None:
     data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
     path.write_bytes(bytes(data))
 
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
 
 
 def train(config: Path) -> subprocess.CompletedProcess:

@@ -35,7 +35,7 @@ from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncResult
 from minilmd.daemon.jobs.syncworker import FINAL_SYNC_TRIES, SyncWorker
 from minilmd.daemon.views.status import summary_lines
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
-from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import cli, events, model_sha, start_supervisor, state, wait_for, wait_or_kill, write_config
 from waiting import wait_until
 
 
@@ -59,9 +59,6 @@ class FailingRemote:
         self.path.unlink()
         self.path.mkdir()
 
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
 
 
 # --- the rule, without processes -------------------------------------------------------------------------------

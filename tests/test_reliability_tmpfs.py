@@ -9,9 +9,6 @@
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from filling import fill_leaving
@@ -19,11 +16,7 @@ from minilmd import checkpoint, checkpoint_dirs, scratch
 from minilmd.config import load_config
 from minilmd.daemon.jobs import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
-from supervisor_helpers import events, run_supervisor, start_supervisor, state, wait_for, write_config
-
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+from supervisor_helpers import events, model_sha, run_supervisor, start_supervisor, state, wait_for, write_config
 
 
 def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp_path, corpus, small_tmpfs):

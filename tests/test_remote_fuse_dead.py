@@ -27,7 +27,15 @@ from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteGone, ShareDead
-from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    cli,
+    start_supervisor,
+    state,
+    wait_for,
+    wait_for_synced,
+    wait_or_kill,
+    write_config,
+)
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import wait_until
 
@@ -125,7 +133,7 @@ def test_a_finished_run_whose_fuse_daemon_died_waits_for_the_share_and_ends_done
         proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"15:{release}")
         stack.callback(lambda: proc.poll() is None and (proc.kill(), proc.wait(60)))
         stack.callback(release.touch)
-        wait_for(lambda: _remote_step(run_dir) == 10 or proc.poll() is not None, timeout=180, what="step 10 synced")
+        wait_for_synced(run_dir, 10, proc, tmp_path / "supervisor.out")
         share.proc.kill()  # the FUSE daemon dies: its mount answers ENOTCONN to everything
         share.proc.wait()
         release.touch()  # steps 20 and 30 saved, the run finishes, its last sync meets the dead share
@@ -144,6 +152,3 @@ def test_a_finished_run_whose_fuse_daemon_died_waits_for_the_share_and_ends_done
         assert st["phase"] == "done" and st["remote_checkpoint"]["step"] == 30, out
         assert checkpoint_dirs.read_latest(backing / "remote") == "step-00000030"
 
-
-def _remote_step(run_dir: Path) -> int:
-    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0

@@ -19,16 +19,20 @@ import pytest
 from minilmd import names
 from minilmd.daemon.jobs import remote_made
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
+from minilmd.proc_info import process_start_ticks
 
 
-def _dead_pid() -> int:
+def _dead_pid() -> tuple[int, int]:
+    """(pid, start ticks) of a sync that is over: a reaped process's pid with a start time no live process has (1:
+    before any), so that a process given that pid since never passes for it."""
     dead = subprocess.Popen(["true"])
     dead.wait()
-    return dead.pid
+    return dead.pid, 1
 
 
-def _half_copy(tmp_path: Path, fstype: str, pid: int, manifest_step: int | None = None) -> tuple[LocalRemote, str]:
-    """A remote whose record names a root of `fstype`, holding a checkpoint's copy by a sync of this host's `pid`,
+def _half_copy(tmp_path: Path, fstype: str, maker: tuple[int, int | None],
+               manifest_step: int | None = None) -> tuple[LocalRemote, str]:
+    """A remote whose record names a root of `fstype`, holding a checkpoint's copy by a sync of this host's `maker`,
     recorded as it was made, then given another inode under its name (a remount's numbering)."""
     root = tmp_path / "remote"
     remote = open_remote(str(root))
@@ -37,7 +41,7 @@ def _half_copy(tmp_path: Path, fstype: str, pid: int, manifest_step: int | None 
     remote.makedirs()
     remote.made.set_root({"url": str(root), "dev": 1, "ino": 1, "fstype": fstype, "source": "share", "point": str(root),
                           "under": "."})
-    name = remote.make_tmp(names.sync_tmp_name(names.step_name(30), names.host_tag(), pid))
+    name = remote.make_tmp(names.sync_tmp_name(names.step_name(30), names.host_tag(), *maker))
     (root / name / "model.safetensors").write_bytes(b"half")
     if manifest_step is not None:
         (root / name / names.MANIFEST).write_text(json.dumps({"step": manifest_step, "files": {}}))
@@ -85,7 +89,7 @@ def test_a_directory_whose_manifest_names_another_step_is_left(tmp_path):
 def test_the_copy_of_a_sync_still_running_is_left(tmp_path):
     with subprocess.Popen(["sleep", "60"]) as live:
         try:
-            remote, name = _half_copy(tmp_path, "fuse", live.pid)
+            remote, name = _half_copy(tmp_path, "fuse", (live.pid, process_start_ticks(live.pid)))
             why = remote.rm(name) or ""
         finally:
             live.kill()

@@ -15,13 +15,19 @@ import pytest
 
 from faults_fixtures import faultfs_dirs, mounted_faultfs
 from minilmd import checkpoint_dirs, names
-from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    cli,
+    remote_step,
+    start_supervisor,
+    state,
+    wait_for,
+    wait_for_synced,
+    wait_or_kill,
+    write_config,
+)
 
 WAITING = "final sync waiting: "
 
-
-def _remote_step(run_dir) -> int:
-    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
 
 
 @pytest.mark.slow
@@ -36,7 +42,7 @@ def test_a_share_unmounted_mid_run_is_waited_for_never_made_again_on_the_local_d
         proc = start_supervisor(config, tmp_path / "supervisor.out", FAKE_HOLD=f"15:{release}")
         stack.callback(lambda: proc.poll() is None and (proc.kill(), proc.wait(60)))
         stack.callback(release.touch)
-        wait_for(lambda: _remote_step(run_dir) == 10 or proc.poll() is not None, timeout=180, what="step 10 synced")
+        wait_for_synced(run_dir, 10, proc, tmp_path / "supervisor.out")
         share.unmount()  # the mount point stays, an empty directory of the local disk
         assert os.listdir(mount_point) == []
         release.touch()  # steps 20 and 30 saved, their syncs fail
@@ -46,7 +52,7 @@ def test_a_share_unmounted_mid_run_is_waited_for_never_made_again_on_the_local_d
         reason = state(run_dir)["reason"]
         assert f"run.remote {remote} is gone" in reason and "an unmounted share?" in reason, reason
         assert os.listdir(mount_point) == []  # nothing made nor written on the local disk there
-        assert _remote_step(run_dir) == 10
+        assert remote_step(run_dir) == 10
         shown = cli("status", str(config)).stdout
         assert "stopping" in shown and "is gone" in shown, shown
         stack.enter_context(mounted_faultfs(backing, mount_point))  # the share mounted again

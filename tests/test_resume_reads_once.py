@@ -8,9 +8,6 @@ loaded (checkpoint_load.validated_for_loading), so a file swapped after its hash
 """
 from __future__ import annotations
 
-import builtins
-import collections
-import io
 import json
 import os
 from pathlib import Path
@@ -23,10 +20,10 @@ from minilmd import checkpoint_load as ckl
 from minilmd.config import RunConfig
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.resume import resume
+from open_counts import each_once, opens  # noqa: F401 - opens: a fixture
 from weights_helpers import save_checkpoint, tiny_model
 
 torch.set_num_threads(1)
-CHECKPOINT_FILES = (ck.MANIFEST, ck.MODEL_FILE, ck.OPTIMIZER_FILE, ck.OPTIMIZER_META, ck.TRAINER_STATE)
 ONE_RANK = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
@@ -36,28 +33,6 @@ def cfg(tmp_path) -> RunConfig:
     cfg = RunConfig()
     cfg.run.scratch, cfg.run.remote = str(tmp_path / "scratch"), ""
     return cfg
-
-
-@pytest.fixture
-def opens(monkeypatch) -> collections.Counter:
-    """How many times each file is opened, by absolute path: every reader of a checkpoint opens through os.open
-    (untrusted.open_regular) or open(); a fake around both counts them."""
-    counted: collections.Counter = collections.Counter()
-    real_os_open, real_open = os.open, builtins.open
-
-    def os_open(path, *args, **kwargs):
-        counted[os.path.abspath(os.fsdecode(path))] += 1
-        return real_os_open(path, *args, **kwargs)
-
-    def py_open(file, *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)):
-            counted[os.path.abspath(os.fsdecode(file))] += 1
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", os_open)
-    monkeypatch.setattr(builtins, "open", py_open)
-    monkeypatch.setattr(io, "open", py_open)
-    return counted
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -76,8 +51,7 @@ def test_a_resume_opens_each_file_of_its_checkpoint_once_and_loads_it(cfg, opens
     opens.clear()
     found = resume(cfg, ONE_RANK, None)  # type: ignore[arg-type]  (None: the checkpoint's own config)
     assert found is not None and found.path == ckpt and found.state["step"] == 1
-    assert {name: opens[str(ckpt.absolute() / name)] for name in CHECKPOINT_FILES} == \
-        dict.fromkeys(CHECKPOINT_FILES, 1)
+    each_once(opens, ckpt)
     assert _same(found.model_state, expected)
     assert found.optimizer_state["state"] and found.optimizer_state["param_groups"]
 

@@ -6,7 +6,6 @@ staging fetches the remote's newer step beside scratch's, says so, `run --check`
 weights of an undisturbed run, bit for bit. The rule's own cases: tests/test_scratch_behind.py."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -16,29 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from held import PAUSING_TRAINER, pending, proc_state
+from held import PAUSING_TRAINER, held_at, pending
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
-from minilmd.names import FAULT_ENV, FAULTS_FIRED, LATEST, TRAINER_CMD_ENV, step_name, step_or_none
-from supervisor_helpers import cli, env_for, events, run_supervisor, start_supervisor, state, wait_for
+from minilmd.names import FAULT_ENV, LATEST, TRAINER_CMD_ENV, step_name, step_or_none
+from supervisor_helpers import cli, env_for, events, model_sha, run_supervisor, start_supervisor, wait_for
 from trainer_corpus import read_metrics
 
 pytestmark = pytest.mark.slow  # three supervised starts of the real trainer, and an undisturbed run to compare
 LONG = 300
 
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
-
-
-def held_at(run_dir: Path, fault: str) -> int:
-    """Wait until the trainer has stopped itself at `fault` (tests/pausing_trainer.py); its pid."""
-    def stopped() -> int | None:
-        fired = (run_dir / FAULTS_FIRED).read_text().split() if (run_dir / FAULTS_FIRED).exists() else []
-        pid = (state(run_dir).get("child") or {}).get("pid")
-        return pid if fault in fired and pid and proc_state(pid) == "T" else None
-    return wait_for(stopped, LONG, f"the trainer held at {fault}")
 
 
 def kept_at_step_4(scratch: Path, kept: Path) -> None:

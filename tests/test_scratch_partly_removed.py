@@ -11,7 +11,6 @@ exit 79 (final), "the trainer saved its checkpoints somewhere else ... a restart
 claims scratch afresh, resumes from run.remote's newest and trains the last steps again, unattended."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from held import PAUSING_TRAINER, proc_state
+from held import PAUSING_TRAINER, held_at
 from minilmd import checkpoint_dirs, names, scratch, scratch_remade
 from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import load_config
-from minilmd.names import FAULT_ENV, FAULTS_FIRED, SCRATCH_OWNER, TRAINER_CMD_ENV, step_name
+from minilmd.names import FAULT_ENV, SCRATCH_OWNER, TRAINER_CMD_ENV, step_name
 from minilmd.trainer.checkpoint import save as ckpt_io
-from supervisor_helpers import events, start_supervisor, state, wait_for, wait_or_kill
+from supervisor_helpers import events, model_sha, start_supervisor, state, wait_for, wait_or_kill
 
 LONG = 300
 GONE_AT_END = Path(__file__).with_name("scratch_gone_at_end_trainer.py")
@@ -86,17 +85,6 @@ def test_the_claiming_process_marks_its_partly_removed_scratch_again_and_a_stran
     assert os.listdir(where) == [names.CHECKPOINTS]  # nothing deleted, nothing marked
 
 
-def _held_at(run_dir: Path, fault: str) -> int:
-    def stopped() -> int | None:
-        fired = (run_dir / FAULTS_FIRED).read_text().split() if (run_dir / FAULTS_FIRED).exists() else []
-        pid = (state(run_dir).get("child") or {}).get("pid")
-        return pid if fault in fired and pid and proc_state(pid) == "T" else None
-    return wait_for(stopped, LONG, f"the trainer held at {fault}")
-
-
-def _model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / names.MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
-
 
 def _run(sup, out: Path) -> tuple[int, str]:
     try:
@@ -118,7 +106,7 @@ def test_a_scratch_left_with_only_its_checkpoints_and_a_trainer_killed_is_staged
     pausing = {FAULT_ENV: "pause@10", TRAINER_CMD_ENV: f"{sys.executable} {PAUSING_TRAINER}"}
     sup = start_supervisor(config, out, fake=False, **pausing)
     try:
-        trainer = _held_at(run_dir, "pause@10")
+        trainer = held_at(run_dir, "pause@10")
         _remove_all_but_checkpoints(cfg.scratch_dir)  # the `rm -rf` that met "Directory not empty"
         left = max(checkpoint_dirs.local_checkpoint_steps(cfg.checkpoint_dir), default=None)
         os.kill(trainer, signal.SIGKILL)  # any crash: the restage finds the scratch so
@@ -134,7 +122,7 @@ def test_a_scratch_left_with_only_its_checkpoints_and_a_trainer_killed_is_staged
     assert resumed == [(str(left), "the newest checkpoint left in it")], (resumed, left, text[-4000:])
     assert (cfg.scratch_dir / SCRATCH_OWNER).is_file()  # marked again
     assert checkpoint_dirs.read_latest(remote) == step_name(16)
-    assert _model_sha(remote / step_name(16)) == _model_sha(straight.checkpoint)
+    assert model_sha(remote / step_name(16)) == model_sha(straight.checkpoint)
 
 
 @pytest.mark.slow  # a real supervisor and the real trainer, which removes its scratch as it ends done
@@ -150,7 +138,7 @@ def test_scratch_removed_before_the_last_sync_trains_the_last_steps_again_and_en
             "SCRATCH_GONE_AT_END": f"{cfg.scratch_dir}:{tmp_path / 'removed-once'}"}
     sup = start_supervisor(config, out, fake=False, **gone)
     try:  # held until the remote holds a step (the first sync's): the run resumes from it
-        trainer = _held_at(run_dir, "pause@14")
+        trainer = held_at(run_dir, "pause@14")
         wait_for(lambda: checkpoint_dirs.read_latest(remote), LONG, "a step synced")
         os.kill(trainer, signal.SIGCONT)
     except BaseException:
@@ -171,4 +159,4 @@ def test_scratch_removed_before_the_last_sync_trains_the_last_steps_again_and_en
                      rf"trained again", text), text[-4000:]
     assert state(run_dir)["outcome"]["ended"] == "finished"
     assert checkpoint_dirs.read_latest(remote) == step_name(16)
-    assert _model_sha(remote / step_name(16)) == _model_sha(straight.checkpoint)
+    assert model_sha(remote / step_name(16)) == model_sha(straight.checkpoint)

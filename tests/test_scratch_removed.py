@@ -11,7 +11,6 @@ A directory of the user's own made at the name meanwhile is still refused, in wo
 what `rm -r` of it loses against the remote's newest step."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,15 +21,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from held import PAUSING_TRAINER, proc_state
+from held import PAUSING_TRAINER, held_at
 from minilmd import checkpoint_dirs, names, protocol, scratch
 from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import load_config
 from minilmd.daemon.jobs import scratch_removed
-from minilmd.names import FAULT_ENV, FAULTS_FIRED, TRAINER_CMD_ENV, step_name
+from minilmd.names import FAULT_ENV, TRAINER_CMD_ENV, step_name
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import exits
-from supervisor_helpers import events, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    events,
+    model_sha,
+    remove_while_written,
+    start_supervisor,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 from trainer_corpus import read_metrics
 
 LONG = 300
@@ -116,23 +123,11 @@ def test_a_directory_of_ones_own_made_at_the_claimed_scratchs_name_is_refused_sa
                                                             f"started again, starts from step 0")
 
 
-def _held_at(run_dir: Path, fault: str) -> int:
-    """Wait until the trainer has stopped itself at `fault` (tests/pausing_trainer.py); its pid."""
-    def stopped() -> int | None:
-        fired = (run_dir / FAULTS_FIRED).read_text().split() if (run_dir / FAULTS_FIRED).exists() else []
-        pid = (state(run_dir).get("child") or {}).get("pid")
-        return pid if fault in fired and pid and proc_state(pid) == "T" else None
-    return wait_for(stopped, LONG, f"the trainer held at {fault}")
-
-
 def _synced_newest(scratch_checkpoints: Path, remote: Path) -> int | None:
     """The newest whole checkpoint in scratch once the remote's LATEST names it, else None."""
     newest = max(checkpoint_dirs.local_checkpoint_steps(scratch_checkpoints), default=None)
     return newest if newest is not None and checkpoint_dirs.read_latest(remote) == step_name(newest) else None
 
-
-def _model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / names.MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
 
 
 @pytest.mark.slow  # a real supervisor, the real trainer held still by SIGSTOP, and an undisturbed run to compare
@@ -148,10 +143,10 @@ def test_scratch_removed_while_the_real_trainer_trains_is_staged_again_and_the_r
     try:
         # held with step 4 written whole (step 8's save waited for it) and step 8's write maybe under way in its
         # writer thread, held too: the newest whole one synced is the step the run must resume from
-        trainer = _held_at(run_dir, "pause@10")
+        trainer = held_at(run_dir, "pause@10")
         synced = wait_for(lambda: _synced_newest(cfg.checkpoint_dir, remote), LONG, "scratch's newest synced")
         assert synced in (4, 8), synced
-        shutil.rmtree(cfg.scratch_dir)  # `rm -rf /dev/shm/minilmd-<uid>/gone`
+        remove_while_written(cfg.scratch_dir)  # `rm -rf /dev/shm/minilmd-<uid>/gone`, beside the supervisor's prune
         os.kill(trainer, signal.SIGCONT)  # trains steps 10..12; a save then finds scratch gone
         rc = wait_or_kill(sup, 600)
     finally:
@@ -176,4 +171,4 @@ def test_scratch_removed_while_the_real_trainer_trains_is_staged_again_and_the_r
     steps = [m["step"] for m in read_metrics(run_dir, "train")]
     assert steps[synced - 16:] == list(range(synced + 1, 17)), steps  # after the restart, none skipped
     assert checkpoint_dirs.read_latest(remote) == step_name(16)
-    assert _model_sha(remote / step_name(16)) == _model_sha(straight.checkpoint)
+    assert model_sha(remote / step_name(16)) == model_sha(straight.checkpoint)

@@ -14,7 +14,6 @@ Where this machine cannot run Slurm (not root, slurm-wlm or munge missing), the 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -28,7 +27,17 @@ from held import PAUSING_TRAINER, fired, held_trainer, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, TRAINER_CMD_ENV
-from supervisor_helpers import FAKE_TRAINER, cli, env_for, events, state, step_of_state, wait_for, write_config
+from supervisor_helpers import (
+    FAKE_TRAINER,
+    cli,
+    env_for,
+    events,
+    model_sha,
+    state,
+    step_of_state,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
@@ -40,9 +49,6 @@ comes while it is held: it never passes step 10); the third's is SIGKILLed at st
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
 
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
 
 
 def submit(slurm, script: Path, config: Path, tmp: Path, *options: str, **extra_env: str) -> str:

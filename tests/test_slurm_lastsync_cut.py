@@ -24,8 +24,8 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.slurm import jobend
 from reliability_helpers import event_texts
-from slurm_helpers import job_line, remote_step, slurm_env
-from supervisor_helpers import env_for, start_supervisor, state, wait_for, wait_or_kill, write_config
+from slurm_helpers import job_line, slurm_env
+from supervisor_helpers import env_for, remote_step, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 DEADLINE_AFTER_S = 20.0
 """The last sync's deadline this long after the USR1: time for the fake trainer's save and the copy to begin."""

@@ -22,8 +22,8 @@ from minilmd.config import load_config
 from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.slurm import requeue_bound
 from reliability_helpers import event_texts
-from slurm_helpers import job_line, remote_step, slurm_env
-from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
+from slurm_helpers import job_line, slurm_env
+from supervisor_helpers import cli, remote_step, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 

@@ -17,6 +17,7 @@ from minilmd.config import load_config
 from supervisor_helpers import (
     cli,
     events,
+    model_sha,
     run_supervisor,
     start_supervisor,
     state,
@@ -29,9 +30,6 @@ pytestmark = pytest.mark.slow
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
 """The real trainer's runs of the tests that do not compare weights (the one that does runs conftest's baseline)."""
 
-
-def model_sha(ckpt: Path) -> str:
-    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
 
 
 def expectation(config: Path) -> checkpoint.Expectation:

@@ -2,7 +2,9 @@
 its marker: minilmd/scratch_hold.py) just before the supervisor takes run.dir's lock, so the loser found scratch held
 and no lock holder, and was refused (exit 2, right) with the words of a run whose run.dir was removed while it ran
 (wrong: run.dir was there, its supervisor about to lock it). Now the refusal looks at run.dir's lock for a moment
-and names the supervisor that holds it, as any start beside a running one is named."""
+and names the supervisor that holds it, as any start beside a running one is named. The winner here has locked
+before the loser looks; its first look is made to find no holder (the instant between the winner's claim and its
+lock), so the test takes the wait itself."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import pytest
 
 from minilmd.config import ConfigError, load_config
+from minilmd.daemon import scratchclaim
 from minilmd.daemon.scratchclaim import _settle_and_claim
 from supervisor_helpers import write_config
 
@@ -30,7 +33,16 @@ sys.stdin.read()
 
 
 def test_the_loser_of_two_starts_at_once_is_told_of_the_running_supervisor_not_of_a_removed_run_dir(tmp_path,
-                                                                                                   corpus):
+                                                                                                   corpus,
+                                                                                                   monkeypatch):
+    looks = []
+
+    def not_locked_at_the_first_look(run_dir):  # the winner between its claim and its lock: the loser looks again
+        looks.append(run_dir)
+        return None if len(looks) == 1 else real_lock_holder(run_dir)
+
+    real_lock_holder = scratchclaim.lock_holder
+    monkeypatch.setattr(scratchclaim, "lock_holder", not_locked_at_the_first_look)
     cfg = load_config(write_config(tmp_path, corpus))
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     winner = subprocess.Popen([sys.executable, "-c", WINNER, str(cfg.scratch_dir), str(cfg.run_dir)],
@@ -48,3 +60,4 @@ def test_the_loser_of_two_starts_at_once_is_told_of_the_running_supervisor_not_o
     said = str(refused.value)
     assert f"run already owned by another supervisor: pid {winner.pid}" in said, said
     assert "run.dir was removed" not in said, said  # before: "a run whose run.dir was removed while it ran ..."
+    assert len(looks) >= 2  # named on a later look: the wait for the lock (scratchclaim.in_use_words) was taken

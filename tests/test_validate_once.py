@@ -10,10 +10,7 @@ second time to be parsed: a file swapped between the two was parsed though no ha
 """
 from __future__ import annotations
 
-import builtins
-import collections
 import dataclasses
-import io
 import json
 import os
 from pathlib import Path
@@ -28,9 +25,9 @@ from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.adapter import export_peft
 from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
+from open_counts import CHECKPOINT_FILES, each_once, opens  # noqa: F401 - opens: a fixture
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
-CHECKPOINT_FILES = (ck.MANIFEST, ck.MODEL_FILE, ck.OPTIMIZER_FILE, ck.OPTIMIZER_META, ck.TRAINER_STATE)
 LORA = {"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
 
 
@@ -58,48 +55,21 @@ def lora(tmp_path_factory) -> Path:
     return ckpt_io.save(tmp_path_factory.mktemp("lora"), 1, adapter_state_dict(model), opt.state_dict(), state)
 
 
-@pytest.fixture
-def opens(monkeypatch) -> collections.Counter:
-    """How many times each file is opened, by absolute path: every reader here opens through os.open
-    (untrusted.py's open_regular) or open(); a fake around both counts them."""
-    counted: collections.Counter = collections.Counter()
-    real_os_open, real_open = os.open, builtins.open
-
-    def os_open(path, *args, **kwargs):
-        counted[os.path.abspath(os.fsdecode(path))] += 1
-        return real_os_open(path, *args, **kwargs)
-
-    def py_open(file, *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)):
-            counted[os.path.abspath(os.fsdecode(file))] += 1
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", os_open)
-    monkeypatch.setattr(builtins, "open", py_open)
-    monkeypatch.setattr(io, "open", py_open)
-    return counted
-
-
-def _each_once(opens: collections.Counter, ckpt: Path) -> None:
-    assert {name: opens[str(ckpt.absolute() / name)] for name in CHECKPOINT_FILES} == \
-        dict.fromkeys(CHECKPOINT_FILES, 1)
-
-
 def test_export_minimind_reads_each_file_of_the_checkpoint_once(full, tmp_path, opens):
     export_minimind(full, tmp_path / "m.pth")
-    _each_once(opens, full)
+    each_once(opens, full)
 
 
 def test_export_hf_reads_each_file_of_the_checkpoint_once(full, tmp_path, opens):
     """The tokenizer and the chat template are looked for with the validated trainer_state, not a new read."""
     export_hf(full, tmp_path / "hf")
-    _each_once(opens, full)
+    each_once(opens, full)
 
 
 def test_export_peft_reads_each_file_of_the_checkpoint_once(lora, tmp_path, opens):
     """The kind of checkpoint (LoRA or full) comes from the validated trainer_state, not a read before."""
     export_peft(lora, tmp_path / "peft")
-    _each_once(opens, lora)
+    each_once(opens, lora)
     assert json.loads((tmp_path / "peft" / "adapter_config.json").read_text())["r"] == LORA["rank"]
 
 
@@ -108,7 +78,7 @@ def test_the_minimind_command_reads_the_checkpoint_once(full, tmp_path, opens):
     result = CliRunner().invoke(app, ["export", str(full), "--format", "minimind", "--out", str(tmp_path / "m.pth")])
     assert result.exit_code == 0, result.output
     assert "eval_llm.py" in result.output or "--format hf" in result.output
-    _each_once(opens, full)
+    each_once(opens, full)
 
 
 def _swap_after_its_hash(monkeypatch, ckpt: Path, name: str, data: bytes) -> None:
