@@ -157,7 +157,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     JSON parts are parsed with a depth bound and their types checked (_structure_problems) before they are used,
     so that a malformed checkpoint is CheckpointInvalid, never another exception. A loader of the weights asks
     validated_weights instead: the same checks, and the bytes they were made on."""
-    return _validate(Path(ckpt_dir), expected)[0]
+    return validate_keeping(Path(ckpt_dir), expected)[0]
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,8 @@ def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None 
     anyway), no more than the size the manifest lists; a tokenizer file listed over its bound is hashed, not kept
     (Validated.over_bound). Raises as validate does."""
     path = Path(ckpt_dir)
-    state, manifest, manifest_sha256, scans, kept, _ = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
+    state, manifest, manifest_sha256, scans, kept, _ = validate_keeping(path, expected,
+                                                                        keep=(MODEL_FILE, *TOKENIZER_FILES))
     weights = scans[MODEL_FILE].data
     assert isinstance(weights, bytes)  # kept (`keep` names it), as bytes (no `carried`)
     return Validated(state, manifest_sha256, weights, tokenizer=kept.get(TOKENIZER_FILE),
@@ -222,17 +223,19 @@ def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None 
                      listed=frozenset(manifest["files"]))
 
 
-def _validate(ckpt_dir: Path, expected: Expectation | None, keep: tuple[str, ...] = (),
-              carried: Mapping[str, int] | None = None) -> tuple[dict, dict, str, dict[str, Scan],
-                                                                 dict[str, bytes | None], dict]:
-    """(trainer_state, the manifest, its sha256, the safetensors scans (those `keep` names with their bytes), the
-    bytes of the other files kept (_verify_files, `carried` too), optimizer.json)."""
+def validate_keeping(ckpt_dir: Path, expected: Expectation | None, keep: tuple[str, ...] = (),
+                     carried: Mapping[str, int] | None = None) -> tuple[dict, dict, str, dict[str, Scan],
+                                                                        dict[str, bytes | None], dict]:
+    """validate's one read of a checkpoint, with what it read: (trainer_state, the manifest, its sha256, the
+    safetensors scans (those `keep` names with their bytes), the bytes of the other files kept (_verify_files,
+    `carried` too), optimizer.json). For a loader that must load the very bytes validation checked
+    (validated_weights here, checkpoint_load.validated_for_loading). Raises as validate does."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
     scans, kept = _verify_files(ckpt_dir, manifest, expected, keep, carried)
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
-    state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
+    state, opt_meta = parse_json_parts(ckpt_dir, json_parts)
     check_recorded(ckpt_dir, state, step, expected, opt_meta)
     shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
     problems = contents.tensor_problems(scans, opt_meta, shapes, step) + contents.pass_file_problems(manifest, scans)
@@ -305,13 +308,13 @@ def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, 
                 except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
                     scans[name] = e
             if name in JSON_PARTS or most is not None:
-                digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, MAX_JSON_PART if most is None else most)
+                digest, kept[name] = hashed_bytes(ckpt_dir / name, size, MAX_JSON_PART if most is None else most)
                 return digest
             if name in keep and name in TOKENIZER_FILES:
                 if size > TOKENIZER_FILES[name]:  # hashed below, not kept: Validated.over_bound
                     kept[name] = None
                 else:
-                    digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, TOKENIZER_FILES[name])
+                    digest, kept[name] = hashed_bytes(ckpt_dir / name, size, TOKENIZER_FILES[name])
                     return digest
             return sha256_regular(ckpt_dir / name, size=size)
         except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
@@ -325,7 +328,7 @@ def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, 
             return None
         try:
             parts = {part: data for part in JSON_PARTS if (data := kept.get(part)) is not None}  # all: hashed
-            state, opt_meta = _parse_json_parts(ckpt_dir, parts)
+            state, opt_meta = parse_json_parts(ckpt_dir, parts)
             check_recorded(ckpt_dir, state, manifest["step"], expected, opt_meta)
             shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
         except CheckpointError:
@@ -351,9 +354,10 @@ def _verify_files(ckpt_dir: Path, manifest: dict, expected: Expectation | None, 
     return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}, kept
 
 
-def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
+def hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     """(sha256, the bytes hashed) of a file read once as sha256_regular reads one: its listed `size`, no more than
-    max_bytes. Raises Unreadable."""
+    max_bytes. Raises Unreadable. A checkpoint file that is both checked against its manifest and used (a JSON part,
+    a tokenizer file; checkpoint_load.for_loading's parts) is read so: what is used is what was hashed."""
     kept = io.BytesIO()
     sink = Hashing(keep=kept)
     copy_regular(path, sink, size=size, max_bytes=max_bytes)
@@ -373,9 +377,10 @@ def _check_directory(ckpt_dir: Path) -> None:
         raise CheckpointInvalid(ckpt_dir, f"the checkpoint is {file_kind(mode)}, not a directory")
 
 
-def _parse_json_parts(ckpt_dir: Path, json_parts: dict[str, bytes]) -> tuple[dict, dict]:
-    """(trainer_state, optimizer meta) from the bytes _verify_files hashed, each a JSON object of bounded depth;
-    their hashes matched, but a manifest can be rewritten to match anything."""
+def parse_json_parts(ckpt_dir: Path, json_parts: dict[str, bytes]) -> tuple[dict, dict]:
+    """(trainer_state, optimizer meta) from the bytes of JSON_PARTS as hashed against the manifest (_verify_files',
+    checkpoint_load.for_loading's), each a JSON object of bounded depth; their hashes matched, but a manifest can be
+    rewritten to match anything. CheckpointInvalid saying which part when one is not."""
     parts = []
     for name in JSON_PARTS:
         try:

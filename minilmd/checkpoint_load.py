@@ -16,11 +16,11 @@ from minilmd import checkpoint_contents as contents
 from minilmd.checkpoint import (
     JSON_PARTS,
     MAX_JSON_PART,
-    _hashed_bytes,
-    _parse_json_parts,
-    _validate,
+    hashed_bytes,
     manifest_problems,
+    parse_json_parts,
     read_manifest,
+    validate_keeping,
 )
 from minilmd.checkpoint_expect import CheckpointInvalid, Expectation
 from minilmd.fsio import table_problems
@@ -36,7 +36,8 @@ def validated_for_loading(ckpt_dir: str | os.PathLike, expected: Expectation | N
     `carried` listed over its bound refused unread). A resume validates each checkpoint it tries so (resume.py):
     the one it takes is hashed once, and nothing put in its place since is loaded. Raises as validate does."""
     path, carried = Path(ckpt_dir), dict(carried or {})
-    state, _, _, scans, kept, opt_meta = _validate(path, expected, (MODEL_FILE, OPTIMIZER_FILE, *carried), carried)
+    state, _, _, scans, kept, opt_meta = validate_keeping(path, expected, (MODEL_FILE, OPTIMIZER_FILE, *carried),
+                                                          carried)
     held = {name: scan.data for name, scan in scans.items() if scan.data is not None}
     model, optimizer = held[MODEL_FILE], held[OPTIMIZER_FILE]
     assert isinstance(model, bytearray) and isinstance(optimizer, bytearray)  # kept writable (_verify_files)
@@ -67,7 +68,7 @@ def _checked_bytes(ckpt_dir: Path, name: str, entry: dict, most: int | None) -> 
     """The file `name` read once, no more than `most` (None: its listed size), checked against its manifest entry
     (size, then sha256). Raises CheckpointInvalid."""
     try:
-        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], entry["size"] if most is None else most)
+        digest, data = hashed_bytes(ckpt_dir / name, entry["size"], entry["size"] if most is None else most)
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
     _check_entry(ckpt_dir, name, entry, len(data), digest)
@@ -126,7 +127,7 @@ def for_loading(ckpt_dir: str | os.PathLike, carried: Mapping[str, int] | None =
     moment ago: what it loads is what it checks now, not whatever the path holds since. Raises CheckpointInvalid."""
     ckpt_dir = Path(ckpt_dir)
     files, manifest = listed_files(ckpt_dir, {**dict.fromkeys(JSON_PARTS, MAX_JSON_PART), **(carried or {})})
-    state, opt_meta = _parse_json_parts(ckpt_dir, {name: data for name in JSON_PARTS
+    state, opt_meta = parse_json_parts(ckpt_dir, {name: data for name in JSON_PARTS
                                                               if (data := files[name]) is not None})
     problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, manifest["step"],
                                                                                        state)

@@ -105,13 +105,16 @@ def run_roots(run_dir: Path) -> RunRoots:
     run.remote then, or when that run.toml cannot be used."""
     from minilmd.config import ConfigError
     from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.perms import run_dir_owner
     from minilmd.run_config_copy import run_config_of
     from minilmd.scratch_root import RecordUnreadable, not_looked_in
 
     try:
         cfg = run_config_of(run_dir, train_tokens_of=corpus_train_tokens)
         roots = checkpoint_roots(cfg)  # a default scratch in a private root: run.dir's record names it
-        squatted = not_looked_in(cfg.scratch_dir, _owner(run_dir))  # another user's: no run of ours went there
+        if (owner := run_dir_owner(run_dir)) is None:  # its run.toml read a moment ago: gone since
+            raise OSError("the run directory cannot be looked at now")
+        squatted = not_looked_in(cfg.scratch_dir, owner)  # another user's: no run of ours went there
         if squatted and len(roots) == 1:
             raise RunDirUnusable(f"{run_dir}: its scratch is not looked in: {squatted}")
     except (ConfigError, OSError, ValueError, RecordUnreadable) as e:  # ValueError: init_place.Refused
@@ -119,15 +122,6 @@ def run_roots(run_dir: Path) -> RunRoots:
         raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "
                              f"checkpoints are, cannot be used ({why})") from None
     return RunRoots(run_dir, cfg, roots[1:], squatted) if squatted else RunRoots(run_dir, cfg, roots)
-
-
-def _owner(run_dir: Path) -> int:
-    """The run's user: the owner of the run directory as opened (its descriptor's, as `status` judges it)."""
-    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return os.fstat(fd).st_uid
-    finally:
-        os.close(fd)
 
 
 def resume_order(roots: Iterable[str | os.PathLike]) -> list[tuple[int, Path]]:

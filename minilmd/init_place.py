@@ -61,7 +61,7 @@ def reopen(path: Path, identity: tuple[int, int] | None) -> Dir:
 def owners_of(source: Dir) -> Owners:
     """Whose files the source's are: the owner of the directory init.from names (a teammate's run reads as hers),
     or this user (perms.owner_or_me, a run's own rule)."""
-    return owner_or_me(os.fstat(source.fd))
+    return owner_or_me(os.fstat(source.fd).st_uid)
 
 
 def judge(where: Dir, name: str, owners: Owners) -> None:

@@ -2,9 +2,10 @@
 config copies) and what each is in a minilmd run config: the one table of them. A user migrating writes
 `batch_size`, `learning_rate`, `epochs`... and got only "unknown key" (user7 #4); config.py's unknown-key message
 now says the minilmd key and the difference in units (`unknown_key_hint`), and docs/operations.md's table is
-checked against MINIMIND_NAMES by tests/test_minimind_names.py. PEFT's LoraConfig and the HF Trainer's names
-(user9 F11: `lora.r`, `gradient_accumulation_steps`) are looked up the same way (FOREIGN_NAMES), and their docs
-table is checked too. Torch-free, imports nothing of minilmd."""
+checked against MINIMIND_NAMES by tests/test_minimind_names.py. The flags a MiniMind fork adds (`dynamic_pad`,
+`length_bucket`: MINIMIND_FORK_NAMES), PEFT's LoraConfig and the HF Trainer's names (user9 F11: `lora.r`,
+`gradient_accumulation_steps`) are looked up the same way (FOREIGN_NAMES), and their docs tables are checked
+too. Torch-free, imports nothing of minilmd."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -53,11 +54,21 @@ MINIMIND_NAMES: dict[str, MiniMindName] = {
     "save_weight": MiniMindName("", "checkpoints are step directories; `minilmd export --format minimind --out "
                                     "FILE.pth` names the .pth"),
     "num_workers": MiniMindName("", "the prepared corpus is memory-mapped: no loader workers"),
-    "dynamic_pad": MiniMindName("", "minilmd always packs pretraining and length-buckets SFT/DPO: nothing to set"),
-    "length_bucket": MiniMindName("", "minilmd always packs pretraining and length-buckets SFT/DPO: nothing to set"),
 }
 """MiniMind's name -> its minilmd key and how it differs. Names minilmd spells the same (grad_clip, hidden_size)
 are here too: written in another section (`[train] hidden_size`) they are unknown there."""
+
+NO_PADDING_TO_SET = ("minilmd packs pretraining (no padding) and length-buckets SFT/DPO by default (data.mode = "
+                     "\"bucketed\": each micro-batch padded to its longest row): nothing to set")
+
+MINIMIND_FORK_NAMES: dict[str, MiniMindName] = {
+    "dynamic_pad": MiniMindName("", NO_PADDING_TO_SET),
+    "length_bucket": MiniMindName("", NO_PADDING_TO_SET),
+}
+"""Flags of a modified MiniMind trainer, not of MiniMind's own (its train_*.py have neither: ../shared/minimind): a
+published reproduction patched MiniMind's data loading to pad each batch to its longest row and group rows of like
+length, `--dynamic_pad 1 --length_bucket 1`, and people bring its commands along. Said as a fork's, never as
+MiniMind's (tests/test_minimind_names.py checks that MiniMind's trainers still lack them)."""
 
 
 PEFT_NAMES: dict[str, MiniMindName] = {
@@ -91,14 +102,15 @@ HF_TRAINER_NAMES: dict[str, MiniMindName] = {
 """The HF Trainer's (and TRL's) TrainingArguments names -> the minilmd key; learning_rate is MiniMind's too."""
 
 FOREIGN_NAMES: dict[str, dict[str, MiniMindName]] = {
-    "MiniMind's": MINIMIND_NAMES, "PEFT's": PEFT_NAMES, "the HF Trainer's": HF_TRAINER_NAMES}
+    "MiniMind's": MINIMIND_NAMES, "a MiniMind fork's": MINIMIND_FORK_NAMES, "PEFT's": PEFT_NAMES,
+    "the HF Trainer's": HF_TRAINER_NAMES}
 """Whose names, in the order an unknown key is looked up (a name in two, MiniMind's wins)."""
 
 
 def unknown_key_hint(section: str, key: str) -> str:
-    """What an unknown `section.key` is, when `key` is a MiniMind, PEFT or HF Trainer name: "did you mean train.lr?
-    (MiniMind's learning_rate: ...)", or "MiniMind's use_moe: minilmd has no such key: ..."; "" for any other
-    name."""
+    """What an unknown `section.key` is, when `key` is a MiniMind (or MiniMind fork's), PEFT or HF Trainer name:
+    "did you mean train.lr? (MiniMind's learning_rate: ...)", or "MiniMind's use_moe: minilmd has no such key: ...";
+    "" for any other name."""
     whose, found = next(((whose, table[key]) for whose, table in FOREIGN_NAMES.items() if key in table),
                         ("", None))
     if found is None or found.key == f"{section}.{key}":
@@ -109,8 +121,8 @@ def unknown_key_hint(section: str, key: str) -> str:
 
 
 def foreign_flag_hint(args: list[str]) -> tuple[str, str] | None:
-    """The first `--name` in a command's arguments that is a MiniMind (PEFT, HF Trainer) name, and what to write
-    instead: `--epochs 2` -> ("--epochs", "MiniMind's epochs is train.max_epochs here: use --set
+    """The first `--name` in a command's arguments that is a MiniMind (MiniMind fork's, PEFT, HF Trainer) name, and
+    what to write instead: `--epochs 2` -> ("--epochs", "MiniMind's epochs is train.max_epochs here: use --set
     train.max_epochs=2 (...)") (user10 #5: typer said only "No such option"). None without one."""
     for i, arg in enumerate(args):
         if arg == "--":

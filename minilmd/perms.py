@@ -56,13 +56,34 @@ def owner_in(st: os.stat_result, owners: Collection[int]) -> bool:
     return st.st_uid in owners
 
 
-def owner_or_me(st: os.stat_result) -> tuple[int, ...]:
-    """Whose files in a directory of someone's (as lstat or fstat saw it) are read as that someone's: the directory's
-    owner's (a run's supervisor runs as its user; a teammate's run reads as hers, root's view of a user's run as
-    hers) or our own. A third user's file there is nobody's doing we trust. The one rule for a run's state.json,
-    run.toml and events (daemon/base/runstate.py state_owners, minilmd/run_config_copy.py) and init.from's places
-    (init_place.owners_of)."""
-    return tuple(sorted({st.st_uid, own_uid()}))
+def owner_or_me(owner: int) -> tuple[int, ...]:
+    """Whose files in a directory of someone's (`owner`: its uid, as fstat or run_dir_owner saw it) are read as that
+    someone's: the directory's owner's (a run's supervisor runs as its user; a teammate's run reads as hers, root's
+    view of a user's run as hers) or our own. A third user's file there is nobody's doing we trust. The one rule for
+    a run's state.json, run.toml and events (daemon/base/runstate.py state_owners, minilmd/run_config_copy.py) and
+    init.from's places (init_place.owners_of)."""
+    return tuple(sorted({owner, own_uid()}))
+
+
+def run_dir_owner(run_dir: str | os.PathLike, dir_fd: int | None = None) -> int | None:
+    """The run's user: the owner of the run directory as opened. Its descriptor's when the caller holds one
+    (`dir_fd`: the directory judged, never what its name leads to now); else that of the directory `run_dir` opens
+    (O_PATH: no read right needed, a teammate's private run directory has an owner too), a link on the way followed
+    as every read of the run by that path follows it, so a link's own owner is never taken for the run's. None when
+    it cannot be looked at (gone, no search right on the way, not a directory). The one rule of every reader that
+    asks whose a run is by its directory: whose run lock (daemon/base/seen.py), state.json and events
+    (daemon/base/runstate.py state_owners), stop request (daemon/base/stoprequest.py) and scratch
+    (checkpoint_select.run_roots) are the run's."""
+    try:
+        if dir_fd is not None:
+            return os.fstat(dir_fd).st_uid
+        fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
 
 
 def owned_by_me(st: os.stat_result, also: Collection[int] = ()) -> bool:

@@ -36,5 +36,5 @@ def run_config_of(run_dir: str | os.PathLike, dir_fd: int | None = None,
 
 
 def _read(run: Dir, train_tokens_of: TrainTokens | None) -> RunConfig:
-    raw = read_in(run, RUN_CONFIG_COPY, MAX_CONFIG_BYTES, owner_or_me(os.fstat(run.fd)))
+    raw = read_in(run, RUN_CONFIG_COPY, MAX_CONFIG_BYTES, owner_or_me(os.fstat(run.fd).st_uid))
     return config_from_bytes(raw, run.path / RUN_CONFIG_COPY, train_tokens_of=train_tokens_of)

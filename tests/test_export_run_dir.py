@@ -70,8 +70,8 @@ def test_sample_of_a_run_directory_resolves_it_once_and_loads_the_checkpoint_it_
 
     run_dir, cfg = run
     validated: list[Path] = []
-    real = ck._validate
-    monkeypatch.setattr(ck, "_validate", lambda path, *args, **kwargs: validated.append(path) or
+    real = ck.validate_keeping
+    monkeypatch.setattr(ck, "validate_keeping", lambda path, *args, **kwargs: validated.append(path) or
                         real(path, *args, **kwargs))
     done = CliRunner().invoke(app, ["sample", str(run_dir), "--prompt", "hello", "--max-new-tokens", "2",
                                     "--temperature", "0"])
@@ -83,7 +83,7 @@ def test_export_with_an_unknown_format_looks_for_no_checkpoint(run, monkeypatch,
     from minilmd import checkpoint as ck
 
     run_dir, _ = run
-    monkeypatch.setattr(ck, "_validate", lambda *_a, **_k: pytest.fail("a checkpoint validated"))
+    monkeypatch.setattr(ck, "validate_keeping", lambda *_a, **_k: pytest.fail("a checkpoint validated"))
     done = CliRunner().invoke(app, ["export", str(run_dir), "--format", "gguf", "--out", str(tmp_path / "o")])
     assert done.exit_code == 1 and "--format 'gguf': use minimind, hf or peft" in done.output, done.output
 

@@ -28,7 +28,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/corpus/prepare/append.py": ("private", "a deep copy of a dict of this process's (json.dumps then loads)",
                                          {("_new_meta", "json.loads"): 1}),
     "minilmd/corpus/demo_text.py": ("private", "the demo corpus's JSONL, which the demo wrote itself a moment ago",
-                                    {("_source_texts", "json.loads"): 1}),
+                                    {("source_texts", "json.loads"): 1}),
     "minilmd/corpus/bench/append.py": ("private", "the benchmark's pool corpus, written by it in its own scratch",
                                        {("generate", "json.loads"): 1}),
     "minilmd/corpus/bench/prepare.py": ("private", "the meta.json the benchmark's own prepare wrote in its scratch",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, toml_key
-from minilmd.minimind_names import FOREIGN_NAMES, MINIMIND_NAMES
+from minilmd.minimind_names import FOREIGN_NAMES, MINIMIND_FORK_NAMES, MINIMIND_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = REPO / ".." / "shared" / "minimind" / "trainer"  # MiniMind's own trainers
@@ -65,8 +65,9 @@ def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_give
     assert not any("staged" in p for p in problems_of({"init": {"stage": "x"}}))  # the supervisor's keys: never
     said = problems_of({"train": {"dynamic_pad": True, "length_bucket": True}})
     for key in ("dynamic_pad", "length_bucket"):
-        assert (f"unknown key train.{key}: MiniMind's {key}: minilmd has no such key: minilmd always packs "
-                f"pretraining and length-buckets SFT/DPO: nothing to set") in said, said
+        assert (f"unknown key train.{key}: a MiniMind fork's {key}: minilmd has no such key: minilmd packs "
+                f"pretraining (no padding) and length-buckets SFT/DPO by default (data.mode = \"bucketed\": each "
+                f"micro-batch padded to its longest row): nothing to set") in said, said
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -74,10 +75,10 @@ def test_a_typo_a_key_in_the_wrong_section_and_a_key_above_every_header_are_give
                                            "use --set train.max_epochs=2 ("),
     (["run", "cfg.toml", "--check", "--learning-rate=5e-4"], "use --set train.lr=5e-4 ("),
     (["train", "cfg.toml", "--batch_size", "16"], "use --set train.micro_batch_size=16 ("),
-    (["run", "cfg.toml", "--dynamic_pad", "1"], "no such option --dynamic_pad: MiniMind's dynamic_pad: minilmd has "
-                                                "no such key: minilmd always packs pretraining and length-buckets "
-                                                "SFT/DPO: nothing to set"),
-    (["run", "cfg.toml", "--length_bucket", "1"], "MiniMind's length_bucket: minilmd has no such key: minilmd always "
+    (["run", "cfg.toml", "--dynamic_pad", "1"], "no such option --dynamic_pad: a MiniMind fork's dynamic_pad: "
+                                                "minilmd has no such key: minilmd packs pretraining (no padding) and "
+                                                "length-buckets SFT/DPO by default"),
+    (["run", "cfg.toml", "--length_bucket", "1"], "a MiniMind fork's length_bucket: minilmd has no such key: minilmd "
                                                   "packs"),
     (["run", "cfg.toml", "--data_path", "sft.jsonl"], "MiniMind's data_path is a .jsonl; minilmd trains on a prepared "
                                                       "corpus: run `minilmd prepare sft.jsonl --out DIR` (with "
@@ -118,6 +119,7 @@ def test_the_table_covers_every_flag_of_minimind_trainers():
              for flag in re.findall(r"add_argument\(\s*['\"]--(\w+)", script.read_text(encoding="utf-8"))}
     assert {"batch_size", "learning_rate", "epochs", "accumulation_steps", "max_seq_len", "use_moe"} <= flags
     assert flags - set(MINIMIND_NAMES) == set()
+    assert not flags & set(MINIMIND_FORK_NAMES), "MiniMind's own trainers have these now: they are MiniMind's"
 
 
 def doc_row(name: str, table: dict = MINIMIND_NAMES) -> str:
@@ -128,5 +130,5 @@ def doc_row(name: str, table: dict = MINIMIND_NAMES) -> str:
 def test_the_docs_table_is_the_modules_table():
     text = DOC.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if re.match(r"\| `\w+` \| (`[a-z_]+\.[a-z_]+`|none) \|", line)]
-    tables = [(name, table) for table in FOREIGN_NAMES.values() for name in table]  # MiniMind's, PEFT's, HF's
+    tables = [(name, table) for table in FOREIGN_NAMES.values() for name in table]  # MiniMind's, its fork's, ...
     assert rows == [doc_row(name, table) for name, table in tables], "\n".join(doc_row(*t) for t in tables)

@@ -64,7 +64,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/corpus/prepare/collect.py": ("private", PRIVATE_TMP, {
         ("SplitWriter.__init__", "open"): 2, ("Spool.__init__", "open"): 1, ("Spool.close", ".unlink"): 1,
         ("Collector.__init__", "open"): 1, ("leak_check", ".unlink"): 1, ("write_splits", ".unlink"): 2,
-        ("write_splits", "np.save"): 2, ("_copy_kept", "open"): 1}),
+        ("write_splits", "np.save"): 2, ("copy_kept", "open"): 1}),
     "minilmd/corpus/prepare/badlines.py": ("private", PRIVATE_TMP + " (the spool; its move beside --out is "
                                            "dirfd's)", {("BadLines.add", "open"): 1}),
     "minilmd/corpus/prepare/append.py": ("private", "inside the corpus directory opened under the lock (refused "

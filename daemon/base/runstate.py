@@ -40,7 +40,7 @@ from minilmd.jsonlines import append_line, append_whole, json_records, open_log
 from minilmd.logread import new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
-from minilmd.perms import own_uid, owner_or_me
+from minilmd.perms import own_uid, owner_or_me, run_dir_owner
 from minilmd.proc_info import boot_id, of_another_boot
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
@@ -78,11 +78,10 @@ def supervisor_runs_here(sup: SupervisorInfo) -> bool:
 def state_owners(run_dir: str | os.PathLike, dir_fd: int | None = None) -> tuple[int, ...]:
     """Whose state.json of run_dir is read: the run directory's owner's (its supervisor runs as that user), or
     our own. Anyone else's file there is another user's doing, never the supervisor's. `dir_fd`: the run directory
-    opened (a view's, daemon/views/runarg.py open_run): its owner, not the owner of what its path leads to now."""
-    try:
-        return owner_or_me(os.fstat(dir_fd) if dir_fd is not None else os.lstat(run_dir))
-    except OSError:
-        return (own_uid(),)
+    opened (a view's, daemon/views/runarg.py open_run): its owner, not the owner of what its path leads to now
+    (perms.run_dir_owner)."""
+    owner = run_dir_owner(run_dir, dir_fd)
+    return (own_uid(),) if owner is None else owner_or_me(owner)
 
 
 def load_state(run_dir: str | os.PathLike, dir_fd: int | None = None) -> dict:

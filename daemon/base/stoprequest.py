@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.dirfd import Dir, Identity, PlaceRefused
-from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, signal_uid
+from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, run_dir_owner, signal_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
 HONOURED_UNPARSED = frozenset({"too_big", "not_utf8", "too_deep", "not_json", "wrong_type"})
@@ -99,7 +99,7 @@ def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None
     restarts do not read the request. Judged as the run's supervisor judges it (the run directory's owner's or
     root's is honoured), not by the reader: root's `status` of a user's run called her own request not honoured.
     `dir_fd`: read's."""
-    request, problem = read(run_dir, _run_owner(run_dir, dir_fd), dir_fd)
+    request, problem = read(run_dir, run_dir_owner(run_dir, dir_fd), dir_fd)
     if problem:
         return f"  {problem}: not honoured"
     if request is None:
@@ -115,21 +115,12 @@ def as_json(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) 
     """The request as `status --json` and `status --all --json` give it ("stop_request"): None when there is none;
     {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why). `owner`: the
     run's (None: the run directory's owner, as its supervisor judges the request). `dir_fd`: read's."""
-    request, problem = read(run_dir, _run_owner(run_dir, dir_fd) if owner is None else owner, dir_fd)
+    request, problem = read(run_dir, run_dir_owner(run_dir, dir_fd) if owner is None else owner, dir_fd)
     if problem:
         return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
     if request is None:
         return None
     return {"path": str(request.path), "time": request.time, "by": request.by}
-
-
-def _run_owner(run_dir: Path, dir_fd: int | None = None) -> int | None:
-    """The owner of the run directory (the one open at `dir_fd` when given), whose (or root's) request its
-    supervisor honours; None (the reader: read's default) when it cannot be looked at."""
-    try:
-        return os.fstat(dir_fd).st_uid if dir_fd is not None else os.stat(run_dir).st_uid
-    except OSError:
-        return None
 
 
 def clear(run_dir: Path) -> str | None:

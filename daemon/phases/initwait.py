@@ -14,7 +14,6 @@ already has a checkpoint of its own resumes from it and does not wait. Torch-fre
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from minilmd.init_source import (
     source_state,
 )
 from minilmd.names import BEST, LATEST, step_name
+from minilmd.perms import run_dir_owner
 from minilmd.probes import bounded_probe
 from minilmd.source_owner import owner_words
 from minilmd.untrusted import clipped
@@ -116,7 +116,7 @@ def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None 
         return None
     t = now() if t is None else t
     read = StateJson.from_dict(state)
-    seen = supervisor_seen(read, pred.run_dir, owner=_owner(pred.run_dir))
+    seen = supervisor_seen(read, pred.run_dir, owner=run_dir_owner(pred.run_dir))  # its run lock must be theirs
     alive = seen.alive is not False
     updated = read.updated
     if read.outcome is not None:  # it ended, and not finished (stopped, or a status systemd restarts)
@@ -126,14 +126,6 @@ def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None 
     if updated is not None and t - updated > STALE_S:
         return Liveness(False, updated, "its supervisor has not written state.json since")
     return Liveness(True)
-
-
-def _owner(run_dir: Path) -> int | None:
-    """The predecessor's run directory's owner (its run lock must be theirs: daemon/base/seen.py); None if unknown."""
-    try:
-        return os.stat(run_dir).st_uid
-    except OSError:
-        return None
 
 
 def liveness_text(run: str, live: Liveness | None, last_said: str = "") -> str:

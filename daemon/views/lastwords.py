@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from minilmd import names, protocol
 from minilmd.daemon.base.states import Phase
 from minilmd.logread import tail_lines
+from minilmd.perms import run_dir_owner
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
 
 if TYPE_CHECKING:
@@ -130,14 +131,6 @@ def _lock_now(run_dir: Path, dir_fd: int | None, owner: int | None = None) -> tu
     return LockInfo(holders[0], "", None, from_table=True), ""
 
 
-def _owner(run_dir: Path, dir_fd: int | None) -> int | None:
-    """The run directory's owner (its descriptor's when given); None when it cannot be looked at."""
-    try:
-        return (os.fstat(dir_fd) if dir_fd is not None else os.lstat(run_dir)).st_uid
-    except OSError:
-        return None
-
-
 def _cannot_tell(unknown: str) -> str:
     return f"whether a supervisor holds its run lock cannot be told ({names.LOCK}: {unknown})"
 
@@ -145,7 +138,7 @@ def _cannot_tell(unknown: str) -> str:
 def starting_holder(run_dir: Path, dir_fd: int | None = None) -> LockInfo | None:
     """Who holds the run lock of a run directory without state.json (`status --json`'s "starting_pid"): by the
     lock, or where it cannot be opened by the kernel's lock table (_lock_now); None when none is seen."""
-    holder = _lock_now(run_dir, dir_fd, _owner(run_dir, dir_fd))[0]
+    holder = _lock_now(run_dir, dir_fd, run_dir_owner(run_dir, dir_fd))[0]
     return holder if holder is not None and holder.pid else None
 
 
@@ -193,7 +186,7 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
     run_dir then only names it."""
     from minilmd.daemon.base.runstate import fmt_time, state_owners
 
-    holder, unknown = _lock_now(run_dir, dir_fd, _owner(run_dir, dir_fd))
+    holder, unknown = _lock_now(run_dir, dir_fd, run_dir_owner(run_dir, dir_fd))
     if holder is not None:
         return [f"{run_dir}: {_starting_words(holder)}; no state.json yet"]
     end = ended_in_events(run_dir if dir_fd is None else Path(f"/proc/self/fd/{dir_fd}"),

@@ -95,7 +95,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (init_from_notes)
     if state.last_error:  # the why's words again (a failed run's) are its first line only
         said = state.last_error.split("\n", 1)[0] if state.last_error == state.reason else state.last_error
-        lines += _block(f"  last error{_error_context(state, t)}: ", said)
+        lines += _block(f"  last error{error_context(state, t)}: ", said)
     return lines
 
 
@@ -288,7 +288,7 @@ def _restart_lines(state: StateJson, t: float) -> list[str]:
             f"{state.no_progress_streak} in a row without progress)"]
 
 
-def _error_context(state: StateJson, t: float) -> str:
+def error_context(state: StateJson, t: float) -> str:
     """" (3m ago, at step 130; training went on to step 240)": tells a current problem from an old one."""
     when, at = state.last_error_at, state.last_error_step
     if not when:

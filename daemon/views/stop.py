@@ -24,7 +24,7 @@ from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, Super
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
-from minilmd.daemon.views.status import _error_context
+from minilmd.daemon.views.status import error_context
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
@@ -223,7 +223,7 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
         print(f"  {local_words}; remote checkpoint step {remote_step}{verified}" if remote_step is not None else
               f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
-            print(f"  last error{_error_context(state, time.time())}: {printable(state.last_error)}", file=out)
+            print(f"  last error{error_context(state, time.time())}: {printable(state.last_error)}", file=out)
     if state.sync.state == SyncState.OFF or local_step is None or remote_step is not None and \
             remote_step >= local_step:
         return protocol.STOP_DONE

@@ -129,10 +129,10 @@ def write_multiturn_chat_corpus(text_sources: Sequence[str | Path], out: str | P
     it (the text is not ours)."""
     import random
 
-    from minilmd.corpus.demo_text import CHAT_SYSTEMS, _source_texts
+    from minilmd.corpus.demo_text import CHAT_SYSTEMS, source_texts
 
     rng = random.Random(seed)
-    passages = _source_texts(text_sources)
+    passages = source_texts(text_sources)
     pairs = [(d[i].strip(), d[i + 1].strip()) for language in LANGUAGES for d in dialogs(language)
              for i in range(0, len(d) - 1, 2)]
     target, written = int(target_mb * 1e6), 0

@@ -149,7 +149,7 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
     import random
 
     rng = random.Random(seed)
-    texts = _source_texts(sources)
+    texts = source_texts(sources)
     target = int(target_mb * 1e6)
     out = Path(out)
     written = 0
@@ -172,7 +172,7 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
     return out
 
 
-def _source_texts(sources: Sequence[str | Path]) -> list[str]:
+def source_texts(sources: Sequence[str | Path]) -> list[str]:
     """The "text" of every line of the sources (JSONL the demo wrote: ours, not another user's)."""
     texts: list[str] = []
     for src in sources:
@@ -195,7 +195,7 @@ def write_repeated_chat_corpus(sources: Sequence[str | Path], out: str | Path, t
     import random
 
     rng = random.Random(seed)
-    texts = _source_texts(sources)
+    texts = source_texts(sources)
     target, written = int(target_mb * 1e6), 0
     out = Path(out)
     with open(out, "w", encoding="utf-8") as f:

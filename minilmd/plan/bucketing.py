@@ -38,15 +38,13 @@ import numpy as np
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
-from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
+from minilmd.plan.sampler_base import STREAM_BUCKETS, Batch, DataError, EpochOrder, Sampler, seeded_generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.replycut import CorpusLies, prepared_at, row_targets, tally
 from minilmd.rowcount import RepliesCut, full_buckets, replies_fit, too_few_rows
 
 if TYPE_CHECKING:
     from minilmd.corpus.format import TokenStream
-
-_STREAM_BUCKETS = 2
 
 
 def row_lengths(doc_starts: np.ndarray, seq_len: int) -> np.ndarray:
@@ -125,7 +123,7 @@ class PaddedSampler(Sampler):
     mode = "padded"
 
     def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
-                 loss_mask: np.ndarray | None = None, order: _EpochOrder | None = None):
+                 loss_mask: np.ndarray | None = None, order: EpochOrder | None = None):
         self.docs = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
         super().__init__(order.n_items if order else self.docs.n_docs, seq_len, seed, order=order)
 
@@ -168,7 +166,7 @@ class PaddedSampler(Sampler):
         return 1.0 - real / slots
 
 
-class _BucketOrder(_EpochOrder):
+class BucketOrder(EpochOrder):
     """Each epoch: documents sorted by length (seeded ties), cut into buckets, buckets shuffled (module docstring)."""
 
     def __init__(self, lengths: np.ndarray, seed: int, bucket: int):
@@ -176,7 +174,7 @@ class _BucketOrder(_EpochOrder):
         super().__init__(full_buckets(len(lengths), bucket), seed)
 
     def draw(self, e: int) -> tuple[int, np.ndarray]:
-        rng = _generator(self.seed, _STREAM_BUCKETS, e)
+        rng = seeded_generator(self.seed, STREAM_BUCKETS, e)
         shuffled = rng.permutation(len(self.lengths))[len(self.lengths) - self.n_items:]
         by_length = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]
         buckets = by_length.reshape(-1, self.bucket)
@@ -199,7 +197,7 @@ class BucketedSampler(PaddedSampler):
                                    micro_batch_size=micro_batch_size, unit=unit):
             raise DataError(too_few)  # run --check's refusal too (minilmd/probes.py): one rule
         self.bucket = micro_batch_size
-        super().__init__(tokens, doc_starts, seq_len, seed, loss_mask, order=_BucketOrder(lengths, seed,
+        super().__init__(tokens, doc_starts, seq_len, seed, loss_mask, order=BucketOrder(lengths, seed,
                                                                                           micro_batch_size))
 
     def width_of(self, docs: np.ndarray) -> int:

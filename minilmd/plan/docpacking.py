@@ -24,10 +24,8 @@ import bisect
 import numpy as np
 
 from minilmd.plan.bucketing import DocumentRows
-from minilmd.plan.sampler_base import Batch, Sampler, _generator
+from minilmd.plan.sampler_base import STREAM_PACKING, Batch, Sampler, seeded_generator
 from minilmd.protocol import PAD_ID
-
-_STREAM_PACKING = 3
 
 
 def pack_longest_fit(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> list[np.ndarray]:
@@ -88,7 +86,7 @@ def packed_rows(lengths: np.ndarray, seq_len: int, seed: int) -> list[np.ndarray
     """The rows of padding-free SFT, once per run: documents of row lengths `lengths` (row_lengths) packed by
     pack_longest_fit, ties broken in an order drawn from (seed, its own stream). The sampler's rows, and the core's
     count of an epoch (minilmd/plan/epoch.py)."""
-    order = _generator(seed, _STREAM_PACKING, 0).permutation(len(lengths))
+    order = seeded_generator(seed, STREAM_PACKING, 0).permutation(len(lengths))
     return pack_longest_fit(lengths, order, seq_len)
 
 

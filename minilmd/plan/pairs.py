@@ -16,9 +16,9 @@ import numpy as np
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
-from minilmd.plan.bucketing import BucketedSampler, DocumentRows, _BucketOrder
-from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
-from minilmd.plan.samplers import _STREAM_VALIDATION, VAL_SEED
+from minilmd.plan.bucketing import BucketedSampler, BucketOrder, DocumentRows
+from minilmd.plan.sampler_base import STREAM_VALIDATION, Batch, DataError, Sampler, seeded_generator
+from minilmd.plan.samplers import VAL_SEED
 from minilmd.rowcount import pairs_fit, too_few_rows
 
 
@@ -88,7 +88,7 @@ class PairSampler(BucketedSampler):
         self.docs = rows  # type: ignore[assignment]  # PairRows: the methods of DocumentRows the sampler calls
         self.pairs = rows
         self.bucket = micro_batch_size
-        Sampler.__init__(self, rows.n_pairs, seq_len, seed, order=_BucketOrder(rows.lengths, seed, micro_batch_size))
+        Sampler.__init__(self, rows.n_pairs, seq_len, seed, order=BucketOrder(rows.lengths, seed, micro_batch_size))
 
     def _too_small_message(self, seq_len: int) -> str:
         return "the train split has no pairs"
@@ -100,7 +100,7 @@ def validation_pairs(rows: PairRows, n_pairs: int, batch_size: int) -> list[Batc
     if rows.n_pairs == 0:
         raise DataError("the val split has no pairs; DPO's validation needs some (prepare with a larger "
                         "--val-fraction)")
-    rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    rng = seeded_generator(VAL_SEED, STREAM_VALIDATION, 0)
     pairs = np.sort(rng.choice(rows.n_pairs, size=min(n_pairs, rows.n_pairs), replace=False))
     pairs = pairs[np.argsort(rows.lengths[pairs], kind="stable")]
     seq_len = rows.docs.seq_len

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 IGNORE_INDEX = -100
-_STREAM_PERMUTATION = 0
+
+STREAM_PERMUTATION, STREAM_VALIDATION, STREAM_BUCKETS, STREAM_PACKING = 0, 1, 2, 3
+"""The streams of seeded_generator, one per draw of the plan: an epoch's row order (EpochOrder), the validation
+windows (samplers.py, pairs.py), bucketing's sort ties (bucketing.py), packing's order of documents
+(docpacking.py). Numbered here together so that no two draws of one seed share one; never renumbered, since a run
+resumed by a later version must draw the very orders it drew before."""
 
 
 class DataError(ValueError):
@@ -48,11 +53,13 @@ class Batch:
         return labels
 
 
-def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
+def seeded_generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
+    """The generator of one draw of the plan: a pure function of (seed, stream, epoch), so a batch is the same after
+    any resume, on any number of ranks (samplers.py's scheme)."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, epoch])))
 
 
-class _EpochOrder:
+class EpochOrder:
     """The order of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only. Subclasses
     change `draw` (bucketing: minilmd/plan/bucketing.py)."""
 
@@ -64,7 +71,7 @@ class _EpochOrder:
         self._cached: tuple[int, np.ndarray] = (0, np.empty(0, np.int64))
 
     def draw(self, e: int) -> tuple[int, np.ndarray]:
-        rng = _generator(self.seed, _STREAM_PERMUTATION, e)
+        rng = seeded_generator(self.seed, STREAM_PERMUTATION, e)
         offset = int(rng.integers(0, self.offset_range)) if self.offset_range > 1 else 0
         return offset, rng.permutation(self.n_items).astype(np.int64)
 
@@ -94,12 +101,12 @@ class Sampler:
     mode = "?"
 
     def __init__(self, n_items: int, seq_len: int, seed: int, offset_range: int = 0,
-                 order: _EpochOrder | None = None):
+                 order: EpochOrder | None = None):
         if n_items <= 0:
             raise DataError(self._too_small_message(seq_len))
         self.seq_len = seq_len
         self.seed = seed
-        self.order = order or _EpochOrder(n_items, seed, offset_range)
+        self.order = order or EpochOrder(n_items, seed, offset_range)
 
     @property
     def items_per_epoch(self) -> int:

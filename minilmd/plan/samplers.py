@@ -43,11 +43,10 @@ from minilmd.config_sections import DATA_MODES, ONE_DOCUMENT_A_ROW
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.plan.docmask import piece_targets, window_positions
 from minilmd.plan.docpacking import PackedConversationsSampler
-from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
+from minilmd.plan.sampler_base import STREAM_VALIDATION, Batch, DataError, Sampler, seeded_generator
 from minilmd.rowcount import kind_of_rows, packed_too_small, packed_windows
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
-_STREAM_VALIDATION = 1
 
 
 def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
@@ -133,7 +132,7 @@ def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, se
     n_tokens = int(len(tokens))
     if n_tokens < 2:
         raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
-    rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    rng = seeded_generator(VAL_SEED, STREAM_VALIDATION, 0)
     if mode == "packed" and doc_mask and loss_mask is not None:
         mode = "padded"
     if mode in ONE_DOCUMENT_A_ROW:

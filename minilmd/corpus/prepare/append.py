@@ -56,7 +56,7 @@ from minilmd.corpus.format import RefusedFile, open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.append_check import check_old_files
 from minilmd.corpus.prepare.block import leak_key
-from minilmd.corpus.prepare.collect import MAX_EXAMPLES, Collector, _copy_kept
+from minilmd.corpus.prepare.collect import MAX_EXAMPLES, Collector, copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
@@ -323,12 +323,12 @@ def _new_documents(tmp: Path, found: Collector, old_keys: dict[str, np.ndarray])
     for raw, lengths, keep, split, names in ((found.train, train_lengths, keep_train, SPLITS[0], (TOKENS, LOSS_MASK)),
                                              (found.val_raw, val_lengths, keep_val, SPLITS[1], (TOKENS, LOSS_MASK))):
         kept = tmp / split / (TOKENS + ".kept")
-        _copy_kept(raw.path, lengths, keep, kept)
+        copy_kept(raw.path, lengths, keep, kept)
         raw.path.unlink()
         os.replace(kept, tmp / split / names[0])
         if raw.mask_path is not None:
             kept = tmp / split / (LOSS_MASK + ".kept")
-            _copy_kept(raw.mask_path, lengths, keep, kept, itemsize=1)
+            copy_kept(raw.mask_path, lengths, keep, kept, itemsize=1)
             raw.mask_path.unlink()
             os.replace(kept, tmp / split / names[1])
     facts = ({"train": found.train.all_facts()[keep_train], "val": found.val_raw.all_facts()[keep_val]}

@@ -323,10 +323,10 @@ def write_splits(tmp: Path, found: Collector, leaked: np.ndarray) -> tuple[np.nd
     returns the lengths."""
     val_lengths_all = found.val_raw.all_lengths().astype(np.int64)
     keep = ~leaked
-    _copy_kept(found.val_raw.path, val_lengths_all, keep, tmp / SPLITS[1] / TOKENS)
+    copy_kept(found.val_raw.path, val_lengths_all, keep, tmp / SPLITS[1] / TOKENS)
     found.val_raw.path.unlink()
     if found.val_raw.mask_path is not None:
-        _copy_kept(found.val_raw.mask_path, val_lengths_all, keep, tmp / SPLITS[1] / LOSS_MASK, itemsize=1)
+        copy_kept(found.val_raw.mask_path, val_lengths_all, keep, tmp / SPLITS[1] / LOSS_MASK, itemsize=1)
         found.val_raw.mask_path.unlink()
     train_lengths = found.train.all_lengths()
     val_lengths = val_lengths_all[keep].astype(np.int32)
@@ -335,7 +335,7 @@ def write_splits(tmp: Path, found: Collector, leaked: np.ndarray) -> tuple[np.nd
     return train_lengths, val_lengths
 
 
-def _copy_kept(src: Path, lengths: np.ndarray, keep: np.ndarray, dst: Path, chunk: int = 8 << 20,
+def copy_kept(src: Path, lengths: np.ndarray, keep: np.ndarray, dst: Path, chunk: int = 8 << 20,
                itemsize: int = 2) -> None:
     """dst = the documents of the token file src (itemsize bytes per token: 2 for ids, 1 for a loss mask) whose
     `keep` is set, copied run by run in bounded chunks."""
