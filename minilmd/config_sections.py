@@ -79,6 +79,11 @@ class RunSection:
     created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
 
 
+PATH_KEYS = ("run.dir", "run.scratch", "run.remote", "data.prepared", "init.from", "init.staged", "eval.probe",
+             "eval.probe_staged", "gpu.lock_dir", "log.prometheus_textfile")
+"""The config's keys that name a local path (or a URL, left as it is)."""
+
+
 DATA_MODES = ("packed", "padded", "bucketed")
 """data.mode's choices (DataSection.mode says each); the samplers' (minilmd/plan/samplers.py) and the row counts'
 (minilmd/rowcount.py)."""
