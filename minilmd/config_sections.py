@@ -59,7 +59,8 @@ class RunSection:
     """Name of the run; used in the default scratch path and in status. Use the same name for the systemd instance
     (minilmd@NAME runs the config %E/minilmd/NAME.toml: the unit goes by the file's name and never reads this)."""
     dir: str = ""
-    """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock. It and
+    """Run directory: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock. On local disk on one
+    server; under Slurm on the shared filesystem (a requeued job may start on another node, which needs them). It and
     every directory above it root's or yours, none another user can rearrange (minilmd/place_rule.py run_dir_problem;
     not a team directory: run.share shares a run)."""
     scratch: str = ""
