@@ -22,6 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from minilmd.config_hints import key_hint, top_level_problem
 from minilmd.config_sections import (
     LORA_TARGETS,
+    PATH_KEYS,
     SECTIONS,
     DataSection,
     Duration,
@@ -213,6 +214,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     which wait while a field they derive from is invalid: config_values.machine_checks_wait). Only the values are
     checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
     problems: list[str] = unexpanded_problems(raw)
+    refused_paths = set(unexpanded_keys(raw))  # what the machine checks derive from them waits (machine_checks_wait)
     classes = _section_classes()
     cfg = RunConfig(source=source)
     explicit, mistyped = set(), set()
@@ -245,8 +247,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
             explicit.add(f"{section}.{key}")
     cfg._explicit = frozenset(explicit)
     problems += check_values(cfg, train_tokens_of, mistyped)
-    if more_checks is not None and not machine_checks_wait(cfg, mistyped):  # else they would judge a default, a -1
-        problems += more_checks(cfg)
+    if more_checks is not None and not machine_checks_wait(cfg, mistyped | refused_paths):
+        problems += more_checks(cfg)  # else they would judge a default, a -1, or a `~/runs` under the working directory
     if problems:
         raise ConfigError(problems, source)
     return cfg
@@ -309,11 +311,6 @@ def config_from_bytes(data: bytes, path: str | os.PathLike, overrides: list[str]
     return config_from_dict(raw, str(path), more_checks, train_tokens_of)
 
 
-PATH_KEYS = ("run.dir", "run.scratch", "run.remote", "data.prepared", "init.from", "init.staged", "eval.probe",
-             "eval.probe_staged", "gpu.lock_dir", "log.prometheus_textfile")
-"""The config's keys that name a local path (or a URL, left as it is)."""
-
-
 def absolute_paths(raw: dict[str, Any], base: Path) -> list[str]:
     """Each relative path of PATH_KEYS in `raw` (a TOML document's dict) made absolute against `base`, in place: a
     config's against its own directory, so that `run --check` from one directory, a systemd unit started from /
@@ -335,19 +332,26 @@ def unexpanded(value: str) -> bool:
     return value.startswith("~") or "$" in value
 
 
-def unexpanded_problems(raw: dict[str, Any]) -> list[str]:
-    """Each path of PATH_KEYS in `raw` (the file's values and the --sets) holding a `~` or a `$VAR`: taken literally
-    it would be a directory named `~` under the config's (a later `rm -rf ~` to clean it deletes the home)."""
-    problems = []
+def unexpanded_keys(raw: dict[str, Any]) -> dict[str, str]:
+    """{key: value} of each path of PATH_KEYS in `raw` (the file's values and the --sets) holding a `~` or a `$VAR`."""
+    found = {}
     for key in PATH_KEYS:
         section, name = key.split(".")
         body = raw.get(section)
         value = body.get(name) if isinstance(body, dict) else None
         if isinstance(value, str) and not is_url(value) and unexpanded(value):
-            example = os.path.expandvars(os.path.expanduser(value))
-            example = example if os.path.isabs(example) and not unexpanded(example) else "/home/you/..."
-            problems.append(f"{key} = {value!r}: TOML expands neither ~ nor $VAR: write the full path, e.g. "
-                            f"{example}")
+            found[key] = value
+    return found
+
+
+def unexpanded_problems(raw: dict[str, Any]) -> list[str]:
+    """Each path of unexpanded_keys refused: taken literally it would be a directory named `~` under the config's (a
+    later `rm -rf ~` to clean it deletes the home)."""
+    problems = []
+    for key, value in unexpanded_keys(raw).items():
+        example = os.path.expandvars(os.path.expanduser(value))
+        example = example if os.path.isabs(example) and not unexpanded(example) else "/home/you/..."
+        problems.append(f"{key} = {value!r}: TOML expands neither ~ nor $VAR: write the full path, e.g. {example}")
     return problems
 
 

@@ -59,7 +59,8 @@ class RunSection:
     """Name of the run; used in the default scratch path and in status. Use the same name for the systemd instance
     (minilmd@NAME runs the config %E/minilmd/NAME.toml: the unit goes by the file's name and never reads this)."""
     dir: str = ""
-    """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock. It and
+    """Run directory: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock. On local disk on one
+    server; under Slurm on the shared filesystem (a requeued job may start on another node, which needs them). It and
     every directory above it root's or yours, none another user can rearrange (minilmd/place_rule.py run_dir_problem;
     not a team directory: run.share shares a run)."""
     scratch: str = ""
@@ -77,6 +78,11 @@ class RunSection:
     on the remote, LATEST and BEST): "private" (directories 0700, files 0600), "group" (0750, 0640: your group
     may read them, e.g. for the next stage's init.from or TensorBoard) or "all" (0755, 0644). Applied as they are
     created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
+
+
+PATH_KEYS = ("run.dir", "run.scratch", "run.remote", "data.prepared", "init.from", "init.staged", "eval.probe",
+             "eval.probe_staged", "gpu.lock_dir", "log.prometheus_textfile")
+"""The config's keys that name a local path (or a URL, left as it is)."""
 
 
 DATA_MODES = ("packed", "padded", "bucketed")

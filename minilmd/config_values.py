@@ -18,6 +18,7 @@ from minilmd.config_sections import (
     EARLY_STOP_METRICS,
     LORA_TARGETS,
     ONE_DOCUMENT_A_ROW,
+    PATH_KEYS,
     Duration,  # noqa: F401 - found here too, with parse_duration, by the daemon and the tests
     RunConfig,
     parse_duration,
@@ -212,9 +213,11 @@ BUDGET_FIELDS = ("train.max_steps", "train.max_tokens", "train.max_epochs", "tra
 def machine_checks_wait(cfg: RunConfig, mistyped: Collection[str] = ()) -> bool:
     """Whether the checks of what the config names on the machine (minilmd/probes.py: the corpus against the model
     and the budget, the paths) must wait for valid fields: one they derive from is invalid (the [model] and [data]
-    sections, the budget's fields), so they would judge its default, or a -1. Another invalid field (train.lr) lets
+    sections, the budget's fields, a path of PATH_KEYS: `mistyped` holds those refused unexpanded too), so they would
+    judge its default, a -1, or a literal `~/runs` under the working directory. Another invalid field (train.lr) lets
     them run: every problem is said at once."""
-    return any(f in BUDGET_FIELDS or f.split(".")[0] in ("model", "data") for f in invalid_fields(cfg, mistyped))
+    return any(f in BUDGET_FIELDS or f in PATH_KEYS or f.split(".")[0] in ("model", "data")
+               for f in invalid_fields(cfg, mistyped))
 
 
 def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: Collection[str] = ()) -> list[str]:

@@ -1,8 +1,9 @@
 """What a run would do that its config may not mean, for `run --check`'s `note:` lines (stage_notes): settings its
-corpus's stage ignores, DPO or SFT without init.from (a `WARNING:` line), an init.from checkpoint root of a run not
-finished yet, a model trained on text before DPO, a tokenizer or chat template other than the corpus's, a .pth whose
-shapes are not read here (init_pth.pth_note); the supervisor says init.from's (init_from_notes) once it has staged
-its checkpoint. Notes, never problems: what the config check refuses is minilmd/probes.py's. Torch-free.
+corpus's stage ignores, SFT on packed windows across conversations (packed_sft), DPO or SFT without init.from (a
+`WARNING:` line), an init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a
+tokenizer or chat template other than the corpus's, a .pth whose shapes are not read here (init_pth.pth_note); the
+supervisor says init.from's (init_from_notes) once it has staged its checkpoint. Notes, never problems: what the
+config check refuses is minilmd/probes.py's. Torch-free.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def stage_notes(cfg: RunConfig) -> list[str]:
     source that cannot be read now gives no note: the checks say it."""
     meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
-    notes = ignored_settings(cfg, data_format)
+    notes = ignored_settings(cfg, data_format) + packed_sft(cfg, data_format)
     if not cfg.init.from_ and (without := WITHOUT_INIT.get(data_format)):
         notes.append(f"{WARNING}{without}")  # a fine-tuning stage from random weights: rarely meant (user10 #9)
     if owner := bounded_probe(owner_note, cfg.data.prepared, meta)[1]:  # another user's corpus: said, not refused
@@ -94,6 +95,21 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
         notes.append("data.doc_mask = true has no effect on a preference corpus: each row holds one side of one pair, "
                      "a single document")
     return notes
+
+
+def packed_sft(cfg: RunConfig, data_format: str) -> list[str]:
+    """data.mode = "packed" written in the config of a chat corpus, without data.doc_mask: a written key beats the SFT
+    default ("bucketed": SFT_DEFAULTS), so the run trains windows cut across conversations. A copy of
+    deploy/example.toml (a pretraining config, mode written out) for an SFT stage did so without a word. A note, not
+    a refusal: packed SFT runs, and may be meant."""
+    if data_format != "chat" or not cfg.is_set("data.mode") or cfg.data.mode != "packed" or cfg.data.doc_mask:
+        return []
+    stage = stage_defaults(data_format, cfg.lora.enabled)[0]
+    return [f"data.mode = 'packed' on a chat corpus: this {stage} run trains windows of train.seq_len tokens cut "
+            f"across conversations (a row may start inside one and run into the next), not {stage}'s default "
+            f"'bucketed' (one conversation a row, micro-batches of similar lengths); leave data.mode out of an SFT "
+            f"config for that (a copy of deploy/example.toml writes it), or add data.doc_mask = true for whole "
+            f"conversations packed (padding-free)"]
 
 
 PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo`"

@@ -139,6 +139,20 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, corpus, dpo_corpus
     assert "has no effect" not in said, said
 
 
+def test_sft_with_the_pretraining_mode_written_out_is_said_as_a_note(tmp_path, corpus, chat_corpus):
+    """A copy of deploy/example.toml (mode = "packed" written out) for an SFT stage: the written key beats SFT's
+    default, length bucketing, and the run trains windows cut across conversations. Before, `--check` said nothing."""
+    said = _check(_dpo(tmp_path, chat_corpus, name="sft-packed", data={"mode": "packed"}))
+    assert ("note: data.mode = 'packed' on a chat corpus: this SFT run trains windows of train.seq_len tokens cut "
+            "across conversations") in said, said
+    assert "not SFT's default 'bucketed'" in said and "leave data.mode out of an SFT config" in said, said
+    for name, data in (("sft-default", {}), ("sft-bucketed", {"mode": "bucketed"}),
+                       ("sft-padfree", {"mode": "packed", "doc_mask": True})):
+        assert "data.mode = 'packed' on a chat corpus" not in _check(_dpo(tmp_path, chat_corpus, name=name, data=data))
+    pretraining = _check(_dpo(tmp_path, corpus, name="pt-packed", data={"mode": "packed"}))
+    assert "data.mode = 'packed'" not in pretraining, pretraining
+
+
 def test_a_dpo_stage_pointed_at_a_text_corpus_after_sft_is_said_and_a_copy_of_the_example_is_not(
         tmp_path, corpus, chat_corpus):
     """Walk 4 #3: dpo.toml with data.prepared a pretraining corpus (`[dpo] beta = 0.1`, the default, init.from the

@@ -7,14 +7,17 @@ from another directory read another place (a relative data.prepared as "share go
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tomllib
+from typer.testing import CliRunner
 
-from minilmd import names
+from minilmd import names, run_owner
+from minilmd.cli import app
 from minilmd.config import load_config, toml_value
 from minilmd.names import FAULT_ENV
 from supervisor_helpers import env_for, events, state, step_of_state, wait_for, wait_or_kill, write_config
@@ -112,3 +115,24 @@ def test_a_path_with_a_tilde_or_a_variable_is_refused_not_taken_under_the_config
         assert f"{key} = {value!r}: TOML expands neither ~ nor $VAR: write the full path, e.g. " in done.stderr, \
             done.stderr
         assert "OK" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("key, value", [("run.dir", "~/runs/pt"), ("data.prepared", "$HOME/corpus"),
+                                        ("init.from", "~/pt"), ("log.prometheus_textfile", "~/x.prom")])
+def test_a_refused_tilde_path_is_said_alone_not_judged_again_as_a_literal_place(tmp_path, corpus, key, value):
+    """The checks of the machine wait until the path they derive from is valid. Before: after the refusal, run.dir
+    = "~/runs/pt" was judged again as `<working directory>/~/runs/pt`, the remote's claim naming the run's real
+    run.dir said to be "another run's"; and data.prepared, init.from and the textfile's directory were each said
+    missing under a directory named `~` or `$HOME`."""
+    remote = tmp_path / "remote"
+    remote.mkdir()  # claimed by the run the user means: its run.dir is ~/runs/pt expanded
+    expanded = Path(os.path.expanduser("~/runs/pt"))
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(expanded, "t")))
+    section, name = key.split(".")
+    sections = {"run": {"remote": str(remote)}}
+    sections.setdefault(section, {})[name] = value
+    config = write_config(tmp_path, corpus, remote=False, **sections)
+    done = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert done.exit_code == 2, done.output
+    said = " ".join(done.output.split())
+    assert "1 problem(s)" in said and f"{key} = {value!r}: TOML expands neither ~ nor $VAR" in said, said
