@@ -189,6 +189,6 @@ def _own_linked_root(root: Path, say: leftovers.Say) -> Dir | None:
 
 
 def _tmp_maker(name: str) -> leftovers.Maker | None:
-    """A `.tmp-...-PID` name's maker: this host's (a root's writers are local), no start time recorded."""
+    """A `.tmp-...-PID` name's maker: this host's (a root's writers are local), no start time nor boot recorded."""
     pid = tmp_owner_pid(name)
-    return None if pid is None else (None, pid, None)
+    return None if pid is None else (None, pid, None, "")

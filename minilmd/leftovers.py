@@ -1,5 +1,5 @@
 """What a killed process left beside its output: a temporary file or directory named by its maker (host, pid and,
-in the newer names, start time: minilmd/names.py). One rule for every clean-up of such leftovers (an export's
+in the newer names, start time and boot: minilmd/names.py). One rule for every clean-up of such leftovers (an export's
 copy beside --out, a prepare's directory beside DIR, a checkpoint root's `.tmp-*`), because they run in
 directories other users may write too: a leftover is removed only when its maker is gone and it is this user's own
 file or directory; a symbolic link is never followed nor removed, another user's entry never deleted for them
@@ -21,13 +21,15 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir
 from minilmd.perms import owned_by_me
+from minilmd.proc_info import boot_tag
 from minilmd.procs import process_alive, process_start_ticks
 from minilmd.untrusted import listed
 
 Say = Callable[[str], None]
-Maker = tuple[str | None, int, int | None]
-"""(host, pid, start ticks) a temporary name records of its maker; host None: a name that records no host (this
-host's), ticks None: one that records no start time (names.prepare_tmp_maker, export_tmp_maker, tmp_owner_pid)."""
+Maker = tuple[str | None, int, int | None, str]
+"""(host, pid, start ticks, boot tag) a temporary name records of its maker; host None: a name that records no host
+(this host's), ticks None: one that records no start time, boot "": one that records no boot (names.prepare_tmp_maker,
+export_tmp_maker, tmp_owner_pid)."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,10 @@ def stderr_say(tool: str) -> Say:
     return lambda message: print(f"minilmd {tool}: {message}", file=sys.stderr, flush=True)
 
 
-def me() -> tuple[str, int, int]:
-    """(host, pid, start ticks) of this process, as a temporary name records its maker."""
+def me() -> tuple[str, int, int, str]:
+    """(host, pid, start ticks, boot tag) of this process, as a temporary name records its maker."""
     pid = os.getpid()
-    return socket.gethostname(), pid, process_start_ticks(pid) or 0
+    return socket.gethostname(), pid, process_start_ticks(pid) or 0, boot_tag()
 
 
 def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
@@ -96,14 +98,15 @@ def _remove_at(at: Dir, name: str, st: os.stat_result) -> bool:
     return at.remove_file(name, identity)
 
 
-def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say, *,
-          at: Dir, mine_is_dead: bool = False) -> str:
+def clear(path: Path, host: str | None, pid: int, ticks: int | None, boot: str, out: Path, words: Words, say: Say,
+          *, at: Dir, mine_is_dead: bool = False) -> str:
     """Settle one leftover by a maker's name: "running" when its maker still runs (left and not said: the caller
-    decides; an export refuses), "removed", "left" (said why), or "gone" (no longer there: nothing done). `host`
-    None: a name that records no host, taken as this host's (an older minilmd's prepare); `ticks` None: one that
-    records no start time. `mine_is_dead`: a name of this process's pid is taken for a dead maker's (a checkpoint
-    root has one writer at a time: a `.tmp-*` of our pid there is an earlier holder's of a recycled pid, or our
-    own failed save's). `at`: the directory `path` is in, opened once (sweep's): looked at and removed there."""
+    decides; an export refuses), "removed", "left" (said why), or "gone" (no longer there: nothing done). `host` None: a
+    name that records no host, taken as this host's (an older minilmd's prepare); `ticks` None: one that records no
+    start time; `boot` "": one that records no boot (a name of another boot's maker is a dead one's). `mine_is_dead`: a
+    name of this process's pid is taken for a dead maker's (a checkpoint root has one writer at a time: a `.tmp-*` of
+    our pid there is an earlier holder's of a recycled pid, or our own failed save's). `at`: the directory `path` is in,
+    opened once (sweep's): looked at and removed there."""
     st = at.lstat(path.name)
     if st is None:
         return "gone"  # its maker published or removed it meanwhile
@@ -114,7 +117,7 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, 
         say(f"{path}: left as it is: {words.one}'s {words.thing} on host {host}, whether it still runs cannot be "
             f"told here; remove it once no {words.tool} to {out} is running there")
         return "left"
-    if process_alive(pid, ticks) and not (mine_is_dead and pid == os.getpid()):
+    if process_alive(pid, ticks, boot) and not (mine_is_dead and pid == os.getpid()):
         return "running"
     if not own(path, st, words, say):
         return "left"

@@ -278,30 +278,44 @@ def fetch_tmp_name(name: str, pid: int) -> str:
     return f"{TMP_PREFIX}{name}-fetch-{pid}"
 
 
-def _maker(host: str, pid: int, ticks: int | None) -> str:
-    """`<host>-<pid>-<start ticks>`: the sync that made a temporary name on the remote; `<host>-<pid>` without a
-    start time (ticks None: an older minilmd's form, which the clean-up still reads)."""
-    return f"{host}-{pid}" if ticks is None else f"{host}-{pid}-{ticks}"
+_BOOT_TAG = re.compile(r"[0-9a-f]{8}")
+"""A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN (8) hex digits of the boot id."""
+_BOOT_PART = r"(?:-boot([0-9a-f]{8}))?"
+"""The boot after a maker's pid and start ticks in a temporary name (`-boot<boot tag>`; absent in an older
+minilmd's names): a word before it, so that no older name, which ends in a number, reads as one of these and back."""
 
 
-def sync_tmp_name(name: str, host: str, pid: int, ticks: int | None = None) -> str:
-    """`.tmp-step-00001234-<host>-<pid>-<start ticks>`: a copy to the remote in progress (the host: the remote is
-    shared; the start time: the next sync tells its maker from a process that got its pid since, as an export's
-    name does). `ticks` None: an older minilmd's `.tmp-step-00001234-<host>-<pid>`."""
-    return f"{TMP_PREFIX}{name}-{_maker(host, pid, ticks)}"
+def _maker(host: str, pid: int, ticks: int | None, boot: str = "") -> str:
+    """`<host>-<pid>-<start ticks>-boot<boot tag>`: the process that made a temporary name (a sync's on the remote, an
+    export's, a prepare's), its boot's tag (proc_info.boot_tag: a record of another boot names no process of this
+    one, proc_info.process_alive). The older forms, which the clean-ups still read: `<host>-<pid>-<start ticks>`
+    (boot ""), and on the remote `<host>-<pid>` (ticks None)."""
+    if boot and not _BOOT_TAG.fullmatch(boot):
+        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
+    return (f"{host}-{pid}" if ticks is None else f"{host}-{pid}-{ticks}") + (f"-boot{boot}" if boot else "")
 
 
-def remote_tmp_maker(name: str, host: str) -> tuple[int, int | None] | None:
-    """(pid, start ticks) of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA
-    base's copy, sync_tmp_name, or a pointer's or the claim's temp file, pointer_tmp_tag), ticks None for an older
-    minilmd's name that records none; None for any other name: another host's, or no sync's. The two forms are not
-    taken for each other: a random end (Dir.write_atomic's, fresh_tmp_name's) holds no `-` and ends in `.tmp`."""
+def sync_tmp_name(name: str, host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
+    """`.tmp-step-00001234-<host>-<pid>-<start ticks>-boot<boot tag>`: a copy to the remote in progress (the host: the
+    remote is shared; the start time and the boot: the next sync tells its maker from a process that got its pid
+    since, or got the same pid and start time in a later boot, as an export's name does). Without `boot`, or
+    `ticks`: an older minilmd's forms."""
+    return f"{TMP_PREFIX}{name}-{_maker(host, pid, ticks, boot)}"
+
+
+def remote_tmp_maker(name: str, host: str) -> tuple[int, int | None, str] | None:
+    """(pid, start ticks, boot tag) of this host's sync that made a temporary name on the remote (a checkpoint's or
+    the LoRA base's copy, sync_tmp_name, or a pointer's or the claim's temp file, pointer_tmp_tag), for
+    proc_info.process_alive; ticks None, boot "" for an older minilmd's name that records none; None for any other
+    name: another host's, or no sync's. The forms are not taken for each other: a random end (Dir.write_atomic's,
+    fresh_tmp_name's) holds no `-` and ends in `.tmp`, a boot tag follows `boot`."""
     copy = rf"{re.escape(TMP_PREFIX)}(?:step-[0-9]{{8,}}|init)-"
     files = "|".join(re.escape(n) for n in (LATEST, BEST, REMOTE_OWNER))  # a pointer's, the claim's (put_new)
-    m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-([0-9]+))??(?:-\w+\.tmp)?", name)
+    m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-([0-9]+))??{_BOOT_PART}"
+                     rf"(?:-\w+\.tmp)?", name)
     if not m:
         return None
-    return int(m.group(1)), None if m.group(2) is None else int(m.group(2))
+    return int(m.group(1)), None if m.group(2) is None else int(m.group(2)), m.group(3) or ""
 
 
 def remote_tmp_owner(name: str, host: str) -> int | None:
@@ -311,7 +325,7 @@ def remote_tmp_owner(name: str, host: str) -> int | None:
 
 
 def kept_name(name: str, tag: str, token: str) -> str:
-    """`init.kept-<host>-<pid>-<ticks>-<token>` beside a remote's `init` (tag: pointer_tmp_tag's): what stood
+    """`init.kept-<host>-<pid>-<ticks>-boot<tag>-<token>` beside a remote's `init` (tag: pointer_tmp_tag's): what stood
     there, which a push moved out to look at and could neither put back nor move into quarantine/ (another user's
     entry or a link there). Neither a temporary name (TMP_PREFIX) nor a step name: no clean-up, retention or
     Remote.make_tmp ever removes it; it may be the only copy of a base older checkpoints were trained on."""
@@ -325,18 +339,19 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def this_maker() -> tuple[str, int, int | None]:
-    """(host tag, pid, start ticks) of this process: what the temporary names it makes on a shared remote record
-    (sync_tmp_name, pointer_tmp_tag), so that a later sync tells it from a process given its pid since."""
-    from minilmd.proc_info import process_start_ticks
+def this_maker() -> tuple[str, int, int | None, str]:
+    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
+    record (sync_tmp_name, pointer_tmp_tag), so that a later sync tells it from a process given its pid since, or
+    its pid and start time in a later boot."""
+    from minilmd.proc_info import boot_tag, process_start_ticks
 
-    return host_tag(), os.getpid(), process_start_ticks(os.getpid())
+    return host_tag(), os.getpid(), process_start_ticks(os.getpid()), boot_tag()
 
 
-def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None) -> str:
+def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
     """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-<start
-    ticks>-...` (ticks None: an older minilmd's `.LATEST.<host>-<pid>-...`)."""
-    return f"{_maker(host, pid, ticks)}-"
+    ticks>-boot<boot tag>-...` (an older minilmd's: without `-boot<boot tag>`, or `.LATEST.<host>-<pid>-...`)."""
+    return f"{_maker(host, pid, ticks, boot)}-"
 
 
 def deleting_name(name: str, pid: int) -> str:
@@ -423,12 +438,12 @@ def split_file(split: str, name: str) -> str:
     return f"{split}/{name}"
 
 
-def prepare_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
-    """`.<out>.prepare-<host>-<pid>-<start ticks>` beside the output directory: a prepare in progress. The name says
-    which process made it, as an export's does (export_tmp_name), so that the next prepare removes it only once
-    that process is gone, a recycled pid told by its start time. Not `.<out>.tmp-...`: that is an export's to the
-    same path, which a prepare must never take for its own."""
-    return f".{out_name}.prepare-{host}-{pid}-{start_ticks}"
+def prepare_tmp_name(out_name: str, host: str, pid: int, start_ticks: int, boot: str = "") -> str:
+    """`.<out>.prepare-<host>-<pid>-<start ticks>-boot<boot tag>` beside the output directory: a prepare in progress.
+    The name says which process made it, as an export's does (export_tmp_name), so that the next prepare removes it
+    only once that process is gone, a recycled pid told by its start time, a later boot's process by the boot. Not
+    `.<out>.tmp-...`: that is an export's to the same path, which a prepare must never take for its own."""
+    return f".{out_name}.prepare-{_maker(host, pid, start_ticks, boot)}"
 
 
 def prepare_kept_prefix(out_name: str) -> str:
@@ -437,33 +452,37 @@ def prepare_kept_prefix(out_name: str) -> str:
     return f"{out_name}.kept-by-prepare"
 
 
-def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None] | None:
-    """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name (with or
-    without the random suffix minilmd/dirfd.py's make_temp adds), the aside_name of one (`prepare --force`'s older
-    output set aside), or an older minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None:
-    they record neither). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None, str] | None:
+    """(host, pid, start ticks, boot tag) of the prepare that made `name` for output `out_name`: a prepare_tmp_name
+    (with or without the random suffix minilmd/dirfd.py's make_temp adds), the aside_name of one (`prepare --force`'s
+    older output set aside), an older minilmd's without the boot (boot ""), or its `.<out>.tmp-<pid>` and
+    `.<out>.tmp-old-<pid>` (host and start time None, boot "": they record none). None for any other name, an
+    export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
-    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
-        return m.group(1), int(m.group(2)), int(m.group(3))
+    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+){_BOOT_PART}(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
+        return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or ""
     if m := re.fullmatch(rf"{out}tmp-(?:old-)?(\d+)", name):
-        return None, int(m.group(1)), None
+        return None, int(m.group(1)), None, ""
     return None
 
 
-def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
-    """`.<out>.tmp-<host>-<pid>-<start ticks>` beside an export's output file or directory, renamed into place when
-    complete. The name says which process made it: the next export to <out> removes it once that process is gone
-    (a SIGKILL leaves it), and tells a recycled pid by its start time (minilmd/procs.py). The host: --out may be
-    on a file system other hosts write too, where this host's pids say nothing."""
-    return f".{out_name}.tmp-{host}-{pid}-{start_ticks}"
+def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int, boot: str = "") -> str:
+    """`.<out>.tmp-<host>-<pid>-<start ticks>-boot<boot tag>` beside an export's output file or directory, renamed into
+    place when complete. The name says which process made it: the next export to <out> removes it once that process
+    is gone (a SIGKILL leaves it), and tells a recycled pid by its start time, a process of a later boot by the boot
+    (minilmd/proc_info.py process_alive). The host: --out may be on a file system other hosts write too, where this
+    host's pids say nothing."""
+    return f".{out_name}.tmp-{_maker(host, pid, start_ticks, boot)}"
 
 
-def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int] | None:
-    """(host, pid, start ticks) of the export that made the export_tmp_name `name` for output `out_name` (with or
-    without the random suffix minilmd/dirfd.py's make_temp adds), or the aside_name of one (what dirpublish.publish
-    sets aside on NFS); None for any other name."""
-    m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name)
-    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int, str] | None:
+    """(host, pid, start ticks, boot tag) of the export that made the export_tmp_name `name` for output `out_name`
+    (with or without the random suffix minilmd/dirfd.py's make_temp adds), or the aside_name of one (what
+    dirpublish.publish sets aside on NFS); boot "" for an older minilmd's name without one; None for any other
+    name."""
+    m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+){_BOOT_PART}(?:\.[0-9a-f]{{8}})?(?:\.old)?",
+                     name)
+    return (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or "") if m else None
 
 
 def old_export_tmp_name(out_name: str) -> str:

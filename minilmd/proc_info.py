@@ -2,6 +2,11 @@
 environment as started, the signals it catches, and of each thread the signals pending and blocked. The one parser
 of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/status).
 
+The one judge of "does the process a record names run": process_alive, by pid, start ticks and the boot the record
+was written in (a record of another boot names no process of this one; a record without a boot id, an older
+minilmd's, is judged by pid and start ticks as before). Every record of a process minilmd writes records this boot:
+boot_id() in a JSON record, boot_tag() (its first 8 hex digits) in a temporary name (minilmd/names.py).
+
 Readers only: nothing here signals. minilmd/procs.py, the one place that signals, proves a process the run's with
 these (and re-exports them: its callers ask it); daemon/child/stackdump.py asks them which processes of a hung
 trainer's group catch SIGUSR1, in which state each is, and whether its handler has returned (signal_masks). Linux
@@ -22,6 +27,10 @@ GONE_STATES = ("Z", "X")
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 """A random id the kernel makes at each boot: a (pid, start ticks) recorded under another names no process of this
 one, whatever runs under that pid and start time now (a service started at boot gets much the same of both)."""
+BOOT_TAG_LEN = 8
+"""The hex digits of the boot id a temporary name records (boot_tag): names are per host and must stay short; two
+boots of one host share their first 8 digits once in some 4 billion, and a record of the other is then judged by
+pid and start ticks alone, as a record without a boot id is."""
 MAX_STATUS_BYTES = 64 << 10
 """The most of a /proc/PID/status read (about 1.5 KiB in practice): a longer one is not known, never cut short."""
 
@@ -40,10 +49,26 @@ def boot_id() -> str:
         return ""
 
 
+def boot_tag() -> str:
+    """The first BOOT_TAG_LEN hex digits of this boot's id: what a temporary name records of its boot ("" where the
+    boot id cannot be read, or is not the kernel's hex form: the name then records none)."""
+    tag = boot_id()[:BOOT_TAG_LEN]
+    return tag if len(tag) == BOOT_TAG_LEN and all(c in "0123456789abcdef" for c in tag) else ""
+
+
+def recorded_boot(value: object) -> str:
+    """The boot id a JSON record holds (its "boot" field's value), "" where it holds none or no string: such a
+    record is judged as an older minilmd's, by pid and start ticks."""
+    return value if isinstance(value, str) else ""
+
+
 def of_another_boot(recorded: str) -> bool:
-    """Whether a record's boot id (`recorded`, "" in a record of an older minilmd) is another boot's than this one:
-    the machine has restarted since it was written."""
-    return bool(recorded) and bool(boot_id()) and recorded != boot_id()
+    """Whether a record's boot (`recorded`: a boot id, or a name's boot_tag; "" in a record of an older minilmd) is
+    another boot's than this one: the machine has restarted since it was written."""
+    this = boot_id()
+    if not recorded or not this:
+        return False
+    return recorded != (this[:BOOT_TAG_LEN] if len(recorded) == BOOT_TAG_LEN else this)
 
 
 def stat_fields(pid: int, read: Callable[[str], str] = _read_text) -> list[str] | None:
@@ -79,11 +104,15 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
-    """Whether process `pid` runs (not a zombie) and, when `start_ticks` is given, is the one that started then: a
-    recycled pid has another start time. A record that kept no start time (an older minilmd's) takes any live
-    process of that pid."""
-    if not pid or pid <= 0:
+def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "") -> bool:
+    """Whether the process a record names runs: process `pid` runs (not a zombie) and, when `start_ticks` is given,
+    is the one that started then (a recycled pid has another start time), and the record was written in this boot
+    (`boot`: its boot id or boot_tag; a service started at boot gets much the same pid and start ticks each boot, so
+    a record of another boot names none of this one's). A record that kept no start time, or no boot (an older
+    minilmd's), takes any live process of that pid, or of that pid and start time. The one judge of every record of
+    a process: state.json's supervisor, trainer.json and trainer.lock, the temporary names of a sync, an export, a
+    prepare."""
+    if not pid or pid <= 0 or of_another_boot(boot):
         return False
     ticks = process_start_ticks(pid)
     return ticks is not None and (start_ticks is None or ticks == start_ticks)

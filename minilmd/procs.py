@@ -1,10 +1,11 @@
 """A process's identity on this host, and the one way minilmd signals a process.
 
-Identity: a pid alone is recycled; the pid and its start time (field 22 of /proc/PID/stat, in clock ticks since
-boot) together name one process, so a record or a temporary name that outlives its process (trainer.json,
-state.json's supervisor, an export's temporary copy) can tell its maker from a later process with that pid. The
-readers of /proc (start time, state, group, uids, environment, caught signals) are minilmd/proc_info.py's, asked
-here too.
+Identity: a pid alone is recycled; the pid and its start time (field 22 of /proc/PID/stat, in clock ticks since boot)
+together name one process, so a record or a temporary name that outlives its process (trainer.json, state.json's
+supervisor, an export's temporary copy) can tell its maker from a later process with that pid; with the boot it records
+too (proc_info.process_alive), from a process of a later boot that got the same pid and start time (a service started at
+boot gets much the same each boot). The readers of /proc (start time, state, group, uids, environment, caught signals)
+are minilmd/proc_info.py's, asked here too.
 
 Signalling: every signal minilmd sends goes through this module (tests/test_one_way_to_signal.py lists every
 os.kill, os.killpg, pidfd_send_signal, send_signal, terminate and kill call in the source and fails on one outside
@@ -22,6 +23,10 @@ the lock's body: anyone who can write the run directory writes them) names its p
 - a process of the supervisor's own child's group: the kernel says the leader is our child, not yet reaped
   (waitid WNOWAIT), so its pid, the group's id, names no one else's group;
 - and each is signalled through a pidfd opened before these checks: a pid recycled meanwhile is never hit;
+- so a record written before the machine restarted reaches no process of this boot: a pid and start time it names
+  only narrow a proof, never make one; the proofs are the kernel's (a flock held now, our unreaped child) or ids
+  drawn at random in this boot and carried in the process's environment (a launch id, a supervisor id; trainer.json
+  of another boot names no launch at all, daemon/child/orphans.py);
 - a tracer (py-spy dump: ptrace stops the process while it reads it) is attached under the same proofs, made again
   right before it attaches and checked after it returns (`Launch.py_spy_dump`, `py_spy_dump_child`);
 - a Slurm job's steps (`scancel --signal`, which Slurm delivers to every task of them) only when the job is the one

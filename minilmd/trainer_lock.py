@@ -52,7 +52,7 @@ from minilmd import lockfile, names
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import is_disk_full
 from minilmd.place_rule import walk_to
-from minilmd.proc_info import process_alive
+from minilmd.proc_info import boot_id, process_alive, recorded_boot
 from minilmd.roomwords import no_room, top_of
 from minilmd.supervision import supervision
 from minilmd.untrusted import printable
@@ -194,8 +194,8 @@ def _past_strangers(where: Dir, fd: int, scratch: Path) -> int:
 
 
 def _body(supervised: bool, run_dir: Path, rank: int, launch: str | None) -> bytes:
-    """The lock file's body: who holds it, for a refused trainer's message and same_job."""
-    return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "supervised": supervised,
+    """The lock file's body: who holds it, for a refused trainer's message and same_job (its boot: _holder_gone)."""
+    return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "boot": boot_id(), "supervised": supervised,
                         "run_dir": str(run_dir), "rank": rank, "launch": launch}) + "\n").encode()
 
 
@@ -262,14 +262,15 @@ def _taken_or_holder(dir_fd: int, fd: int, rank: int, launch: str | None) -> dic
 
 
 def _holder_gone(body: dict) -> bool:
-    """Whether the lock's body names no holder alive: no pid, or a pid of this host that is gone (its lock then is
-    a probe's shared one, left_unheld, or the kernel's still letting go)."""
+    """Whether the lock's body names no holder alive: no pid, or a pid of this host that is gone, or one of another
+    boot (its lock then is a probe's shared one, left_unheld, or the kernel's still letting go; a body of another
+    boot is one a holder of this boot has not written over yet)."""
     pid, host = body.get("pid"), body.get("host")
     if not isinstance(pid, int) or pid <= 0:
         return True
     if host != socket.gethostname():
         return False  # another node's pid: not ours to judge
-    return not process_alive(pid)  # a zombie too: its lock went with its descriptors
+    return not process_alive(pid, None, recorded_boot(body.get("boot")))  # a zombie too: its lock went with its fds
 
 
 def left_unheld(scratch: Path) -> bool:

@@ -4,7 +4,6 @@ scratch and remote (the fixture `dirs`), a file damaged in place, and a remote w
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -16,8 +15,7 @@ from safetensors.numpy import save as save_tensors
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs.remote_local import LocalRemote
-from minilmd.names import DPO_REFERENCE, REFERENCE_PASS, host_tag
-from minilmd.proc_info import process_start_ticks
+from minilmd.names import DPO_REFERENCE, REFERENCE_PASS
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -103,8 +101,3 @@ KILL_MID_SYNC = textwrap.dedent("""
 """)
 """A sync SIGKILLed at its Nth put (argv: local, remote, N): what a crash half-way through a copy leaves."""
 
-
-def this_maker() -> tuple[str, int, int | None]:
-    """(host, pid, start ticks) of this process, as its syncs' temporary names on a remote record their maker
-    (names.sync_tmp_name, names.pointer_tmp_tag): the names a sync of this process will make."""
-    return host_tag(), os.getpid(), process_start_ticks(os.getpid())

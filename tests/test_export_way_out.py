@@ -2,7 +2,9 @@
 by it and removed again whether the export fails on a bug, is interrupted (Ctrl-C) or stopped (SIGTERM); an --out
 there before is left as it was. What a SIGKILL leaves is removed by the next export to that --out once its maker is
 gone, when it is this user's file or directory; a live export's copy refuses the second export; another user's
-copy, a link, another host's copy and an older minilmd's `.NAME.tmp` are left and said."""
+copy, a link, another host's copy and an older minilmd's `.NAME.tmp` are left and said. A copy named in another
+boot (`-boot<tag>`, the boot id's first 8 hex digits) is a dead export's, whatever process of this boot has its pid
+and start time now."""
 from __future__ import annotations
 
 import os
@@ -18,6 +20,7 @@ from typer.testing import CliRunner
 
 from minilmd import leftovers
 from minilmd.cli import app
+from minilmd.proc_info import boot_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user
 from waiting import wait_until
@@ -82,10 +85,12 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
         assert out.is_dir() and not any(out.iterdir())
 
 
-def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None) -> Path:
-    """The name an export (pid, start ticks) on `host` gives its temporary copy beside `out`: names.export_tmp_name,
-    spelled out as docs/operations.md does."""
-    return out.with_name(f".{out.name}.tmp-{host or socket.gethostname()}-{pid}-{ticks}")
+def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None, boot: str = "") -> Path:
+    """The name an export (pid, start ticks) on `host` in boot `boot` (a boot tag; "": an older minilmd's, which
+    records none) gives its temporary copy beside `out`: names.export_tmp_name, spelled out as docs/operations.md
+    does."""
+    name = f".{out.name}.tmp-{host or socket.gethostname()}-{pid}-{ticks}"
+    return out.with_name(name + (f"-boot{boot}" if boot else ""))
 
 
 def _export(checkpoint: Path, fmt: str, out: Path):
@@ -174,6 +179,29 @@ def test_this_users_leftover_of_a_dead_export_is_removed(checkpoint, tmp_path, f
     assert f"minilmd export: removed {theirs}: the temporary copy of an export" in result.output, result.output
     assert [p.name for p in out.parent.iterdir()] == [out.name]
     assert _exported(out, fmt)
+
+
+@pytest.mark.parametrize("boot", ["another", "this"])
+def test_a_copy_of_another_boot_is_removed_though_a_live_process_has_its_pid_and_start_time(checkpoint, tmp_path,
+                                                                                           sleeper, boot):
+    """An export cut by a reboot: its copy's name records the pid and start time of a process that runs now (a
+    sleeper's, as a service started at boot gets much the same each boot), and another boot's tag. Removed, said,
+    the export done (before: refused, "another export ... is writing it now", until removed by hand). The same name
+    with this boot's tag is the control: refused, as a live export's."""
+    assert boot_tag(), "this kernel gives no boot id"
+    out = _earlier_out(tmp_path, "minimind")
+    theirs = _tmp_of(out, *sleeper, boot="00000000" if boot == "another" else boot_tag())
+    theirs.write_bytes(b"half an export\n")
+    result = _export(checkpoint, "minimind", out)
+    if boot == "this":
+        assert result.exit_code == 2, result.output
+        assert f"{theirs}: another export to {out} is writing it now (pid {sleeper[0]})" in result.output
+        assert theirs.read_bytes() == b"half an export\n" and out.read_bytes() == EARLIER
+        return
+    assert result.exit_code == 0, result.output
+    assert f"minilmd export: removed {theirs}: the temporary copy of an export" in result.output, result.output
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+    assert _exported(out, "minimind")
 
 
 @pytest.mark.parametrize("fmt", ["minimind", "hf"])

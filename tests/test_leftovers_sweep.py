@@ -20,12 +20,12 @@ WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory"
 
 
 def _match(name: str) -> leftovers.Maker | None:
-    """`.out.m-HOST-PID-TICKS`, as the makers name theirs."""
+    """`.out.m-HOST-PID-TICKS`, as the makers name theirs (no boot recorded: an older minilmd's)."""
     head, _, rest = name.partition(".out.m-")
     if head or not rest:
         return None
     host, pid, ticks = rest.rsplit("-", 2)
-    return host, int(pid), int(ticks)
+    return host, int(pid), int(ticks), ""
 
 
 def _opened(path: Path) -> Dir:
@@ -55,7 +55,7 @@ def test_a_gone_makers_leftovers_are_removed_a_live_ones_told_and_others_untouch
 def test_its_own_name_is_skipped_and_its_own_pid_is_dead_only_when_asked(tmp_path):
     """A maker's own temporary name (`skip`) is never looked at; one of this process's pid (no start time
     recorded) is a live maker's, unless `mine_is_dead` (a checkpoint root, written by one process at a time)."""
-    me = (None, os.getpid(), None)
+    me = (None, os.getpid(), None, "")
     mine = tmp_path / ".out.m-mine"
     mine.mkdir()
     told: list[Path] = []

@@ -47,16 +47,58 @@ def test_every_temporary_checkpoint_name_is_hidden_and_carries_its_owner():
 
 
 def test_prepare_temporaries_carry_their_maker():
-    """A prepare's temporary names say host, pid and start time; an older minilmd's `.out.tmp-PID` is still read
-    (pid only); an export's `.out.tmp-HOST-PID-TICKS` to the same path is no prepare's."""
-    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900)
-    aside = names.aside_name(names.prepare_tmp_name("out", "h", 78, 901) + ".0123abcd")  # --force's aside
-    assert names.prepare_tmp_maker("out", aside) == ("h", 78, 901)
-    assert names.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None)
-    assert names.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None)
+    """A prepare's temporary names say host, pid, start time and boot tag; an older minilmd's without the boot, and
+    its `.out.tmp-PID` (pid only), are still read; an export's `.out.tmp-HOST-PID-TICKS-bootTAG` to the same path is
+    no prepare's."""
+    made = names.prepare_tmp_name("out", "h-1", 77, 900, "0123abcd")
+    assert made == ".out.prepare-h-1-77-900-boot0123abcd"
+    assert names.prepare_tmp_maker("out", made) == ("h-1", 77, 900, "0123abcd")
+    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900, "")
+    aside = names.aside_name(names.prepare_tmp_name("out", "h", 78, 901, "89abcdef") + ".0123abcd")  # --force's
+    assert names.prepare_tmp_maker("out", aside) == ("h", 78, 901, "89abcdef")
+    assert names.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None, "")
+    assert names.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None, "")
     assert names.prepare_tmp_maker("out", names.prepare_tmp_name("other", "h", 77, 900)) is None
     assert names.prepare_tmp_maker("out", names.export_tmp_name("out", "h", 77, 900)) is None
+    assert names.prepare_tmp_maker("out", names.export_tmp_name("out", "h", 77, 900, "0123abcd")) is None
     assert names.prepare_tmp_maker("out", ".out.tmp-notapid") is None
+
+
+@pytest.mark.parametrize("boot", ["", "0123abcd", "12345678"])  # a tag of digits alone too: never read as ticks
+def test_export_temporaries_carry_their_maker_and_boot(boot):
+    """An export's name reads back as made, the host's own `-` and digits kept apart from pid, ticks and boot."""
+    made = names.export_tmp_name("out", "node-7-b", 77, 900, boot)
+    assert names.export_tmp_maker("out", made) == ("node-7-b", 77, 900, boot)
+    assert names.export_tmp_maker("out", names.aside_name(made + ".0123abcd")) == ("node-7-b", 77, 900, boot)
+    assert names.prepare_tmp_maker("out", made) is None
+
+
+@pytest.mark.parametrize("boot", ["", "0123abcd", "12345678"])
+def test_a_syncs_remote_names_carry_their_maker_and_boot(boot):
+    """sync_tmp_name and pointer_tmp_tag (its random end too) read back as made; an older minilmd's forms still."""
+    copy = names.sync_tmp_name("step-00000012", "h", 77, 900, boot)
+    assert names.remote_tmp_maker(copy, "h") == (77, 900, boot)
+    assert names.remote_tmp_maker(names.fresh_tmp_name(copy, "0a1b2c3d"), "h") == (77, 900, boot)
+    pointer = names.atomic_tmp_prefix(names.LATEST) + names.pointer_tmp_tag("h", 77, 900, boot) + "x1y2z3.tmp"
+    assert names.remote_tmp_maker(pointer, "h") == (77, 900, boot)
+    assert names.remote_tmp_maker(names.sync_tmp_name("step-00000012", "h", 77), "h") == (77, None, "")
+    assert names.remote_tmp_maker(copy, "other") is None
+
+
+@pytest.mark.parametrize("name", [".out.tmp-h-77-900-boot0123abc", ".out.tmp-h-77-900-boot0123ABCD",
+                                  ".out.tmp-h-77-900-0123abcd", ".out.tmp-h-77-900-boot0123abcd\n",
+                                  ".out.tmp-h-77-900-boot0123abcdef"])
+def test_a_name_whose_boot_does_not_parse_is_not_an_exports(name):
+    assert names.export_tmp_maker("out", name) is None
+
+
+def test_a_boot_tag_is_written_only_in_its_one_form():
+    from minilmd.proc_info import BOOT_TAG_LEN, boot_tag
+
+    assert len(boot_tag()) == BOOT_TAG_LEN and names.export_tmp_maker(
+        "out", names.export_tmp_name("out", "h", 1, 2, boot_tag()))[3] == boot_tag()
+    with pytest.raises(ValueError, match="boot tag"):
+        names.sync_tmp_name("step-00000012", "h", 77, 900, "b366bf46-a766-47ad-82fa-66c0f6933a5a")
 
 
 def test_attempt_logs():

@@ -30,9 +30,10 @@ from minilmd.names import (
     remote_tmp_maker,
     remote_tmp_owner,
     sync_tmp_name,
+    this_maker,
 )
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
-from sync_helpers import EXPECTED, corrupt, save, this_maker, weights  # noqa: F401 - weights: a fixture
+from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
 
 VICTIM_TEXT = "export PATH=/usr/bin\n"
@@ -124,7 +125,7 @@ def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(
     without_blocking(syncer.sync_newest)
     assert (shared / at / "notes").read_text() == "theirs\n"
     assert sorted(os.listdir(shared)) == sorted([at, LATEST, "step-00000010"])
-    assert made[0] != at and remote_tmp_maker(made[0], host) == this_maker()[1:]  # this pid, its start time
+    assert made[0] != at and remote_tmp_maker(made[0], host) == this_maker()[1:]  # this pid, start time, boot
     assert sum("is already there" in m for m in logs) == 1, logs
 
 

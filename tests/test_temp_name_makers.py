@@ -17,7 +17,7 @@ import source_tree
 from minilmd import names
 from minilmd.dirfd import Dir
 
-HOST, PID, TICKS = "node-1", 4242, 90210
+HOST, PID, TICKS, BOOT = "node-1", 4242, 90210, "0123abcd"
 
 
 @pytest.fixture
@@ -39,26 +39,28 @@ def _made_file(here: Dir, prefix: str) -> str:
 
 
 def test_a_prepares_temporary_and_its_aside_name_their_maker(here):
-    prefix = names.prepare_tmp_name("out", HOST, PID, TICKS)
+    prefix = names.prepare_tmp_name("out", HOST, PID, TICKS, BOOT)
     tmp = _made_dir(here, prefix)
     for name in (prefix, tmp, names.aside_name(tmp)):
-        assert names.prepare_tmp_maker("out", name) == (HOST, PID, TICKS), name
+        assert names.prepare_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
         assert names.export_tmp_maker("out", name) is None, name  # an export to the same --out never takes it
     assert names.prepare_tmp_maker("out", names.prepare_kept_prefix("out") + ".0123abcd") is None  # the user's
 
 
 def test_an_exports_temporary_and_its_aside_name_their_maker(here):
-    prefix = names.export_tmp_name("out", HOST, PID, TICKS)
+    prefix = names.export_tmp_name("out", HOST, PID, TICKS, BOOT)
     tmp = _made_dir(here, prefix)
     for name in (prefix, tmp, names.aside_name(tmp)):
-        assert names.export_tmp_maker("out", name) == (HOST, PID, TICKS), name
+        assert names.export_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
         assert names.prepare_tmp_maker("out", name) is None, name
 
 
-@pytest.mark.parametrize("ticks", [TICKS, None])  # None: an older minilmd's names, which record no start time
-def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_and_start_time(here, ticks):
-    tag = names.pointer_tmp_tag(HOST, PID, ticks)
-    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID, ticks), names.sync_tmp_name("init", HOST, PID, ticks)]
+@pytest.mark.parametrize(("ticks", "boot"), [(TICKS, BOOT), (TICKS, ""), (None, "")])  # older minilmd's names: no
+# boot recorded, nor a start time
+def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_start_time_and_boot(here, ticks, boot):
+    tag = names.pointer_tmp_tag(HOST, PID, ticks, boot)
+    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID, ticks, boot),
+              names.sync_tmp_name("init", HOST, PID, ticks, boot)]
     made = [*copies, *(names.fresh_tmp_name(c, token) for c in copies for token in ("0123abcd", "01234567")),
             *(_made_file(here, names.atomic_tmp_prefix(f) + tag) for f in (names.LATEST, names.BEST,
                                                                             names.REMOTE_OWNER)),
@@ -68,7 +70,7 @@ def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_and_start_time(
                  and n not in made]
     assert len(made) == 11
     for name in made:
-        assert names.remote_tmp_maker(name, HOST) == (PID, ticks), name
+        assert names.remote_tmp_maker(name, HOST) == (PID, ticks, boot), name
         assert names.remote_tmp_owner(name, HOST) == PID, name
         assert names.remote_tmp_owner(name, "other_host") is None, name
 

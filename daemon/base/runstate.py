@@ -41,7 +41,7 @@ from minilmd.logread import new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.names import HEARTBEAT_MAX_BYTES
 from minilmd.perms import own_uid, owner_or_me, run_dir_owner
-from minilmd.proc_info import boot_id, of_another_boot
+from minilmd.proc_info import boot_id
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
     process_environ,
@@ -70,7 +70,7 @@ def supervisor_runs_here(sup: SupervisorInfo) -> bool:
     pid alone is whichever process has it now (recycled, another user's); the caller decides what another host's
     means (`sup.host`). A record of an earlier boot names none (a supervisor started at boot gets much the same pid
     and start time each boot)."""
-    return sup.start_ticks is not None and not of_another_boot(sup.boot) and process_alive(sup.pid, sup.start_ticks)
+    return sup.start_ticks is not None and process_alive(sup.pid, sup.start_ticks, sup.boot)
 
 
 # --- state.json ------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""Which processes are this run's: the trainer record (<run dir>/trainer.json: pid, start time, uid, host, launch
-id) and the orphan hunt. A restarted supervisor and `minilmd stop` signal only processes of the run directory's owner
-on this host that carry this run's directory and launch id and started no earlier than the recorded trainer, one by
-one, and only for the owner or root (minilmd/procs.py `Launch`: the one way to signal). Anyone can put
-MINILMD_RUN_DIR in an environment; no other user's process is ever signalled, even by root. Torch-free."""
+"""Which processes are this run's: the trainer record (<run dir>/trainer.json: pid, start time, boot, uid, host, launch
+id) and the orphan hunt. A restarted supervisor and `minilmd stop` signal only processes of the run directory's owner on
+this host that carry this run's directory and launch id and started no earlier than the recorded trainer, one by one,
+and only for the owner or root (minilmd/procs.py `Launch`: the one way to signal). Anyone can put MINILMD_RUN_DIR in an
+environment; no other user's process is ever signalled, even by root. Torch-free."""
 from __future__ import annotations
 
 import secrets
@@ -16,6 +16,7 @@ from pathlib import Path
 from minilmd import names, procs, pychild
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import signal_uid
+from minilmd.proc_info import boot_id, of_another_boot, recorded_boot
 from minilmd.procs import process_alive
 from minilmd.untrusted import Unreadable, read_json
 
@@ -31,16 +32,19 @@ REAP_S = 10.0
 def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid: int | None = None,
                   start_ticks: int | None = None) -> str:
     """Write trainer.json: written once before the launch (a supervisor killed during Popen still leaves the launch
-    id, uid and host) and again with the trainer's pid and start time. Returns the launch id."""
+    id, uid and host) and again with the trainer's pid and start time. Returns the launch id. It records this boot
+    (proc_info.boot_id): after a restart of the machine it names no process of the new boot."""
     launch_id = launch_id or secrets.token_hex(16)
     atomic_write_json(run_dir / names.TRAINER_RECORD,
                       {"launch_id": launch_id, "uid": signal_uid(), "host": socket.gethostname(), "attempt": attempt,
-                       "pid": pid, "start_ticks": start_ticks, "time": time.time()})
+                       "pid": pid, "start_ticks": start_ticks, "boot": boot_id(), "time": time.time()})
     return launch_id
 
 
 def _read_record(scope: procs.RunScope) -> dict | None:
-    """trainer.json if it names a trainer the run directory's owner launched on this host, else None."""
+    """trainer.json if it names a trainer the run directory's owner launched on this host in this boot (a record
+    without a boot id, an older minilmd's, is taken as this boot's), else None: a record of another boot names no
+    process that runs now, whatever has its pid and start time (a service started at boot gets much the same)."""
     try:  # a regular file of the owner's only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
         record = read_json(scope.run_dir / names.TRAINER_RECORD if scope.dir_fd is None else names.TRAINER_RECORD,
                            max_bytes=names.TRAINER_RECORD_MAX_BYTES, owner=scope.owner, dir_fd=scope.dir_fd)
@@ -49,6 +53,8 @@ def _read_record(scope: procs.RunScope) -> dict | None:
     if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
         return None
     if record.get("uid") != scope.owner or record.get("host") != socket.gethostname():  # as record_launch wrote it
+        return None
+    if of_another_boot(recorded_boot(record.get("boot"))):
         return None
     return record
 

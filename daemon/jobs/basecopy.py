@@ -102,14 +102,14 @@ def copy_in_place(remote: RemoteStore, staged: Path | None, trained_on: dict | N
 
 def push_or_say(remote: RemoteStore, staged: Path, host: str, pid: int, taken,
                 passes: tuple[type[BaseException], ...] = (),
-                ticks: int | None = None) -> tuple[int, str | None, BaseException | None]:
+                ticks: int | None = None, boot: str = "") -> tuple[int, str | None, BaseException | None]:
     """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does, the error
     the copy failed with: None when it did not); a copy that fails (an OSError, a backend error, BaseCopyError: all
     "try again at the next sync") is such a why too, and its error tells a full remote (ENOSPC, EDQUOT: the last
     sync waits for room) from any other. `passes`: what is raised on, not said (the sync's SyncAbandoned: the whole
     sync stops there)."""
     try:
-        pushed = push_found(remote, staged, host, pid, taken, ticks)
+        pushed = push_found(remote, staged, host, pid, taken, ticks, boot)
     except passes:
         raise
     except Exception as e:  # noqa: BLE001
@@ -173,18 +173,18 @@ def push(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lambda fo
 
 
 def push_found(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lambda found, fresh: None,
-               ticks: int | None = None) -> Pushed:
+               ticks: int | None = None, boot: str = "") -> Pushed:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or the
     remote holds the copy of another base, which is never replaced: it may be the only copy of the weights older
     checkpoints were trained on; so is one another machine published after the record's read, by the time this copy is
     renamed into place on a local remote: only this push's copy is removed then), and why the remote holds no copy of it
     then (Pushed.missing, from the record this push read). OSError or BaseCopyError for the sync to retry; a half copy
-    is never left behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours. `ticks`: the
-    maker's start time, which the temporary name records after its pid (names.sync_tmp_name; None: not recorded). On a
-    store without rename (an fsspec URL) the copy is written in place, after what stands at `init` is removed, and only
-    when the record read again just before that removal is still the one first read (0 otherwise, as for another's): a
-    copy another machine publishes there in the window left, between that second read and the removal (one round trip to
-    the store), is still removed."""
+    is never left behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours. `ticks`, `boot`:
+    the maker's start time and boot tag, which the temporary name records after its pid (names.sync_tmp_name; None, "":
+    not recorded). On a store without rename (an fsspec URL) the copy is written in place, after what stands at `init`
+    is removed, and only when the record read again just before that removal is still the one first read (0 otherwise,
+    as for another's): a copy another machine publishes there in the window left, between that second read and the
+    removal (one round trip to the store), is still removed."""
     hashes = _recorded(staged)
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced
@@ -195,7 +195,7 @@ def push_found(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lam
     # look as close to the removal as it can be (see the docstring for what remains)
     if not remote.renames_into_place and (again := _remote_record(remote)) != found:
         return _as_found(remote, staged, hashes, again)
-    target = sync_tmp_name(REMOTE_BASE, host, pid, ticks) if remote.renames_into_place else REMOTE_BASE
+    target = sync_tmp_name(REMOTE_BASE, host, pid, ticks, boot) if remote.renames_into_place else REMOTE_BASE
     # what an earlier push of this process left under this name, when it could neither put back nor set aside what
     # stood at `init`, is another base's copy: a fresh name then, never that one removed
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken,

@@ -285,12 +285,12 @@ def _renumbered(made: Made) -> bool:
 
 def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
     """None when `name`, recorded by this run on a share that renumbers its inodes, is proven its half copy by what its
-    name and contents say: a checkpoint's temporary copy of this host (`.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>`, an
-    older minilmd's without `-<ticks>`) whose sync is over (no process of that pid and start time, or this process's: no
-    other sync of it runs while one cleans), holding no manifest or one of its step (a step directory of this run's
-    renamed to that name by another user says its own step: left; the owner check is remote_write.not_made_here's,
-    before this). A LoRA base's copy is never proven so."""
-    maker = remote_tmp_maker(name, host_tag())  # (pid, start ticks): a recycled pid is no live sync
+    name and contents say: a checkpoint's temporary copy of this host (`.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>-boot
+    <tag>`, an older minilmd's without `-boot<tag>` or `-<ticks>`) whose sync is over (no process of that pid and
+    start time in that boot, or this process's: no other sync of it runs while one cleans), holding no manifest or
+    one of its step (a step directory of this run's renamed to that name by another user says its own step: left;
+    the owner check is remote_write.not_made_here's, before this). A LoRA base's copy is never proven so."""
+    maker = remote_tmp_maker(name, host_tag())  # (pid, start ticks, boot): a recycled pid is no live sync
     step = leading_step(name.removeprefix(TMP_PREFIX)) if name.startswith(TMP_PREFIX) else None
     if maker is None or step is None or (maker[0] != os.getpid() and process_alive(*maker)):
         return "not a checkpoint's copy by a sync of this host that is over"

@@ -320,10 +320,10 @@ class Syncer(CopyUp, Fetcher):
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
         self.watch.reading(f"copying the LoRA base to {self.remote.show(basecopy.REMOTE_BASE)}")
-        host, pid, ticks = this_maker()
+        host, pid, ticks, boot = this_maker()
         nbytes, self.base_problem, error = basecopy.push_or_say(self.remote, self.base, host, pid,
                                                                 taken=self._base_taken, passes=(SyncAbandoned,),
-                                                                ticks=ticks)
+                                                                ticks=ticks, boot=boot)
         self.base_full = RemoteFull(self.base_problem or "", self.remote.free(), self.remote.inodes_if_none_left(),
                                     basecopy.staged_bytes(self.base)) if error is not None and is_disk_full(error) \
             else None

@@ -1,12 +1,12 @@
 """What an interrupted sync left on the remote, cleaned up at the start of the next (Syncer.sync_newest's step 1).
 
 The `.tmp-*` copies and pointer temp files an interrupted sync of this host left (its process gone: its pid, and the
-start time the name records, so that a recycled pid is no live maker; or this process's) are removed; the remote is a
-shared path, so a temporary name of another host, or one without a host (publish_dir's), may be a copy in progress
-there, and is looked at only once it is STALE_TMP_SECONDS old. Either is removed only when proven this run's
-(LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename the run's checkpoint to such a
-name), else left and said. One that holds another LoRA base's copy (what stood at `init`, left by a push killed while it
-looked at it) is quarantined instead. Torch-free.
+start time and boot the name records, so that a recycled pid, or a process of a later boot, is no live maker; or this
+process's) are removed; the remote is a shared path, so a temporary name of another host, or one without a host
+(publish_dir's), may be a copy in progress there, and is looked at only once it is STALE_TMP_SECONDS old. Either is
+removed only when proven this run's (LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename
+the run's checkpoint to such a name), else left and said. One that holds another LoRA base's copy (what stood at `init`,
+left by a push killed while it looked at it) is quarantined instead. Torch-free.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
     for n in names:
         if not n.startswith((TMP_PREFIX, *(atomic_tmp_prefix(f) for f in (LATEST, BEST, REMOTE_OWNER)))):
             continue
-        maker = remote_tmp_maker(n, host_tag())  # its start time tells its maker from a process of its pid since
+        maker = remote_tmp_maker(n, host_tag())  # its start time and boot tell its maker from a later process
         if not ((maker is not None and (maker[0] == os.getpid() or not process_alive(*maker)))
                 or remote.age(n) > STALE_TMP_SECONDS):
             continue

@@ -198,18 +198,17 @@ def export(
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
-    Written as .OUT.tmp-HOST-PID-TICKS.RANDOM (this host, pid and start time, 8 random hex digits) beside --out
-    and renamed onto it when complete; that temporary copy is removed on every other way out (an error, Ctrl-C,
-    SIGTERM), and an --out there before is left as it was. One a killed export left (SIGKILL, OOM) is removed by
-    the next export to that --out,
-    and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
-    or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
-    exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
-    rearrange, without --group-share; a .pth already there without --force; a directory for minimind's .pth, with
-    --force or without; a directory not empty, or another user's), 74 the export could not be written (the message
-    says why: a full disk or quota with the room left, permission denied, a read-only or failing file system) or the
-    checkpoint could not be read (whose place it is when the permission is missing), 130 interrupted (Ctrl-C,
-    SIGTERM, SIGHUP)."""
+    Written as .OUT.tmp-HOST-PID-TICKS-bootTAG.RANDOM (this host, pid, start time and boot, 8 random hex digits) beside
+    --out and renamed onto it when complete; that temporary copy is removed on every other way out (an error, Ctrl-C,
+    SIGTERM), and an --out there before is left as it was. One a killed export left (SIGKILL, OOM) is removed by the
+    next export to that --out, and said, when its process is gone and it is your own file or directory; another user's,
+    a link, another host's or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument
+    that cannot be exported, 2 an --out it must not write (a symbolic link; another export to it still running; a
+    directory others can rearrange, without --group-share; a .pth already there without --force; a directory for
+    minimind's .pth, with --force or without; a directory not empty, or another user's), 74 the export could not be
+    written (the message says why: a full disk or quota with the room left, permission denied, a read-only or failing
+    file system) or the checkpoint could not be read (whose place it is when the permission is missing), 130 interrupted
+    (Ctrl-C, SIGTERM, SIGHUP)."""
     from minilmd import perms
 
     if share_problem := perms.problem(share, "--share"):

@@ -257,14 +257,14 @@ _WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
     """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name), looked at
-    and removed in `parent`, the directory of --out opened once (through its descriptor, each only while its name
-    leads to what was looked at: leftovers.sweep's Dir). One whose export still runs (its pid alive with the start
-    time the name records) is left, and this export refused: two exports to one --out at once would publish over
-    each other. One whose export is gone (a SIGKILL, an OOM kill, a power loss leave it; a recycled pid has another
-    start time) is removed when it is this user's own file or directory, and said. Left as they are, and said,
-    while this export goes on under its own name: a symbolic link (never followed), another user's copy (never
-    deleted for them), anything but a file or a directory, another host's copy (its pid says nothing here), and an
-    older minilmd's `.NAME.tmp`. The loop is leftovers.sweep, shared with the clean-ups of prepare, append and a
+    and removed in `parent`, the directory of --out opened once (through its descriptor, each only while its name leads
+    to what was looked at: leftovers.sweep's Dir). One whose export still runs (its pid alive with the start time the
+    name records) is left, and this export refused: two exports to one --out at once would publish over each other. One
+    whose export is gone (a SIGKILL, an OOM kill, a power loss leave it; a recycled pid has another start time, a
+    process of a later boot another boot) is removed when it is this user's own file or directory, and said. Left as
+    they are, and said, while this export goes on under its own name: a symbolic link (never followed), another user's
+    copy (never deleted for them), anything but a file or a directory, another host's copy (its pid says nothing here),
+    and an older minilmd's `.NAME.tmp`. The loop is leftovers.sweep, shared with the clean-ups of prepare, append and a
     checkpoint root."""
     def refuse(path: Path, pid: int) -> None:
         raise OutRefused(f"{path}: another export to {out} is writing it now (pid {pid}); two exports to one --out "

@@ -84,13 +84,14 @@ _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary direc
 
 
 def _remove_stale_tmp(parent: Dir, out: Path, ours: str, say: leftovers.Say) -> None:
-    """What killed prepares to `out` left beside it (a SIGKILL leaves no chance to clean up), by prepare's own
-    names only (names.prepare_tmp_maker: never an export's `.OUT.tmp-HOST-PID-TICKS` to the same path, whose last
-    number is no pid). Removed once its maker is gone (a recycled pid has another start time) when it is this
-    user's own directory; a link, another user's entry, anything but a directory, another host's are left and
-    said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare of this
-    host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts meanwhile;
-    `parent`: the lock's, the directory of `out` judged and opened once (looked at and removed through it)."""
+    """What killed prepares to `out` left beside it (a SIGKILL leaves no chance to clean up), by prepare's own names
+    only (names.prepare_tmp_maker: never an export's `.OUT.tmp-HOST-PID-TICKS-bootTAG` to the same path, whose numbers
+    are no prepare's). Removed once its maker is gone (a recycled pid has another start time, a process of a later boot
+    another boot) when it is this user's own directory; a link, another user's entry, anything but a directory, another
+    host's are left and said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare
+    of this host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts
+    meanwhile; `parent`: the lock's, the directory of `out` judged and opened once (looked at and removed through
+    it)."""
     leftovers.sweep(parent, lambda name: prepare_tmp_maker(out.name, name), _WORDS, say, out=out, skip=ours,
                     on_running=leftovers.say_running(_WORDS, say))
 
@@ -129,11 +130,11 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         assert parent is not None
         # again, under the lock, through the locked directory: what --force may replace, by its identity
         replaces = _replaceable_at(parent, out, force, group_share)
-        host, pid, ticks = leftovers.me()
+        maker = leftovers.me()
         if not group_share:  # in a team directory a name proves nothing: leftovers are the user's to remove there
             _remove_stale_tmp(parent, out, "", leftovers.stderr_say("prepare"))
         hold_for_test()
-        tmp, tmp_name = parent.make_temp(prepare_tmp_name(out.name, host, pid, ticks))  # 0700, a random name
+        tmp, tmp_name = parent.make_temp(prepare_tmp_name(out.name, *maker))  # 0700, a random name
         try:
             meta = _prepare_into(tmp, parent, out, sources, tok, opts, progress, log)
             open_prepared(tmp.inside)  # the invariants, checked by the same code the trainer runs
