@@ -32,7 +32,9 @@ from minilmd import trainer_lock
 out = Path(os.environ["LOCK_TEST_OUT"])
 cfg = SimpleNamespace(scratch_dir=Path(os.environ["LOCK_TEST_SCRATCH"]), run_dir=Path(os.environ["LOCK_TEST_RUN"]))
 trainer_lock.hold_for(cfg)
-(out / ("rank" + os.environ["RANK"])).write_text(f"{os.getpid()} {os.environ['LOCAL_RANK']} {len(trainer_lock._held)}")
+part = out / ("rank" + os.environ["RANK"] + ".part")  # renamed into place: a reader never sees it half written
+part.write_text(f"{os.getpid()} {os.environ['LOCAL_RANK']} {len(trainer_lock._held)}")
+part.rename(out / ("rank" + os.environ["RANK"]))
 while not (out / "go").exists():
     time.sleep(0.05)
 """
