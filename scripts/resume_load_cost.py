@@ -74,7 +74,7 @@ def _load_mmap(path: Path) -> tuple:
 
 def _load_bytes(path: Path) -> tuple:
     """ef0bd47's for_loading and load_carrying, their reading as it was: each file hashed into a BytesIO
-    (checkpoint._hashed_bytes), all held, then safetensors.torch.load of the model's and the optimizer's bytes."""
+    (checkpoint.hashed_bytes), all held, then safetensors.torch.load of the model's and the optimizer's bytes."""
     from safetensors.torch import load
 
     from minilmd.checkpoint import MAX_JSON_PART, read_manifest
