@@ -105,15 +105,17 @@ def run_roots(run_dir: Path) -> RunRoots:
     run.remote then, or when that run.toml cannot be used."""
     from minilmd.config import ConfigError
     from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.init_place import open_named
     from minilmd.perms import run_dir_owner
     from minilmd.run_config_copy import run_config_of
     from minilmd.scratch_root import RecordUnreadable, not_looked_in
 
     try:
-        cfg = run_config_of(run_dir, train_tokens_of=corpus_train_tokens)
+        with open_named(run_dir) as opened:  # once: run.toml and the owner its scratch is judged for, of one directory
+            cfg = run_config_of(run_dir, opened.fd, train_tokens_of=corpus_train_tokens)
+            if (owner := run_dir_owner(run_dir, opened.fd)) is None:
+                raise OSError("the run directory cannot be looked at now")
         roots = checkpoint_roots(cfg)  # a default scratch in a private root: run.dir's record names it
-        if (owner := run_dir_owner(run_dir)) is None:  # its run.toml read a moment ago: gone since
-            raise OSError("the run directory cannot be looked at now")
         squatted = not_looked_in(cfg.scratch_dir, owner)  # another user's: no run of ours went there
         if squatted and len(roots) == 1:
             raise RunDirUnusable(f"{run_dir}: its scratch is not looked in: {squatted}")
