@@ -45,10 +45,10 @@ def lost(scratch: Path, before) -> str | None:
         st = os.lstat(scratch)
     except FileNotFoundError:
         return f"{scratch} is not there any more"
-    if (st.st_dev, st.st_ino) != (before.dev, before.ino):
+    if not _is_claimed(st, before):
         return f"{scratch} is another directory now (device {st.st_dev}, inode {st.st_ino}; the one claimed was " \
                f"device {before.dev}, inode {before.ino})"
-    if not os.path.lexists(scratch / SCRATCH_OWNER):
+    if _marker_gone(scratch):
         return f"{scratch} is the directory this run claimed, but its {SCRATCH_OWNER} is gone (partly removed)"
     return None
 
@@ -65,8 +65,18 @@ def partly_removed(scratch: Path, before) -> bool:
         st = os.lstat(scratch)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (before.dev, before.ino) and owned_by_me(st) \
-        and not os.path.lexists(scratch / SCRATCH_OWNER)  # owned_by_me: a claimed scratch is its user's
+    # owned_by_me: a claimed scratch is its user's
+    return stat.S_ISDIR(st.st_mode) and _is_claimed(st, before) and owned_by_me(st) and _marker_gone(scratch)
+
+
+def _is_claimed(st: os.stat_result, before) -> bool:
+    """`st` (lstat of the scratch path now) is the directory claimed (`before`: its Identity then)."""
+    return (st.st_dev, st.st_ino) == (before.dev, before.ino)
+
+
+def _marker_gone(scratch: Path) -> bool:
+    """The claimed directory's owner record is gone: what an `rm -rf` that raced a save leaves (partly removed)."""
+    return not os.path.lexists(scratch / SCRATCH_OWNER)
 
 
 def partly_removed_words(scratch: Path) -> str:
