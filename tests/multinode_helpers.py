@@ -2,6 +2,8 @@
 joined by torchrun's c10d rendezvous on 127.0.0.1, each in the restart loop docs/operations.md gives a server."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,18 +28,45 @@ def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1, local
                           f"echo \"restart $attempt\"; sleep 1; done; exit 1"]
 
 
+NODES_END_S = 240
+"""How long the nodes of one test get to end: 20-70 s on 2 cores beside other multi-node tests."""
+STOP_S = 60
+"""How long a torchrun SIGTERMed at the test's end gets to stop its ranks (torchrun's own grace is 30 s)."""
+
+
 def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
-    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses."""
+    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses. Nodes still
+    running after NODES_END_S fail the test with the end of every log (what each torchrun waited on). Each runs in a
+    session of its own, stopped as a whole at the end: a SIGKILL of bash alone left its torchrun, and torchrun's
+    ranks (sessions of their own), training into the other tests' time."""
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
-    for i, (command, env) in enumerate(commands):
-        with open(logs / f"node{i}.log", "wb") as out:
-            procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                          env=env_for(fake=False, **env)))
     try:
-        return [p.wait(240) for p in procs]
+        for i, (command, env) in enumerate(commands):
+            with open(logs / f"node{i}.log", "wb") as out:
+                procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                              env=env_for(fake=False, **env)))
+        try:
+            return [p.wait(NODES_END_S) for p in procs]
+        except subprocess.TimeoutExpired:
+            _stop(procs)
+            tails = "\n".join(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}"
+                               for log in sorted(logs.iterdir()))
+            raise AssertionError(f"the nodes had not ended after {NODES_END_S} s; the end of each log:\n{tails}"
+                                 ) from None
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each running node's session (bash's trap and torchrun, which stops its ranks), SIGKILL after
+    STOP_S to whatever is left of it."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        os.killpg(p.pid, signal.SIGTERM)
+    for p in running:
+        try:
+            p.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
