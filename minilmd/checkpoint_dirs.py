@@ -23,8 +23,8 @@ from minilmd.names import (
     REASON_FILE,
     is_step_name,
     quarantine_name,
+    root_tmp_maker,
     step_of,
-    tmp_owner_pid,
 )
 from minilmd.perms import own_link, owned_by_me
 from minilmd.untrusted import Unreadable, listed, printable, read_bytes
@@ -189,6 +189,6 @@ def _own_linked_root(root: Path, say: leftovers.Say) -> Dir | None:
 
 
 def _tmp_maker(name: str) -> leftovers.Maker | None:
-    """A `.tmp-...-PID` name's maker: this host's (a root's writers are local), no start time nor boot recorded."""
-    pid = tmp_owner_pid(name)
-    return None if pid is None else (None, pid, None, "")
+    """A `.tmp-...` name's maker (names.root_tmp_maker): this host's, since a root's writers are local."""
+    maker = root_tmp_maker(name)
+    return None if maker is None else (None, *maker)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, read_manifest, validate
 from minilmd.checkpoint_contents import reference_pass
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
-from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, deleting_name, step_of
+from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, deleting_name, step_of, this_process
 from minilmd.supervision import supervision
 from minilmd.urls import is_url
 
@@ -281,7 +281,7 @@ def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLik
         if path.resolve() in protected:
             continue
         # Rename first: readers never see a half-deleted directory with its manifest still in place.
-        doomed = root / deleting_name(path.name, os.getpid())
+        doomed = root / deleting_name(path.name, *this_process())
         try:
             os.rename(path, doomed)
         except FileNotFoundError:

@@ -27,7 +27,7 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.dirpublish import publish
-from minilmd.names import atomic_tmp_prefix, replaced_name
+from minilmd.names import atomic_tmp_prefix, replaced_name, this_process
 from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
 
@@ -147,7 +147,7 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if tmp_dir.parent != final_dir.parent or (aside is not None and Path(aside).parent != final_dir.parent):
         raise ValueError(f"{tmp_dir}: published only beside {final_dir} (a rename in one directory)")
-    aside_name = Path(aside).name if aside is not None else replaced_name(final_dir.name, os.getpid())
+    aside_name = Path(aside).name if aside is not None else replaced_name(final_dir.name, *this_process())
     with dirfd.Dir(os.open(final_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), final_dir.parent) as parent:
         tmp = dirfd.Dir.at(parent, tmp_dir.name)
         try:

@@ -234,7 +234,9 @@ PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig
 
 _STEP_DIR = re.compile(r"step-([0-9]{8,})")  # fullmatch: "step-00000001\n" is another name; so is one of
 # other scripts' digits, which int() would read as a step
-_TMP_DIR = re.compile(r"\.tmp-.*-([0-9]+)")
+_TMP_DIR = re.compile(r"\.tmp-.*-([0-9]+)(?:-([0-9]+)-boot([0-9a-f]{8}))?")
+"""A checkpoint root's temporary name (root_tmp_maker): its maker's pid, then its start ticks and boot tag (absent
+in an older minilmd's names, and where they cannot be read)."""
 
 
 def step_name(step: int) -> str:
@@ -268,21 +270,32 @@ def leading_step(name: str) -> int | None:
     return int(m.group(1)) if m and name[m.end():m.end() + 1] == "-" else None
 
 
-def save_tmp_name(step: int, pid: int) -> str:
-    """`.tmp-step-00001234-<pid>`: a save in progress (removed by the next trainer once <pid> is gone)."""
-    return f"{TMP_PREFIX}{step_name(step)}-{pid}"
-
-
-def fetch_tmp_name(name: str, pid: int) -> str:
-    """A download of checkpoint `name` from the remote into scratch, in progress."""
-    return f"{TMP_PREFIX}{name}-fetch-{pid}"
-
-
 _BOOT_TAG = re.compile(r"[0-9a-f]{8}")
 """A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN (8) hex digits of the boot id."""
 _BOOT_PART = r"(?:-boot([0-9a-f]{8}))?"
 """The boot after a maker's pid and start ticks in a temporary name (`-boot<boot tag>`; absent in an older
 minilmd's names): a word before it, so that no older name, which ends in a number, reads as one of these and back."""
+
+
+def _root_maker(pid: int, ticks: int | None, boot: str) -> str:
+    """`<pid>-<start ticks>-boot<boot tag>`: the process that made a checkpoint root's temporary name (a root's
+    writers are this host's: no host), so that the next trainer removes it only once that process is gone, a
+    recycled pid told by its start time, a process of a later boot by the boot (scratch may be a local disk, which a
+    reboot keeps). `<pid>` alone where either cannot be read: the older form, judged by the pid."""
+    if boot and not _BOOT_TAG.fullmatch(boot):
+        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
+    return f"{pid}-{ticks}-boot{boot}" if ticks is not None and boot else f"{pid}"
+
+
+def save_tmp_name(step: int, pid: int, ticks: int | None = None, boot: str = "") -> str:
+    """`.tmp-step-00001234-<pid>-<start ticks>-boot<boot tag>`: a save in progress (removed by the next trainer once
+    its maker is gone: root_tmp_maker)."""
+    return f"{TMP_PREFIX}{step_name(step)}-{_root_maker(pid, ticks, boot)}"
+
+
+def fetch_tmp_name(name: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
+    """A download of checkpoint `name` from the remote into scratch, in progress."""
+    return f"{TMP_PREFIX}{name}-fetch-{_root_maker(pid, ticks, boot)}"
 
 
 def _maker(host: str, pid: int, ticks: int | None, boot: str = "") -> str:
@@ -339,13 +352,19 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def this_maker() -> tuple[str, int, int | None, str]:
-    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
-    record (sync_tmp_name, pointer_tmp_tag), so that a later sync tells it from a process given its pid since, or
-    its pid and start time in a later boot."""
+def this_process() -> tuple[int, int | None, str]:
+    """(pid, start ticks, boot tag) of this process: what the temporary names it makes record of it (a checkpoint
+    root's: save_tmp_name...; with the host, this_maker), so that a later clean-up tells it from a process given
+    its pid since, or its pid and start time in a later boot."""
     from minilmd.proc_info import boot_tag, process_start_ticks
 
-    return host_tag(), os.getpid(), process_start_ticks(os.getpid()), boot_tag()
+    return os.getpid(), process_start_ticks(os.getpid()), boot_tag()
+
+
+def this_maker() -> tuple[str, int, int | None, str]:
+    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
+    record (sync_tmp_name, pointer_tmp_tag)."""
+    return host_tag(), *this_process()
 
 
 def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
@@ -354,14 +373,14 @@ def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None, boot: str = "
     return f"{_maker(host, pid, ticks, boot)}-"
 
 
-def deleting_name(name: str, pid: int) -> str:
+def deleting_name(name: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
     """A checkpoint being pruned: renamed first, so that no reader sees a half-deleted one with its manifest."""
-    return f"{TMP_PREFIX}deleting-{name}-{pid}"
+    return f"{TMP_PREFIX}deleting-{name}-{_root_maker(pid, ticks, boot)}"
 
 
-def replaced_name(name: str, pid: int) -> str:
+def replaced_name(name: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
     """A directory moved aside by fsio.publish_dir to make room for its new version, removed right after."""
-    return f"{TMP_PREFIX}replaced-{name}-{pid}"
+    return f"{TMP_PREFIX}replaced-{name}-{_root_maker(pid, ticks, boot)}"
 
 
 def atomic_tmp_prefix(name: str) -> str:
@@ -395,10 +414,15 @@ def part_name(name: str) -> str:
     return f"{name}.part"
 
 
-def tmp_owner_pid(name: str) -> int | None:
-    """The pid at the end of a checkpoint root's temporary name (`.tmp-...-<pid>`), None for other names."""
+def root_tmp_maker(name: str) -> tuple[int, int | None, str] | None:
+    """(pid, start ticks, boot tag) of the process that made a checkpoint root's temporary name (`.tmp-...-<pid>-<start
+    ticks>-boot<boot tag>`: save_tmp_name, fetch_tmp_name, deleting_name, replaced_name), for
+    proc_info.process_alive; ticks None, boot "" for a name that records only the pid (an older minilmd's); None for
+    other names."""
     m = _TMP_DIR.fullmatch(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    return int(m.group(1)), None if m.group(2) is None else int(m.group(2)), m.group(3) or ""
 
 
 def quarantine_name(name: str, stamp: str, n: int = 1) -> str:

@@ -42,8 +42,8 @@ def test_every_temporary_checkpoint_name_is_hidden_and_carries_its_owner():
             names.replaced_name("step-00000012", 4242)]
     for name in made:
         assert name.startswith(names.TMP_PREFIX) and not names.is_step_name(name)
-        assert names.tmp_owner_pid(name) == 4242, name
-    assert names.tmp_owner_pid("step-00000012") is None and names.tmp_owner_pid("LATEST") is None
+        assert names.root_tmp_maker(name) == (4242, None, "") or names.remote_tmp_owner(name, "host_a") == 4242, name
+    assert names.root_tmp_maker("step-00000012") is None and names.root_tmp_maker("LATEST") is None
 
 
 def test_prepare_temporaries_carry_their_maker():
@@ -104,7 +104,7 @@ def test_a_boot_tag_is_written_only_in_its_one_form():
 def test_attempt_logs():
     assert names.attempt_log_name(3) == "attempt-0003.log" and names.is_attempt_log("attempt-0003.log")
     assert not names.is_attempt_log("attempt-3.txt") and not names.is_attempt_log("attempt-0003.log\n")
-    assert names.tmp_owner_pid(".tmp-step-00000012-4242\n") is None  # a planted name with a newline is another one
+    assert names.root_tmp_maker(".tmp-step-00000012-4242\n") is None  # a planted name with a newline is another one
     assert names.remote_tmp_owner(".tmp-step-00000012-h-\u0664\u0662", "h") is None
 
 

@@ -6,7 +6,8 @@ Every process here is real and alive while the record is judged; only the boot t
 record with this boot's id is the control, and a record without a boot id (an older minilmd's) is judged by pid and
 start ticks as before. The other surfaces' tests: tests/test_remote_tmp_recycled_pid.py (a sync's temporary names on
 the remote), tests/test_export_way_out.py and tests/test_prepare_leftovers.py (an export's and a prepare's
-temporaries), tests/test_status_other_boot.py (state.json's supervisor)."""
+temporaries), tests/test_status_other_boot.py (state.json's supervisor); a checkpoint root's temporaries
+(a save's, a fetch's, a prune's, a publish's) here."""
 from __future__ import annotations
 
 import json
@@ -141,3 +142,32 @@ def test_a_trainer_lock_body_of_another_boot_names_no_holder(live_process):
     assert not trainer_lock._holder_gone({**body, "boot": boot_id()})  # the control
     assert not trainer_lock._holder_gone(body)  # an older minilmd's body: by its pid, as before
     assert json.loads(trainer_lock._body(True, Path("/run"), 0, None))["boot"] == boot_id()
+
+
+def test_a_checkpoint_roots_temporary_of_a_live_process_is_removed_only_once_its_maker_is_gone(tmp_path, live_process):
+    """A save's, a fetch's, a prune's and a publish's temporary names record pid, start ticks and boot (scratch on a
+    local disk outlives a reboot): a live process under the same pid but of another boot or start time is no maker,
+    and its leftover goes; the control, this boot's record of that live process, is left."""
+    from minilmd.checkpoint_dirs import clean_stale_tmp
+
+    pid, ticks = live_process
+    step = names.step_name(4)
+    made = {
+        "another boot": names.save_tmp_name(4, pid, ticks, "00000000"),
+        "another start": names.fetch_tmp_name(step, pid, ticks + 1, boot_tag()),
+        "a prune's of another boot": names.deleting_name(step, pid, ticks, "00000000"),
+        "the control": names.replaced_name(step, pid, ticks, boot_tag()),
+        "an older minilmd's, pid alone": names.save_tmp_name(8, pid),
+    }
+    for name in made.values():
+        (tmp_path / name).mkdir()
+    removed = {p.name for p in clean_stale_tmp(tmp_path, say=lambda _: None)}
+    assert removed == {made["another boot"], made["another start"], made["a prune's of another boot"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([made["the control"],
+                                                                 made["an older minilmd's, pid alone"]])
+
+
+def test_a_checkpoint_roots_temporary_names_record_this_process():
+    pid, ticks, boot = names.this_process()
+    assert (pid, ticks, boot) == (os.getpid(), process_start_ticks(os.getpid()), boot_tag())
+    assert names.root_tmp_maker(names.save_tmp_name(3, *names.this_process())) == (pid, ticks, boot)

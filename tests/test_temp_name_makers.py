@@ -1,6 +1,6 @@
 """Every temporary and set-aside name is made by names.py, and each maker's names, as the code that makes them
 spells them out on disk (Dir.make_temp's and create_new's random ends, an aside's `.old`), are recognised by the
-matcher its clean-up asks: prepare_tmp_maker, export_tmp_maker, remote_tmp_owner, tmp_owner_pid.
+matcher its clean-up asks: prepare_tmp_maker, export_tmp_maker, remote_tmp_owner, root_tmp_maker.
 
 Before, prepare's aside was built by hand (`tmp_name + ".old"`: `.OUT.prepare-H-P-T.XXXXXXXX.old`) while
 names.prepare_aside_name made `.OUT.prepare-H-P-T.old` and its length check `.OUT.prepare-H-P-T.old.XXXXXXXX`, a name
@@ -75,11 +75,15 @@ def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_start_time_and_
         assert names.remote_tmp_owner(name, "other_host") is None, name
 
 
-def test_a_checkpoint_roots_temporaries_name_their_pid():
+@pytest.mark.parametrize("ticks, boot", [(TICKS, BOOT), (None, ""), (TICKS, ""), (None, BOOT)])
+def test_a_checkpoint_roots_temporaries_name_their_maker(ticks, boot):
+    """pid, start ticks and boot; the pid alone (the older form) where either is missing."""
     step = names.step_name(12)
-    for name in (names.save_tmp_name(12, PID), names.fetch_tmp_name(step, PID), names.deleting_name(step, PID),
-                 names.replaced_name(step, PID)):
-        assert names.tmp_owner_pid(name) == PID, name
+    whole = ticks is not None and boot
+    for make in (names.save_tmp_name, names.fetch_tmp_name, names.deleting_name, names.replaced_name):
+        name = make(12 if make is names.save_tmp_name else step, PID, ticks, boot)
+        assert names.root_tmp_maker(name) == ((PID, ticks, boot) if whole else (PID, None, "")), name
+        assert names.root_tmp_maker(name + "\n") is None and names.root_tmp_maker(name + "x") is None, name
 
 
 HAND_BUILT_REVIEWED = {

@@ -10,7 +10,6 @@ sync reads on its own. Torch-free.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from minilmd.names import (
     is_step_name,
     step_of,
     step_or_none,
+    this_process,
 )
 from minilmd.untrusted import Unreadable, loads
 
@@ -206,7 +206,7 @@ class Fetcher:
         if only_if is not None and not only_if(listed.manifest):
             return None, []
         final = local_root / name
-        tmp = local_root / fetch_tmp_name(name, os.getpid())
+        tmp = local_root / fetch_tmp_name(name, *this_process())
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:

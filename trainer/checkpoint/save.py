@@ -42,6 +42,7 @@ from minilmd.names import (
     TRAINER_STATE,
     save_tmp_name,
     step_name,
+    this_process,
 )
 from minilmd.plan.trainer_state import STEP
 from minilmd.untrusted import Unreadable, read_bytes
@@ -190,7 +191,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     if STEP in trainer_state and trainer_state[STEP] != step:
         raise ValueError(f"trainer_state step {trainer_state[STEP]} != checkpoint step {step}")
     final = root / step_name(step)
-    tmp = root / save_tmp_name(step, os.getpid())
+    tmp = root / save_tmp_name(step, *this_process())
     if tmp.exists():
         shutil.rmtree(tmp)
     opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
