@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.dirfd import Dir
+from minilmd.names import this_process
 from minilmd.perms import owned_by_me
-from minilmd.proc_info import boot_tag
-from minilmd.procs import process_alive, process_start_ticks
+from minilmd.procs import process_alive
 from minilmd.untrusted import listed
 
 Say = Callable[[str], None]
@@ -48,9 +48,11 @@ def stderr_say(tool: str) -> Say:
 
 
 def me() -> tuple[str, int, int, str]:
-    """(host, pid, start ticks, boot tag) of this process, as a temporary name records its maker."""
-    pid = os.getpid()
-    return socket.gethostname(), pid, process_start_ticks(pid) or 0, boot_tag()
+    """(host, pid, start ticks, boot tag) of this process, as an export's or a prepare's temporary name records its
+    maker (names.this_process; the host as `clear` compares it, the start ticks 0 where they cannot be read: these
+    names always carry a number there)."""
+    pid, ticks, boot = this_process()
+    return socket.gethostname(), pid, ticks or 0, boot
 
 
 def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
