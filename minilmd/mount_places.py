@@ -89,8 +89,8 @@ def read_config(root: str = "/", owner: int = 0) -> MountConfig:
     """The tables under `root` ("/" but in tests), each read only when `owner`'s."""
     tables = _Tables(root, owner)
     for fields in tables.lines(FSTAB):
-        if len(fields) > 1 and fields[1].startswith("/"):
-            tables.name(fields[1], FSTAB)
+        if len(fields) > 1 and fields[1].startswith("/"):  # a space or a tab in it written \040, \011 (fstab(5))
+            tables.name(mounts.unescape(fields[1].encode()), FSTAB)
     autofs_dirs = tables.autofs()
     tables.unit_points()
     named = tuple(tables.dir_named.items()) + tuple(tables.named.items())  # a point's own table said over a map's

@@ -56,6 +56,21 @@ def test_a_share_a_systemd_unit_mounts_is_known(tmp_path, monkeypatch):
     assert f"{srv} holds no dta, and nothing is made in {srv}, where shares are mounted" in said, said
 
 
+def test_an_fstab_mount_point_with_a_space_is_read_as_its_path(tmp_path, monkeypatch):
+    """fstab writes a space in a mount point as \\040 (a tab as \\011), as mountinfo does. Before: the point was
+    kept as written, `/srv/lab\\040data`, so an unmounted share there was taken for an empty directory the user made."""
+    share = tmp_path / "lab data"
+    share.mkdir()
+    written = str(share).replace(" ", "\\040")
+    root = tables(tmp_path / "root", {"etc/fstab": f"# a comment\nnas:/lab {written} nfs defaults 0 0\n"
+                                                   f"nas:/tab {tmp_path}/a\\011b nfs defaults 0 0\n"})
+    config = read_config(str(root), owner=os.geteuid())
+    assert config.points == {str(share), f"{tmp_path}/a\tb"}, config
+    faked(monkeypatch, config)
+    said = remote_parents_refused(str(share / "me" / "w0"))
+    assert f"({share} is an empty directory, not a mount point)" in said, said
+
+
 def test_systemd_unit_directories_are_read_bounded(tmp_path, monkeypatch):
     root = tables(tmp_path / "root", {f"etc/systemd/system/u{i}.mount": f"[Mount]\nWhere=/u{i}\n" for i in range(3)})
     monkeypatch.setattr(mount_places, "MAX_FILES", 2)
