@@ -27,8 +27,9 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.dirpublish import publish
-from minilmd.names import atomic_tmp_prefix, replaced_name, this_process
+from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
+from minilmd.proc_info import this_process
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

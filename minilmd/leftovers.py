@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.dirfd import Dir
-from minilmd.names import this_process
 from minilmd.perms import owned_by_me
+from minilmd.proc_info import this_process
 from minilmd.procs import process_alive
 from minilmd.untrusted import listed
 
@@ -49,7 +49,7 @@ def stderr_say(tool: str) -> Say:
 
 def me() -> tuple[str, int, int, str]:
     """(host, pid, start ticks, boot tag) of this process, as an export's or a prepare's temporary name records its
-    maker (names.this_process; the host as `clear` compares it, the start ticks 0 where they cannot be read: these
+    maker (proc_info.this_process; the host as `clear` compares it, the start ticks 0 where they cannot be read: these
     names always carry a number there)."""
     pid, ticks, boot = this_process()
     return socket.gethostname(), pid, ticks or 0, boot

@@ -352,21 +352,6 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def this_process() -> tuple[int, int | None, str]:
-    """(pid, start ticks, boot tag) of this process: what the temporary names it makes record of it (a checkpoint
-    root's: save_tmp_name...; with the host, this_maker), so that a later clean-up tells it from a process given
-    its pid since, or its pid and start time in a later boot."""
-    from minilmd.proc_info import boot_tag, process_start_ticks
-
-    return os.getpid(), process_start_ticks(os.getpid()), boot_tag()
-
-
-def this_maker() -> tuple[str, int, int | None, str]:
-    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
-    record (sync_tmp_name, pointer_tmp_tag)."""
-    return host_tag(), *this_process()
-
-
 def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
     """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-<start
     ticks>-boot<boot tag>-...` (an older minilmd's: without `-boot<boot tag>`, or `.LATEST.<host>-<pid>-...`)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.fdread import read_past_bound
+from minilmd.names import host_tag
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
@@ -118,6 +119,19 @@ def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "
         return False
     ticks = process_start_ticks(pid)
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def this_process() -> tuple[int, int | None, str]:
+    """(pid, start ticks, boot tag) of this process: what the temporary names it makes record of it (a checkpoint
+    root's: names.save_tmp_name...; with the host, this_maker), so that a later clean-up tells it from a process
+    given its pid since, or its pid and start time in a later boot (process_alive)."""
+    return os.getpid(), process_start_ticks(os.getpid()), boot_tag()
+
+
+def this_maker() -> tuple[str, int, int | None, str]:
+    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
+    record (names.sync_tmp_name, pointer_tmp_tag)."""
+    return host_tag(), *this_process()
 
 
 def process_state(pid: int) -> str | None:

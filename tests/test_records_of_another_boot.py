@@ -24,7 +24,7 @@ from minilmd import names, trainer_lock
 from minilmd.daemon.child import orphans
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import signal_uid
-from minilmd.proc_info import boot_id, boot_tag, of_another_boot, process_alive, process_start_ticks
+from minilmd.proc_info import boot_id, boot_tag, of_another_boot, process_alive, process_start_ticks, this_process
 from waiting import wait_until
 
 ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"
@@ -168,6 +168,6 @@ def test_a_checkpoint_roots_temporary_of_a_live_process_is_removed_only_once_its
 
 
 def test_a_checkpoint_roots_temporary_names_record_this_process():
-    pid, ticks, boot = names.this_process()
+    pid, ticks, boot = this_process()
     assert (pid, ticks, boot) == (os.getpid(), process_start_ticks(os.getpid()), boot_tag())
-    assert names.root_tmp_maker(names.save_tmp_name(3, *names.this_process())) == (pid, ticks, boot)
+    assert names.root_tmp_maker(names.save_tmp_name(3, *this_process())) == (pid, ticks, boot)

@@ -27,6 +27,7 @@ from minilmd.daemon.jobs import remote_claim, remote_write
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.names import LATEST
+from minilmd.proc_info import this_maker
 from second_user import second_user
 from supervisor_helpers import cli, write_config
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
@@ -105,7 +106,7 @@ def test_a_directory_above_the_remote_of_another_uid_is_still_refused(tmp_path, 
 
 def test_a_planted_file_at_the_owners_learning_name_stops_no_sync(tmp_path, weights, squash_share):
     backing, share, _ = squash_share
-    planted = names.atomic_tmp_prefix(LATEST) + names.pointer_tmp_tag(*names.this_maker()) + "owner.tmp"
+    planted = names.atomic_tmp_prefix(LATEST) + names.pointer_tmp_tag(*this_maker()) + "owner.tmp"
     (backing / planted).write_text("his\n")
     os.chown(backing / planted, OTHER, OTHER)
     local = tmp_path / "scratch"

@@ -30,8 +30,8 @@ from minilmd.names import (
     remote_tmp_maker,
     remote_tmp_owner,
     sync_tmp_name,
-    this_maker,
 )
+from minilmd.proc_info import this_maker
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
 from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking

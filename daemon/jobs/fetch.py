@@ -32,8 +32,8 @@ from minilmd.names import (
     is_step_name,
     step_of,
     step_or_none,
-    this_process,
 )
+from minilmd.proc_info import this_process
 from minilmd.untrusted import Unreadable, loads
 
 READ_AGAIN_AFTER_S = (2.0, 5.0)

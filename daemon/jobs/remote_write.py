@@ -43,9 +43,9 @@ from minilmd.names import (
     is_step_name,
     pointer_tmp_tag,
     quarantine_name,
-    this_maker,
 )
 from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in, squash_uids
+from minilmd.proc_info import this_maker
 from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
 OWN_UIDS = LearntOwners()

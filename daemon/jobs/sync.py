@@ -65,8 +65,8 @@ from minilmd.names import (
     step_name,
     step_of,
     step_or_none,
-    this_maker,
 )
+from minilmd.proc_info import this_maker
 
 PLACING_WAIT_S = 10.0
 """How long an abandon waits for a repoint of LATEST under way (Syncer.placing): a few operations on a slow remote,

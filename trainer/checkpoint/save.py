@@ -42,9 +42,9 @@ from minilmd.names import (
     TRAINER_STATE,
     save_tmp_name,
     step_name,
-    this_process,
 )
 from minilmd.plan.trainer_state import STEP
+from minilmd.proc_info import this_process
 from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
