@@ -1,11 +1,13 @@
 """Two "nodes" on loopback (tests/test_multinode.py, test_dpo_multinode.py): two torchrun processes on this machine
-joined by torchrun's c10d rendezvous on 127.0.0.1, each in the restart loop docs/operations.md gives a server."""
+joined by torchrun's c10d rendezvous on 127.0.0.1, each in the restart loop docs/operations.md gives a server; and
+the processes under a torchrun (`descendants`: its ranks run in sessions of their own)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ports import free_ports
@@ -36,7 +38,8 @@ STOP_S = 60
 
 def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
     """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses. Nodes still
-    running after NODES_END_S fail the test with the end of every log (what each torchrun waited on). Each runs in a
+    running after NODES_END_S fail the test with the end of every log and, in it, the Python stack of every torchrun
+    agent and rank still running (_dump_stacks: where each waited). Each runs in a
     session of its own, stopped as a whole at the end: a SIGKILL of bash alone left its torchrun, and torchrun's
     ranks (sessions of their own), training into the other tests' time."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -45,15 +48,16 @@ def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
         for i, (command, env) in enumerate(commands):
             with open(logs / f"node{i}.log", "wb") as out:
                 procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                              env=env_for(fake=False, **env)))
+                                              env=env_for(fake=False, PYTHONFAULTHANDLER="1", **env)))
         try:
             return [p.wait(NODES_END_S) for p in procs]
         except subprocess.TimeoutExpired:
+            _dump_stacks(procs)
             _stop(procs)
-            tails = "\n".join(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}"
+            tails = "\n".join(f"--- {log.name} ---\n{log.read_text(errors='replace')[-8000:]}"
                                for log in sorted(logs.iterdir()))
-            raise AssertionError(f"the nodes had not ended after {NODES_END_S} s; the end of each log:\n{tails}"
-                                 ) from None
+            raise AssertionError(f"the nodes had not ended after {NODES_END_S} s; the end of each log, with the "
+                                 f"Python stacks of their processes:\n{tails}") from None
     finally:
         _stop(procs)
 
@@ -70,3 +74,35 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under `pid` (Linux /proc), children before theirs; those that end meanwhile left out."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def _dump_stacks(procs: list[subprocess.Popen]) -> None:
+    """SIGABRT to every Python process under each running node, its torchrun and ranks: each prints the stack of
+    every thread into its node's log as it dies (faulthandler: PYTHONFAULTHANDLER=1 in their environment, and the
+    trainer enables it too). A hang is then seen where it waited, not guessed at."""
+    for p in procs:
+        if p.poll() is None:
+            for pid in descendants(p.pid):
+                try:
+                    if Path(f"/proc/{pid}/exe").resolve().name.startswith("python"):
+                        os.kill(pid, signal.SIGABRT)
+                except (FileNotFoundError, ProcessLookupError, PermissionError):
+                    pass
+    time.sleep(3)  # the dumps written before the stop

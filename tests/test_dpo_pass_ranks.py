@@ -18,6 +18,7 @@ import pytest
 from in_process import train_in_process
 from minilmd.names import DPO_REFERENCE, MANIFEST, REFERENCE_PASS
 from minilmd.protocol import EXIT_DONE
+from multinode_helpers import descendants
 from trainer_corpus import child_env, read_metrics, run_paths, write_config
 
 pytestmark = pytest.mark.slow  # two torchrun jobs of two ranks, one SIGKILLed in its (slowed) reference pass
@@ -39,15 +40,6 @@ def _pass_saved(ckpt_dir: Path) -> int | None:
         return None
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes under `pid` (Linux /proc), children before theirs."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in map(int, (task / "children").read_text().split()):
-            found += [child, *_descendants(child)]
-    return found
-
-
 def test_two_ranks_save_the_pass_at_the_same_batch_and_a_killed_job_goes_on_from_it(tmp_path, small_dpo_corpus):
     config = write_config(tmp_path, small_dpo_corpus, name="ranks", **VALUES)
     run_dir, ckpt_dir = run_paths(config)
@@ -57,7 +49,7 @@ def test_two_ranks_save_the_pass_at_the_same_batch_and_a_killed_job_goes_on_from
         while job.poll() is None and not _pass_saved(ckpt_dir):
             time.sleep(0.1)
         if job.poll() is None:  # else it ended with no save of its pass seen (asserted below)
-            ranks = _descendants(job.pid)  # torchrun starts its ranks in sessions of their own
+            ranks = descendants(job.pid)  # torchrun starts its ranks in sessions of their own
             for pid in [job.pid, *ranks]:  # the agent first (it restarts nothing), then both ranks: a node lost
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
