@@ -234,9 +234,6 @@ PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig
 
 _STEP_DIR = re.compile(r"step-([0-9]{8,})")  # fullmatch: "step-00000001\n" is another name; so is one of
 # other scripts' digits, which int() would read as a step
-_TMP_DIR = re.compile(r"\.tmp-.*-([0-9]+)(?:-([0-9]+)-boot([0-9a-f]{8}))?")
-"""A checkpoint root's temporary name (root_tmp_maker): its maker's pid, then its start ticks and boot tag (absent
-in an older minilmd's names, and where they cannot be read)."""
 
 
 def step_name(step: int) -> str:
@@ -272,19 +269,24 @@ def leading_step(name: str) -> int | None:
 
 _BOOT_TAG = re.compile(r"[0-9a-f]{8}")
 """A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN (8) hex digits of the boot id."""
-_BOOT_PART = r"(?:-boot([0-9a-f]{8}))?"
+_BOOT_PART = rf"(?:-boot({_BOOT_TAG.pattern}))?"
 """The boot after a maker's pid and start ticks in a temporary name (`-boot<boot tag>`; absent in an older
 minilmd's names): a word before it, so that no older name, which ends in a number, reads as one of these and back."""
+_TMP_DIR = re.compile(rf"\.tmp-.*-([0-9]+)(?:-([0-9]+)-boot({_BOOT_TAG.pattern}))?")  # root_tmp_maker's
+
+
+def _checked_boot(boot: str) -> str:
+    """`boot` as a temporary name records it: a boot tag (proc_info.boot_tag) or "" (none); ValueError otherwise."""
+    if boot and not _BOOT_TAG.fullmatch(boot):
+        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
+    return boot
 
 
 def _root_maker(pid: int, ticks: int | None, boot: str) -> str:
-    """`<pid>-<start ticks>-boot<boot tag>`: the process that made a checkpoint root's temporary name (a root's
-    writers are this host's: no host), so that the next trainer removes it only once that process is gone, a
-    recycled pid told by its start time, a process of a later boot by the boot (scratch may be a local disk, which a
-    reboot keeps). `<pid>` alone where either cannot be read: the older form, judged by the pid."""
-    if boot and not _BOOT_TAG.fullmatch(boot):
-        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
-    return f"{pid}-{ticks}-boot{boot}" if ticks is not None and boot else f"{pid}"
+    """`<pid>-<start ticks>-boot<boot tag>`: the process that made a checkpoint root's temporary name (a root's writers
+    are this host's: no host), told from a later process of its pid or of a later boot (scratch on a local disk
+    outlives a reboot). `<pid>` alone, the older form, where either cannot be read."""
+    return f"{pid}-{ticks}-boot{boot}" if _checked_boot(boot) and ticks is not None else f"{pid}"
 
 
 def save_tmp_name(step: int, pid: int, ticks: int | None = None, boot: str = "") -> str:
@@ -303,9 +305,7 @@ def _maker(host: str, pid: int, ticks: int | None, boot: str = "") -> str:
     export's, a prepare's), its boot's tag (proc_info.boot_tag: a record of another boot names no process of this
     one, proc_info.process_alive). The older forms, which the clean-ups still read: `<host>-<pid>-<start ticks>`
     (boot ""), and on the remote `<host>-<pid>` (ticks None)."""
-    if boot and not _BOOT_TAG.fullmatch(boot):
-        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
-    return (f"{host}-{pid}" if ticks is None else f"{host}-{pid}-{ticks}") + (f"-boot{boot}" if boot else "")
+    return (f"{host}-{pid}" if ticks is None else f"{host}-{pid}-{ticks}") + (_checked_boot(boot) and f"-boot{boot}")
 
 
 def sync_tmp_name(name: str, host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:

@@ -6,8 +6,8 @@ The one judge of "does the process a record names run": process_alive, by pid, s
 was written in (a record of another boot names no process of this one; a record without a boot id, an older
 minilmd's, is judged by pid and start ticks as before). Every record of a process that outlives a reboot records
 this boot: boot_id() in a JSON record, boot_tag() (its first 8 hex digits) in a temporary name (minilmd/names.py: a
-sync's on the remote, an export's, a prepare's). Scratch's own temporaries (a save's, a fetch's: a pid alone) do not:
-scratch is /dev/shm by default, which a reboot empties.
+sync's on the remote, an export's, a prepare's, a checkpoint root's in scratch), whose maker this_process and
+this_maker give.
 
 Readers only: nothing here signals. minilmd/procs.py, the one place that signals, proves a process the run's with
 these (and re-exports them: its callers ask it); daemon/child/stackdump.py asks them which processes of a hung
