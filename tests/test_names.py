@@ -42,7 +42,7 @@ def test_every_temporary_checkpoint_name_is_hidden_and_carries_its_owner():
             names.replaced_name("step-00000012", 4242)]
     for name in made:
         assert name.startswith(names.TMP_PREFIX) and not names.is_step_name(name)
-        assert names.root_tmp_maker(name) == (4242, None, "") or names.remote_tmp_owner(name, "host_a") == 4242, name
+        assert names.root_tmp_maker(name) == (4242, None, ""), name  # pid-only names: the older form
     assert names.root_tmp_maker("step-00000012") is None and names.root_tmp_maker("LATEST") is None
 
 
