@@ -12,7 +12,6 @@ through its descriptor, each leftover only while its name leads to what was look
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import sys
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir
 from minilmd.perms import owned_by_me
-from minilmd.proc_info import this_process
+from minilmd.proc_info import is_this_host, this_maker
 from minilmd.procs import process_alive
 from minilmd.untrusted import listed
 
@@ -48,11 +47,11 @@ def stderr_say(tool: str) -> Say:
 
 
 def me() -> tuple[str, int, int, str]:
-    """(host, pid, start ticks, boot tag) of this process, as an export's or a prepare's temporary name records its
-    maker (proc_info.this_process; the host as `clear` compares it, the start ticks 0 where they cannot be read: these
-    names always carry a number there)."""
-    pid, ticks, boot = this_process()
-    return socket.gethostname(), pid, ticks or 0, boot
+    """(host tag, pid, start ticks, boot tag) of this process, as an export's or a prepare's temporary name records
+    its maker (proc_info.this_maker, as a sync's on the remote does; the start ticks 0 where they cannot be read:
+    these names always carry a number there)."""
+    host, pid, ticks, boot = this_maker()
+    return host, pid, ticks or 0, boot
 
 
 def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
@@ -115,7 +114,7 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, boot: str, 
     if stat.S_ISLNK(st.st_mode):
         own(path, st, words, say)  # a link is said as such, whoever's name it has
         return "left"
-    if host is not None and host != socket.gethostname():
+    if host is not None and not is_this_host(host):
         say(f"{path}: left as it is: {words.one}'s {words.thing} on host {host}, whether it still runs cannot be "
             f"told here; remove it once no {words.tool} to {out} is running there")
         return "left"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,9 +130,17 @@ def this_process() -> tuple[int, int | None, str]:
 
 
 def this_maker() -> tuple[str, int, int | None, str]:
-    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes on a shared remote
-    record (names.sync_tmp_name, pointer_tmp_tag)."""
+    """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes where other hosts
+    may write record (a sync's on the remote: names.sync_tmp_name, pointer_tmp_tag; an export's, a prepare's:
+    leftovers.me). The host as names.host_tag spells it: a hostname is whatever bytes sethostname was given, a `/`
+    too, and a name built from it must stay one name in its directory."""
     return host_tag(), *this_process()
+
+
+def is_this_host(host: str) -> bool:
+    """Whether a temporary name's host is this one: its host tag (this_maker's), or the raw hostname an older
+    minilmd's export and prepare names recorded."""
+    return host in (host_tag(), socket.gethostname())
 
 
 def process_state(pid: int) -> str | None:

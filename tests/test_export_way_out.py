@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from typer.testing import CliRunner
 
 from minilmd import leftovers
 from minilmd.cli import app
+from minilmd.names import host_tag
 from minilmd.proc_info import boot_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user
@@ -89,7 +89,7 @@ def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None, boot: str 
     """The name an export (pid, start ticks) on `host` in boot `boot` (a boot tag; "": an older minilmd's, which
     records none) gives its temporary copy beside `out`: names.export_tmp_name, spelled out as docs/operations.md
     does."""
-    name = f".{out.name}.tmp-{host or socket.gethostname()}-{pid}-{ticks}"
+    name = f".{out.name}.tmp-{host or host_tag()}-{pid}-{ticks}"
     return out.with_name(name + (f"-boot{boot}" if boot else ""))
 
 
@@ -141,7 +141,7 @@ def test_an_export_sigkilled_mid_write_refuses_a_second_while_alive_and_is_clean
         wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
         assert child.poll() is None, (tmp_path / "stderr").read_text()
         [theirs] = [p for p in out.parent.iterdir() if p.name != out.name]
-        assert theirs.name.startswith(f".{out.name}.tmp-{socket.gethostname()}-{child.pid}-"), theirs
+        assert theirs.name.startswith(f".{out.name}.tmp-{host_tag()}-{child.pid}-"), theirs
         second = _export(checkpoint, fmt, out)
         assert second.exit_code == 2, second.output
         assert f"{theirs}: another export to {out} is writing it now (pid {child.pid})" in second.output

@@ -14,6 +14,7 @@ import pytest
 from minilmd import leftovers
 from minilmd.dirfd import Dir
 from minilmd.dirtree import OPEN_DIR
+from minilmd.names import export_tmp_name
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 
 WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
@@ -98,3 +99,24 @@ def test_sweep_takes_the_directory_opened_once_never_a_path():
     branch (shutil.rmtree of a path) is gone, and the write audit fails on a new one."""
     assert inspect.signature(leftovers.sweep).parameters["parent"].annotation in (Dir, "Dir")
     assert "shutil" not in inspect.getsource(leftovers)
+
+
+def test_a_makers_host_is_its_host_tag_and_an_older_names_raw_hostname_is_this_hosts_too(tmp_path, dead,
+                                                                                          monkeypatch):
+    """An export's and a prepare's names record the host as a sync's on the remote do (names.host_tag): a hostname is
+    whatever bytes sethostname took, a `/` too, and the name built from it must stay one name in its directory. A
+    leftover under the raw hostname (an older minilmd's name) is this host's too; another host's is left and said."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node/7")
+    host, pid, ticks, boot = leftovers.me()
+    assert (host, pid) == ("gpu_node_7", os.getpid())
+    assert "/" not in export_tmp_name("out", host, pid, ticks, boot)
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-7")
+    tagged, raw, other = (tmp_path / f".out.m-{h}-{dead[0]}-{dead[1]}" for h in ("gpu_node_7", "gpu-node-7",
+                                                                                "gpu-node-8"))
+    for d in (tagged, raw, other):
+        (d / "part").mkdir(parents=True)
+    said: list[str] = []
+    removed = leftovers.sweep(_opened(tmp_path), _match, WORDS, said.append, out=tmp_path / "out")
+    assert sorted(removed) == sorted([tagged, raw]) and (other / "part").is_dir()
+    [left] = [line for line in said if not line.startswith("removed ")]
+    assert left.startswith(f"{other}: left as it is: a maker's temporary directory on host gpu-node-8,"), said

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.lock import HOLD_FOR_TEST
 from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.names import host_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from waiting import wait_until
 
@@ -60,7 +60,7 @@ def test_a_sigkilled_appends_temporary_directory_is_removed_by_the_next_append(c
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
     [left] = _temp_dirs(root)
-    assert left.name.startswith(f".c.append.prepare-{socket.gethostname()}-{child.pid}-"), left
+    assert left.name.startswith(f".c.append.prepare-{host_tag()}-{child.pid}-"), left
 
     meta = _append(root, new)
     assert not os.path.lexists(left) and _temp_dirs(root) == []
@@ -76,7 +76,7 @@ def test_an_appends_leftover_not_ours_to_remove_is_left_and_said(corpus, tmp_pat
     """By an append's temporary name, but its process still runs (pid and start time), another host's (its pid
     says nothing here), or a symbolic link (never followed): left as it is, said, and the append goes on."""
     root, new = corpus
-    host = "another-host" if theirs_is == "another host's" else socket.gethostname()
+    host = "another-host" if theirs_is == "another host's" else host_tag()
     pid, ticks = sleeper if theirs_is == "a live append's" else dead
     theirs = tmp_path / f".c.append.prepare-{host}-{pid}-{ticks}"
     elsewhere = tmp_path / "elsewhere"
