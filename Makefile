@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active. The demos install
 # minilmd with its demo extra (the corpora, matplotlib), the test targets and lint with the test extra.
-# test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
+# test-fast: the tests not marked slow (the unit tests, about 2 minutes on 2 cores); `make test` and .ci/run run them
+# all.
 .PHONY: demo demo-sft demo-dpo test test-fast lint
 
 demo:
