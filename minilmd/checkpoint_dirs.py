@@ -137,8 +137,9 @@ _WORDS = leftovers.Words(one="a checkpoint writer", tool="checkpoint writer", th
 
 
 def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -> list[Path]:
-    """Remove `.tmp-*` directories left by a writer that died (its pid is gone, or is this process: only one
-    trainer writes a root at a time, so the name's pid running here is ours). Returns those removed. A temp
+    """Remove `.tmp-*` directories left by a writer that died (no process of its pid, start time and boot runs:
+    proc_info.process_alive, names.root_tmp_maker; or its pid is this process's: only one trainer writes a root at a
+    time, so the name's pid running here is ours). Returns those removed. A temp
     directory of another live process is left alone. Only this user's own real directories are removed: a
     symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
     ownership) are left, and said (`say`, default stderr; leftovers.sweep); anything but a directory or a link by

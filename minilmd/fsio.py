@@ -142,9 +142,9 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     Replaced otherwise) is swapped with tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at
     tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the old version or the new one,
     never none. Where the file system cannot swap (NFS), the old version is renamed to `aside` (a name beside it;
-    default: `.tmp-replaced-<name>-<pid>`) and put back when the second rename fails or is interrupted (SIGTERM): a
-    caller's clean-up of leftovers would take an aside whose maker is gone for debris, and with it the only version
-    there was. Then the parent is fsynced."""
+    default: names.replaced_name's `.tmp-replaced-<name>-<pid>-<ticks>-boot<tag>`) and put back when the second
+    rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an aside whose maker is
+    gone for debris, and with it the only version there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if tmp_dir.parent != final_dir.parent or (aside is not None and Path(aside).parent != final_dir.parent):
         raise ValueError(f"{tmp_dir}: published only beside {final_dir} (a rename in one directory)")

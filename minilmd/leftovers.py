@@ -49,7 +49,8 @@ def stderr_say(tool: str) -> Say:
 def me() -> tuple[str, int, int, str]:
     """(host tag, pid, start ticks, boot tag) of this process, as an export's or a prepare's temporary name records
     its maker (proc_info.this_maker, as a sync's on the remote does; the start ticks 0 where they cannot be read:
-    these names always carry a number there)."""
+    these names always carry a number there, and the parsers read a 0 back as no start time, so that the maker,
+    alive, is judged by its pid alone and never taken for a dead one)."""
     host, pid, ticks, boot = this_maker()
     return host, pid, ticks or 0, boot
 

@@ -463,13 +463,14 @@ def prepare_kept_prefix(out_name: str) -> str:
 
 def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None, str] | None:
     """(host, pid, start ticks, boot tag) of the prepare that made `name` for output `out_name`: a prepare_tmp_name
-    (with or without the random suffix minilmd/dirfd.py's make_temp adds), the aside_name of one (`prepare --force`'s
-    older output set aside), an older minilmd's without the boot (boot ""), or its `.<out>.tmp-<pid>` and
+    (with or without the random suffix minilmd/dirfd.py's make_temp adds; ticks None for a recorded 0, as
+    export_tmp_maker), the aside_name of one (`prepare --force`'s older output set aside), an older minilmd's without
+    the boot (boot ""), or its `.<out>.tmp-<pid>` and
     `.<out>.tmp-old-<pid>` (host and start time None, boot "": they record none). None for any other name, an
     export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
     if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+){_BOOT_PART}(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
-        return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or ""
+        return m.group(1), int(m.group(2)), int(m.group(3)) or None, m.group(4) or ""
     if m := re.fullmatch(rf"{out}tmp-(?:old-)?(\d+)", name):
         return None, int(m.group(1)), None, ""
     return None
@@ -484,14 +485,14 @@ def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int, boot: 
     return f".{out_name}.tmp-{_maker(host, pid, start_ticks, boot)}"
 
 
-def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int, str] | None:
+def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int | None, str] | None:
     """(host, pid, start ticks, boot tag) of the export that made the export_tmp_name `name` for output `out_name`
     (with or without the random suffix minilmd/dirfd.py's make_temp adds), or the aside_name of one (what
-    dirpublish.publish sets aside on NFS); boot "" for an older minilmd's name without one; None for any other
-    name."""
+    dirpublish.publish sets aside on NFS); ticks None for a recorded 0 (its maker could not read its start time:
+    leftovers.me), boot "" for an older minilmd's name without one; None for any other name."""
     m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+){_BOOT_PART}(?:\.[0-9a-f]{{8}})?(?:\.old)?",
                      name)
-    return (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or "") if m else None
+    return (m.group(1), int(m.group(2)), int(m.group(3)) or None, m.group(4) or "") if m else None
 
 
 def old_export_tmp_name(out_name: str) -> str:

@@ -14,7 +14,8 @@ import pytest
 from minilmd import leftovers
 from minilmd.dirfd import Dir
 from minilmd.dirtree import OPEN_DIR
-from minilmd.names import export_tmp_name
+from minilmd.names import export_tmp_maker, export_tmp_name, host_tag, prepare_tmp_maker, prepare_tmp_name
+from minilmd.proc_info import boot_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 
 WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
@@ -120,3 +121,19 @@ def test_a_makers_host_is_its_host_tag_and_an_older_names_raw_hostname_is_this_h
     assert sorted(removed) == sorted([tagged, raw]) and (other / "part").is_dir()
     [left] = [line for line in said if not line.startswith("removed ")]
     assert left.startswith(f"{other}: left as it is: a maker's temporary directory on host gpu-node-8,"), said
+
+
+def test_a_name_whose_maker_recorded_no_start_time_is_judged_by_its_pid_and_a_live_one_kept(tmp_path, sleeper, dead):
+    """leftovers.me records start ticks 0 where this process could not read its own (a /proc read failing: EMFILE);
+    the parsers read the 0 back as no start time, so the maker, alive, is found by its pid and its copy kept (a 0
+    compared as a start time matched no process: a running export's or prepare's copy was removed as a dead one's)."""
+    assert export_tmp_maker("out", export_tmp_name("out", "vm", 41, 0, "")) == ("vm", 41, None, "")
+    assert prepare_tmp_maker("out", prepare_tmp_name("out", "vm", 41, 0, "")) == ("vm", 41, None, "")
+    live = tmp_path / export_tmp_name("out", host_tag(), sleeper[0], 0, boot_tag())
+    gone = tmp_path / export_tmp_name("out", host_tag(), dead[0], 0, boot_tag())
+    for d in (live, gone):
+        (d / "part").mkdir(parents=True)
+    told: list[Path] = []
+    removed = leftovers.sweep(_opened(tmp_path), lambda name: export_tmp_maker("out", name), WORDS, print,
+                              out=tmp_path / "out", on_running=lambda path, pid: told.append(path))
+    assert removed == [gone] and told == [live] and (live / "part").is_dir()

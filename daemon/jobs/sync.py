@@ -11,8 +11,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest (but a step 0 of a
    stopped DPO reference pass is replaced by a further one: daemon/jobs/sync_pass.py);
-3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
-   and check sizes and sha256 against the manifest;
+3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>-boot<tag>/` (names.sync_tmp_name), manifest
+   last, then read the remote copy back and check sizes and sha256 against the manifest;
 4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
    files go straight to `step-XXXXXXXX/` and the manifest is written last: a directory without a manifest does
    not exist for any reader;

@@ -1,10 +1,10 @@
 """The copy up of one checkpoint: the sync's steps 3 and 4 (daemon/jobs/sync.py's protocol).
 
-A local checkpoint is copied to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/` (a fresh name where another's entry or a
-link stands there), manifest last, read back and checked against its manifest, then renamed to `step-XXXXXXXX`
-(where the store has no rename, written in place, its manifest last); a damaged earlier copy by that name is set
-aside, and a half copy is never left behind. These are the `Syncer`'s own methods, kept here as a mixin, as its fetch
-half is (daemon/jobs/fetch.py), so that the copy reads apart from when and what to sync. Torch-free.
+A local checkpoint is copied to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>-boot<tag>/` (a fresh name where
+another's entry or a link stands there), manifest last, read back and checked against its manifest, then renamed to
+`step-XXXXXXXX` (where the store has no rename, written in place, its manifest last); a damaged earlier copy by that
+name is set aside, and a half copy is never left behind. These are the `Syncer`'s own methods, kept here as a mixin,
+as its fetch half is (daemon/jobs/fetch.py), so that the copy reads apart from when and what to sync. Torch-free.
 """
 from __future__ import annotations
 
