@@ -326,9 +326,7 @@ def remote_tmp_maker(name: str, host: str) -> tuple[int, int | None, str] | None
     files = "|".join(re.escape(n) for n in (LATEST, BEST, REMOTE_OWNER))  # a pointer's, the claim's (put_new)
     m = re.fullmatch(rf"(?:{copy}|\.(?:{files})\.){re.escape(host)}-([0-9]+)(?:-([0-9]+))??{_BOOT_PART}"
                      rf"(?:-\w+\.tmp)?", name)
-    if not m:
-        return None
-    return int(m.group(1)), None if m.group(2) is None else int(m.group(2)), m.group(3) or ""
+    return (int(m[1]), None if m[2] is None else int(m[2]), m[3] or "") if m else None
 
 
 def remote_tmp_owner(name: str, host: str) -> int | None:
@@ -345,11 +343,14 @@ def kept_name(name: str, tag: str, token: str) -> str:
     return f"{name}.kept-{tag}{token}"
 
 
-def host_tag() -> str:
-    """This machine's name as the temporary names on a shared remote carry it (only [A-Za-z0-9_.])."""
+def host_tag(hostname: str | None = None) -> str:
+    """This machine's name (or `hostname`) as a temporary name where other hosts may write records it: a byte outside
+    `A-Za-z0-9.` as `_` and its two hex digits (`gpu-1`: `gpu_2d1`, `gpu_1`: `gpu_5f1`), one to one, so that no two
+    hosts share a tag (a clean-up judges its own host's names by pid), and no tag holds the `-` that ends it there."""
     import socket
 
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    raw = (socket.gethostname() if hostname is None else hostname).encode("utf-8", "surrogateescape")
+    return re.sub(rb"[^A-Za-z0-9.]", lambda m: b"_%02x" % m[0][0], raw).decode("ascii") or "_"
 
 
 def pointer_tmp_tag(host: str, pid: int, ticks: int | None = None, boot: str = "") -> str:
@@ -405,9 +406,7 @@ def root_tmp_maker(name: str) -> tuple[int, int | None, str] | None:
     proc_info.process_alive; ticks None, boot "" for a name that records only the pid (an older minilmd's); None for
     other names."""
     m = _TMP_DIR.fullmatch(name)
-    if not m:
-        return None
-    return int(m.group(1)), None if m.group(2) is None else int(m.group(2)), m.group(3) or ""
+    return (int(m[1]), None if m[2] is None else int(m[2]), m[3] or "") if m else None
 
 
 def quarantine_name(name: str, stamp: str, n: int = 1) -> str:

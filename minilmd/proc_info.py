@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.fdread import read_past_bound
-from minilmd.names import host_tag
+from minilmd.names import host_tag, remote_tmp_maker
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
@@ -133,14 +134,28 @@ def this_maker() -> tuple[str, int, int | None, str]:
     """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes where other hosts
     may write record (a sync's on the remote: names.sync_tmp_name, pointer_tmp_tag; an export's, a prepare's:
     leftovers.me). The host as names.host_tag spells it: a hostname is whatever bytes sethostname was given, a `/`
-    too, and a name built from it must stay one name in its directory."""
+    too, and a name built from it must stay one name in its directory, told from every other host's."""
     return host_tag(), *this_process()
 
 
+def this_host_tags() -> tuple[str, ...]:
+    """The host tags a temporary name of this host's on a remote may carry: this_maker's, and the one an older
+    minilmd wrote there (every character outside `A-Za-z0-9_.` made `_`: `gpu-1` and `gpu_1` shared it), still this
+    host's, so that its leftovers are cleaned up after an upgrade as before."""
+    older = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    return tuple(dict.fromkeys((host_tag(), older)))
+
+
 def is_this_host(host: str) -> bool:
-    """Whether a temporary name's host is this one: its host tag (this_maker's), or the raw hostname an older
-    minilmd's export and prepare names recorded."""
-    return host in (host_tag(), socket.gethostname())
+    """Whether a temporary name's host is this one: one of this_host_tags, or the raw hostname an older minilmd's
+    export and prepare names recorded."""
+    return host in (*this_host_tags(), socket.gethostname())
+
+
+def this_hosts_remote_maker(name: str) -> tuple[int, int | None, str] | None:
+    """names.remote_tmp_maker of a temporary name on a remote by any of this_host_tags: (pid, start ticks, boot) of
+    the sync of this host that made it, for process_alive; None for another host's name, or no sync's."""
+    return next((maker for tag in this_host_tags() if (maker := remote_tmp_maker(name, tag)) is not None), None)
 
 
 def process_state(pid: int) -> str | None:

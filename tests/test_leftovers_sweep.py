@@ -14,8 +14,15 @@ import pytest
 from minilmd import leftovers
 from minilmd.dirfd import Dir
 from minilmd.dirtree import OPEN_DIR
-from minilmd.names import export_tmp_maker, export_tmp_name, host_tag, prepare_tmp_maker, prepare_tmp_name
-from minilmd.proc_info import boot_tag
+from minilmd.names import (
+    export_tmp_maker,
+    export_tmp_name,
+    host_tag,
+    prepare_tmp_maker,
+    prepare_tmp_name,
+    sync_tmp_name,
+)
+from minilmd.proc_info import boot_tag, this_host_tags, this_hosts_remote_maker
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 
 WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
@@ -105,22 +112,37 @@ def test_sweep_takes_the_directory_opened_once_never_a_path():
 def test_a_makers_host_is_its_host_tag_and_an_older_names_raw_hostname_is_this_hosts_too(tmp_path, dead,
                                                                                           monkeypatch):
     """An export's and a prepare's names record the host as a sync's on the remote do (names.host_tag): a hostname is
-    whatever bytes sethostname took, a `/` too, and the name built from it must stay one name in its directory. A
-    leftover under the raw hostname (an older minilmd's name) is this host's too; another host's is left and said."""
+    whatever bytes sethostname took, a `/` too, and the name built from it must stay one name in its directory, and
+    no two hosts' tags are the same (`gpu-1` and `gpu_1` once shared `gpu_1`: each judged the other's leftovers by
+    its own pids). A leftover under the raw hostname or the older tag (an older minilmd's name) is this host's too;
+    another host's is left and said."""
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node/7")
     host, pid, ticks, boot = leftovers.me()
-    assert (host, pid) == ("gpu_node_7", os.getpid())
+    assert (host, pid) == ("gpu_2dnode_2f7", os.getpid())
     assert "/" not in export_tmp_name("out", host, pid, ticks, boot)
+    assert len({host_tag("gpu-1"), host_tag("gpu_1"), host_tag("gpu.1"), host_tag("gpu1")}) == 4
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-7")
-    tagged, raw, other = (tmp_path / f".out.m-{h}-{dead[0]}-{dead[1]}" for h in ("gpu_node_7", "gpu-node-7",
-                                                                                "gpu-node-8"))
-    for d in (tagged, raw, other):
+    tagged, older, raw, other = (tmp_path / f".out.m-{h}-{dead[0]}-{dead[1]}" for h in (
+        "gpu_2dnode_2d7", "gpu_node_7", "gpu-node-7", "gpu-node-8"))
+    for d in (tagged, older, raw, other):
         (d / "part").mkdir(parents=True)
     said: list[str] = []
     removed = leftovers.sweep(_opened(tmp_path), _match, WORDS, said.append, out=tmp_path / "out")
-    assert sorted(removed) == sorted([tagged, raw]) and (other / "part").is_dir()
+    assert sorted(removed) == sorted([tagged, older, raw]) and (other / "part").is_dir()
     [left] = [line for line in said if not line.startswith("removed ")]
     assert left.startswith(f"{other}: left as it is: a maker's temporary directory on host gpu-node-8,"), said
+
+
+def test_a_remote_name_by_this_hosts_tag_or_its_older_tag_is_this_hosts(monkeypatch):
+    """A sync's leftovers on the remote (daemon/jobs/sync_leftovers.py, remote_made.py) are read by this host's tag
+    and by the tag an older minilmd wrote for it, so that an upgrade still cleans up a killed sync's half copy; a
+    name by another host's tag (once the same older tag as this one's) is not this host's."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-1")
+    assert this_host_tags() == ("gpu_2d1", "gpu_1")
+    for tag in this_host_tags():
+        assert this_hosts_remote_maker(sync_tmp_name("step-00000012", tag, 77, 900, "0a1b2c3d")) == (77, 900,
+                                                                                                     "0a1b2c3d")
+    assert this_hosts_remote_maker(sync_tmp_name("step-00000012", host_tag("gpu_1"), 77, 900, "0a1b2c3d")) is None
 
 
 def test_a_name_whose_maker_recorded_no_start_time_is_judged_by_its_pid_and_a_live_one_kept(tmp_path, sleeper, dead):

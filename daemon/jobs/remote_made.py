@@ -49,14 +49,12 @@ from minilmd.names import (
     REMOTE_MADE_MAX_BYTES,
     REMOTE_MARK,
     TMP_PREFIX,
-    host_tag,
     is_step_name,
     leading_step,
-    remote_tmp_maker,
     step_of,
 )
 from minilmd.perms import own_uid
-from minilmd.proc_info import process_alive
+from minilmd.proc_info import process_alive, this_hosts_remote_maker
 from minilmd.untrusted import Unreadable, listed, loads, open_regular, read_bytes
 
 SCRATCH_RECORD = ".remote-made.json"
@@ -290,7 +288,7 @@ def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:
     start time in that boot, or this process's: no other sync of it runs while one cleans), holding no manifest or
     one of its step (a step directory of this run's renamed to that name by another user says its own step: left;
     the owner check is remote_write.not_made_here's, before this). A LoRA base's copy is never proven so."""
-    maker = remote_tmp_maker(name, host_tag())  # (pid, start ticks, boot): a recycled pid is no live sync
+    maker = this_hosts_remote_maker(name)  # (pid, start ticks, boot): a recycled pid is no live sync
     step = leading_step(name.removeprefix(TMP_PREFIX)) if name.startswith(TMP_PREFIX) else None
     if maker is None or step is None or (maker[0] != os.getpid() and process_alive(*maker)):
         return "not a checkpoint's copy by a sync of this host that is over"

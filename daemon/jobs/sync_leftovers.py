@@ -18,7 +18,8 @@ from minilmd.daemon.base.runstate import process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
-from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix, host_tag, remote_tmp_maker
+from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix
+from minilmd.proc_info import this_hosts_remote_maker
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
@@ -39,7 +40,7 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
     for n in names:
         if not n.startswith((TMP_PREFIX, *(atomic_tmp_prefix(f) for f in (LATEST, BEST, REMOTE_OWNER)))):
             continue
-        maker = remote_tmp_maker(n, host_tag())  # its start time and boot tell its maker from a later process
+        maker = this_hosts_remote_maker(n)  # its start time and boot tell its maker from a later process
         if not ((maker is not None and (maker[0] == os.getpid() or not process_alive(*maker)))
                 or remote.age(n) > STALE_TMP_SECONDS):
             continue
