@@ -62,8 +62,8 @@ from trainer_corpus import real_text_prepared
 SLOW_S = 2.0
 """A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest).
 The tier must also stay short (about 2 minutes on an idle 2-core machine, 2744 tests), so the heaviest tests under
-this bound (about 0.4 s and up, mostly a whole `minilmd` command in a subprocess) are marked slow too; the guards of the layout
-(test_layers, test_import_graph, test_names, test_import_budget) stay fast whatever they cost."""
+this bound (about 0.4 s and up, mostly a whole `minilmd` command in a subprocess) are marked slow too; the guards of
+the layout (test_layers, test_import_graph, test_names, test_import_budget) stay fast whatever they cost."""
 
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
