@@ -36,6 +36,8 @@ BOOT_TAG_LEN = 8
 """The hex digits of the boot id a temporary name records (boot_tag): names are per host and must stay short; two
 boots of one host share their first 8 digits once in some 4 billion, and a record of the other is then judged by
 pid and start ticks alone, as a record without a boot id is."""
+_BOOT_FORM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|[0-9a-f]{8}")
+"""A boot id as the kernel writes it, or a temporary name's boot tag (its first BOOT_TAG_LEN hex digits)."""
 MAX_STATUS_BYTES = 64 << 10
 """The most of a /proc/PID/status read (about 1.5 KiB in practice): a longer one is not known, never cut short."""
 
@@ -69,9 +71,11 @@ def recorded_boot(value: object) -> str:
 
 def of_another_boot(recorded: str) -> bool:
     """Whether a record's boot (`recorded`: a boot id, or a name's boot_tag; "" in a record of an older minilmd) is
-    another boot's than this one: the machine has restarted since it was written."""
+    another boot's than this one: the machine has restarted since it was written. A value of neither form (a boot id
+    is the kernel's 8-4-4-4-12 lowercase hex, a tag its first 8 digits) says no boot, as "" does: the record is
+    judged by pid and start ticks (taken for another boot's, its live process would count as gone)."""
     this = boot_id()
-    if not recorded or not this:
+    if not _BOOT_FORM.fullmatch(recorded) or not this:
         return False
     return recorded != (this[:BOOT_TAG_LEN] if len(recorded) == BOOT_TAG_LEN else this)
 

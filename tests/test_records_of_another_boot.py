@@ -58,6 +58,17 @@ def test_a_live_processs_record_is_alive_only_in_its_own_boot(live_process):
     assert process_alive(pid, ticks, boot_tag())  # or its tag (a temporary name's)
     assert not process_alive(pid, ticks, ANOTHER_BOOT)
     assert not process_alive(pid, ticks, ANOTHER_BOOT[:8])
+
+
+@pytest.mark.parametrize("malformed", ["another", "0000000A-0000-4000-8000-000000000000", ANOTHER_BOOT[:35],
+                                       ANOTHER_BOOT + "0", ANOTHER_BOOT[:7], " " + ANOTHER_BOOT])
+def test_a_record_whose_boot_is_no_boot_id_is_judged_by_pid_and_start_ticks(live_process, malformed):
+    """A boot that is neither a boot id's form nor a tag's says no boot, as an older minilmd's record does: taken for
+    another boot's, it said its live process gone (trainer.lock's holder, an orphan's launch, a leftover's maker)."""
+    pid, ticks = live_process
+    assert not of_another_boot(malformed)
+    assert process_alive(pid, ticks, malformed)
+    assert not trainer_lock._holder_gone({"pid": pid, "host": socket.gethostname(), "boot": malformed})
     assert not process_alive(pid, None, ANOTHER_BOOT)  # a record with no start time, of another boot
     assert not process_alive(pid, ticks + 1, boot_id())  # a recycled pid, as before
 
