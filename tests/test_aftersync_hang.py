@@ -5,32 +5,41 @@ loop there, a stop unanswered, only systemd's watchdog noticed. Here the share's
 blocks) held on an Event. The tick returns, the silence is said once, no second removal is begun beside the first,
 the run's end does not wait for it, and once the share answers the copy goes. A removal that failed is tried again,
 its failure said once: run.dir's listing, or the removal itself, raising EIO where they run (before, both were taken
-in keptcopy as "nothing kept" or a result in words, the retry never made). The real Slurm job's copy and removal:
-tests/test_slurm_unsynced_kept.py."""
+in keptcopy as "nothing kept" or a result in words, the retry never made). The same hang on a real FUSE share
+(tests/faultfs.py, every operation under unsynced/ stalled) catches what the fake cannot: a touch of that directory
+on the loop's own thread (an `exists()` added to `tick` fails it, and not the fake's test). The real Slurm job's copy
+and removal: tests/test_slurm_unsynced_kept.py."""
 from __future__ import annotations
 
 import errno
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from faults_fixtures import faultfs_dirs, mounted_faultfs
 from minilmd import untrusted
 from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.jobs.keptremote import KeptRemote
-from minilmd.names import step_name
+from minilmd.names import KEPT_DIR, step_name
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - the fixture
+from waiting import wait_until
 
 GENEROUS_S = 60.0
 """What `_returns` waits for a call that does not touch the share: a loaded machine's worst, not a timing asked."""
 
 
-def _kept_run(tmp_path, weights):
-    """A run whose step 30 is kept in run.dir, run.remote at step 10: (cfg, state, events, AfterSync)."""
-    (tmp_path / "run").mkdir(mode=0o700)
-    cfg = SimpleNamespace(checkpoint_dir=tmp_path / "scratch" / "checkpoints", run_dir=tmp_path / "run")
+def _kept_run(tmp_path, weights, run_dir: Path | None = None):
+    """A run whose step 30 is kept in run.dir (`run_dir`, default tmp_path/run), run.remote at step 10: (cfg, state,
+    events, AfterSync)."""
+    run_dir = run_dir or tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    cfg = SimpleNamespace(checkpoint_dir=tmp_path / "scratch" / "checkpoints", run_dir=run_dir)
     save(cfg.checkpoint_dir, 30, weights)
     assert keptcopy.keep(cfg, EXPECTED, 10).step == 30
     state = SimpleNamespace(remote_checkpoint=RemoteCheckpoint(step=10), slurm={})
@@ -87,6 +96,35 @@ def test_a_removal_held_by_a_hung_run_dir_leaves_the_loop_ticking_and_ends_once_
     after.tick(False)
     assert _said(events, "removed step 30"), events
     assert not keptcopy.place(cfg).exists()  # the copy, and its empty directory with it
+
+
+@pytest.mark.slow
+def test_on_a_real_fuse_share_that_hangs_the_removal_holds_no_tick_and_ends_once_it_answers(tmp_path, weights):
+    """The test above on a real FUSE share (tests/faultfs.py) in place of the fake listing: every operation under
+    `<run.dir>/unsynced` stalls, as on a hung NFS or FUSE mount. So whatever of the removal touches that directory,
+    and anything the loop's tick would touch there itself, blocks where it runs, not where a fake was put."""
+    backing, mount_point = faultfs_dirs(tmp_path)
+    with mounted_faultfs(backing, mount_point) as share:
+        cfg, state, events, after = _kept_run(tmp_path, weights, mount_point / "run")
+        share.stall("run/unsynced*", 10 * GENEROUS_S, op="*")  # until cleared
+        after.silent_say_s = 0.0
+        state.remote_checkpoint = RemoteCheckpoint(step=30)
+        try:
+            for _ in range(3):
+                assert _returns(lambda: after.tick(False)), "the loop's tick waited on run.dir's hung share"
+            wait_until(lambda: share.hits("stall"), GENEROUS_S, "the removal to reach the hung share")
+            assert after.removal is not None and not after.removal.wait(0.5)  # held there, one removal only
+            assert len(_said(events, "has not answered")) == 1, events
+            ended: list[str] = []
+            assert _returns(lambda: ended.append(after.at_end(30))), "the run's end waited on the share"
+            assert "left for the next start" in ended[0], ended
+            assert (backing / "run" / KEPT_DIR / step_name(30)).is_dir()  # nothing removed while it hangs
+        finally:
+            share.clear()
+        assert after.removal.wait(10 * GENEROUS_S)
+        after.tick(False)
+        assert _said(events, "removed step 30"), events
+        assert not (backing / "run" / KEPT_DIR).exists()
 
 
 def _tried_until_removed(cfg, state, after, events) -> list[str]:
