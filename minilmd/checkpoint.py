@@ -12,8 +12,8 @@ A checkpoint is a directory `step-00001234/` under a root (local scratch, or the
 
 Protocol of `save`: write into `.tmp-step-XXXXXXXX-<pid>-<start ticks>-boot<boot tag>/` (names.save_tmp_name), fsync
 every file, write the manifest, fsync the directory, rename it to `step-XXXXXXXX/`, fsync the root, then replace
-`LATEST` atomically. A directory without a
-manifest does not exist for any reader here; `LATEST` is for humans and scripts, readers here scan the directories.
+`LATEST` atomically. A directory without a manifest does not exist for any reader here; `LATEST` is for humans and
+scripts, readers here scan the directories.
 
 This module is the format and its validation, torch-free (json, numpy, plain reads; never mmap, since a checkpoint
 on NFS must not be able to kill the reader with SIGBUS; the safetensors reading is minilmd/safetensors_scan.py):

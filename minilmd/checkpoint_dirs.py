@@ -139,15 +139,14 @@ _WORDS = leftovers.Words(one="a checkpoint writer", tool="checkpoint writer", th
 def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -> list[Path]:
     """Remove `.tmp-*` directories left by a writer that died (no process of its pid, start time and boot runs:
     proc_info.process_alive, names.root_tmp_maker; or its pid is this process's: only one trainer writes a root at a
-    time, so the name's pid running here is ours). Returns those removed. A temp
-    directory of another live process is left alone. Only this user's own real directories are removed: a
-    symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
-    ownership) are left, and said (`say`, default stderr; leftovers.sweep); anything but a directory or a link by
-    such a name (a writer's temporary file) is passed by unsaid. The root is opened once, and everything is looked
-    at and removed through that descriptor; a link at its name is followed only when it is the user's own (or
-    root's: perms.own_link, the rule of Dir.open) and leads to a directory of the user's (scratch/checkpoints linked
-    to a bigger disk, which list_checkpoints follows too), else nothing is swept and that is said; a root that
-    cannot be opened (none yet): nothing."""
+    time, so the name's pid running here is ours). Returns those removed. A temp directory of another live process is
+    left alone. Only this user's own real directories are removed: a symbolic link, another user's entry (a root may sit
+    in a directory others can write, where unlink needs no ownership) are left, and said (`say`, default stderr;
+    leftovers.sweep); anything but a directory or a link by such a name (a writer's temporary file) is passed by unsaid.
+    The root is opened once, and everything is looked at and removed through that descriptor; a link at its name is
+    followed only when it is the user's own (or root's: perms.own_link, the rule of Dir.open) and leads to a directory
+    of the user's (scratch/checkpoints linked to a bigger disk, which list_checkpoints follows too), else nothing is
+    swept and that is said; a root that cannot be opened (none yet): nothing."""
     root = Path(root)
     say = say or leftovers.stderr_say("checkpoints")
     at: Dir | None

@@ -267,18 +267,18 @@ def leading_step(name: str) -> int | None:
     return int(m.group(1)) if m and name[m.end():m.end() + 1] == "-" else None
 
 
-_BOOT_TAG = re.compile(r"[0-9a-f]{8}")
+BOOT_TAG = re.compile(r"[0-9a-f]{8}")
 """A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN (8) hex digits of the boot id."""
-_BOOT_PART = rf"(?:-boot({_BOOT_TAG.pattern}))?"
+_BOOT_PART = rf"(?:-boot({BOOT_TAG.pattern}))?"
 """The boot after a maker's pid and start ticks in a temporary name (`-boot<boot tag>`; absent in an older
 minilmd's names): a word before it, so that no older name, which ends in a number, reads as one of these and back."""
-_TMP_DIR = re.compile(rf"\.tmp-.*-([0-9]+)(?:-([0-9]+)-boot({_BOOT_TAG.pattern}))?")  # root_tmp_maker's
+_TMP_DIR = re.compile(rf"\.tmp-.*-([0-9]+)(?:-([0-9]+)-boot({BOOT_TAG.pattern}))?")  # root_tmp_maker's
 
 
 def _checked_boot(boot: str) -> str:
     """`boot` as a temporary name records it: a boot tag (proc_info.boot_tag) or "" (none); ValueError otherwise."""
-    if boot and not _BOOT_TAG.fullmatch(boot):
-        raise ValueError(f"a boot tag is {_BOOT_TAG.pattern}, not {boot!r}")
+    if boot and not BOOT_TAG.fullmatch(boot):
+        raise ValueError(f"a boot tag is {BOOT_TAG.pattern}, not {boot!r}")
     return boot
 
 
@@ -464,9 +464,8 @@ def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | 
     """(host, pid, start ticks, boot tag) of the prepare that made `name` for output `out_name`: a prepare_tmp_name
     (with or without the random suffix minilmd/dirfd.py's make_temp adds; ticks None for a recorded 0, as
     export_tmp_maker), the aside_name of one (`prepare --force`'s older output set aside), an older minilmd's without
-    the boot (boot ""), or its `.<out>.tmp-<pid>` and
-    `.<out>.tmp-old-<pid>` (host and start time None, boot "": they record none). None for any other name, an
-    export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+    the boot (boot ""), or its `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None, boot "": they
+    record none). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
     if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+){_BOOT_PART}(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
         return m.group(1), int(m.group(2)), int(m.group(3)) or None, m.group(4) or ""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.fdread import read_past_bound
-from minilmd.names import host_tag, remote_tmp_maker
+from minilmd.names import BOOT_TAG, host_tag, remote_tmp_maker
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
@@ -36,7 +36,7 @@ BOOT_TAG_LEN = 8
 """The hex digits of the boot id a temporary name records (boot_tag): names are per host and must stay short; two
 boots of one host share their first 8 digits once in some 4 billion, and a record of the other is then judged by
 pid and start ticks alone, as a record without a boot id is."""
-_BOOT_FORM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|[0-9a-f]{8}")
+_BOOT_FORM = re.compile(rf"[0-9a-f]{{8}}(?:-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}}|{BOOT_TAG.pattern}")
 """A boot id as the kernel writes it, or a temporary name's boot tag (its first BOOT_TAG_LEN hex digits)."""
 MAX_STATUS_BYTES = 64 << 10
 """The most of a /proc/PID/status read (about 1.5 KiB in practice): a longer one is not known, never cut short."""
@@ -60,7 +60,7 @@ def boot_tag() -> str:
     """The first BOOT_TAG_LEN hex digits of this boot's id: what a temporary name records of its boot ("" where the
     boot id cannot be read, or is not the kernel's hex form: the name then records none)."""
     tag = boot_id()[:BOOT_TAG_LEN]
-    return tag if len(tag) == BOOT_TAG_LEN and all(c in "0123456789abcdef" for c in tag) else ""
+    return tag if BOOT_TAG.fullmatch(tag) else ""
 
 
 def recorded_boot(value: object) -> str:
