@@ -93,7 +93,9 @@ def test_a_relaunch_that_fails_for_good_before_its_own_checkpoint_says_the_remot
     assert not cfg.scratch_dir.exists()  # given back after the last sync: the checkpoints are on the remote alone
     tokens = mine / "train" / "tokens.bin"
     tokens.write_bytes(bytes(len(tokens.read_bytes())))
-    other = write_config(tmp_path, (mine, corpus[1]), run={"keep_scratch": False}, train={"max_steps": 40})
+    # no_progress_limit 1: it gives up after one staging (1 + 2 + 4 s of retries) instead of five
+    other = write_config(tmp_path, (mine, corpus[1]), run={"keep_scratch": False}, train={"max_steps": 40},
+                         restart={"no_progress_limit": 1})
     status = run_supervisor(other, tmp_path)
     assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
     assert not cfg.scratch_dir.exists()  # it held the marker and the staged corpus alone

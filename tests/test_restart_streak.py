@@ -97,7 +97,9 @@ def test_after_a_supervisor_restart_the_streak_resets_the_last_error_stays_and_t
         if first.poll() is None:
             first.kill()
             first.wait()
-    sup = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.02", FAKE_HOLD=f"12:{never}")
+    # FAKE_HOLD_STOPS: the stop at the end ends the hold, as in a live trainer (else the stop waits its 30 s grace)
+    sup = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.02", FAKE_HOLD=f"12:{never}",
+                           FAKE_HOLD_STOPS="1")
     try:
         wait_for(lambda: local_step(cfg.run_dir) >= 10 and heartbeat(cfg.run_dir).strip() == "12"
                  or sup.poll() is not None, 120, "attempt 3 held at step 12, step 10 saved")
