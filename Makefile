@@ -16,12 +16,14 @@ demo-sft:
 demo-dpo:
 	@py=$$(scripts/setup.sh demo | tail -n1) && "$$py" -m minilmd.daemon.demo_dpo
 
-# Both run on TEST_WORKERS pytest-xdist processes: most slow tests wait on child processes, timeouts and faults
-# rather than compute, so more workers than the 2 cores of the test machine fill the cores those waits leave idle.
-# Measured on 6 supervisor/hang/stop modules (53 tests): 142-166 s of wall with 2 workers, 83 s with 3, 97-118 s
-# with 4, about 45 CPU-s each; on 6 CPU-bound modules 4 workers cost 9 CPU-s more than 2 (a worker's collection is
-# about 14 CPU-s). TEST_WORKERS=0 runs the suite in this one process, serially.
-TEST_WORKERS ?= 3
+# `make test` runs on TEST_WORKERS pytest-xdist processes, `make test-fast` on FAST_WORKERS: many slow tests wait on
+# child processes, timeouts, Slurm's minute and faults rather than compute, so more workers than the 2 cores of the
+# test machine fill the cores those waits leave idle. Measured at stop 62, the whole suite on 2 cores: 1151 s with 3
+# workers (28 % of the CPU idle in its slow tier, vmstat), 991 s with 4 (15 % idle), 958 s with 5 (6 % idle, 150
+# CPU-s more spent); the unit tests, CPU-bound, 105 and 107 s with 3 workers, 114 and 115 s with 4 (a worker's
+# collection is about 14 CPU-s). TEST_WORKERS=0 (FAST_WORKERS=0) runs them in this one process, serially.
+TEST_WORKERS ?= 4
+FAST_WORKERS ?= 3
 # Tests handed out a few at a time, in the order tests/conftest.py sorts them (the slow tier first, the longest
 # first), to the worker that has finished; the tests conftest.SAME_WORKER groups all go to one worker (a module
 # fixture of minutes, set up once). The default --dist load gave each worker a third of the slow tier in one block.
@@ -36,7 +38,7 @@ test:
 	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) $(DIST) $(PYTEST_ARGS)
 
 test-fast:
-	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(TEST_WORKERS) $(DIST) -m "not slow" $(PYTEST_ARGS)
+	@py=$$(scripts/setup.sh test | tail -n1) && $(PYTEST) -q -n $(FAST_WORKERS) $(DIST) -m "not slow" $(PYTEST_ARGS)
 
 # ruff (lint; import order with `ruff check --fix`) and mypy over minilmd, daemon/ and trainer/ (scripts/typecheck.sh).
 lint:
