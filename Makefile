@@ -19,9 +19,10 @@ demo-dpo:
 # `make test` runs on TEST_WORKERS pytest-xdist processes, `make test-fast` on FAST_WORKERS: many slow tests wait on
 # child processes, timeouts, Slurm's minute and faults rather than compute, so more workers than the 2 cores of the
 # test machine fill the cores those waits leave idle. Measured at stop 62, the whole suite on 2 cores: 1151 s with 3
-# workers (28 % of the CPU idle in its slow tier, vmstat), 991 s with 4 (15 % idle), 958 s with 5 (6 % idle, 150
-# CPU-s more spent); the unit tests, CPU-bound, 105 and 107 s with 3 workers, 114 and 115 s with 4 (a worker's
-# collection is about 14 CPU-s). TEST_WORKERS=0 (FAST_WORKERS=0) runs them in this one process, serially.
+# workers, 991 s with 4, 958 s with 5 (150 CPU-s more spent than 4); vmstat said 28 % of the CPU idle in the slow
+# tier alone with 3 workers, 15 % and 6 % over the whole suite with 4 and 5. The unit tests, CPU-bound: 105 and
+# 107 s with 3 workers, 114 and 115 s with 4 (a worker's collection is about 14 CPU-s). TEST_WORKERS=0
+# (FAST_WORKERS=0) runs them in this one process, serially.
 TEST_WORKERS ?= 4
 FAST_WORKERS ?= 3
 # Tests handed out a few at a time, in the order tests/conftest.py sorts them (the slow tier first, the longest
