@@ -44,8 +44,7 @@ TRAINER_RECORD_MAX_BYTES = 64 << 10
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
-STOP_REQUEST_MAX_BYTES = 4096
-"""A stop request is one small JSON object (who asked, when)."""
+STOP_REQUEST_MAX_BYTES = 4096  # a stop request is one small JSON object (who asked, when)
 SCRATCH_ROOT_RECORD = "scratch-root.json"
 """{root, because, since}: the private root of the run's default scratch, where another user had taken the default
 root's name (minilmd/scratch_root.py)."""
@@ -267,8 +266,11 @@ def leading_step(name: str) -> int | None:
     return int(m.group(1)) if m and name[m.end():m.end() + 1] == "-" else None
 
 
-BOOT_TAG = re.compile(r"[0-9a-f]{8}")
-"""A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN (8) hex digits of the boot id."""
+BOOT_TAG_LEN = 8
+"""The hex digits of the boot id a temporary name records: names stay short; two boots of one host share them once in
+some 4 billion, a record of the other then judged by pid and start ticks alone, as one without a boot is."""
+BOOT_TAG = re.compile(rf"[0-9a-f]{{{BOOT_TAG_LEN}}}")
+"""A boot as a temporary name records it: proc_info.boot_tag, the first BOOT_TAG_LEN hex digits of the boot id."""
 _BOOT_PART = rf"(?:-boot({BOOT_TAG.pattern}))?"
 """The boot after a maker's pid and start ticks in a temporary name (`-boot<boot tag>`; absent in an older
 minilmd's names): a word before it, so that no older name, which ends in a number, reads as one of these and back."""

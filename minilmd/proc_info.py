@@ -25,17 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.fdread import read_past_bound
-from minilmd.names import BOOT_TAG, host_tag, remote_tmp_maker
+from minilmd.names import BOOT_TAG, BOOT_TAG_LEN, host_tag, remote_tmp_maker
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 """A random id the kernel makes at each boot: a (pid, start ticks) recorded under another names no process of this
 one, whatever runs under that pid and start time now (a service started at boot gets much the same of both)."""
-BOOT_TAG_LEN = 8
-"""The hex digits of the boot id a temporary name records (boot_tag): names are per host and must stay short; two
-boots of one host share their first 8 digits once in some 4 billion, and a record of the other is then judged by
-pid and start ticks alone, as a record without a boot id is."""
 _BOOT_FORM = re.compile(rf"[0-9a-f]{{8}}(?:-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}}|{BOOT_TAG.pattern}")
 """A boot id as the kernel writes it, or a temporary name's boot tag (its first BOOT_TAG_LEN hex digits)."""
 MAX_STATUS_BYTES = 64 << 10
