@@ -10,7 +10,7 @@ A checkpoint is a directory `step-00001234/` under a root (local scratch, or the
     tokenizer_config.json  the chat template beside that tokenizer, when the run trains on a chat corpus
     manifest.json          size and sha256 of every other file; written LAST
 
-Protocol of `save`: write into `.tmp-step-XXXXXXXX-<pid>-<start ticks>-boot<boot tag>/` (names.save_tmp_name), fsync
+Protocol of `save`: write into `.tmp-step-XXXXXXXX-<pid>-<start ticks>-boot<boot tag>/` (tmpnames.save_tmp_name), fsync
 every file, write the manifest, fsync the directory, rename it to `step-XXXXXXXX/`, fsync the root, then replace
 `LATEST` atomically. A directory without a manifest does not exist for any reader here; `LATEST` is for humans and
 scripts, readers here scan the directories.

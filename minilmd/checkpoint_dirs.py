@@ -23,10 +23,10 @@ from minilmd.names import (
     REASON_FILE,
     is_step_name,
     quarantine_name,
-    root_tmp_maker,
     step_of,
 )
 from minilmd.perms import own_link, owned_by_me
+from minilmd.tmpnames import root_tmp_maker
 from minilmd.untrusted import Unreadable, listed, printable, read_bytes
 
 
@@ -138,7 +138,7 @@ _WORDS = leftovers.Words(one="a checkpoint writer", tool="checkpoint writer", th
 
 def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -> list[Path]:
     """Remove `.tmp-*` directories left by a writer that died (no process of its pid, start time and boot runs:
-    proc_info.process_alive, names.root_tmp_maker; or its pid is this process's: only one trainer writes a root at a
+    proc_info.process_alive, tmpnames.root_tmp_maker; or its pid is this process's: only one trainer writes a root at a
     time, so the name's pid running here is ours). Returns those removed. A temp directory of another live process is
     left alone. Only this user's own real directories are removed: a symbolic link, another user's entry (a root may sit
     in a directory others can write, where unlink needs no ownership) are left, and said (`say`, default stderr;
@@ -189,6 +189,6 @@ def _own_linked_root(root: Path, say: leftovers.Say) -> Dir | None:
 
 
 def _tmp_maker(name: str) -> leftovers.Maker | None:
-    """A `.tmp-...` name's maker (names.root_tmp_maker): this host's, since a root's writers are local."""
+    """A `.tmp-...` name's maker (tmpnames.root_tmp_maker): this host's, since a root's writers are local."""
     maker = root_tmp_maker(name)
     return None if maker is None else (None, *maker)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, TypeVar
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, read_manifest, validate
 from minilmd.checkpoint_contents import reference_pass
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
-from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, deleting_name, step_of
+from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, step_of
 from minilmd.proc_info import this_process
 from minilmd.supervision import supervision
+from minilmd.tmpnames import deleting_name
 from minilmd.urls import is_url
 
 if TYPE_CHECKING:

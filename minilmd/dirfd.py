@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import IO
 
 from minilmd.dirtree import OPEN_DIR, TooDeep, empty_tree
-from minilmd.names import atomic_tmp_prefix
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
@@ -48,6 +47,7 @@ from minilmd.place_rule import (  # noqa: F401 - for callers
     place_problem,
     run_dir_problem,
 )
+from minilmd.tmpnames import atomic_tmp_prefix
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100

@@ -27,9 +27,9 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.dirpublish import publish
-from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.place_rule import walk_to
 from minilmd.proc_info import this_process
+from minilmd.tmpnames import atomic_tmp_prefix, replaced_name
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -142,7 +142,7 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     Replaced otherwise) is swapped with tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at
     tmp_dir's name, removed after), so that a reader, and a kill at any moment, sees the old version or the new one,
     never none. Where the file system cannot swap (NFS), the old version is renamed to `aside` (a name beside it;
-    default: names.replaced_name's `.tmp-replaced-<name>-<pid>-<ticks>-boot<tag>`) and put back when the second
+    default: tmpnames.replaced_name's `.tmp-replaced-<name>-<pid>-<ticks>-boot<tag>`) and put back when the second
     rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an aside whose maker is
     gone for debris, and with it the only version there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)

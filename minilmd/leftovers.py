@@ -27,8 +27,8 @@ from minilmd.untrusted import listed
 Say = Callable[[str], None]
 Maker = tuple[str | None, int, int | None, str]
 """(host, pid, start ticks, boot tag) a temporary name records of its maker; host None: a name that records no host
-(this host's), ticks None: one that records no start time, boot "": one that records no boot (names.prepare_tmp_maker,
-export_tmp_maker, root_tmp_maker)."""
+(this host's), ticks None: one that records no start time, boot "": one that records no boot
+(tmpnames.prepare_tmp_maker, export_tmp_maker, root_tmp_maker)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.fdread import read_past_bound
-from minilmd.names import BOOT_TAG, BOOT_TAG_LEN, host_tag, remote_tmp_maker
+from minilmd.tmpnames import BOOT_TAG, BOOT_TAG_LEN, host_tag, remote_tmp_maker
 
 GONE_STATES = ("Z", "X")
 """The state letters of a process that has ended (a zombie, dead): it runs nothing and can be signalled no more."""
@@ -125,15 +125,15 @@ def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "
 
 def this_process() -> tuple[int, int | None, str]:
     """(pid, start ticks, boot tag) of this process: what the temporary names it makes record of it (a checkpoint
-    root's: names.save_tmp_name...; with the host, this_maker), so that a later clean-up tells it from a process
+    root's: tmpnames.save_tmp_name...; with the host, this_maker), so that a later clean-up tells it from a process
     given its pid since, or its pid and start time in a later boot (process_alive)."""
     return os.getpid(), process_start_ticks(os.getpid()), boot_tag()
 
 
 def this_maker() -> tuple[str, int, int | None, str]:
     """(host tag, pid, start ticks, boot tag) of this process: what the temporary names it makes where other hosts
-    may write record (a sync's on the remote: names.sync_tmp_name, pointer_tmp_tag; an export's, a prepare's:
-    leftovers.me). The host as names.host_tag spells it: a hostname is whatever bytes sethostname was given, a `/`
+    may write record (a sync's on the remote: tmpnames.sync_tmp_name, pointer_tmp_tag; an export's, a prepare's:
+    leftovers.me). The host as tmpnames.host_tag spells it: a hostname is whatever bytes sethostname was given, a `/`
     too, and a name built from it must stay one name in its directory, told from every other host's."""
     return host_tag(), *this_process()
 
@@ -153,7 +153,7 @@ def is_this_host(host: str) -> bool:
 
 
 def this_hosts_remote_maker(name: str) -> tuple[int, int | None, str] | None:
-    """names.remote_tmp_maker of a temporary name on a remote by any of this_host_tags: (pid, start ticks, boot) of
+    """tmpnames.remote_tmp_maker of a temporary name on a remote by any of this_host_tags: (pid, start ticks, boot) of
     the sync of this host that made it, for process_alive; None for another host's name, or no sync's."""
     return next((maker for tag in this_host_tags() if (maker := remote_tmp_maker(name, tag)) is not None), None)
 

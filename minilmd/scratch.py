@@ -40,11 +40,12 @@ from pathlib import Path
 from minilmd import names, run_owner
 from minilmd.dirfd import PRIVATE, place_problem
 from minilmd.lockfile import LOCK_FILE_MODE
-from minilmd.names import SCRATCH_OWNER, TRAINER_LOCK, atomic_tmp_prefix
+from minilmd.names import SCRATCH_OWNER, TRAINER_LOCK
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
 from minilmd.place_rule import lstat_or_none
 from minilmd.scratch_remade import marker_only_words, newest_step, partly_removed, remade_words, unmarked_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
+from minilmd.tmpnames import atomic_tmp_prefix
 from minilmd.untrusted import TooManyEntries, Unreadable, listed, read_json
 
 

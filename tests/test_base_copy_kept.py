@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from base_copy_helpers import files_of, staged_pth
-from minilmd import dirfd, names
+from minilmd import dirfd, tmpnames
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import LeftAside
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_RECORD
-from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
+from minilmd.names import QUARANTINE, REASON_FILE
+from minilmd.tmpnames import sync_tmp_name
 from rename_flags import exchange_not_done
 
 
@@ -74,7 +75,7 @@ def test_what_cannot_be_put_back_nor_quarantined_survives_the_next_push_and_the_
     _no_quarantine(root, tmp_path)
     remote = TwoOtherWriters(str(root), theirs, third)
     with pytest.raises(LeftAside) as left:
-        basecopy.push(remote, ours, names.host_tag(), os.getpid())
+        basecopy.push(remote, ours, tmpnames.host_tag(), os.getpid())
     kept = _kept_at(str(left.value))
     assert files_of(kept) == files_of(third) and files_of(root / basecopy.REMOTE_BASE) == files_of(theirs)
     # the machine of `theirs` moves its copy elsewhere: this run's next sync pushes its base again, in this process
@@ -177,7 +178,7 @@ def test_what_quarantine_took_before_its_reason_failed_is_said_to_be_there(tmp_p
 
     monkeypatch.setattr(remote_write, "open_new", full_disk_for_the_reason)
     with pytest.raises(LeftAside) as left:
-        basecopy.push(TwoOtherWriters(str(root), theirs, third), ours, names.host_tag(), os.getpid())
+        basecopy.push(TwoOtherWriters(str(root), theirs, third), ours, tmpnames.host_tag(), os.getpid())
     assert f"{root / QUARANTINE}/ or " in str(left.value) and "No space left" in str(left.value)
     (kept,) = (root / QUARANTINE).iterdir()
     assert files_of(kept) == files_of(third)

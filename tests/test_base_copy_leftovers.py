@@ -15,20 +15,21 @@ import fsspec
 import pytest
 
 from base_copy_helpers import files_of, staged_pth
-from minilmd import names
+from minilmd import tmpnames
 from minilmd.daemon.jobs import basecopy, remote_made
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
-from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
+from minilmd.names import QUARANTINE, REASON_FILE
+from minilmd.tmpnames import sync_tmp_name
 
 KILLED_WHILE_LOOKING = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
     from minilmd import dirfd, fsio
     from minilmd.daemon.jobs import basecopy, remote_made
-    from minilmd.names import host_tag
+    from minilmd.tmpnames import host_tag
     from minilmd.daemon.jobs.remote_local import LocalRemote
     staged, theirs, url, renames, record = sys.argv[1:]
     if renames == "plain":  # NFS: renameat2's flags not done (EINVAL)
@@ -69,7 +70,7 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
         os.utime(root / name, (time.time() - STALE_TMP_SECONDS - 60,) * 2)  # `-replaced` names no pid: a day old
     killed = open_remote(str(root))  # another push of this run, killed half-way: its copy is in the run's record
     killed.made = remote_made.Made(record)
-    half = root / killed.make_tmp(sync_tmp_name(basecopy.REMOTE_BASE, names.host_tag(), _dead_pid()))
+    half = root / killed.make_tmp(sync_tmp_name(basecopy.REMOTE_BASE, tmpnames.host_tag(), _dead_pid()))
     (half / STAGED_PTH).write_bytes(b"half a copy, no record yet")
 
     logs: list[str] = []

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minilmd import names, run_owner
+from minilmd import names, run_owner, tmpnames
 from minilmd.daemon.jobs import remote_claim, remote_made, sync_leftovers
 from minilmd.daemon.jobs.remote_local import open_remote
 
@@ -25,11 +25,11 @@ OWNER = names.REMOTE_OWNER
 KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from minilmd import names
+from minilmd import tmpnames
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
 
-store = open_remote(sys.argv[1], names.pointer_tmp_tag(names.host_tag(), os.getpid()))
+store = open_remote(sys.argv[1], tmpnames.pointer_tmp_tag(tmpnames.host_tag(), os.getpid()))
 os.fsync = lambda fd: signal.raise_signal(signal.SIGKILL)
 remote_claim.ensure(store, remote_claim.Claim(Path(sys.argv[2]), "r"))
 """
@@ -46,7 +46,7 @@ def killed_writer(root: Path, run_dir: Path) -> int:
 
 def clean(root: Path, run_dir: Path) -> list[tuple[str, str]]:
     """One sync's clean-up of leftovers on root as run_dir's run: what it left, and why."""
-    store = open_remote(str(root), names.pointer_tmp_tag(names.host_tag(), os.getpid()))
+    store = open_remote(str(root), tmpnames.pointer_tmp_tag(tmpnames.host_tag(), os.getpid()))
     left: list[tuple[str, str]] = []
     sync_leftovers.clean_remote_tmp(store, None, lambda n, why: left.append((n, why)), lambda key, msg: None,
                                     lambda msg: None, remote_claim.encoded(remote_claim.Claim(run_dir, "r")))
@@ -58,10 +58,10 @@ def test_the_claims_temporary_of_a_writer_killed_mid_write_is_removed_as_this_ru
     root.mkdir()
     pid = killed_writer(root, run_dir)
     temps = os.listdir(root)
-    assert len(temps) == 1 and temps[0].startswith(f".{OWNER}.{names.host_tag()}-{pid}-"), temps
+    assert len(temps) == 1 and temps[0].startswith(f".{OWNER}.{tmpnames.host_tag()}-{pid}-"), temps
     whole = run_owner.encode(run_owner.record(run_dir, "r"))
     assert (root / temps[0]).read_bytes() == whole  # the whole claim, as the crash left it
-    cut = root / f".{OWNER}.{names.host_tag()}-{pid}-0123abcd.tmp"
+    cut = root / f".{OWNER}.{tmpnames.host_tag()}-{pid}-0123abcd.tmp"
     cut.write_bytes(whole[:remote_made.run_dir_field_end(whole)])  # a write cut sooner, past its run_dir field
     assert clean(root, run_dir) == []  # before: both left, "a file that holds no pointer ... not made by this run"
     assert os.listdir(root) == []
@@ -75,7 +75,7 @@ def test_another_runs_claim_under_the_claims_temporary_name_is_left(tmp_path):
     assert len(temps) == 1, temps
     left = clean(root, run_dir)
     assert [n for n, _ in left] == temps and "holds no pointer" in left[0][1], left
-    assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{names.host_tag()}-{pid}-")
+    assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{tmpnames.host_tag()}-{pid}-")
 
 
 def test_another_runs_claim_cut_inside_its_run_dir_is_left_though_it_begins_this_runs(tmp_path):
@@ -91,4 +91,4 @@ def test_another_runs_claim_cut_inside_its_run_dir_is_left_though_it_begins_this
     (root / temps[0]).write_bytes(cut)
     left = clean(root, ours)
     assert [n for n, _ in left] == temps, left
-    assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{names.host_tag()}-{pid}-")
+    assert os.listdir(root) == temps and temps[0].startswith(f".{OWNER}.{tmpnames.host_tag()}-{pid}-")

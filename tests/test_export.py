@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.model_shapes import expected_state_shapes
-from minilmd.names import export_tmp_name
 from minilmd.procs import process_start_ticks
+from minilmd.tmpnames import export_tmp_name
 from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from second_user import shared, user_python  # noqa: F401 - shared: a fixture

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from minilmd import leftovers
 from minilmd.cli import app
-from minilmd.names import host_tag
 from minilmd.proc_info import boot_tag
+from minilmd.tmpnames import host_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user
 from waiting import wait_until
@@ -87,7 +87,7 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
 
 def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None, boot: str = "") -> Path:
     """The name an export (pid, start ticks) on `host` in boot `boot` (a boot tag; "": an older minilmd's, which
-    records none) gives its temporary copy beside `out`: names.export_tmp_name, spelled out as docs/operations.md
+    records none) gives its temporary copy beside `out`: tmpnames.export_tmp_name, spelled out as docs/operations.md
     does."""
     name = f".{out.name}.tmp-{host or host_tag()}-{pid}-{ticks}"
     return out.with_name(name + (f"-boot{boot}" if boot else ""))

@@ -14,7 +14,8 @@ import pytest
 from minilmd import leftovers
 from minilmd.dirfd import Dir
 from minilmd.dirtree import OPEN_DIR
-from minilmd.names import (
+from minilmd.proc_info import boot_tag, this_host_tags, this_hosts_remote_maker
+from minilmd.tmpnames import (
     export_tmp_maker,
     export_tmp_name,
     host_tag,
@@ -22,7 +23,6 @@ from minilmd.names import (
     prepare_tmp_name,
     sync_tmp_name,
 )
-from minilmd.proc_info import boot_tag, this_host_tags, this_hosts_remote_maker
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 
 WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
@@ -111,7 +111,7 @@ def test_sweep_takes_the_directory_opened_once_never_a_path():
 
 def test_a_makers_host_is_its_host_tag_and_an_older_names_raw_hostname_is_this_hosts_too(tmp_path, dead,
                                                                                           monkeypatch):
-    """An export's and a prepare's names record the host as a sync's on the remote do (names.host_tag): a hostname is
+    """An export's and a prepare's names record the host as a sync's on the remote do (tmpnames.host_tag): a hostname is
     whatever bytes sethostname took, a `/` too, and the name built from it must stay one name in its directory, and
     no two hosts' tags are the same (`gpu-1` and `gpu_1` once shared `gpu_1`: each judged the other's leftovers by
     its own pids). A leftover under the raw hostname or the older tag (an older minilmd's name) is this host's too;

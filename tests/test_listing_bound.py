@@ -22,7 +22,8 @@ from minilmd import scratch_end
 from minilmd.checkpoint_dirs import clean_stale_tmp, list_checkpoints, local_checkpoint_steps
 from minilmd.daemon.jobs.resumefrom import _lists_steps
 from minilmd.daemon.views.logs import _attempt_logs
-from minilmd.names import ATTEMPT_LOGS, CHECKPOINTS, MANIFEST, save_tmp_name
+from minilmd.names import ATTEMPT_LOGS, CHECKPOINTS, MANIFEST
+from minilmd.tmpnames import save_tmp_name
 from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 

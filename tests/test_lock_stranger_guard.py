@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import lockfile, names, trainer_lock
+from minilmd import lockfile, names, tmpnames, trainer_lock
 from minilmd.corpus.prepare.lock import CorpusLock
 from minilmd.daemon.host.lock import LockHeld, RunLock
 from minilmd.proc_info import process_uids
@@ -132,7 +132,7 @@ def test_a_wide_run_lock_held_by_a_stranger_who_holds_its_directory_or_has_exite
                 assert f"uid {STRANGER}'s process {stranger.proc.pid}," in said, said
             else:
                 assert f"process {stranger.proc.pid} (its user cannot be read" in said, said
-        assert not (place / "run" / names.lock_guard_name(names.LOCK)).exists()  # its maker removed it
+        assert not (place / "run" / tmpnames.lock_guard_name(names.LOCK)).exists()  # its maker removed it
     finally:
         stranger.end()
 
@@ -215,7 +215,7 @@ def test_a_wide_lock_is_replaced_though_another_open_file_holds_its_directorys_f
 
 def test_a_guard_left_by_a_killed_maker_is_used_and_left(tmp_path):
     lock = _wide_lock(tmp_path / "run", names.LOCK)
-    guard = tmp_path / "run" / names.lock_guard_name(names.LOCK)
+    guard = tmp_path / "run" / tmpnames.lock_guard_name(names.LOCK)
     guard.touch(0o600)
     where = _dir_fd(tmp_path / "run")
     try:

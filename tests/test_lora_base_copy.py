@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint_dirs, names
+from minilmd import checkpoint_dirs, names, tmpnames
 from minilmd.config import load_config
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import basecopy, initstage, stagingworker
@@ -257,8 +257,8 @@ def test_a_base_copy_that_fails_never_holds_the_checkpoints_sync_up(tmp_path, un
 
 
 def test_a_base_copys_temporary_name_names_its_host_and_pid():
-    assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
-    assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
+    assert tmpnames.remote_tmp_owner(tmpnames.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
+    assert tmpnames.remote_tmp_owner(tmpnames.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
 
 
 def _resumed_lora_run(tmp_path: Path, corpus, undisturbed, remote: str):

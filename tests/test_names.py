@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import source_tree
-from minilmd import names
+from minilmd import names, tmpnames
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,75 +37,75 @@ def test_other_names_are_not_steps(name):
 
 
 def test_every_temporary_checkpoint_name_is_hidden_and_carries_its_owner():
-    made = [names.save_tmp_name(12, 4242), names.fetch_tmp_name("step-00000012", 4242),
-            names.sync_tmp_name("step-00000012", "host_a", 4242), names.deleting_name("step-00000012", 4242),
-            names.replaced_name("step-00000012", 4242)]
+    made = [tmpnames.save_tmp_name(12, 4242), tmpnames.fetch_tmp_name("step-00000012", 4242),
+            tmpnames.sync_tmp_name("step-00000012", "host_a", 4242), tmpnames.deleting_name("step-00000012", 4242),
+            tmpnames.replaced_name("step-00000012", 4242)]
     for name in made:
         assert name.startswith(names.TMP_PREFIX) and not names.is_step_name(name)
-        assert names.root_tmp_maker(name) == (4242, None, ""), name  # pid-only names: the older form
-    assert names.root_tmp_maker("step-00000012") is None and names.root_tmp_maker("LATEST") is None
+        assert tmpnames.root_tmp_maker(name) == (4242, None, ""), name  # pid-only names: the older form
+    assert tmpnames.root_tmp_maker("step-00000012") is None and tmpnames.root_tmp_maker("LATEST") is None
 
 
 def test_prepare_temporaries_carry_their_maker():
     """A prepare's temporary names say host, pid, start time and boot tag; an older minilmd's without the boot, and
     its `.out.tmp-PID` (pid only), are still read; an export's `.out.tmp-HOST-PID-TICKS-bootTAG` to the same path is
     no prepare's."""
-    made = names.prepare_tmp_name("out", "h-1", 77, 900, "0123abcd")
+    made = tmpnames.prepare_tmp_name("out", "h-1", 77, 900, "0123abcd")
     assert made == ".out.prepare-h-1-77-900-boot0123abcd"
-    assert names.prepare_tmp_maker("out", made) == ("h-1", 77, 900, "0123abcd")
-    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900, "")
-    aside = names.aside_name(names.prepare_tmp_name("out", "h", 78, 901, "89abcdef") + ".0123abcd")  # --force's
-    assert names.prepare_tmp_maker("out", aside) == ("h", 78, 901, "89abcdef")
-    assert names.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None, "")
-    assert names.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None, "")
-    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("other", "h", 77, 900)) is None
-    assert names.prepare_tmp_maker("out", names.export_tmp_name("out", "h", 77, 900)) is None
-    assert names.prepare_tmp_maker("out", names.export_tmp_name("out", "h", 77, 900, "0123abcd")) is None
-    assert names.prepare_tmp_maker("out", ".out.tmp-notapid") is None
+    assert tmpnames.prepare_tmp_maker("out", made) == ("h-1", 77, 900, "0123abcd")
+    assert tmpnames.prepare_tmp_maker("out", tmpnames.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900, "")
+    aside = tmpnames.aside_name(tmpnames.prepare_tmp_name("out", "h", 78, 901, "89abcdef") + ".0123abcd")  # --force's
+    assert tmpnames.prepare_tmp_maker("out", aside) == ("h", 78, 901, "89abcdef")
+    assert tmpnames.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None, "")
+    assert tmpnames.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None, "")
+    assert tmpnames.prepare_tmp_maker("out", tmpnames.prepare_tmp_name("other", "h", 77, 900)) is None
+    assert tmpnames.prepare_tmp_maker("out", tmpnames.export_tmp_name("out", "h", 77, 900)) is None
+    assert tmpnames.prepare_tmp_maker("out", tmpnames.export_tmp_name("out", "h", 77, 900, "0123abcd")) is None
+    assert tmpnames.prepare_tmp_maker("out", ".out.tmp-notapid") is None
 
 
 @pytest.mark.parametrize("boot", ["", "0123abcd", "12345678"])  # a tag of digits alone too: never read as ticks
 def test_export_temporaries_carry_their_maker_and_boot(boot):
     """An export's name reads back as made, the host's own `-` and digits kept apart from pid, ticks and boot."""
-    made = names.export_tmp_name("out", "node-7-b", 77, 900, boot)
-    assert names.export_tmp_maker("out", made) == ("node-7-b", 77, 900, boot)
-    assert names.export_tmp_maker("out", names.aside_name(made + ".0123abcd")) == ("node-7-b", 77, 900, boot)
-    assert names.prepare_tmp_maker("out", made) is None
+    made = tmpnames.export_tmp_name("out", "node-7-b", 77, 900, boot)
+    assert tmpnames.export_tmp_maker("out", made) == ("node-7-b", 77, 900, boot)
+    assert tmpnames.export_tmp_maker("out", tmpnames.aside_name(made + ".0123abcd")) == ("node-7-b", 77, 900, boot)
+    assert tmpnames.prepare_tmp_maker("out", made) is None
 
 
 @pytest.mark.parametrize("boot", ["", "0123abcd", "12345678"])
 def test_a_syncs_remote_names_carry_their_maker_and_boot(boot):
     """sync_tmp_name and pointer_tmp_tag (its random end too) read back as made; an older minilmd's forms still."""
-    copy = names.sync_tmp_name("step-00000012", "h", 77, 900, boot)
-    assert names.remote_tmp_maker(copy, "h") == (77, 900, boot)
-    assert names.remote_tmp_maker(names.fresh_tmp_name(copy, "0a1b2c3d"), "h") == (77, 900, boot)
-    pointer = names.atomic_tmp_prefix(names.LATEST) + names.pointer_tmp_tag("h", 77, 900, boot) + "x1y2z3.tmp"
-    assert names.remote_tmp_maker(pointer, "h") == (77, 900, boot)
-    assert names.remote_tmp_maker(names.sync_tmp_name("step-00000012", "h", 77), "h") == (77, None, "")
-    assert names.remote_tmp_maker(copy, "other") is None
+    copy = tmpnames.sync_tmp_name("step-00000012", "h", 77, 900, boot)
+    assert tmpnames.remote_tmp_maker(copy, "h") == (77, 900, boot)
+    assert tmpnames.remote_tmp_maker(tmpnames.fresh_tmp_name(copy, "0a1b2c3d"), "h") == (77, 900, boot)
+    pointer = tmpnames.atomic_tmp_prefix(names.LATEST) + tmpnames.pointer_tmp_tag("h", 77, 900, boot) + "x1y2z3.tmp"
+    assert tmpnames.remote_tmp_maker(pointer, "h") == (77, 900, boot)
+    assert tmpnames.remote_tmp_maker(tmpnames.sync_tmp_name("step-00000012", "h", 77), "h") == (77, None, "")
+    assert tmpnames.remote_tmp_maker(copy, "other") is None
 
 
 @pytest.mark.parametrize("name", [".out.tmp-h-77-900-boot0123abc", ".out.tmp-h-77-900-boot0123ABCD",
                                   ".out.tmp-h-77-900-0123abcd", ".out.tmp-h-77-900-boot0123abcd\n",
                                   ".out.tmp-h-77-900-boot0123abcdef"])
 def test_a_name_whose_boot_does_not_parse_is_not_an_exports(name):
-    assert names.export_tmp_maker("out", name) is None
+    assert tmpnames.export_tmp_maker("out", name) is None
 
 
 def test_a_boot_tag_is_written_only_in_its_one_form():
     from minilmd.proc_info import BOOT_TAG_LEN, boot_tag
 
-    assert len(boot_tag()) == BOOT_TAG_LEN and names.export_tmp_maker(
-        "out", names.export_tmp_name("out", "h", 1, 2, boot_tag()))[3] == boot_tag()
+    assert len(boot_tag()) == BOOT_TAG_LEN and tmpnames.export_tmp_maker(
+        "out", tmpnames.export_tmp_name("out", "h", 1, 2, boot_tag()))[3] == boot_tag()
     with pytest.raises(ValueError, match="boot tag"):
-        names.sync_tmp_name("step-00000012", "h", 77, 900, "b366bf46-a766-47ad-82fa-66c0f6933a5a")
+        tmpnames.sync_tmp_name("step-00000012", "h", 77, 900, "b366bf46-a766-47ad-82fa-66c0f6933a5a")
 
 
 def test_attempt_logs():
     assert names.attempt_log_name(3) == "attempt-0003.log" and names.is_attempt_log("attempt-0003.log")
     assert not names.is_attempt_log("attempt-3.txt") and not names.is_attempt_log("attempt-0003.log\n")
-    assert names.root_tmp_maker(".tmp-step-00000012-4242\n") is None  # a planted name with a newline is another one
-    assert names.remote_tmp_owner(".tmp-step-00000012-h-\u0664\u0662", "h") is None
+    assert tmpnames.root_tmp_maker(".tmp-step-00000012-4242\n") is None  # a planted name with a newline is another one
+    assert tmpnames.remote_tmp_owner(".tmp-step-00000012-h-\u0664\u0662", "h") is None
 
 
 def _owned_names() -> list[str]:
@@ -225,11 +225,12 @@ def _names_spelled(source: str, tree: ast.Module | None = None) -> list[str]:
 
 
 def spelled_names(exempt: dict[str, str] = NOT_YET, files: tuple[Path, ...] | None = None) -> list[str]:
-    """Each owned name spelled outside names.py and `exempt`, and each exemption whose module spells none."""
+    """Each owned name spelled outside names.py, tmpnames.py (its temporary names' grammar) and `exempt`, and each
+    exemption whose module spells none."""
     offenders = []
     for path in source_tree.code_files() if files is None else files:
         rel = path.relative_to(REPO).as_posix()
-        if rel == "minilmd/names.py":
+        if rel in ("minilmd/names.py", "minilmd/tmpnames.py"):
             continue
         spelled = _names_spelled(source_tree.source(path), source_tree.tree(path))
         if rel in exempt:
@@ -242,14 +243,14 @@ def spelled_names(exempt: dict[str, str] = NOT_YET, files: tuple[Path, ...] | No
 def test_the_step_a_longer_name_begins_with():
     step = names.step_name(300)
     assert names.leading_step(names.quarantine_name(step, "20261206T154615", 2)) == 300
-    assert names.leading_step(names.sync_tmp_name(step, "host-a", 77, 900).removeprefix(names.TMP_PREFIX)) == 300
+    assert names.leading_step(tmpnames.sync_tmp_name(step, "host-a", 77, 900).removeprefix(names.TMP_PREFIX)) == 300
     for other in (step, step + "x", "step-0000030-1", "LATEST", "", "init-host-77"):
         assert names.leading_step(other) is None, other
 
 
 def test_no_module_spells_an_owned_name_or_slices_a_step_name():
     offenders = spelled_names()
-    assert not offenders, "spell these through minilmd.names:\n" + "\n".join(offenders)
+    assert not offenders, "spell these through minilmd.names or minilmd.tmpnames:\n" + "\n".join(offenders)
 
 
 def test_owned_is_every_name_of_names_py():

@@ -18,7 +18,7 @@ from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.lock import HOLD_FOR_TEST
 from minilmd.corpus.prepare.pipeline import prepare
-from minilmd.names import host_tag
+from minilmd.tmpnames import host_tag
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from waiting import wait_until
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names, trainer_lock
+from minilmd import names, tmpnames, trainer_lock
 from minilmd.daemon.child import orphans
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import signal_uid
@@ -164,11 +164,11 @@ def test_a_checkpoint_roots_temporary_of_a_live_process_is_removed_only_once_its
     pid, ticks = live_process
     step = names.step_name(4)
     made = {
-        "another boot": names.save_tmp_name(4, pid, ticks, "00000000"),
-        "another start": names.fetch_tmp_name(step, pid, ticks + 1, boot_tag()),
-        "a prune's of another boot": names.deleting_name(step, pid, ticks, "00000000"),
-        "the control": names.replaced_name(step, pid, ticks, boot_tag()),
-        "an older minilmd's, pid alone": names.save_tmp_name(8, pid),
+        "another boot": tmpnames.save_tmp_name(4, pid, ticks, "00000000"),
+        "another start": tmpnames.fetch_tmp_name(step, pid, ticks + 1, boot_tag()),
+        "a prune's of another boot": tmpnames.deleting_name(step, pid, ticks, "00000000"),
+        "the control": tmpnames.replaced_name(step, pid, ticks, boot_tag()),
+        "an older minilmd's, pid alone": tmpnames.save_tmp_name(8, pid),
     }
     for name in made.values():
         (tmp_path / name).mkdir()
@@ -181,4 +181,4 @@ def test_a_checkpoint_roots_temporary_of_a_live_process_is_removed_only_once_its
 def test_a_checkpoint_roots_temporary_names_record_this_process():
     pid, ticks, boot = this_process()
     assert (pid, ticks, boot) == (os.getpid(), process_start_ticks(os.getpid()), boot_tag())
-    assert names.root_tmp_maker(names.save_tmp_name(3, *this_process())) == (pid, ticks, boot)
+    assert tmpnames.root_tmp_maker(tmpnames.save_tmp_name(3, *this_process())) == (pid, ticks, boot)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint_dirs, names, run_owner
+from minilmd import checkpoint_dirs, names, run_owner, tmpnames
 from minilmd.config import load_config
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
@@ -34,7 +34,7 @@ def _claim(run_dir: Path) -> remote_claim.Claim:
 def _remote(tmp_path: Path) -> tuple[Path, object]:
     root = tmp_path / "remote"
     root.mkdir()
-    return root, open_remote(str(root), names.pointer_tmp_tag(names.host_tag(), os.getpid()))
+    return root, open_remote(str(root), tmpnames.pointer_tmp_tag(tmpnames.host_tag(), os.getpid()))
 
 
 def _whole(run_dir: Path) -> bytes:
@@ -99,9 +99,9 @@ def test_another_users_empty_owner_json_is_never_replaced(tmp_path):
 
 
 def test_the_claims_temporary_name_is_one_the_leftover_clean_up_knows_as_this_pids():
-    tag = names.pointer_tmp_tag("h", 42)
-    assert names.remote_tmp_owner(f".{OWNER}.{tag}0a1b2c3d.tmp", "h") == 42
-    assert names.remote_tmp_owner(f".{OWNER}.{tag}0a1b2c3d.tmp", "other") is None
+    tag = tmpnames.pointer_tmp_tag("h", 42)
+    assert tmpnames.remote_tmp_owner(f".{OWNER}.{tag}0a1b2c3d.tmp", "h") == 42
+    assert tmpnames.remote_tmp_owner(f".{OWNER}.{tag}0a1b2c3d.tmp", "other") is None
 
 
 # --- a real supervisor whose remote fails the claim's write, then recovers ---------------------------------------

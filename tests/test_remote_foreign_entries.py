@@ -94,7 +94,7 @@ def test_a_lora_run_whose_base_copy_another_user_blocks_is_not_done_silently(tmp
 
 def test_learning_the_owner_the_share_gives_leaves_nothing_and_uses_a_name_a_syncs_clean_up_knows(tmp_path,
                                                                                                   monkeypatch):
-    from minilmd import names, perms
+    from minilmd import names, perms, tmpnames
     from minilmd.daemon.jobs import remote_write
 
     monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())
@@ -102,5 +102,6 @@ def test_learning_the_owner_the_share_gives_leaves_nothing_and_uses_a_name_a_syn
     assert remote_write.learn_own_uid(str(tmp_path))
     assert os.geteuid() in remote_write.OWN_UIDS  # what this share gives this process's files
     assert list(tmp_path.iterdir()) == []
-    probe = names.atomic_tmp_prefix(names.LATEST) + names.pointer_tmp_tag(names.host_tag(), os.getpid()) + "owner.tmp"
-    assert names.remote_tmp_owner(probe, names.host_tag()) == os.getpid()  # a killed probe's leftover is swept
+    host = tmpnames.host_tag()
+    probe = tmpnames.atomic_tmp_prefix(names.LATEST) + tmpnames.pointer_tmp_tag(host, os.getpid()) + "owner.tmp"
+    assert tmpnames.remote_tmp_owner(probe, host) == os.getpid()  # a killed probe's leftover is swept

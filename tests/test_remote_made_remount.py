@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names
+from minilmd import names, tmpnames
 from minilmd.daemon.jobs import remote_made
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.proc_info import process_start_ticks
@@ -41,7 +41,7 @@ def _half_copy(tmp_path: Path, fstype: str, maker: tuple[int, int | None],
     remote.makedirs()
     remote.made.set_root({"url": str(root), "dev": 1, "ino": 1, "fstype": fstype, "source": "share", "point": str(root),
                           "under": "."})
-    name = remote.make_tmp(names.sync_tmp_name(names.step_name(30), names.host_tag(), *maker))
+    name = remote.make_tmp(tmpnames.sync_tmp_name(names.step_name(30), tmpnames.host_tag(), *maker))
     (root / name / "model.safetensors").write_bytes(b"half")
     if manifest_step is not None:
         (root / name / names.MANIFEST).write_text(json.dumps({"step": manifest_step, "files": {}}))

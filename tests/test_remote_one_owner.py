@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names, perms
+from minilmd import perms, tmpnames
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import SyncError
-from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE, REMOTE_MARK, sync_tmp_name
+from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE, REMOTE_MARK
+from minilmd.tmpnames import sync_tmp_name
 from second_user import second_user, sh_as_user
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
@@ -44,7 +45,7 @@ def entries_of_another(remote: Path, make) -> list[str]:
     """Another user's entries in the remote, made by make(shell command, cwd): a step directory without a manifest,
     one with an invalid manifest, an intact checkpoint his own sync made (his mark), a day-old temporary name of
     another host and one naming this host and a pid that is gone."""
-    stale, dead = sync_tmp_name("step-00000003", "otherhost", 4242), sync_tmp_name("step-00000004", names.host_tag(),
+    stale, dead = sync_tmp_name("step-00000003", "otherhost", 4242), sync_tmp_name("step-00000004", tmpnames.host_tag(),
                                                                                   dead_pid())
     make(f"mkdir step-00000005 step-00000007 {stale} {dead} && echo '[[' > step-00000007/{MANIFEST} "
          f"&& echo half > {stale}/{MODEL_FILE} && cp -r step-00000010 step-00000008 "

@@ -20,7 +20,8 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import SyncError
-from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
+from minilmd.names import QUARANTINE
+from minilmd.tmpnames import host_tag, sync_tmp_name
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 

@@ -22,7 +22,7 @@ import os
 
 import pytest
 
-from minilmd import names, perms
+from minilmd import perms, tmpnames
 from minilmd.daemon.jobs import remote_claim, remote_write
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import SyncError
@@ -106,7 +106,7 @@ def test_a_directory_above_the_remote_of_another_uid_is_still_refused(tmp_path, 
 
 def test_a_planted_file_at_the_owners_learning_name_stops_no_sync(tmp_path, weights, squash_share):
     backing, share, _ = squash_share
-    planted = names.atomic_tmp_prefix(LATEST) + names.pointer_tmp_tag(*this_maker()) + "owner.tmp"
+    planted = tmpnames.atomic_tmp_prefix(LATEST) + tmpnames.pointer_tmp_tag(*this_maker()) + "owner.tmp"
     (backing / planted).write_text("his\n")
     os.chown(backing / planted, OTHER, OTHER)
     local = tmp_path / "scratch"

@@ -20,6 +20,7 @@ import pytest
 
 from minilmd import checkpoint_dirs
 from minilmd import names as n
+from minilmd import tmpnames as tn
 from minilmd.daemon.jobs import remote_made
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
@@ -41,7 +42,7 @@ def test_a_killed_syncs_half_copy_records_its_pid_and_start_time(dirs, weights):
     ticks = _zombie_start_ticks(child.pid)
     assert child.wait() == -9
     left = [name for name in names(remote) if name.startswith(".tmp-step-00000010")]
-    assert [n.remote_tmp_maker(name, n.host_tag()) for name in left] == [(child.pid, ticks, boot_tag())]
+    assert [tn.remote_tmp_maker(name, tn.host_tag()) for name in left] == [(child.pid, ticks, boot_tag())]
     assert boot_tag()  # the names record this boot: a kernel that gives none would make the boot tests below moot
 
 
@@ -63,7 +64,7 @@ def _left_by_a_killed_sync(local: Path, remote: Path, pid: int, ticks: int | Non
     """The half copy of step 20 a sync of this run made as (pid, ticks) in boot `boot` and was killed in (its run's
     record holds it: the next sync's to remove once its maker is proven gone)."""
     killed = Syncer(local, str(remote), EXPECTED)
-    left = remote / killed.remote.make_tmp(n.sync_tmp_name("step-00000020", n.host_tag(), pid, ticks, boot))
+    left = remote / killed.remote.make_tmp(tn.sync_tmp_name("step-00000020", tn.host_tag(), pid, ticks, boot))
     (left / "model.safetensors").write_bytes(b"half")
     return left
 
@@ -106,7 +107,7 @@ def test_a_half_copy_of_another_boot_is_removed_though_a_live_process_has_its_pi
     save(local, 20, weights)
     assert Syncer(local, str(remote), EXPECTED).sync_newest().step == 20
     assert left.is_dir() == kept
-    assert n.remote_tmp_maker(left.name, n.host_tag())[:2] == (pid, ticks)
+    assert tn.remote_tmp_maker(left.name, tn.host_tag())[:2] == (pid, ticks)
 
 
 @pytest.mark.parametrize(("ahead", "boot", "kept"), [(-1, "", False), (0, "", True), (0, ANOTHER_BOOT, False),
@@ -122,7 +123,7 @@ def test_on_a_remounted_fuse_share_a_recycled_pid_proves_no_live_sync(tmp_path, 
     remote.made.set_root({"url": str(root), "dev": 1, "ino": 1, "fstype": "fuse", "source": "share",
                           "point": str(root), "under": "."})
     pid, ticks = other_process
-    name = remote.make_tmp(n.sync_tmp_name(n.step_name(30), n.host_tag(), pid, ticks + ahead,
+    name = remote.make_tmp(tn.sync_tmp_name(n.step_name(30), tn.host_tag(), pid, ticks + ahead,
                                            boot_tag() if boot == "this" else boot))
     (root / name / "model.safetensors").write_bytes(b"half")
     shutil.copytree(root / name, root / "renumbered")  # a remount's new inode under the recorded name

@@ -21,7 +21,8 @@ from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteFull, SyncError
-from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
+from minilmd.names import QUARANTINE
+from minilmd.tmpnames import host_tag, sync_tmp_name
 from minilmd.untrusted import Unreadable
 from sync_helpers import (  # noqa: F401 - dirs, weights: fixtures
     EXPECTED,

@@ -14,24 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import dirfd, names, perms
+from minilmd import dirfd, perms, tmpnames
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import SyncError
 from minilmd.init_source import STAGED_PTH
-from minilmd.names import (
-    LATEST,
-    MANIFEST,
-    MODEL_FILE,
-    QUARANTINE,
-    pointer_tmp_tag,
-    remote_tmp_maker,
-    remote_tmp_owner,
-    sync_tmp_name,
-)
+from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE
 from minilmd.proc_info import this_maker
+from minilmd.tmpnames import pointer_tmp_tag, remote_tmp_maker, remote_tmp_owner, sync_tmp_name
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
 from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
@@ -57,7 +49,7 @@ class RacedRemote(LocalRemote):
     to `to` appears there (or at `inside` in it)."""
 
     def __init__(self, url: str, at: str, to: Path, inside: str | None = None):
-        super().__init__(url, pointer_tmp_tag(names.host_tag(), os.getpid()))
+        super().__init__(url, pointer_tmp_tag(tmpnames.host_tag(), os.getpid()))
         self.at, self.to, self.inside, self.planted = at, to, inside, False
 
     def _plant(self, *names: str) -> None:
@@ -106,9 +98,9 @@ def test_a_link_placed_at_the_temporary_copys_name_is_passed_by_not_written_thro
 
 def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(shared, tmp_path, weights):
     """A real second user's directory at the predictable temporary name: left as it is, said once, the checkpoint
-    copied under a fresh name that names.remote_tmp_maker reads back as this host's, pid's and start time's (the
+    copied under a fresh name that tmpnames.remote_tmp_maker reads back as this host's, pid's and start time's (the
     clean-up of a killed sync's leftovers still takes it)."""
-    local, host = tmp_path / "scratch", names.host_tag()
+    local, host = tmp_path / "scratch", tmpnames.host_tag()
     at = sync_tmp_name("step-00000010", *this_maker())
     sh_as_user(f"mkdir {at} && echo theirs > {at}/notes", cwd=shared)
     save(local, 10, weights)
@@ -222,7 +214,7 @@ def test_retention_and_the_clean_up_leave_what_another_user_made(shared, tmp_pat
     without_blocking(syncer.sync_newest)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    host = names.host_tag()
+    host = tmpnames.host_tag()
     stale_tmp, dead_tmp = sync_tmp_name("step-00000003", "otherhost", 4242), sync_tmp_name("step-00000004", host,
                                                                                               dead.pid)
     pointer_tmp = f".LATEST.{pointer_tmp_tag(host, dead.pid)}x.tmp"

@@ -15,7 +15,7 @@ import pytest
 from minilmd import checkpoint as ck
 from minilmd.daemon.jobs import remote_made
 from minilmd.daemon.jobs.sync import Syncer
-from minilmd.names import host_tag, sync_tmp_name
+from minilmd.tmpnames import host_tag, sync_tmp_name
 from sync_helpers import EXPECTED, KILL_MID_SYNC, dirs, names, save, weights  # noqa: F401 - dirs, weights: fixtures
 
 KILL_MID_SYNC_OF_A_RUN = KILL_MID_SYNC.replace("sync.Syncer(sys.argv[1], sys.argv[2])",

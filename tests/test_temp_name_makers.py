@@ -1,6 +1,6 @@
-"""Every temporary and set-aside name is made by names.py, and each maker's names, as the code that makes them
-spells them out on disk (Dir.make_temp's and create_new's random ends, an aside's `.old`), are recognised by the
-matcher its clean-up asks: prepare_tmp_maker, export_tmp_maker, remote_tmp_owner, root_tmp_maker.
+"""Every temporary and set-aside name is made by tmpnames.py or names.py, and each maker's names, as the code that
+makes them spells them out on disk (Dir.make_temp's and create_new's random ends, an aside's `.old`), are recognised
+by the matcher its clean-up asks: prepare_tmp_maker, export_tmp_maker, remote_tmp_owner, root_tmp_maker.
 
 Before, prepare's aside was built by hand (`tmp_name + ".old"`: `.OUT.prepare-H-P-T.XXXXXXXX.old`) while
 names.prepare_aside_name made `.OUT.prepare-H-P-T.old` and its length check `.OUT.prepare-H-P-T.old.XXXXXXXX`, a name
@@ -14,7 +14,7 @@ import re
 import pytest
 
 import source_tree
-from minilmd import names
+from minilmd import names, tmpnames
 from minilmd.dirfd import Dir
 
 HOST, PID, TICKS, BOOT = "node-1", 4242, 90210, "0123abcd"
@@ -39,40 +39,40 @@ def _made_file(here: Dir, prefix: str) -> str:
 
 
 def test_a_prepares_temporary_and_its_aside_name_their_maker(here):
-    prefix = names.prepare_tmp_name("out", HOST, PID, TICKS, BOOT)
+    prefix = tmpnames.prepare_tmp_name("out", HOST, PID, TICKS, BOOT)
     tmp = _made_dir(here, prefix)
-    for name in (prefix, tmp, names.aside_name(tmp)):
-        assert names.prepare_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
-        assert names.export_tmp_maker("out", name) is None, name  # an export to the same --out never takes it
-    assert names.prepare_tmp_maker("out", names.prepare_kept_prefix("out") + ".0123abcd") is None  # the user's
+    for name in (prefix, tmp, tmpnames.aside_name(tmp)):
+        assert tmpnames.prepare_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
+        assert tmpnames.export_tmp_maker("out", name) is None, name  # an export to the same --out never takes it
+    assert tmpnames.prepare_tmp_maker("out", names.prepare_kept_prefix("out") + ".0123abcd") is None  # the user's
 
 
 def test_an_exports_temporary_and_its_aside_name_their_maker(here):
-    prefix = names.export_tmp_name("out", HOST, PID, TICKS, BOOT)
+    prefix = tmpnames.export_tmp_name("out", HOST, PID, TICKS, BOOT)
     tmp = _made_dir(here, prefix)
-    for name in (prefix, tmp, names.aside_name(tmp)):
-        assert names.export_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
-        assert names.prepare_tmp_maker("out", name) is None, name
+    for name in (prefix, tmp, tmpnames.aside_name(tmp)):
+        assert tmpnames.export_tmp_maker("out", name) == (HOST, PID, TICKS, BOOT), name
+        assert tmpnames.prepare_tmp_maker("out", name) is None, name
 
 
 @pytest.mark.parametrize(("ticks", "boot"), [(TICKS, BOOT), (TICKS, ""), (None, "")])  # older minilmd's names: no
 # boot recorded, nor a start time
 def test_a_syncs_temporary_names_on_a_remote_name_this_hosts_pid_start_time_and_boot(here, ticks, boot):
-    tag = names.pointer_tmp_tag(HOST, PID, ticks, boot)
-    copies = [names.sync_tmp_name(names.step_name(12), HOST, PID, ticks, boot),
-              names.sync_tmp_name("init", HOST, PID, ticks, boot)]
-    made = [*copies, *(names.fresh_tmp_name(c, token) for c in copies for token in ("0123abcd", "01234567")),
-            *(_made_file(here, names.atomic_tmp_prefix(f) + tag) for f in (names.LATEST, names.BEST,
+    tag = tmpnames.pointer_tmp_tag(HOST, PID, ticks, boot)
+    copies = [tmpnames.sync_tmp_name(names.step_name(12), HOST, PID, ticks, boot),
+              tmpnames.sync_tmp_name("init", HOST, PID, ticks, boot)]
+    made = [*copies, *(tmpnames.fresh_tmp_name(c, token) for c in copies for token in ("0123abcd", "01234567")),
+            *(_made_file(here, tmpnames.atomic_tmp_prefix(f) + tag) for f in (names.LATEST, names.BEST,
                                                                             names.REMOTE_OWNER)),
-            _made_file(here, names.atomic_tmp_prefix(names.LATEST) + tag + "owner")]  # remote_write's claim probe
+            _made_file(here, tmpnames.atomic_tmp_prefix(names.LATEST) + tag + "owner")]  # remote_write's claim probe
     with here.replacing(names.LATEST, 0o644, tag):  # Dir.write_atomic's own temporary, while it is written
-        made += [n for n in os.listdir(here.path) if n.startswith(names.atomic_tmp_prefix(names.LATEST))
+        made += [n for n in os.listdir(here.path) if n.startswith(tmpnames.atomic_tmp_prefix(names.LATEST))
                  and n not in made]
     assert len(made) == 11
     for name in made:
-        assert names.remote_tmp_maker(name, HOST) == (PID, ticks, boot), name
-        assert names.remote_tmp_owner(name, HOST) == PID, name
-        assert names.remote_tmp_owner(name, "other_host") is None, name
+        assert tmpnames.remote_tmp_maker(name, HOST) == (PID, ticks, boot), name
+        assert tmpnames.remote_tmp_owner(name, HOST) == PID, name
+        assert tmpnames.remote_tmp_owner(name, "other_host") is None, name
 
 
 @pytest.mark.parametrize("ticks, boot", [(TICKS, BOOT), (None, ""), (TICKS, ""), (None, BOOT)])
@@ -80,12 +80,14 @@ def test_a_checkpoint_roots_temporaries_name_their_maker(ticks, boot):
     """pid, start ticks and boot; the pid alone (the older form) where either is missing."""
     step = names.step_name(12)
     whole = ticks is not None and boot
-    for make in (names.save_tmp_name, names.fetch_tmp_name, names.deleting_name, names.replaced_name):
-        name = make(12 if make is names.save_tmp_name else step, PID, ticks, boot)
-        assert names.root_tmp_maker(name) == ((PID, ticks, boot) if whole else (PID, None, "")), name
-        assert names.root_tmp_maker(name + "\n") is None and names.root_tmp_maker(name + "x") is None, name
+    for make in (tmpnames.save_tmp_name, tmpnames.fetch_tmp_name, tmpnames.deleting_name, tmpnames.replaced_name):
+        name = make(12 if make is tmpnames.save_tmp_name else step, PID, ticks, boot)
+        assert tmpnames.root_tmp_maker(name) == ((PID, ticks, boot) if whole else (PID, None, "")), name
+        assert tmpnames.root_tmp_maker(name + "\n") is None and tmpnames.root_tmp_maker(name + "x") is None, name
 
 
+NAME_MAKERS = ("minilmd/tmpnames.py", "minilmd/names.py")
+"""The homes of names: what is in progress, and what is set aside or kept (kept_name, quarantine_name)."""
 HAND_BUILT_REVIEWED = {
     "daemon/jobs/remote_made.py": "scratch_record: `.<root>.remote-made.json`, a record kept, never a temporary name",
 }
@@ -95,7 +97,7 @@ TEMPORARY_ENDS = (".old", ".tmp", ".part")
 
 def _hand_built(tree: ast.Module) -> list[int]:
     """Lines of an f-string that starts a hidden name (`f".{name}..."`), or of a string built with `+` or an f-string
-    that ends like a temporary (.old, .tmp, .part): names.py's to make."""
+    that ends like a temporary (.old, .tmp, .part): NAME_MAKERS' to make."""
     specs = {id(n.format_spec) for n in ast.walk(tree) if isinstance(n, ast.FormattedValue) and n.format_spec}
     found = []
     for node in ast.walk(tree):
@@ -113,11 +115,11 @@ def _hand_built(tree: ast.Module) -> list[int]:
     return found
 
 
-def test_no_temporary_name_is_built_by_hand_outside_names_py():
+def test_no_temporary_name_is_built_by_hand_outside_the_name_makers():
     found = [f"{source_tree.relative(path)}:{line}" for path in source_tree.audited_files()
-             if path.name != "names.py" and source_tree.relative(path) not in HAND_BUILT_REVIEWED
+             if source_tree.relative(path) not in (*NAME_MAKERS, *HAND_BUILT_REVIEWED)
              for line in _hand_built(source_tree.tree(path))]
-    assert not found, "temporary and set-aside names are made by names.py:\n" + "\n".join(found)
+    assert not found, "temporary and set-aside names are made by tmpnames.py or names.py:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_a_name_built_by_hand():

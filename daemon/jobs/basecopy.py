@@ -36,8 +36,9 @@ from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, same_source
 from minilmd.model_shapes import pth_bound
-from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES, sync_tmp_name
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES
 from minilmd.shared_place import Place
+from minilmd.tmpnames import sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 REMOTE_BASE = INIT_DIR
@@ -180,11 +181,11 @@ def push_found(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lam
     renamed into place on a local remote: only this push's copy is removed then), and why the remote holds no copy of it
     then (Pushed.missing, from the record this push read). OSError or BaseCopyError for the sync to retry; a half copy
     is never left behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours. `ticks`, `boot`:
-    the maker's start time and boot tag, which the temporary name records after its pid (names.sync_tmp_name; None, "":
-    not recorded). On a store without rename (an fsspec URL) the copy is written in place, after what stands at `init`
-    is removed, and only when the record read again just before that removal is still the one first read (0 otherwise,
-    as for another's): a copy another machine publishes there in the window left, between that second read and the
-    removal (one round trip to the store), is still removed."""
+    the maker's start time and boot tag, which the temporary name records after its pid (tmpnames.sync_tmp_name; None,
+    "": not recorded). On a store without rename (an fsspec URL) the copy is written in place, after what stands at
+    `init` is removed, and only when the record read again just before that removal is still the one first read (0
+    otherwise, as for another's): a copy another machine publishes there in the window left, between that second read
+    and the removal (one round trip to the store), is still removed."""
     hashes = _recorded(staged)
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced

@@ -23,17 +23,9 @@ from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore
 from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.dirfd import PlaceRefused
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
-from minilmd.names import (
-    BEST,
-    LATEST,
-    MANIFEST,
-    TRAINER_STATE,
-    fetch_tmp_name,
-    is_step_name,
-    step_of,
-    step_or_none,
-)
+from minilmd.names import BEST, LATEST, MANIFEST, TRAINER_STATE, is_step_name, step_of, step_or_none
 from minilmd.proc_info import this_process
+from minilmd.tmpnames import fetch_tmp_name
 from minilmd.untrusted import Unreadable, loads
 
 READ_AGAIN_AFTER_S = (2.0, 5.0)

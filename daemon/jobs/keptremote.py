@@ -25,9 +25,10 @@ from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.dirfd import Dir
-from minilmd.names import KEPT_DIR, QUARANTINE, leading_step, pointer_tmp_tag
+from minilmd.names import KEPT_DIR, QUARANTINE, leading_step
 from minilmd.perms import owned_by_me
 from minilmd.proc_info import this_maker
+from minilmd.tmpnames import pointer_tmp_tag
 from minilmd.untrusted import listed
 
 

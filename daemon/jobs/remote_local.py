@@ -27,9 +27,10 @@ from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
-from minilmd.names import LATEST, fresh_tmp_name
+from minilmd.names import LATEST
 from minilmd.path_checks import remote_parents_refused
 from minilmd.place_rule import walk_to
+from minilmd.tmpnames import fresh_tmp_name
 from minilmd.untrusted import (
     MAX_DIR_ENTRIES,
     TooManyEntries,
@@ -385,7 +386,7 @@ class LocalRemote(Publishing, Remote):
         """Remote.make_tmp's temporary directory. Anyone can predict `target` (host and pid): where it holds what is
         not this sync's (a link, another user's entry: NotOurs) that is left as it is, never written through, and a
         fresh name is made instead, `target-XXXXXXXX.tmp` (random): the same host and pid, which
-        names.remote_tmp_owner reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was
+        tmpnames.remote_tmp_owner reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was
         found, the fresh name)` says so. Without it one other user could keep every checkpoint from ever reaching
         the remote. `kept(target)`: what the caller's own earlier try left there that must never be removed (what
         stood at the final name, which publish_unless_taken could neither put back nor set aside), None when nothing

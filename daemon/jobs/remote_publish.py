@@ -22,7 +22,8 @@ from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote_write import NotOurs, in_root
 from minilmd.dirfd import Dir
 from minilmd.dirtree import fsync_tree
-from minilmd.names import atomic_tmp_prefix, kept_name
+from minilmd.names import kept_name
+from minilmd.tmpnames import atomic_tmp_prefix
 from minilmd.untrusted import Unreadable, holds_any
 
 

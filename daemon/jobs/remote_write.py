@@ -34,18 +34,10 @@ from typing import TypeVar
 from minilmd import perms
 from minilmd.daemon.jobs import remote_made
 from minilmd.dirfd import OPEN_DIR, RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
-from minilmd.names import (
-    LATEST,
-    QUARANTINE,
-    REASON_FILE,
-    REMOTE_MARK,
-    atomic_tmp_prefix,
-    is_step_name,
-    pointer_tmp_tag,
-    quarantine_name,
-)
+from minilmd.names import LATEST, QUARANTINE, REASON_FILE, REMOTE_MARK, is_step_name, quarantine_name
 from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in, squash_uids
 from minilmd.proc_info import this_maker
+from minilmd.tmpnames import atomic_tmp_prefix, pointer_tmp_tag
 from minilmd.untrusted import Unreadable, dir_names, file_kind, printable, read_bytes
 
 OWN_UIDS = LearntOwners()
@@ -170,7 +162,7 @@ def learn_own_uid(root: str) -> bool:
 
 def given_owner(root: Dir) -> int:
     """The owner the share gives this process's new files: one file made new in the root (Dir.create_new: O_EXCL, no
-    link) under a pointer's temporary name with a random end (names.remote_tmp_owner: a sync's clean-up knows it; a
+    link) under a pointer's temporary name with a random end (tmpnames.remote_tmp_owner: a sync's clean-up knows it; a
     name another user planted, or a crash left, is passed by for another), its owner read from the open descriptor
     (nothing to swap), then removed through the root's descriptor when the name still holds that very file.
     OSError when the root cannot be written (nothing learnt)."""

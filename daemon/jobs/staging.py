@@ -50,10 +50,10 @@ from minilmd.names import (
     STAGING_OLD_PREFIX,
     STAGING_TMP_PREFIX,
     TOKENS,
-    part_name,
 )
 from minilmd.perms import who_else_writes
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
+from minilmd.tmpnames import part_name
 from minilmd.untrusted import Unreadable, loads_any, open_regular, read_bytes, size_text
 from minilmd.urls import is_local_fs, open_fs
 

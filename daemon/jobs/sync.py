@@ -11,7 +11,7 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest (but a step 0 of a
    stopped DPO reference pass is replaced by a further one: daemon/jobs/sync_pass.py);
-3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>-boot<tag>/` (names.sync_tmp_name), manifest
+3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>-<ticks>-boot<tag>/` (tmpnames.sync_tmp_name), manifest
    last, then read the remote copy back and check sizes and sha256 against the manifest;
 4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
    files go straight to `step-XXXXXXXX/` and the manifest is written last: a directory without a manifest does
@@ -57,16 +57,9 @@ from minilmd.daemon.jobs.sync_errors import (
 )
 from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 - sync.STALE_TMP_SECONDS, as before
 from minilmd.mounts import DEAD_MOUNT_ERRNOS
-from minilmd.names import (
-    BEST,
-    LATEST,
-    REMOTE_OWNER,
-    pointer_tmp_tag,
-    step_name,
-    step_of,
-    step_or_none,
-)
+from minilmd.names import BEST, LATEST, REMOTE_OWNER, step_name, step_of, step_or_none
 from minilmd.proc_info import this_maker
+from minilmd.tmpnames import pointer_tmp_tag
 
 PLACING_WAIT_S = 10.0
 """How long an abandon waits for a repoint of LATEST under way (Syncer.placing): a few operations on a slow remote,

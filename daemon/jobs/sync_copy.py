@@ -18,8 +18,9 @@ from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import sync_pass
 from minilmd.daemon.jobs.remote_store import RemoteStore, Scan
 from minilmd.daemon.jobs.sync_errors import SyncError
-from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, sync_tmp_name
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES
 from minilmd.proc_info import this_maker
+from minilmd.tmpnames import sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 

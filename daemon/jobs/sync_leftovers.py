@@ -18,8 +18,9 @@ from minilmd.daemon.base.runstate import process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.remote_store import RemoteStore
-from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX, atomic_tmp_prefix
+from minilmd.names import BEST, LATEST, REMOTE_OWNER, TMP_PREFIX
 from minilmd.proc_info import this_hosts_remote_maker
+from minilmd.tmpnames import atomic_tmp_prefix
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only

@@ -40,11 +40,11 @@ from minilmd.names import (
     TOKENIZER_FILE,
     TOKENIZER_MAX_BYTES,
     TRAINER_STATE,
-    save_tmp_name,
     step_name,
 )
 from minilmd.plan.trainer_state import STEP
 from minilmd.proc_info import this_process
+from minilmd.tmpnames import save_tmp_name
 from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from minilmd import leftovers, perms
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.dirpublish import publish
 from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry
-from minilmd.names import aside_name, export_tmp_maker, export_tmp_name, old_export_tmp_name
 from minilmd.protocol import COMMAND_FAILED, EXIT_CONFIG, EXIT_IO
+from minilmd.tmpnames import aside_name, export_tmp_maker, export_tmp_name, old_export_tmp_name
 from minilmd.untrusted import Unreadable, holds_any
 
 if TYPE_CHECKING:
@@ -256,7 +256,7 @@ _WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 
 def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
-    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name), looked at
+    """The other exports' temporary copies beside `out`, each named by its maker (tmpnames.export_tmp_name), looked at
     and removed in `parent`, the directory of --out opened once (through its descriptor, each only while its name leads
     to what was looked at: leftovers.sweep's Dir). One whose export still runs (its pid alive with the start time the
     name records) is left, and this export refused: two exports to one --out at once would publish over each other. One
@@ -305,7 +305,7 @@ def pth_out_problem(out: str | Path) -> str | None:
 def checked_out(out: str | Path, group_share: bool = False) -> Path:
     """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
     (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
-    copy's beside it (names.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
+    copy's beside it (tmpnames.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
     directory it goes in, unless `group_share` (`_open_parent` looks again when it opens that directory)."""
     out = Path(out)
     tmp = out.with_name(temp_name(export_tmp_name(out.name, *leftovers.me()), "0" * 8))

@@ -64,17 +64,9 @@ from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
 from minilmd.doc_index import index_header, read_prefix
 from minilmd.names import CORPUS_META as META
-from minilmd.names import (
-    CORPUS_META_MAX_BYTES,
-    DOC_LENGTHS,
-    LEAK_KEYS,
-    LOSS_MASK,
-    SPLITS,
-    TOKENS,
-    prepare_tmp_maker,
-    prepare_tmp_name,
-)
+from minilmd.names import CORPUS_META_MAX_BYTES, DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS
 from minilmd.perms import others_can_rearrange, owned_by_me
+from minilmd.tmpnames import prepare_tmp_maker, prepare_tmp_name
 from minilmd.untrusted import listed, sha256_open, sha256_regular
 
 STALE_PARTS = DOC_LENGTHS + ".append-*.npy"  # a killed append's part, in a split directory

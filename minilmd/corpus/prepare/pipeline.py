@@ -72,12 +72,10 @@ from minilmd.names import (
     SPLITS,
     TOKENIZER_CONFIG,
     TOKENS,
-    aside_name,
     prepare_kept_prefix,
-    prepare_tmp_maker,
-    prepare_tmp_name,
 )
 from minilmd.perms import owned_by_me, user_words
+from minilmd.tmpnames import aside_name, prepare_tmp_maker, prepare_tmp_name
 from minilmd.untrusted import TooManyEntries, Unreadable, holds_any, listed, printable, read_bytes
 
 _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
@@ -85,13 +83,13 @@ _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary direc
 
 def _remove_stale_tmp(parent: Dir, out: Path, ours: str, say: leftovers.Say) -> None:
     """What killed prepares to `out` left beside it (a SIGKILL leaves no chance to clean up), by prepare's own names
-    only (names.prepare_tmp_maker: never an export's `.OUT.tmp-HOST-PID-TICKS-bootTAG` to the same path, whose numbers
-    are no prepare's). Removed once its maker is gone (a recycled pid has another start time, a process of a later boot
-    another boot) when it is this user's own directory; a link, another user's entry, anything but a directory, another
-    host's are left and said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare
-    of this host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts
-    meanwhile; `parent`: the lock's, the directory of `out` judged and opened once (looked at and removed through
-    it)."""
+    only (tmpnames.prepare_tmp_maker: never an export's `.OUT.tmp-HOST-PID-TICKS-bootTAG` to the same path, whose
+    numbers are no prepare's). Removed once its maker is gone (a recycled pid has another start time, a process of a
+    later boot another boot) when it is this user's own directory; a link, another user's entry, anything but a
+    directory, another host's are left and said (minilmd/leftovers.py). A live maker's is left too: under the corpus
+    lock it is no prepare of this host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on
+    this host starts meanwhile; `parent`: the lock's, the directory of `out` judged and opened once (looked at and
+    removed through it)."""
     leftovers.sweep(parent, lambda name: prepare_tmp_maker(out.name, name), _WORDS, say, out=out, skip=ours,
                     on_running=leftovers.say_running(_WORDS, say))
 
