@@ -21,11 +21,12 @@ TAIL_BLOCK = 64 * 1024
 a big log cost one small read and a whole window few."""
 
 
-def open_regular_or_none(path: str | os.PathLike, owner: int | Collection[int] | None = None) -> int | None:
-    """A descriptor of the regular file at path (untrusted.open_regular: of `owner` when given), None when there is
-    none; Unreadable when it is not one. The caller closes it."""
+def open_regular_or_none(path: str | os.PathLike, owner: int | Collection[int] | None = None,
+                         dir_fd: int | None = None) -> int | None:
+    """A descriptor of the regular file at path (untrusted.open_regular: of `owner` when given; with `dir_fd`, path is
+    a name in that open directory), None when there is none; Unreadable when it is not one. The caller closes it."""
     try:
-        return open_regular(path, owner=owner)
+        return open_regular(path, owner=owner, dir_fd=dir_fd)
     except Unreadable as e:
         if e.missing:
             return None
@@ -44,12 +45,13 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
 
 
 def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES,
-               owner: int | Collection[int] | None = None) -> tuple[list[str], int]:
+               owner: int | Collection[int] | None = None, dir_fd: int | None = None) -> tuple[list[str], int]:
     """(the last n lines of a file, the file's size when read): read backwards from the end in blocks, at most
     max_bytes, so memory stays bounded however large the log. Fewer lines when the file has fewer (or they do not
     fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file; Unreadable for one
-    that is not a regular file (never opened), not `owner`'s when given, or that fails while read (kind "io")."""
-    fd = open_regular_or_none(path, owner)
+    that is not a regular file (never opened), not `owner`'s when given, or that fails while read (kind "io").
+    `dir_fd`: path is a name in that open directory (open_regular)."""
+    fd = open_regular_or_none(path, owner, dir_fd)
     if fd is None:
         return [], 0
     try:
@@ -112,13 +114,13 @@ def stream_lines(path: str | os.PathLike, max_bytes: int) -> Iterator[bytes]:
         os.close(fd)
 
 
-def new_lines(path: str | os.PathLike, offset: int,
-              max_bytes: int = NEW_LINES_MAX_BYTES) -> tuple[list[bytes], int]:
+def new_lines(path: str | os.PathLike, offset: int, max_bytes: int = NEW_LINES_MAX_BYTES,
+              owner: int | Collection[int] | None = None, dir_fd: int | None = None) -> tuple[list[bytes], int]:
     """(complete lines added since `offset`, the offset after the last of them): follows a file another process
     appends to, never returning the half line it is writing, and never more than the last max_bytes of what was
     added (the rest is skipped). A file that shrank (rotated, truncated) is read from its start again; a missing
-    one gives ([], offset); Unreadable as for tail_lines."""
-    fd = open_regular_or_none(path)
+    one gives ([], offset); Unreadable as for tail_lines (`owner`, `dir_fd` too)."""
+    fd = open_regular_or_none(path, owner, dir_fd)
     if fd is None:
         return [], offset
     try:

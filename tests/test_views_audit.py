@@ -24,6 +24,7 @@ from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import logs as views_logs
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
+from minilmd.dirfd import Dir
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
 from waiting import wait_until
@@ -76,6 +77,19 @@ def test_stop_of_an_ended_run_escapes_its_reason_and_error(tmp_path):
     assert "over\\x1b]0;owned" in out.getvalue() and "/x/step-5\\x1b]0;owned" in out.getvalue(), out.getvalue()
 
 
+def _followed(run_dir: Path, name: str, offset: int) -> io.StringIO:
+    """What `logs -f` relays of the attempt log `name` after `offset`."""
+    followed = io.StringIO()
+    with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY), run_dir) as run:
+        logs = views_logs._Logs(run)
+        try:
+            assert name in logs.attempts()
+            logs.copy_new(name, offset, followed)
+        finally:
+            logs.close()
+    return followed
+
+
 def test_logs_escape_what_the_logs_hold_shown_and_followed(tmp_path):
     run_dir = hostile_run(tmp_path)
     (run_dir / names.SUPERVISOR_LOG).write_text("event" + ESCAPES + "\n")
@@ -88,8 +102,7 @@ def test_logs_escape_what_the_logs_hold_shown_and_followed(tmp_path):
     assert "event\\x1b" in out.getvalue() and "trainer\\x1b" in out.getvalue(), out.getvalue()
     with open(attempt, "a") as f:
         f.write("later" + ESCAPES + "\n")
-    followed = io.StringIO()
-    views_logs._copy_new(attempt, len(("trainer" + ESCAPES + "\n").encode()), "attempt-0001", followed)
+    followed = _followed(run_dir, attempt.name, len(("trainer" + ESCAPES + "\n").encode()))
     assert_escaped(followed.getvalue())
     assert "[attempt-0001] later\\x1b" in followed.getvalue(), followed.getvalue()
 
@@ -109,8 +122,7 @@ def test_logs_show_and_relay_a_planted_8_mib_line_cut_saying_so(tmp_path):
     assert tail.endswith("\nafter\n") and "\nbefore\n" in tail, tail[-200:]
     with open(attempt, "a") as f:
         f.write(f"{'A' * (8 << 20)}\nlast\n")
-    followed = io.StringIO()
-    views_logs._copy_new(attempt, len(shown_tail), "attempt-0001", followed)
+    followed = _followed(run_dir, attempt.name, len(shown_tail))
     relayed = followed.getvalue()
     assert len(relayed) < 40_000, len(relayed)
     left_out = (8 << 20) - (16 << 10)

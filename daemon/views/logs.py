@@ -2,20 +2,20 @@
 followed (`-f`).
 
 The run directory is the one daemon/views/runarg.py judged, held open for as long as it is followed: its logs and
-state.json are read through that descriptor (Dir.inside), never by its path again, so a directory put at its path
-meanwhile is never what is shown under its name. Each log is opened as a file others may have written (a regular
-file, no link followed, read from its end, bounded: minilmd/fsio.py) and each line escaped (minilmd/untrusted.py
+state.json are read through that descriptor and logs/ through its own, opened in it without following a link, never
+by a path again (_Logs), so neither a directory put at the run's path nor a link put at logs/ meanwhile is what is
+shown under its name. Each log is opened as a file others may have written (a regular file of the run's owner, no
+link followed, read from its end, bounded: minilmd/logread.py) and each line escaped (minilmd/untrusted.py
 `printable`) and cut at LOG_LINE_SHOWN before it reaches the terminal.
 """
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
-from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.base.runstate import state_owners
 from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.liveness import load
@@ -29,28 +29,63 @@ LOG_LINE_SHOWN = 16 << 10
 another user's run directory was relayed whole, 8 MiB) is shown cut, saying how much was left out."""
 
 
+class _Logs:
+    """A run's logs as `logs` reads them: through the run directory judged (runarg.open_run) and its logs/ opened in
+    it once, no link followed (the supervisor makes logs/ once and never replaces it), each file a regular file of the
+    run's owner (or ours) read by its name in the directory it is in, so that no path is looked up again: a link put
+    at logs/ or at a log meanwhile (the run's owner may write there) never leads the reader into a third user's
+    files."""
 
+    def __init__(self, run: Dir):
+        self.run, self.owner = run, state_owners(run.path, run.fd)
+        self.folder: Dir | None = None
 
-def _attempt_logs(run_dir: Path) -> list[Path]:
-    """The attempt logs of a run, from its logs/ directory itself: a link there (to another place's files) is not
-    followed, as each log is opened without following one (tail_lines)."""
-    folder = run_dir / names.ATTEMPT_LOGS
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.close()
+
+    def attempts(self) -> list[str]:
+        """The attempt logs' names, from logs/ itself (opened once it is there: a link there is no logs/)."""
+        if self.folder is None:
+            try:
+                self.folder = Dir.at(self.run, names.ATTEMPT_LOGS)
+            except OSError:  # none yet, a link, not a directory
+                return []
+        try:
+            return sorted(n for n in listed(self.folder.fd) if names.is_attempt_log(n))
+        except OSError:  # unreadable, more entries than untrusted.listed reads: no logs to show
             return []
-        return sorted(folder / n for n in listed(folder) if names.is_attempt_log(n))
-    except OSError:  # gone meanwhile, unreadable, more entries than untrusted.listed reads: no logs to show
-        return []
 
+    def _where(self, name: str | None) -> tuple[str, int]:
+        """(the name, the descriptor of the directory it is in): the supervisor's log (name None) or an attempt's."""
+        if name is None:
+            return names.SUPERVISOR_LOG, self.run.fd
+        assert self.folder is not None  # an attempt's name comes from attempts()
+        return name, self.folder.fd
 
-def _tail(path: Path, n: int) -> tuple[str, int]:
-    """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    minilmd/logread.py tail_lines); a file that is not one is "unreadable (why)"."""
-    try:
-        lines, size = tail_lines(path, n)
-    except Unreadable as e:
-        return f"unreadable ({e.why})\n", 0
-    return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
+    def shown(self, name: str | None) -> str:
+        return printable(self.run.path / (names.SUPERVISOR_LOG if name is None else f"{names.ATTEMPT_LOGS}/{name}"))
+
+    def tail(self, name: str | None, n: int) -> tuple[str, int]:
+        """The last n lines of a log and the offset of its end (read from at most its last MiB: logread.tail_lines);
+        a file that is not one of the run's regular files is "unreadable (why)"."""
+        at, dir_fd = self._where(name)
+        try:
+            lines, size = tail_lines(at, n, owner=self.owner, dir_fd=dir_fd)
+        except Unreadable as e:
+            return f"unreadable ({e.why})\n", 0
+        return "".join(printable(clipped(line, LOG_LINE_SHOWN)) + "\n" for line in lines), size
+
+    def copy_new(self, name: str | None, offset: int, out) -> int:
+        at, dir_fd = self._where(name)
+        try:
+            lines, offset = new_lines(at, offset, owner=self.owner, dir_fd=dir_fd)
+        except Unreadable:
+            return offset  # said once by tail; a file that becomes one again is followed from where it was
+        label = "supervisor" if name is None else name.removesuffix(".log")
+        for line in lines:
+            out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
+        return offset
 
 
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
@@ -84,42 +119,45 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
 
 
 def _logs(run: Dir, follow: bool, lines: int, out, poll_s: float) -> int:
-    """logs of the run directory open in `run`: read in `run.inside` (through its descriptor), named by its path."""
-    run_dir, inside = run.path, run.inside
+    """logs of the run directory open in `run`, read through its descriptor (_Logs), named by its path."""
+    logs = _Logs(run)
+    try:
+        return _show(logs, follow, lines, out, poll_s)
+    finally:
+        logs.close()
 
-    def shown(path: Path) -> str:
-        return printable(run_dir / path.relative_to(inside))
 
-    sup_path = inside / names.SUPERVISOR_LOG
-    text, sup_off = _tail(sup_path, lines)
-    out.write(f"==> {shown(sup_path)} <==\n{text}")
-    attempts = _attempt_logs(inside)
+def _show(logs: _Logs, follow: bool, lines: int, out, poll_s: float) -> int:
+    text, sup_off = logs.tail(None, lines)
+    out.write(f"==> {logs.shown(None)} <==\n{text}")
+    attempts = logs.attempts()
     current = attempts[-1] if attempts else None
     cur_off = 0
     if current:
-        text, cur_off = _tail(current, lines)
-        out.write(f"==> {shown(current)} <==\n{text}")
+        text, cur_off = logs.tail(current, lines)
+        out.write(f"==> {logs.shown(current)} <==\n{text}")
     out.flush()
     if not follow:
         return 0
+    run = logs.run
     if ended := _ended(run):
-        print(f"{printable(run_dir)}: {ended}: following its logs until it starts again (Ctrl-C to quit)",
+        print(f"{printable(run.path)}: {ended}: following its logs until it starts again (Ctrl-C to quit)",
               file=sys.stderr, flush=True)
     try:
         while True:
             ended_before = _ended(run)  # before the last lines: an end's own lines are copied below
-            sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
+            sup_off = logs.copy_new(None, sup_off, out)
             if current:
-                cur_off = _copy_new(current, cur_off, current.stem, out)
-            attempts = _attempt_logs(inside)
+                cur_off = logs.copy_new(current, cur_off, out)
+            attempts = logs.attempts()
             if attempts and attempts[-1] != current:
                 if current:
-                    cur_off = _copy_new(current, cur_off, current.stem, out)
+                    cur_off = logs.copy_new(current, cur_off, out)
                 current, cur_off = attempts[-1], 0
-                out.write(f"==> {shown(current)} (new attempt) <==\n")
+                out.write(f"==> {logs.shown(current)} (new attempt) <==\n")
             out.flush()
             if ended_before and not ended:  # it ran while followed, and has ended: nothing more will come
-                print(f"{printable(run_dir)}: {ended_before}", file=sys.stderr, flush=True)
+                print(f"{printable(run.path)}: {ended_before}", file=sys.stderr, flush=True)
                 return 0
             ended = ended_before
             time.sleep(poll_s)
@@ -140,13 +178,3 @@ def _ended(run: Dir) -> str:
     if seen.alive is not False:
         return ""
     return f"the run has ended ({state.outcome.phase or state.phase}, exit {state.outcome.exit})"
-
-
-def _copy_new(path: Path, offset: int, label: str, out) -> int:
-    try:
-        lines, offset = new_lines(path, offset)
-    except Unreadable:
-        return offset  # said once by _tail; a file that becomes one again is followed from where it was
-    for line in lines:
-        out.write(f"[{label}] {printable(clipped(line, LOG_LINE_SHOWN))}\n")
-    return offset
