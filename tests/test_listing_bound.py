@@ -21,7 +21,8 @@ from minilmd import scratch as scratchmod
 from minilmd import scratch_end
 from minilmd.checkpoint_dirs import clean_stale_tmp, list_checkpoints, local_checkpoint_steps
 from minilmd.daemon.jobs.resumefrom import _lists_steps
-from minilmd.daemon.views.logs import _attempt_logs
+from minilmd.daemon.views.logs import _Logs
+from minilmd.dirfd import Dir
 from minilmd.names import ATTEMPT_LOGS, CHECKPOINTS, MANIFEST
 from minilmd.tmpnames import save_tmp_name
 from minilmd.untrusted import MAX_DIR_ENTRIES, TooManyEntries, holds_any, listed
@@ -88,12 +89,21 @@ def test_the_leftover_sweep_of_a_root_past_the_bound_finds_nothing(tmp_path):
     assert clean_stale_tmp(root, said.append) == [dead] and not dead.exists()
 
 
-def test_status_shows_no_attempt_logs_of_a_logs_directory_past_the_bound(tmp_path):
+def _attempt_logs(run_dir: Path) -> list[str]:
+    with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY), run_dir) as run:
+        logs = _Logs(run)
+        try:
+            return logs.attempts()
+        finally:
+            logs.close()
+
+
+def test_logs_shows_no_attempt_logs_of_a_logs_directory_past_the_bound(tmp_path):
     logs = crowd(tmp_path / "run" / ATTEMPT_LOGS)
     (logs / "attempt-0001.log").write_text("a line\n")
     assert _attempt_logs(tmp_path / "run") == []
     uncrowd(logs)
-    assert _attempt_logs(tmp_path / "run") == [logs / "attempt-0001.log"]
+    assert _attempt_logs(tmp_path / "run") == ["attempt-0001.log"]
 
 
 def test_listed_raises_what_listing_raised_and_holds_any_reads_one_entry(tmp_path):
