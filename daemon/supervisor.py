@@ -225,6 +225,7 @@ class Supervisor(Attempt, Ending):
             self.loop.stop_requested = True
             self.events.emit("signal", "stop requested (SIGTERM/SIGINT): the trainer saves, then a last sync")
             self.notifier.stopping()
+            self._took_stop()
             self._enter_stopping("stop requested")
         elif self.signals.stop > 1 and (child := self.loop.child) and child.poll() is None and child.killed_at is None:
             trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit)
@@ -234,7 +235,14 @@ class Supervisor(Attempt, Ending):
         stops = stoprequest.at_start(self.run_dir, os.environ, self.events.emit)
         if stops is not None:
             self.loop.stop_requested, (self.loop.stop_reason, words) = True, stops
+            self._took_stop()
             self._enter_stopping(words)
+
+    def _took_stop(self) -> None:
+        """Record in state.json at once (not at the next transition: one in STOPPING already has none) that this
+        supervisor took its stop: a `minilmd stop` after it waits without a second SIGTERM."""
+        self.state.supervisor.stop_taken = now()
+        self.room.save()
 
     @property
     def phase(self) -> Phase:

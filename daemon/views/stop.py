@@ -7,6 +7,7 @@ before it reaches the terminal.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -14,9 +15,10 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from minilmd import names, procs, protocol, run_owner
+from minilmd import lockfile, names, procs, protocol, run_owner
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
@@ -91,8 +93,16 @@ def _stop(run: Dir, timeout: float, out) -> int:
               f"`minilmd stop` there", file=out)
         return protocol.STOP_FAILED
     pid, ticks = live.pid, procs.process_start_ticks(live.pid)
-    why = procs.signal_supervisor(scope, pid, ticks, live.launch_id, signal.SIGTERM)
-    if why is None:
+    with _one_stop_at_a_time(run):
+        taken = _stop_taken(run, pid, ticks)
+        why = None if taken else procs.signal_supervisor(scope, pid, ticks, live.launch_id, signal.SIGTERM)
+        if why is None and not taken:
+            _until_taken(run, pid, ticks)  # what the next stop reads, before it may look
+    if taken:
+        print(f"supervisor pid {pid} has been stopping since {fmt_time(taken)}: not signalled again (a second "
+              f"SIGTERM would kill the trainer in its save); waiting for the trainer's save and the last sync...",
+              file=out, flush=True)
+    elif why is None:
         print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
               flush=True)
     elif why == "it has ended":
@@ -157,6 +167,54 @@ def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> N
     elif request is None:
         print("  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
               "run)", file=out)
+
+
+STOPPERS_WAIT_S = 15.0
+"""How long a stop waits for another stop of the same run to have signalled its supervisor (_one_stop_at_a_time);
+longer than TAKEN_WAIT_S, the most that one holds it."""
+TAKEN_WAIT_S = 10.0
+"""How long a stop that sent its SIGTERM waits, before it lets the next stop look, for the supervisor to record that
+it took it (SupervisorInfo.stop_taken: a tick of its loop; longer when its storage stalls)."""
+
+
+@contextlib.contextmanager
+def _one_stop_at_a_time(run: Dir) -> Iterator[None]:
+    """Held while a stop looks whether the supervisor took a stop and signals it if not: two `minilmd stop` at once
+    (a second terminal, a script beside a person) would send two SIGTERMs, and the supervisor kills the trainer in
+    its save on a second one. An flock on the run directory itself, waited for STOPPERS_WAIT_S at most; gone on
+    without where none can be had (a file system without flock, a directory we may not read, a holder that keeps it:
+    anyone who may read the run directory can)."""
+    fd = -1
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=run.fd)  # run.fd is O_PATH: no flock
+        deadline = time.monotonic() + STOPPERS_WAIT_S
+        while not lockfile.try_flock(fd) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # lets the flock go with it
+
+
+def _stop_taken(run: Dir, pid: int, ticks: int | None) -> float | None:
+    """When the supervisor (pid, ticks) recorded that it took a stop (SupervisorInfo.stop_taken), None while it has
+    not, or when state.json is another supervisor's."""
+    raw, _ = load(run.path, run.fd)
+    info = StateJson.from_dict(raw).supervisor if raw else None
+    if info is None or info.pid != pid or ticks is None or info.start_ticks != ticks:
+        return None
+    return info.stop_taken
+
+
+def _until_taken(run: Dir, pid: int, ticks: int | None) -> None:
+    """Wait (TAKEN_WAIT_S at most) until the supervisor signalled has recorded its stop, or has ended."""
+    deadline = time.monotonic() + TAKEN_WAIT_S
+    while _stop_taken(run, pid, ticks) is None and procs.process_start_ticks(pid) == ticks and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _reread(run: Dir, state: StateJson) -> StateJson:
