@@ -2,7 +2,8 @@
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that another user could redirect (run.dir,
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
-is empty or whose train split holds no micro-batch (rowcount.too_few_rows), a corpus most of whose replies
+is empty or whose train split holds no micro-batch (rowcount.too_few_rows), TensorBoard's writer not installed for
+`[log] tensorboard`, a corpus most of whose replies
 train.seq_len cuts away (DPO's pairs, SFT's reply tokens: minilmd/replycut.py), an init.from
 that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
 than the corpus's (minilmd/init_tokenizer.py). What the run would do that its config may not mean (`run
@@ -17,7 +18,9 @@ mistyped path is told from a share gone by minilmd/path_checks.py. Torch-free.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +113,8 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
             p += _corpus_problems(cfg, waits, count_replies)
     if cfg.log.prometheus_textfile:
         p += textfile_problems(cfg.log.prometheus_textfile)
+    if cfg.log.tensorboard:
+        p += tensorboard_problems()
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
         p += _init_problems(cfg, waits)
     if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
@@ -121,6 +126,23 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
         if not unknown and root is not None and supervision() is None:  # not a supervised trainer's
             p += shared_storage_check(remote_problems, root, has_started(cfg), waits)
     return p
+
+
+TENSORBOARD_INSTALL_HINT = "pip install 'minilmd[tensorboard]'  (or: pip install tensorboard)"
+
+
+def tensorboard_problems() -> list[str]:
+    """`[log] tensorboard = true` where the `tensorboard` package, which torch.utils.tensorboard's writer needs, is not
+    installed in this Python: said by `run --check` and the launch, before the GPU wait (the trainer's own import,
+    trainer/loop/tensorboard.py `tee`, ends the run there too, exit 2, but only once it has started). Looked up,
+    not imported: torch-free."""
+    try:
+        if importlib.util.find_spec("tensorboard") is not None:
+            return []
+    except (ImportError, ValueError):  # a broken install: the trainer's import says what it is
+        pass
+    return [f"log.tensorboard = true, but the tensorboard package is not installed in this Python ({sys.executable}): "
+            f"{TENSORBOARD_INSTALL_HINT}, or set log.tensorboard = false"]
 
 
 def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: bool = True) -> list[str]:

@@ -4,13 +4,16 @@ read-back of a real killed and resumed run with TensorBoard's own reader is in t
 from __future__ import annotations
 
 import builtins
+import subprocess
 import sys
 
 import pytest
 
 from minilmd.config import ConfigError, config_from_dict
 from minilmd.metrics import MetricsLog
+from minilmd.probes import tensorboard_problems
 from minilmd.trainer.loop import tensorboard
+from supervisor_helpers import write_config
 
 
 def config(tmp_path, **log):
@@ -83,3 +86,26 @@ def test_a_dpo_runs_rewards_are_tagged_by_trls_names(tmp_path):
                 "val/rewards/chosen": -0.01, "val/rewards/rejected": -0.04, "val/loss": 0.68}
     for tag, value in expected.items():
         assert got.get(tag) == pytest.approx(value), (tag, got)
+
+
+CHECK_WITHOUT_TENSORBOARD = """
+import sys
+sys.modules["tensorboard"] = None  # what an environment without the package looks like to the import system
+sys.argv[0] = "minilmd"
+from minilmd.cli import main
+main()
+"""
+
+
+def test_run_check_says_a_missing_tensorboard_before_any_launch(tmp_path, corpus):
+    """Found by a new user: `run --check` passed `[log] tensorboard = true` without the package; the launch then
+    staged, started the trainer, and failed there for good (exit 2), after the GPU wait on a server. Now --check,
+    and the launch with it, say it first; with the package there, nothing is said."""
+    path = write_config(tmp_path, corpus, log={"tensorboard": True})
+    check = subprocess.run([sys.executable, "-c", CHECK_WITHOUT_TENSORBOARD, "run", "--check", str(path)],
+                           capture_output=True, text=True, timeout=120)
+    said = check.stdout + check.stderr
+    assert check.returncode == 2, said
+    assert "log.tensorboard = true, but the tensorboard package is not installed" in said, said
+    assert "pip install 'minilmd[tensorboard]'" in said, said
+    assert tensorboard_problems() == []  # installed in the test environment: the check is silent

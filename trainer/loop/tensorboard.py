@@ -14,6 +14,7 @@ from __future__ import annotations
 from minilmd.config import ConfigError, RunConfig
 from minilmd.metrics import REWARDS, MetricsLog
 from minilmd.names import STATE, STATE_MAX_BYTES, TENSORBOARD_DIR
+from minilmd.probes import TENSORBOARD_INSTALL_HINT
 from minilmd.untrusted import Unreadable, read_json
 
 SCALARS = {
@@ -24,7 +25,6 @@ SCALARS = {
 }
 """metrics.jsonl field -> TensorBoard tag, per kind of line; "run/restarts" is added to every train line. A DPO run's
 rewards under TRL's names (train/rewards/accuracies, val/rewards/margins, ...: minilmd.metrics.REWARDS)."""
-INSTALL_HINT = "pip install 'minilmd[tensorboard]'  (or: pip install tensorboard)"
 
 
 def restarts_so_far(cfg: RunConfig) -> int:
@@ -70,7 +70,7 @@ def tee(log: MetricsLog, cfg: RunConfig, resumed_step: int) -> MetricsLog:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
         raise ConfigError([f"log.tensorboard = true but TensorBoard's writer cannot be imported ({e}): "
-                           f"{INSTALL_HINT}"], cfg.source) from None
+                           f"{TENSORBOARD_INSTALL_HINT}"], cfg.source) from None
     # By path, as the run's other files (metrics.jsonl, the logs): run.dir is held to the place rule at run --check,
     # the launch and minilmd train (place_rule.run_dir_problem), so no other user can plant a link in it or above it.
     writer = SummaryWriter(log_dir=str(cfg.run_dir / TENSORBOARD_DIR), purge_step=resumed_step + 1)
