@@ -144,11 +144,12 @@ def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
     saved_attention = kernels.get("attention")
     if expected.attention is not None and isinstance(saved_attention, str) and saved_attention != expected.attention:
         how = kernels.get("attention_how", "")
+        setting = saved_attention if how == "forced" else "auto"  # a kernel auto chose ("default" too): no setting
         raise CheckpointMismatch(ckpt_dir, [f"trained with attention kernel {saved_attention!r}"
                                             f"{f' ({how})' if how else ''}, the run forces model.attention = "
                                             f"{expected.attention!r}: a resume must not change kernels (set "
                                             f"model.attention = \"auto\" to keep {saved_attention!r})"], "model",
-                                 (("model.attention", _toml(saved_attention), _toml(expected.attention)),))
+                                 (("model.attention", _toml(setting), _toml(expected.attention)),))
 
 
 def _toml(value) -> str:

@@ -168,6 +168,23 @@ def test_a_resume_keeps_the_kernels_or_is_refused_with_the_reason(tmp_path):
         check(tmp_path, state_with(True, "flash"), expect("math"))
 
 
+@pytest.mark.parametrize(("kernel", "how", "setting"), [("default", "default", "auto"), ("flash", "measured", "auto"),
+                                                        ("efficient", "forced", "efficient")])
+def test_the_refusal_of_another_kernel_names_the_setting_to_put_back(tmp_path, kernel, how, setting):
+    """Found by a new user: a CPU run's resume with model.attention = "math" was refused with `were trained with
+    model.attention "default" ... Put the old value back`, and "default" is no value model.attention takes. What the
+    run's config said is named: "auto" for a kernel auto chose, the kernel itself where it was forced."""
+    from minilmd.daemon.jobs.resumefrom import refusal
+
+    state = state_with(True, None)
+    state["kernels"] = ac.Choice(kernel, how, "cpu").record(True)
+    with pytest.raises(CheckpointMismatch) as e:
+        ck.check_expectation(tmp_path / "step-00000030", state, expect("math"))
+    words = refusal(e.value, "in scratch /s")
+    assert f'were trained with model.attention "{setting}"; the config says "math"' in words, words
+    assert attention_problems(setting, True) == []  # what it says to put back is a value the config takes
+
+
 def test_the_run_config_gives_the_kernel_expectation():
     e = Expectation.for_corpus(config("math", deterministic=False))
     assert (e.attention, e.deterministic) == ("math", False)
