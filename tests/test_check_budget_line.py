@@ -7,6 +7,7 @@ from __future__ import annotations
 from minilmd.config import config_from_dict
 from minilmd.config_values import budget_problem
 from minilmd.plan.budget import Rate, budget_line, planned
+from minilmd.plan.trainer_state import Trained
 from supervisor_helpers import cli, write_config
 
 TEXT = {"data_format": "text", "splits": {"train": {"documents": 1_000, "tokens": 1_000_000}}}
@@ -95,6 +96,18 @@ def test_the_steps_left_count_from_the_step_the_launch_resumes_not_the_last_reco
     assert line.endswith("; the 25 steps left take about 2m at the 3,277 tok/s this run last measured"), line
     assert budget_line(cfg, plan, Rate(32_768.0, step=53, at=0)).endswith("; all of it take about 60s at the "
                                                                           "32,768 tok/s this run last measured")
+
+
+def test_a_resume_that_changes_the_batch_is_timed_at_todays_batch(tmp_path):
+    """Found by a new user: a resume with 64 times the micro-batch was said to take "about 2m" at the measured rate,
+    the old step's tokens times the steps left; at today's step it takes about 18m. The run trained 10 steps of 64
+    rows x 512 positions (32,768 a step), 16,384 real tokens a step (half); today's step is 4x the rows: 131,072
+    positions, 65,536 real tokens; 50 left x 65,536 / 3,276.8 tok/s = 1,000 s."""
+    cfg = config(tmp_path, max_steps=60, micro_batch_size=64)
+    plan = planned(cfg, TEXT, done=Trained(step=10, rows=640, positions=640 * 512))
+    assert plan is not None and plan.done is not None  # the batch changed: what was trained is counted apart
+    line = budget_line(cfg, plan, Rate(3_276.8, step=10, tokens_seen=163_840, at=10))
+    assert line.endswith("; the 50 steps left take about 17m at the 3,277 tok/s this run last measured"), line
 
 
 def test_the_missing_budget_message_says_a_short_epoch_in_seconds(tmp_path):

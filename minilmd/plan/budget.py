@@ -151,12 +151,18 @@ class Rate:
 
 def time_left(plan: Planned, rate: Rate) -> tuple[int, float] | None:
     """(Steps left from rate.from_step, their seconds) at `rate`, a step's tokens as that run trained them
-    (tokens_seen / step: real tokens, as tok_s counts; else the step's global_batch x seq_len); None when no step is
-    left."""
+    (tokens_seen / step: real tokens, as tok_s counts; else the step's global_batch x seq_len), at today's batch
+    where this resume changes it (plan.done: the share of real tokens the run had, of today's positions a step;
+    before, the old step's tokens: a 64x micro-batch said 2 minutes for 18); None when no step is left."""
     left = plan.steps - rate.from_step
     if left <= 0:
         return None
-    per_step = rate.tokens_seen / rate.step if rate.tokens_seen and rate.step > 0 else plan.global_batch * plan.seq_len
+    per_step = float(plan.global_batch * plan.seq_len)
+    if rate.tokens_seen and rate.step > 0:
+        real = rate.tokens_seen / rate.step
+        done = plan.done
+        per_step = min(1.0, real / (done.positions / done.step)) * per_step if done and done.step and done.positions \
+            else real
     return left, left * per_step / rate.tok_s
 
 
