@@ -113,6 +113,11 @@ def packed_sft(cfg: RunConfig, data_format: str) -> list[str]:
 
 
 PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo`"
+SFT_AGAIN = ("; meant as SFT again on the SFT model (a style stage)? Then leave [dpo] out of this config (a copy of "
+             "deploy/example.toml writes it) and this note goes")
+"""A chat corpus after an SFT checkpoint with [dpo] at its defaults: a DPO stage pointed at the SFT corpus, or a
+second SFT stage from a copy of deploy/example.toml; the config cannot tell which (a new user's style stage was
+told to leave out a [dpo] it never wrote), so the note says both."""
 
 
 def _dpo_written(cfg: RunConfig) -> dict[str, Any]:
@@ -149,7 +154,7 @@ def dpo_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[
     trains = "as a plain language model" if data_format == "text" else "with SFT again"
     return [f"[dpo] is set but {cfg.data.prepared} is a {data_format} corpus: this stage trains init.from's model "
             f"(fine-tuned on conversations: {source_path} holds a chat template) {trains}, not DPO "
-            f"({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat" else "")]
+            f"({PREFERENCE_CORPUS})" + (SFT_AGAIN if data_format == "chat" else "")]
 
 
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:

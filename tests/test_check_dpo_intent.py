@@ -193,7 +193,9 @@ def test_dpo_at_its_defaults_on_a_chat_corpus_is_said_after_sft_and_a_copy_of_th
         tmp_path, chat_corpus):
     """One rule for text and chat corpora. user5 #4: the docs' dpo.toml (beta = 0.1, the default; init.from the SFT
     stage) pointed at the SFT corpus by a typo said nothing. Review 7 #3: then every SFT config copied from
-    deploy/example.toml (which writes beta = 0.1 out) was told to leave [dpo] out."""
+    deploy/example.toml (which writes beta = 0.1 out) was told to leave [dpo] out. A new user's second SFT stage
+    from the SFT model (a style stage), a copy of the example too, cannot be told from the first: the note says
+    both."""
     example_sft = write_config(tmp_path, chat_corpus, name="example-sft", dpo={"beta": 0.1})
     assert "[dpo]" not in _check(example_sft)  # SFT from scratch, a copy of the example
     config = write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1},
@@ -202,7 +204,9 @@ def test_dpo_at_its_defaults_on_a_chat_corpus_is_said_after_sft_and_a_copy_of_th
     said = _check(config)
     assert (f"note: [dpo] is set but {chat_corpus[0]} is a chat corpus: this stage trains init.from's model "
             f"(fine-tuned on conversations: {ckpt} holds a chat template) with SFT again, not DPO (a preference "
-            f"corpus is one of `minilmd prepare --format dpo`); leave [dpo] out of an SFT config") in said, said
+            f"corpus is one of `minilmd prepare --format dpo`); meant as SFT again on the SFT model (a style "
+            f"stage)? Then leave [dpo] out of this config (a copy of deploy/example.toml writes it) and this note "
+            f"goes") in said, said
     assert "has no effect" not in said, said  # said once
     (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: SFT, a copy of the example
     assert "[dpo]" not in _check(config)
