@@ -3,8 +3,14 @@
 and that resumed from the remote's 715); once the restarted trainer beats, its step is shown as before."""
 from __future__ import annotations
 
+import io
+
+from minilmd import names
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.base.statesections import Progress
-from minilmd.daemon.views.status import _progress_lines
+from minilmd.daemon.views.status import _progress_lines, status
+from minilmd.fsio import atomic_write_json
+from supervisor_helpers import logged_run
 
 
 def test_the_step_before_a_restart_is_said_as_last_known_until_the_new_trainer_beats():
@@ -16,3 +22,22 @@ def test_the_step_before_a_restart_is_said_as_last_known_until_the_new_trainer_b
     assert line.startswith("  step 715/3,000 (23.8%)"), line
     logged = Progress(step=720, total_steps=900, heartbeat=90.0)  # a train line: rates no longer awaited
     assert _progress_lines(logged, alive=True)[0].startswith("  step 720/900 (80.0%)")
+
+
+def test_a_run_waiting_for_its_remote_shows_that_wait_as_why_and_the_sparkline_under_the_step(tmp_path):
+    """Found by a new user: during `staging: waiting_remote` status put the loss sparkline above the why line (it
+    goes under the step line, and the step line read "last known step"), and the why was the GPU admission's
+    ("train.device = cpu: no GPU needed"), how staging began, not why the run waits."""
+    run_dir = logged_run(tmp_path, 20)
+    state = new_state("r", run_dir, str(tmp_path / "r.toml"))
+    state.update(phase="staging", reason="train.device = cpu: no GPU needed",
+                 staging={"state": "waiting_remote", "error": "remote unavailable: [Errno 2] No such file"},
+                 progress={"step": 20, "total_steps": 3000, "heartbeat": 90.0, "rates_awaited_since": 100.0})
+    atomic_write_json(run_dir / names.STATE, state)
+    out = io.StringIO()
+    assert status(run_dir, out=out) == 0
+    lines = out.getvalue().splitlines()
+    step = next(i for i, line in enumerate(lines) if line.startswith("  last known step 20 (of 3,000 then)"))
+    assert lines[step + 1].startswith("  loss ") and " steps 1-20: " in lines[step + 1], lines
+    [why] = [line for line in lines if line.startswith(("  why: ", "  last reason: "))]
+    assert "waiting for run.remote's newest checkpoint" in why and "no GPU" not in why, lines

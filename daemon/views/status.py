@@ -116,11 +116,20 @@ def _ago(t: float, then: float) -> str:
     return f"{fmt_duration(t - then)} ago"
 
 
+def phase_reason(state: StateJson) -> str:
+    """The reason of the phase as the views say it (status's why, stop's phases): state.reason, but during staging's
+    wait for run.remote that wait (the phase's reason is how staging began, the GPU's: a new user read "why: no GPU
+    needed" of a run waiting for its remote)."""
+    if state.phase == Phase.STAGING and state.staging.state == StagingState.WAITING_REMOTE:
+        return "waiting for run.remote's newest checkpoint before training (retried; what fails is said below)"
+    return state.reason
+
+
 def _why(state: StateJson) -> str:
-    """The reason of the phase; training's, how it began (its first heartbeat), as the phase that goes on."""
+    """phase_reason; training's, how it began (its first heartbeat), as the phase that goes on."""
     if state.phase == Phase.TRAINING and state.reason.startswith(FIRST_HEARTBEAT):
         return f"training, since the {state.reason}"
-    return state.reason
+    return phase_reason(state)
 
 
 def _head_line(state: StateJson, alive: bool, t: float, alone: list[int] | None = None,
@@ -167,14 +176,19 @@ def _earlier_trainers(p: Progress) -> bool:
     return p.rates_awaited_since is not None and (p.heartbeat is None or p.heartbeat < p.rates_awaited_since)
 
 
+STEP_WORDS = ("step", "last known step")
+"""The words the step line begins with (_progress_lines): the run's step, or the step of the trainer before a
+restart; the sparkline and the earlier lineage's words go under it."""
+
+
 def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]:
     if p.step is None:
         return []
     total = p.total_steps
     if _earlier_trainers(p):  # staging, a fetch, a compile: the step and total are the trainer's before the restart
-        parts = [f"last known step {p.step:,}" + (f" (of {total:,} then)" if total else "")]
+        parts = [f"{STEP_WORDS[1]} {p.step:,}" + (f" (of {total:,} then)" if total else "")]
     else:
-        parts = [f"step {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
+        parts = [f"{STEP_WORDS[0]} {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
     if saved_pass and not (alive and p.reference_pass):  # a pass running says how far it is, below
         parts[0] += saved_pass
     if p.loss is not None:
@@ -347,7 +361,8 @@ def _status(run: Dir, as_json: bool, out) -> int:
     metrics = read_timeline(inside, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
     lines += fit_lines(inside, metrics.records)
     lines += reproducibility_lines(inside, state)  # daemon/views/reproducible.py
-    after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
+    step_line = tuple(f"  {words} " for words in STEP_WORDS)
+    after_step = next((i for i, line in enumerate(lines) if line.startswith(step_line)), 0) + 1
     if earlier := earlier_words(metrics):
         lines.insert(after_step, f"  {earlier}: status and plot show the current one only")
     if spark := sparkline_line(inside, upto=state.progress.step):  # the step line's moment

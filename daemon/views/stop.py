@@ -26,7 +26,7 @@ from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, Super
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
-from minilmd.daemon.views.status import error_context
+from minilmd.daemon.views.status import error_context, phase_reason
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
@@ -121,8 +121,8 @@ def _stop(run: Dir, timeout: float, out) -> int:
         state = _reread(run, state)
         if state.phase != last_phase:
             last_phase = state.phase
-            print(f"  {printable(last_phase)}" + (f": {printable(state.reason)}" if state.reason else ""), file=out,
-                  flush=True)
+            print(f"  {printable(last_phase)}" + (f": {printable(why)}" if (why := phase_reason(state)) else ""),
+                  file=out, flush=True)
 
     if procs.wait_gone([(pid, ticks)], timeout or math.inf, say_phase, interval=0.2):
         print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
