@@ -39,6 +39,7 @@ class RunFiles:
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
         self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
         self.textfile: Textfile | None = None
+        self._pass_quarter: int | None = None  # the quarter of a DPO reference pass last said (_say_reference_pass)
 
     def publish(self, cfg: RunConfig, config_path: Path) -> None:
         """The Prometheus textfile, and the registry entry (for `status --all`)."""
@@ -81,7 +82,20 @@ class RunFiles:
         STATUS (rate-limited there: daemon/host/sdnotify.py Notifier.progress)."""
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
         progress = self.state.progress
-        self.notifier.progress(progress.step, progress.total_steps, progress.loss)
+        self._say_reference_pass(progress.reference_pass)
+        self.notifier.progress(progress.step, progress.total_steps, progress.loss, progress.reference_pass)
+
+    def _say_reference_pass(self, ref: list[int] | None) -> None:
+        """A DPO run's reference pass (hours on a big corpus, before step 1) in supervisor.log and the journal: as it
+        is first seen, then each quarter of it (before: only the attempt log and `status` said how far it was)."""
+        if not ref or ref[1] <= 0:
+            return
+        quarter = min(4, 4 * ref[0] // ref[1])
+        if self._pass_quarter is not None and quarter <= self._pass_quarter:
+            return
+        self._pass_quarter = quarter
+        self.events.emit("reference", f"DPO reference pass: {ref[0]:,}/{ref[1]:,} pairs ({100 * ref[0] // ref[1]}%); "
+                                      f"computed once, before step 1")
 
     def record_outcome(self, exit_status: int, phase: str, ended: str) -> None:
         """The run's outcome in state.json now (`ended`: how the run ended, protocol.ENDED_*), saved: before a Slurm

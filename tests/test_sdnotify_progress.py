@@ -80,6 +80,38 @@ def test_status_says_the_step_as_it_advances(tmp_path, corpus, notify_socket, mo
         files.events.close()
 
 
+def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes(tmp_path, corpus, notify_socket,
+                                                                                  monkeypatch):
+    """Found by a new user: through a DPO run's reference pass (hours on a big corpus, before step 1) STATUS said
+    `training, step 0` and supervisor.log nothing; only the attempt log and `status` said how far it was. STATUS now
+    says the pairs, and supervisor.log the pass as first seen and at each quarter."""
+    cfg = load_config(write_config(tmp_path, corpus, remote=False))
+    cfg.run_dir.mkdir(parents=True)
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    files = RunFiles(cfg, cfg.run_dir, tmp_path / "s.toml", echo=False, notifier=notifier)
+    monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)
+    try:
+        notifier.phase("dpo", "training", "first heartbeat from attempt 1 (step 0)")
+        notify_socket.recv(4096)
+        said = []
+        for done in (96, 400, 896, 900, 2_446):
+            (cfg.run_dir / names.HEARTBEAT).write_text(f"0 {names.HEARTBEAT_REFERENCE} {done}/2446/0/{done // 10}\n")
+            files.read_progress()
+            said += _pending(notify_socket)
+        assert said == [f"STATUS=dpo: training, DPO reference pass {done:,}/2,446 pairs"
+                        for done in (96, 400, 896, 900, 2_446)]
+        _trainer_logs(cfg.run_dir, 1, 0.69)  # the pass done: the steps again
+        files.read_progress()
+        assert _pending(notify_socket) == ["STATUS=dpo: training, step 1/2000, loss 0.69"]
+    finally:
+        files.events.close()
+    log = (cfg.run_dir / names.SUPERVISOR_LOG).read_text()
+    assert [line.split("] ", 1)[1] for line in log.splitlines() if "DPO reference pass" in line] == [
+        "DPO reference pass: 96/2,446 pairs (3%); computed once, before step 1",
+        "DPO reference pass: 896/2,446 pairs (36%); computed once, before step 1",
+        "DPO reference pass: 2,446/2,446 pairs (100%); computed once, before step 1"], log
+
+
 def test_a_step_that_is_no_int_is_never_said(tmp_path, notify_socket, monkeypatch):
     """metrics.jsonl is the trainer's file in run.dir, read as untrusted: a step that is a string, a bool or None
     sends nothing."""
