@@ -45,6 +45,8 @@ REVIEWED = Counter({
     # the flags it was started with, and the `minilmd` console script's sys.path[0] is the venv's bin/
     ("minilmd/procs.py", "sys.executable"): 2,
     ("minilmd/procs.py", "sys.orig_argv"): 1,
+    # named in words, never run: which Python lacks the tensorboard package (`run --check`'s problem)
+    ("minilmd/probes.py", "sys.executable"): 1,
     **{(script, "sys.executable"): n for script, n in {
         # The reference MiniMind's training scripts (train_pretrain.py, train_full_sft.py, train_dpo.py), which
         # import their own modules (model/, dataset/) from their directory: run there, as their README says, in a
