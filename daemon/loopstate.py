@@ -30,6 +30,9 @@ class SupervisorState:
     """A stop was asked (a signal, `minilmd stop`'s request at a launcher's restart): the run ends after a last sync."""
     stop_reason: str = "stopped on request"
     """The reason `done` will give a stop."""
+    stop_signals_taken: int = 0
+    """The SIGTERM/SIGINTs the stop was taken on (1; 0 for `minilmd stop`'s SIGUSR2, a stop request, Slurm's USR1):
+    one more than these is the second stop signal, which kills the trainer in its save."""
     child: Child | None = None
     """The trainer of the current attempt, while it runs (or is not reaped yet)."""
     attempt: int = 0

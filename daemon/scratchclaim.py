@@ -222,7 +222,7 @@ def _wait_ends(cfg: RunConfig, signals: Signals, record: WaitRecord) -> bool:
     if signals.usr1 and not in_slurm:
         signals.take_usr1()
         print("minilmd run: SIGUSR1 ignored while waiting for room for scratch: not in a Slurm job", flush=True)
-    return bool(signals.stop or signals.usr1)
+    return bool(signals.stopping or signals.usr1)
 
 
 def _end_on_signal(cfg: RunConfig, signals: Signals, record: WaitRecord) -> None:

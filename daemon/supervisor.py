@@ -216,18 +216,19 @@ class Supervisor(Attempt, Ending):
         self.files.tick(self.phase)  # the Prometheus textfile
 
     def _handle_signals(self) -> None:
-        if self.signals.usr1 or (self.signals.stop and self.slurm):
+        if self.signals.usr1 or (self.signals.stopping and self.slurm):
             slurmjob.on_signal(self.slurm, self.signals, self.events.emit)  # a preemption: a stop, then a requeue
         if self.signals.take_hup():
             self.events.reopen()
             self.events.emit("signal", "SIGHUP: supervisor.log reopened")
-        if self.signals.stop and not self.loop.stop_requested:
-            self.loop.stop_requested = True
-            self.events.emit("signal", "stop requested (SIGTERM/SIGINT): the trainer saves, then a last sync")
+        if self.signals.stopping and not self.loop.stop_requested:
+            self.loop.stop_requested, self.loop.stop_signals_taken = True, min(self.signals.stop, 1)
+            by = "SIGTERM/SIGINT" if self.signals.stop else "`minilmd stop`'s SIGUSR2"
+            self.events.emit("signal", f"stop requested ({by}): the trainer saves, then a last sync")
             self.notifier.stopping()
-            self._took_stop()
             self._enter_stopping("stop requested")
-        elif self.signals.stop > 1 and (child := self.loop.child) and child.poll() is None and child.killed_at is None:
+        elif self.signals.stop > self.loop.stop_signals_taken and (child := self.loop.child) and \
+                child.poll() is None and child.killed_at is None:
             trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit)
 
     def _stop_request_at_start(self) -> None:
@@ -235,14 +236,7 @@ class Supervisor(Attempt, Ending):
         stops = stoprequest.at_start(self.run_dir, os.environ, self.events.emit)
         if stops is not None:
             self.loop.stop_requested, (self.loop.stop_reason, words) = True, stops
-            self._took_stop()
             self._enter_stopping(words)
-
-    def _took_stop(self) -> None:
-        """Record in state.json at once (not at the next transition: one in STOPPING already has none) that this
-        supervisor took its stop: a `minilmd stop` after it waits without a second SIGTERM."""
-        self.state.supervisor.stop_taken = now()
-        self.room.save()
 
     @property
     def phase(self) -> Phase:

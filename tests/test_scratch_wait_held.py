@@ -129,7 +129,8 @@ def test_no_room_is_measured_where_a_hand_set_scratch_goes_not_in_base(base, tmp
 
 def test_minilmd_stop_ends_a_launch_waiting_for_room(base, tmp_path, corpus):
     """`minilmd run` waiting for the inodes of a full base, a real process; `minilmd stop` finds it by the run lock,
-    SIGTERMs it, and it exits 0 having started nothing (before: `stop` said "not running" and the wait went on)."""
+    signals it (SIGUSR2), and it exits 0 having started nothing (before: `stop` said "not running" and the wait went
+    on)."""
     config = write_config(tmp_path, corpus, remote=False, run={"scratch": ""})
     fill_inodes(base)
     log = tmp_path / "run.out"
@@ -138,10 +139,10 @@ def test_minilmd_stop_ends_a_launch_waiting_for_room(base, tmp_path, corpus):
         wait_for_words(log, "waits:", proc)
         out = io.StringIO()
         views_stop.stop(tmp_path / "s" / "run", timeout=120, out=out)
-        assert "SIGTERM sent to supervisor pid" in out.getvalue(), out.getvalue()
+        assert "SIGUSR2 sent to supervisor pid" in out.getvalue(), out.getvalue()
         assert wait_or_kill(proc, 120) == 0, log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "stopped (SIGTERM) while waiting for room for scratch" in log.read_text(), log.read_text()
+    assert "stopped (SIGUSR2) while waiting for room for scratch" in log.read_text(), log.read_text()

@@ -66,8 +66,8 @@ def test_status_shows_the_wait_and_stop_ends_it_as_stopped(base, tmp_path, corpu
         assert f"of uid {OTHER}" in shown.stdout, shown.stdout  # whose entries fill the place
         stopped = cli("stop", str(run_dir), timeout=180)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert "SIGTERM sent to supervisor pid" in stopped.stdout, stopped.stdout
-        assert "exit 0 (stopped (SIGTERM) while waiting for room for scratch: nothing started)" in stopped.stdout, \
+        assert "SIGUSR2 sent to supervisor pid" in stopped.stdout, stopped.stdout
+        assert "exit 0 (stopped (SIGUSR2) while waiting for room for scratch: nothing started)" in stopped.stdout, \
             stopped.stdout
         assert wait_or_kill(proc, 120) == 0, log.read_text()
     finally:

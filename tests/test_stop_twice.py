@@ -1,18 +1,15 @@
-"""`minilmd stop` run again, or from two terminals at once, while the trainer saves: one SIGTERM reaches the
-supervisor, never a second one, which kills the trainer in its save.
+"""`minilmd stop` run again, or from two terminals at once, while the trainer saves: never the second stop signal
+that kills the trainer in its save; a SIGTERM after it still is.
 
 Found by a new user: a `minilmd stop --timeout 3` gave up waiting on a slow save (exit 1, "the stop goes on"), and
 the `minilmd stop` she ran next to keep waiting sent a second SIGTERM: `second stop signal: killed the trainer ...
 its save, if it had not finished, is lost`, while that stop printed "stopped ... exit 0". Two stops at one moment
-did the same. Now the supervisor records in state.json when it took its stop (SupervisorInfo.stop_taken), a stop
-that finds it recorded waits without a signal, and stops take turns (an flock on the run directory) between looking
-and signalling. Real supervisor, fake trainer held in its stop's save (FAKE_STOP_HOLD), real `minilmd stop`s.
+did the same. `stop` now sends SIGUSR2 (daemon/views/stop.py stop_signal), which the supervisor takes as a stop
+however often it comes (daemon/host/signals.py); SIGTERM and SIGINT keep their meaning, a second one kills. Real
+supervisor, fake trainer held in its stop's save (FAKE_STOP_HOLD), real `minilmd stop`s and signals.
 """
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +18,7 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
+from minilmd.daemon.views.stop import stop_signal
 from supervisor_helpers import start_supervisor, wait_for, wait_or_kill, write_config
 
 
@@ -50,78 +48,66 @@ def _stop(run_dir, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _stop_taken(run_dir) -> float | None:
-    try:
-        return json.loads((run_dir / names.STATE).read_text())["supervisor"].get("stop_taken")
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 @pytest.mark.slow
-def test_a_stop_run_again_while_the_trainer_saves_waits_for_it_and_sends_no_second_sigterm(tmp_path, corpus):
+def test_a_stop_run_again_and_two_at_once_while_the_trainer_saves_never_kill_it(tmp_path, corpus):
     sup, out, run_dir, release = _held_in_a_stops_save(tmp_path, corpus)
     try:
         first = _stop(run_dir, "--timeout", "2")
         said_first = first.communicate(timeout=120)[0]
         assert first.returncode == 1 and "still running after 2s" in said_first, said_first
+        assert f"SIGUSR2 sent to supervisor pid {sup.pid}" in said_first, said_first
         wait_for(lambda: (tmp_path / "release.holding").exists(), 120, "the trainer holding its stop's save")
-        again = _stop(run_dir)
-        first_line = again.stdout.readline()  # said once it looked (flushed), before it waits
-        assert "has been stopping since" in first_line and "not signalled again" in first_line, first_line
-        assert again.poll() is None  # it waits for the save
+        again = [_stop(run_dir), _stop(run_dir)]  # run again to keep waiting, from two terminals at once
+        for stop in again:
+            assert "SIGUSR2 sent to supervisor pid" in stop.stdout.readline()  # said once sent, before it waits
+        assert all(stop.poll() is None for stop in again)  # each waits for the save
         release.touch()
-        said_again = again.communicate(timeout=120)[0]
-        assert again.returncode == 0, said_again
+        for stop in again:
+            said = stop.communicate(timeout=120)[0]
+            assert stop.returncode == 0 and "stopped after" in said, said
         assert wait_or_kill(sup, 120) == 0
     finally:
         release.touch()
         if sup.poll() is None:
             sup.kill()
     said = out.read_text()
-    assert "second stop signal" not in said and "stop requested" in said, said
-    assert "killed by the supervisor" not in said, said
+    assert "stop requested (`minilmd stop`'s SIGUSR2)" in said, said
+    assert "second stop signal" not in said and "killed by the supervisor" not in said, said
 
 
 @pytest.mark.slow
-def test_a_stop_that_finds_another_one_signalling_waits_its_turn_and_then_sends_nothing(tmp_path, corpus):
-    """The test holds the run directory's flock as a stop does between its look and its SIGTERM: a second stop
-    started then signals nothing while it is held; the test sends that SIGTERM itself and lets go once the
-    supervisor recorded it; the second stop then finds it taken and waits (before: both signalled)."""
+def test_a_sigterm_after_minilmd_stop_is_still_the_second_stop_signal(tmp_path, corpus):
+    """`minilmd stop`, then `kill -TERM` (or Ctrl-C, or systemctl stop) while the trainer saves: that one is meant to
+    cut the save short, as before."""
     sup, out, run_dir, release = _held_in_a_stops_save(tmp_path, corpus)
-    held = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        second = _stop(run_dir)
-        wait_for(lambda: second.poll() is not None or _waits_its_turn(second.pid, run_dir), 60,
-                 "the second stop waiting for its turn")
-        assert _stop_taken(run_dir) is None and second.poll() is None  # it sent nothing while the turn is taken
-        sup.send_signal(signal.SIGTERM)  # the first stop's
-        wait_for(lambda: _stop_taken(run_dir) is not None, 60, "the supervisor recording its stop")
-        os.close(held)
-        held = -1
+        first = _stop(run_dir, "--timeout", "1")
+        assert first.communicate(timeout=120)[0] and first.returncode == 1
         wait_for(lambda: (tmp_path / "release.holding").exists(), 120, "the trainer holding its stop's save")
-        release.touch()
-        said_second = second.communicate(timeout=120)[0]
-        assert second.returncode == 0 and "has been stopping since" in said_second, said_second
-        assert wait_or_kill(sup, 120) == 0
+        sup.send_signal(signal.SIGTERM)
+        wait_or_kill(sup, 120)
     finally:
-        if held >= 0:
-            os.close(held)
         release.touch()
         if sup.poll() is None:
             sup.kill()
-    assert "second stop signal" not in out.read_text(), out.read_text()
+    said = out.read_text()
+    assert "second stop signal: killed the trainer" in said, said
+    assert "killed by the supervisor on a second stop signal (SIGKILL)" in said, said
 
 
-def _waits_its_turn(pid: int, run_dir) -> bool:
-    """Whether the stop process holds the run directory open for reading (not O_PATH, as it judged it): the
-    descriptor it takes its turn's flock on, opened just before it tries."""
+def test_stop_sends_sigusr2_only_to_a_process_that_catches_it():
+    """A supervisor of an older minilmd has no SIGUSR2 handler: its default action would kill it, so it gets the
+    SIGTERM it always got."""
+    catches = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                "signal.signal(signal.SIGUSR2, lambda *a: None)\nprint('ready', flush=True)\n"
+                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen(["sleep", "60"])
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(run_dir.resolve()):
-                flags = int(open(f"/proc/{pid}/fdinfo/{fd}").read().split("flags:")[1].split()[0], 8)
-                if not flags & os.O_PATH:
-                    return True
-    except (OSError, IndexError, ValueError):
-        return False
-    return False
+        assert catches.stdout.readline() == "ready\n"
+        assert stop_signal(catches.pid) == signal.SIGUSR2
+        assert stop_signal(plain.pid) == signal.SIGTERM
+    finally:
+        catches.kill()
+        plain.kill()
+        catches.wait()
+        plain.wait()

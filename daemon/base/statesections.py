@@ -116,10 +116,6 @@ class SupervisorInfo(Section):
     runs, since systemd's restart of it does not read the stop request (daemon/base/stoprequest.py)."""
     systemd_user: bool = False
     """That unit is a user manager's (`systemctl --user`)."""
-    stop_taken: float | None = None
-    """When this supervisor took a stop (a SIGTERM or SIGINT, Slurm's warning, a stop request at its start): a later
-    `minilmd stop` waits for it and sends no second SIGTERM, which would kill the trainer in its save
-    (daemon/views/stop.py)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The supervisor's signals: SIGTERM/SIGINT (stop), SIGHUP (reopen supervisor.log), SIGUSR1 (Slurm's warning).
-The handlers only record what came; the supervisor's loop acts on it at its next tick. Torch-free."""
+"""The supervisor's signals: SIGTERM/SIGINT (stop; a second one kills the trainer in its save), SIGUSR2 (`minilmd
+stop`'s stop, never more than a stop however often it comes), SIGHUP (reopen supervisor.log), SIGUSR1 (Slurm's
+warning). The handlers only record what came; the supervisor's loop acts on it at its next tick. Torch-free."""
 from __future__ import annotations
 
 import signal
@@ -11,7 +12,8 @@ class Signals:
     """What the handlers saw; only the loop acts on it, through the methods below (nothing else writes the
     fields: tests/test_supervisor_dispatch.py)."""
 
-    stop: int = 0  # count of SIGTERM/SIGINT received
+    stop: int = 0  # count of SIGTERM/SIGINT received: a second one kills the trainer in its save
+    asked: bool = False  # a SIGUSR2 came: `minilmd stop`'s, a stop that never escalates (run again, or twice at once)
     stop_by: str = ""  # the last one's name ("SIGTERM"), for the words of a stop
     hup: bool = False
     usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
@@ -19,6 +21,10 @@ class Signals:
     def install(self) -> None:
         def on_stop(signum, frame):
             self.stop += 1
+            self.stop_by = signal.Signals(signum).name
+
+        def on_asked(signum, frame):
+            self.asked = True
             self.stop_by = signal.Signals(signum).name
 
         def on_hup(signum, frame):
@@ -29,8 +35,14 @@ class Signals:
 
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGUSR2, on_asked)
         signal.signal(signal.SIGHUP, on_hup)
         signal.signal(signal.SIGUSR1, on_usr1)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop came: a SIGTERM or SIGINT, or `minilmd stop`'s SIGUSR2."""
+        return bool(self.stop or self.asked)
 
     def take_hup(self) -> bool:
         """Whether a SIGHUP came since the last call (the loop reopens supervisor.log once per call that says so)."""

@@ -228,9 +228,9 @@ def on_signal(job: SlurmJob | None, signals, emit) -> None:
                           "next step, then the last sync, then the job is requeued unless the budget is done")
             signals.stop_as_first_signal()
         return
-    if job is not None and signals.stop and job.preempt("SIGTERM"):
-        emit("slurm", "SIGTERM in a Slurm job: the trainer saves at its next step, then the last sync, then the "
-                      "job is requeued unless the budget is done or the job is cancelled")
+    if job is not None and signals.stopping and job.preempt(by := "SIGTERM" if signals.stop else "SIGUSR2"):
+        emit("slurm", f"{by} in a Slurm job: the trainer saves at its next step, then the last sync, then the job is "
+                      f"requeued unless the budget is done, the job is cancelled or `minilmd stop` asked the stop")
 
 
 def for_supervisor(state, emit, environ=None, runner: Runner = run_command) -> SlurmJob | None:

@@ -121,7 +121,7 @@ def phase_reason(state: StateJson) -> str:
     wait for run.remote that wait (the phase's reason is how staging began, the GPU's: a new user read "why: no GPU
     needed" of a run waiting for its remote)."""
     if state.phase == Phase.STAGING and state.staging.state == StagingState.WAITING_REMOTE:
-        return "waiting for run.remote's newest checkpoint before training (retried; what fails is said below)"
+        return "waiting for run.remote's newest checkpoint before training (the fetch is retried)"
     return state.reason
 
 

@@ -7,7 +7,6 @@ before it reaches the terminal.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -15,10 +14,9 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from minilmd import lockfile, names, procs, protocol, run_owner
+from minilmd import names, procs, protocol, run_owner
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
@@ -30,6 +28,7 @@ from minilmd.daemon.views.status import error_context, phase_reason
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
+from minilmd.proc_info import catches_signal
 from minilmd.run_states import SyncState
 from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
@@ -93,18 +92,11 @@ def _stop(run: Dir, timeout: float, out) -> int:
               f"`minilmd stop` there", file=out)
         return protocol.STOP_FAILED
     pid, ticks = live.pid, procs.process_start_ticks(live.pid)
-    with _one_stop_at_a_time(run):
-        taken = _stop_taken(run, pid, ticks)
-        why = None if taken else procs.signal_supervisor(scope, pid, ticks, live.launch_id, signal.SIGTERM)
-        if why is None and not taken:
-            _until_taken(run, pid, ticks)  # what the next stop reads, before it may look
-    if taken:
-        print(f"supervisor pid {pid} has been stopping since {fmt_time(taken)}: not signalled again (a second "
-              f"SIGTERM would kill the trainer in its save); waiting for the trainer's save and the last sync...",
-              file=out, flush=True)
-    elif why is None:
-        print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
-              flush=True)
+    sig = stop_signal(pid)
+    why = procs.signal_supervisor(scope, pid, ticks, live.launch_id, sig)
+    if why is None:
+        print(f"{signal.Signals(sig).name} sent to supervisor pid {pid}; waiting for the trainer's save and the last "
+              f"sync...", file=out, flush=True)
     elif why == "it has ended":
         print(f"supervisor pid {pid} ended before the signal", file=out)
     else:
@@ -121,8 +113,8 @@ def _stop(run: Dir, timeout: float, out) -> int:
         state = _reread(run, state)
         if state.phase != last_phase:
             last_phase = state.phase
-            print(f"  {printable(last_phase)}" + (f": {printable(why)}" if (why := phase_reason(state)) else ""),
-                  file=out, flush=True)
+            reason = phase_reason(state)
+            print(f"  {printable(last_phase)}" + (f": {printable(reason)}" if reason else ""), file=out, flush=True)
 
     if procs.wait_gone([(pid, ticks)], timeout or math.inf, say_phase, interval=0.2):
         print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
@@ -169,52 +161,12 @@ def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> N
               "run)", file=out)
 
 
-STOPPERS_WAIT_S = 15.0
-"""How long a stop waits for another stop of the same run to have signalled its supervisor (_one_stop_at_a_time);
-longer than TAKEN_WAIT_S, the most that one holds it."""
-TAKEN_WAIT_S = 10.0
-"""How long a stop that sent its SIGTERM waits, before it lets the next stop look, for the supervisor to record that
-it took it (SupervisorInfo.stop_taken: a tick of its loop; longer when its storage stalls)."""
-
-
-@contextlib.contextmanager
-def _one_stop_at_a_time(run: Dir) -> Iterator[None]:
-    """Held while a stop looks whether the supervisor took a stop and signals it if not: two `minilmd stop` at once
-    (a second terminal, a script beside a person) would send two SIGTERMs, and the supervisor kills the trainer in
-    its save on a second one. An flock on the run directory itself, waited for STOPPERS_WAIT_S at most; gone on
-    without where none can be had (a file system without flock, a directory we may not read, a holder that keeps it:
-    anyone who may read the run directory can)."""
-    fd = -1
-    try:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=run.fd)  # run.fd is O_PATH: no flock
-        deadline = time.monotonic() + STOPPERS_WAIT_S
-        while not lockfile.try_flock(fd) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    except OSError:
-        pass
-    try:
-        yield
-    finally:
-        if fd >= 0:
-            os.close(fd)  # lets the flock go with it
-
-
-def _stop_taken(run: Dir, pid: int, ticks: int | None) -> float | None:
-    """When the supervisor (pid, ticks) recorded that it took a stop (SupervisorInfo.stop_taken), None while it has
-    not, or when state.json is another supervisor's."""
-    raw, _ = load(run.path, run.fd)
-    info = StateJson.from_dict(raw).supervisor if raw else None
-    if info is None or info.pid != pid or ticks is None or info.start_ticks != ticks:
-        return None
-    return info.stop_taken
-
-
-def _until_taken(run: Dir, pid: int, ticks: int | None) -> None:
-    """Wait (TAKEN_WAIT_S at most) until the supervisor signalled has recorded its stop, or has ended."""
-    deadline = time.monotonic() + TAKEN_WAIT_S
-    while _stop_taken(run, pid, ticks) is None and procs.process_start_ticks(pid) == ticks and \
-            time.monotonic() < deadline:
-        time.sleep(0.1)
+def stop_signal(pid: int) -> int:
+    """The signal `stop` sends the supervisor: SIGUSR2, a stop however often it comes (a `stop` run again to keep
+    waiting, or from a second terminal at once, never kills the trainer in its save, as a second SIGTERM does), to one
+    that catches it (/proc's SigCgt: this minilmd's); SIGTERM to a supervisor of an older minilmd, for which SIGUSR2
+    would be death by its default action."""
+    return signal.SIGUSR2 if catches_signal(pid, signal.SIGUSR2) else signal.SIGTERM
 
 
 def _reread(run: Dir, state: StateJson) -> StateJson:
