@@ -39,7 +39,7 @@ class RunFiles:
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
         self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
         self.textfile: Textfile | None = None
-        self._pass_quarter: int | None = None  # the quarter of a DPO reference pass last said (_say_reference_pass)
+        self._pass_said: tuple[int, int | None] | None = None  # (quarter, FROM) of the reference pass last said
 
     def publish(self, cfg: RunConfig, config_path: Path) -> None:
         """The Prometheus textfile, and the registry entry (for `status --all`)."""
@@ -86,14 +86,15 @@ class RunFiles:
         self.notifier.progress(progress.step, progress.total_steps, progress.loss, progress.reference_pass)
 
     def _say_reference_pass(self, ref: list[int] | None) -> None:
-        """A DPO run's reference pass (hours on a big corpus, before step 1) in supervisor.log and the journal: as it
-        is first seen, then each quarter of it (before: only the attempt log and `status` said how far it was)."""
+        """A DPO run's reference pass (hours on a big corpus, before step 1) in supervisor.log and the journal: as
+        each attempt's pass is first seen (a restarted trainer goes on from the pairs saved: its FROM), then each
+        quarter of it (before: only the attempt log and `status` said how far it was)."""
         if not ref or ref[1] <= 0:
             return
-        quarter = min(4, 4 * ref[0] // ref[1])
-        if self._pass_quarter is not None and quarter <= self._pass_quarter:
+        quarter, attempt = min(4, 4 * ref[0] // ref[1]), ref[2] if len(ref) == 4 else None
+        if self._pass_said is not None and attempt == self._pass_said[1] and quarter <= self._pass_said[0]:
             return
-        self._pass_quarter = quarter
+        self._pass_said = (quarter, attempt)
         self.events.emit("reference", f"DPO reference pass: {ref[0]:,}/{ref[1]:,} pairs ({100 * ref[0] // ref[1]}%); "
                                       f"computed once, before step 1")
 

@@ -100,6 +100,9 @@ def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes
             said += _pending(notify_socket)
         assert said == [f"STATUS=dpo: training, DPO reference pass {done:,}/2,446 pairs"
                         for done in (96, 400, 896, 900, 2_446)]
+        (cfg.run_dir / names.HEARTBEAT).write_text(f"0 {names.HEARTBEAT_REFERENCE} 1000/2446/896/3\n")
+        files.read_progress()  # a restarted trainer going on from the 896 pairs saved: its pass said anew
+        assert _pending(notify_socket) == ["STATUS=dpo: training, DPO reference pass 1,000/2,446 pairs"]
         _trainer_logs(cfg.run_dir, 1, 0.69)  # the pass done: the steps again
         files.read_progress()
         assert _pending(notify_socket) == ["STATUS=dpo: training, step 1/2000, loss 0.69"]
@@ -109,7 +112,8 @@ def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes
     assert [line.split("] ", 1)[1] for line in log.splitlines() if "DPO reference pass" in line] == [
         "DPO reference pass: 96/2,446 pairs (3%); computed once, before step 1",
         "DPO reference pass: 896/2,446 pairs (36%); computed once, before step 1",
-        "DPO reference pass: 2,446/2,446 pairs (100%); computed once, before step 1"], log
+        "DPO reference pass: 2,446/2,446 pairs (100%); computed once, before step 1",
+        "DPO reference pass: 1,000/2,446 pairs (40%); computed once, before step 1"], log
 
 
 def test_a_step_that_is_no_int_is_never_said(tmp_path, notify_socket, monkeypatch):
