@@ -8,12 +8,12 @@ must not end an unattended run for good (hostile audit 7 F2). The wait keeps the
 (review9c finding 1; before, it waited unseen before the run lock and systemd's READY: the unit's TimeoutStartSec
 killed it every 5 min, and its 5th start in an hour left the unit failed; `minilmd stop` said "not running"):
 - it holds the run lock (daemon/host/lock.py RunLock), so `minilmd stop` finds this process (it carries the run's
-  identity: minilmd/procs.py) and SIGTERMs it, and no second supervisor starts beside it;
+  identity: minilmd/procs.py) and signals it, and no second supervisor starts beside it;
 - it tells systemd READY=1 with a STATUS line saying what it waits for, and pings its watchdog;
 - state.json says so: phase waiting_scratch, the reason (which place, how full, whose entries fill it), this process
   as the run's supervisor (daemon/waitrecord.py), so that `minilmd status` shows the wait;
 - its signals are the supervisor's from its start (daemon/host/signals.py `Signals`: the handlers only record) and
-  are acted on as the supervisor acts on them: a SIGTERM or SIGINT (`minilmd stop`, `systemctl stop`) ends it at
+  are acted on as the supervisor acts on them: a stop (`minilmd stop`'s SIGUSR2, `systemctl stop`'s SIGTERM) ends it at
   once: `StoppedWaiting`, exit 0, nothing started, state.json `done` (stopped); in a Slurm job a SIGUSR1 or a
   SIGTERM is a preemption with nothing to save: the job is requeued as a preempted supervisor's is
   (daemon/slurm/job.py SlurmJob.plan), at once, and state.json gets the `slurm` section a preempted supervisor's
@@ -86,7 +86,7 @@ class PreemptedWaiting(LaunchEnds):
         self.exit_status, self.ended = exit_status, ended
 
 
-WAIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+WAIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP, signal.SIGUSR1)
 """The signals the supervisor records (daemon/host/signals.py): the wait records the same, from its start."""
 
 
@@ -235,7 +235,7 @@ def _end_on_signal(cfg: RunConfig, signals: Signals, record: WaitRecord) -> None
         raise StoppedWaiting(got)
     from minilmd.daemon.base import stoprequest
 
-    request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s SIGTERM (it wrote this first): no requeue
+    request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s signal (it wrote this first): no requeue
     status, ended, why = _slurm_preempted(got, request.words() if request else "", record)
     print(f"minilmd run: {why}", flush=True)
     raise PreemptedWaiting(why, status, ended)

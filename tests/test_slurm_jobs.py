@@ -187,7 +187,7 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
 
 
 def test_minilmd_stop_of_a_running_job_ends_it_without_a_requeue(tmp_path, corpus, slurm):
-    """`minilmd stop` on the node of a running job: its SIGTERM comes after its stop request (daemon/base/
+    """`minilmd stop` on the node of a running job: its SIGUSR2 comes after its stop request (daemon/base/
     stoprequest.py), so the supervisor stops the run for good, exit 0, and does not requeue the job (before: it took
     that SIGTERM for a preemption and requeued the job, which then trained on)."""
     config = write_config(tmp_path, corpus, name="st", run={"scratch": ""},

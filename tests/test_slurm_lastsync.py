@@ -72,6 +72,9 @@ def test_the_jobs_end_is_the_earlier_of_scontrol_and_the_environment_else_the_wa
     lead = jobend.read({}, {"EndTime": "Unknown"}, "USR1", T0)  # neither: the warning's lead
     assert lead.at == T0 + jobend.WARNING_S and "USR1" in lead.source
     assert jobend.read({}, {}, "SIGTERM", T0).at == T0 + jobend.KILL_WAIT_S
+    # `minilmd stop`'s SIGUSR2 ends no job: no end guessed, so no save or last sync cut (a known end still counts)
+    assert jobend.read({}, {}, "SIGUSR2", T0).deadline is None
+    assert jobend.read({}, line, "SIGUSR2", T0).at == T0 + 250
     # the time limit reached: Slurm's SIGTERM, then its SIGKILL after KillWait
     reached = jobend.read({}, {"EndTime": iso(T0 - 1)}, "SIGTERM", T0)
     assert reached.at == T0 + jobend.KILL_WAIT_S and "KillWait" in reached.source

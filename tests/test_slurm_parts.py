@@ -131,6 +131,11 @@ def test_slurm_srun_launch_runs_the_trainer_command_given_in_the_environment_in_
      "the Slurm job was cancelled"),
     ("USR1", "JobState=RUNNING Reason=None Restarts=1", True, False, "finished",
      "the run finished as Slurm preempted it"),
+    # `minilmd stop`'s SIGUSR2 is a stop asked for, its request read or not (run.dir full): never requeued, also when
+    # the job is cancelled after it
+    ("SIGUSR2", "JobState=RUNNING Reason=None Restarts=1", False, False, "stopped",
+     "stopped on request (minilmd stop) at step 7: not requeued"),
+    ("SIGUSR2", "JobState=COMPLETING Reason=None Restarts=1", False, False, "stopped", "stopped on request"),
 ])
 def test_slurm_preemption_requeues_unless_done_cancelled_or_already_requeued(by, job_line, budget_done,
                                                                              expect_requeue, ended, reason):

@@ -111,3 +111,18 @@ def test_stop_sends_sigusr2_only_to_a_process_that_catches_it():
         plain.kill()
         catches.wait()
         plain.wait()
+
+
+def test_an_older_supervisor_already_stopping_gets_no_second_sigterm():
+    """A supervisor of an older minilmd (no SIGUSR2 handler) still gets SIGTERM, but not while its state.json says
+    it is stopping: that SIGTERM would be its second (a supervisor started before an upgrade runs for days)."""
+    from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
+    from minilmd.daemon.views.stop import _stopping_already
+
+    def state(phase: str) -> StateJson:
+        return StateJson(phase=phase, supervisor=SupervisorInfo(pid=4242, start_ticks=900))
+
+    assert _stopping_already(state("stopping"), 4242, 900)
+    assert not _stopping_already(state("training"), 4242, 900)
+    assert not _stopping_already(state("stopping"), 4242, 901)  # another process of that pid
+    assert not _stopping_already(state("stopping"), 4242, None)

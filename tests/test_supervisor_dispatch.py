@@ -21,7 +21,7 @@ from minilmd.daemon.slurm import job as slurmjob
 from minilmd.daemon.supervisor import HANDLERS
 
 DAEMON = Path(__file__).resolve().parent.parent / "daemon"
-SIGNAL_FIELDS = {"stop", "hup", "usr1"}
+SIGNAL_FIELDS = {"stop", "asked", "stop_by", "hup", "usr1"}
 
 
 def test_every_live_phase_has_a_handler_and_no_final_one_has():

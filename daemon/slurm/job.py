@@ -290,7 +290,7 @@ class SlurmJob:
     runner: Runner = run_command
     signal_runner: Runner = field(default=lambda args: run_command(args, SIGNAL_TIMEOUT_S))
     preempted_by: str = ""
-    """"USR1" or "SIGTERM" once a preemption was asked; the loop acts on it."""
+    """"USR1", "SIGTERM" or "SIGUSR2" (`minilmd stop`'s) once a preemption was asked; the loop acts on it."""
     preempted_at: float = 0.0
     """When that signal came (epoch seconds)."""
     sync_cut: str = ""
@@ -396,17 +396,18 @@ class SlurmJob:
 
     def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> Plan:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
-        requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
-        SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
-        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A failed or refused last
-        sync (`sync_problem`) is judged first: a finished run whose last checkpoint is not on the remote is never
-        `finished` (exit 0 would leave that checkpoint on a scratch the job's end may wipe): it ends failed after a
-        stop asked for or a cancel, else its plan is `unsynced` (requeued with its checkpoint kept in run.dir). A
-        last sync cut at the job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a
-        finished run too (its next start syncs the last checkpoint), the reason saying where it resumes."""
+        requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the stop
+        was `minilmd stop`'s (`stop_asked`: its request, in words, daemon/base/stoprequest.py; or its SIGUSR2). The
+        caller writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it. A failed or refused
+        last sync (`sync_problem`) is judged first: a finished run whose last checkpoint is not on the remote is never
+        `finished` (exit 0 would leave that checkpoint on a scratch the job's end may wipe): it ends failed after a stop
+        asked for or a cancel, else its plan is `unsynced` (requeued with its checkpoint kept in run.dir). A last sync
+        cut at the job's end (`sync_cut`) is no failed sync: the job is requeued as after a synced one, a finished run
+        too (its next start syncs the last checkpoint), the reason saying where it resumes."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by, cut = self.preempted_by, f"; {self.sync_cut}" if self.sync_cut else ""
+        stop_asked = stop_asked or ("minilmd stop" if by == "SIGUSR2" else "")  # its SIGUSR2 is a stop asked for
         if cut:  # not a failed sync: the remote keeps its previous checkpoint, and the next start syncs on
             slurm["last_sync_cut"] = self.sync_cut
         if sync_problem and not cut:  # before the budget: a last checkpoint not on the remote is never `finished`

@@ -16,7 +16,7 @@ not answer (daemon/slurm/endwatch.py), and read here, the rule's one home, from 
 - neither (scontrol has not answered, or shows no end): the warning's own length from the signal,
   `--signal=B:USR1@300`'s 300 s after a USR1; after a SIGTERM Slurm's KillWait (`scontrol show config`, asked with
   the job after a SIGTERM; its default, 30 s, while that has not answered either), the least any SIGTERM of Slurm's
-  leaves before its SIGKILL (`guessed`: a SIGTERM of `minilmd stop` ends no job, and then nothing is cut).
+  leaves before its SIGKILL (`guessed`); `minilmd stop`'s SIGUSR2 ends no job: none is guessed, nothing is cut.
 
 While scontrol has not answered, the end is the fallback (or SLURM_JOB_END_TIME); its answer moves it, earlier or
 later. A SIGTERM at the time limit itself finds EndTime reached: Slurm's SIGKILL then follows that SIGTERM by
@@ -119,6 +119,8 @@ def read(environ, job_line: dict[str, str], signal_name: str, signalled_at: floa
             return JobEnd(signalled_at + kill, f"{source} reached: Slurm's SIGTERM, {why_kill} {kill:.0f}s "
                                                f"before SIGKILL")
         return JobEnd(at, source)
+    if signal_name == "SIGUSR2":  # `minilmd stop`'s (daemon/views/stop.py): a stop, no end of the job near
+        return JobEnd(None, f"neither scontrol nor {END_TIME_ENV} told it, and `minilmd stop`'s SIGUSR2 ends no job")
     lead = WARNING_S if signal_name == "USR1" else kill
     why = "the --signal=B:USR1@300 warning's lead" if signal_name == "USR1" else why_kill
     return JobEnd(signalled_at + lead, f"neither scontrol nor {END_TIME_ENV} told it: {lead:.0f}s after the "

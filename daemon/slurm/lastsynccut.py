@@ -6,7 +6,7 @@ ends with the supervisor SIGKILLed before `scontrol requeue`, the job never requ
 state.json left saying the sync runs. So once the job's end (daemon/slurm/jobend.py) is REQUEUE_MARGIN_S away, a
 trainer still saving is SIGKILLed (daemon/ending.py; the save is atomic too), a last sync still copying is abandoned,
 one not begun is not begun, and the run ends as requeued, its reason saying where the next start resumes. A guessed
-end (neither scontrol nor the environment told it) cuts nothing after `minilmd stop`'s SIGTERM: the job is not
+end (neither scontrol nor the environment told it) cuts nothing after `minilmd stop`'s signal: the job is not
 ending. The sync is atomic (daemon/jobs/sync.py): a copy goes to a temporary name and is put
 in place only once whole and read back, so the remote keeps its previous good checkpoint, and LATEST names it; the
 abandoned copy stops at its next chunk, or before it is renamed into place, LATEST repointed or older steps pruned,
@@ -71,7 +71,8 @@ def due(slurm: SlurmJob, sync: SyncWorker, cfg, state, emit: Callable[..., None]
 
 def reached(slurm: SlurmJob, cfg, clock: Callable[[], float] = now) -> bool:
     """Whether the preempted job's deadline (its end less REQUEUE_MARGIN_S) has come. A guessed end (neither
-    scontrol nor the environment told it) is none after `minilmd stop`'s SIGTERM: that request ends no job."""
+    scontrol nor the environment told it) is none after `minilmd stop`'s signal (its SIGUSR2: jobend.read; an older
+    supervisor's SIGTERM, its request read here): that request ends no job."""
     if not slurm.preempted_by:
         return False
     at = clock()

@@ -1,4 +1,4 @@
-"""`minilmd stop`: SIGTERM to a run's supervisor, its end waited for, and what it left reported.
+"""`minilmd stop`: SIGUSR2 to a run's supervisor (stop_signal), its end waited for, and what it left reported.
 
 Only a process proven to be the run's is ever signalled (minilmd/procs.py): the supervisor that holds the run's lock
 and carries its identity, or an orphaned trainer (no supervisor) after a grace to save. The exit status is one of
@@ -29,13 +29,13 @@ from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
 from minilmd.proc_info import catches_signal
-from minilmd.run_states import SyncState
+from minilmd.run_states import Phase, SyncState
 from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
 
 
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
-    """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
+    """stop_signal to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
     timeout 0: wait as long as it takes. The exit status is one of protocol.STOP_*: 0 stopped (or not running),
     1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. A run directory of another
     user is refused, its owner named (root may stop anyone's run). Only a process proven to be the run's is ever
@@ -85,23 +85,16 @@ def _stop(run: Dir, timeout: float, out) -> int:
         if _stop_orphans(scope, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False, owner=scope.owner)
-    if not restart_may_follow:  # started again since that end: its SIGTERM is a stop (a Slurm job tells by it)
+    if not restart_may_follow:  # started again since that end: its signal is a stop (a Slurm job tells by it)
         request = _leave_request(scope, run, out)
     if live.host and live.host != socket.gethostname():
         print(f"supervisor pid {live.pid} runs on {printable(live.host)}, not on this host: not signalled; run "
               f"`minilmd stop` there", file=out)
         return protocol.STOP_FAILED
     pid, ticks = live.pid, procs.process_start_ticks(live.pid)
-    sig = stop_signal(pid)
-    why = procs.signal_supervisor(scope, pid, ticks, live.launch_id, sig)
-    if why is None:
-        print(f"{signal.Signals(sig).name} sent to supervisor pid {pid}; waiting for the trainer's save and the last "
-              f"sync...", file=out, flush=True)
-    elif why == "it has ended":
-        print(f"supervisor pid {pid} ended before the signal", file=out)
-    else:
-        print(f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not "
-              f"signalled", file=out)
+    said, failed = _signal(scope, run, state, live.launch_id, pid, ticks)
+    print(said, file=out, flush=True)
+    if failed:
         return protocol.STOP_FAILED
     if request is not None:
         _request_left_words(request, out)
@@ -167,6 +160,31 @@ def stop_signal(pid: int) -> int:
     that catches it (/proc's SigCgt: this minilmd's); SIGTERM to a supervisor of an older minilmd, for which SIGUSR2
     would be death by its default action."""
     return signal.SIGUSR2 if catches_signal(pid, signal.SIGUSR2) else signal.SIGTERM
+
+
+def _signal(scope: procs.RunScope, run: Dir, state: StateJson, launch_id: str | None, pid: int,
+            ticks: int | None) -> tuple[str, bool]:
+    """stop_signal to the run's supervisor (pid, ticks), proven the run's (procs.signal_supervisor): what `stop`
+    says of it, and whether it failed (nothing sent to a process not proven the supervisor)."""
+    sig = stop_signal(pid)
+    if sig == signal.SIGTERM and _stopping_already(_reread(run, state), pid, ticks):
+        return (f"supervisor pid {pid} (an older minilmd's, without SIGUSR2) is stopping already: not signalled again "
+                f"(a second SIGTERM would kill the trainer in its save); waiting for it...", False)
+    why = procs.signal_supervisor(scope, pid, ticks, launch_id, sig)
+    if why is None:
+        return (f"{signal.Signals(sig).name} sent to supervisor pid {pid}; waiting for the trainer's save and the "
+                f"last sync...", False)
+    if why == "it has ended":
+        return f"supervisor pid {pid} ended before the signal", False
+    return f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not signalled", True
+
+
+def _stopping_already(state: StateJson, pid: int, ticks: int | None) -> bool:
+    """Whether state.json says the supervisor (pid, ticks) is stopping: what tells, for a supervisor of an older
+    minilmd that only SIGTERM stops, that a stop reached it already (a window of a tick or two remains after the
+    first stop's SIGTERM; this minilmd's own take SIGUSR2 instead, where none remains)."""
+    info = state.supervisor
+    return state.phase == Phase.STOPPING and info.pid == pid and ticks is not None and info.start_ticks == ticks
 
 
 def _reread(run: Dir, state: StateJson) -> StateJson:
