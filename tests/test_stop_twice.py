@@ -10,9 +10,12 @@ supervisor, fake trainer held in its stop's save (FAKE_STOP_HOLD), real `minilmd
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,18 +25,24 @@ from minilmd.daemon.views.stop import stop_signal
 from supervisor_helpers import start_supervisor, wait_for, wait_or_kill, write_config
 
 
-def _held_in_a_stops_save(tmp_path, corpus):
+@contextlib.contextmanager
+def _held_in_a_stops_save(tmp_path, corpus) -> Iterator[tuple[subprocess.Popen, Path, Path, Path]]:
     """(supervisor, its output file, run dir, release path): the trainer held at step 7, its stop's save to be held
-    before it lands until `release` exists."""
+    before it lands until `release` exists; the hold ended and the supervisor killed, if need be, afterwards."""
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 5},
                           restart={"hang_timeout": "300s"})  # no SIGKILL for a slow save
     run_dir = load_config(config).run_dir
     release, out = tmp_path / "release", tmp_path / "sup.out"
     sup = start_supervisor(config, out, FAKE_HOLD=f"7:{tmp_path / 'never'}", FAKE_HOLD_STOPS="1",
                            FAKE_STOP_HOLD=f"before:{release}")
-    wait_for(lambda: _heartbeat_step(run_dir) == "7" or sup.poll() is not None, 120, "the hold at step 7")
-    assert sup.poll() is None, out.read_text()
-    return sup, out, run_dir, release
+    try:
+        wait_for(lambda: _heartbeat_step(run_dir) == "7" or sup.poll() is not None, 120, "the hold at step 7")
+        assert sup.poll() is None, out.read_text()
+        yield sup, out, run_dir, release
+    finally:
+        release.touch()
+        if sup.poll() is None:
+            sup.kill()
 
 
 def _heartbeat_step(run_dir) -> str:
@@ -50,8 +59,7 @@ def _stop(run_dir, *args: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_stop_run_again_and_two_at_once_while_the_trainer_saves_never_kill_it(tmp_path, corpus):
-    sup, out, run_dir, release = _held_in_a_stops_save(tmp_path, corpus)
-    try:
+    with _held_in_a_stops_save(tmp_path, corpus) as (sup, out, run_dir, release):
         first = _stop(run_dir, "--timeout", "2")
         said_first = first.communicate(timeout=120)[0]
         assert first.returncode == 1 and "still running after 2s" in said_first, said_first
@@ -66,10 +74,6 @@ def test_a_stop_run_again_and_two_at_once_while_the_trainer_saves_never_kill_it(
             said = stop.communicate(timeout=120)[0]
             assert stop.returncode == 0 and "stopped after" in said, said
         assert wait_or_kill(sup, 120) == 0
-    finally:
-        release.touch()
-        if sup.poll() is None:
-            sup.kill()
     said = out.read_text()
     assert "stop requested (`minilmd stop`'s SIGUSR2)" in said, said
     assert "second stop signal" not in said and "killed by the supervisor" not in said, said
@@ -79,17 +83,12 @@ def test_a_stop_run_again_and_two_at_once_while_the_trainer_saves_never_kill_it(
 def test_a_sigterm_after_minilmd_stop_is_still_the_second_stop_signal(tmp_path, corpus):
     """`minilmd stop`, then `kill -TERM` (or Ctrl-C, or systemctl stop) while the trainer saves: that one is meant to
     cut the save short, as before."""
-    sup, out, run_dir, release = _held_in_a_stops_save(tmp_path, corpus)
-    try:
+    with _held_in_a_stops_save(tmp_path, corpus) as (sup, out, run_dir, release):
         first = _stop(run_dir, "--timeout", "1")
         assert first.communicate(timeout=120)[0] and first.returncode == 1
         wait_for(lambda: (tmp_path / "release.holding").exists(), 120, "the trainer holding its stop's save")
         sup.send_signal(signal.SIGTERM)
-        wait_or_kill(sup, 120)
-    finally:
-        release.touch()
-        if sup.poll() is None:
-            sup.kill()
+        wait_or_kill(sup, 120)  # its exit status is the restart's business; what it said is asserted
     said = out.read_text()
     assert "second stop signal: killed the trainer" in said, said
     assert "killed by the supervisor on a second stop signal (SIGKILL)" in said, said
