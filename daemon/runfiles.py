@@ -39,7 +39,8 @@ class RunFiles:
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
         self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
         self.textfile: Textfile | None = None
-        self._pass_said: tuple[int, int | None] | None = None  # (quarter, FROM) of the reference pass last said
+        self._pass_seen: list[int] | None = None  # the reference pass as the heartbeat last gave it
+        self._pass_quarter = 0  # the quarter of that attempt's pass last said (_say_reference_pass)
 
     def publish(self, cfg: RunConfig, config_path: Path) -> None:
         """The Prometheus textfile, and the registry entry (for `status --all`)."""
@@ -80,23 +81,35 @@ class RunFiles:
     def read_progress(self) -> None:
         """The trainer's new metrics lines and its heartbeat into state.json's progress, and its step into systemd's
         STATUS (rate-limited there: daemon/host/sdnotify.py Notifier.progress)."""
-        self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
+        records = self.metrics.read_new()
+        self.state.apply_progress(records, read_heartbeat(self.run_dir))
         progress = self.state.progress
-        self._say_reference_pass(progress.reference_pass)
+        self._say_reference_pass(progress.reference_pass, records)
         self.notifier.progress(progress.step, progress.total_steps, progress.loss, progress.reference_pass)
 
-    def _say_reference_pass(self, ref: list[int] | None) -> None:
+    def _say_reference_pass(self, ref: list[int] | None, records: list[dict]) -> None:
         """A DPO run's reference pass (hours on a big corpus, before step 1) in supervisor.log and the journal: as
-        each attempt's pass is first seen (a restarted trainer goes on from the pairs saved: its FROM), then each
-        quarter of it (before: only the attempt log and `status` said how far it was)."""
-        if not ref or ref[1] <= 0:
+        each attempt's pass is first seen (a restarted trainer's starts again, or goes on from the pairs a stopped
+        one kept), at each quarter of it, and its end as the trainer's metrics line records it (before: only the
+        attempt log and `status` said how far it was)."""
+        for rec in records:
+            if rec.get("kind") == "dpo_reference" and isinstance(pairs := rec.get("pairs"), int):
+                seconds = rec.get("seconds")
+                how = f"computed in {seconds:.0f}s" if isinstance(seconds, (int, float)) else "read from the checkpoint"
+                self.events.emit("reference", f"DPO reference pass done: {pairs:,} pairs {how}")
+                self._pass_seen = None
+        if not ref or ref[1] <= 0 or ref == self._pass_seen:
             return
-        quarter, attempt = min(4, 4 * ref[0] // ref[1]), ref[2] if len(ref) == 4 else None
-        if self._pass_said is not None and attempt == self._pass_said[1] and quarter <= self._pass_said[0]:
+        seen, self._pass_seen = self._pass_seen, ref
+        quarter = min(4, 4 * ref[0] // ref[1])
+        # another attempt's pass: its FROM, its count or its seconds (this attempt's, in the heartbeat) went back
+        anew = seen is None or ref[0] < seen[0] or ref[2:3] != seen[2:3] or ref[3:] < seen[3:]
+        if not anew and quarter <= self._pass_quarter:
             return
-        self._pass_said = (quarter, attempt)
-        self.events.emit("reference", f"DPO reference pass: {ref[0]:,}/{ref[1]:,} pairs ({100 * ref[0] // ref[1]}%); "
-                                      f"computed once, before step 1")
+        self._pass_quarter = quarter
+        kept = f"; going on from the {ref[2]:,} pairs a stopped pass kept" if len(ref) == 4 and ref[2] else ""
+        self.events.emit("reference", f"DPO reference pass: {ref[0]:,}/{ref[1]:,} pairs ({100 * ref[0] // ref[1]}%), "
+                                      f"before step 1{kept}")
 
     def record_outcome(self, exit_status: int, phase: str, ended: str) -> None:
         """The run's outcome in state.json now (`ended`: how the run ended, protocol.ENDED_*), saved: before a Slurm

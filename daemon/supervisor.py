@@ -229,7 +229,7 @@ class Supervisor(Attempt, Ending):
             self._enter_stopping("stop requested")
         elif self.signals.stop > self.loop.stop_signals_taken and (child := self.loop.child) and \
                 child.poll() is None and child.killed_at is None:
-            trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit)
+            self.state.record_error(trainerwatch.kill_on_second_stop(self.cfg, child, self.events.emit))
 
     def _stop_request_at_start(self) -> None:
         """A stop request left while no supervisor ran (daemon/base/stoprequest.py at_start)."""

@@ -84,25 +84,32 @@ def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes
                                                                                   monkeypatch):
     """Found by a new user: through a DPO run's reference pass (hours on a big corpus, before step 1) STATUS said
     `training, step 0` and supervisor.log nothing; only the attempt log and `status` said how far it was. STATUS now
-    says the pairs, and supervisor.log the pass as first seen and at each quarter."""
+    says the pairs; supervisor.log each attempt's pass as first seen (a restart from pair 0 too, and one going on
+    from the pairs a stopped pass kept), each quarter, and its end (the trainer's metrics line)."""
     cfg = load_config(write_config(tmp_path, corpus, remote=False))
     cfg.run_dir.mkdir(parents=True)
     notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
     files = RunFiles(cfg, cfg.run_dir, tmp_path / "s.toml", echo=False, notifier=notifier)
     monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)
+
+    def beat(body: str) -> list[str]:
+        (cfg.run_dir / names.HEARTBEAT).write_text(f"0 {names.HEARTBEAT_REFERENCE} {body}\n")
+        files.read_progress()
+        return _pending(notify_socket)
+
     try:
         notifier.phase("dpo", "training", "first heartbeat from attempt 1 (step 0)")
         notify_socket.recv(4096)
-        said = []
-        for done in (96, 400, 896, 900, 2_446):
-            (cfg.run_dir / names.HEARTBEAT).write_text(f"0 {names.HEARTBEAT_REFERENCE} {done}/2446/0/{done // 10}\n")
-            files.read_progress()
-            said += _pending(notify_socket)
+        bodies = ("96/2446/0/9", "400/2446/0/40", "896/2446/0/89", "900/2446/0/90")
+        said = [line for body in bodies for line in beat(body)]
         assert said == [f"STATUS=dpo: training, DPO reference pass {done:,}/2,446 pairs"
-                        for done in (96, 400, 896, 900, 2_446)]
-        (cfg.run_dir / names.HEARTBEAT).write_text(f"0 {names.HEARTBEAT_REFERENCE} 1000/2446/896/3\n")
-        files.read_progress()  # a restarted trainer going on from the 896 pairs saved: its pass said anew
-        assert _pending(notify_socket) == ["STATUS=dpo: training, DPO reference pass 1,000/2,446 pairs"]
+                        for done in (96, 400, 896, 900)]
+        assert beat("700/2446/0/2") == ["STATUS=dpo: training, DPO reference pass 700/2,446 pairs"]  # killed, again
+        beat("1000/2446/896/3")  # a stopped pass's pairs kept: the next attempt goes on from them
+        beat("2446/2446/896/50")
+        with open(cfg.run_dir / names.METRICS, "a") as f:
+            f.write(json.dumps({"kind": "dpo_reference", "step": 0, "pairs": 2446, "seconds": 50.2,
+                                "source": "computed", "resumed_at": 896}) + "\n")
         _trainer_logs(cfg.run_dir, 1, 0.69)  # the pass done: the steps again
         files.read_progress()
         assert _pending(notify_socket) == ["STATUS=dpo: training, step 1/2000, loss 0.69"]
@@ -110,10 +117,12 @@ def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes
         files.events.close()
     log = (cfg.run_dir / names.SUPERVISOR_LOG).read_text()
     assert [line.split("] ", 1)[1] for line in log.splitlines() if "DPO reference pass" in line] == [
-        "DPO reference pass: 96/2,446 pairs (3%); computed once, before step 1",
-        "DPO reference pass: 896/2,446 pairs (36%); computed once, before step 1",
-        "DPO reference pass: 2,446/2,446 pairs (100%); computed once, before step 1",
-        "DPO reference pass: 1,000/2,446 pairs (40%); computed once, before step 1"], log
+        "DPO reference pass: 96/2,446 pairs (3%), before step 1",
+        "DPO reference pass: 896/2,446 pairs (36%), before step 1",
+        "DPO reference pass: 700/2,446 pairs (28%), before step 1",
+        "DPO reference pass: 1,000/2,446 pairs (40%), before step 1; going on from the 896 pairs a stopped pass kept",
+        "DPO reference pass: 2,446/2,446 pairs (100%), before step 1; going on from the 896 pairs a stopped pass kept",
+        "DPO reference pass done: 2,446 pairs computed in 50s"], log
 
 
 def test_a_step_that_is_no_int_is_never_said(tmp_path, notify_socket, monkeypatch):

@@ -80,18 +80,21 @@ def test_a_stop_run_again_and_two_at_once_while_the_trainer_saves_never_kill_it(
 
 
 @pytest.mark.slow
-def test_a_sigterm_after_minilmd_stop_is_still_the_second_stop_signal(tmp_path, corpus):
+def test_a_sigterm_after_minilmd_stop_is_still_the_second_stop_signal_and_stop_says_so(tmp_path, corpus):
     """`minilmd stop`, then `kill -TERM` (or Ctrl-C, or systemctl stop) while the trainer saves: that one is meant to
-    cut the save short, as before."""
+    cut the save short, as before; the stop still waiting says it in its report (a new user's saw only `stopped on
+    request`), as the run's last error."""
     with _held_in_a_stops_save(tmp_path, corpus) as (sup, out, run_dir, release):
-        first = _stop(run_dir, "--timeout", "1")
-        assert first.communicate(timeout=120)[0] and first.returncode == 1
+        stopping = _stop(run_dir)
+        assert "SIGUSR2 sent to supervisor pid" in stopping.stdout.readline()
         wait_for(lambda: (tmp_path / "release.holding").exists(), 120, "the trainer holding its stop's save")
         sup.send_signal(signal.SIGTERM)
+        said_stop = stopping.communicate(timeout=120)[0]
         wait_or_kill(sup, 120)  # its exit status is the restart's business; what it said is asserted
     said = out.read_text()
     assert "second stop signal: killed the trainer" in said, said
     assert "killed by the supervisor on a second stop signal (SIGKILL)" in said, said
+    assert "  last error" in said_stop and "second stop signal: killed the trainer" in said_stop, said_stop
 
 
 def test_stop_sends_sigusr2_only_to_a_process_that_catches_it():

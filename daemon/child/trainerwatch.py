@@ -176,11 +176,12 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     child.kill(launch)
 
 
-def kill_on_second_stop(cfg: RunConfig, child: Child, emit) -> None:
+def kill_on_second_stop(cfg: RunConfig, child: Child, emit) -> str:
     """A second SIGTERM/SIGINT while the trainer saves on the first: SIGKILL now, and say what scratch shows of
     that save: a checkpoint published since the first signal (`child.stop_mark`, the newest then) is kept, and the
     run resumes from it; otherwise its save, if it had not finished, is lost. Looked at once the SIGKILL is sent:
-    a save said lost does not land after the words (short of a rename already in the kernel)."""
+    a save said lost does not land after the words (short of a rename already in the kernel). Returns the words, for
+    the run's last error (what `minilmd stop` and `status` show)."""
     child.kill(why="by the supervisor on a second stop signal")
     mark = newest_mark(cfg)
     newest = f"step {mark[0]}" if mark is not None else "none"
@@ -192,7 +193,9 @@ def kill_on_second_stop(cfg: RunConfig, child: Child, emit) -> None:
     else:
         said = (f"no checkpoint was saved since the first signal: its save, if it had not finished, is lost (the "
                 f"newest checkpoint in scratch: {newest})")
-    emit("signal", f"second stop signal: killed the trainer (pid {child.pid}) now; {said}")
+    words = f"second stop signal: killed the trainer (pid {child.pid}) now; {said}"
+    emit("signal", words)
+    return words
 
 
 def report_unreaped(child: Child, emit) -> None:
