@@ -10,7 +10,16 @@ from pathlib import Path
 
 from minilmd import names, procs
 from minilmd.config import RunConfig, recorded_copy
-from minilmd.daemon.base.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
+from minilmd.daemon.base.runstate import (
+    EventLog,
+    MetricsTail,
+    RunState,
+    load_state,
+    new_state,
+    now,
+    read_heartbeat,
+    reference_pass_words,
+)
 from minilmd.daemon.base.statesections import Outcome
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
@@ -84,8 +93,10 @@ class RunFiles:
         records = self.metrics.read_new()
         self.state.apply_progress(records, read_heartbeat(self.run_dir))
         progress = self.state.progress
-        self._say_reference_pass(progress.reference_pass, records)
-        self.notifier.progress(progress.step, progress.total_steps, progress.loss, progress.reference_pass)
+        ref = progress.reference_pass
+        self._say_reference_pass(ref, records)
+        self.notifier.progress(progress.step, progress.total_steps, progress.loss,
+                               reference_pass_words(ref) if ref else "")
 
     def _say_reference_pass(self, ref: list[int] | None, records: list[dict]) -> None:
         """A DPO run's reference pass (hours on a big corpus, before step 1) in supervisor.log and the journal: as

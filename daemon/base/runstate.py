@@ -20,6 +20,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -420,6 +421,12 @@ class Heartbeat(NamedTuple):
                 not re.fullmatch(r"[0-9]{1,12}/[0-9]{1,12}(/[0-9]{1,12}/[0-9]{1,12})?", self.note):
             return None
         return [int(n) for n in self.note.split("/")]
+
+
+def reference_pass_words(ref: Sequence[int]) -> str:
+    """"DPO reference pass 896/2,446 pairs": how status, systemd's STATUS and supervisor.log name a reference pass's
+    progress ([done, all, ...]: Heartbeat.reference_pass, or a saved pass's two numbers)."""
+    return f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs"
 
 
 def reference_pass_rate(ref: list[int]) -> tuple[float, float] | None:

@@ -59,8 +59,8 @@ class Notifier:
         self._last_watchdog = 0.0
         self._head = ""  # "run: phase" of the last phase change: what a progress line repeats
         self._said_at = 0.0  # when STATUS was last sent
-        self._step_said: tuple[int, int | None] | None = None  # (step, reference pairs) the last STATUS stood for
-        self._step_seen: tuple[int, int | None] | None = None  # the trainer's latest, as `progress` was last told
+        self._step_said: tuple[int, str] | None = None  # (step, its note) the last STATUS stood for
+        self._step_seen: tuple[int, str] | None = None  # the trainer's latest, as `progress` was last told
         self._dropped_said = False  # a send dropped for a socket no one reads, said once
 
     @property
@@ -97,25 +97,24 @@ class Notifier:
         self._said_at, self._step_said = time.monotonic(), self._step_seen
         self.status(f"{self._head} ({reason})"[:STATUS_MAX_CHARS])
 
-    def progress(self, step: object, total: object = None, loss: object = None,
-                 reference: list[int] | None = None) -> None:
+    def progress(self, step: object, total: object = None, loss: object = None, note: str = "") -> None:
         """Call every tick with the trainer's latest step (metrics.jsonl and its heartbeat, untrusted: anything but
-        an int is no step) and a DPO run's reference pass while it runs (Progress.reference_pass: [done, all, ...]):
-        STATUS `run: phase, step S/T, loss L`, or `run: phase, DPO reference pass D/A pairs` (a pass of hours comes
-        before step 1: before, STATUS said `step 0` all along), when what it stands for differs from the last
-        STATUS's, at most every PROGRESS_EVERY_S. A phase where the trainer does not advance (backoff, waiting_gpu)
-        keeps its line with the reason."""
+        an int is no step) and what it does instead of steps, in words (`note`: a DPO run's reference pass, which
+        comes before step 1 and may take hours: before, STATUS said `step 0` all along): STATUS `run: phase, step
+        S/T, loss L`, or `run: phase, NOTE`, when what it stands for differs from the last STATUS's, at most every
+        PROGRESS_EVERY_S. A phase where the trainer does not advance (backoff, waiting_gpu) keeps its line with the
+        reason."""
         if not isinstance(step, int) or isinstance(step, bool):
             return
-        self._step_seen = (step, reference[0] if reference else None)
+        self._step_seen = (step, note)
         if not self.address or not self._head or self._step_seen == self._step_said:
             return
         t = time.monotonic()
         if t - self._said_at < PROGRESS_EVERY_S:
             return
         self._said_at, self._step_said = t, self._step_seen
-        if reference:
-            self.status(f"{self._head}, DPO reference pass {reference[0]:,}/{reference[1]:,} pairs"[:STATUS_MAX_CHARS])
+        if note:
+            self.status(f"{self._head}, {note}"[:STATUS_MAX_CHARS])
             return
         of = f"/{total}" if isinstance(total, int) and not isinstance(total, bool) else ""
         lossy = f", loss {loss:.4g}" if isinstance(loss, float) else ""

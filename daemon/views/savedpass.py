@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.checkpoint_contents import reference_pass
-from minilmd.daemon.base.runstate import state_owners
+from minilmd.daemon.base.runstate import reference_pass_words, state_owners
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -32,4 +32,4 @@ def saved_pass_words(run_dir: Path, state: StateJson, dir_fd: int | None = None)
     except (Unreadable, OSError, ValueError):
         return ""
     saved = reference_pass(manifest) if manifest.get("step") == 0 else None
-    return f" (DPO reference pass {saved[0]:,}/{saved[1]:,} pairs saved)" if saved else ""
+    return f" ({reference_pass_words(saved)} saved)" if saved else ""

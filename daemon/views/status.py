@@ -20,7 +20,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
-from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, state_owners
+from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, reference_pass_words, state_owners
 from minilmd.daemon.base.seen import Seen, supervisor_seen
 from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
@@ -205,7 +205,7 @@ def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]
         parts.append(f"no ETA until the restarted trainer logs a step (restarted {fmt_time(p.rates_awaited_since)})")
     if alive and (ref := p.reference_pass) and len(ref) in (2, 4):  # read typed: a list of ints
         rate = reference_pass_rate(ref)  # before step 0: training waits for it, and no step gives an ETA
-        parts.append(f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs" + (
+        parts.append(reference_pass_words(ref) + (
             f", {rate[0]:,.1f} pairs/s, ETA {fmt_duration(rate[1])}" if rate else ""))
     return ["  " + "  ".join(parts)]
 

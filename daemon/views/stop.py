@@ -28,7 +28,7 @@ from minilmd.daemon.views.status import error_context, phase_reason
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
-from minilmd.proc_info import catches_signal
+from minilmd.proc_info import catches_signal, of_another_boot
 from minilmd.run_states import Phase, SyncState
 from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
@@ -184,7 +184,8 @@ def _stopping_already(state: StateJson, pid: int, ticks: int | None) -> bool:
     minilmd that only SIGTERM stops, that a stop reached it already (a window of a tick or two remains after the
     first stop's SIGTERM; this minilmd's own take SIGUSR2 instead, where none remains)."""
     info = state.supervisor
-    return state.phase == Phase.STOPPING and info.pid == pid and ticks is not None and info.start_ticks == ticks
+    return state.phase == Phase.STOPPING and info.pid == pid and ticks is not None and info.start_ticks == ticks \
+        and not of_another_boot(info.boot)  # pid and start ticks repeat across boots
 
 
 def _reread(run: Dir, state: StateJson) -> StateJson:

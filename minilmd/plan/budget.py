@@ -157,12 +157,14 @@ def time_left(plan: Planned, rate: Rate) -> tuple[int, float] | None:
     left = plan.steps - rate.from_step
     if left <= 0:
         return None
-    per_step = float(plan.global_batch * plan.seq_len)
+    per_step = float(plan.global_batch * plan.seq_len)  # every position a real token: before a rate is known
     if rate.tokens_seen and rate.step > 0:
         real = rate.tokens_seen / rate.step
         done = plan.done
-        per_step = min(1.0, real / (done.positions / done.step)) * per_step if done and done.step and done.positions \
-            else real
+        if done is None or not done.step or not done.positions:
+            per_step = real  # the batch is the one the rate was measured at
+        else:  # its share of real tokens, of today's positions a step
+            per_step *= min(1.0, real * done.step / done.positions)
     return left, left * per_step / rate.tok_s
 
 
