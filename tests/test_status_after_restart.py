@@ -25,7 +25,7 @@ from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_k
 pytestmark = pytest.mark.slow  # each test runs supervisors through a restart
 
 ETA = re.compile(r"ETA \d")
-WAITS_FOR_RATE = "no ETA until the restarted trainer logs a step"
+WAITS_FOR_RATE = "no ETA until the new trainer logs a step"
 
 
 def status(run_dir: Path) -> str:

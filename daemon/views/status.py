@@ -202,7 +202,7 @@ def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]
     if p.eta_s is not None and alive:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
     elif p.rates_awaited_since is not None and alive:  # an earlier trainer's rate would count staging as training
-        parts.append(f"no ETA until the restarted trainer logs a step (restarted {fmt_time(p.rates_awaited_since)})")
+        parts.append(f"no ETA until the new trainer logs a step (since {fmt_time(p.rates_awaited_since)})")
     if alive and (ref := p.reference_pass) and len(ref) in (2, 4):  # read typed: a list of ints
         rate = reference_pass_rate(ref)  # before step 0: training waits for it, and no step gives an ETA
         parts.append(reference_pass_words(ref) + (
