@@ -249,7 +249,7 @@ class Ending:
         assert self.slurm is not None  # only a Slurm job is preempted
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
-        request, _ = stoprequest.read(self.run_dir)  # `minilmd stop`'s (it wrote this before its signal): no requeue
+        request = stoprequest.honoured(self.run_dir)  # `minilmd stop`'s (it wrote this before its signal): no requeue
         plan = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at, sync_problem,
                                request.words() if request else "")
         self.loop.ended, reason, problem, requeue = plan.ended, plan.reason, plan.problem, plan.requeue

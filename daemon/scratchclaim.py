@@ -235,7 +235,7 @@ def _end_on_signal(cfg: RunConfig, signals: Signals, record: WaitRecord) -> None
         raise StoppedWaiting(got)
     from minilmd.daemon.base import stoprequest
 
-    request, _ = stoprequest.read(cfg.run_dir)  # `minilmd stop`'s signal (it wrote this first): no requeue
+    request = stoprequest.honoured(cfg.run_dir)  # `minilmd stop`'s signal (it wrote this first): no requeue
     status, ended, why = _slurm_preempted(got, request.words() if request else "", record)
     print(f"minilmd run: {why}", flush=True)
     raise PreemptedWaiting(why, status, ended)

@@ -1,6 +1,6 @@
-"""What /proc says of a process: its start time (with the pid, its identity), state, process group, uids,
-environment as started, the signals it catches, and of each thread the signals pending and blocked. The one parser
-of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/status).
+"""What /proc says of a process: its start time (with the pid, its identity; started_at in wall-clock time), state,
+process group, uids, environment as started, the signals it catches, and of each thread the signals pending and
+blocked. The one parser of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/status).
 
 The one judge of "does the process a record names run": process_alive, by pid, start ticks and the boot the record
 was written in (a record of another boot names no process of this one; a record without a boot id, an older
@@ -20,6 +20,7 @@ import functools
 import os
 import re
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,17 @@ def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "
         return False
     ticks = process_start_ticks(pid)
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, in this host's wall-clock time (time.time()), to a clock tick (10 ms, rounded
+    down); None if it is gone or a zombie. The kernel keeps the start in ticks since boot: what time.time() says
+    now less the boot-time clock's seconds since it (both this host's, read together)."""
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return None
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def this_process() -> tuple[int, int | None, str]:

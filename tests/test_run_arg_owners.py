@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names, protocol
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.host import registry
 from minilmd.daemon.views import overview
 from minilmd.daemon.views import status as views
@@ -192,7 +193,8 @@ def test_a_users_own_link_or_config_to_her_own_run_is_followed_for_root(tmp_path
         assert f"{run}: a run directory of uid {OTHER}, not yours" in out.getvalue(), out.getvalue()
     said = capsys.readouterr().err  # the tiny configs' own problems said as warnings: nothing refused
     assert "refused" not in said and "Traceback" not in said, said
-    assert not (run / names.STOP_REQUEST).exists()
+    # her run ended: the stop's request is for a start under way only (stoprequest.py after_end), at her run
+    assert stoprequest.read(run, OTHER)[0].after_end, os.listdir(run)
 
 
 @needs_root

@@ -11,8 +11,10 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.lock import lock_holder
 from minilmd.daemon.views import stop as views_stop
+from minilmd.proc_info import started_at
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: the fixture
 from supervisor_helpers import env_for, events, run_supervisor, start_supervisor, state, step_of_state, write_config
 from waiting import wait_until
@@ -285,18 +288,21 @@ def ended_run(tmp_path: Path, phase: str, outcome: dict) -> Path:
 
 
 @pytest.mark.parametrize("ending", ENDED_FOR_GOOD.values(), ids=ENDED_FOR_GOOD.keys())
-def test_stop_of_a_run_that_ended_for_good_leaves_no_request(tmp_path, ending):
+def test_stop_of_a_run_that_ended_for_good_leaves_a_request_for_a_start_under_way_only(tmp_path, ending):
     """No launcher starts such a run by itself (exit 0 or a final status: the tmux window and systemd do not
     restart it, its Slurm job is not requeued). `stop` said `not running (ended ..., exit 0: ...)` and wrote a
     request all the same: `status` then said `stop requested ... an automatic restart will not start the run` of a
-    finished run, and the request lingered until its next start."""
+    finished run. The request it leaves now is marked for a start already under way (after_end), which neither
+    `stop` nor `status` speaks of; a start under way honours it (test_a_stop_while_a_start_is_under_way_stops_it)."""
     run_dir = ended_run(tmp_path, *ending)
     out = io.StringIO()
     assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
     said = out.getvalue()
     assert f"{run_dir}: not running (ended " in said and "stop request" not in said, said
-    assert not (run_dir / names.STOP_REQUEST).exists()
+    request, problem = stoprequest.read(run_dir)
+    assert problem is None and request is not None and request.after_end, (request, problem)
     assert stoprequest.status_line(run_dir) is None
+    assert stoprequest.as_json(run_dir)["after_end"] is True
 
 
 def test_stop_of_a_requeued_run_leaves_the_request_and_says_so(tmp_path):
@@ -401,7 +407,84 @@ def test_status_json_and_the_overview_show_a_request_left(tmp_path):
     request, _ = stoprequest.read(run_dir)
     said, r, line = shown()
     assert said["stop_request"] == r["stop_request"] == {
-        "path": str(left), "time": request.time, "by": f"uid {os.getuid()} on {os.uname().nodename}"}
+        "path": str(left), "time": request.time, "by": f"uid {os.getuid()} on {os.uname().nodename}",
+        "after_end": False}
     assert line.split()[:3] == ["tiny", "done", "(stop"] and "(stop requested)" in line, line
+    stoprequest.leave(run_dir, os.getuid(), after_end=True)  # a stop that found the run ended: no word of it
+    said, r, line = shown()
+    assert said["stop_request"]["after_end"] is True and "(stop requested)" not in line, line
     stoprequest.clear(run_dir)
     assert shown()[0]["stop_request"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before", ["stopped", "killed"])
+def test_a_stop_while_a_start_is_under_way_stops_it(tmp_path, corpus, before):
+    """`minilmd stop` in the half second after `minilmd run` began, before its supervisor takes the run lock (a
+    script's `minilmd run CFG & minilmd stop DIR`): it found the previous run's record, said `not running (ended
+    ..., exit 0: stopped on request)`, and the new run trained on, since a start by hand cleared the request (or no
+    request was left, for a run that ended for good). A request asked after a start began is that start's to honour.
+    The start is held before its interpreter runs (a shell stopping itself, then exec: the same process, so the same
+    start time), so the stop surely comes before the lock."""
+    config = write_config(tmp_path, corpus, name="uw", train={"max_steps": 40, "checkpoint_every": 5})
+    run_dir = tmp_path / "uw" / "run"
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05",
+                             FAKE_HOLD=f"6:{tmp_path / 'never'}", FAKE_HOLD_STOPS="1")
+    try:
+        wait_until(lambda: step_of_state(run_dir) >= 6, 120, "the first supervisor's trainer to train")
+        if before == "stopped":  # ended for good, exit 0: an after_end request
+            assert stop(run_dir).returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED)
+        else:  # killed, no outcome: a launcher's restart may follow, an ordinary request
+            first.kill()
+    finally:
+        first.wait(120)
+    if before == "killed":
+        assert stop(run_dir).returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED)  # the orphan stopped
+    with open(tmp_path / "second.out", "ab") as second:
+        held = subprocess.Popen(["sh", "-c", 'kill -STOP $$ && exec "$0" -m minilmd.cli run "$1"', sys.executable,
+                                 str(config)], stdout=second, stderr=subprocess.STDOUT, env=env_for(FAKE_STEP_S="0.05"))
+    try:
+        wait_until(lambda: _state_letter(held.pid) == "T", 60, "the start held before its interpreter")
+        stopped = stop(run_dir)
+        assert stopped.returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED), stopped.stdout + stopped.stderr
+        assert "not running" in stopped.stdout, stopped.stdout
+        held.send_signal(signal.SIGCONT)
+        assert held.wait(120) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    assert launches_after_last_start(run_dir) == [], (tmp_path / "second.out").read_text()[-3000:]
+    reason = state(run_dir)["outcome"]["reason"]
+    assert reason.startswith("stopped on request (minilmd stop at ") and "asked as this start began" in reason, reason
+    said = [e["message"] for e in events(run_dir) if e["event"] == "stop_request"][-1]
+    assert "asked after this start began" in said, said
+
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0  # a start after the stop clears it, runs
+    assert not (run_dir / names.STOP_REQUEST).exists()
+    assert state(run_dir)["outcome"]["reason"].startswith("the run finished"), state(run_dir)["outcome"]
+
+
+def _state_letter(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def test_a_stop_is_told_asked_after_a_start_by_this_hosts_clock_only(tmp_path):
+    """asked_after_start's two inputs: the process's start in wall-clock time (proc_info.started_at, from its start
+    ticks) and the request's time and host. Another host's request, or one with no time, is never after."""
+    before = time.time()
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) as child:
+        after = time.time()
+        try:
+            started = started_at(child.pid)
+            assert started is not None and before - 0.25 <= started <= after + 0.25, (before, started, after)
+        finally:
+            child.kill()
+    here, path = socket.gethostname(), tmp_path / names.STOP_REQUEST
+    assert stoprequest.asked_after_start(stoprequest.StopRequest(path, time.time(), "", here))
+    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, started_at(os.getpid()) - 1, "", here))
+    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, time.time(), "", here + "-other"))
+    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, None, "", here))

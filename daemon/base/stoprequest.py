@@ -2,14 +2,18 @@
 
 A stop that finds no supervisor cannot signal a start that is still to come: the tmux launcher's window "run" starts
 a killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be requeued. So `stop` leaves
-`stop-request.json` in the run directory (`leave`) before it looks for the supervisor (none for a run that ended
-for good, protocol.restart_may_follow: no launcher starts it by itself), and `minilmd run` reads it
+`stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it
 once it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV,
 which the tmux window sets on its restarts only, or a requeued Slurm job) honours it and stops before any trainer,
-exit 0; any other start (a person's `minilmd run`, the tmux launcher or `sbatch` run by hand, systemd) removes it
-(`clear`) and runs as asked. The order keeps the promise without a timing: stop writes, then looks at the lock;
-run takes the lock, then reads. Either stop finds the new supervisor (and signals it), or that supervisor finds
-the request.
+exit 0; so does a start the stop came after (`asked_after_start`: a `minilmd run` begun before the stop, its lock
+not yet taken, as it is for half a second after it starts); any other start (a person's `minilmd run`, the tmux
+launcher or `sbatch` run by hand, systemd, begun after the stop) removes it (`clear`) and runs as asked. The order
+keeps the promise without a timing: stop writes, then looks at the lock; run takes the lock, then reads. Either
+stop finds the new supervisor (and signals it), or that supervisor finds the request.
+
+A run that ended for good (protocol.restart_may_follow false: no launcher starts it by itself) gets a request
+marked `after_end`: it is there only for a start already under way, and `status` does not show it (a finished
+run's status would otherwise say a restart will not start it until its next start clears it).
 
 systemd's own restarts (Restart=on-failure) look to the started process like `systemctl start`: a start by systemd
 clears the request, and a unit waiting to restart is stopped with `systemctl --user stop minilmd@NAME`, which `stop`
@@ -37,6 +41,7 @@ from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.dirfd import Dir, Identity, PlaceRefused
 from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, run_dir_owner, signal_uid
+from minilmd.proc_info import started_at
 from minilmd.untrusted import Unreadable, printable, read_json
 
 HONOURED_UNPARSED = frozenset({"too_big", "not_utf8", "too_deep", "not_json", "wrong_type"})
@@ -50,18 +55,25 @@ class StopRequest:
     time: float | None
     by: str
     """Who asked: "uid 1000 on host"; "" when the file did not say."""
+    host: str = ""
+    """The host `stop` ran on, as it wrote it ("" when the file did not say): `time` is by that host's clock."""
+    after_end: bool = False
+    """Left by a stop that found the run ended for good and no supervisor: only for a start already under way."""
 
     def words(self) -> str:
         """'minilmd stop at 2026-12-05 05:01:02 by uid 1000 on gpu1', for the journal and the outcome."""
         return f"minilmd stop at {fmt_time(self.time)}" + (f" by {self.by}" if self.by else "")
 
 
-def leave(run_dir: Path, owner: int, judged: Identity | None = None) -> Path:
+def leave(run_dir: Path, owner: int, judged: Identity | None = None, after_end: bool = False) -> Path:
     """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
+    `after_end`: the run ended for good and no supervisor holds its lock (StopRequest.after_end).
     OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change, or
     when the directory the walk reaches is not `judged` ((device, inode): the one `stop` judged and read, moved
     aside since and another put in its place): never written into what stands there now."""
     body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid()}
+    if after_end:
+        body["after_end"] = True
     with Dir.open(run_dir, "run.dir", owners={owner}) as where:
         if judged is not None and where.identity != judged:
             raise PlaceRefused(f"{printable(run_dir)}: not the run directory judged a moment ago (moved or replaced "
@@ -90,7 +102,18 @@ def read(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) -> 
     when = body.get("time")
     uid, host = body.get("uid"), body.get("host")
     by = f"uid {uid} on {printable(host)}" if isinstance(uid, int) and isinstance(host, str) else ""
-    return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by), None
+    return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by,
+                       host if isinstance(host, str) else "", body.get("after_end") is True), None
+
+
+def asked_after_start(request: StopRequest, pid: int | None = None) -> bool:
+    """Whether the stop was asked after process `pid` (this one) started: a `minilmd run` begun before the stop, whose
+    run lock the stop found not yet taken. Told on this host's clock only (a request of another host's, or one
+    without its time, is not: another host's clock may be off by more than the half second this is about)."""
+    if request.time is None or request.host != socket.gethostname():
+        return False
+    started = started_at(os.getpid() if pid is None else pid)
+    return started is not None and request.time >= started
 
 
 def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None) -> str | None:
@@ -102,7 +125,7 @@ def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None
     request, problem = read(run_dir, run_dir_owner(run_dir, dir_fd), dir_fd)
     if problem:
         return f"  {problem}: not honoured"
-    if request is None:
+    if request is None or request.after_end:
         return None
     when = f"at {fmt_time(request.time)}" if request.time is not None else "(when: unreadable)"
     by = f" by {request.by}" if request.by else ""
@@ -120,7 +143,7 @@ def as_json(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) 
         return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
     if request is None:
         return None
-    return {"path": str(request.path), "time": request.time, "by": request.by}
+    return {"path": str(request.path), "time": request.time, "by": request.by, "after_end": request.after_end}
 
 
 def clear(run_dir: Path) -> str | None:
@@ -186,12 +209,24 @@ def automatic_restart(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def honoured(run_dir: Path, environ: Mapping[str, str] = os.environ) -> StopRequest | None:
+    """The request this start honours, by at_start's rule (a launcher's automatic restart, or a stop asked after this
+    start began), for what reads it again later (a Slurm preemption's plan: a stop asked is not requeued); None when
+    there is none, or when it is one a start by hand began after (at_start clears it; a scratch wait reads it
+    before that)."""
+    request, _ = read(run_dir)
+    if request is None or (automatic_restart(environ) is None and not asked_after_start(request)):
+        return None
+    return request
+
+
 def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..., None]) -> tuple[str, str] | None:
     """`minilmd stop`'s request left while no supervisor ran, at a supervisor's start, once it holds the run lock (a
-    `stop` later than this finds the supervisor and signals it): a launcher's automatic restart honours it (the
-    supervisor then stops before any trainer: the last sync of what an orphan saved, then done, exit 0), any other
-    start clears it and runs as asked. `environ` loses AUTO_RESTART_ENV (this start's, not the trainers'); `emit`
-    says what is done. (the stop reason, the stopping's words) when the start stops; None when it runs."""
+    `stop` later than this finds the supervisor and signals it): a launcher's automatic restart honours it, and so
+    does a start the stop came after (asked_after_start) (the supervisor then stops before any trainer: the last
+    sync of what an orphan saved, then done, exit 0); any other start clears it and runs as asked. `environ` loses
+    AUTO_RESTART_ENV (this start's, not the trainers'); `emit` says what is done. (the stop reason, the stopping's
+    words) when the start stops; None when it runs."""
     how = automatic_restart(environ)
     environ.pop(names.AUTO_RESTART_ENV, None)
     request, problem = read(run_dir)
@@ -199,10 +234,15 @@ def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..
         emit("stop_request", f"{problem}: not honoured")
     if request is None:
         return None
+    if how is None and asked_after_start(request):  # `stop` found no lock: this start had not taken it yet
+        emit("stop_request", f"{request.words()}: asked after this start began; stopping before any trainer",
+             request=str(request.path))
+        return (f"stopped on request ({request.words()}, asked as this start began)",
+                f"{request.words()}: asked as this start began")
     if how is None:
         left = clear(run_dir)
         emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic restart (by hand, "
-                             f"or by systemd)" + (f"; {left}" if left else ""))
+                             f"or by systemd) and began after it" + (f"; {left}" if left else ""))
         return None
     emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any trainer",
          request=str(request.path))

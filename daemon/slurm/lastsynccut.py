@@ -79,7 +79,7 @@ def reached(slurm: SlurmJob, cfg, clock: Callable[[], float] = now) -> bool:
     end = slurm.job_end(at)  # as far as Slurm has answered: the deadline moves with its answer
     if end.deadline is None or at < end.deadline:
         return False
-    return not (end.guessed and stoprequest.read(cfg.run_dir)[0] is not None)
+    return not (end.guessed and stoprequest.honoured(cfg.run_dir) is not None)
 
 
 def save_cut(slurm: SlurmJob, sync: SyncWorker, cfg, state, waited: float) -> str:

@@ -193,7 +193,7 @@ def _cells(r: dict) -> list[str]:
     elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running") \
             and not r.get("elsewhere"):  # its run ended, its supervisor did not exit cleanly: no outcome written
         phase += " (host restarted since)" if r.get("restarted") else " (killed or crashed)"
-    if (request := r.get("stop_request")) and not request.get("problem"):
+    if (request := r.get("stop_request")) and not request.get("problem") and not request.get("after_end"):
         phase += " (stop requested)"  # an automatic restart will not start it, until a start by hand
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
                                                                   else "")

@@ -66,10 +66,11 @@ def _stop(run: Dir, timeout: float, out) -> int:
     if unreadable:
         print(f"{shown}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
-    # before the lock is looked at: a supervisor that takes it later reads it. None for a run that ended for good:
-    # no launcher starts it by itself, and a request would only linger until the next start
+    # before the lock is looked at: a supervisor that takes it later reads it, one whose start is under way too (it
+    # takes the lock half a second after it starts). A run that ended for good, which no launcher starts by itself,
+    # gets one for that start only (stoprequest.py after_end: status does not show it)
     restart_may_follow = protocol.restart_may_follow(raw or {})
-    request = _leave_request(scope, run, out) if restart_may_follow else None
+    request = _leave_request(scope, run, out, after_end=not restart_may_follow)
     try:
         live = lock_supervisor(run_dir, run.fd)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
@@ -119,12 +120,15 @@ def _stop(run: Dir, timeout: float, out) -> int:
     return _checkpoint_report(state, out, always=True, owner=scope.owner)
 
 
-def _leave_request(scope: procs.RunScope, run: Dir, out) -> Path | None:
+def _leave_request(scope: procs.RunScope, run: Dir, out, after_end: bool = False) -> Path | None:
     """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py), in the run directory
-    judged only; None when it could not be written (said)."""
+    judged only; None when it could not be written (said, unless `after_end`: only a start under way would read it,
+    and the stop is told again if one is found holding the lock)."""
     try:
-        return stoprequest.leave(scope.run_dir, scope.owner, run.identity)
+        return stoprequest.leave(scope.run_dir, scope.owner, run.identity, after_end)
     except (OSError, PlaceRefused) as e:
+        if after_end:
+            return None
         why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
         print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a launcher's restart still "
               f"to come would start the run", file=out)
