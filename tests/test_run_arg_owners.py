@@ -356,3 +356,28 @@ def test_a_link_the_supervisors_checks_meet_is_an_event_that_logs_shows_later(tm
     assert len(linked) == 1 and "no process can be proven to be this run's" in linked[0], events
     logs = cli("logs", str(real))
     assert "[link] " in logs.stdout and "a symbolic link on the way now leads to" in logs.stdout, logs
+
+
+@needs_root
+def test_the_overview_row_of_a_run_directory_swapped_for_a_link_to_another_users_looks_at_nothing_there(tmp_path):
+    """Root's `status --all` row read a registered run directory by path (a limit the hostile audit of stop 63
+    left). Its owner, swapping it for a link to a third user's run directory whose supervisor is starting (its lock
+    held, no state.json yet), had root's row look at her run lock through his link (a shared flock probe on her
+    supervisor.lock, which her own start at that moment meets as held) and show her start as his run's, "starting".
+    The row now opens the directory as `minilmd status` does (runarg.real_path, then no link followed) and reads
+    every file through it: his link to her place is refused."""
+    hers = tmp_path / "hers" / "run"
+    hers.mkdir(parents=True)
+    lock = hers / names.LOCK
+    lock.touch(0o600)
+    for path in (hers.parent, hers, lock):
+        os.chown(path, THIRD, THIRD)
+    (tmp_path / "his").mkdir()
+    os.chown(tmp_path / "his", OTHER, OTHER)
+    swapped = theirs_link(tmp_path / "his" / "run", hers)  # registered as his directory, a link now
+    entry = registry.Entry("his", swapped, "", OTHER, tmp_path / "his" / "entry.json")
+    with open(lock) as starting:
+        fcntl.flock(starting, fcntl.LOCK_EX)  # her supervisor, starting: the lock held, no state.json yet
+        row = overview.row(entry, 0.0)
+    assert row["phase"] == "unreadable" and f"is a symbolic link of uid {OTHER}" in row["why"], row
+    assert row["running"] is False and "starting" not in row, row

@@ -29,6 +29,7 @@ from minilmd import names
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import registry
 from minilmd.daemon.views import lastwords, overview, status
+from minilmd.daemon.views.runarg import open_run
 from minilmd.fsio import atomic_write_json
 from minilmd.proc_info import process_start_ticks
 from second_user import second_user, shared_dir, user_python
@@ -194,7 +195,8 @@ def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_b
         said = "\n".join(lastwords.no_state_lines(run_dir))
         assert f"starting (supervisor pid {holder.pid}; seen holding its run lock in the kernel's lock table" in said
         assert "cannot be told" not in said, said  # before: "whether a supervisor holds its run lock cannot be told"
-        row = lastwords.no_state_row(run_dir, os.geteuid())
+        with open_run(run_dir) as run:  # as the overview opens it
+            row = lastwords.no_state_row(run, os.geteuid())
         assert row["phase"] == "starting" and row["running"] is True, row  # before: "unreadable"
     finally:
         holder.end()
@@ -204,10 +206,12 @@ def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_b
 
 TEAMMATE_STATUS = """import sys
 from minilmd.daemon.views.lastwords import no_state_row
+from minilmd.daemon.views.runarg import open_run
 from minilmd.daemon.views.status import status
 from pathlib import Path
 status(sys.argv[1])
-print("ROW", no_state_row(Path(sys.argv[1]), 0)["phase"])
+with open_run(Path(sys.argv[1])) as run:
+    print("ROW", no_state_row(run, 0)["phase"])
 """
 
 

@@ -37,6 +37,7 @@ from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, clipped, loads
 
 if TYPE_CHECKING:
     from minilmd.daemon.host.lock import LockInfo
+    from minilmd.dirfd import Dir
 
 EVENTS_TAIL_BYTES = 256 << 10
 """The most of events.jsonl's end that is read: a supervisor's last events are a few lines, a few KB."""
@@ -203,19 +204,19 @@ def no_state_lines(run_dir: Path, dir_fd: int | None = None) -> list[str]:
             f"records{at}"] + [f"  {_cannot_tell(unknown)}: a supervisor starting now would not show"] * bool(unknown)
 
 
-def no_state_row(run_dir: Path, owner: int) -> dict:
+def no_state_row(run: Dir, owner: int) -> dict:
     """The overview's row (daemon/views/overview.py) of a registered run directory without state.json: "starting",
     running, with "starting (supervisor pid N)" to show, while a supervisor holds its run lock; else "failed" with
     "events_exit" and "reason" when its events.jsonl (of `owner`, the entry's user) records that end, else
     "unreadable" with "why" when its lock cannot be opened (cannot tell), else "could not start" with
     "could_not_start" (could_not_start's words, on its strict evidence), else "not started"."""
-    holder, unknown = _lock_now(run_dir, None, owner)
+    holder, unknown = _lock_now(run.path, run.fd, owner)
     if holder is not None:
         return {"phase": "starting", "running": True, "starting": _starting_words(holder)}
-    end = ended_in_events(run_dir, owner)
+    end = ended_in_events(run.inside, owner)
     if end is None and unknown:
         return {"phase": "unreadable", "running": False, "why": f"{names.LOCK}: {unknown}: cannot tell if starting"}
-    if end is None and (why := could_not_start(run_dir)):
+    if end is None and (why := could_not_start(run.path, run.fd)):
         return {"phase": "could not start", "ended": protocol.ENDED_FAILED, "running": False, "reason": why,
                 "could_not_start": why}
     if end is None:

@@ -67,31 +67,45 @@ GONE_NAMED = 3
 
 
 def row(entry: registry.Entry, t: float) -> dict:
-    """One run's line as data (what --json prints, and what the table shows). state.json is read as a file its
-    run's owner wrote (minilmd/untrusted.py): "unreadable" with why when it is not one; any value of the wrong
-    type in it is None."""
+    """One run's line as data (what --json prints, and what the table shows). Its run directory is opened once as
+    `minilmd status` opens one (runarg.real_path: a link on the way followed only when its owner owns the place it
+    leads to; the directory itself no link) and every file of the row read through that descriptor: an owner who
+    swaps her run directory for a link meanwhile leads root's look nowhere else. state.json is read as a file the
+    run's owner wrote (minilmd/untrusted.py): "unreadable" with why when it is not one; any value of the wrong type
+    in it is None."""
+    from minilmd.daemon.views.runarg import RunProblem, real_path
+
     base = {"run": entry.name, "run_dir": str(entry.run_dir), "uid": entry.uid, "registered": entry.registered}
-    if not entry.run_dir.is_dir():
-        return {**base, "phase": "vanished", "running": False}
+    try:
+        as_dir = real_path(entry.run_dir, "status")
+    except RunProblem as e:  # a third user's link on the way, a loop
+        return {**base, "phase": "unreadable", "why": printable(str(e)), "running": False}
+    with _opened(as_dir) as run:
+        if run is None:
+            return {**base, "phase": "vanished", "running": False}
+        return {**base, **_row_in(run, entry.uid, t)}
+
+
+def _row_in(run: Dir, owner: int, t: float) -> dict:
+    """row's fields of the run directory open in `run`, of user `owner` (the registry entry's)."""
     try:  # another user's file (root's overview reads everyone's): the hardened reader, its owner checked first
-        raw = read_json(entry.run_dir / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=entry.uid)
+        raw = read_json(names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=owner, dir_fd=run.fd)
     except Unreadable as e:
         if e.missing:  # none yet, or its supervisor gave up before it could write one (its end in events.jsonl)
-            return {**base, **no_state_row(entry.run_dir, entry.uid)}
-        return {**base, "phase": "unreadable", "why": e.why, "running": False}
+            return no_state_row(run, owner)
+        return {"phase": "unreadable", "why": e.why, "running": False}
     from minilmd.daemon.base.seen import supervisor_seen
     from minilmd.daemon.views.liveness import trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
-    seen = supervisor_seen(written, entry.run_dir, None, entry.uid)  # status's rule (daemon/base/seen.py)
+    seen = supervisor_seen(written, run.path, run.fd, owner)  # status's rule (daemon/base/seen.py)
     alive = seen.alive is True
-    state = current(entry.run_dir, written, alive, entry.uid)  # no supervisor: what its trainer wrote since, as status
+    state = current(run.inside, written, alive, owner)  # no supervisor: what its trainer wrote since, as status
     progress, sync = state.progress, state.sync
     last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
     waited_since = state.gpu_wait.since if state.gpu_wait else None
     return {
-        **base,
         "phase": state.phase,
         "reason": state.reason,
         "ended": protocol.how_ended(raw),
@@ -116,10 +130,10 @@ def row(entry: registry.Entry, t: float) -> dict:
         "last_error": state.last_error,
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
         and state.phase == Phase.WAITING_INIT else None,
-        "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
+        "stop_request": stoprequest.as_json(run.path, owner, run.fd),  # `minilmd stop` left it: see _cells
         "caught_up": bool(changed_sections(written, state)),  # the step is the trainer's, newer than state.json's
         # a killed supervisor's trainer that trains on (the phase is then no word of a dead one: see _cells)
-        "trainer_alone": (trainer_alone(entry.run_dir, state, alive) or []) if state.phase not in FINAL_PHASES
+        "trainer_alone": (trainer_alone(run.path, state, alive, run.fd) or []) if state.phase not in FINAL_PHASES
         else [],
     }
 
@@ -322,7 +336,7 @@ def forget(target: str, out=None) -> int:
 
 @contextlib.contextmanager
 def _opened(as_dir: Path | None) -> Iterator[Dir | None]:
-    """The run directory forget is given, opened once (runarg's JUDGED_DIR: no link followed), its lock and owner
+    """The run directory a row or forget is given, opened once (runarg's JUDGED_DIR: no link followed), its files
     read through that descriptor; None when there is none (gone: what forget is for) or it is no directory."""
     from minilmd.daemon.views.runarg import JUDGED_DIR
 
