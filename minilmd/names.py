@@ -122,7 +122,8 @@ SLURM_RESTART_COUNT_ENV = "SLURM_RESTART_COUNT"
 """Set by Slurm in a job: how often it was requeued before this start (0 or unset: the job as sbatch submitted it)."""
 AUTO_RESTART_ENV = "MINILMD_AUTO_RESTART"
 """Set by a launcher only on the starts it makes by itself (deploy/minilmd-tmux.sh's window "run" after a supervisor
-died: "tmux"): that `minilmd run` honours a stop request (STOP_REQUEST); any other start clears one."""
+died: "tmux"): that `minilmd run` honours a stop request (STOP_REQUEST), as does a start the stop came after
+(daemon/base/stoprequest.py); any other start clears one."""
 SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
 """"1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
 node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""

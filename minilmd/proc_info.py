@@ -1,4 +1,4 @@
-"""What /proc says of a process: its start time (with the pid, its identity; started_at in wall-clock time), state,
+"""What /proc says of a process: its start time (with the pid, its identity; started_since_boot in seconds), state,
 process group, uids, environment as started, the signals it catches, and of each thread the signals pending and
 blocked. The one parser of /proc/PID/stat and /proc/PID/status (and of a thread's, /proc/PID/task/TID/status).
 
@@ -124,15 +124,17 @@ def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
 
 
-def started_at(pid: int) -> float | None:
-    """When process `pid` started, in this host's wall-clock time (time.time()), to a clock tick (10 ms, rounded
-    down); None if it is gone or a zombie. The kernel keeps the start in ticks since boot: what time.time() says
-    now less the boot-time clock's seconds since it (both this host's, read together)."""
+def since_boot() -> float:
+    """Seconds since this boot (CLOCK_BOOTTIME): the clock process starts are kept in (started_since_boot), which no
+    wall-clock step (NTP, a VM's time sync) moves."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started_since_boot(pid: int) -> float | None:
+    """When process `pid` started, in seconds since this boot (its start ticks; rounded down to a tick, 10 ms), to
+    compare with since_boot(); None if it is gone or a zombie."""
     ticks = process_start_ticks(pid)
-    if ticks is None:
-        return None
-    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
 
 
 def this_process() -> tuple[int, int | None, str]:

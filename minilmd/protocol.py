@@ -109,7 +109,8 @@ def restart_may_follow(state: dict) -> bool:
     JSON object) ended: while its supervisor runs or after it was killed (no outcome: the tmux window's or systemd's
     restart), after a failure that is not final (FINAL_EXIT_STATUSES) and after a Slurm requeue. Not after its end
     for good: finished, stopped or cancelled (exit 0, which neither the tmux window nor systemd restarts, and a job
-    not requeued), or failed with a final status (`minilmd stop` leaves no stop request then)."""
+    not requeued), or failed with a final status (`minilmd stop` then leaves a request only a start already under
+    way honours: daemon/base/stoprequest.py after_end)."""
     ended = how_ended(state)
     if ended is None or ended == ENDED_REQUEUED:
         return True

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.lock import lock_holder
 from minilmd.daemon.views import stop as views_stop
-from minilmd.proc_info import started_at
+from minilmd.proc_info import boot_id, since_boot, started_since_boot
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: the fixture
 from supervisor_helpers import env_for, events, run_supervisor, start_supervisor, state, step_of_state, write_config
 from waiting import wait_until
@@ -472,19 +471,76 @@ def _state_letter(pid: int) -> str:
         return ""
 
 
-def test_a_stop_is_told_asked_after_a_start_by_this_hosts_clock_only(tmp_path):
-    """asked_after_start's two inputs: the process's start in wall-clock time (proc_info.started_at, from its start
-    ticks) and the request's time and host. Another host's request, or one with no time, is never after."""
-    before = time.time()
+def test_a_stop_is_told_asked_after_a_start_in_this_boots_clock_only(tmp_path):
+    """asked_after_start's inputs: the process's start in seconds since boot (proc_info.started_since_boot, from its
+    start ticks) and the request's boot and time since it. Another boot's request (another host's, or one written
+    before a reboot), or one without those, is never after; a wall-clock time has no say."""
+    before = since_boot()
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) as child:
-        after = time.time()
+        after = since_boot()
         try:
-            started = started_at(child.pid)
+            started = started_since_boot(child.pid)
             assert started is not None and before - 0.25 <= started <= after + 0.25, (before, started, after)
         finally:
             child.kill()
-    here, path = socket.gethostname(), tmp_path / names.STOP_REQUEST
-    assert stoprequest.asked_after_start(stoprequest.StopRequest(path, time.time(), "", here))
-    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, started_at(os.getpid()) - 1, "", here))
-    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, time.time(), "", here + "-other"))
-    assert not stoprequest.asked_after_start(stoprequest.StopRequest(path, None, "", here))
+    here, path = boot_id(), tmp_path / names.STOP_REQUEST
+    mine = started_since_boot(os.getpid())
+
+    def asked(boot: str, at: float | None, wall: float | None = None) -> bool:
+        return stoprequest.asked_after_start(stoprequest.StopRequest(path, wall, "", boot, at))
+
+    assert asked(here, since_boot()) and asked(here, mine, wall=0.0)  # the wall clock's time is not read
+    assert not asked(here, mine - 1, wall=time.time() + 3600)  # a wall clock stepped back since: still before
+    assert not asked(ANOTHER_BOOT, since_boot()) and not asked("", since_boot()) and not asked(here, None)
+
+
+ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"
+"""A boot id of no boot of this test's (the kernel draws them at random)."""
+
+
+def _request_before_this_process(run_dir: Path, after_end: bool = False) -> None:
+    """A request as a `stop` before this process began would have left it (its time since boot before our start)."""
+    stoprequest.leave(run_dir, os.getuid(), after_end=after_end)
+    path = run_dir / names.STOP_REQUEST
+    body = json.loads(path.read_text())
+    body["since_boot"] = started_since_boot(os.getpid()) - 5
+    path.write_text(json.dumps(body))
+
+
+SLURM_REQUEUED = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+TMUX_RESTART = {names.AUTO_RESTART_ENV: "tmux"}
+
+
+def test_what_reads_the_request_again_later_judges_it_as_the_start_did(tmp_path):
+    """stoprequest.honoured (a Slurm preemption's plan in the scratch wait, at the end, at the last sync's cut): a
+    request from before a start by hand is that start's to clear, not a stop asked; an automatic restart's is; one
+    asked after the start began is, whatever the start."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _request_before_this_process(run_dir)
+    assert stoprequest.honoured(run_dir, {}) is None
+    assert stoprequest.honoured(run_dir, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}) is None  # sbatch'd
+    assert stoprequest.honoured(run_dir, SLURM_REQUEUED) is not None
+    stoprequest.leave(run_dir, os.getuid())  # asked now, after this process began
+    assert stoprequest.honoured(run_dir, {}) is not None
+    _request_before_this_process(run_dir, after_end=True)  # at a run's end, for a start under way then
+    assert stoprequest.honoured(run_dir, SLURM_REQUEUED) is None and stoprequest.honoured(run_dir, {}) is None
+
+
+@pytest.mark.parametrize("environ", [{}, TMUX_RESTART, SLURM_REQUEUED], ids=["by-hand", "tmux", "requeue"])
+def test_a_request_left_at_a_runs_end_stops_no_later_start_and_goes_with_the_first(tmp_path, environ):
+    """A request marked after_end (stop found the run ended for good and no supervisor) is for a start then under way.
+    Any start that began after it, automatic ones too, removes it once read and runs: before, a tmux restart or a
+    Slurm requeue weeks later honoured the request status never showed, and stopped the run 'on request'."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _request_before_this_process(run_dir, after_end=True)
+    said: list[str] = []
+    assert stoprequest.at_start(run_dir, dict(environ), lambda event, message, **_: said.append(message)) is None
+    assert not (run_dir / names.STOP_REQUEST).exists()
+    assert len(said) == 1 and "cleared, left at the run's end for a start then under way" in said[0], said
+
+    stoprequest.leave(run_dir, os.getuid(), after_end=True)  # asked after this start began: honoured, and gone
+    stops = stoprequest.at_start(run_dir, dict(environ), lambda *_, **__: None)
+    assert stops is not None and "asked as this start began" in stops[0], stops
+    assert not (run_dir / names.STOP_REQUEST).exists()

@@ -5,15 +5,18 @@ a killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be
 `stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it
 once it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV,
 which the tmux window sets on its restarts only, or a requeued Slurm job) honours it and stops before any trainer,
-exit 0; so does a start the stop came after (`asked_after_start`: a `minilmd run` begun before the stop, its lock
-not yet taken, as it is for half a second after it starts); any other start (a person's `minilmd run`, the tmux
-launcher or `sbatch` run by hand, systemd, begun after the stop) removes it (`clear`) and runs as asked. The order
-keeps the promise without a timing: stop writes, then looks at the lock; run takes the lock, then reads. Either
-stop finds the new supervisor (and signals it), or that supervisor finds the request.
+exit 0; so does a start the stop came after (`asked_after_start`: a `minilmd run` process begun before the stop
+wrote its request, its lock not yet taken, as it is for half a second after it starts; told in this boot's clock,
+CLOCK_BOOTTIME, which no wall-clock step moves); any other start (a person's `minilmd run`, the tmux launcher or
+`sbatch` run by hand, systemd, begun after the request) removes it (`clear`) and runs as asked. The order keeps the
+promise: stop writes, then looks at the lock; run takes the lock, then reads. Either stop finds the new supervisor
+(and signals it), or that supervisor finds the request, and a start by hand honours it when it began before it.
+A start begun while `stop` writes (after its request's time, before its look at the lock: milliseconds) counts as
+a start after the stop: it trains, while that stop says the run is not running.
 
 A run that ended for good (protocol.restart_may_follow false: no launcher starts it by itself) gets a request
-marked `after_end`: it is there only for a start already under way, and `status` does not show it (a finished
-run's status would otherwise say a restart will not start it until its next start clears it).
+marked `after_end`: only a start already under way honours it, and any start (automatic ones too) removes it, once
+read; `status` does not show it (a finished run's status would otherwise say a restart will not start it).
 
 systemd's own restarts (Restart=on-failure) look to the started process like `systemctl start`: a start by systemd
 clears the request, and a unit waiting to restart is stopped with `systemctl --user stop minilmd@NAME`, which `stop`
@@ -41,7 +44,7 @@ from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.dirfd import Dir, Identity, PlaceRefused
 from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, run_dir_owner, signal_uid
-from minilmd.proc_info import started_at
+from minilmd.proc_info import boot_id, since_boot, started_since_boot
 from minilmd.untrusted import Unreadable, printable, read_json
 
 HONOURED_UNPARSED = frozenset({"too_big", "not_utf8", "too_deep", "not_json", "wrong_type"})
@@ -55,8 +58,10 @@ class StopRequest:
     time: float | None
     by: str
     """Who asked: "uid 1000 on host"; "" when the file did not say."""
-    host: str = ""
-    """The host `stop` ran on, as it wrote it ("" when the file did not say): `time` is by that host's clock."""
+    boot: str = ""
+    """The boot `stop` wrote it in (proc_info.boot_id: of one host, one boot); "" when the file did not say."""
+    since_boot: float | None = None
+    """When, in seconds since that boot (proc_info.since_boot): what asked_after_start compares."""
     after_end: bool = False
     """Left by a stop that found the run ended for good and no supervisor: only for a start already under way."""
 
@@ -71,13 +76,14 @@ def leave(run_dir: Path, owner: int, judged: Identity | None = None, after_end: 
     OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change, or
     when the directory the walk reaches is not `judged` ((device, inode): the one `stop` judged and read, moved
     aside since and another put in its place): never written into what stands there now."""
-    body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid()}
-    if after_end:
-        body["after_end"] = True
     with Dir.open(run_dir, "run.dir", owners={owner}) as where:
         if judged is not None and where.identity != judged:
             raise PlaceRefused(f"{printable(run_dir)}: not the run directory judged a moment ago (moved or replaced "
                                f"since): nothing written there")
+        body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid(),
+                "boot": boot_id(), "since_boot": since_boot()}  # as late as can be: a start before it is honoured
+        if after_end:
+            body["after_end"] = True
         where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
                            file_mode() if own_uid() == owner else 0o644)
         os.fsync(where.fd)  # a requeue after a node's reboot still finds it
@@ -99,21 +105,26 @@ def read(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) -> 
         if e.kind in HONOURED_UNPARSED:
             return StopRequest(path, None, ""), None
         return None, f"{path} is no stop request of this user's ({e.why})"
-    when = body.get("time")
-    uid, host = body.get("uid"), body.get("host")
+    when, uid, host, boot, since = (body.get(key) for key in ("time", "uid", "host", "boot", "since_boot"))
     by = f"uid {uid} on {printable(host)}" if isinstance(uid, int) and isinstance(host, str) else ""
-    return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by,
-                       host if isinstance(host, str) else "", body.get("after_end") is True), None
+    return StopRequest(path, _number(when), by, boot if isinstance(boot, str) else "", _number(since),
+                       body.get("after_end") is True), None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def asked_after_start(request: StopRequest, pid: int | None = None) -> bool:
     """Whether the stop was asked after process `pid` (this one) started: a `minilmd run` begun before the stop, whose
-    run lock the stop found not yet taken. Told on this host's clock only (a request of another host's, or one
-    without its time, is not: another host's clock may be off by more than the half second this is about)."""
-    if request.time is None or request.host != socket.gethostname():
+    run lock the stop found not yet taken. Told in this boot's own clock only (proc_info.since_boot against the
+    process's start): a request of another boot (another host's, or before a reboot), or one without those, is not
+    (another host's clock may be off by more than the half second this is about; a wall clock may step)."""
+    this_boot = boot_id()
+    if not this_boot or request.boot != this_boot or request.since_boot is None:
         return False
-    started = started_at(os.getpid() if pid is None else pid)
-    return started is not None and request.time >= started
+    started = started_since_boot(os.getpid() if pid is None else pid)
+    return started is not None and request.since_boot >= started
 
 
 def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None) -> str | None:
@@ -136,8 +147,8 @@ def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None
 
 def as_json(run_dir: Path, owner: int | None = None, dir_fd: int | None = None) -> dict | None:
     """The request as `status --json` and `status --all --json` give it ("stop_request"): None when there is none;
-    {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why). `owner`: the
-    run's (None: the run directory's owner, as its supervisor judges the request). `dir_fd`: read's."""
+    {"path", "time", "by", "after_end"}; {"path", "problem"} for a file there that is not honoured (read's why).
+    `owner`: the run's (None: the run directory's owner, as its supervisor judges the request). `dir_fd`: read's."""
     request, problem = read(run_dir, run_dir_owner(run_dir, dir_fd) if owner is None else owner, dir_fd)
     if problem:
         return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
@@ -180,10 +191,8 @@ def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | No
     as `status` promises ("a start by hand clears it"): a `stop` whose supervisor ended the run at its budget's end
     left one. run_dir is walked as `leave` walks it (no link followed); an automatic restart leaves the request (it
     is honoured, and the run is done anyway). What was done, in words for the start's output; None when nothing."""
-    if automatic_restart(environ) is not None:
-        return None
     request, problem = read(run_dir)
-    if request is None or problem:
+    if request is None or problem or (automatic_restart(environ) is not None and not request.after_end):
         return None
     try:
         with _open_run_dir(run_dir) as where:
@@ -215,9 +224,9 @@ def honoured(run_dir: Path, environ: Mapping[str, str] = os.environ) -> StopRequ
     there is none, or when it is one a start by hand began after (at_start clears it; a scratch wait reads it
     before that)."""
     request, _ = read(run_dir)
-    if request is None or (automatic_restart(environ) is None and not asked_after_start(request)):
-        return None
-    return request
+    if request is None or asked_after_start(request):
+        return request
+    return None if request.after_end or automatic_restart(environ) is None else request
 
 
 def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..., None]) -> tuple[str, str] | None:
@@ -234,11 +243,17 @@ def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..
         emit("stop_request", f"{problem}: not honoured")
     if request is None:
         return None
-    if how is None and asked_after_start(request):  # `stop` found no lock: this start had not taken it yet
-        emit("stop_request", f"{request.words()}: asked after this start began; stopping before any trainer",
-             request=str(request.path))
+    if asked_after_start(request):  # `stop` found no lock: this start had not taken it yet
+        left = clear(run_dir) if request.after_end else None  # for this start only: honoured now
+        emit("stop_request", f"{request.words()}: asked after this start began; stopping before any trainer"
+             + (f"; {left}" if left else ""), request=str(request.path))
         return (f"stopped on request ({request.words()}, asked as this start began)",
                 f"{request.words()}: asked as this start began")
+    if request.after_end:  # left at the run's end for a start then under way: this one began after it
+        left = clear(run_dir)
+        emit("stop_request", f"{request.words()}: cleared, left at the run's end for a start then under way; this "
+                             f"start began after it" + (f"; {left}" if left else ""))
+        return None
     if how is None:
         left = clear(run_dir)
         emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic restart (by hand, "

@@ -122,14 +122,15 @@ def _stop(run: Dir, timeout: float, out) -> int:
 
 def _leave_request(scope: procs.RunScope, run: Dir, out, after_end: bool = False) -> Path | None:
     """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py), in the run directory
-    judged only; None when it could not be written (said, unless `after_end`: only a start under way would read it,
-    and the stop is told again if one is found holding the lock)."""
+    judged only; None when it could not be written (said)."""
     try:
         return stoprequest.leave(scope.run_dir, scope.owner, run.identity, after_end)
     except (OSError, PlaceRefused) as e:
-        if after_end:
-            return None
         why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
+        if after_end:
+            print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a `minilmd run` of it "
+                  f"starting at this moment would not see it", file=out)
+            return None
         print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a launcher's restart still "
               f"to come would start the run", file=out)
         return None
