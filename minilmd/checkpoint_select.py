@@ -104,12 +104,14 @@ def run_roots(run_dir: Path) -> RunRoots:
     or ours, no link followed), and the roots a resume of the run takes (checkpoint_roots).
     A scratch that is not the run's (scratch_root.not_looked_in, judged for the run directory's owner, as `status`
     and `stop` judge it) is left out, said (`skipped`), and its run.remote used; RunDirUnusable when it has no local
-    run.remote then, or when that run.toml cannot be used."""
+    run.remote then, when that run.toml cannot be used, or when another user's run names a remote that is not that
+    run's (run_owner.remote_not_the_runs: the reader's own private one, say)."""
     from minilmd.config import ConfigError
     from minilmd.corpus_meta import corpus_train_tokens
     from minilmd.init_place import open_named
-    from minilmd.perms import run_dir_owner
+    from minilmd.perms import run_dir_owner, user_words
     from minilmd.run_config_copy import run_config_of
+    from minilmd.run_owner import remote_not_the_runs
     from minilmd.scratch_root import RecordUnreadable, not_looked_in
 
     try:
@@ -125,6 +127,8 @@ def run_roots(run_dir: Path) -> RunRoots:
         why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
         raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "
                              f"checkpoints are, cannot be used ({why})") from None
+    if len(roots) > 1 and (foreign := remote_not_the_runs(roots[-1], run_dir, owner)):
+        raise RunDirUnusable(f"{run_dir}: a run directory of {user_words(owner)}: {foreign}")
     return RunRoots(run_dir, cfg, roots[1:], squatted) if squatted else RunRoots(run_dir, cfg, roots)
 
 

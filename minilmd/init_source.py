@@ -22,6 +22,7 @@ descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -50,6 +51,8 @@ from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
 from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
+from minilmd.perms import own_uid, user_words
+from minilmd.run_owner import remote_not_the_runs
 from minilmd.run_states import Phase
 from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
 from minilmd.shared_place import Place, look
@@ -115,7 +118,15 @@ def predecessor(spec: str) -> Predecessor | None:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     except OSError as e:
         raise _unreadable(e) from None
-    return _predecessor_of(cfg)
+    return _predecessor_of(cfg, _run_dir_uid(cfg.run_dir, path))
+
+
+def _run_dir_uid(run_dir: Path, config: Path) -> int:
+    """The user a run config's run is: its run directory's owner, or, before it exists, the config file's."""
+    for place in (run_dir, config):
+        with contextlib.suppress(OSError):
+            return os.stat(place).st_uid
+    return own_uid()
 
 
 def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
@@ -134,13 +145,17 @@ def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
         raise InitSourceError(f"{path} names run.dir {cfg.run_dir}, not {os.path.abspath(spec)} where it is (relative "
                               f"paths recorded by an older minilmd, or the run directory moved): name the run's "
                               f"checkpoint directory in init.from (its run.remote, or its scratch's checkpoints)")
-    return _predecessor_of(cfg, run_dir.identity)
+    return _predecessor_of(cfg, os.fstat(run_dir.fd).st_uid, run_dir.identity)
 
 
-def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> Predecessor:
+def _predecessor_of(cfg: RunConfig, run_uid: int, identity: tuple[int, int] | None = None) -> Predecessor:
+    """The run of `cfg`, whose run directory is user `run_uid`'s: its remote (a local one of its own, or one that
+    records this run: run_owner.remote_not_the_runs), else its scratch's checkpoints."""
     remote = cfg.run.remote.removeprefix("file://")
     if is_url(remote):
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
+    if remote and (foreign := remote_not_the_runs(Path(remote), cfg.run_dir, run_uid)):
+        raise InitSourceError(f"the run {cfg.run.name} ({cfg.run_dir}, of {user_words(run_uid)}): {foreign}")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
                        cfg.lora_dict(), identity, scratch_only=not remote)
 

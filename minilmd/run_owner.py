@@ -11,6 +11,7 @@ its remote with `minilmd run --claim-remote`). Torch-free.
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -54,3 +55,36 @@ def describe(owner: dict) -> str:
     who = f"run.name {printable(repr(owner.get('run_name', '?')))}, " \
           f"{user_words(uid) if isinstance(uid, int) else 'uid ?'} on {printable(str(owner.get('host', '?')))}"
     return f"the run directory {printable(owner['run_dir'])} ({who})"
+
+
+def remote_not_the_runs(root: Path, run_dir: Path, run_uid: int) -> str | None:
+    """Why the local run.remote `root` that the run directory `run_dir` (of user `run_uid`) names is not read as
+    that run's checkpoints (export, sample, chat, verify of RUN_DIR; init.from naming it); None when it is, or when
+    it is not there. A reader's own run directory names what she chose. Another user's may name any place, the
+    reader's own private remote too: exported "as his run's", her weights would land where he reads them. So
+    another user's run is read from a remote of that user's, or from one whose owner record (REMOTE_OWNER, the
+    sync's claim: a root-squashed share's, a team's) names this very run."""
+    from minilmd.names import REMOTE_OWNER
+    from minilmd.untrusted import Unreadable, read_json
+
+    if run_uid == own_uid():
+        return None
+    try:
+        place = os.stat(root)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"its run.remote {printable(str(root))} cannot be looked at ({printable(e.strerror or str(e))})"
+    if place.st_uid == run_uid:
+        return None
+    try:
+        record = checked(read_json(root / REMOTE_OWNER, max_bytes=OWNER_MAX_BYTES, owner=place.st_uid),
+                         str(root / REMOTE_OWNER))
+        if is_run(record, run_dir):
+            return None
+        named = f"its owner record names {describe(record)}"
+    except (Unreadable, ValueError) as e:
+        named = f"no owner record of it names this run ({printable(str(e))})"
+    return (f"its run.remote {printable(str(root))} belongs to {user_words(place.st_uid)}, not to the run "
+            f"directory's owner ({user_words(run_uid)}), and {named}: another user's run is read only from a "
+            f"remote of theirs or of this run's")
