@@ -22,7 +22,6 @@ descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file 
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import stat
@@ -51,8 +50,8 @@ from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
 from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
-from minilmd.perms import own_uid, user_words
-from minilmd.run_owner import remote_not_the_runs
+from minilmd.perms import user_words
+from minilmd.run_owner import remote_not_the_runs, run_user
 from minilmd.run_states import Phase
 from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
 from minilmd.shared_place import Place, look
@@ -118,15 +117,7 @@ def predecessor(spec: str) -> Predecessor | None:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     except OSError as e:
         raise _unreadable(e) from None
-    return _predecessor_of(cfg, _run_dir_uid(cfg.run_dir, path))
-
-
-def _run_dir_uid(run_dir: Path, config: Path) -> int:
-    """The user a run config's run is: its run directory's owner, or, before it exists, the config file's."""
-    for place in (run_dir, config):
-        with contextlib.suppress(OSError):
-            return os.stat(place).st_uid
-    return own_uid()
+    return _predecessor_of(cfg, run_user(cfg.run_dir, path))
 
 
 def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
@@ -149,8 +140,7 @@ def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
 
 
 def _predecessor_of(cfg: RunConfig, run_uid: int, identity: tuple[int, int] | None = None) -> Predecessor:
-    """The run of `cfg`, whose run directory is user `run_uid`'s: its remote (a local one of its own, or one that
-    records this run: run_owner.remote_not_the_runs), else its scratch's checkpoints."""
+    """The run of `cfg`, of user `run_uid`: its remote (run_owner.remote_not_the_runs), else its scratch's."""
     remote = cfg.run.remote.removeprefix("file://")
     if is_url(remote):
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
@@ -485,14 +475,9 @@ def describe(record: dict | None) -> str:
         return "nothing recorded"
     if record.get("kind") == "checkpoint":
         sha = str(record.get("manifest_sha256"))[:12]
-        return f"{record.get('path')} (step {record.get('step')}{_via(record)}, manifest sha256 {sha})"
+        via = f", its {record['pointer']}" if record.get("pointer") in (BEST, LATEST) else ""  # taken through it
+        return f"{record.get('path')} (step {record.get('step')}{via}, manifest sha256 {sha})"
     return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"
-
-
-def _via(record: dict) -> str:
-    """", its BEST" when the record says the checkpoint was taken through its root's BEST (or LATEST)."""
-    pointer = record.get("pointer")
-    return f", its {pointer}" if pointer in (BEST, LATEST) else ""
 
 
 def chosen(record: dict | None) -> str:

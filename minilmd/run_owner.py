@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 
 from minilmd.names import OWNER_MAX_BYTES as OWNER_MAX_BYTES  # its readers ask run_owner for it
-from minilmd.perms import own_uid, user_words
+from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.untrusted import printable
 
 
@@ -75,7 +75,7 @@ def remote_not_the_runs(root: Path, run_dir: Path, run_uid: int) -> str | None:
         return None
     except OSError as e:
         return f"its run.remote {printable(str(root))} cannot be looked at ({printable(e.strerror or str(e))})"
-    if place.st_uid == run_uid:
+    if owner_in(place, {run_uid}):
         return None
     try:
         record = checked(read_json(root / REMOTE_OWNER, max_bytes=OWNER_MAX_BYTES, owner=place.st_uid),
@@ -88,3 +88,16 @@ def remote_not_the_runs(root: Path, run_dir: Path, run_uid: int) -> str | None:
     return (f"its run.remote {printable(str(root))} belongs to {user_words(place.st_uid)}, not to the run "
             f"directory's owner ({user_words(run_uid)}), and {named}: another user's run is read only from a "
             f"remote of theirs or of this run's")
+
+
+def run_user(run_dir: Path, config: Path) -> int:
+    """The user a run config's run is (for remote_not_the_runs): its run directory's owner, or, before that exists,
+    the config file's; this user's when neither can be looked at."""
+    from minilmd.perms import run_dir_owner
+
+    if (owner := run_dir_owner(run_dir)) is not None:
+        return owner
+    try:
+        return os.stat(config).st_uid
+    except OSError:
+        return own_uid()

@@ -207,3 +207,19 @@ def wait_for_synced(run_dir: Path, step: int, proc, out: Path, timeout: float = 
         said = out.read_text(errors="replace")[-3000:] if out.exists() else "(no output)"
         raise AssertionError(f"{e}; state.json's remote step {remote_step(run_dir)}; the supervisor's output "
                              f"ends:\n{said}") from None
+
+
+LAUNCHES = {"staged", "restart", "space_freed"}
+"""The transitions that launch a trainer (daemon/base/states.py)."""
+
+
+def launches_after_last_start(run_dir: Path) -> list[dict]:
+    """The trainer launches of the last supervisor that started in run_dir."""
+    seen = events(run_dir)
+    last = max(i for i, e in enumerate(seen) if e["event"] == "start")
+    return [e for e in seen[last:] if e["event"] in LAUNCHES]
+
+
+def stop_cli(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", "stop", str(run_dir)], capture_output=True,
+                          text=True, timeout=300, env=env_for())
