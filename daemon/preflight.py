@@ -9,20 +9,22 @@ An init.from that cannot be reached now (a share gone, EIO, a stall), and a scra
 space others hold now, are no problem: the run waits for them in staging, as at a restart, and `--check` says so
 (`check_with_waits`).
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
-minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
-so that no other run can take it. A gpu.lock_dir another user could rearrange is no refusal but a wait
-(daemon/host/gpu.py lock_dir_wait), and a default scratch root another user made first is never used: the launch
-makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for good, nor a base whose
-room (its inodes) another user's files used up: the claim waits for room then, the run lock held, state.json and
-systemd told, and hands the lock to the supervisor held (daemon/scratchclaim.py `claim_scratch`). The checks the
-supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
-fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote lies where no other
-user can rearrange it, is no other user's directory, and holds no other user's LATEST, BEST or init, that
-run.remote is this run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py),
-that no other supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from
-(scratch's, or the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
-(daemon/jobs/resumefrom.py). A local run.remote whose recorded root is gone or replaced (daemon/jobs/remote_root.py)
-is a `waits:` line in the sync's words (`remote_root_wait`): the syncs wait for it, the start is not refused.
+minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming
+run.dir), so that no other run can take it. A gpu.lock_dir another user could rearrange, or a card's lease file no
+lease of this user's can be taken through (a link, a FIFO, another user's file she cannot open), is no refusal but a
+wait (daemon/host/gpu.py lock_dir_wait, lease_file_waits), and a default scratch root another user made first is
+never used: the launch makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for
+good, nor a base whose room (its inodes) another user's files used up: the claim waits for room then, the run lock
+held, state.json and systemd told, and hands the lock to the supervisor held (daemon/scratchclaim.py
+`claim_scratch`). The checks the supervisor's side adds also include that train.device = "cuda" has an NVIDIA driver
+to use, that a micro-batch can fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local
+run.remote lies where no other user can rearrange it, is no other user's directory, and holds no other user's
+LATEST, BEST or init, that run.remote is this run's (not another run's claim, not inside or holding scratch:
+daemon/jobs/remote_claim.py), that no other supervisor owns the run (its supervisor.lock), and that the checkpoint
+the launch would resume from (scratch's, or the remote's newest, by its metadata) was trained with this config's
+model, corpus and tokenizer (daemon/jobs/resumefrom.py). A local run.remote whose recorded root is gone or replaced
+(daemon/jobs/remote_root.py) is a `waits:` line in the sync's words (`remote_root_wait`): the syncs wait for it, the
+start is not refused.
 Torch-free.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
-from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_wait
+from minilmd.daemon.host.gpu import device_offer, device_problems, lease_file_waits, lock_dir_wait
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_room import remote_room_problems
@@ -75,6 +77,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
         problems = run_space_problem(cfg, waits)  # a scratch big enough that others fill now: a line in waits
         if lock_wait := lock_dir_wait(cfg):  # a gpu.lock_dir another user may rearrange: waited for, never refused
             waits.append(lock_wait)
+        waits.extend(lease_file_waits(cfg))  # a card whose lease file no lease of ours is taken through: waited for
         if root_wait := remote_root_wait(cfg, fresh, claim_remote):  # gone or replaced: the syncs wait, said now
             waits.append(root_wait)
         return (problems + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)

@@ -93,6 +93,38 @@ def test_run_check_says_the_run_waits_for_an_unsafe_lock_dir_only_where_it_lease
         assert not any(w.startswith("gpu.lock_dir") for w in cfg_waits)  # nothing to wait for
 
 
+class ClosableNvml(FakeNvml):
+    """FakeNvml as open_nvml_or_reason gives NVML to `run --check`: closed after its look."""
+
+    def close(self) -> None:
+        pass
+
+
+def test_run_check_says_the_wait_for_a_lease_file_no_run_can_use(shared, tmp_path, corpus, monkeypatch):
+    """A lease file that is not one (here a FIFO of another user's, in the admin's lock directory) keeps its card
+    busy for this run, saying why, until it is removed: `run --check` says that wait, per card, in the words of the
+    wait's reason (exit 0), and nothing is made or locked in the lock directory."""
+    import os
+
+    from minilmd.daemon.host import gpu
+
+    locks = shared / "locks"
+    locks.mkdir()
+    locks.chmod(0o1777)
+    as_nobody("mkfifo -m 0600 locks/gpu-GPU-fake-0001.lock", shared)
+    monkeypatch.setattr(gpu, "open_nvml_or_reason", lambda: ClosableNvml([[FREE], [FREE]]))
+    config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"}, gpu={"lock_dir": str(locks)})
+    waits = [w for w in preflight.check_with_waits(str(config))[1] if w.startswith("gpu.lock_dir")]
+    assert len(waits) == 1 and waits[0].startswith(f"gpu.lock_dir: GPU 1 (Fake GPU 1): lease not taken safely: "
+                                                   f"{locks}/gpu-GPU-fake-0001.lock (of user nobody (uid 65534)) "
+                                                   "is not a regular file; remove it, or set gpu.lock_dir"), waits
+    # the lock directory is root's (its owner may remove anything in it, sticky or not): "remove it", not "ask"
+    assert "the run waits in waiting_gpu" in waits[0], waits
+    assert os.listdir(locks) == ["gpu-GPU-fake-0001.lock"]  # card 0's lease file not made by the check
+    assert not [w for w in preflight.check_with_waits(str(config), ['train.device="cpu"'])[1]
+                if w.startswith("gpu.lock_dir")]  # no lease taken: nothing to wait for
+
+
 def test_a_missing_lock_dir_and_its_parents_made_under_the_private_policy_stay_reachable_by_every_user(shared):
     """The run's private umask (minilmd/perms.py) would make the missing parents 0700: nobody else's run could
     reach the lock directory through them."""

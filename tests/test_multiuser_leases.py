@@ -8,8 +8,11 @@ the device cannot be leased safely; and two users never hold one device.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,10 +22,14 @@ from minilmd.daemon.host.lock import LockUnsafe, RunLock, lock_holder
 from second_user import (
     second_user,
     shared,  # noqa: F401 - a fixture
+    user_python,
     )
 from second_user import sh_as_user as as_nobody
 
 pytestmark = pytest.mark.root
+
+OTHER = 64123
+"""A third uid with no user behind it (neither root nor nobody): the owner of a lease file in the tests below."""
 
 
 def precious(shared: Path) -> Path:
@@ -86,6 +93,59 @@ def test_a_hard_link_to_another_file_is_not_taken_for_a_lease_file(tmp_path):
     assert adm.try_acquire(1) is None
     assert "2 hard links" in " ".join(adm.last_report.devices[0].reasons)
     assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+LOOK = textwrap.dedent("""
+    import json, sys
+    from fakes_nvml import FakeNvml, FREE
+    from minilmd.config import GpuSection
+    from minilmd.daemon.host.gpu import GpuAdmission, unfit_lease_files
+    gpu = GpuSection(lock_dir=sys.argv[1], stable_polls=1)
+    adm = GpuAdmission(FakeNvml([[FREE]]), gpu, run_name="nobody-run")
+    lease = adm.try_acquire(1)
+    report = adm.last_report
+    print(json.dumps({"leased": lease is not None, "summary": report.summary(),
+                      "reasons": report.to_dict()["devices"][0]["reasons"],
+                      "check": unfit_lease_files(FakeNvml([[FREE]]), gpu.lock_dir)}))
+""")
+
+
+def nobody_looks(locks: Path) -> dict:
+    """What nobody's run sees of FakeNvml's one free card through `locks`: whether it leased it, its poll's summary
+    (`status`, the supervisor's `gpu` event), the card's reasons (state.json's gpu_wait) and `run --check`'s waits
+    about the lease files."""
+    done = subprocess.run(user_python(LOOK, str(locks)), capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_another_users_lease_file_that_no_other_user_can_read_is_named_not_called_busy(shared):
+    """The owner of a lease file (OTHER: his run leased card 0 once and ended) chmods it 600: no other user's run
+    can open it, so none can flock it, nor lease the card through it. The card was "busy" for ever, and the reason
+    named the lock directory ("lease not taken: D: Permission denied"), neither the file nor its owner. Now the
+    file is named as what it is: its path, its owner, its mode, and who can remove it; the wait goes on (as for a
+    FIFO or a link planted there) until its owner or an admin removes it, and `run --check` says so."""
+    locks = admin_lock_dir(shared)
+    lease = locks / LEASE
+    lease.write_bytes(b"")
+    os.chown(lease, OTHER, OTHER)
+    lease.chmod(0o600)
+    said = nobody_looks(locks)
+    assert not said["leased"]
+    words = f"{lease} (of uid {OTHER}) has mode 600, which your runs cannot open"
+    way_out = f"ask uid {OTHER} or an admin to remove it"
+    reasons = " ".join(said["reasons"])
+    assert reasons.startswith("lease not taken safely: ") and words in reasons and way_out in reasons, reasons
+    assert "Permission denied" not in reasons, reasons
+    assert words in said["summary"], said["summary"]
+    check = " ".join(said["check"])
+    assert len(said["check"]) == 1 and check.startswith("gpu.lock_dir: GPU 0 (Fake GPU 0): ") and words in check \
+        and way_out in check and "waiting_gpu" in check, said["check"]
+    st = lease.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (OTHER, 0o600)  # his: left as it is
+    os.unlink(lease)  # his owner (or an admin) removes it: the next run leases
+    said = nobody_looks(locks)
+    assert said["leased"] and said["check"] == [], said
 
 
 def test_the_first_user_makes_the_directory_shared_and_its_lease_readable_whatever_its_umask(tmp_path):

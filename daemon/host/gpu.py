@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from minilmd.plan.footprint import Offer
 
 __all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices", "mig_refusal",
-           "open_nvml_or_reason", "lock_dir_wait"]
+           "open_nvml_or_reason", "lock_dir_wait", "lease_file_waits"]
 
 
 class Nvml(Protocol):
@@ -211,6 +211,50 @@ def lock_dir_wait(cfg: RunConfig) -> str | None:
             f"saying why) and leases once it is removed or fixed")
 
 
+def lease_file_waits(cfg: RunConfig) -> list[str]:
+    """For `run --check` (daemon/preflight.py puts them among the waits): each card here whose lease file in
+    gpu.lock_dir no lease of this user's can be taken through (leases.unfit_leases: a link, a FIFO, a hard link,
+    another user's file this user's runs cannot open), when this run leases GPUs (as lock_dir_wait) and the lock
+    directory itself is fine (else lock_dir_wait's line says it all). Never a refusal: the run waits in waiting_gpu,
+    that card busy with the same words, and leases it once the file is removed; the other cards are leased as
+    ever. Nothing is made or locked."""
+    if cfg.train.device == "cpu" or leases.lock_dir_problem(cfg.gpu.lock_dir):
+        return []
+    nvml = open_nvml_or_reason()
+    if isinstance(nvml, str):
+        return []  # "cuda": device_problems refuses; "auto": the CPU, no lease
+    try:
+        return unfit_lease_files(nvml, cfg.gpu.lock_dir)
+    finally:
+        nvml.close()
+
+
+def unfit_lease_files(nvml: Nvml, lock_dir: str | Path) -> list[str]:
+    """lease_file_waits' lines for the devices `nvml` sees (MIG instances numbered as GpuAdmission.poll numbers
+    them); a card NVML cannot read is the wait's to say."""
+    devices: list[tuple[int, str, str]] = []  # (index, name, uuid), as poll() numbers them
+    instances: list[tuple[int, str, str]] = []
+    try:
+        count = nvml.device_count()
+    except Exception:  # noqa: BLE001 - NVML errors: the wait polls again and says so
+        count = 0
+    for i in range(count):
+        try:
+            if not nvml.mig_enabled(i):
+                devices.append((i, nvml.name(i), _uuid(nvml, i)))
+                continue
+            get = getattr(nvml, "mig_instances", None)
+            instances += [(count + len(instances) + k, m.name, m.uuid) for k, m in enumerate(get(i) if get else [])]
+        except Exception:  # noqa: BLE001 - one card NVML cannot read: the wait says so; the others are looked at
+            continue
+    devices += instances
+    names = {_lease_name(i, uuid): (i, name) for i, name, uuid in devices}
+    found = leases.unfit_leases(Path(lock_dir), names)
+    return [f"gpu.lock_dir: GPU {names[lease][0]} ({names[lease][1]}): lease not taken safely: {why}; that GPU "
+            f"stays busy for this run: the run waits in waiting_gpu (saying why) while no other is free, and leases "
+            f"it once the file is removed" for lease, why in found.items()]
+
+
 def device_problems(cfg: RunConfig) -> list[str]:
     """For `run --check` and the launch (daemon/preflight.py): train.device = "cuda" where NVML cannot start (no
     driver, no nvidia-ml-py): the launch's GPU wait (daemon/phases/gpuwait.py) stops at once with the same words."""
@@ -265,9 +309,10 @@ def _no_nvml() -> str:
     return ""
 
 
-def _lease_key(index: int, uuid: str) -> str:
+def _lease_name(index: int, uuid: str) -> str:
+    """The lease file of device `index` (its UUID where NVML gives one) in gpu.lock_dir."""
     # Drivers before R470 named MIG instances "MIG-GPU-<uuid>/<gi>/<ci>": no "/" in a lock file's name.
-    return uuid.replace("/", "-") if uuid else f"index-{index}"
+    return f"gpu-{uuid.replace('/', '-') if uuid else f'index-{index}'}.lock"
 
 
 def mig_refusal(report: PollReport, count: int) -> str | None:
@@ -387,7 +432,7 @@ class GpuAdmission:
         elif listing.source != "v3":
             fallbacks.append(f"compute processes listed with {listing.source} ({listing.note})")
         if not leased_by_us:
-            busy = self._lease_busy(_lease_key(i, uuid))
+            busy = self._lease_busy(_lease_name(i, uuid))
             if busy is not None:
                 reasons.append(busy)
         free = not reasons
@@ -414,7 +459,7 @@ class GpuAdmission:
             return None
         taken: list[tuple[DeviceStatus, LeaseFile]] = []
         for d in candidates:
-            lease_file = self._take(_lease_key(d.index, d.uuid))
+            lease_file = self._take(_lease_name(d.index, d.uuid))
             if lease_file is None:
                 # Another run took it between our poll and now: it is busy, and its stability starts over.
                 self._stable[d.index] = 0
@@ -438,14 +483,11 @@ class GpuAdmission:
         for i in lease.devices:
             self._stable[i] = 0
 
-    def _open_lease(self, key: str) -> LeaseFile:
-        return leases.open_lease(self.lock_dir, f"gpu-{key}.lock")
-
-    def _lease_busy(self, key: str) -> str | None:
-        """Why this device's lease cannot be ours now ("leased by run X pid Y", or why its file is not safe to
-        use), or None when we could take it."""
+    def _lease_busy(self, name: str) -> str | None:
+        """Why this device's lease (its file `name`) cannot be ours now ("leased by run X pid Y", or why its file
+        is not safe to use: leases.unfit's words), or None when we could take it."""
         try:
-            lease = self._open_lease(key)
+            lease = leases.open_lease(self.lock_dir, name)
         except leases.LeaseUnsafe as e:
             return f"lease not taken safely: {e}"
         except OSError as e:
@@ -458,9 +500,9 @@ class GpuAdmission:
         finally:
             lease.close()
 
-    def _take(self, key: str) -> LeaseFile | None:
+    def _take(self, name: str) -> LeaseFile | None:
         try:
-            lease = self._open_lease(key)
+            lease = leases.open_lease(self.lock_dir, name)
         except (leases.LeaseUnsafe, OSError):
             return None  # the next poll says why (_lease_busy opens it the same way)
         if not leases.try_lock(lease, exclusive=True):

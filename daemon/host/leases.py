@@ -15,7 +15,11 @@ their own files in it), and anyone may have made it first, with anything inside.
   the launch refuse it (exit 2, daemon/preflight.py) rather than wait;
 - a lease file is created O_EXCL by its first user, who owns it (0644 whatever the umask: every user's runs must
   be able to open it). An existing one must be a regular file with a single link (fstat after the open): a FIFO,
-  a device or a hard link to some other file is refused;
+  a device or a hard link to some other file is refused; so is one this user's runs cannot open at all (its owner
+  chmodded it 600 after his run ended): an flock needs an open file, so no run of a user who cannot read it can
+  lease that device through it. Each such file is LeaseUnsafe, its words naming it, its owner and who may remove
+  it (`unfit`): its owner or an admin, or this user where the file or the lock directory is hers (sticky: no one
+  else). `unfit_leases` says the same of the existing files, nothing made or locked, for `run --check`;
 - the body (JSON: run, pid, host, since) is written only by the file's owner, when it takes the lease. Any other
   user opens the file read-only and only flocks it (an flock needs no write permission); who holds a lease is the
   flock's holder by the kernel's record (minilmd/procs.py flock_holders: /proc/locks, matched on device and inode), and
@@ -27,7 +31,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +46,10 @@ SHARED_DIR_MODE = 0o1777
 """The lock directory as its first user creates it: every user's runs create their lease files in it, like /tmp."""
 LEASE_MODE = 0o644
 """A lease file as its owner creates it: read (and flocked) by every other user's runs, written by its owner only."""
-ADVICE = ("remove it, or set gpu.lock_dir to a directory in which no other user can replace files (an admin makes "
-          "the shared one: install -d -m 1777 -o root -g root /var/lib/minilmd-gpu-locks; docs/operations.md)")
+ELSEWHERE = ("set gpu.lock_dir to a directory in which no other user can replace files (an admin makes the shared "
+             "one: install -d -m 1777 -o root -g root /var/lib/minilmd-gpu-locks; docs/operations.md)")
+ADVICE = f"remove it, or {ELSEWHERE}"
+"""The way out of a lock directory, or a lease file in it, that this user may remove (`unfit` words another's)."""
 
 
 class LeaseUnsafe(Exception):
@@ -164,32 +172,86 @@ def _open_dir(path: Path) -> int:
     return fd
 
 
-def _open_in(dir_fd: int, path: Path, name: str) -> LeaseFile:
-    """The lease file `name` (minilmd/lockfile.py's open and checks): made by us (LEASE_MODE exactly) or opened
-    read-write when it is one we may write, else read-only (another user's: only flocked and read)."""
+def unfit_leases(lock_dir: Path, names: Iterable[str]) -> dict[str, str]:
+    """For `run --check`: why each existing lease file among `names` in lock_dir cannot be used by this user's runs
+    (LeaseUnsafe's words, as the wait's reason says them), by name. Nothing is made or locked: a missing lock
+    directory or lease file is fine (made at the first lease), and a lock directory the place rule refuses is
+    lock_dir_problem's to say. A file the open fails on otherwise (EIO) is left to the wait too."""
+    try:
+        dir_fd, _ = walk_to(lock_dir, LABEL, WHAT, ADVICE, None)  # mode None: nothing made on the way
+    except (PlaceRefused, OSError):
+        return {}
+    found: dict[str, str] = {}
+    try:
+        for name in names:
+            try:
+                _open_in(dir_fd, Path(lock_dir) / name, name, make=False).close()
+            except LeaseUnsafe as e:
+                found[name] = str(e)
+            except OSError:
+                continue  # missing (made at the first lease), or no words to add to the wait's
+    finally:
+        os.close(dir_fd)
+    return found
+
+
+def _open_in(dir_fd: int, path: Path, name: str, make: bool = True) -> LeaseFile:
+    """The lease file `name` (minilmd/lockfile.py's open and checks): made by us (LEASE_MODE exactly; not without
+    `make`: FileNotFoundError) or opened read-write when it is one we may write, else read-only (another user's:
+    only flocked and read). LeaseUnsafe (`unfit`) for a file there no lease can be taken through."""
     refused: OSError | None = None
     try:
-        fd, _ = lockfile.open_lock(dir_fd, name, mode=LEASE_MODE)
+        fd, _ = lockfile.open_lock(dir_fd, name, mode=LEASE_MODE if make else None)
     except PermissionError as e:  # another user's file, or a directory we may not create in: read-only then
         refused = e
     except OSError as e:
-        raise _unsafe_or(e, path) from None
+        raise _unsafe_or(e, dir_fd, path, name) from None
     if refused is not None:
         try:
             fd, _ = lockfile.open_lock(dir_fd, name, mode=None, write=False)
         except FileNotFoundError:
             raise refused from None  # nothing there, and nothing could be made: the directory's refusal
         except OSError as e:
-            raise _unsafe_or(e, path) from None
+            raise _unsafe_or(e, dir_fd, path, name) from None
     st = os.fstat(fd)
     problem = lockfile.problem(st, others=True)  # regular, one link: the owner is told apart just below
     if problem:
         os.close(fd)
-        raise LeaseUnsafe(f"{path} (of {user_words(st.st_uid)}) {problem}; {ADVICE}")
+        raise unfit(path, st, problem, os.fstat(dir_fd))
     return LeaseFile(fd, path, writable=refused is None and owned_by_me(st))
 
 
-def _unsafe_or(e: OSError, path: Path) -> Exception:
+def _unsafe_or(e: OSError, dir_fd: int, path: Path, name: str) -> Exception:
+    """LeaseUnsafe for what stands at the lease's name when the open refused it as a file no lease is taken
+    through: a symbolic link (ELOOP), or a file this user's runs may not even read (EACCES on the read-only open:
+    its owner's mode; the directory's search permission was the walk's). Else `e`, the file system's refusal."""
+    if e.errno not in (errno.ELOOP, errno.EACCES):
+        return e
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        st = None
     if e.errno == errno.ELOOP:
-        return LeaseUnsafe(f"{path} is a symbolic link (never followed: it could point at any file); {ADVICE}")
-    return e
+        link = "is a symbolic link (never followed: it could point at any file)"
+        if st is None or not stat.S_ISLNK(st.st_mode):  # gone or replaced since: said as the link it was
+            return LeaseUnsafe(f"{path} {link}; {ADVICE}")
+        return unfit(path, st, link, os.fstat(dir_fd))
+    if st is None:
+        return e
+    why = lockfile.problem(st, others=True) or (
+        f"has mode {stat.S_IMODE(st.st_mode):03o}, which your runs cannot open: a lease is an flock on the open "
+        f"file, so no run of a user who may not read it (yours included) can lease this device while it is there")
+    return unfit(path, st, why, os.fstat(dir_fd))
+
+
+def unfit(path: Path, st: os.stat_result, problem: str, dir_st: os.stat_result) -> LeaseUnsafe:
+    """The one wording of a lease file no lease is taken through: its path, its owner, why (`problem`), and who
+    may remove it: this user where the file or the lock directory is hers (the sticky bit lets the directory's
+    owner remove anything in it), else its owner or an admin (the sticky bit lets no one else)."""
+    if owned_by_me(st) or owned_by_me(dir_st):
+        advice = ADVICE
+    else:
+        who = user_words(st.st_uid)
+        advice = (f"ask {who} or an admin to remove it (in the sticky lock directory only they may), or "
+                  f"{ELSEWHERE}")
+    return LeaseUnsafe(f"{path} (of {user_words(st.st_uid)}) {problem}; {advice}")
