@@ -12,7 +12,7 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming
 run.dir), so that no other run can take it. A gpu.lock_dir another user could rearrange, or a card's lease file no
 lease of this user's can be taken through (a link, a FIFO, another user's file she cannot open), is no refusal but a
-wait (daemon/host/gpu.py lock_dir_wait, lease_file_waits), and a default scratch root another user made first is
+wait (daemon/host/gpuwaits.py lock_dir_wait, lease_file_waits), and a default scratch root another user made first is
 never used: the launch makes a private one (minilmd/scratch_root.py); one mkdir by anyone must not end a run for
 good, nor a base whose room (its inodes) another user's files used up: the claim waits for room then, the run lock
 held, state.json and systemd told, and hands the lock to the supervisor held (daemon/scratchclaim.py
@@ -36,7 +36,8 @@ from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.base import knobs, stoprequest
-from minilmd.daemon.host.gpu import device_offer, device_problems, lease_file_waits, lock_dir_wait
+from minilmd.daemon.host.gpu import device_offer, device_problems
+from minilmd.daemon.host.gpuwaits import lease_file_waits, lock_dir_wait
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_room import remote_room_problems

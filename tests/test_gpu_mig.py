@@ -81,10 +81,10 @@ def test_a_run_asking_for_two_devices_is_never_given_mig_instances_and_is_refuse
 
 
 def test_a_mig_uuid_of_an_old_driver_makes_a_lock_file_name_without_a_slash(tmp_path):
-    from minilmd.daemon.host.gpu import _lease_name
+    from minilmd.daemon.host.gpu import lease_name
 
-    assert _lease_name(3, "MIG-GPU-5c89f0ee-ab12/1/0") == "gpu-MIG-GPU-5c89f0ee-ab12-1-0.lock"
-    assert _lease_name(3, "") == "gpu-index-3.lock"
+    assert lease_name(3, "MIG-GPU-5c89f0ee-ab12/1/0") == "gpu-MIG-GPU-5c89f0ee-ab12-1-0.lock"
+    assert lease_name(3, "") == "gpu-index-3.lock"
 
 
 def _pynvml_without(name: str):

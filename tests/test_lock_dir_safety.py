@@ -13,7 +13,8 @@ from fakes_nvml import FREE, FakeNvml
 from minilmd.config import GpuSection, load_config
 from minilmd.daemon import preflight
 from minilmd.daemon.host import leases
-from minilmd.daemon.host.gpu import GpuAdmission, lock_dir_wait, open_nvml_or_reason
+from minilmd.daemon.host.gpu import GpuAdmission, open_nvml_or_reason
+from minilmd.daemon.host.gpuwaits import lock_dir_wait
 from second_user import sh_as_user as as_nobody
 from second_user import shared  # noqa: F401 - a fixture
 from supervisor_helpers import write_config
@@ -106,13 +107,14 @@ def test_run_check_says_the_wait_for_a_lease_file_no_run_can_use(shared, tmp_pat
     wait's reason (exit 0), and nothing is made or locked in the lock directory."""
     import os
 
-    from minilmd.daemon.host import gpu
+    from minilmd.daemon.host import gpu, gpuwaits
 
     locks = shared / "locks"
     locks.mkdir()
     locks.chmod(0o1777)
     as_nobody("mkfifo -m 0600 locks/gpu-GPU-fake-0001.lock", shared)
-    monkeypatch.setattr(gpu, "open_nvml_or_reason", lambda: ClosableNvml([[FREE], [FREE]]))
+    for module in (gpu, gpuwaits):  # the device check's NVML and the lease files' look
+        monkeypatch.setattr(module, "open_nvml_or_reason", lambda: ClosableNvml([[FREE], [FREE]]))
     config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"}, gpu={"lock_dir": str(locks)})
     waits = [w for w in preflight.check_with_waits(str(config))[1] if w.startswith("gpu.lock_dir")]
     assert len(waits) == 1 and waits[0].startswith(f"gpu.lock_dir: GPU 1 (Fake GPU 1): lease not taken safely: "

@@ -99,7 +99,8 @@ LOOK = textwrap.dedent("""
     import json, sys
     from fakes_nvml import FakeNvml, FREE
     from minilmd.config import GpuSection
-    from minilmd.daemon.host.gpu import GpuAdmission, unfit_lease_files
+    from minilmd.daemon.host.gpu import GpuAdmission
+    from minilmd.daemon.host.gpuwaits import unfit_lease_files
     gpu = GpuSection(lock_dir=sys.argv[1], stable_polls=1)
     adm = GpuAdmission(FakeNvml([[FREE]]), gpu, run_name="nobody-run")
     lease = adm.try_acquire(1)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from minilmd.plan.footprint import Offer
 
 __all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices", "mig_refusal",
-           "open_nvml_or_reason", "lock_dir_wait", "lease_file_waits"]
+           "open_nvml_or_reason", "lease_name", "device_uuid"]
 
 
 class Nvml(Protocol):
@@ -194,67 +194,6 @@ def taken_from_us(d: DeviceStatus) -> str | None:
     return None
 
 
-def lock_dir_wait(cfg: RunConfig) -> str | None:
-    """For `run --check` and the launch (daemon/preflight.py puts it among the waits): gpu.lock_dir unsafe to lease
-    in (leases.py lock_dir_problem: another user's directory, one he may rearrange, a link of his), when this run
-    leases GPUs: train.device = "cuda", or "auto" where NVML is there; None otherwise. Never a refusal: anyone may
-    `mkdir /tmp/minilmd-gpu-locks` before the first run, and exit 2 (final for systemd and the tmux launcher) would
-    end every user's run for good. The run waits in waiting_gpu, every device busy with the same words ("lease not
-    taken safely: ..."), polling, and leases as soon as an admin has removed or fixed it. No lease is ever taken
-    through such a directory: its owner could remove a lease and put two runs on one card."""
-    if cfg.train.device == "cpu":
-        return None
-    problem = leases.lock_dir_problem(cfg.gpu.lock_dir)
-    if problem is None or (cfg.train.device == "auto" and isinstance(open_nvml_or_reason(), str)):
-        return None  # auto without NVML trains on the CPU: no lease is taken
-    return (f"gpu.lock_dir: {problem}; no lease is taken through it: the run waits in waiting_gpu (every GPU busy, "
-            f"saying why) and leases once it is removed or fixed")
-
-
-def lease_file_waits(cfg: RunConfig) -> list[str]:
-    """For `run --check` (daemon/preflight.py puts them among the waits): each card here whose lease file in
-    gpu.lock_dir no lease of this user's can be taken through (leases.unfit_leases: a link, a FIFO, a hard link,
-    another user's file this user's runs cannot open), when this run leases GPUs (as lock_dir_wait) and the lock
-    directory itself is fine (else lock_dir_wait's line says it all). Never a refusal: the run waits in waiting_gpu,
-    that card busy with the same words, and leases it once the file is removed; the other cards are leased as
-    ever. Nothing is made or locked."""
-    if cfg.train.device == "cpu" or leases.lock_dir_problem(cfg.gpu.lock_dir):
-        return []
-    nvml = open_nvml_or_reason()
-    if isinstance(nvml, str):
-        return []  # "cuda": device_problems refuses; "auto": the CPU, no lease
-    try:
-        return unfit_lease_files(nvml, cfg.gpu.lock_dir)
-    finally:
-        nvml.close()
-
-
-def unfit_lease_files(nvml: Nvml, lock_dir: str | Path) -> list[str]:
-    """lease_file_waits' lines for the devices `nvml` sees (MIG instances numbered as GpuAdmission.poll numbers
-    them); a card NVML cannot read is the wait's to say."""
-    devices: list[tuple[int, str, str]] = []  # (index, name, uuid), as poll() numbers them
-    instances: list[tuple[int, str, str]] = []
-    try:
-        count = nvml.device_count()
-    except Exception:  # noqa: BLE001 - NVML errors: the wait polls again and says so
-        count = 0
-    for i in range(count):
-        try:
-            if not nvml.mig_enabled(i):
-                devices.append((i, nvml.name(i), _uuid(nvml, i)))
-                continue
-            get = getattr(nvml, "mig_instances", None)
-            instances += [(count + len(instances) + k, m.name, m.uuid) for k, m in enumerate(get(i) if get else [])]
-        except Exception:  # noqa: BLE001 - one card NVML cannot read: the wait says so; the others are looked at
-            continue
-    devices += instances
-    names = {_lease_name(i, uuid): (i, name) for i, name, uuid in devices}
-    found = leases.unfit_leases(Path(lock_dir), names)
-    return [f"gpu.lock_dir: GPU {names[lease][0]} ({names[lease][1]}): lease not taken safely: {why}; that GPU "
-            f"stays busy for this run: the run waits in waiting_gpu (saying why) while no other is free, and leases "
-            f"it once the file is removed" for lease, why in found.items()]
-
-
 def device_problems(cfg: RunConfig) -> list[str]:
     """For `run --check` and the launch (daemon/preflight.py): train.device = "cuda" where NVML cannot start (no
     driver, no nvidia-ml-py): the launch's GPU wait (daemon/phases/gpuwait.py) stops at once with the same words."""
@@ -309,7 +248,7 @@ def _no_nvml() -> str:
     return ""
 
 
-def _lease_name(index: int, uuid: str) -> str:
+def lease_name(index: int, uuid: str) -> str:
     """The lease file of device `index` (its UUID where NVML gives one) in gpu.lock_dir."""
     # Drivers before R470 named MIG instances "MIG-GPU-<uuid>/<gi>/<ci>": no "/" in a lock file's name.
     return f"gpu-{uuid.replace('/', '-') if uuid else f'index-{index}'}.lock"
@@ -373,7 +312,7 @@ class GpuAdmission:
                    ours: set[int]) -> tuple[DeviceStatus, list[DeviceStatus]]:
         """Card i, and where it is in MIG mode its instances as devices `first`, `first` + 1, ..."""
         if not self.nvml.mig_enabled(i):
-            return self._poll_device(i, now, leased_by_us, _uuid(self.nvml, i), self.nvml.name(i),
+            return self._poll_device(i, now, leased_by_us, device_uuid(self.nvml, i), self.nvml.name(i),
                                      self.nvml.memory(i), self.nvml.utilization(i), self.nvml.processes(i)), []
         get = getattr(self.nvml, "mig_instances", None)
         found = list(get(i)) if get else []
@@ -392,8 +331,8 @@ class GpuAdmission:
             used = self.nvml.memory(i).used_mib
         except Exception:  # noqa: BLE001 - the card's own figure is only shown; its instances are what is leased
             used = -1
-        card = DeviceStatus(index=i, name=self.nvml.name(i), uuid=_uuid(self.nvml, i), free=False, reasons=[reason],
-                            used_mib=used, utilization=None, foreign_processes=[], stable_polls=0,
+        card = DeviceStatus(index=i, name=self.nvml.name(i), uuid=device_uuid(self.nvml, i), free=False,
+                            reasons=[reason], used_mib=used, utilization=None, foreign_processes=[], stable_polls=0,
                             since=self._state_since[i][1], mig=True)
         return card, instances
 
@@ -432,7 +371,7 @@ class GpuAdmission:
         elif listing.source != "v3":
             fallbacks.append(f"compute processes listed with {listing.source} ({listing.note})")
         if not leased_by_us:
-            busy = self._lease_busy(_lease_name(i, uuid))
+            busy = self._lease_busy(lease_name(i, uuid))
             if busy is not None:
                 reasons.append(busy)
         free = not reasons
@@ -459,7 +398,7 @@ class GpuAdmission:
             return None
         taken: list[tuple[DeviceStatus, LeaseFile]] = []
         for d in candidates:
-            lease_file = self._take(_lease_name(d.index, d.uuid))
+            lease_file = self._take(lease_name(d.index, d.uuid))
             if lease_file is None:
                 # Another run took it between our poll and now: it is busy, and its stability starts over.
                 self._stable[d.index] = 0
@@ -515,7 +454,8 @@ class GpuAdmission:
         return lease
 
 
-def _uuid(nvml: Nvml, i: int) -> str:
+def device_uuid(nvml: Nvml, i: int) -> str:
+    """Device i's UUID as NVML gives it ("" where it gives none: its index names its lease then)."""
     get = getattr(nvml, "uuid", None)
     try:
         return str(get(i)) if get else ""
