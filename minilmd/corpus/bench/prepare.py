@@ -19,16 +19,21 @@ import time
 from pathlib import Path
 
 from minilmd import pychild
+from minilmd.corpus.sources.bad_tally import BadLineTally
 from minilmd.names import CORPUS_META
 
 GOAL_RATIO = 0.9
 GOAL_RSS = 1 << 30
 
 
-def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
-    """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
-    from minilmd.corpus.sources.jsonl import Source, parse_block
+def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, bad=None) -> dict:
+    """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted. The lines
+    not encoded (bad, or longer than jsonl.MAX_LINE_BYTES: read through, never held) go to `bad`, a BadLineTally
+    (a fresh one when None)."""
+    from minilmd.corpus.sources.jsonl import OverLong, Source, parse_block
     from minilmd.corpus.tokenizer import load_tokenizer
+
+    bad = BadLineTally() if bad is None else bad
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}
@@ -40,8 +45,14 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
     for path in sources:
         src = Source(path)
         try:
-            for first, blob in src.blocks(block_bytes):
-                texts = parse_block(blob, first).texts
+            for item in src.blocks(block_bytes):
+                if isinstance(item, OverLong):
+                    bad.add(path, *item.bad)
+                    continue
+                parsed = parse_block(item[1], item[0])
+                for line, reason, detail in parsed.bad:
+                    bad.add(path, line, reason, detail)
+                texts = parsed.texts
                 text_bytes += sum(len(t.encode("utf-8")) for t in texts)
                 for name, encode in methods.items():
                     t0, c0 = time.perf_counter(), time.process_time()
@@ -65,17 +76,19 @@ thread each); "fast, one thread" is the least the tokenizer can do (no offsets),
 byte-level BPE (chat_masks.ByteStarts)."""
 
 
-def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
+def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, bad=None) -> dict:
     """The floors of `prepare --format chat`: each conversation rendered once by the tokenizer's chat template, in
     the same bounded sandbox (chat.ChatTemplate.render), and the renderings encoded by each way of FLOORS; only the
     renders and the encodes are timed (no reading, no JSON, no masks, no writing). CPU seconds of each floor: the
-    renders' plus its encodes'."""
+    renders' plus its encodes'. The lines not rendered go to `bad`, as in raw_encode."""
     import os
 
     from minilmd.corpus.chat import parse_chat_block
     from minilmd.corpus.chat_files import load_template
-    from minilmd.corpus.sources.jsonl import Source
+    from minilmd.corpus.sources.jsonl import OverLong, Source
     from minilmd.corpus.tokenizer import load_tokenizer
+
+    bad = BadLineTally() if bad is None else bad
 
     tok = load_tokenizer(tokenizer)
     template = load_template(tokenizer)
@@ -87,9 +100,15 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
         for path in sources:
             src = Source(path)
             try:
-                for first, blob in src.blocks(block_bytes):
-                    input_bytes += len(blob)
-                    convs = parse_chat_block(blob, first).conversations
+                for item in src.blocks(block_bytes):
+                    if isinstance(item, OverLong):
+                        bad.add(path, *item.bad)
+                        continue
+                    parsed = parse_chat_block(item[1], item[0])
+                    for line, reason, detail in parsed.bad:
+                        bad.add(path, line, reason, detail)
+                    input_bytes += len(item[1])
+                    convs = parsed.conversations
                     t0, c0 = time.perf_counter(), time.process_time()
                     texts = [template.render(m) for m in convs]
                     render_s, render_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -188,7 +207,9 @@ def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None
     if data_format == "chat":
         return bench_chat_prepare(sources, tokenizer, workers, scratch, log, seq_len, cores)
     log(f"bench prepare: {', '.join(sources)} on {cores} cores; raw encode first (also warms the page cache)")
-    raw = raw_encode(sources, tokenizer)
+    not_encoded = BadLineTally()
+    raw = raw_encode(sources, tokenizer, bad=not_encoded)
+    not_encoded.log_skipped(log)  # bad lines, and lines too long to hold: named, not encoded
     tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
     try:
         prep = run_prepare(sources, tokenizer, tmp / "prepared", workers)
@@ -224,7 +245,9 @@ def bench_chat_prepare(sources: list[str], tokenizer: str, workers: int | None, 
     the ratio to each floor is printed."""
     log(f"bench prepare --format chat: {', '.join(sources)} on {cores} cores; the floors first (also warm the page "
         "cache)")
-    floors = chat_floor(sources, tokenizer)
+    not_rendered = BadLineTally()
+    floors = chat_floor(sources, tokenizer, bad=not_rendered)
+    not_rendered.log_skipped(log)
     tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
     try:
         prep = run_prepare(sources, tokenizer, tmp / "prepared", workers,

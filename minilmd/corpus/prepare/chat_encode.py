@@ -41,7 +41,7 @@ from minilmd.corpus.prepare.chat_masks import (
     ids_and_mask,
     starts_in_order,
 )
-from minilmd.corpus.sources.jsonl import InputError, LongLine
+from minilmd.corpus.sources.jsonl import InputError, OverLong
 
 ON_LONG = ("cut", "drop")
 COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text", "ignored_keys")
@@ -73,23 +73,14 @@ def _too_long(line: int, what: str, limit: int) -> tuple[int, str, str]:
 
 
 def chat_blocks(src, block_bytes: int, limit: int):
-    """Source.blocks for chat: (first line, bytes of whole lines), a long line joined into a block of its own, but a
-    line longer than 16 x limit bytes is read through and comes as an EncodedBlock holding it as a bad line."""
-    for item in src.items(block_bytes):
-        if not isinstance(item, LongLine):
-            yield item
-            continue
-        parts, size = [], 0
-        for chunk in item.chunks():
-            size += len(chunk)
-            if size <= 16 * limit:
-                parts.append(chunk)
-            elif parts:
-                parts = []
-        if size <= 16 * limit:
-            yield item.line, b"".join(parts) + b"\n"
+    """Source.blocks with chat's bound: (first line, bytes of whole lines), a long line joined into a block of its
+    own, but a line longer than 16 x limit bytes is read through and comes as an EncodedBlock holding it as a bad
+    line, named as a conversation too long for seq_len."""
+    for item in src.blocks(block_bytes, 16 * limit):
+        if isinstance(item, OverLong):
+            yield bad_block(item.line, _too_long(item.line, f"a line of {item.size:,} bytes", limit))
         else:
-            yield bad_block(item.line, _too_long(item.line, f"a line of {size:,} bytes", limit))
+            yield item
 
 
 def bad_block(line: int, bad: tuple[int, str, str]) -> EncodedBlock:

@@ -1,5 +1,6 @@
 """The bad lines of a corpus read, said one way by every reader: `prepare` (and `--append`) and `tokenizer train`
-(iter_texts). Counted by reason, the first SHOWN kept as text, the rest counted; `error` is the exit-65 message of
+(iter_texts); `corpus report` and `count` name their lines too long to hold with it, `bench prepare` what its floors
+skipped. Counted by reason, the first SHOWN kept as text, the rest counted; `error` is the exit-65 message of
 `--on-bad-line error` (every bad line named in one run: a 13 GB corpus cannot be fixed one line per run, issue 24),
 `log_skipped` what `skip` says. prepare's BadLines (minilmd/corpus/prepare/badlines.py) adds the list of all of
 them, written beside --out.

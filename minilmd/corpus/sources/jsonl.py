@@ -7,7 +7,10 @@ not valid JSON here (`invalid_json`): json.loads would recurse once per level an
 reader parses with `loads_bounded`, which counts the depth first. Blank lines are not documents; they are counted,
 not bad.
 A line longer than a block is not held whole: `Source.items` hands it out as a `LongLine` read in chunks, which
-minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as parse_block).
+minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as parse_block). `Source.items` is the one
+way a corpus's lines are read (prepare, tokenizer train, corpus report and count, bench prepare): a reader that
+needs each line whole takes `Source.blocks`, which joins a long line of at most MAX_LINE_BYTES (or its own bound)
+and reads a longer one through in chunks, an `OverLong`: a bad line, `line_too_long`, never held.
 """
 from __future__ import annotations
 
@@ -53,11 +56,13 @@ class ParsedBlock:
 
 class LongLine:
     """One line longer than a block, read from its source in chunks as `chunks()` is iterated (never held whole).
-    It must be read to its end (`drain()`) before the source goes on; `rest` is then what followed its newline."""
+    It must be read to its end (`drain()`) before the source goes on; `rest` is then what followed its newline,
+    `size` its bytes without the newline (so far, while it is read)."""
 
     def __init__(self, line: int, head: bytes, stream, chunk_bytes: int):
         self.line = line
         self.rest = b""
+        self.size = 0
         self._chunks = self._read(head, stream, chunk_bytes)
 
     def chunks(self) -> Iterator[bytes]:
@@ -73,14 +78,37 @@ class LongLine:
             cut = data.find(b"\n")
             if cut >= 0:
                 self.rest = data[cut + 1:]
+                self.size += cut
                 if cut:
                     yield data[:cut]
                 return
             if data:
+                self.size += len(data)
                 yield data
             data = stream.read(chunk_bytes)
             if not data:
                 return
+
+
+MAX_LINE_BYTES = 1 << 24
+"""The longest line a reader holds whole (Source.blocks: corpus report and count, bench prepare's floors): 16 MiB,
+a long book. prepare reads a longer text line in pieces (longdoc.py); chat prepare's bound is its own (16 x the
+text a conversation may hold at --seq-len, chat_encode.py)."""
+LINE_TOO_LONG = "line_too_long"
+
+
+@dataclass(frozen=True)
+class OverLong:
+    """A line longer than the bound of the reader that wanted it whole (Source.blocks): read through, never held."""
+    line: int
+    size: int  # its bytes, without the newline
+    limit: int
+
+    @property
+    def bad(self) -> tuple[int, str, str]:
+        """(line, reason, detail) as parse_block gives a bad line."""
+        return self.line, LINE_TOO_LONG, (f"a line of {self.size:,} bytes, more than the {self.limit:,} read whole "
+                                          "here; prepare reads a longer text in pieces")
 
 
 def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, object, tuple[str, str] | None]]:
@@ -209,40 +237,71 @@ class Source:
         except (OSError, ValueError):
             return 0
 
-    def items(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes] | LongLine]:
+    def items(self, block_bytes: int = 1 << 20, start: int = 0, end: int | None = None
+              ) -> Iterator[tuple[int, bytes] | LongLine]:
         """(first line number, bytes of whole lines), or a LongLine for a line that outgrows a block (its first
         block_bytes or more bytes were read without a newline). Each LongLine must be drained before the next
         item is asked for. Memory: at most about two blocks, whatever the line lengths. The last block may lack a
-        final newline."""
+        final newline. `start`, `end`: a byte range of an uncompressed file (a shard of corpus report): only the
+        lines that start in it, the last one read to its end, numbered from 1 at the first of them."""
         line = 1
         carry = b""
-        at_start = True
+        at_start = not start
+        pos = start  # the offset in the file of carry's first byte
         try:
-            while True:
+            if start:
+                after = self._after_line_at(start - 1, block_bytes, end)
+                if after is None:
+                    return
+                self.raw.seek(after)
+                pos = after
+            while end is None or pos < end:
                 data = self.stream.read(block_bytes)
                 if not data:
                     break
                 if at_start:
-                    data, at_start = self._first_bytes(data, block_bytes), False
+                    (data, dropped), at_start = self._first_bytes(data, block_bytes), False
+                    pos += dropped
                 data = carry + data
                 cut = data.rfind(b"\n")
                 blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
+                if end is not None and pos + len(blob) > end:  # a line starting at `end` or after: not this range's
+                    blob = blob[:blob.find(b"\n", end - 1 - pos) + 1]
+                    self._keep_head(blob, whole=True)
+                    yield line, blob
+                    return
                 if blob:
                     self._keep_head(blob, whole=True)
                     yield line, blob
                     line += blob.count(b"\n")
-                if len(carry) >= block_bytes:  # a line longer than a block: stream it
+                    pos += len(blob)
+                if len(carry) >= block_bytes and (end is None or pos < end):  # a line longer than a block: stream it
                     self._keep_head(carry, whole=False)
                     long = LongLine(line, carry, self.stream, block_bytes)
                     yield long
                     long.drain()
                     carry = long.rest
                     line += 1
+                    pos += long.size + 1
         except (OSError, EOFError) as e:
             raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
-        if carry:
+        if carry and (end is None or pos < end):
             self._keep_head(carry, whole=True)
             yield line, carry
+
+    def _after_line_at(self, offset: int, block_bytes: int, end: int | None) -> int | None:
+        """The offset of the line after the one byte `offset` is in, None when it starts at `end` or after (or
+        there is none): that line is read through in chunks, never held (a range's first partial line, which the
+        range before reads)."""
+        if self.stream is not self.raw:
+            raise ValueError(f"{self.path}: a compressed file is read from its start")
+        self.raw.seek(offset)
+        skipped = LongLine(0, b"", self.stream, block_bytes)
+        for _ in skipped.chunks():
+            if end is not None and offset + 1 + skipped.size >= end:
+                return None
+        after = offset + 1 + skipped.size
+        return None if end is not None and after >= end else after
 
     def _keep_head(self, data: bytes, whole: bool) -> None:
         """The first two non-blank lines, for json_array: `data` is whole lines (`whole`) or the beginning of one
@@ -255,30 +314,48 @@ class Source:
                 self._head.append((line, whole))
             start = end + 1
 
-    def _first_bytes(self, data: bytes, block_bytes: int) -> bytes:
+    def _first_bytes(self, data: bytes, block_bytes: int) -> tuple[bytes, int]:
         """The file's first bytes read, without a UTF-8 byte order mark (an editor's on Windows; only there: one
-        further on is a bad line)."""
+        further on is a bad line), and the bytes dropped."""
         while len(data) < len(BOM) and BOM.startswith(data):  # a short read: the BOM may go on
             more = self.stream.read(block_bytes)
             if not more:
                 break
             data += more
         if data.startswith(BOM):
-            data = data[len(BOM):]
-        return data
+            return data[len(BOM):], len(BOM)
+        return data, 0
 
-    def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
-        """As items(), with a long line joined into one block of its own (held whole: for benchmarks and tests)."""
-        for item in self.items(block_bytes):
-            if isinstance(item, LongLine):
-                yield item.line, b"".join(item.chunks()) + b"\n"
-            else:
+    def blocks(self, block_bytes: int = 1 << 20, max_line_bytes: int = MAX_LINE_BYTES, start: int = 0,
+               end: int | None = None) -> Iterator[tuple[int, bytes] | OverLong]:
+        """As items(), for a reader that needs each line whole: a long line of at most max_line_bytes joined into a
+        block of its own, a longer one read through in chunks and given as an OverLong (never held). Memory: about
+        max_line_bytes and two blocks, whatever the line lengths."""
+        for item in self.items(block_bytes, start, end):
+            if not isinstance(item, LongLine):
                 yield item
+                continue
+            parts: list[bytes] | None = []
+            for chunk in item.chunks():
+                if parts is not None:
+                    parts.append(chunk)
+                    if item.size > max_line_bytes:
+                        parts = None
+            yield (item.line, b"".join(parts) + b"\n") if parts is not None else OverLong(item.line, item.size,
+                                                                                          max_line_bytes)
 
     def close(self) -> None:
         if self.stream is not self.raw:
             self.stream.close()
         self.raw.close()
+
+
+def compressed(path: str) -> bool:
+    """Whether Source reads `path` through a decompressor (fsspec's inference by its name): one stream, no byte
+    offsets to cut it at."""
+    from fsspec.utils import infer_compression
+
+    return infer_compression(path) is not None
 
 
 def json_document(first: bytes, whole: bool, second: tuple[bytes, bool] | None = None) -> bool:
