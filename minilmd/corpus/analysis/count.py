@@ -28,7 +28,7 @@ class CountTask:
     occurrences: list[int] = field(default_factory=list)
     documents: list[int] = field(default_factory=list)
     seen: int = 0
-    bad_lines: int = 0
+    read: scan.LinesRead = field(default_factory=scan.LinesRead)
     first: list[list[str]] = field(default_factory=list)  # a few matched snippets per pattern
 
     def fresh(self) -> CountTask:
@@ -39,7 +39,7 @@ class CountTask:
             n = len(self.patterns)
             self.occurrences, self.documents, self.first = [0] * n, [0] * n, [[] for _ in range(n)]
         self.seen += len(batch.texts)
-        self.bad_lines += batch.bad_lines
+        self.read.add(batch)
         compiled = [re.compile(p) for p in self.patterns] if self.regex else None
         for i, pattern in enumerate(self.patterns):
             occ = docs = 0
@@ -64,7 +64,8 @@ class CountTask:
 
 
 def count(path: str, patterns: list[str], regex: bool = False, workers: int | None = None) -> dict:
-    """{"corpus", "kind", "documents", "bad_lines", "patterns": [{pattern, occurrences, documents, examples}]};
+    """{"corpus", "kind", "documents", "bad_lines", "too_long_lines" (of them, over jsonl.MAX_LINE_BYTES),
+    "too_long_named", "patterns": [{pattern, occurrences, documents, examples}]};
     ValueError for a regex that does not compile (before any reading)."""
     from minilmd.corpus.workers import default_workers
 
@@ -86,8 +87,10 @@ def count(path: str, patterns: list[str], regex: bool = False, workers: int | No
             docs += part.documents
             for i in range(n):
                 examples[i] += part.first[i][:3 - len(examples[i])]
+    too_long = scan.too_long_named(corpus.path, [p.read for p in parts])
     return {"corpus": path, "kind": corpus.kind, "documents": sum(p.seen for p in parts),
-            "bad_lines": sum(p.bad_lines for p in parts),
+            "bad_lines": sum(p.read.bad for p in parts), "too_long_lines": too_long.total,
+            "too_long_named": too_long.named(),
             "patterns": [{"pattern": p, "occurrences": int(occ[i]), "documents": int(docs[i]),
                           "examples": examples[i]} for i, p in enumerate(patterns)]}
 
@@ -96,8 +99,9 @@ def format_count(result: dict) -> str:
     """The table `minilmd corpus count` prints."""
     n = result["documents"]
     width = max([len("pattern")] + [display_width(p["pattern"]) for p in result["patterns"]])
-    lines = [f"{result['corpus']} ({result['kind']}): {n:,} documents"
-             + (f", {result['bad_lines']:,} bad lines not read" if result["bad_lines"] else ""),
+    bad = f", {result['bad_lines']:,} bad lines not read{scan.too_long_said(result)}" if result["bad_lines"] else ""
+    lines = [f"{result['corpus']} ({result['kind']}): {n:,} documents{bad}",
+             *(f"  {named}" for named in result.get("too_long_named", [])),
              f"{_pad('pattern', width)}  {'occurrences':>12}  {'documents':>10}  {'share':>8}"]
     for p in result["patterns"]:
         share = p["documents"] / n if n else 0.0

@@ -30,8 +30,7 @@ class ReportTask:
     digests: list[np.ndarray] = field(default_factory=list)
     lengths: list[np.ndarray] = field(default_factory=list)
     scripts: ScriptTally = field(default_factory=ScriptTally)
-    bad_lines: int = 0
-    blank_lines: int = 0
+    read: scan.LinesRead = field(default_factory=scan.LinesRead)
     _tok: object = None
 
     def fresh(self) -> ReportTask:
@@ -49,8 +48,7 @@ class ReportTask:
         self.digests.append(batch.digests)
         self.lengths.append(lengths)
         self.scripts.add(script_matrix(batch.texts))
-        self.bad_lines += batch.bad_lines
-        self.blank_lines += batch.blank_lines
+        self.read.add(batch)
 
     def result(self) -> ReportTask:
         self._tok = None  # a Tokenizer is not sent back
@@ -94,9 +92,11 @@ def report(path: str, *, tokenizer: str | None = None, workers: int | None = Non
     for p in parts:
         tally.merge(p.scripts)
     unit = "tokens" if corpus.kind == "prepared" or tok_json else "characters"
+    too_long = scan.too_long_named(corpus.path, [p.read for p in parts])
     out: dict = {"corpus": path, "kind": corpus.kind, "documents": int(lengths.size), "length_unit": unit,
-                 unit: int(lengths.sum()), "bad_lines": sum(p.bad_lines for p in parts),
-                 "blank_lines": sum(p.blank_lines for p in parts), "lengths": length_stats(lengths),
+                 unit: int(lengths.sum()), "bad_lines": sum(p.read.bad for p in parts),
+                 "blank_lines": sum(p.read.blank for p in parts), "too_long_lines": too_long.total,
+                 "too_long_named": too_long.named(), "lengths": length_stats(lengths),
                  "scripts": tally.as_dict(), "duplicates": duplicate_stats(digests)}
     if corpus.meta is not None:
         meta = corpus.meta
@@ -152,7 +152,8 @@ def format_report(r: dict, short: bool = False) -> str:
         lines.append(f"preference pairs: train {r['pairs']['train']:,}, val {r['pairs']['val']:,} (documents 2i and "
                      "2i+1 of a split: pair i's chosen and rejected sides)")
     if r["bad_lines"] or r["blank_lines"]:
-        lines.append(f"lines not read: {r['bad_lines']:,} bad, {r['blank_lines']:,} blank")
+        lines.append(f"lines not read: {r['bad_lines']:,} bad{scan.too_long_said(r)}, {r['blank_lines']:,} blank")
+        lines += [f"  {named}" for named in r.get("too_long_named", [])]
     ls = r["lengths"]
     if ls:
         lines.append(f"length ({unit}): min {ls['min']:,} mean {ls['mean']:,} "

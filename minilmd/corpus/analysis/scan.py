@@ -19,10 +19,14 @@ worker processes read independently:
 A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
 newlines; a preference pair's ({"chosen": [...], "rejected": [...]}) the chosen side's and the rejected reply's. A
 prepared preference corpus is read side by side (each side a document, its mask on its final reply). Lines that
-are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad, never read.
+are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad, never read. JSONL is read
+as every corpus reader reads it (jsonl.Source.blocks): a line longer than jsonl.MAX_LINE_BYTES is read through,
+never held, counted as bad and named (`FILE:LINE: line too long (...)`, its number counted over the shards before
+it).
 
 Each shard feeds a Task (texts, their exact digests, their lengths) and returns its result; the results come back
-in shard order and the caller merges them. Memory per worker: one block of lines or documents.
+in shard order and the caller merges them. Memory per worker: one block of lines or documents (a line of up to
+MAX_LINE_BYTES).
 """
 from __future__ import annotations
 
@@ -35,7 +39,16 @@ import numpy as np
 
 from minilmd.corpus.digest import digest64
 from minilmd.corpus.format import map_regular, read_doc_lengths
-from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
+from minilmd.corpus.sources.bad_tally import BadLineTally
+from minilmd.corpus.sources.jsonl import (
+    InputError,
+    OverLong,
+    ParsedBlock,
+    Source,
+    compressed,
+    json_lines,
+    open_regular,
+)
 from minilmd.corpus.sources.local import real_source
 from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
@@ -46,7 +59,6 @@ from minilmd.urls import is_url
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
 BLOCK_DOCS = 4096  # prepared documents per batch
-_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,40 @@ class Batch:
     lengths: np.ndarray
     bad_lines: int = 0
     blank_lines: int = 0
+    lines: int = 0  # JSONL: every line of the batch, documents, bad and blank
+    too_long: list[tuple[int, str, str]] = field(default_factory=list)  # (line in the shard, reason, detail)
+
+
+@dataclass
+class LinesRead:
+    """A shard's lines that are not documents: the bad and blank ones counted, the over-long ones by their number in
+    the shard, and all its lines (`lines`), which number the lines of the shards after it (`too_long_named`)."""
+    lines: int = 0
+    bad: int = 0
+    blank: int = 0
+    too_long: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def add(self, batch: Batch) -> None:
+        self.lines += batch.lines
+        self.bad += batch.bad_lines
+        self.blank += batch.blank_lines
+        self.too_long += batch.too_long
+
+
+def too_long_named(path: str, shards: list[LinesRead]) -> BadLineTally:
+    """The over-long lines of every shard (in shard order), named as prepare names a bad line: `FILE:LINE: line too
+    long (...)`, the line numbered in the whole file."""
+    tally, before = BadLineTally(), 0
+    for read in shards:
+        for line, reason, detail in read.too_long:
+            tally.add(path, before + line, reason, detail)
+        before += read.lines
+    return tally
+
+
+def too_long_said(result: dict) -> str:
+    """` (N too long)` after the bad lines `corpus report` and `count` print, when some were (too_long_named)."""
+    return f" ({result['too_long_lines']:,} too long)" if result.get("too_long_lines") else ""
 
 
 @dataclass
@@ -114,7 +160,7 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
         return Corpus(path, "prepared", shards, meta, tok)
     if Path(path).is_dir():
         raise CorpusError(f"{path}: a directory without {CORPUS_META}: not a prepared corpus")
-    if is_url(path) or path.endswith(_COMPRESSED):
+    if is_url(path) or compressed(path):
         return Corpus(path, "jsonl", [Shard(path, 0, -1)])  # one stream: a compressed file has no byte offsets
     try:
         with open_regular(path) as f:  # a FIFO or a device is refused here, never opened blocking
@@ -190,47 +236,25 @@ def _contents(messages: list) -> str | None:
 
 
 def _jsonl_batches(shard: Shard):
-    if shard.end < 0:
-        from minilmd.corpus.sources.jsonl import Source
-
-        src = Source(shard.path)
-        try:
-            for _, blob in src.blocks(BLOCK_BYTES):
-                yield _parse_lines(blob.splitlines(keepends=True))
-        finally:
-            src.close()
-        return
-    with open_regular(shard.path) as f:
-        if shard.start > 0:
-            f.seek(shard.start - 1)
-            f.readline()  # the rest of the line that started before this shard: the shard before reads it
-        while f.tell() < shard.end:
-            lines = f.readlines(BLOCK_BYTES)
-            if not lines:
-                break
-            # a line starting at or after end belongs to the next shard
-            pos = f.tell() - sum(map(len, lines))
-            keep = []
-            for line in lines:
-                if pos >= shard.end:
-                    break
-                keep.append(line)
-                pos += len(line)
-            yield _parse_lines(keep)
-            if pos >= shard.end:
-                break
+    """A JSONL shard's batches: a plain file's lines that start in its byte range, a stream's all (shard.end -1)."""
+    src = Source(shard.path)
+    try:
+        for item in src.blocks(BLOCK_BYTES, start=shard.start, end=None if shard.end < 0 else shard.end):
+            if isinstance(item, OverLong):
+                yield Batch([], np.zeros(0, np.uint64), np.zeros(0, np.int64), bad_lines=1, lines=1,
+                            too_long=[item.bad])
+            else:
+                yield _parse_lines(*item)
+    finally:
+        src.close()
 
 
-def _parse_lines(lines: list[bytes]) -> Batch:
-    texts, digests, bad, blank = [], [], 0, 0
-    for raw in lines:
-        if not raw.strip():
-            blank += 1
-            continue
-        try:
-            text = line_text(loads_bounded(raw))  # too deep: bad, as in prepare
-        except ValueError:
-            text = None
+def _parse_lines(first: int, blob: bytes) -> Batch:
+    """The documents of whole lines of JSONL (jsonl.json_lines: a line not UTF-8 or not JSON is bad)."""
+    texts, digests, counts = [], [], ParsedBlock()
+    bad = 0
+    for _, obj, not_json in json_lines(blob, first, counts):
+        text = None if not_json else line_text(obj)
         if text is None or not text.strip():
             bad += 1
             continue
@@ -238,7 +262,7 @@ def _parse_lines(lines: list[bytes]) -> Batch:
         texts.append(text)
         digests.append(digest64(data))
     return Batch(texts, np.array(digests, dtype=np.uint64), np.array([len(t) for t in texts], dtype=np.int64),
-                 bad, blank)
+                 bad, counts.blank, counts.n_lines)
 
 
 def _prepared_batches(corpus: Corpus, shard: Shard):
