@@ -187,7 +187,9 @@ def _out_of_range(cfg: RunConfig) -> dict[str, str]:
             try:
                 value = parse_duration(value)
             except ValueError as e:
-                p[key] = f"{key}: {e}"
+                steps = " (or steps, as an integer: `300` saves every 300 steps, not every 300 seconds)" \
+                    if key in STEPS_OR_DURATION else ""
+                p[key] = f"{key}: {e}{steps}"
                 continue
         if not allowed.holds(value):
             above = math.isfinite(value) and value > allowed.high

@@ -247,6 +247,15 @@ def test_checkpoint_every_is_steps_as_an_integer_else_seconds(tmp_path, every, s
     assert (t.checkpoint_every_steps, t.checkpoint_every_s) == (steps, seconds)
 
 
+def test_a_checkpoint_every_that_is_no_duration_says_an_integer_counts_steps(tmp_path):
+    """A new user's `"40 steps"` was told `use seconds, or a string like "90s"`: a `300` meant as five minutes saves
+    every 300 steps."""
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(minimal(tmp_path, checkpoint_every="40 steps"))
+    assert "train.checkpoint_every: not a duration: '40 steps'" in str(err.value), err.value
+    assert "or steps, as an integer: `300` saves every 300 steps, not every 300 seconds" in str(err.value), err.value
+
+
 def test_each_duration_is_read_in_seconds_on_its_section(tmp_path):
     raw = minimal(tmp_path)
     raw["restart"] = {"backoff_initial": "2s", "backoff_max": 60, "hang_timeout": "2h", "compile_timeout": "45m",
