@@ -56,7 +56,7 @@ from minilmd.path_checks import (
     remote_problems,
     textfile_problems,
 )
-from minilmd.raw_corpus import prepare_hint
+from minilmd.raw_corpus import dir_prepare_hint, prepare_hint
 from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
@@ -213,7 +213,9 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
         return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"
                 f"{hint and '; ' + hint}"], "", None
     if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
-        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], "", None
+        hint = dir_prepare_hint(prepared, cfg.train.seq_len)  # a directory of raw JSON lines: the command said
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"
+                f"{hint and '; ' + hint}"], "", None
     read = read_corpus_meta(prepared)
     meta = read or {}
     p = []

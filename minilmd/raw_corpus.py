@@ -85,3 +85,23 @@ def _first_line_format(path: str) -> str | None:
             except ValueError:
                 return None
     return None
+
+
+def dir_prepare_hint(path: str, seq_len: int) -> str:
+    """What to run for a directory of raw JSON lines named as data.prepared (no meta.json in it, some *.jsonl...):
+    the prepare command over them, then data.prepared set to its --out; "" when it holds none (or cannot be
+    listed: the names are only read, at most MAX_DIR_ENTRIES of them)."""
+    from minilmd.untrusted import Unreadable, dir_names
+
+    try:
+        found = sorted({s for name in dir_names(path) for s in JSONL_SUFFIXES if name.endswith(s)})
+    except (Unreadable, OSError):
+        return ""
+    if not found:
+        return ""
+    where = PurePath(path)
+    out = f"{where}-prepared"
+    files = " ".join(f"{shlex.quote(str(where))}/*{suffix}" for suffix in found)
+    return (f"it holds raw JSON lines: `minilmd prepare {files} --tokenizer TOKENIZER --seq-len {seq_len} --out "
+            f"{shlex.quote(out)}` (--format chat for conversations, dpo for preference pairs), then set "
+            f"data.prepared = {out!r}")

@@ -86,3 +86,27 @@ def test_run_check_says_the_command_to_run(tmp_path):
         f"data.prepared = '{raw}': not a directory (a regular file); not an output of `minilmd prepare`; a raw "
         f"corpus: run `minilmd prepare {raw} --format chat --tokenizer TOKENIZER --seq-len 256 --out "
         f"{tmp_path}/sft-prepared`, then set data.prepared = '{tmp_path}/sft-prepared'") in said, said
+
+
+def test_run_check_of_a_directory_of_raw_json_lines_says_the_command_to_run(tmp_path):
+    """A new user's data.prepared naming the directory of his raw JSONL got only `no meta.json there; not an output
+    of minilmd prepare`, where a single .jsonl got the command."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl.gz", "notes.md"):
+        (raw / name).write_text(json.dumps({"text": "人民日报"}) + "\n", encoding="utf-8")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[run]\nname = "c"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{raw}"\n'
+                      f'[train]\nmax_steps = 10\nseq_len = 256\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and (
+        f"data.prepared = '{raw}': no meta.json there; not an output of `minilmd prepare`; it holds raw JSON lines: "
+        f"`minilmd prepare {raw}/*.jsonl {raw}/*.jsonl.gz --tokenizer TOKENIZER --seq-len 256 --out "
+        f"{raw}-prepared` (--format chat for conversations, dpo for preference pairs), then set data.prepared = "
+        f"'{raw}-prepared'") in said, said
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl.gz"):
+        (raw / name).unlink()
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert "no meta.json there; not an output of `minilmd prepare`" in result.output and "raw JSON lines" not in \
+        result.output, result.output
