@@ -44,3 +44,27 @@ def test_check_of_a_running_run_says_edits_apply_at_its_next_start(tmp_path, cor
             f"`minilmd run {config}`); this config changes, against that copy: train.lr = 0.0002 (running: 0.003), "
             f"train.max_steps = 60 (running: 30)") in said, said
     assert "this config is the same as that copy" in same.stdout + same.stderr
+
+
+def test_a_second_config_on_a_running_run_dir_is_told_to_take_its_own(tmp_path, corpus):
+    """A new user's second config (its own run.name, remote and model) naming the run.dir of a running run was told
+    `edits to this file apply at its next start (minilmd stop ..., then minilmd run B)`: following it stopped the
+    healthy run, and B was then refused all the same."""
+    config = write_config(tmp_path, corpus, remote=False)
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    shutil.copy(config, cfg.run_dir / names.RUN_CONFIG_COPY)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(cfg.run_dir)], stdout=subprocess.PIPE,
+                              text=True, env=env_for())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        other = cli("run", "--check", str(config), "--set", 'run.name="sameB"', "--set", "model.hidden_size=64")
+    finally:
+        holder.kill()
+        holder.wait()
+    said = " ".join((other.stdout + other.stderr).split())
+    assert other.returncode == SUPERVISOR_CONFIG, said
+    assert (f"{cfg.run_dir} is the run directory of the running run {cfg.run.name!r}, not of this config's run "
+            f"'sameB': two runs need two run directories, so give this config a run.dir (and a run.remote) of its "
+            f"own") in said, said
+    assert "edits to this file apply" not in said, said
