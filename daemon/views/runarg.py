@@ -237,9 +237,11 @@ def _config_run_dir(path: Path, real: Path, st: os.stat_result, command: str, ow
     if not config.run.dir:
         raise RunProblem(f"{printable(path)}: a config without run.dir names no run directory", NOT_A_RUN)
     if not os.path.lexists(config.run_dir):  # the run of a config never launched (not "no such directory")
+        starting = "; a `minilmd run` of it begun this very moment makes it within a second: `minilmd stop` " \
+            "again then stops that start" if command == "stop" else ""  # nothing to leave a request in before
         raise RunProblem(f"run {printable(config.run.name)} has not started yet (no run.dir at "
-                         f"{printable(config.run_dir)}): `minilmd run {printable(path)}` starts it", NOT_A_RUN,
-                         config.run_dir)
+                         f"{printable(config.run_dir)}): `minilmd run {printable(path)}` starts it{starting}",
+                         NOT_A_RUN, config.run_dir)
     return config.run_dir  # absolute: config_from_bytes resolved it against the config's directory, as for `run`
 
 
