@@ -161,6 +161,11 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     problems, absent, meta = found
     if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
         problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
+    if waits is not None and meta is not None and (short := bounded_probe(shorter_than_listed, cfg.data.prepared,
+                                                                          meta)[1]):
+        waits.append(f"data.prepared = {cfg.data.prepared!r}: {short}: a copy cut short? staging copies it again "
+                     f"and again, then gives up (exit 79): prepare it again, or copy it again from where it was "
+                     f"prepared (a share that shrank for a moment is read again, so this is no refusal)")
     if not (absent and waits is not None and has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
@@ -187,6 +192,31 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
         return ""
     answered, found, why = bounded_probe(_check_prepared_dir, cfg, says_why=True)
     return found[1] if answered else why
+
+
+def shorter_than_listed(prepared: str, meta: dict) -> str:
+    """The files of a prepared corpus shorter than its meta.json lists, or missing (a truncated copy; a new user's
+    staging copied one 20 times and gave up after a minute), by an lstat each, never a read: "" when none is (a
+    longer one is an `prepare --append` under way, read to its listed size). Names as meta.json lists them, within
+    the corpus: one naming ".." or an absolute path is left to the staging's verification."""
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return ""
+    short = []
+    for name, entry in files.items():
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not isinstance(size, int) or name.startswith("/") or ".." in name.split("/"):
+            continue
+        try:
+            have = os.lstat(Path(prepared) / name).st_size
+        except FileNotFoundError:
+            short.append(f"{name} is missing")
+            continue
+        except OSError:
+            continue  # not looked at now: the staging's to judge
+        if have < size:
+            short.append(f"{name} holds {have:,} bytes, {CORPUS_META} lists {size:,}")
+    return "; ".join(short[:3]) + (f" and {len(short) - 3} more" if len(short) > 3 else "")
 
 
 def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
