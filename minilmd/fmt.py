@@ -20,3 +20,8 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_mb(n: float | None) -> str:
     """Bytes in decimal megabytes, "1,234.5 MB"; "?" for None (a size not known)."""
     return "?" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+def fmt_times(n: int) -> str:
+    """How many times something was done, as words: "once", "twice", "3 times" (never "1 times")."""
+    return {1: "once", 2: "twice"}.get(n, f"{n:,} times")

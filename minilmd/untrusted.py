@@ -96,10 +96,12 @@ class Unreadable(ValueError):
 
 
 def size_text(n: int) -> str:
-    """1048576 -> "1 MiB", 65536 -> "64 KiB", 300 -> "300 bytes"."""
+    """1048576 -> "1 MiB", 65536 -> "64 KiB", 1034240 -> "1,010 KiB", 300 -> "300 bytes": three significant
+    digits, a count of a thousand or more in full (".3g" wrote it "1.01e+03 KiB")."""
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= factor:
-            return f"{n / factor:.3g} {unit}"
+            value = n / factor
+            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
     return f"{n} bytes"
 
 

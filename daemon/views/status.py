@@ -35,7 +35,7 @@ from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
-from minilmd.fmt import fmt_duration
+from minilmd.fmt import fmt_duration, fmt_times
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.proc_info import of_another_boot
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
@@ -77,8 +77,8 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if state.child and alive:
         lines.append(_trainer_line(state.child, state, t))
     if (w := state.init_wait) and state.phase == Phase.WAITING_INIT:
-        lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
-                     f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
+        lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {fmt_times(w.checks)} "
+                     f"since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
                      f"once it has finished")  # its why says whether the predecessor runs (initwait.waiting_why)
     if state.gpu_wait and state.phase == Phase.WAITING_GPU:
         lines += _gpu_lines(state.gpu_wait, t)
@@ -234,7 +234,7 @@ def _space_line(wait: SpaceWait, t: float) -> str:
     since = wait.since
     return (f"  scratch: full for {fmt_duration(t - since if since else None)}: a checkpoint needs "
             f"{_mb(wait.needs)}, {_mb(wait.free)} free in {wait.path}; checked "
-            f"{wait.checks} times; the trainer starts again once it fits (not counted as a restart)")
+            f"{fmt_times(wait.checks)}; the trainer starts again once it fits (not counted as a restart)")
 
 
 def _gone(path: str) -> bool:
