@@ -225,7 +225,8 @@ class RunState(StateJson):
         """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
         "local_checkpoint". A `run --fresh` start's marker (daemon/base/timeline.py) empties "progress": what came
         before it (the supervisor reads metrics.jsonl from its start) is another lineage's, and so is a heartbeat
-        older than it."""
+        older than it. The ETA is counted last, from the step shown (the heartbeat's when newer): it moves with the
+        heartbeat, not only at the train lines."""
         progress = self.progress
         for rec in records:
             kind = rec.get("kind")
@@ -233,13 +234,14 @@ class RunState(StateJson):
                 self.progress = progress = Progress()
                 self.lineage_since = max(self.lineage_since, number(rec.get("time")) or 0.0)
             elif kind == "train":
-                for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
+                for key in ("step", "total_steps", "loss", "lr"):
                     if rec.get(key) is not None:
                         setattr(progress, key, rec[key])
-                progress.tok_s, progress.rates_awaited_since = rec.get("tok_s"), None  # the current trainer's
-                step_time = rec.get("step_time")
-                if step_time and progress.total_steps and progress.step is not None:
-                    progress.eta_s = max(0, progress.total_steps - progress.step) * step_time
+                if rec.get("tokens_seen") is not None:  # with its own line's step: one pair, never the heartbeat's
+                    progress.tokens_seen, progress.tokens_seen_step = rec["tokens_seen"], rec.get("step")
+                # the current trainer's
+                progress.tok_s, progress.step_time = rec.get("tok_s"), number(rec.get("step_time"))
+                progress.rates_awaited_since = None
                 progress.updated = rec.get("time") or now()
                 progress.rewards = dpo_rewards(progress.rewards, rec, "")
             elif kind == "eval":
@@ -258,6 +260,7 @@ class RunState(StateJson):
             if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
+        progress.eta_s = progress.eta_after()
 
     def _is_progress(self, saved: LocalCheckpoint) -> bool:
         """Whether a checkpoint line is the current attempt's progress: saved since its trainer was launched, beyond
@@ -271,11 +274,12 @@ class RunState(StateJson):
             when is not None and when >= attempt.started
 
     def await_new_rates(self) -> None:
-        """A restart: the trainer's rate (tok/s, the ETA) is what the next trainer logs, none until then. Called once
-        every line of the earlier trainers is folded in (apply_progress): a train line after it is the new one's."""
+        """A restart: the trainer's rate (tok/s, step time, the ETA) is what the next trainer logs, none until then.
+        Called once every line of the earlier trainers is folded in (apply_progress): a train line after it is the
+        new one's."""
         progress = self.progress
         if progress.tok_s is not None or progress.eta_s is not None:
-            progress.tok_s = progress.eta_s = None
+            progress.tok_s = progress.eta_s = progress.step_time = None
             progress.rates_awaited_since = now()
 
     def check_local(self, steps: list[int]) -> LocalCheckpoint | None:

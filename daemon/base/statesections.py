@@ -214,12 +214,20 @@ class Progress(Section):
     tok_s: float | None = None
     """Tokens per second of the latest logged steps (the current trainer's: None until it has logged one)."""
     tokens_seen: int | None = None
-    """Tokens trained on so far."""
+    """Tokens trained on so far, as the latest train line that said it counted them."""
+    tokens_seen_step: int | None = None
+    """The step of that train line: tokens_seen / tokens_seen_step is a step's real tokens (`step` may be the
+    heartbeat's, newer: `run --check` timed the steps left at tokens of step 50 over step 85). None in a file of a
+    version before it."""
+    step_time: float | None = None
+    """Seconds a step took, as the current trainer's latest train line logged it (None until it has logged one)."""
     eta_s: float | None = None
-    """Seconds left, at the latest step time (the current trainer's: None until it has logged a step)."""
+    """Seconds left: the steps left from `step` (the heartbeat's when newer) x step_time (eta_after), so it moves
+    with the heartbeat, not only at the train lines. None until the current trainer has logged a step."""
     rates_awaited_since: float | None = None
-    """When a restart (a supervisor's start, a trainer's launch) set tok_s and eta_s aside: an earlier trainer's
-    rate says nothing of the time staging, a fetch and a compile take now. None once the trainer logs a step."""
+    """When a restart (a supervisor's start, a trainer's launch) set tok_s, step_time and eta_s aside: an earlier
+    trainer's rate says nothing of the time staging, a fetch and a compile take now. None once the trainer logs a
+    step."""
     heartbeat: float | None = None
     """The mtime of the trainer's heartbeat file."""
     updated: float | None = None
@@ -231,6 +239,14 @@ class Progress(Section):
     """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] of a DPO run's reference
     pass while its heartbeat says it runs (Heartbeat.reference_pass; an older trainer's: the first two); absent
     otherwise."""
+
+    def eta_after(self) -> float | None:
+        """Seconds the steps left take: from the step shown (the heartbeat's when newer) to total_steps at the
+        latest step time; None without a step time (none logged since the restart) or a total."""
+        step, total, per_step = self.step, self.total_steps, self.step_time
+        if per_step is None or not isinstance(step, int) or not isinstance(total, int) or total <= 0:
+            return None
+        return max(0, total - step) * per_step
 
 
 @dataclass

@@ -179,8 +179,10 @@ YEAR_S = 365 * 86400.0
 
 
 def measured_rate(cfg, at: int | None = None):
-    """The speed this run directory's earlier launch measured (state.json's progress: tok/s, at its step, after its
-    tokens), as budget.Rate; None when none was (a fresh run), or not as numbers (another hand's state.json)."""
+    """The speed this run directory's earlier launch measured (state.json's progress: tok/s, at its step shown, its
+    tokens with the step of the train line that counted them), as budget.Rate; None when none was (a fresh run), or
+    not as numbers (another hand's state.json). Tokens without that line's step (a file of an older version, whose
+    step may be the heartbeat's) are not taken: a step's tokens are then its positions."""
     import math
 
     from minilmd.daemon.base.runstate import read_state
@@ -188,10 +190,13 @@ def measured_rate(cfg, at: int | None = None):
 
     progress = (read_state(cfg.run_dir) or {}).get("progress")
     progress = progress if isinstance(progress, dict) else {}
-    tok_s, step, seen = progress.get("tok_s"), progress.get("step"), progress.get("tokens_seen")
+    tok_s, step = progress.get("tok_s"), progress.get("step")
+    seen, seen_at = progress.get("tokens_seen"), progress.get("tokens_seen_step")
     if not isinstance(tok_s, (int, float)) or isinstance(tok_s, bool) or not 0 < tok_s < math.inf:
         return None
-    return Rate(float(tok_s), step if type(step) is int else 0, seen if type(seen) is int and seen > 0 else None, at)
+    paired = type(seen) is int and seen > 0 and type(seen_at) is int and seen_at > 0
+    return Rate(float(tok_s), step if type(step) is int else 0, seen if paired else None, at,
+                seen_at if paired else None)
 
 
 def _time_notes(plan, rate, cfg) -> list[str]:

@@ -134,32 +134,42 @@ class Planned:
 @dataclass(frozen=True)
 class Rate:
     """The speed a run directory's earlier launch measured (state.json's progress): `tok_s` real tokens a second
-    (minilmd/metrics.py) at `step`, after `tokens_seen` real tokens (None: not recorded). `at`: the step the launch
-    starts from, where `run --check` knows it (the checkpoint it resumes, or 0); None: unknown, and `step`, the last
-    known, is what the steps left are counted from, said so (a restart resumes from an older step where the newest
-    was lost: user9 F11 "the 147 steps left" of a run resuming 185 before its end)."""
+    (minilmd/metrics.py), its last step shown `step` (the heartbeat's when newer than its last train line), and
+    `tokens_seen` real tokens (None: not recorded) after `seen_at` steps, both of one train line (None: `step`'s):
+    a step's tokens are one line's pair, never a line's tokens over the heartbeat's step (a run at step 85 whose
+    line of step 50 said its tokens was timed at 50/85 of its step). `at`: the step the launch starts from, where
+    `run --check` knows it (the checkpoint it resumes, or 0); None: unknown, and `step`, the last known, is what the
+    steps left are counted from, said so (a restart resumes from an older step where the newest was lost: user9 F11
+    "the 147 steps left" of a run resuming 185 before its end)."""
 
     tok_s: float
     step: int = 0
     tokens_seen: int | None = None
     at: int | None = None
+    seen_at: int | None = None
 
     @property
     def from_step(self) -> int:
         return self.step if self.at is None else self.at
 
+    @property
+    def tokens_a_step(self) -> float | None:
+        """The real tokens a step trained, as the run counted them (tokens_seen over its own line's step); None when
+        not recorded."""
+        steps = self.step if self.seen_at is None else self.seen_at
+        return self.tokens_seen / steps if self.tokens_seen and steps > 0 else None
+
 
 def time_left(plan: Planned, rate: Rate) -> tuple[int, float] | None:
     """(Steps left from rate.from_step, their seconds) at `rate`, a step's tokens as that run trained them
-    (tokens_seen / step: real tokens, as tok_s counts; else the step's global_batch x seq_len), at today's batch
+    (Rate.tokens_a_step: real tokens, as tok_s counts; else the step's global_batch x seq_len), at today's batch
     where this resume changes it (plan.done: the share of real tokens the run had, of today's positions a step;
     before, the old step's tokens: a 64x micro-batch said 2 minutes for 18); None when no step is left."""
     left = plan.steps - rate.from_step
     if left <= 0:
         return None
     per_step = float(plan.global_batch * plan.seq_len)  # every position a real token: before a rate is known
-    if rate.tokens_seen and rate.step > 0:
-        real = rate.tokens_seen / rate.step
+    if (real := rate.tokens_a_step) is not None:
         done = plan.done
         if done is None or not done.step or not done.positions:
             per_step = real  # the batch is the one the rate was measured at
