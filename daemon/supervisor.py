@@ -39,6 +39,7 @@ from pathlib import Path
 from minilmd import protocol, scratch_hold, scratch_root
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
+from minilmd.config_values import config_total
 from minilmd.daemon import preflight
 from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.attempt import Attempt
@@ -259,7 +260,7 @@ class Supervisor(Attempt, Ending):
         """Earlier trainers' lines folded in, their rate set aside (no ETA until the next trainer logs a step); at
         the start, a local checkpoint scratch no longer holds (a reboot, a new run.scratch) said gone."""
         self.files.read_progress()
-        self.state.await_new_rates()
+        self.state.await_new_rates(config_total(self.cfg))  # the total the next trainer counts, where known here
         if at_start and (gone := self.state.check_local(local_checkpoint_steps(self.cfg.checkpoint_dir))):
             moved = gone.path and Path(gone.path).parent != self.cfg.checkpoint_dir  # recorded in another scratch
             self.events.emit("scratch", f"the local checkpoint step {gone.step} ({gone.path}) is gone from scratch "

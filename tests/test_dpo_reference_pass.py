@@ -21,7 +21,7 @@ import pytest
 from in_process import train_in_process
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import Heartbeat, RunState, read_heartbeat
-from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.statesections import ChildInfo, StateJson
 from minilmd.daemon.child.trainerwatch import STARTUP_GRACE_S
 from minilmd.daemon.views.status import summary_lines
 from minilmd.names import ATTEMPT_LOGS, DPO_REFERENCE, MANIFEST, REFERENCE_PASS, STATE, TRAINER_CMD_ENV
@@ -105,7 +105,8 @@ def _stopped_in_pass(config: Path, show_status: bool = False) -> int:
             done, total, began, _ = beat.reference_pass()  # and this attempt's start and seconds: its rate
             assert 0 == began < done < total
             if show_status:
-                held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
+                running = StateJson(child=ChildInfo(pid=proc.pid, attempt=1, started=1.0)).to_dict()
+                held = RunState(run_dir / STATE, running)  # the supervisor's fold of its trainer's heartbeat
                 held.apply_progress([], beat)
                 shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
                 assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown

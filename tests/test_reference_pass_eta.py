@@ -9,7 +9,7 @@ import io
 
 from minilmd import names
 from minilmd.daemon.base.runstate import Heartbeat, RunState, new_state, reference_pass_rate
-from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.statesections import ChildInfo, StateJson
 from minilmd.daemon.host import registry
 from minilmd.daemon.views import overview
 from minilmd.daemon.views.status import summary_lines
@@ -34,7 +34,8 @@ def test_the_trainers_heartbeat_gives_the_pass_its_rate_and_eta_in_status(tmp_pa
     assert beat.reference_pass() == [1200, 2446, 200, 40]
     rate, left = reference_pass_rate(beat.reference_pass())
     assert rate == 25.0 and left == (2446 - 1200) / 25.0  # this attempt's 1,000 pairs in 40 s, 1,246 to go
-    held = RunState(tmp_path / names.STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
+    running = StateJson(child=ChildInfo(pid=4242, attempt=1, started=1.0)).to_dict()  # its trainer runs
+    held = RunState(tmp_path / names.STATE, running)  # the supervisor's fold of the heartbeat
     held.apply_progress([], beat)
     shown = "\n".join(summary_lines(StateJson.from_dict(held.to_dict()), alive=True))
     assert "  step 0  DPO reference pass 1,200/2,446 pairs, 25.0 pairs/s, ETA 50s" in shown, shown

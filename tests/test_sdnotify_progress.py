@@ -12,6 +12,7 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
+from minilmd.daemon.base.statesections import ChildInfo
 from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.runfiles import RunFiles
@@ -90,6 +91,7 @@ def test_a_dpo_reference_pass_is_said_in_status_and_in_supervisor_log_as_it_goes
     cfg.run_dir.mkdir(parents=True)
     notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
     files = RunFiles(cfg, cfg.run_dir, tmp_path / "s.toml", echo=False, notifier=notifier)
+    files.state.child = ChildInfo(pid=4242, attempt=1, started=1.0)  # its trainer runs (launched)
     monkeypatch.setattr(sdnotify, "PROGRESS_EVERY_S", 0.0)
 
     def beat(body: str) -> list[str]:

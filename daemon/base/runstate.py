@@ -164,6 +164,9 @@ class RunState(StateJson):
         self.lineage_since = 0.0
         """When the current lineage began (the time of the last `run --fresh` marker read, apply_progress); 0.0 when
         none was."""
+        self.restart_total: int | None = None
+        """The steps the restarted trainer counts, where the supervisor's config says it (`await_new_rates`): the
+        total shown with its heartbeat's step until its first train line gives its own."""
         self.other_remote: RemoteCheckpoint | None = None
         """The previous supervisor's remote checkpoint when it is on another remote than run.remote now (`adopt`):
         not this run's remote checkpoint, which starts its own record with the first sync there."""
@@ -253,13 +256,18 @@ class RunState(StateJson):
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))
                 if self._is_progress(self.local_checkpoint):
                     self.no_progress_streak = 0
+        if self.child is None:  # no trainer runs: a dead one's last heartbeat is no reference pass going on
+            progress.reference_pass = None
         if beat is not None:
             progress.heartbeat = beat.mtime
-            progress.reference_pass = beat.reference_pass()
+            if self.child is not None:
+                progress.reference_pass = beat.reference_pass()
             restarted = progress.rates_awaited_since is not None and beat.mtime >= progress.rates_awaited_since
             if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
+                if restarted and self.restart_total is not None:  # the budget it counts, not the earlier trainer's
+                    progress.total_steps = self.restart_total
         progress.eta_s = progress.eta_after()
 
     def _is_progress(self, saved: LocalCheckpoint) -> bool:
@@ -273,14 +281,19 @@ class RunState(StateJson):
         return isinstance(saved.step, int) and saved.step > attempt.newest_at_launch and \
             when is not None and when >= attempt.started
 
-    def await_new_rates(self) -> None:
-        """A restart: the trainer's rate (tok/s, step time, the ETA) is what the next trainer logs, none until then.
-        Called once every line of the earlier trainers is folded in (apply_progress): a train line after it is the
-        new one's."""
+    def await_new_rates(self, total: int | None = None) -> None:
+        """A restart: the earlier trainer's step, rate (tok/s, step time) and ETA are set aside, none until the next
+        trainer logs a step; its heartbeats give the step it resumed from meanwhile (apply_progress), with `total`
+        (the steps the supervisor's config says the run makes: config_values.config_total; None where only the trainer
+        can count them) as their total. Called once every line of the earlier trainers is folded in (apply_progress): a
+        train line after it is the new one's. Set aside whether or not the earlier trainer logged a rate: one that
+        died before its first train line left a step (its heartbeat's) the next one's may be below."""
         progress = self.progress
-        if progress.tok_s is not None or progress.eta_s is not None:
-            progress.tok_s = progress.eta_s = progress.step_time = None
-            progress.rates_awaited_since = now()
+        self.restart_total = total
+        if progress.step is None and progress.tok_s is None and progress.eta_s is None:
+            return  # no trainer before this one: nothing to set aside
+        progress.tok_s = progress.eta_s = progress.step_time = None
+        progress.rates_awaited_since = now()
 
     def check_local(self, steps: list[int]) -> LocalCheckpoint | None:
         """The recorded local checkpoint, when scratch's complete checkpoints (`steps`) no longer hold it (a reboot

@@ -225,9 +225,9 @@ class Progress(Section):
     """Seconds left: the steps left from `step` (the heartbeat's when newer) x step_time (eta_after), so it moves
     with the heartbeat, not only at the train lines. None until the current trainer has logged a step."""
     rates_awaited_since: float | None = None
-    """When a restart (a supervisor's start, a trainer's launch) set tok_s, step_time and eta_s aside: an earlier
-    trainer's rate says nothing of the time staging, a fetch and a compile take now. None once the trainer logs a
-    step."""
+    """When a restart (a supervisor's start, a trainer's launch) set the earlier trainer's step, tok_s, step_time
+    and eta_s aside: its rate says nothing of the time staging, a fetch and a compile take now, and the next trainer's
+    heartbeat gives the step it resumed from, lower or not. None once the trainer logs a step."""
     heartbeat: float | None = None
     """The mtime of the trainer's heartbeat file."""
     updated: float | None = None
@@ -237,8 +237,8 @@ class Progress(Section):
     them from its latest eval line); absent for another run."""
     reference_pass: list[int] | None = None
     """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] of a DPO run's reference
-    pass while its heartbeat says it runs (Heartbeat.reference_pass; an older trainer's: the first two); absent
-    otherwise."""
+    pass while its heartbeat says it runs and its trainer does (Heartbeat.reference_pass; an older trainer's: the
+    first two); absent otherwise (a dead trainer's last heartbeat is no pass going on)."""
 
     def eta_after(self) -> float | None:
         """Seconds the steps left take: from the step shown (the heartbeat's when newer) to total_steps at the

@@ -1,0 +1,145 @@
+"""`status` through a trainer's restart says the new trainer's step, total and pass, never the dead one's (found by a
+new user, each twice):
+- F7: a trainer that died at step 16 before its first checkpoint and logged no train line: the next one started
+  again from step 0 and beat 5, 10, 12, while status said `step 16` under `since the first heartbeat from attempt 2
+  (step 0)`, until the new trainer passed 16;
+- F12a: `train.max_steps` raised from 300 to 400, the run started again: `step 78/300` until its first train line;
+- F12b: a DPO trainer killed in its reference pass: through the backoff status said `DPO reference pass 112/1,211
+  pairs, 56.0 pairs/s, ETA 20s`, a dead trainer's pass as if it ran.
+
+The supervisor's own steps, on its files: the heartbeat and metrics.jsonl written as the trainer writes them, read
+by its readers (read_heartbeat, MetricsTail), folded (RunState.apply_progress), the launch's heartbeat removal
+(daemon/child/process.py) and its restart (await_new_rates with the config's total), state.json read by `status`.
+A heartbeat's mtime is set to the clock's, never before the restart's (a file's time may lag the clock by a tick)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from minilmd import names
+from minilmd.config import config_from_dict
+from minilmd.config_values import config_total
+from minilmd.daemon.base.runstate import MetricsTail, RunState, new_state, read_heartbeat
+from minilmd.daemon.base.statesections import ChildInfo
+from minilmd.daemon.views.status import status
+
+
+class Supervisor:
+    """The steps of a supervisor (this process: alive) that bear on progress, on the files of `run_dir`."""
+
+    def __init__(self, run_dir: Path, max_steps: int):
+        self.run_dir = run_dir
+        self.cfg = config_from_dict({"run": {"name": "r", "dir": str(run_dir)}, "data": {"prepared": "/c"},
+                                     "train": {"device": "cpu", "max_steps": max_steps}})
+        self.state = RunState(run_dir / names.STATE, new_state("r", run_dir, str(run_dir) + ".toml"))
+        self.tail = MetricsTail(run_dir / names.METRICS)
+        self.attempt = 0
+
+    def tick(self) -> None:
+        self.state.apply_progress(self.tail.read_new(), read_heartbeat(self.run_dir))
+        self.state.save()
+
+    def restarted(self) -> None:
+        """The earlier trainers' lines folded in, their rate set aside (supervisor.py `_restarted`)."""
+        self.tick()
+        self.state.await_new_rates(config_total(self.cfg))
+        self.state.save()
+
+    def launch(self) -> None:
+        self.attempt += 1
+        (self.run_dir / names.HEARTBEAT).unlink(missing_ok=True)  # every heartbeat from here on is this attempt's
+        self.restarted()
+        self.state.child = ChildInfo(pid=os.getpid(), attempt=self.attempt, started=1.0)
+        self.state.phase = "training"
+        self.tick()
+
+    def died(self) -> None:
+        self.tick()
+        self.state.child = None
+        self.state.phase = "backoff"
+        self.tick()
+
+    def beat(self, body: str) -> None:
+        """The trainer's heartbeat, after the last restart."""
+        beat = self.run_dir / names.HEARTBEAT
+        beat.write_text(body + "\n")
+        since = self.state.progress.rates_awaited_since
+        at = max(time.time_ns(), math.ceil(since * 1e9) + 1000 if since is not None else 0)  # never before it
+        os.utime(beat, ns=(at, at))
+        self.tick()
+
+    def status(self) -> str:
+        out = io.StringIO()
+        assert status(self.run_dir, out=out) == 0
+        return out.getvalue()
+
+
+def run_dir_in(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    return run_dir
+
+
+def step_line(said: str) -> str:
+    return next(line for line in said.splitlines() if line.startswith(("  step ", "  last known step ")))
+
+
+def test_a_trainer_restarted_below_the_step_of_one_that_died_before_logging_shows_its_own_step(tmp_path):
+    sup = Supervisor(run_dir_in(tmp_path), 300)
+    sup.launch()
+    for step in (0, 8, 16):  # log_every 50: no train line before it died
+        sup.beat(str(step))
+    assert step_line(sup.status()).startswith("  step 16"), sup.status()
+    sup.died()
+    sup.launch()  # no checkpoint: from step 0
+    said = sup.status()
+    assert step_line(said).startswith("  last known step 16"), said  # nothing of the new trainer yet
+    for step in (0, 5, 10, 12):
+        sup.beat(str(step))
+        said = sup.status()
+        assert step_line(said).startswith(f"  step {step}/300 "), said  # main: "step 16" all along
+        assert "no ETA until the new trainer logs a step" in said, said
+
+
+def test_a_restart_with_a_raised_budget_shows_the_new_total_from_the_first_heartbeat(tmp_path):
+    run_dir = run_dir_in(tmp_path)
+    with open(run_dir / names.METRICS, "w") as f:  # the earlier supervisor's trainer: 300 steps, at step 78
+        f.write(json.dumps({"kind": "train", "step": 78, "tokens_seen": 7_800, "loss": 3.0, "lr": 1e-3,
+                            "tok_s": 500.0, "step_time": 0.2, "total_steps": 300, "time": 1000.0}) + "\n")
+    sup = Supervisor(run_dir, 400)  # started again with train.max_steps = 400
+    sup.restarted()  # at its start
+    assert step_line(sup.status()).startswith("  last known step 78 (of 300 then)"), sup.status()
+    sup.launch()
+    sup.beat("78 compiling")
+    assert step_line(sup.status()).startswith("  step 78/400 (19.5%)"), sup.status()  # main: 78/300
+    sup.beat("79")
+    assert step_line(sup.status()).startswith("  step 79/400 "), sup.status()
+
+
+def test_a_budget_in_tokens_is_the_trainers_to_count():
+    """The config alone says the total of a budget in steps only: one in tokens or epochs is counted by the trainer
+    (its batch, its corpus, its checkpoint), shown once it logs."""
+    cfg = config_from_dict({"run": {"name": "r", "dir": "/r"}, "data": {"prepared": "/c"},
+                            "train": {"device": "cpu", "max_steps": 400, "max_tokens": 1_000_000}})
+    assert config_total(cfg) is None
+    cfg.train.max_tokens = 0
+    assert config_total(cfg) == 400
+
+
+def test_a_dead_trainers_reference_pass_is_not_shown_as_going_on(tmp_path):
+    sup = Supervisor(run_dir_in(tmp_path), 60)
+    sup.launch()
+    sup.beat(f"0 {names.HEARTBEAT_REFERENCE} 112/1211/0/2")
+    assert "  step 0  DPO reference pass 112/1,211 pairs, 56.0 pairs/s, ETA 20s" in sup.status(), sup.status()
+    sup.died()  # killed: its heartbeat file stays until the next launch
+    said = sup.status()
+    assert "DPO reference pass" not in said and "pairs/s" not in said, said  # main: the pass, its rate, its ETA
+    assert json.loads((sup.run_dir / names.STATE).read_text())["progress"].get("reference_pass") is None
+    sup.launch()  # before its first heartbeat: nothing of a pass either
+    assert "DPO reference pass" not in sup.status(), sup.status()
+    sup.beat(f"0 {names.HEARTBEAT_REFERENCE} 40/1211/0/1")  # the new trainer's pass
+    assert "  DPO reference pass 40/1,211 pairs, 40.0 pairs/s" in sup.status(), sup.status()
