@@ -2,9 +2,13 @@
 stage (daemon/jobs/rundone.py), and this note says that its base has moved on, so that re-running a pipeline after
 extending an earlier stage does not leave the later stages silently fine-tunes of the old model (user report 9,
 finding 5). A note only: the stage is what it was, a fine-tune of the step it started from. And a run with checkpoints
-whose config's init.from now names another source than the one it started from (an edit, a --set): [init] is
-skipped once a run has checkpoints of its own (docs/training.md), and `names_another` says so at `run --check` and
-the launch rather than resume silently. Torch-free.
+whose config's init.from now names another source than the one it started from (an edit, a --set): a full
+fine-tune skips [init] once it has checkpoints of its own (docs/training.md), and `names_another` says so at `run
+--check` and the launch rather than resume silently; a LoRA run's checkpoints hold adapters alone, trained on the
+base its init.from gave, so `lora_base_refused` refuses the edit (exit 2) at `run --check`, at the launch and in
+staging alike (daemon/jobs/resumefrom.py, daemon/jobs/lorabase.py refuse_another_base): staged, the new base would
+replace the copy in scratch that the adapters were trained on, the only one without a run.remote.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -18,9 +22,10 @@ def names_another(cfg: RunConfig, init_record, step: int | None) -> str:
     """"init.from now names X; this run started from Y (step N) and resumes its own checkpoints ..." when the
     config's init.from differs from what the resumed checkpoint (at `step`) records it started from (its
     trainer_state "init": "from", the config's value then, and the "step" it took); "" when they agree, when the
-    config names none, or when nothing is resumed."""
+    config names none, or when nothing is resumed. Not for a LoRA run, which reads its base at every start: its
+    edit is `lora_base_refused`'s."""
     now = cfg.init.from_
-    if not now or step is None:
+    if not now or step is None or cfg.lora.enabled:
         return ""
     record = init_record if isinstance(init_record, dict) else {}
     then, then_step = record.get("from"), record.get("step")
@@ -34,6 +39,28 @@ def names_another(cfg: RunConfig, init_record, step: int | None) -> str:
     return (f"init.from now names {printable(now)}; this run started from {started} and resumes its own "
             f"checkpoints (step {step:,}): [init] is read only at a run's first start; for a fine-tune of "
             f"{printable(now)} give it a new run.dir (and run.remote)")
+
+
+def lora_base_refused(cfg: RunConfig, init_record, where: str) -> str:
+    """The refusal of a LoRA run whose config's init.from is not the one the checkpoint it would resume (`where`:
+    "step 31, in scratch PATH") records its base from (its trainer_state "init": the base's fingerprint record, its
+    "from" the config's init.from then); "" for a run without LoRA, with nothing to resume (`init_record` None) or
+    with a record that names no init.from. The comparison is staging's own, the string as written: the staged copy
+    (`<scratch>/init`) and the remote's (`<remote>/init`) are reused only for that very init.from, and any other is
+    read and staged over them. The one rule of `run --check`, the launch and staging."""
+    if not cfg.lora.enabled or not isinstance(init_record, dict):
+        return ""
+    then, now = init_record.get("from"), cfg.init.from_
+    if not isinstance(then, str) or not then or then == now:
+        return ""
+    from minilmd.init_source import describe
+
+    return (f"init.from = {printable(repr(now))}, but this LoRA run's checkpoints ({where}) hold adapters trained on "
+            f"the base init.from = {printable(repr(then))} gave: {printable(describe(init_record))}. A LoRA "
+            f"checkpoint holds its adapters alone, which resume only on that base: a LoRA run reads [init] at every "
+            f"start, from the copy of that base staged in scratch, which another init.from would replace (without a "
+            f"run.remote, the only copy). Put init.from = {printable(repr(then))} back to resume this run; for "
+            f"adapters on {printable(repr(now))}, give the config a new run.dir (and run.remote)")
 
 
 def moved_on(cfg: RunConfig, init_record) -> str:

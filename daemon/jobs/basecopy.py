@@ -324,7 +324,7 @@ def fetch(remote: RemoteStore, spec: str, trained_on: dict, dest: Path, answered
 # --- what staging asks (daemon/jobs/initstage.py stage_inputs) -------------------------------------------------------
 def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads: ReadWatch | None = None,
                       synced_before: bool = True) -> bool:
-    """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, initstage.trained_on), from
+    """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, lorabase.trained_on), from
     `<remote>/init` into `<scratch>/init`, verified; False when there is nothing to resume, no remote, or no
     usable copy there (logged when there was one): staging reads init.from then, as at the first start. A remote
     that cannot be read now (an error; its root not there or an empty directory) raises SourceUnreachable: waited

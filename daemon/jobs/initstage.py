@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
+from minilmd.daemon.jobs import lorabase
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, SourceInvalid, SourceUnreachable
 from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
@@ -335,7 +336,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
     refused for a changed base). `from_remote()`, tried before init.from is read again, stages the base a LoRA
     run's checkpoint was trained on from its copy on the remote (True when it did: daemon/jobs/basecopy.py).
-    `trained_on`: the base the newest checkpoint of a LoRA run records (`trained_on(cfg)`); a staged copy of
+    `trained_on`: the base the newest checkpoint of a LoRA run records (lorabase.trained_on); a staged copy of
     another base is not reused for its resume. `model`: the run's [model] (cfg.model_dict()), which bounds the
     size of a .pth read (model_shapes.pth_bound; without it, init_pth.MAX_PTH_BYTES). `answered()` after each
     chunk read from the source."""
@@ -443,8 +444,11 @@ def problems(staged: dict[str, str]) -> list[str]:
 def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base_from_remote=None) -> dict[str, str]:
     """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies. `reads` is told
     which source is read, and each chunk read from it (the worker shows a source whose reads block as stalled).
-    `base_from_remote(cfg, trained_on, log, reads)`: stage_init's from_remote (basecopy.stage_from_remote)."""
+    `base_from_remote(cfg, trained_on, log, reads)`: stage_init's from_remote (basecopy.stage_from_remote). A LoRA
+    run whose newest checkpoint was trained on another init.from is refused first (lorabase.refuse_another_base)."""
     what, reads = needed(cfg), reads or ReadWatch()
+    if "init" in what:  # before anything is staged: <scratch>/init may be the base its adapters were trained on
+        lorabase.refuse_another_base(cfg)
     sets = {}
     try:
         if "probe" in what:
@@ -454,7 +458,7 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
             except SourceUnreachable as e:  # said as the probe's, not init.from's
                 raise ProbeUnreachable(f"eval.probe: {e}") from None
         if "init" in what:
-            base = trained_on(cfg) if cfg.lora.enabled else None
+            base = lorabase.trained_on(cfg) if cfg.lora.enabled else None
             reads.reading(f"init.from {cfg.init.from_}")
 
             def from_remote() -> bool:
@@ -469,22 +473,3 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
     finally:
         reads.reading("")
     return sets
-
-
-def trained_on(cfg) -> dict | None:
-    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
-    from minilmd.checkpoint_dirs import list_checkpoints
-    from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES
-    from minilmd.untrusted import read_json
-
-    try:
-        ckpts = list_checkpoints(cfg.checkpoint_dir)
-    except OSError:  # scratch not readable: nothing to resume here (staging says what is wrong with it)
-        return None
-    for ckpt in reversed(ckpts):
-        try:
-            init = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES).get("init")
-        except (OSError, ValueError):  # Unreadable: an older one may still say
-            continue
-        return init if isinstance(init, dict) else None
-    return None

@@ -10,10 +10,12 @@ run expects of its checkpoints (minilmd/checkpoint.py Expectation: the model, th
 tokenizer), the rule validation itself applies.
 
 One trained with another model, corpus or tokenizer is refused here, exit 2, in the user's terms (`refusal`): which
-setting differs, what the checkpoints were trained with and what the config says, and the two ways on. Before, `run
---check` said OK, and the launch staged, fetched the checkpoint into a temporary directory and failed there, naming
-the exception's class and that temporary path, and the finished run it was showed as failed. The fetch's own refusal
-(a remote that did not answer the launch's look in time) says the same words (daemon/jobs/stagingworker.py).
+setting differs, what the checkpoints were trained with and what the config says, and the two ways on; so is a LoRA
+run's whose adapters were trained on the base another init.from gave (minilmd/init_moved.py lora_base_refused).
+Before, `run --check` said OK, and the launch staged, fetched the checkpoint into a temporary directory and failed
+there, naming the exception's class and that temporary path, and the finished run it was showed as failed. The
+fetch's own refusal (a remote that did not answer the launch's look in time) says the same words
+(daemon/jobs/stagingworker.py).
 Torch-free; numpy and fsspec are imported only where there is a checkpoint to read.
 """
 from __future__ import annotations
@@ -105,7 +107,8 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
     start = find(cfg, remote_root)
     unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
-    refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh, unknown)
+    refused = ([start.refused] if start.refused else []) + _lora_base_refused(cfg, start) + \
+        runidentity.problems(cfg, start.step, fresh, unknown)
     if said is not None:
         from minilmd.daemon.jobs.rundone import done_line
 
@@ -222,13 +225,26 @@ def _moved_on(cfg: RunConfig, start: Start) -> str:
 
 def _init_names_another(cfg: RunConfig, start: Start) -> str:
     """A run with a checkpoint of its own whose config's init.from names another source than it started from: the
-    edit is not applied (minilmd/init_moved.py names_another)."""
+    edit is not applied (minilmd/init_moved.py names_another; a LoRA run's is refused: `_lora_base_refused`)."""
     from minilmd.batch_stream import INIT_USED
     from minilmd.init_moved import names_another
 
     if not start.step or not isinstance(start.recorded, dict):
         return ""
     return names_another(cfg, start.recorded.get(INIT_USED), start.step)
+
+
+def _lora_base_refused(cfg: RunConfig, start: Start) -> list[str]:
+    """A LoRA run whose config's init.from is not the one the checkpoint it would resume was trained on: refused
+    before anything is staged (minilmd/init_moved.py lora_base_refused, the rule staging asks too)."""
+    from minilmd.batch_stream import INIT_USED
+    from minilmd.init_moved import lora_base_refused
+
+    if start.step is None or not isinstance(start.recorded, dict):
+        return []
+    place = f"in scratch {cfg.checkpoint_dir}" if start.where == SCRATCH else f"on the remote {cfg.run.remote}"
+    refused = lora_base_refused(cfg, start.recorded.get(INIT_USED), f"step {start.step}, {place}")
+    return [refused] if refused else []
 
 
 def _rate_change(cfg: RunConfig, start: Start) -> str:

@@ -115,7 +115,8 @@ def _holds_the_end(cfg: RunConfig, step: int) -> bool | None:
     if not cfg.lora.enabled:
         return True
     from minilmd.daemon.jobs.basecopy import copy_in_place
-    from minilmd.daemon.jobs.initstage import INIT_DIR, trained_on
+    from minilmd.daemon.jobs.initstage import INIT_DIR
+    from minilmd.daemon.jobs.lorabase import trained_on
 
     base = trained_on(cfg)
     if base is None:  # scratch wiped (or its checkpoint records none): the remote's final step says which base
