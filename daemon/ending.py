@@ -35,7 +35,7 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.jobs import scratch_removed
+from minilmd.daemon.jobs import lorabase, scratch_removed
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -323,10 +323,11 @@ class Ending:
         """A final failure gives the staged inputs back to the machine (scratch_end.release_inputs): the corpus, the
         probe, init.from's copy. The corpus stays if the last staging trained from it because its source could not
         be read (Staging.from_copy), or its source cannot be reached now (its share gone since): the only copy within
-        reach. A LoRA run's base stays once the run has checkpoints: its adapters need that very base (without a
-        remote, its staged copy may be the only one). A scratch left with no checkpoint and nothing kept is removed
-        whole (scratch_end.give_back_unsaved: a run that failed before staging left its marker alone). Not in a Slurm
-        job (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        reach. A LoRA run's base stays once the run has checkpoints and it is the base they were trained on: its
+        adapters need that very base (without a remote, its staged copy may be the only one); a copy of another base
+        goes (daemon/jobs/lorabase.py kept_why). A scratch left with no checkpoint and nothing kept is removed whole
+        (scratch_end.give_back_unsaved: a run that failed before staging left its marker alone). Not in a Slurm job
+        (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
         if self.slurm or self.staging.running:
             return
         from minilmd.probes import corpus_out_of_reach
@@ -335,8 +336,9 @@ class Ending:
         why = f"the last staging trained from it, its source could not be read ({why})" if why else \
             (f"its source data.prepared {absent}" if (absent := corpus_out_of_reach(self.cfg)) else "")
         keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else {}
-        if self.cfg.lora.enabled and scratch_end.holds_checkpoints(self.cfg.scratch_dir):
-            keep[INIT_DIR] = "the LoRA base its adapters were trained on (without a copy on run.remote, the only one)"
+        if self.cfg.lora.enabled and scratch_end.holds_checkpoints(self.cfg.scratch_dir) and \
+                (base := lorabase.kept_why(self.cfg)):  # a copy of another base goes with the other inputs
+            keep[INIT_DIR] = base
         if not keep and (done := scratch_end.give_back_unsaved(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run,
                                                                 "failed for good", self._remote_step())):
             self.events.emit("scratch", done)

@@ -16,7 +16,7 @@ import torch
 from base_copy_helpers import files_of
 from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import basecopy, initstage, lorabase
 from minilmd.init_moved import lora_base_refused
 from minilmd.init_source import STAGED_RECORD, InitSourceError, same_source
 from minilmd.model_shapes import expected_state_shapes
@@ -129,3 +129,20 @@ def test_the_rule_refuses_only_a_lora_run_whose_checkpoint_records_another_init_
     cfg.lora.rank = 0  # a full fine-tune resumes its own weights: a note (init_moved.names_another), no refusal
     assert lora_base_refused(cfg, record, "step 4") == ""
 
+
+def test_a_failed_run_keeps_its_staged_base_saying_it_is_the_adapters_base_only_when_it_is(tmp_path, corpus):
+    """On main the end of a LoRA run that failed for good said it kept "the LoRA base its adapters were trained on"
+    of whatever stood in `<scratch>/init`: after the launch above, the new base staged over theirs."""
+    sft = tmp_path / "share" / "sft.pth"
+    config = _config(tmp_path, corpus, False, sft, 8)
+    _base(sft, config, seed=1)
+    cfg = load_config(config)
+    record = json.loads((initstage.stage_init(str(sft), cfg.scratch_dir) / STAGED_RECORD).read_text())
+    ckpt = _checkpoint_recording(cfg, record)
+    said = "the LoRA base its adapters were trained on (there is no run.remote: the only copy)"
+    assert lorabase.kept_why(cfg) == said
+    (ckpt / names.TRAINER_STATE).write_text(json.dumps({"step": 4, "init": {**record, "sha256": "0" * 64}}))
+    assert lorabase.kept_why(cfg) == ""  # a copy of another base: given back with the other inputs
+    (ckpt / names.TRAINER_STATE).write_text(json.dumps({"step": 4}))  # a checkpoint that records no base
+    assert lorabase.kept_why(cfg).startswith("the LoRA base its adapters may have been trained on (what the newest "
+                                             "checkpoint records of its base, or the copy's record, cannot be read)")

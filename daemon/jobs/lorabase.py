@@ -4,11 +4,14 @@ config and against the copy staged in scratch (`<scratch>/init`, daemon/jobs/ini
 adapters alone, which resume only on that base; without a run.remote (whose `<remote>/init` keeps a copy:
 daemon/jobs/basecopy.py) the staged copy is the only one. So staging refuses a changed init.from before it stages
 anything (`refuse_another_base`, by the rule `run --check` and the launch refuse it with: minilmd/init_moved.py
-lora_base_refused). Torch-free.
+lora_base_refused), and the end of a failed run keeps the staged copy only when it is that base, and says so only
+then (`kept_why`). Torch-free.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from minilmd.names import INIT_DIR
 
 
 def newest_base(cfg) -> tuple[Path | None, dict | None]:
@@ -53,3 +56,24 @@ def refuse_another_base(cfg) -> None:
                                                                       f"{cfg.checkpoint_dir}")):
         raise InitSourceError(refused)
 
+
+def kept_why(cfg) -> str:
+    """Why a LoRA run with checkpoints that failed for good keeps its staged base in scratch (scratch_end.
+    release_inputs' `keep`), in words that are true: the base its adapters were trained on (the copy's record the
+    newest checkpoint's); "" for a copy of another base (init.from's weights staged since: no use to these adapters,
+    given back with the other inputs); the copy kept, said so, when either record cannot be read."""
+    from minilmd.init_source import same_source, staged_record
+
+    trained = trained_on(cfg)
+    try:
+        staged = staged_record(cfg.scratch_dir / INIT_DIR)
+    except (OSError, ValueError):  # Unreadable: a damaged copy, or none
+        staged = None
+    if trained is not None and isinstance(staged, dict):
+        if not same_source(trained, staged):
+            return ""
+        only = "there is no run.remote: the only copy" if not cfg.run.remote else \
+            "without its copy on run.remote, the only one"
+        return f"the LoRA base its adapters were trained on ({only})"
+    return ("the LoRA base its adapters may have been trained on (what the newest checkpoint records of its base, or "
+            "the copy's record, cannot be read)")
