@@ -74,15 +74,20 @@ def test_a_prepared_corpus_named_by_its_meta_json_is_told_its_directory(tmp_path
         f"'{tmp_path / 'corpus'}'")
 
 
+def _check_prepared(tmp_path, prepared) -> tuple[int, str]:
+    """`run --check` of a config whose data.prepared is `prepared`: (its exit code, its output on one line)."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[run]\nname = "c"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{prepared}"\n'
+                      f'[train]\nmax_steps = 10\nseq_len = 256\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    return result.exit_code, " ".join(result.output.split())
+
+
 def test_run_check_says_the_command_to_run(tmp_path):
     raw = tmp_path / "sft.jsonl"
     raw.write_text(json.dumps(CHAT) + "\n", encoding="utf-8")
-    config = tmp_path / "c.toml"
-    config.write_text(f'[run]\nname = "c"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{raw}"\n'
-                      f'[train]\nmax_steps = 10\nseq_len = 256\n', encoding="utf-8")
-    result = CliRunner().invoke(app, ["run", "--check", str(config)])
-    said = " ".join(result.output.split())
-    assert result.exit_code == 2 and (
+    code, said = _check_prepared(tmp_path, raw)
+    assert code == 2 and (
         f"data.prepared = '{raw}': not a directory (a regular file); not an output of `minilmd prepare`; a raw "
         f"corpus: run `minilmd prepare {raw} --format chat --tokenizer TOKENIZER --seq-len 256 --out "
         f"{tmp_path}/sft-prepared`, then set data.prepared = '{tmp_path}/sft-prepared'") in said, said
@@ -95,18 +100,13 @@ def test_run_check_of_a_directory_of_raw_json_lines_says_the_command_to_run(tmp_
     raw.mkdir()
     for name in ("a.jsonl", "b.jsonl", "c.jsonl.gz", "notes.md"):
         (raw / name).write_text(json.dumps({"text": "人民日报"}) + "\n", encoding="utf-8")
-    config = tmp_path / "c.toml"
-    config.write_text(f'[run]\nname = "c"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{raw}"\n'
-                      f'[train]\nmax_steps = 10\nseq_len = 256\n', encoding="utf-8")
-    result = CliRunner().invoke(app, ["run", "--check", str(config)])
-    said = " ".join(result.output.split())
-    assert result.exit_code == 2 and (
+    code, said = _check_prepared(tmp_path, raw)
+    assert code == 2 and (
         f"data.prepared = '{raw}': no meta.json there; not an output of `minilmd prepare`; it holds raw JSON lines: "
         f"`minilmd prepare {raw}/*.jsonl {raw}/*.jsonl.gz --tokenizer TOKENIZER --seq-len 256 --out "
         f"{raw}-prepared` (--format chat for conversations, dpo for preference pairs), then set data.prepared = "
         f"'{raw}-prepared'") in said, said
     for name in ("a.jsonl", "b.jsonl", "c.jsonl.gz"):
         (raw / name).unlink()
-    result = CliRunner().invoke(app, ["run", "--check", str(config)])
-    assert "no meta.json there; not an output of `minilmd prepare`" in result.output and "raw JSON lines" not in \
-        result.output, result.output
+    said = _check_prepared(tmp_path, raw)[1]
+    assert "no meta.json there; not an output of `minilmd prepare`" in said and "raw JSON lines" not in said, said

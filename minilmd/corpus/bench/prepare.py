@@ -16,7 +16,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from minilmd import pychild
 from minilmd.corpus.sources.bad_tally import BadLineTally
@@ -30,7 +32,7 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, b
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted. The lines
     not encoded (bad, or longer than jsonl.MAX_LINE_BYTES: read through, never held) go to `bad`, a BadLineTally
     (a fresh one when None)."""
-    from minilmd.corpus.sources.jsonl import OverLong, Source, parse_block
+    from minilmd.corpus.sources.jsonl import parse_block
     from minilmd.corpus.tokenizer import load_tokenizer
 
     bad = BadLineTally() if bad is None else bad
@@ -42,26 +44,15 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, b
     seconds = dict.fromkeys(methods, 0.0)
     cpu = dict.fromkeys(methods, 0.0)
     text_bytes = tokens = 0
-    for path in sources:
-        src = Source(path)
-        try:
-            for item in src.blocks(block_bytes):
-                if isinstance(item, OverLong):
-                    bad.add(path, *item.bad)
-                    continue
-                parsed = parse_block(item[1], item[0])
-                for line, reason, detail in parsed.bad:
-                    bad.add(path, line, reason, detail)
-                texts = parsed.texts
-                text_bytes += sum(len(t.encode("utf-8")) for t in texts)
-                for name, encode in methods.items():
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    encs = encode(texts, add_special_tokens=False)
-                    seconds[name] += time.perf_counter() - t0
-                    cpu[name] += time.process_time() - c0
-                tokens += sum(len(e) for e in encs) + 2 * len(texts)  # count BOS/EOS as prepare does
-        finally:
-            src.close()
+    for _, parsed in _parsed_blocks(sources, block_bytes, bad, parse_block):
+        texts = parsed.texts
+        text_bytes += sum(len(t.encode("utf-8")) for t in texts)
+        for name, encode in methods.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            encs = encode(texts, add_special_tokens=False)
+            seconds[name] += time.perf_counter() - t0
+            cpu[name] += time.process_time() - c0
+        tokens += sum(len(e) for e in encs) + 2 * len(texts)  # count BOS/EOS as prepare does
     return {name: {"seconds": s, "cpu_seconds": cpu[name], "text_bytes": text_bytes, "tokens": tokens}
             for name, s in seconds.items()}
 
@@ -85,7 +76,6 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, b
 
     from minilmd.corpus.chat import parse_chat_block
     from minilmd.corpus.chat_files import load_template
-    from minilmd.corpus.sources.jsonl import OverLong, Source
     from minilmd.corpus.tokenizer import load_tokenizer
 
     bad = BadLineTally() if bad is None else bad
@@ -97,31 +87,20 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, b
     input_bytes = tokens = conversations = 0
     was = os.environ.get("TOKENIZERS_PARALLELISM")
     try:
-        for path in sources:
-            src = Source(path)
-            try:
-                for item in src.blocks(block_bytes):
-                    if isinstance(item, OverLong):
-                        bad.add(path, *item.bad)
-                        continue
-                    parsed = parse_chat_block(item[1], item[0])
-                    for line, reason, detail in parsed.bad:
-                        bad.add(path, line, reason, detail)
-                    input_bytes += len(item[1])
-                    convs = parsed.conversations
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    texts = [template.render(m) for m in convs]
-                    render_s, render_cpu = time.perf_counter() - t0, time.process_time() - c0
-                    for name, (method, threads, _) in floors.items():
-                        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads else "false"  # read at each call
-                        t0, c0 = time.perf_counter(), time.process_time()
-                        encs = getattr(tok, method)(texts, add_special_tokens=False)
-                        seconds[name] += render_s + time.perf_counter() - t0
-                        cpu[name] += render_cpu + time.process_time() - c0
-                    tokens += sum(len(e) for e in encs)
-                    conversations += len(convs)
-            finally:
-                src.close()
+        for block, parsed in _parsed_blocks(sources, block_bytes, bad, parse_chat_block):
+            input_bytes += len(block)
+            convs = parsed.conversations
+            t0, c0 = time.perf_counter(), time.process_time()
+            texts = [template.render(m) for m in convs]
+            render_s, render_cpu = time.perf_counter() - t0, time.process_time() - c0
+            for name, (method, threads, _) in floors.items():
+                os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads else "false"  # read at each call
+                t0, c0 = time.perf_counter(), time.process_time()
+                encs = getattr(tok, method)(texts, add_special_tokens=False)
+                seconds[name] += render_s + time.perf_counter() - t0
+                cpu[name] += render_cpu + time.process_time() - c0
+            tokens += sum(len(e) for e in encs)
+            conversations += len(convs)
     finally:
         if was is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -129,6 +108,27 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20, b
             os.environ["TOKENIZERS_PARALLELISM"] = was
     return {name: {"seconds": seconds[name], "cpu_seconds": cpu[name], "input_bytes": input_bytes, "tokens": tokens,
                    "conversations": conversations} for name in floors}
+
+
+def _parsed_blocks(sources: list[str], block_bytes: int, bad, parse) -> Iterator[tuple[bytes, Any]]:
+    """(the block's bytes, parse(block, its first line)) of each block of whole lines of the sources (jsonl.Source
+    .blocks: a line longer than jsonl.MAX_LINE_BYTES read through, never held); each line not parsed, and each too
+    long, put in `bad` (a BadLineTally)."""
+    from minilmd.corpus.sources.jsonl import OverLong, Source
+
+    for path in sources:
+        src = Source(path)
+        try:
+            for item in src.blocks(block_bytes):
+                if isinstance(item, OverLong):
+                    bad.add(path, *item.bad)
+                    continue
+                parsed = parse(item[1], item[0])
+                for line, reason, detail in parsed.bad:
+                    bad.add(path, line, reason, detail)
+                yield item[1], parsed
+        finally:
+            src.close()
 
 
 def _tree_rss(proc) -> int:
