@@ -13,9 +13,11 @@ Slurm will not requeue the job (Requeue=0), or nothing could be kept off the nod
 (non-final), saying where the checkpoint is; `failed` for good (exit 79) once such requeues in a row are spent
 (daemon/slurm/unsynced_end.py, requeue_bound.py). A trainer that ended done while its scratch was removed (gone,
 replaced or unmarked, no checkpoint left to sync) sends the run back to staging (`restage`): the remote's newest is
-fetched and the last steps trained again (daemon/jobs/scratch_removed.py). At exit, whatever phase: a trainer still
-there is killed, the GPU lease released, a final failure's staged inputs given back, the run's files closed and the
-lock released. Torch-free.
+fetched and the last steps trained again (daemon/jobs/scratch_removed.py). A run.remote found to be another run's
+(SyncWorker.final_refusal) is no wait: the run ends as its launch is refused, `failed`, exit 2, its checkpoints kept
+in scratch (in a Slurm job the newest in run.dir too), its reason saying the way on. At exit, whatever phase: a
+trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the run's files
+closed and the lock released. Torch-free.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.jobs import lorabase, scratch_removed
+from minilmd.daemon.jobs import lorabase, remote_claim, scratch_removed
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
@@ -68,6 +70,7 @@ class Ending:
     notifier: Notifier
     knobs: Knobs
     after_sync: AfterSync
+    config_path: Path
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py; _on_child_end: daemon/attempt.py)
         @property
@@ -146,6 +149,9 @@ class Ending:
         self._finish(words)
 
     def _finish(self, sync_problem: str) -> None:
+        if self.sync.final_refusal:  # before any other end: a restart, a requeue or a wait would be refused again
+            self._end_on_another_runs_remote()
+            return
         if (missing := self._nothing_to_sync()) and \
                 (lost := scratch_remade.lost(self.cfg.scratch_dir, scratch.held_identity(self.cfg.scratch_dir))):
             self._scratch_lost_at_end(lost)
@@ -193,6 +199,23 @@ class Ending:
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch_end.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _end_on_another_runs_remote(self) -> None:
+        """run.remote is another run's (SyncWorker.final_refusal): the run ends as its launch is refused, `failed`,
+        exit 2 (final: neither systemd, a tmux window nor Slurm starts it again), never a last sync waiting for a claim
+        whose removal would make none of that run's checkpoints this one's. Its checkpoints stay in scratch (a final
+        failure gives back only the staged inputs, daemon/ending.py _release_inputs), and in a Slurm job the newest is
+        kept in run.dir too (the job's end may wipe the node's scratch; the next start fetches it back). The reason
+        says what to do, in a line; the log has the refusal whole (`minilmd logs`)."""
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        where = f"its newest checkpoint, step {newest}, stays in {self.cfg.checkpoint_dir / names.step_name(newest)}" \
+            if newest is not None else f"scratch holds no checkpoint of it now ({self.cfg.checkpoint_dir})"
+        if self.slurm and newest is not None:
+            where = unsynced_end.keep_refused(self.slurm, self.cfg, self.sync, self.state, self.events.emit,
+                                              self.sync.final_refusal)
+            self.slurm.finishing(self.cfg, self.sync.final_refusal)  # its node scratch kept: the sync did not take it
+        advice = remote_claim.own_remote_advice(str(self.config_path.absolute()), slurm=self.slurm is not None)
+        self._fail(protocol.SUPERVISOR_CONFIG, f"config error, final: {self.sync.final_refusal}; {where}: {advice}")
 
     def _scratch_lost_at_end(self, lost: str) -> None:
         """The trainer ended done, but scratch was removed (or partly: its marker gone) before the last sync copied

@@ -207,6 +207,8 @@ class Supervisor(Attempt, Ending):
         self.files.read_progress()
         live = self.phase in ATTEMPT_PHASES
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
+        if self.sync.final_refusal and self.phase not in FINAL_PHASES:  # run.remote is another run's: no wait ends it
+            self._enter_stopping(f"{self.sync.final_refusal}: the run stops, as its launch would be refused")
         self.after_sync.tick(self.staging.running)  # a newer step on run.remote: the kept copy goes, the count resets
         if live:
             self.sync.make_room()  # before the trainer's next save needs it

@@ -19,7 +19,7 @@ from minilmd.config import load_config
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import Syncer
-from minilmd.daemon.jobs.sync_errors import SyncError
+from minilmd.daemon.jobs.sync_errors import RemoteOfAnotherRun, SyncError
 from supervisor_helpers import cli, events, run_supervisor, write_config
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - fixtures
 
@@ -216,8 +216,9 @@ def test_a_copied_config_with_the_same_run_name_neither_syncs_to_nor_prunes_the_
     for step in (30, 40, 50):
         save(copy_local, step, weights)
     copy = Syncer(copy_local, str(remote), EXPECTED, keep=2, claim=_claim(tmp_path / "b" / "run", "pretrain"))
-    with pytest.raises(SyncError, match="belongs to another run.*--claim-remote"):
+    with pytest.raises(RemoteOfAnotherRun, match="belongs to another run") as refused:  # final: the run stops
         copy.sync_newest()
+    assert "--claim-remote" in refused.value.detail and "init.from" in refused.value.detail  # the log's, whole
     with pytest.raises(SyncError, match="belongs to another run"):
         copy.fetch_latest(tmp_path / "fetched")
     assert _steps(remote) == ["step-00000010", "step-00000020"]

@@ -74,7 +74,8 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     if rc == protocol.EXIT_STOPPED:
         # not "saved": what was saved is the checkpoint lines' to say (a stop in the loop saves at step N, one during
         # the DPO reference pass step 0 with the pass's sums so far; the trainer's log says which)
-        who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
+        who = "on request" if stop_requested else "on the supervisor's SIGTERM" if child.stop_sent is not None \
+            else "on a SIGTERM the supervisor did not send"  # a final decision's (run.dir full, another run's remote)
         return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
         return Death(Cause.CONFIG_ERROR, rc, _refusal(fault, child.log_path) or "config error", fault)

@@ -12,7 +12,10 @@ checkpoint, sync its own steps there and prune the first run's with `sync.keep`.
   the cut claim an older minilmd left is replaced (`_our_leftover`). It is made before the sync copies or removes
   anything, and every later
   sync reads it again first: a remote claimed by another run is refused (SyncError: nothing copied, nothing pruned),
-  and the retention re-reads it right before it deletes anything;
+  and the retention re-reads it right before it deletes anything. Such a refusal is final, as at the launch: two
+  runs started together both passed the launch's check, and the loser, its syncs refused, trained on, then waited
+  in `stopping` for ever; now it stops, `failed`, exit 2, its checkpoints kept (`Refusal.another_run`,
+  daemon/jobs/sync_errors.py RemoteOfAnotherRun);
 - `minilmd run --check` and the launch refuse such a remote (exit 2, daemon/preflight.py), naming both runs and the
   two ways on: another run.remote, or init.from naming that run's checkpoint to start from it;
 - a remote without a claim that holds checkpoints (synced by an older minilmd) is adopted only by the run whose own
@@ -47,7 +50,39 @@ if TYPE_CHECKING:
 
 
 class ClaimRefused(ValueError):
-    """This run may not sync to (nor resume from) this remote: the message says why and what to do."""
+    """This run may not sync to (nor resume from) this remote: the message says why and what to do. `another_run`,
+    when the remote is another run's (`Refusal.another_run`): the refusal in a line, final (the launch's exit 2)."""
+
+    def __init__(self, message: str, another_run: str = ""):
+        super().__init__(message)
+        self.another_run = another_run
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the run may not use the remote (`judge`): `words`, whole, with every way on; `another_run`, when the
+    remote is another run's (its claim names another run.dir, or it holds checkpoints and no claim and this run's
+    records say it never synced there), the same in a line. Such a refusal is final, as at the launch (exit 2): no
+    wait ends it (removing that run's owner.json does not make its checkpoints this run's), only a run.remote of
+    this run's own (`OWN_REMOTE`); a run that learns it while it trains stops (daemon/jobs/syncworker.py
+    final_refusal). The others (another user's file, a record that cannot be read) are waited for: its owner may
+    put them right."""
+
+    words: str
+    another_run: str = ""
+
+
+OWN_REMOTE = "set run.remote to a directory of this run's own"
+"""The way on from a remote of another run, at the launch as at a run's end: the one that works whatever that run
+does (its checkpoints stay its own; removing its owner.json makes none of them this run's)."""
+
+
+def own_remote_advice(config: str, slurm: bool = False) -> str:
+    """What to do once a run stopped on another run's remote (its checkpoints kept here): the way on, and that it
+    goes on from them (staging resumes from scratch's newest, or run.dir's kept copy, and syncs it there); in a
+    Slurm job, the job submitted again."""
+    again = "submit the job again (sbatch)" if slurm else f"`minilmd run {config}` again"
+    return f"{OWN_REMOTE}, then {again} (it resumes from that checkpoint and syncs it there)"
 
 
 @dataclass(frozen=True)
@@ -95,25 +130,36 @@ def read(store: RemoteStore) -> dict | None:
 
 def problem(store: RemoteStore, claim: Claim) -> str | None:
     """Why the run may not use the remote (None: it holds this run's claim, or none and no checkpoint, or none and
-    checkpoints this run's records say it synced). Reads only."""
+    checkpoints this run's records say it synced), whole. Reads only."""
+    refused = judge(store, claim)
+    return refused.words if refused is not None else None
+
+
+def judge(store: RemoteStore, claim: Claim) -> Refusal | None:
+    """`problem`, with whether the remote is another run's (Refusal.another_run). Reads only."""
     try:
         owner = read(store)
     except ForeignClaim as e:
-        return (f"run.remote {store.url}: {e}: the run neither syncs there nor resumes from there while it stands "
-                f"(a claim no sync of this user wrote); have its owner remove it, or give run.remote a directory "
-                f"of this run's own")
+        return Refusal(f"run.remote {store.url}: {e}: the run neither syncs there nor resumes from there while it "
+                       f"stands (a claim no sync of this user wrote); have its owner remove it, or give run.remote a "
+                       f"directory of this run's own")
     except NotARecord as e:
         if not _our_leftover(store, claim):
-            return _no_record(store, e)
+            return Refusal(_no_record(store, e))
         owner = None  # the cut start of this run's own claim: no claim (ensure writes it whole)
     except ValueError as e:
-        return _no_record(store, e)
+        return Refusal(_no_record(store, e))
     if owner is not None:
-        return None if run_owner.is_run(owner, claim.run_dir) else _another_run(store, owner, claim)
+        if run_owner.is_run(owner, claim.run_dir):
+            return None
+        return Refusal(_another_run(store, owner, claim),
+                       f"run.remote {store.url} belongs to another run, {run_owner.describe(owner)}")
     steps = _steps(store)
     if not steps or claim.synced_before():
         return None
-    return _unclaimed(store, steps, claim)
+    return Refusal(_unclaimed(store, steps, claim),
+                   f"run.remote {store.url} holds checkpoints this run never synced ({_shown(steps)}) and no "
+                   f"{REMOTE_OWNER}: another run's, as far as this run's records tell")
 
 
 def _no_record(store: RemoteStore, e: ValueError) -> str:
@@ -141,8 +187,8 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
     why not; the claim written when there is none (or only the cut start of this run's own: `_our_leftover`,
     replaced whole). True when it was written now. A write that fails raises its OSError: a failed sync, retried
     (a full remote: the wait for room, remote_room.py), never a claim half made."""
-    if why := problem(store, claim):
-        raise ClaimRefused(why)
+    if refused := judge(store, claim):
+        raise ClaimRefused(refused.words, refused.another_run)
     try:
         if read(store) is not None:
             return False
@@ -153,8 +199,8 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
             _write_new(store, claim)  # removed meanwhile: made new, never over another's
     else:
         _write_new(store, claim)
-    if why := problem(store, claim):  # another run's sync made its claim first
-        raise ClaimRefused(why)
+    if refused := judge(store, claim):  # another run's sync made its claim first
+        raise ClaimRefused(refused.words, refused.another_run)
     return True
 
 
@@ -215,23 +261,28 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
     return (f"run.remote {store.url} belongs to another run: {run_owner.describe(owner)}, not this one "
             f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}{same_name}). Two runs never "
             f"share a remote (this one would resume from that run's checkpoint, and its syncs would prune that run's "
-            f"checkpoints): set run.remote to a directory of this run's own; to start from that run's checkpoint, "
-            f"name it in init.from (init.from = {store.url!r} takes its newest, or one of its step-NNNNNNNN "
-            f"directories); if that run is this one in another run.dir (moved to another server or path, renamed "
-            f"or not), start it once with `minilmd run {CONSENT} CONFIG` ({TAKING_OVER}), or remove "
-            f"{store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
+            f"checkpoints): {OWN_REMOTE}; to start from that run's checkpoint, name it in init.from (init.from = "
+            f"{store.url!r} takes its newest, or one of its step-NNNNNNNN directories); if that run is this one in "
+            f"another run.dir (moved to another server or path, renamed or not), start it once with `minilmd run "
+            f"{CONSENT} CONFIG` ({TAKING_OVER})")
+    # never "remove owner.json": the remote holds that run's checkpoints, which this run's next sync would then
+    # find unclaimed and refuse all the same (its records never say it synced there)
+
+
+def _shown(steps: list[str]) -> str:
+    """The remote's newest steps, for a refusal: three at most, and how many older."""
+    return ", ".join(steps[-3:]) + (f" and {len(steps) - 3} older" if len(steps) > 3 else "")
 
 
 def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
-    shown = ", ".join(steps[-3:]) + (f" and {len(steps) - 3} older" if len(steps) > 3 else "")
     record = run_owner.record(claim.run_dir, claim.run_name)
-    return (f"run.remote {store.url} holds checkpoints ({shown}) and no {REMOTE_OWNER} (synced by an older minilmd), "
-            f"and this run's records (state.json, events.jsonl) do not say it synced there: they may be another "
-            f"run's, which this one would resume from and prune. Set run.remote to a directory of this run's own, or "
-            f"name one of them in init.from to start from it; if they are this run's, start it once with `minilmd "
-            f"run {CONSENT} CONFIG` (this run then continues from them and prunes them by sync.keep), or claim the "
-            f"remote by writing {store.show(REMOTE_OWNER)} holding {{\"run_dir\": \"{record['run_dir']}\", "
-            f"\"run_name\": \"{claim.run_name}\"}}")
+    return (f"run.remote {store.url} holds checkpoints ({_shown(steps)}) and no {REMOTE_OWNER} (synced by an older "
+            f"minilmd, or its claim removed), and this run's records (state.json, events.jsonl) do not say it synced "
+            f"there: they may be another run's, which this one would resume from and prune. Set run.remote to a "
+            f"directory of this run's own, or name one of them in init.from to start from it; if they are this "
+            f"run's, start it once with `minilmd run {CONSENT} CONFIG` (this run then continues from them and "
+            f"prunes them by sync.keep), or claim the remote by writing {store.show(REMOTE_OWNER)} holding "
+            f"{{\"run_dir\": \"{record['run_dir']}\", \"run_name\": \"{claim.run_name}\"}}")
 
 
 def synced_before(cfg) -> Callable[[], str]:
@@ -295,8 +346,8 @@ def _probe(cfg, look: Callable[[RemoteStore], object]):
 CONSENT = "--claim-remote"
 TAKING_OVER = ("it rewrites the claim to name this run: this run then continues from the remote's newest "
                "checkpoint and prunes the others by sync.keep, and the run the claim named has its syncs there "
-               "refused from then on (nothing copied, nothing pruned): only for that run in its new run.dir, "
-               "running nowhere else")
+               "refused from then on (nothing copied, nothing pruned; a supervisor of it still running stops, exit "
+               "2): only for that run in its new run.dir, running nowhere else")
 """What taking a remote over means, for the refusal, `run --check`, the event and the help alike."""
 
 

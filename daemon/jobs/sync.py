@@ -50,6 +50,7 @@ from minilmd.daemon.jobs.sync_errors import (
     RemoteFull,
     RemoteGone,
     RemoteNotOurs,
+    RemoteOfAnotherRun,
     ShareDead,
     SyncAbandoned,
     SyncError,
@@ -153,7 +154,7 @@ class Syncer(CopyUp, Fetcher):
         self.watch.reading(f"looking at {self.remote_url}")
         try:
             return self._sync_newest(started)
-        except (RemoteNotOurs, SyncAbandoned):
+        except (RemoteNotOurs, RemoteOfAnotherRun, SyncAbandoned):
             raise
         except remote_root.NotTheRoot as e:  # a share unmounted, the root replaced: waited for, nothing written
             raise RemoteGone(f"remote unavailable: {e}") from e
@@ -233,13 +234,16 @@ class Syncer(CopyUp, Fetcher):
 
     def _ensure_claim(self) -> None:
         """The remote is this run's before anything is copied there or removed: claimed now when it is nobody's
-        (remote_claim.ensure), SyncError when another run's (retried: nothing is written meanwhile)."""
+        (remote_claim.ensure); RemoteOfAnotherRun when it is another run's (final: the run stops), RemoteNotOurs
+        for any other refusal (retried: nothing is written meanwhile)."""
         if self.claim is None:
             return
         try:
             if remote_claim.ensure(self.remote, self.claim):
                 self.log(f"sync: claimed {self.remote_url} for this run ({self.remote.show(REMOTE_OWNER)})")
         except remote_claim.ClaimRefused as e:
+            if e.another_run:
+                raise RemoteOfAnotherRun(e.another_run, detail=str(e)) from None
             raise RemoteNotOurs(f"sync to {self.remote_url} refused: {e}") from None
 
     def _claim_refused(self) -> str | None:

@@ -26,6 +26,19 @@ class RemoteNotOurs(SyncError):
     """What the syncs wait for."""
 
 
+class RemoteOfAnotherRun(SyncError):
+    """run.remote is another run's (remote_claim.Refusal.another_run: its claim names another run.dir, or it holds
+    checkpoints and no claim and this run never synced there): nothing is written there, and no wait ends it (two
+    runs started together on one run.remote each passed the launch's check; the loser's syncs were refused, and its
+    last sync waited for ever for a claim whose removal made nothing its own). Final, as at the launch (exit 2): the
+    supervisor stops the run, its checkpoints kept (daemon/jobs/syncworker.py final_refusal). The message is the
+    refusal in a line (status, state.json); `detail` is the whole of it, every way on, for the log."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+
 class RemoteGone(RemoteNotOurs):
     """run.remote's root is gone, or is not the directory this run synced to (daemon/jobs/remote_root.py: a share
     unmounted, the directory replaced): nothing is made, written or deleted there; waited for as a refused claim."""

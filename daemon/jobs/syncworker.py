@@ -30,7 +30,11 @@ from minilmd.daemon.base.worker import Inbox, Worker, error_words
 from minilmd.daemon.jobs.lastsyncrule import nothing_to_push
 from minilmd.daemon.jobs.remote_full_words import full_why, full_words
 from minilmd.daemon.jobs.scratchprune import ScratchPruning
-from minilmd.daemon.jobs.sync_errors import RemoteFull, RemoteNotOurs  # light: the Syncer (numpy) is loaded lazily
+from minilmd.daemon.jobs.sync_errors import (  # light: the Syncer (numpy) is loaded lazily
+    RemoteFull,
+    RemoteNotOurs,
+    RemoteOfAnotherRun,
+)
 from minilmd.protocol import FINAL_SYNC_WAITING
 from minilmd.run_states import SyncState
 
@@ -81,6 +85,10 @@ class SyncWorker(ScratchPruning):
         self.claim_wait_said = ""  # the owner record's refusal the last sync's wait last said ("": it has not waited)
         self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's, or its root
         self.refusal: type[RemoteNotOurs] = RemoteNotOurs  # its kind: what it is and waits for, in words (RemoteGone)
+        self.final_refusal = ""
+        """Why run.remote is another run's, in a line, once a sync was refused so (RemoteOfAnotherRun): final, as at
+        the launch. No more sync is begun; the loop stops the run (daemon/supervisor.py), the last sync ends at once
+        with it, and the run ends as its launch would have been refused (daemon/ending.py)."""
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -116,6 +124,8 @@ class SyncWorker(ScratchPruning):
             return
         if self.syncer is None:
             return
+        if self.final_refusal and self.worker is None:
+            return  # the run stops: no sync begins (one would be refused), nothing pruned as if the remote were down
         if self.worker is not None:
             if not self.worker.done:
                 self._judge_running("training goes on")
@@ -149,7 +159,8 @@ class SyncWorker(ScratchPruning):
         the stopping phase's reason). A sync refused by run.remote's owner record (`not_ours`: another user's file,
         another run's record) is waited for alike (`_wait_for_claim`): a run that ended done with its last checkpoint
         only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a /dev/shm scratch.
-        A stop while either waits ends it at once. On one server the wait holds nothing else (the trainer has exited,
+        A stop while either waits ends it at once. A run.remote that is another run's (`final_refusal`) is no wait:
+        the last sync ends at once, refused. On one server the wait holds nothing else (the trainer has exited,
         its GPU lease is given back); a Slurm job's allocation stays held, so there the caller gives `wait_for_room`
         only for daemon/slurm/lastsynccut.py FINAL_SYNC_WAIT_S. Nothing is pushed when scratch holds nothing newer
         than the remote is recorded to hold (`fetched`: the step this start's staging fetched; `rewound`: it
@@ -173,6 +184,8 @@ class SyncWorker(ScratchPruning):
             self._collect()
         if not local_checkpoint_steps(self.cfg.checkpoint_dir):  # scratch removed while a sync ran: it is waited for
             return ""  # and what it put on the remote recorded; ending.py judges the end (fault11 F2)
+        if self.final_refusal:  # another run's remote: no try, no wait; ending.py ends the run as the launch refuses
+            return f"the last sync was refused: {self.final_refusal}"
         waited = self.waited_for_room or bool(self.claim_wait_said)  # a sync of the wait's is the last sync's try
         if (self.final_tries > 0 or waited) and self.state.sync.state == SyncState.OK:
             return self._base_problem()
@@ -348,6 +361,9 @@ class SyncWorker(ScratchPruning):
                 said = f"{full_words(self.remote_full, self.remote_inodes, self.full_of)}: {said}"
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")
+            if isinstance(worker.error, RemoteOfAnotherRun):
+                self._refused_for_good(worker.error)
+                return
             self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
             self.refusal = type(worker.error) if isinstance(worker.error, RemoteNotOurs) else RemoteNotOurs
             if self.remote_full is not None:
@@ -379,6 +395,14 @@ class SyncWorker(ScratchPruning):
                         why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
         if base_unsaved:
             self._base_unsaved(base_unsaved)
+
+    def _refused_for_good(self, error: RemoteOfAnotherRun) -> None:
+        """A sync refused because run.remote is another run's: said once in the log with every way on (the refusal
+        whole: `minilmd logs`), and kept in a line (`final_refusal`) for status and the run's end."""
+        if not self.final_refusal:
+            self.emit("sync", f"sync refused, final: {error.detail or error}; the run stops as its launch would "
+                              f"have been refused (exit 2), its checkpoints kept in {self.cfg.checkpoint_dir}")
+        self.final_refusal = str(error)
 
     def _base_unsaved(self, problem: str) -> None:
         """A last sync whose checkpoints are synced but not a LoRA run's base (Syncer.base_problem) is a failed try,

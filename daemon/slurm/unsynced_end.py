@@ -14,7 +14,8 @@ the run failed for good, exit 79, saying why and what to do. A preempted job who
 same way, within the same bound (`plan` with `preempted`: its copy bounded by the job's end; before, it ended
 `failed`, exit 1, not requeued, and a resubmission by hand was the only way on); one whose stop was asked for
 (`minilmd stop`) or that is being cancelled is not, its checkpoint kept in run.dir all the same while the job's end
-leaves time (`at_preemption`). Not for a run.dir that is full or was removed (daemon/ending.py: exit 73, final).
+leaves time (`at_preemption`); nor is a run whose run.remote is another run's (final, exit 2: `keep_refused`). Not
+for a run.dir that is full or was removed (daemon/ending.py: exit 73, final).
 Torch-free.
 """
 from __future__ import annotations
@@ -91,6 +92,19 @@ def at_preemption(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], 
         return problem
     return f"{problem}; {where}: once run.remote takes this run's checkpoints again, resubmit the job (sbatch): " \
            f"its start resumes from that copy and syncs it"
+
+
+def keep_refused(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], refusal: str,
+                 clock: Callable[[], float] = time.time) -> str:
+    """A run whose run.remote is another run's ends failed for good, not requeued (daemon/ending.py): its newest
+    checkpoint kept in run.dir all the same (the job's end may wipe the node's scratch), while the job's end leaves
+    time for it; where the checkpoint is, in words. The next start, once run.remote is a directory of the run's own,
+    fetches that copy back and syncs it there."""
+    wait_s = keep_wait_s(slurm, clock) if slurm.preempted_by else keptcopy.KEEP_WAIT_S
+    if wait_s < 1.0:
+        return f"no time left before the job's end to copy it into run.dir; the checkpoint stays in " \
+               f"{cfg.checkpoint_dir}"
+    return _keep(cfg, sync, state, emit, refusal, wait_s)[1]
 
 
 def plan(slurm: SlurmJob, cfg, sync, state, emit: Callable[..., None], sync_problem: str,
