@@ -55,7 +55,7 @@ def test_status_shows_the_refusals_sentence_and_the_lines_to_paste_each_on_a_lin
     why = shown.index(f"  why: config error, final: {REFUSAL.splitlines()[0]}")
     assert shown[why + 1:why + 4] == ["      [model]", "      num_attention_heads = 4", "      num_key_value_heads = 2"]
     last = [line for line in shown if line.startswith("  last error")]
-    assert len(last) == 1 and last[0].endswith(REFUSAL.splitlines()[0]), shown  # said once: its first line
+    assert len(last) == 1 and last[0].endswith(": said above"), shown  # the why's words, said once
     long = "\n".join(f"line {n}" for n in range(3 * BLOCK_LINES))
     shown = summary_lines(StateJson.from_dict({"phase": "failed", "reason": long}), alive=False)
     assert f"    ... {2 * BLOCK_LINES} more line(s): `minilmd logs` has them all" in shown, shown

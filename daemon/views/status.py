@@ -33,6 +33,7 @@ from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.remotenow import RemoteNow, look_now, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
+from minilmd.daemon.views.saidonce import fold
 from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration, fmt_times
@@ -66,9 +67,10 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     t = t or time.time()
     seen = seen or supervisor_seen(state)
     lines = [_head_line(state, alive, t, alone, seen)]
-    if state.reason:  # a killed supervisor's mid-run is what it last wrote, not why anything happens now (user10 #6)
+    why = _why(state) if state.reason else ""
+    if why:  # a killed supervisor's mid-run is what it last wrote, not why anything happens now (user10 #6)
         stale = not alive and not state.outcome and state.phase not in FINAL_PHASES and not seen.elsewhere
-        lines += _block("  last reason: " if stale else "  why: ", _why(state))
+        lines += _block("  last reason: " if stale else "  why: ", why)
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 
@@ -84,7 +86,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == Phase.WAITING_SPACE:
         lines.append(_space_line(state.space_wait, t))
-    lines.append(_checkpoints_line(state, t, alive, remote_now))
+    lines.append(_checkpoints_line(state, t, alive, remote_now, shown=why))
     if (textfile := state.prometheus) is not None and textfile.problem:
         lines.append(f"  prometheus textfile {textfile.path} {textfile.problem}: this run's current gauges are not "
                      f"in it")
@@ -93,8 +95,8 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
     lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (init_from_notes)
-    if state.last_error:  # the why's words again (a failed run's) are its first line only
-        said = state.last_error.split("\n", 1)[0] if state.last_error == state.reason else state.last_error
+    if state.last_error:  # a failed run's is its why, a refused sync's the sync's error: said once (saidonce.py)
+        said = fold(state.last_error, "\n".join([why, *lines]), (state.sync.error, state.reason))
         lines += _block(f"  last error{error_context(state, t)}: ", said)
     return lines
 
@@ -244,9 +246,11 @@ def _gone(path: str) -> bool:
     return answered and not there
 
 
-def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now: RemoteNow | None = None) -> str:
+def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now: RemoteNow | None = None,
+                      shown: str = "") -> str:
     """The local checkpoint, the remote one (daemon/views/remotenow.py) and the sync between them (one in progress
-    that no supervisor carries on: daemon/views/interrupted.py)."""
+    that no supervisor carries on: daemon/views/interrupted.py); the sync's error "said above" when `shown` (the
+    why) holds it (saidonce.py)."""
     local, sync = state.local_checkpoint, state.sync
     # scratch holds none (metrics.jsonl's is gone)
     if state.staging.state in (StagingState.FETCHING, StagingState.WAITING_REMOTE):
@@ -270,7 +274,7 @@ def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now
         return line + f"   sync: {cut}"
     line += f"   sync: {sync.state}"
     if sync.error and sync.state in SYNC_TROUBLE:
-        line += f" ({sync.error})"
+        line += f" ({fold(sync.error, shown, (sync.error,))})"
     elif sync.progress and sync.state == SyncState.RUNNING:
         line += f", {sync.progress}"
     return line

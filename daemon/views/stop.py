@@ -24,6 +24,7 @@ from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, Super
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
+from minilmd.daemon.views.saidonce import fold
 from minilmd.daemon.views.status import error_context, phase_reason
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
@@ -85,7 +86,8 @@ def _stop(run: Dir, timeout: float, out) -> int:
             _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(scope, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
-        return _checkpoint_report(state, out, always=False, owner=scope.owner)
+        return _checkpoint_report(state, out, always=False, owner=scope.owner,
+                                  shown=outcome.reason if outcome else "")
     if not restart_may_follow:  # started again since that end: its signal is a stop (a Slurm job tells by it)
         request = _leave_request(scope, run, out)
     if live.host and live.host != socket.gethostname():
@@ -101,6 +103,7 @@ def _stop(run: Dir, timeout: float, out) -> int:
         _request_left_words(request, out)
     started = time.monotonic()
     last_phase = None
+    reasons: list[str] = []  # the reasons said: a long text in them is not said again (saidonce.py)
 
     def say_phase() -> None:  # each phase the supervisor passes through while it ends, once
         nonlocal state, last_phase
@@ -108,16 +111,26 @@ def _stop(run: Dir, timeout: float, out) -> int:
         if state.phase != last_phase:
             last_phase = state.phase
             reason = phase_reason(state)
-            print(f"  {printable(last_phase)}" + (f": {printable(reason)}" if reason else ""), file=out, flush=True)
+            said = fold(reason, "\n".join(reasons), _long_texts(state))
+            reasons.append(reason)
+            print(f"  {printable(last_phase)}" + (f": {printable(said)}" if reason else ""), file=out, flush=True)
 
     if procs.wait_gone([(pid, ticks)], timeout or math.inf, say_phase, interval=0.2):
         print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {shown}`)", file=out)
         return protocol.STOP_FAILED
     state = _reread(run, state)
     outcome = state.outcome
+    ended = fold(outcome.reason, "\n".join(reasons), _long_texts(state)) if outcome else None
+    reasons += [outcome.reason] if outcome else []
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
-          f"({printable(outcome.reason) if outcome else None})", file=out)
-    return _checkpoint_report(state, out, always=True, owner=scope.owner)
+          f"({printable(ended) if outcome else None})", file=out)
+    return _checkpoint_report(state, out, always=True, owner=scope.owner, shown="\n".join(reasons))
+
+
+def _long_texts(state: StateJson) -> tuple[str | None, ...]:
+    """What a run's end may say more than once: its sync's error (a refusal's whole text), its last error, its
+    reason."""
+    return state.sync.error, state.last_error, state.reason
 
 
 def _leave_request(scope: procs.RunScope, run: Dir, out, after_end: bool = False) -> Path | None:
@@ -241,7 +254,7 @@ def _stop_orphans_within(scope: procs.RunScope, timeout: float, grace: float, ou
     return protocol.STOP_FAILED
 
 
-def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = None) -> int:
+def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = None, shown: str = "") -> int:
     """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch. What state.json names is checked
     where it is: a scratch checkpoint gone (a reboot cleared scratch) is none, and run.remote's LATEST, when newer
     than state.json's record (a supervisor killed before it wrote it), is the remote's step. Before, a stop of a
@@ -257,17 +270,23 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
         print(f"  {local_words}; remote checkpoint step {remote_step}{verified}" if remote_step is not None else
               f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
-            print(f"  last error{error_context(state, time.time())}: {printable(state.last_error)}", file=out)
+            said = fold(state.last_error, shown, _long_texts(state))
+            shown += f"\n{state.last_error}"
+            print(f"  last error{error_context(state, time.time())}: {printable(said)}", file=out)
     if state.sync.state == SyncState.OFF or local_step is None or remote_step is not None and \
             remote_step >= local_step:
         return protocol.STOP_DONE
     step, path = local_step, local_path or "scratch"
     on_remote = f"step {remote_step}" if remote_step is not None else "no checkpoint"
-    error = printable(state.sync.error) if state.sync.error else None
+    error = printable(fold(state.sync.error, shown, _long_texts(state))) if state.sync.error else None
+    # after a final end (run.remote another run's: exit 2), its reason says what to fix first; never "copy it into
+    # run.remote by hand", which may be another run's
+    final = state.outcome is not None and state.outcome.exit in protocol.FINAL_EXIT_STATUSES
+    how = "do what its end says, then start the run again (its first sync copies it)" if final else \
+        "start the run again (its first sync copies it), or copy that directory into run.remote by hand"
     print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
           f"{printable(path)}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
-          "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
-          "copies it), or copy that directory into run.remote by hand.", file=out)
+          f"  It is lost if scratch is cleared (a reboot clears /dev/shm): {how}.", file=out)
     return protocol.STOP_UNSYNCED
 
 
