@@ -258,6 +258,8 @@ def _steps(store: RemoteStore) -> list[str]:
 
 def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
     same_name = "; the same run.name, but a run is its run.dir" if owner.get("run_name") == claim.run_name else ""
+    # never "remove owner.json": the remote holds that run's checkpoints, which this run's next sync would then find
+    # unclaimed and refuse all the same (its records never say it synced there); --claim-remote is the moved run's way
     return (f"run.remote {store.url} belongs to another run: {run_owner.describe(owner)}, not this one "
             f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}{same_name}). Two runs never "
             f"share a remote (this one would resume from that run's checkpoint, and its syncs would prune that run's "
@@ -265,8 +267,6 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
             f"{store.url!r} takes its newest, or one of its step-NNNNNNNN directories); if that run is this one in "
             f"another run.dir (moved to another server or path, renamed or not), start it once with `minilmd run "
             f"{CONSENT} CONFIG` ({TAKING_OVER})")
-    # never "remove owner.json": the remote holds that run's checkpoints, which this run's next sync would then
-    # find unclaimed and refuse all the same (its records never say it synced there)
 
 
 def _shown(steps: list[str]) -> str:

@@ -157,8 +157,9 @@ class SyncWorker(ScratchPruning):
         `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
         retry backoff of a sync during the run, for as long as it takes, and `room_wait` says so (the loop makes it
         the stopping phase's reason). A sync refused by run.remote's owner record (`not_ours`: another user's file,
-        another run's record) is waited for alike (`_wait_for_claim`): a run that ended done with its last checkpoint
-        only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a /dev/shm scratch.
+        a record that cannot be read) is waited for alike (`_wait_for_claim`): a run that ended done with its last
+        checkpoint only in scratch (exit 0, which no service manager restarts) lost it at the next reboot of a
+        /dev/shm scratch.
         A stop while either waits ends it at once. A run.remote that is another run's (`final_refusal`) is no wait:
         the last sync ends at once, refused. On one server the wait holds nothing else (the trainer has exited,
         its GPU lease is given back); a Slurm job's allocation stays held, so there the caller gives `wait_for_room`
