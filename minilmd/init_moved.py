@@ -44,14 +44,15 @@ def names_another(cfg: RunConfig, init_record, step: int | None) -> str:
 def lora_base_refused(cfg: RunConfig, init_record, where: str) -> str:
     """The refusal of a LoRA run whose config's init.from is not the one the checkpoint it would resume (`where`:
     "step 31, in scratch PATH") records its base from (its trainer_state "init": the base's fingerprint record, its
-    "from" the config's init.from then); "" for a run without LoRA, with nothing to resume (`init_record` None) or
-    with a record that names no init.from. The comparison is staging's own, the string as written: the staged copy
-    (`<scratch>/init`) and the remote's (`<remote>/init`) are reused only for that very init.from, and any other is
-    read and staged over them. The one rule of `run --check`, the launch and staging."""
+    "from" the config's init.from then); "" for a run without LoRA, with nothing to resume (`init_record` None),
+    with a record that names no init.from, or with an init.from that gives the same weights (_same_base: moved to
+    another path). The staged copy (`<scratch>/init`) and the remote's (`<remote>/init`) are reused only for that
+    very init.from string, and any other is read and staged over them: another base never is. The one rule of
+    `run --check`, the launch and staging (a run at its budget's end stages nothing and is not asked)."""
     if not cfg.lora.enabled or not isinstance(init_record, dict):
         return ""
     then, now = init_record.get("from"), cfg.init.from_
-    if not isinstance(then, str) or not then or then == now:
+    if not isinstance(then, str) or not then or then == now or _same_base(init_record, now, cfg.init.checkpoint):
         return ""
     from minilmd.init_source import describe
 
@@ -61,6 +62,18 @@ def lora_base_refused(cfg: RunConfig, init_record, where: str) -> str:
             f"start, from the copy of that base staged in scratch, which another init.from would replace (without a "
             f"run.remote, the only copy). Put init.from = {printable(repr(then))} back to resume this run; for "
             f"adapters on {printable(repr(now))}, give the config a new run.dir (and run.remote)")
+
+
+def _same_base(init_record: dict, now: str, checkpoint: str) -> bool:
+    """Whether init.from `now` gives the very base `init_record` fingerprints (the same weights moved to another
+    path: a share remounted elsewhere, a directory renamed), by its fingerprint (a checkpoint's manifest hash, a
+    .pth's sha256: the whole file read); False when it cannot be read now (the refusal stands: put it back)."""
+    from minilmd.init_source import fingerprint, resolve, same_source
+
+    try:
+        return same_source(init_record, fingerprint(resolve(now, checkpoint)))
+    except (ValueError, OSError):  # InitSourceError, Unreadable
+        return False
 
 
 def moved_on(cfg: RunConfig, init_record) -> str:

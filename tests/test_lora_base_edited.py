@@ -8,6 +8,7 @@ one, the trainer refused it (exit 2), and the end said it kept "the LoRA base it
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.jobs import basecopy, initstage, lorabase
 from minilmd.init_moved import lora_base_refused
-from minilmd.init_source import STAGED_RECORD, InitSourceError, same_source
+from minilmd.init_source import STAGED_RECORD, InitSourceError, fingerprint, resolve, same_source
 from minilmd.model_shapes import expected_state_shapes
 from supervisor_helpers import cli, run_supervisor, start_supervisor, wait_or_kill, write_config
 
@@ -60,6 +61,8 @@ def test_an_edited_init_from_is_refused_before_the_staged_base_is_touched_and_pu
     if remote:
         before["remote init"] = files_of(Path(cfg.run.remote) / basecopy.REMOTE_BASE)
 
+    done = cli("run", "--check", str(_config(tmp_path, corpus, remote, pretrain, 4)), timeout=180)
+    assert done.returncode == 0 and "run is done" in done.stdout, done.stdout + done.stderr  # stages nothing
     edited = _config(tmp_path, corpus, remote, pretrain, 8)  # the user's edit: another run's base
     check = cli("run", "--check", str(edited), timeout=180)
     said = check.stdout + check.stderr
@@ -128,6 +131,23 @@ def test_the_rule_refuses_only_a_lora_run_whose_checkpoint_records_another_init_
     assert lora_base_refused(cfg, None, "step 4") == "" and lora_base_refused(cfg, {"kind": "x"}, "step 4") == ""
     cfg.lora.rank = 0  # a full fine-tune resumes its own weights: a note (init_moved.names_another), no refusal
     assert lora_base_refused(cfg, record, "step 4") == ""
+
+
+def test_the_same_base_moved_to_another_path_is_no_other_base(tmp_path, corpus):
+    """The base's bytes at another path (a share remounted elsewhere, a directory renamed) are the base the adapters
+    were trained on: told by its fingerprint, as the trainer tells it, not by init.from's text."""
+    sft = tmp_path / "share" / "sft.pth"
+    config = _config(tmp_path, corpus, False, sft, 8)
+    _base(sft, config, seed=1)
+    record = {**fingerprint(resolve(str(sft))), "from": str(sft)}
+    moved = tmp_path / "moved" / "sft.pth"
+    moved.parent.mkdir()
+    shutil.copyfile(sft, moved)
+    assert lora_base_refused(load_config(_config(tmp_path, corpus, False, moved, 8)), record, "step 4") == ""
+    other = _base(tmp_path / "share" / "pretrain.pth", config, seed=2)
+    assert lora_base_refused(load_config(_config(tmp_path, corpus, False, other, 8)), record, "step 4")
+    moved.unlink()  # not there now: cannot be told the same, so refused (put it back)
+    assert lora_base_refused(load_config(_config(tmp_path, corpus, False, moved, 8)), record, "step 4")
 
 
 def test_a_failed_run_keeps_its_staged_base_saying_it_is_the_adapters_base_only_when_it_is(tmp_path, corpus):

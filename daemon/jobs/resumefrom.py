@@ -107,13 +107,16 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
     start = find(cfg, remote_root)
     unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
-    refused = ([start.refused] if start.refused else []) + _lora_base_refused(cfg, start) + \
-        runidentity.problems(cfg, start.step, fresh, unknown)
-    if said is not None:
-        from minilmd.daemon.jobs.rundone import done_line
+    from minilmd.daemon.jobs.rundone import done_line
 
+    refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh, unknown)
+    # a run at its budget's end stages nothing: its LoRA base is not at stake, and it stays done (exit 0)
+    done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
+    if not done:
+        refused += _lora_base_refused(cfg, start)
+    if said is not None:
         # a run at its budget's end: "run is done", in place of "resumes from step N"
-        done = None if refused else done_line(cfg, start.step, f"{start.where}: {start.path}", start.done)
+        done = None if refused else done
         said += [done] if done else [line] if (line := start.line()) else []
         said += [f"note: {moved}"] if done and (moved := _moved_on(cfg, start)) else []
         said += [f"note: {other}"] if not refused and (other := _init_names_another(cfg, start)) else []
