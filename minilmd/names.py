@@ -43,7 +43,8 @@ TRAINER_RECORD_MAX_BYTES = 64 << 10
 """trainer.json is a few hundred bytes."""
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
-STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
+STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it (not on
+# an after_end one, left at a run's end for a start then under way: daemon/base/stoprequest.py)
 STOP_REQUEST_MAX_BYTES = 4096  # a stop request is one small JSON object (who asked, when)
 SCRATCH_ROOT_RECORD = "scratch-root.json"
 """{root, because, since}: the private root of the run's default scratch, where another user had taken the default

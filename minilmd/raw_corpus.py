@@ -88,13 +88,14 @@ def _first_line_format(path: str) -> str | None:
 
 
 def dir_prepare_hint(path: str, seq_len: int) -> str:
-    """What to run for a directory of raw JSON lines named as data.prepared (no meta.json in it, some *.jsonl...):
-    the prepare command over them, then data.prepared set to its --out; "" when it holds none (or cannot be
-    listed: the names are only read, at most MAX_DIR_ENTRIES of them)."""
+    """What to run for a directory of raw JSON lines named as data.prepared (no meta.json in it, some *.jsonl,
+    *.jsonl.gz or *.jsonl.zst): the prepare command over them, then data.prepared set to its --out; "" when it holds
+    none (or cannot be listed: the names are only read, at most MAX_DIR_ENTRIES of them). A *.json is not taken for
+    one (a prepared corpus copied without its meta.json holds tokenizer.json; a model directory config.json)."""
     from minilmd.untrusted import Unreadable, dir_names
 
     try:
-        found = sorted({s for name in dir_names(path) for s in JSONL_SUFFIXES if name.endswith(s)})
+        found = sorted({s for name in dir_names(path) for s in JSONL_SUFFIXES if name.endswith(s) and ".jsonl" in s})
     except (Unreadable, OSError):
         return ""
     if not found:

@@ -101,7 +101,7 @@ def size_text(n: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= factor:
             value = n / factor
-            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
+            return f"{value:,.0f} {unit}" if value >= 999.5 else f"{value:.3g} {unit}"  # .3g rounds 999.5 up
     return f"{n} bytes"
 
 

@@ -51,6 +51,31 @@ def test_jsonl_shards_read_every_line_once(tmp_path):
     assert seen == texts
 
 
+def test_byte_ranges_after_a_long_line_read_each_line_once(tmp_path):
+    """jsonl.Source.items over byte ranges, with blocks smaller than some lines: a long line (read through in
+    chunks) followed by short ones to the end of the file handed the short lines of the next range to this one too
+    (a review's randomized check: lines read twice). Every cut of the file into two ranges reads each line once."""
+    from minilmd.corpus.sources.jsonl import LongLine, Source
+
+    lines = [b"x" * 40, b"a", b"b", b"c"]  # the long line's last chunk holds every line after it, to the end
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(data)
+
+    def read(start: int, end: int | None) -> list[bytes]:
+        src = Source(str(path))
+        try:
+            out = []
+            for item in src.items(8, start, end):
+                out += [b"".join(item.chunks())] if isinstance(item, LongLine) else item[1].splitlines()
+            return out
+        finally:
+            src.close()
+
+    for cut in range(1, len(data)):
+        assert read(0, cut) + read(cut, None) == lines, cut
+
+
 def test_report_count_and_drop_scripts(tmp_path, demo_jsonl, tokenizer):
     texts = read_texts(demo_jsonl)[:200] + EXTRA
     src = write_jsonl(tmp_path / "mix.jsonl", texts)

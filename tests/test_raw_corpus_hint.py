@@ -108,5 +108,6 @@ def test_run_check_of_a_directory_of_raw_json_lines_says_the_command_to_run(tmp_
         f"'{raw}-prepared'") in said, said
     for name in ("a.jsonl", "b.jsonl", "c.jsonl.gz"):
         (raw / name).unlink()
+    (raw / "tokenizer.json").write_text("{}")  # a prepared corpus copied without its meta.json: no raw JSON lines
     said = _check_prepared(tmp_path, raw)[1]
     assert "no meta.json there; not an output of `minilmd prepare`" in said and "raw JSON lines" not in said, said

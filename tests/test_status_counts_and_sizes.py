@@ -20,6 +20,7 @@ def test_a_count_of_times_reads_as_words():
 def test_a_size_under_the_next_unit_is_written_in_full_never_in_exponent_form():
     assert size_text(1010 * 1024) == "1,010 KiB"  # main: 1.01e+03 KiB
     assert size_text(1023 * 1024 + 1000) == "1,024 KiB"
+    assert size_text(1023488) == "1,000 KiB" and size_text(1023488 << 10) == "1,000 MiB"  # .3g wrote "1e+03 KiB"
     assert size_text(1 << 20) == "1 MiB" and size_text(64 * 1024) == "64 KiB" and size_text(300) == "300 bytes"
     assert size_text(1536) == "1.5 KiB" and size_text(999 * (1 << 30)) == "999 GiB"
     assert size_text(1500 * (1 << 30)) == "1,500 GiB"

@@ -297,6 +297,18 @@ def test_stop_of_a_run_that_ended_for_good_leaves_a_request_for_a_start_under_wa
     assert stoprequest.as_json(run_dir)["after_end"] is True
 
 
+def test_a_second_stop_of_a_run_stopped_keeps_the_request_an_ordinary_one(tmp_path):
+    """The first stop signalled the live supervisor and left an ordinary request; the run ended "stopped". A second
+    stop, to make sure, found it ended for good: it rewrote the request as after_end, for a start under way only,
+    and `status` stopped saying it while a requeue or a tmux restart would then have trained (a review's finding)."""
+    run_dir = ended_run(tmp_path, *ENDED_FOR_GOOD["stopped"])
+    stoprequest.leave(run_dir, os.getuid())  # what the first stop left
+    assert views_stop.stop(run_dir, out=io.StringIO()) == protocol.STOP_DONE
+    request, _ = stoprequest.read(run_dir)
+    assert request is not None and not request.after_end, request
+    assert stoprequest.status_line(run_dir) is not None
+
+
 def test_stop_of_a_requeued_run_leaves_the_request_and_says_so(tmp_path):
     """A requeued Slurm job ended its supervisor with exit 0, yet Slurm starts it again by itself: the request is
     left (as after a failure that is not final, test_stop_of_a_tmux_or_slurm_run_names_no_unit_to_stop), and now
@@ -402,6 +414,7 @@ def test_status_json_and_the_overview_show_a_request_left(tmp_path):
         "path": str(left), "time": request.time, "by": f"uid {os.getuid()} on {os.uname().nodename}",
         "after_end": False}
     assert line.split()[:3] == ["tiny", "done", "(stop"] and "(stop requested)" in line, line
+    stoprequest.clear(run_dir)
     stoprequest.leave(run_dir, os.getuid(), after_end=True)  # a stop that found the run ended: no word of it
     said, r, line = shown()
     assert said["stop_request"]["after_end"] is True and "(stop requested)" not in line, line

@@ -138,6 +138,7 @@ def test_what_reads_the_request_again_later_judges_it_as_the_start_did(tmp_path)
     assert stoprequest.honoured(run_dir, SLURM_REQUEUED) is not None
     stoprequest.leave(run_dir, os.getuid())  # asked now, after this process began
     assert stoprequest.honoured(run_dir, {}) is not None
+    stoprequest.clear(run_dir)
     _request_before_this_process(run_dir, after_end=True)  # at a run's end, for a start under way then
     assert stoprequest.honoured(run_dir, SLURM_REQUEUED) is None and stoprequest.honoured(run_dir, {}) is None
 

@@ -1,18 +1,18 @@
 """`minilmd stop`'s request, left in the run directory for the starts a launcher makes by itself.
 
-A stop that finds no supervisor cannot signal a start that is still to come: the tmux launcher's window "run" starts
-a killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be requeued. So `stop` leaves
-`stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it
-once it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV,
-which the tmux window sets on its restarts only, or a requeued Slurm job) honours it and stops before any trainer,
-exit 0; so does a start the stop came after (`asked_after_start`: a `minilmd run` process begun before the stop
-wrote its request, its lock not yet taken, as it is for half a second after it starts; told in this boot's clock,
-CLOCK_BOOTTIME, which no wall-clock step moves); any other start (a person's `minilmd run`, the tmux launcher or
-`sbatch` run by hand, systemd, begun after the request) removes it (`clear`) and runs as asked. The order keeps the
-promise: stop writes, then looks at the lock; run takes the lock, then reads. Either stop finds the new supervisor
-(and signals it), or that supervisor finds the request, and a start by hand honours it when it began before it.
-A start begun while `stop` writes (after its request's time, before its look at the lock: milliseconds) counts as
-a start after the stop: it trains, while that stop says the run is not running.
+A stop that finds no supervisor cannot signal a start that is still to come: the tmux launcher's window "run" starts a
+killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be requeued. So `stop` leaves
+`stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it once
+it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV, which
+the tmux window sets on its restarts only, or a requeued Slurm job) honours it (but an after_end one, below) and stops
+before any trainer, exit 0; so does a start the stop came after (`asked_after_start`: a `minilmd run` process begun
+before the stop wrote its request, its lock not yet taken, as it is for half a second after it starts; told in this
+boot's clock, CLOCK_BOOTTIME, which no wall-clock step moves); any other start (a person's `minilmd run`, the tmux
+launcher or `sbatch` run by hand, systemd, begun after the request) removes it (`clear`) and runs as asked. The order
+keeps the promise: stop writes, then looks at the lock; run takes the lock, then reads. Either stop finds the new
+supervisor (and signals it), or that supervisor finds the request, and a start by hand honours it when it began before
+it. A start begun while `stop` writes (after its request's time, before its look at the lock: milliseconds) counts as a
+start after the stop: it trains, while that stop says the run is not running.
 
 A run that ended for good (protocol.restart_may_follow false: no launcher starts it by itself) gets a request
 marked `after_end`: only a start already under way honours it, and any start (automatic ones too) removes it, once
@@ -72,7 +72,8 @@ class StopRequest:
 
 def leave(run_dir: Path, owner: int, judged: Identity | None = None, after_end: bool = False) -> Path:
     """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
-    `after_end`: the run ended for good and no supervisor holds its lock (StopRequest.after_end).
+    `after_end`: the run ended for good and no supervisor holds its lock (StopRequest.after_end), unless an ordinary
+    request is there already: it is written again as one (its time this stop's).
     OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change, or
     when the directory the walk reaches is not `judged` ((device, inode): the one `stop` judged and read, moved
     aside since and another put in its place): never written into what stands there now."""
@@ -80,6 +81,9 @@ def leave(run_dir: Path, owner: int, judged: Identity | None = None, after_end: 
         if judged is not None and where.identity != judged:
             raise PlaceRefused(f"{printable(run_dir)}: not the run directory judged a moment ago (moved or replaced "
                                f"since): nothing written there")
+        if after_end:  # an ordinary request there (a stop of the live supervisor) stays one: a second stop of the
+            earlier, _ = read(run_dir, owner, where.fd)  # ended run never narrows it to a start under way
+            after_end = earlier is None or earlier.after_end
         body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid(),
                 "boot": boot_id(), "since_boot": since_boot()}  # as late as can be: a start before it is honoured
         if after_end:
@@ -224,9 +228,14 @@ def honoured(run_dir: Path, environ: Mapping[str, str] = os.environ) -> StopRequ
     there is none, or when it is one a start by hand began after (at_start clears it; a scratch wait reads it
     before that)."""
     request, _ = read(run_dir)
-    if request is None or asked_after_start(request):
-        return request
-    return None if request.after_end or automatic_restart(environ) is None else request
+    return request if request is not None and _honours(request, automatic_restart(environ)) else None
+
+
+def _honours(request: StopRequest, how: str | None) -> bool:
+    """The one rule of which start honours a request: one the stop was asked after (asked_after_start), and a
+    launcher's automatic restart (`how`: automatic_restart's words, None for any other start) any but an after_end
+    one (left at a run's end for a start then under way)."""
+    return asked_after_start(request) or (how is not None and not request.after_end)
 
 
 def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..., None]) -> tuple[str, str] | None:
@@ -243,22 +252,18 @@ def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..
         emit("stop_request", f"{problem}: not honoured")
     if request is None:
         return None
+    if not _honours(request, how):
+        left = clear(run_dir)
+        why = "left at the run's end for a start then under way; this start began after it" if request.after_end \
+            else "this start is no launcher's automatic restart (by hand, or by systemd) and began after it"
+        emit("stop_request", f"{request.words()}: cleared, {why}" + (f"; {left}" if left else ""))
+        return None
     if asked_after_start(request):  # `stop` found no lock: this start had not taken it yet
         left = clear(run_dir) if request.after_end else None  # for this start only: honoured now
         emit("stop_request", f"{request.words()}: asked after this start began; stopping before any trainer"
              + (f"; {left}" if left else ""), request=str(request.path))
         return (f"stopped on request ({request.words()}, asked as this start began)",
                 f"{request.words()}: asked as this start began")
-    if request.after_end:  # left at the run's end for a start then under way: this one began after it
-        left = clear(run_dir)
-        emit("stop_request", f"{request.words()}: cleared, left at the run's end for a start then under way; this "
-                             f"start began after it" + (f"; {left}" if left else ""))
-        return None
-    if how is None:
-        left = clear(run_dir)
-        emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic restart (by hand, "
-                             f"or by systemd) and began after it" + (f"; {left}" if left else ""))
-        return None
     emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any trainer",
          request=str(request.path))
     return (f"stopped on request ({request.words()}; {how} does not start the run)",

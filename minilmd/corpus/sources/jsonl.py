@@ -286,6 +286,8 @@ class Source:
         except (OSError, EOFError) as e:
             raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry and (end is None or pos < end):
+            if end is not None and pos + len(carry) > end:  # after a long line: whole lines of the next range too
+                carry = carry[:carry.find(b"\n", end - 1 - pos) + 1] or carry
             self._keep_head(carry, whole=True)
             yield line, carry
 
