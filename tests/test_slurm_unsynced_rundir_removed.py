@@ -29,7 +29,7 @@ class Ended(Ending):
     def __init__(self, cfg, slurm: SlurmJob, state: RunState, events: EventLog, room: RunDirWatch):
         self.cfg, self.slurm, self.state, self.events, self.room = cfg, slurm, state, events, room
         self.loop = SimpleNamespace(stop_requested=False, last_cause=Cause.DONE, ended=None, exit_status=0)
-        self.sync = SimpleNamespace(syncer=SimpleNamespace(expected=EXPECTED))
+        self.sync = SimpleNamespace(syncer=SimpleNamespace(expected=EXPECTED), final_refusal="")  # no claim refused
         self.files = SimpleNamespace(record_outcome=lambda *a: None)  # state.json's outcome: run.dir is gone
         self.ends: list[tuple] = []
 
