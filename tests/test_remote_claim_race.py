@@ -53,6 +53,16 @@ def _stuck(run_dir: Path) -> bool:
         (state(run_dir).get("reason") or "").startswith(FINAL_SYNC_WAITING)
 
 
+def _release_and_end(releases: tuple[Path, ...], procs: tuple) -> None:
+    """Each held trainer let go, then each supervisor still running killed: a failed assertion leaves none behind."""
+    for release in releases:
+        release.touch()
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+
+
 def _trained_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / names.METRICS).read_text().splitlines()
     return [r["step"] for r in map(json.loads, lines) if r.get("kind") == "train"]
@@ -107,12 +117,7 @@ def test_the_loser_of_two_runs_started_on_one_remote_stops_keeps_its_checkpoints
         release_winner.touch()
         assert wait_or_kill(winning, timeout=300) == 0, (tmp_path / "a.out").read_text()[-3000:]
     finally:
-        release_loser.touch()
-        release_winner.touch()
-        for proc in (losing, winning):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(60)
+        _release_and_end((release_loser, release_winner), (losing, winning))
     assert remote_step(winner.run_dir) == 30 and checkpoint_dirs.read_latest(shared) == "step-00000030"
     assert remote_claim.read(open_remote(str(shared)))["run_dir"] == run_owner.run_identity(winner.run_dir)
 
@@ -164,12 +169,7 @@ def test_a_slurm_jobs_loser_keeps_its_newest_in_run_dir_is_not_requeued_and_resu
         release_winner.touch()
         assert wait_or_kill(winning, timeout=300) == 0, (tmp_path / "a.out").read_text()[-3000:]
     finally:
-        release_loser.touch()
-        release_winner.touch()
-        for proc in (losing, winning):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(60)
+        _release_and_end((release_loser, release_winner), (losing, winning))
     after = state(loser.run_dir)
     assert rc == SUPERVISOR_CONFIG and after["phase"] == "failed", (rc, after.get("reason"), _said(loser.run_dir)[-5:])
     calls = tmp_path / "scontrol-calls"
