@@ -12,8 +12,11 @@ nothing either. So what a sync removes is proven to be what this run made, by wh
   written and fsynced before anything is copied into it: it outlives a reboot, which empties a scratch in /dev/shm,
   so the half copy of a sync the reboot cut is still this run's to remove; the copies into run.dir/unsynced keep
   their own, `kept_record`: a record is of one root). A directory renamed to that name has
-  another inode; one this run made, renamed to another of its names, has a record under another name. A record goes
-  before the directory is published under its final name (never again a temporary of this run's). A FUSE share
+  another inode; one this run made, renamed to another of its names, has a record under another name. Before a
+  complete copy is published under its final name, its record becomes one of a publish begun (`publishing`, with that
+  name): never again proof that removes it (a published step another user renamed back to its temporary name is no
+  half copy), and the next sync finishes a publish a kill cut before its rename (remote_publish.finish_cut_publish)
+  instead of leaving a whole checkpoint under a temporary name for good. A FUSE share
   (the root's record: `mounts.renumbers_inodes`) numbers its inodes anew at each mount: there a checkpoint's copy of
   this host whose sync is over is proven by its recorded name once its inode is another, unless it holds a manifest
   of another step (a step renamed to that name says its own; fault audit 11, F4: a remount left the cut sync's half
@@ -62,6 +65,8 @@ SCRATCH_RECORD = ".remote-made.json"
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
+Publish = tuple[str, int, int, str]
+"""(temporary name, device, inode, the final name it is being published under): a row of four in the record."""
 
 
 def run_record(run_dir: Path) -> Path:
@@ -110,11 +115,12 @@ class Made:
         """Where the record goes while run.dir is full (ENOSPC, EDQUOT) or removed: scratch's place, read back into
         `path` at the next read once there is room (the last sync of a run whose run.dir filled up failed for it)."""
         self._entries: set[Entry] = set()
+        self._publishing: set[Publish] = set()
         self._root: dict | None = None
 
     def _current(self) -> set[Entry]:
         if self.path is not None:
-            self._entries, self._root = _load(self.path)
+            self._entries, self._publishing, self._root = _load(self.path)
             if self.was_at is not None:
                 self._adopt_old()
         return self._entries
@@ -125,11 +131,12 @@ class Made:
         old, self.was_at = self.was_at, None
         assert old is not None and self.path is not None
         try:
-            found, root = _read(old)
+            found, publishing, root = _read(old)
         except Unreadable:
             return  # none (the usual case), or not this user's file: its word proves nothing
-        if not found <= self._entries or (root and not self._root):
+        if not found <= self._entries or not publishing <= self._publishing or (root and not self._root):
             self._entries |= found
+            self._publishing |= publishing
             self._root = self._root or root
             if not self._save():
                 return  # run.dir still full: written back where it was, kept there
@@ -141,7 +148,7 @@ class Made:
         run.dir full, to `fallback`, which the next read joins into `path`."""
         if self.path is None:
             return True
-        made: dict = {"made": sorted([list(e) for e in self._entries])}
+        made: dict = {"made": sorted([list(e) for e in self._entries]) + sorted([list(e) for e in self._publishing])}
         if self._root is not None:
             made["root"] = self._root
         try:
@@ -171,9 +178,38 @@ class Made:
         return gone
 
     def restore(self, name: str, identities: list[Identity]) -> None:
-        if identities:
-            self._entries = self._current() | {(name, *i) for i in identities}
+        """`name` recorded again with `identities` (a publish begun of it, if any, over: nothing moved after all)."""
+        entries = self._current() | {(name, *i) for i in identities}
+        publishing = {p for p in self._publishing if p[0] != name}
+        if entries != self._entries or publishing != self._publishing:
+            self._entries, self._publishing = entries, publishing
             self._save()
+
+    def publishing(self, name: str, final: str) -> list[Identity]:
+        """The record of `name` (a complete copy, on disk) made one of its publish under `final`, begun: written
+        before the rename. The identities it had, for `restore` when nothing moved."""
+        gone = [(dev, ino) for n, dev, ino in self._current() if n == name]
+        if gone:  # one write: a kill between a forget and a record of the publish would leave the copy unrecorded
+            self._entries -= {(name, *i) for i in gone}
+            self._publishing |= {(name, *i, final) for i in gone}
+            self._save()
+        return gone
+
+    def published(self, name: str) -> None:
+        """The publish of `name` done (renamed, the root fsynced): no record of it any more."""
+        self._current()
+        publishing = {p for p in self._publishing if p[0] != name}
+        if publishing != self._publishing:
+            self._publishing = publishing
+            self._save()
+
+    def publishing_to(self, name: str, identity: Identity) -> str | None:
+        """The final name of a publish of `name` (this identity) begun and not done: what a kill cut before the
+        rename left. On a share that numbers its inodes anew at each mount, one recorded by that name."""
+        self._current()
+        anyone = _renumbered(self)
+        return next((final for n, dev, ino, final in sorted(self._publishing)
+                     if n == name and (anyone or (dev, ino) == identity)), None)
 
     def proves(self, name: str, identity: Identity) -> bool:
         return (name, *identity) in self._current()
@@ -186,8 +222,9 @@ class Made:
         """Records of names no longer on the remote dropped (removed by hand, moved away): never proof of anything
         a later name is given. A record is of one root (`kept_record`): another root's entries would go too."""
         kept = {e for e in self._current() if e[0] in names}
-        if kept != self._entries:
-            self._entries = kept
+        publishing = {p for p in self._publishing if p[0] in names}
+        if kept != self._entries or publishing != self._publishing:
+            self._entries, self._publishing = kept, publishing
             self._save()
 
     def keep_identities(self, name: str, identities: set[Identity]) -> None:
@@ -215,27 +252,28 @@ class Made:
         return str(self.path) if self.path is not None else "this process"
 
 
-def _load(path: Path) -> tuple[set[Entry], dict | None]:
+def _load(path: Path) -> tuple[set[Entry], set[Publish], dict | None]:
     """The record as written; none when there is none, or it is not this user's regular file of the right shape
     (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
     try:
         return _read(path)
     except Unreadable:
-        return set(), None
+        return set(), set(), None
 
 
-def _read(path: Path) -> tuple[set[Entry], dict | None]:
-    """The entries of the record at `path` (its rows of another shape skipped), and its root (a JSON object, or
-    None; remote_root.py reads its fields); Unreadable when there is none, or it is not this user's regular file
-    holding a JSON object."""
+def _read(path: Path) -> tuple[set[Entry], set[Publish], dict | None]:
+    """The entries of the record at `path`, its publishes begun (rows of four: an older minilmd skips them, as it
+    does every row of another shape) and its root (a JSON object, or None; remote_root.py reads its fields);
+    Unreadable when there is none, or it is not this user's regular file holding a JSON object."""
     found = loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
     rows, root = found.get("made"), found.get("root")
     root = root if isinstance(root, dict) else None
     if not isinstance(rows, list):
-        return set(), root
-    return {(r[0], r[1], r[2]) for r in rows
-            if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}, root
+        return set(), set(), root
+    rows = [r for r in rows if isinstance(r, list) and len(r) in (3, 4) and isinstance(r[0], str)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:3])]
+    return ({(r[0], r[1], r[2]) for r in rows if len(r) == 3},
+            {(r[0], r[1], r[2], r[3]) for r in rows if len(r) == 4 and isinstance(r[3], str)}, root)
 
 
 def made_new(root: Dir, name: str) -> Identity:

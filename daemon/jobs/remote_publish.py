@@ -53,22 +53,46 @@ class Publishing:
         """Publish the complete temporary directory src under dst, durably (local paths only: fsspec has no atomic
         rename), where nothing stands: the caller made way. What took dst since is never replaced: NotOurs when it is
         another user's entry or a link, FileExistsError (the sync fails and is retried) for anything else. The
-        record of src as this run's temporary goes first (remote_made.Made): a published checkpoint renamed back to
-        that name by another user is never removed as one; it comes back when nothing was renamed."""
+        record of src as this run's temporary becomes one of its publish first (remote_made.Made.publishing): a
+        published checkpoint renamed back to that name by another user is never removed as one, and a kill before
+        the rename leaves what the next sync finishes (finish_cut_publish); it is a temporary's again when nothing
+        was renamed."""
         root = self._flushed(src)
-        recorded = self.made.forget(src)
+        recorded = self.made.publishing(src, dst)
         if root.rename_new(src, dst):
+            os.fsync(root.fd)
             if recorded and (left := root.identity_of(src)) is not None and _nothing_at(root, dst):
                 # acknowledged, not done (a flaky server): still this run's copy, as the server numbers it now (a
                 # FUSE one may renumber what it was asked to rename); the sync fails, seeing no `dst`
                 self.made.restore(src, [left])
-            os.fsync(root.fd)
+            else:
+                self.made.published(src)
             return
         self.made.restore(src, recorded)
         if why := self._why_foreign(dst):
             raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         raise FileExistsError(errno.EEXIST, f"{self.show(dst)} appeared while {self.show(src)} was made: left as it "
                                             f"is, nothing put over it")
+
+    def finish_cut_publish(self, src: str) -> str | None:
+        """Finish the publish of src that a kill cut between its record and its rename (Made.publishing): the copy,
+        complete and on disk before that record, put under its final name where nothing stands, never removed (it
+        may be a step published since, which another user renamed back to that name). None when no publish of src
+        was begun; else what became of it, in words for the log: left where the final name is taken meanwhile, or
+        its manifest does not name that step (the sync's clean-up says so, and the copy stays)."""
+        root = self._root()
+        st = root.lstat(src)
+        final = self.made.publishing_to(src, (st.st_dev, st.st_ino)) if st is not None else None
+        if final is None or st is None:
+            return None
+        if why := (self._why_foreign(src) or remote_made.why_kept(root, src, st, self.made, was=final)):
+            return f"{self.show(src)}, a copy this run began to publish as {final}, is {why}: left as it is"
+        if not root.rename_new(src, final):
+            return (f"{self.show(src)}, a copy this run began to publish as {final}: left as it is, {final} being "
+                    f"taken since")
+        os.fsync(root.fd)
+        self.made.published(src)
+        return f"published {self.show(src)} as {self.show(final)} (its sync was killed before it renamed it)"
 
     def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
                              ours: Callable[[str], bool]) -> bool:

@@ -5,8 +5,9 @@ start time and boot the name records, so that a recycled pid, or a process of a 
 process's) are removed; the remote is a shared path, so a temporary name of another host, or one without a host
 (publish_dir's), may be a copy in progress there, and is looked at only once it is STALE_TMP_SECONDS old. Either is
 removed only when proven this run's (LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename
-the run's checkpoint to such a name), else left and said. One that holds another LoRA base's copy (what stood at `init`,
-left by a push killed while it looked at it) is quarantined instead. Torch-free.
+the run's checkpoint to such a name), else left and said. A complete copy whose publish a kill cut before its rename
+is published instead (LocalRemote.finish_cut_publish), never removed. One that holds another LoRA base's copy (what
+stood at `init`, left by a push killed while it looked at it) is quarantined instead. Torch-free.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def clean_remote_tmp(remote: RemoteStore, base: Path | None, leave: Callable[[st
         if not ((maker is not None and (maker[0] == os.getpid() or not process_alive(*maker)))
                 or remote.age(n) > STALE_TMP_SECONDS):
             continue
-        if n.startswith(TMP_PREFIX) and basecopy.another_base_left(remote, n, ours):
+        if n.startswith(TMP_PREFIX) and isinstance(remote, LocalRemote) and (said := remote.finish_cut_publish(n)):
+            once((n, said), f"sync: {said}")
+        elif n.startswith(TMP_PREFIX) and basecopy.another_base_left(remote, n, ours):
             _keep_base_copy(remote, n, once, log)
         elif why := remote.rm(n, file=not n.startswith(TMP_PREFIX),  # a pointer's or the claim's: a file
                               claim=claim if n.startswith(atomic_tmp_prefix(REMOTE_OWNER)) else None):
