@@ -2,10 +2,12 @@
 test_reliability_supervisor_kill): the record was dropped before the rename, so the whole checkpoint stayed on the
 remote under its temporary name for good, unrecorded ("no record of making"), said at every sync. Now the record
 becomes one of a publish begun (remote_made.Made.publishing), and the next sync finishes the publish: the copy is put
-under its step name, never removed (a published step renamed back to that name is no half copy either)."""
+under its step name, never removed for its name alone (a published step renamed back to that name is no half copy);
+where that step was published since, it is a second copy of it, and goes."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -60,6 +62,25 @@ def test_a_copy_whose_publish_a_kill_cut_before_its_rename_is_published_by_the_n
     assert any(f"published {remote / cut}" in m for m in logs), logs
     assert not [m for m in logs if "no record of making" in m], logs
     assert not remote_made.Made(remote_made.run_record(run_dir)).publishing_to(cut, (0, 0))
+
+
+def test_such_a_copy_whose_step_was_published_since_goes_as_a_second_copy_of_it(dirs, weights, tmp_path):
+    """Its step synced again before the clean-up looked at the cut copy (another host's temporary names are looked
+    at after a day: a Slurm job requeued on another node syncs the step again first): the copy cannot be published
+    and is a second one of a step that stands; it goes (audit F2: it stayed for good, said at every sync)."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    save(local, 10, weights)
+    killed_publishing(local, remote, run_dir, "step-00000010", "before")
+    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
+    shutil.copytree(remote / cut, remote / "step-00000010")  # published since, by a sync that did not see `cut`
+
+    logs: list[str] = []
+    Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir).sync_newest()
+
+    assert names(remote) == ["LATEST", "step-00000010"]
+    assert any(f"removed {remote / cut}" in m and "published since" in m for m in logs), logs
 
 
 def test_a_published_step_renamed_back_to_its_temporary_name_after_such_a_kill_is_published_again_never_removed(

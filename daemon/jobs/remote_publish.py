@@ -76,23 +76,31 @@ class Publishing:
 
     def finish_cut_publish(self, src: str) -> str | None:
         """Finish the publish of src that a kill cut between its record and its rename (Made.publishing): the copy,
-        complete and on disk before that record, put under its final name where nothing stands, never removed (it
-        may be a step published since, which another user renamed back to that name). None when no publish of src
-        was begun; else what became of it, in words for the log: left where the final name is taken meanwhile, or
-        its manifest does not name that step (the sync's clean-up says so, and the copy stays)."""
+        complete and on disk before that record, put under its final name where nothing stands (it may be a step
+        published since, which another user renamed back to that name: never removed for its name alone). Where that
+        step stands already, published since (the step synced again by a later sync, maybe another host's: its
+        temporary names are looked at after a day), the copy is a second one of it and goes. None when no publish of
+        src was begun; else what became of it, in words for the log: left where its manifest does not name that step,
+        or another entry took the final name (the sync's clean-up says so, and the copy stays)."""
         root = self._root()
         st = root.lstat(src)
         final = self.made.publishing_to(src, (st.st_dev, st.st_ino)) if st is not None else None
         if final is None or st is None:
             return None
+        begun = f"{self.show(src)}, a copy this run began to publish as {final}"
         if why := (self._why_foreign(src) or remote_made.why_kept(root, src, st, self.made, was=final)):
-            return f"{self.show(src)}, a copy this run began to publish as {final}, is {why}: left as it is"
-        if not root.rename_new(src, final):
-            return (f"{self.show(src)}, a copy this run began to publish as {final}: left as it is, {final} being "
-                    f"taken since")
-        os.fsync(root.fd)
+            return f"{begun}, is {why}: left as it is"
+        if root.rename_new(src, final):
+            os.fsync(root.fd)
+            self.made.published(src)
+            return f"published {self.show(src)} as {self.show(final)} (its sync was killed before it renamed it)"
+        there = root.lstat(final)
+        if there is None or self._why_foreign(final) or remote_made.why_kept(root, final, there, self.made):
+            return f"{begun}: left as it is, {final} being taken since by what is not that step"
+        if why := self.rm(src, was=final):
+            return f"{begun}, is {why}: left as it is"
         self.made.published(src)
-        return f"published {self.show(src)} as {self.show(final)} (its sync was killed before it renamed it)"
+        return f"removed {begun} (its sync was killed before it renamed it): {final} was published since"
 
     def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
                              ours: Callable[[str], bool]) -> bool:
