@@ -11,8 +11,10 @@ boot's clock, CLOCK_BOOTTIME, which no wall-clock step moves); any other start (
 launcher or `sbatch` run by hand, systemd, begun after the request) removes it (`clear`) and runs as asked. The order
 keeps the promise: stop writes, then looks at the lock; run takes the lock, then reads. Either stop finds the new
 supervisor (and signals it), or that supervisor finds the request, and a start by hand honours it when it began before
-it. A start begun while `stop` writes (after its request's time, before its look at the lock: milliseconds) counts as a
-start after the stop: it trains, while that stop says the run is not running.
+it. A start begun while `stop` writes (after its request's time, before its look at the lock: milliseconds) is judged
+by its process's start, which the kernel keeps in ticks (10 ms, rounded down): in the tick of the request's time it
+counts as begun before it and stops (what the stop asked); later, as a start after the stop: it trains, while that
+stop says the run is not running.
 
 A run that ended for good (protocol.restart_may_follow false: no launcher starts it by itself) gets a request
 marked `after_end`: only a start already under way honours it, and any start (automatic ones too) removes it, once
