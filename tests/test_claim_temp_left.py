@@ -49,7 +49,7 @@ def clean(root: Path, run_dir: Path) -> list[tuple[str, str]]:
     store = open_remote(str(root), tmpnames.pointer_tmp_tag(tmpnames.host_tag(), os.getpid()))
     left: list[tuple[str, str]] = []
     sync_leftovers.clean_remote_tmp(store, None, lambda n, why: left.append((n, why)), lambda key, msg: None,
-                                    lambda msg: None, remote_claim.encoded(remote_claim.Claim(run_dir, "r")))
+                                    lambda msg: None, remote_claim.encoded(remote_claim.Claim(run_dir, "r"), store))
     return left
 
 
@@ -59,7 +59,7 @@ def test_the_claims_temporary_of_a_writer_killed_mid_write_is_removed_as_this_ru
     pid = killed_writer(root, run_dir)
     temps = os.listdir(root)
     assert len(temps) == 1 and temps[0].startswith(f".{OWNER}.{tmpnames.host_tag()}-{pid}-"), temps
-    whole = run_owner.encode(run_owner.record(run_dir, "r"))
+    whole = remote_claim.encoded(remote_claim.Claim(run_dir, "r"), open_remote(str(root)))
     assert (root / temps[0]).read_bytes() == whole  # the whole claim, as the crash left it
     cut = root / f".{OWNER}.{tmpnames.host_tag()}-{pid}-0123abcd.tmp"
     cut.write_bytes(whole[:remote_made.run_dir_field_end(whole)])  # a write cut sooner, past its run_dir field

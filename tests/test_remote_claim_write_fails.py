@@ -68,7 +68,7 @@ def test_the_cut_start_of_this_runs_own_claim_is_replaced_whole(tmp_path, cut):
     (root / OWNER).write_bytes(whole[:cut])  # what an older minilmd's failed write left
     assert remote_claim.problem(store, claim) is None
     assert remote_claim.ensure(store, claim) is True
-    assert (root / OWNER).read_bytes() == whole
+    assert (root / OWNER).read_bytes() == remote_claim.encoded(claim, store)  # the whole claim, as written now
     assert sorted(os.listdir(root)) == [OWNER]
 
 

@@ -152,6 +152,8 @@ def judge(store: RemoteStore, claim: Claim) -> Refusal | None:
     if owner is not None:
         if run_owner.is_run(owner, claim.run_dir):
             return None
+        if moved := _moved_here(store, owner):
+            return Refusal(moved)  # waited for: put back where it was written, it is no run's here
         return Refusal(_another_run(store, owner, claim),
                        f"run.remote {store.url} belongs to another run, {run_owner.describe(owner)}")
     steps = _steps(store)
@@ -178,8 +180,8 @@ def _our_leftover(store: RemoteStore, claim: Claim) -> bool:
         raw = store.cat_own(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
     except (OSError, Unreadable):
         return False
-    whole = encoded(claim)
-    return len(raw) < len(whole) and whole.startswith(raw)
+    older = run_owner.encode(run_owner.record(claim.run_dir, claim.run_name))  # no RUN_REMOTE yet: what they wrote
+    return any(len(raw) < len(whole) and whole.startswith(raw) for whole in (older, encoded(claim, store)))
 
 
 def ensure(store: RemoteStore, claim: Claim) -> bool:
@@ -194,7 +196,7 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
             return False
     except NotARecord:  # this run's cut claim (problem said so): replaced in one rename, only this user's file
         try:
-            store.replace_own(REMOTE_OWNER, encoded(claim))
+            store.replace_own(REMOTE_OWNER, encoded(claim, store))
         except FileNotFoundError:
             _write_new(store, claim)  # removed meanwhile: made new, never over another's
     else:
@@ -209,14 +211,46 @@ def _write_new(store: RemoteStore, claim: Claim) -> None:
     never over a file that stands there); one made meanwhile by another run's sync is left, for `problem` to judge.
     Any other failure (ENOSPC, EIO) raises as it is."""
     try:
-        store.put_new(REMOTE_OWNER, encoded(claim))
+        store.put_new(REMOTE_OWNER, encoded(claim, store))
     except FileExistsError:
         pass
 
 
-def encoded(claim: Claim) -> bytes:
-    """The claim as owner.json holds it (and the temporary it is written under)."""
-    return run_owner.encode(run_owner.record(claim.run_dir, claim.run_name))
+def encoded(claim: Claim, store: RemoteStore) -> bytes:
+    """The claim as owner.json holds it (and the temporary it is written under): the run, and the remote it was
+    written for (`run_remote`: written_for), sorted after run_dir and run_name, so that the cut start of an older
+    minilmd's claim, which lacks it, still reads as this run's (`_our_leftover`)."""
+    return run_owner.encode({**run_owner.record(claim.run_dir, claim.run_name), RUN_REMOTE: written_for(store)})
+
+
+RUN_REMOTE = "run_remote"
+"""The claim's field naming the remote it was written for. In a team directory a member may rename the entries of
+another's (group-writable, not sticky): one user's two runs' remotes side by side, `mv r1/owner.json r2/owner.json`
+made run 2's claim run 1's, and run 2 stopped for good, as on a remote that another run syncs to (hostile audit,
+stop 65, F1). A claim written for another remote is one moved here: waited for, said as what it is (`_moved_here`)."""
+
+
+def written_for(store: RemoteStore) -> str:
+    """The remote a claim is written for: a local one's absolute path, links resolved (as a run's run_dir: a link's
+    name and its target are one remote); a URL as it is."""
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+
+    return run_owner.run_identity(Path(store.root)) if isinstance(store, LocalRemote) else store.url
+
+
+def _moved_here(store: RemoteStore, owner: dict) -> str:
+    """Why the claim of another run that `store` holds is none of this remote's, where it was written for another
+    remote (RUN_REMOTE): moved here. "" where it names this remote, or none (an older minilmd's claim: the claim of a
+    run that syncs here, as before)."""
+    was = owner.get(RUN_REMOTE)
+    if not isinstance(was, str) or was == written_for(store):
+        return ""
+    there = printable(was)
+    return (f"{store.show(REMOTE_OWNER)} is the claim of {run_owner.describe(owner)} on another remote, {there}, "
+            f"not on {store.url}: moved here (renamed by someone who may write both directories?), so no run's "
+            f"claim of this remote. The run neither syncs here nor resumes from here while it stands: move it back "
+            f"to {there}/{REMOTE_OWNER} (that run's own), or remove it; this run's next sync then claims "
+            f"{store.url} again where its records say it synced there")
 
 
 def still_ours(store: RemoteStore, claim: Claim) -> str | None:
@@ -416,7 +450,7 @@ def take_over(store: RemoteStore, claim: Claim) -> str:
         return ""
     try:
         if plan.replaces:
-            store.replace_own(REMOTE_OWNER, encoded(claim))
+            store.replace_own(REMOTE_OWNER, encoded(claim, store))
         else:
             _write_new(store, claim)
     except FileNotFoundError:

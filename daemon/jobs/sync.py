@@ -189,8 +189,8 @@ class Syncer(CopyUp, Fetcher):
         self._ensure_claim()
         if isinstance(remote, LocalRemote) and self.claim is not None:  # a run's (a tool's syncs: no claim, no record)
             remote.remember_root()  # what the root is, for every later sync to know it by (remote_root.py)
-        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log,
-                                        remote_claim.encoded(self.claim) if self.claim is not None else None)
+        claim = remote_claim.encoded(self.claim, self.remote) if self.claim is not None else None
+        sync_leftovers.clean_remote_tmp(self.remote, self.base, self._leave, self._once, self.log, claim)
         self._sync_base()
         self.watch.reading(f"looking at {self.remote_url}")
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
