@@ -217,7 +217,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     refused_paths = set(unexpanded_keys(raw))  # what the machine checks derive from them waits (machine_checks_wait)
     classes = _section_classes()
     cfg = RunConfig(source=source)
-    explicit, mistyped = set(), set()
+    explicit, mistyped, tables = set(), set(), set()
     settable = {section: [toml_key(f.name) for f in fields(cls) if f"{section}.{toml_key(f.name)}"
                           not in SUPERVISOR_SET_KEYS] for section, cls in classes.items()}
     for section, body in raw.items():
@@ -227,6 +227,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
         if not isinstance(body, dict):
             problems.append(f"[{section}] must be a table, not {type(body).__name__}")
             continue
+        tables.add(section)
         cls = classes[section]
         hints = {toml_key(name): hint for name, hint in get_type_hints(cls).items()}
         attrs = {toml_key(f.name): f.name for f in fields(cls)}
@@ -245,7 +246,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
                 value = float(value)
             setattr(target, attrs[key], value)
             explicit.add(f"{section}.{key}")
-    cfg._explicit = frozenset(explicit)
+    cfg._explicit, cfg._tables = frozenset(explicit), frozenset(tables)
     problems += check_values(cfg, train_tokens_of, mistyped)
     if more_checks is not None and not machine_checks_wait(cfg, mistyped | refused_paths):
         problems += more_checks(cfg)  # else they would judge a default, a -1, or a `~/runs` under the working directory

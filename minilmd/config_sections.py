@@ -408,10 +408,16 @@ class RunConfig:
     source: str = ""
     """The file this config was read from (not a TOML key)."""
     _explicit = frozenset[str]()  # not a field: "section.key" of every key the TOML or a --set gave
+    _tables = frozenset[str]()  # not a field: every [section] the TOML writes, keys in it or none
 
     def is_set(self, key: str) -> bool:
         """Whether "section.key" was written in the config or given with --set (not left to its default)."""
         return key in self._explicit
+
+    def section_written(self, section: str) -> bool:
+        """Whether the config writes a [section] table (an empty one too: a bare `[dpo]` says what the file means)
+        or sets one of its keys (in the file or with --set)."""
+        return section in self._tables or any(key.startswith(f"{section}.") for key in self._explicit)
 
     def override(self, key: str, value: Any) -> None:
         """Set "section.key" as a --set would (so that defaults such as SFT_DEFAULTS leave it alone)."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
-from typing import Any
 
 from minilmd import init_tokenizer
 from minilmd.bounded import bounded_probe
@@ -58,11 +56,11 @@ def stage_notes(cfg: RunConfig) -> list[str]:
 
 def init_from_notes(cfg: RunConfig) -> list[str]:
     """stage_notes' notes of init.from's checkpoint (init_notes: another tokenizer or chat template than the
-    corpus's, a DPO stage on a text or chat corpus...) and of a [dpo] beta its corpus ignores, for the supervisor
+    corpus's, a model trained on text before DPO...) and of a [dpo] its corpus ignores (dpo_ignored), for the supervisor
     once it has staged that checkpoint (daemon/jobs/stagingworker.py): a predecessor still training at `run --check`
     had none to compare, and a launch without `--check` says none."""
     meta = _corpus_meta(cfg)
-    return dpo_beta_ignored(cfg, data_format_of(meta) if meta is not None else "") + _bounded_init_notes(cfg, meta)
+    return dpo_ignored(cfg, data_format_of(meta) if meta is not None else "") + _bounded_init_notes(cfg, meta)
 
 
 def _corpus_meta(cfg: RunConfig) -> dict | None:
@@ -82,12 +80,11 @@ def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
     """The settings written in the config that the corpus's stage does not use: [dpo] off a preference corpus
-    (a DPO config pointed at another corpus trains that corpus's stage: dpo_beta_ignored), data.mode and
-    data.doc_mask on one (its
-    rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
+    (a DPO config pointed at another corpus trains that corpus's stage: dpo_ignored), data.mode and data.doc_mask on
+    one (its rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
-    notes = dpo_beta_ignored(cfg, data_format)
+    notes = dpo_ignored(cfg, data_format)
     if data_format == "dpo" and cfg.is_set("data.mode") and cfg.data.mode != "bucketed":
         notes.append(f"data.mode = {cfg.data.mode!r} has no effect on a preference corpus: its pairs are "
                      f"length-bucketed, both sides in one micro-batch padded to its longest row")
@@ -112,49 +109,19 @@ def packed_sft(cfg: RunConfig, data_format: str) -> list[str]:
             f"conversations packed (padding-free)"]
 
 
-PREFERENCE_CORPUS = "a preference corpus is one of `minilmd prepare --format dpo`"
-SFT_AGAIN = ("; meant as SFT again on the SFT model (a style stage)? Then leave [dpo] out of this config (a copy of "
-             "deploy/example.toml writes it) and this note goes")
-"""A chat corpus after an SFT checkpoint with [dpo] at its defaults: a DPO stage pointed at the SFT corpus, or a
-second SFT stage from a copy of deploy/example.toml; the config cannot tell which (a new user's style stage was
-told to leave out a [dpo] it never wrote), so the note says both."""
-
-
-def _dpo_written(cfg: RunConfig) -> dict[str, Any]:
-    """The [dpo] settings written in the config (or --set): name, value."""
-    return {f.name: getattr(cfg.dpo, f.name) for f in dataclasses.fields(DpoSection) if cfg.is_set(f"dpo.{f.name}")}
-
-
-def dpo_beta_ignored(cfg: RunConfig, data_format: str) -> list[str]:
-    """[dpo] written in the config (or --set) with a value other than its default on a text or chat corpus: a DPO
-    config pointed at another corpus trains that corpus's stage. At its defaults [dpo] is noted only after an SFT
-    checkpoint (dpo_after_sft; one rule for both corpus kinds): a copy of deploy/example.toml (which writes every key
-    out, beta = 0.1 too) for pretraining or SFT is no mistake."""
-    written = _dpo_written(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(DpoSection)}
-    if data_format in ("", "dpo") or all(value == defaults[name] for name, value in written.items()):
+def dpo_ignored(cfg: RunConfig, data_format: str) -> list[str]:
+    """A [dpo] written in the config (a table, empty or not, or a --set dpo key) on a text or chat corpus: the stage
+    follows the corpus (stage_defaults), so a DPO config pointed at another corpus trains that corpus's stage, and
+    nothing of init.from can tell (a .pth records nothing of how it was trained). Said at its defaults too:
+    deploy/example.toml leaves [dpo] commented out, so a config that writes it means DPO."""
+    if data_format in ("", "dpo") or not cfg.section_written("dpo"):
         return []
-    values = ", ".join(f"{name} = {value!r}" for name, value in written.items())
-    stage = stage_defaults(data_format, False)[0]
-    return [f"[dpo] {values} has no effect: {cfg.data.prepared} is a {data_format} corpus, so this run trains "
-            f"{stage}, not DPO ({PREFERENCE_CORPUS})" + ("; leave [dpo] out of an SFT config" if data_format == "chat"
-                                                         else "")]
-
-
-def dpo_after_sft(cfg: RunConfig, meta: dict | None, source_path: Path) -> list[str]:
-    """A DPO stage pointed at a text or chat corpus (walk 4 #3, user5 #4): [dpo] written in the config at its
-    defaults (other values: dpo_beta_ignored) and init.from's checkpoint fine-tuned on conversations (it holds a chat
-    template, which a text corpus's checkpoints never do): the stage after SFT is DPO. A copy of deploy/example.toml
-    (beta = 0.1 written out) for pretraining, or for SFT or more pretraining from a pretraining checkpoint, says
-    nothing."""
-    data_format = data_format_of(meta) if meta is not None else ""
-    if (data_format not in ("text", "chat") or not _dpo_written(cfg) or dpo_beta_ignored(cfg, data_format)
-            or not os.path.lexists(source_path / TOKENIZER_CONFIG)):
-        return []
-    trains = "as a plain language model" if data_format == "text" else "with SFT again"
-    return [f"[dpo] is set but {cfg.data.prepared} is a {data_format} corpus: this stage trains init.from's model "
-            f"(fine-tuned on conversations: {source_path} holds a chat template) {trains}, not DPO "
-            f"({PREFERENCE_CORPUS})" + (SFT_AGAIN if data_format == "chat" else "")]
+    written = ", ".join(f"{f.name} = {getattr(cfg.dpo, f.name)!r}" for f in dataclasses.fields(DpoSection)
+                        if cfg.is_set(f"dpo.{f.name}"))
+    stage = stage_defaults(data_format, cfg.lora.enabled)[0]
+    return [f"[dpo]{' ' + written if written else ''} has no effect: {cfg.data.prepared} is a {data_format} corpus, "
+            f"so this run's stage is {stage}, not DPO (DPO reads a preference corpus, one of `minilmd prepare "
+            f"--format dpo`); leave [dpo] out of a config that is not DPO's"]
 
 
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
@@ -183,7 +150,6 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
                      f"starts from the SFT stage's model")
-    notes += dpo_after_sft(cfg, meta, source.path)
     return notes + (init_tokenizer.notes(spec, cfg.data.prepared, source, state, meta) if meta is not None else [])
 
 

@@ -121,15 +121,7 @@ def test_a_corpus_of_another_tokenizer_or_chat_template_than_init_froms_checkpoi
             f"sha256 eeeeeeeeeeee") in said, said
 
 
-def test_settings_the_corpus_stage_ignores_are_said(tmp_path, corpus, dpo_corpus, chat_corpus):
-    said = _check(write_config(tmp_path, chat_corpus, name="sft", dpo={"beta": 0.2}))
-    assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
-            f"DPO") in said, said
-    assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="plain-sft"))
-    # deploy/example.toml writes every key out, beta = 0.1 too: a pretraining copy of it is no mistake
-    assert "[dpo]" not in _check(write_config(tmp_path, corpus, name="example-pretrain", dpo={"beta": 0.1}))
-    assert "[dpo] beta = 0.2 has no effect" in _check(write_config(tmp_path, corpus, name="beta-text",
-                                                                   dpo={"beta": 0.2}))
+def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus):
     for mode in ("packed", "padded"):
         said = _check(_dpo(tmp_path, dpo_corpus, name=mode, data={"mode": mode}))
         assert f"note: data.mode = '{mode}' has no effect on a preference corpus" in said, said
@@ -137,6 +129,29 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, corpus, dpo_corpus
     assert "note: data.doc_mask = true has no effect on a preference corpus" in said, said
     said = _check(_dpo(tmp_path, dpo_corpus, name="beta", dpo={"beta": 0.2}))
     assert "has no effect" not in said, said
+
+
+def test_a_dpo_section_off_a_preference_corpus_is_said_at_any_value(tmp_path, corpus, chat_corpus, dpo_corpus):
+    """The stage follows the corpus: [dpo] on a text or chat corpus trains that corpus's stage. On main a [dpo] at
+    its defaults said nothing (every copy of deploy/example.toml wrote beta = 0.1 out), so a DPO config pointed at
+    the SFT corpus trained SFT without a word; the example now leaves [dpo] commented out, and any [dpo] written
+    (an empty table, or a --set) is said."""
+    said = _check(write_config(tmp_path, chat_corpus, name="sft", dpo={"beta": 0.2}))
+    assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run's stage is SFT, "
+            f"not DPO (DPO reads a preference corpus, one of `minilmd prepare --format dpo`); leave [dpo] out of a "
+            f"config that is not DPO's") in said, said
+    assert "note: [dpo] beta = 0.1 has no effect" in _check(write_config(tmp_path, chat_corpus, name="default",
+                                                                         dpo={"beta": 0.1}))
+    assert f"note: [dpo] has no effect: {chat_corpus[0]} is a chat corpus" in _check(
+        write_config(tmp_path, chat_corpus, name="bare", dpo={}))  # `[dpo]` alone, no key under it
+    said = _check(write_config(tmp_path, corpus, name="text", dpo={"beta": 0.1}))
+    assert f"note: [dpo] beta = 0.1 has no effect: {corpus[0]} is a text corpus, so this run's stage is " \
+           f"pretraining, not DPO" in said, said
+    plain = write_config(tmp_path, chat_corpus, name="plain-sft")
+    assert "[dpo]" not in _check(plain)
+    said = " ".join(CliRunner().invoke(app, ["run", "--check", str(plain), "--set", "dpo.beta=0.1"]).output.split())
+    assert "note: [dpo] beta = 0.1 has no effect" in said, said
+    assert "[dpo]" not in _check(_dpo(tmp_path, dpo_corpus, name="dpo-default", dpo={"beta": 0.1}))
 
 
 def test_sft_with_the_pretraining_mode_written_out_is_said_as_a_note(tmp_path, corpus, chat_corpus):
@@ -153,28 +168,6 @@ def test_sft_with_the_pretraining_mode_written_out_is_said_as_a_note(tmp_path, c
     assert "data.mode = 'packed'" not in pretraining, pretraining
 
 
-def test_a_dpo_stage_pointed_at_a_text_corpus_after_sft_is_said_and_a_copy_of_the_example_is_not(
-        tmp_path, corpus, chat_corpus):
-    """Walk 4 #3: dpo.toml with data.prepared a pretraining corpus (`[dpo] beta = 0.1`, the default, init.from the
-    SFT stage) passed `--check` with "OK" and no word; the supervisor says it too once it has staged init.from."""
-    from minilmd.stage_notes import init_from_notes
-
-    config = write_config(tmp_path, corpus, name="dpotext", dpo={"beta": 0.1},
-                          init={"from": str(tmp_path / "nfs-sft")})
-    ckpt = _source_root(tmp_path, config, corpus[0], step=100, total=100, template=False) / "step-00000100"
-    shutil.copy(chat_corpus[0] / "tokenizer_config.json", ckpt)  # fine-tuned on conversations: the SFT stage's
-    note = (f"note: [dpo] is set but {corpus[0]} is a text corpus: this stage trains init.from's model (fine-tuned on "
-            f"conversations: {ckpt} holds a chat template) as a plain language model, not DPO (a preference corpus "
-            f"is one of `minilmd prepare --format dpo`)")
-    assert note in _check(config), _check(config)
-    assert [n for n in init_from_notes(load_config(config)) if "[dpo] is set" in n] == [note[len("note: "):]]
-    unset = write_config(tmp_path, corpus, name="no-dpo", init={"from": str(tmp_path / "nfs-sft")})
-    assert "[dpo]" not in _check(unset)  # no [dpo] written: more training of that model on text, as it says
-    (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: a copy of deploy/example.toml
-    assert "[dpo]" not in _check(config)
-    assert "[dpo]" not in _check(write_config(tmp_path, corpus, name="pretrain", dpo={"beta": 0.1}))
-
-
 def test_a_third_users_chat_template_in_init_froms_checkpoint_is_not_read(tmp_path, dpo_corpus):
     """The checkpoint's tokenizer_config.json is read as init_place reads the source: a file of the source's owner
     or ours. On main a third user's file there (another template) was read and compared."""
@@ -189,27 +182,33 @@ def test_a_third_users_chat_template_in_init_froms_checkpoint_is_not_read(tmp_pa
     assert "another chat template" not in _check(config)
 
 
-def test_dpo_at_its_defaults_on_a_chat_corpus_is_said_after_sft_and_a_copy_of_the_example_for_sft_is_not(
-        tmp_path, chat_corpus):
-    """One rule for text and chat corpora. user5 #4: the docs' dpo.toml (beta = 0.1, the default; init.from the SFT
-    stage) pointed at the SFT corpus by a typo said nothing. Review 7 #3: then every SFT config copied from
-    deploy/example.toml (which writes beta = 0.1 out) was told to leave [dpo] out. A new user's second SFT stage
-    from the SFT model (a style stage), a copy of the example too, cannot be told from the first: the note says
-    both."""
-    example_sft = write_config(tmp_path, chat_corpus, name="example-sft", dpo={"beta": 0.1})
-    assert "[dpo]" not in _check(example_sft)  # SFT from scratch, a copy of the example
-    config = write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1},
-                          init={"from": str(tmp_path / "nfs-sft")})
-    ckpt = _source_root(tmp_path, config, chat_corpus[0], step=100, total=100) / "step-00000100"  # the SFT stage's
+def test_a_dpo_config_on_the_sft_corpus_from_a_pth_is_said_at_check_and_at_the_launch(tmp_path, chat_corpus):
+    """A new user's DPO config (a copy of deploy/example.toml: [dpo] at its defaults) pointed at the chat corpus,
+    init.from a MiniMind .pth: the run trains SFT, and a .pth records nothing of how it was trained, so no note of
+    init.from's could tell. On main `--check` said nothing, nor did the supervisor once it staged the .pth
+    (init_from_notes, the launch's notes). From a checkpoint of the SFT stage (a chat template) it is said once."""
+    import torch
+
+    from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
+    from minilmd.stage_notes import init_from_notes
+
+    model = load_config(write_config(tmp_path, chat_corpus, name="shape")).model_dict()
+    state = {k: torch.randn(shape).half() for k, shape in expected_state_shapes(model).items()}
+    state[TIED_HEAD_KEY] = state[EMBED_KEY]
+    torch.save(state, tmp_path / "sft.pth")
+    config = write_config(tmp_path, chat_corpus, name="dpo", dpo={"beta": 0.1},
+                          init={"from": str(tmp_path / "sft.pth")})
+    note = (f"[dpo] beta = 0.1 has no effect: {chat_corpus[0]} is a chat corpus, so this run's stage is SFT, not DPO "
+            f"(DPO reads a preference corpus, one of `minilmd prepare --format dpo`)")
     said = _check(config)
-    assert (f"note: [dpo] is set but {chat_corpus[0]} is a chat corpus: this stage trains init.from's model "
-            f"(fine-tuned on conversations: {ckpt} holds a chat template) with SFT again, not DPO (a preference "
-            f"corpus is one of `minilmd prepare --format dpo`); meant as SFT again on the SFT model (a style "
-            f"stage)? Then leave [dpo] out of this config (a copy of deploy/example.toml writes it) and this note "
-            f"goes") in said, said
-    assert "has no effect" not in said, said  # said once
-    (ckpt / "tokenizer_config.json").unlink()  # init.from a pretraining checkpoint: SFT, a copy of the example
-    assert "[dpo]" not in _check(config)
+    assert f"note: {note}" in said, said
+    assert [n for n in init_from_notes(load_config(config)) if "[dpo]" in n] == [
+        f"{note}; leave [dpo] out of a config that is not DPO's"]
+    from_sft = write_config(tmp_path, chat_corpus, name="docs-dpo", dpo={"beta": 0.1},
+                            init={"from": str(tmp_path / "nfs-sft")})
+    _source_root(tmp_path, from_sft, chat_corpus[0], step=100, total=100)  # the SFT stage's, a chat template
+    said = _check(from_sft)
+    assert said.count("[dpo]") == 2 and f"note: {note}" in said, said  # one note, naming [dpo] twice
 
 
 def test_sft_without_init_from_is_said_as_dpo_without_it_is(tmp_path, corpus, chat_corpus):

@@ -249,11 +249,23 @@ def test_example_config_is_valid_and_is_the_notes_768x8_run():
     assert cfg.scratch_is_default and cfg.scratch_dir == Path(f"/dev/shm/minilmd-{os.geteuid()}/{cfg.run.name}")
 
 
+COMMENTED_OUT = {"dpo"}
+"""Sections the example writes commented out: a config that writes [dpo] means a DPO stage, and `run --check` notes
+it on any other corpus (minilmd/stage_notes.py dpo_ignored), so a copy of the example for pretraining or SFT must
+not carry it live."""
+
+
 def test_example_config_writes_out_every_key_of_the_schema():
-    raw = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    text = EXAMPLE.read_text(encoding="utf-8")
+    raw = tomllib.loads(text)
     schema = {f.name: {toml_key(g.name) for g in fields(f.default_factory())} for f in fields(RunConfig)
               if f.name != "source"}
-    assert {section: set(body) for section, body in raw.items()} == schema
+    assert {section: set(body) for section, body in raw.items()} == {
+        section: keys for section, keys in schema.items() if section not in COMMENTED_OUT}
+    # the commented-out sections, uncommented, hold every key of theirs too
+    uncommented = tomllib.loads(re.sub(r"(?m)^# (\[[a-z_]+\]|[a-z_]+ = .*)$", r"\1", text))
+    assert {section: set(uncommented[section]) for section in COMMENTED_OUT} == {
+        section: schema[section] for section in COMMENTED_OUT}
 
 
 def test_example_config_comments_every_key():
