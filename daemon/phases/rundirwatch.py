@@ -3,7 +3,8 @@
 `RunState.save` and `EventLog.emit` (daemon/base/runstate.py) never raise on a full disk; they say why in their
 `unwritten`. `RunDirWatch` writes state.json for the supervisor (`save()` at each transition, `tick()` every
 STATE_EVERY_S) and reads those `unwritten` after each write: it says once on stdout (the journal keeps what run.dir
-cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on until its own
+cannot) that run.dir is full, and once in the events that it has room again (RESTART_ROOM, a trainer's: less is
+said as the few KiB it is, never "room again" before a stop for a full run.dir). A live trainer goes on until its own
 writes there find it full (it then saves to scratch at the next step boundary and exits 73, trainer/loop/guards.py);
 no trainer can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before
 it launches one and when one has ended (room is tested: a trainer's exit 73 is not believed alone, with room, at
@@ -129,6 +130,7 @@ class RunDirWatch:
         self.short: str | None = None  # why run.dir, written again, has no room for a restarted trainer (still_full)
         self.why: str | None = None  # the full run.dir the run stops for, as stop() said it
         self.removed = False  # run.dir itself was removed while the run ran: stop now, whatever else
+        self.room_since_stop = False  # room for a trainer came back while the stop for a full run.dir went on
         self.last_save = 0.0
         make_reserve(run_dir)  # no room for it: the run starts all the same, its last words may be lost
 
@@ -143,7 +145,8 @@ class RunDirWatch:
         self.watch(phase)
 
     def watch(self, phase) -> None:
-        """Say once that run.dir is full (on stdout: the journal keeps it), and once that it has room again."""
+        """Say once that run.dir is full (on stdout: the journal keeps it), and once that it takes the writes again:
+        "room again" where a trainer has room there (RESTART_ROOM free), else how little is free."""
         if phase in FINAL_PHASES:
             return  # its last words were written with the reserve's room: there is none again
         problem = self.state.unwritten or self.events.unwritten
@@ -159,7 +162,14 @@ class RunDirWatch:
                   f"ended the run stops after its last sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)",
                   flush=True)
         elif self.full is not None and self.state.unwritten is None and not self.removed:
-            self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
+            # "room again" only where a trainer has room (RESTART_ROOM): the few KiB a trainer's exit frees take
+            # state.json, and then still_full stops the run for a full run.dir; saying room first misled
+            if short := restart_room_short(self.run_dir):
+                self.events.emit("disk", f"run.dir {self.run_dir}: state.json and events are written again, but "
+                                         f"{short}")
+            else:
+                self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
+                self.room_since_stop = self.stopping  # the stop goes on: outcome says the room came back
             self.full = self.events.unwritten
 
     def still_full(self, phase, ended: Cause | None = None) -> bool:
@@ -210,6 +220,10 @@ class RunDirWatch:
                     f"went with it. Once this supervisor (pid {os.getpid()}) has ended (it ends now; a start while "
                     f"it lives is refused: it holds the run's scratch), start the run again to make run.dir anew and "
                     f"resume from that checkpoint, or remove scratch too to end the run")
+        if self.room_since_stop:  # said in the events as it came: the stop was decided, and is not undone
+            return (f"stopped because run.dir was full ({self.why}), though it has room again since (the stop was "
+                    f"under way): not restarted (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; start the "
+                    f"run again")
         return (f"stopped because run.dir is full ({self.why or self.full}): not restarted (exit "
                 f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
                 f"run again")
