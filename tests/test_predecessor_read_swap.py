@@ -153,7 +153,8 @@ def test_the_lineage_reads_her_checkpoints_trainer_state_not_one_a_third_uid_pla
     init = {"kind": "checkpoint", "path": str(step), "step": 5, "manifest_sha256": "ab" * 32}
     run_dir = run_whose_step_1_records(tmp_path, corpus, init, name="mine", remote=False)[1].run_dir
     hers = f"{step} (step 5, sha256 abababababab, belongs to user nobody (uid {uid}))"  # her checkpoint: whose said
-    chain = [hers, "/planted.pth (step -, sha256 cdcdcdcdcdcd)"] if planted_by == "her" else [hers]
+    chain = [hers, "/planted.pth (a .pth: weights alone, no step nor source recorded; sha256 cdcdcdcdcdcd)"] \
+        if planted_by == "her" else [hers]
     assert initwait.lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir) == chain
     assert _lineage_lines(run_dir) == [f"  lineage: {' <- '.join(chain)}"]
 

@@ -86,7 +86,8 @@ def test_every_reader_of_a_trainer_state_that_validation_accepts_reads_it(tmp_pa
     assert init_source.source_model(init_source.InitSource("checkpoint", ckpt)) == {"hidden_size": 8}
     cfg = SimpleNamespace(init=SimpleNamespace(from_=str(ckpt), checkpoint="last"))
     assert update_share.base_rows(cfg) == (ckpt, 56, json.loads((ckpt / names.TRAINER_STATE).read_bytes()))
-    assert initwait.lineage(tmp_path) == ["/base.pth (step -, sha256 abababababab)"]
+    assert initwait.lineage(tmp_path) == [
+        "/base.pth (a .pth: weights alone, no step nor source recorded; sha256 abababababab)"]
 
 
 def test_a_tokenizer_config_beside_a_tokenizer_is_taken_as_a_chat_template_file_too(tmp_path):

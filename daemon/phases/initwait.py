@@ -246,6 +246,21 @@ LINEAGE_PATH_SHOWN = 1024
 planted megabyte printed a megabyte) is shown cut, saying how much was left out (untrusted.clipped)."""
 
 
+def lineage_entry(init: dict, whose: str = "") -> str:
+    """One stage of the lineage: the source a checkpoint's trainer_state.json "init" records (another user's word,
+    each value clipped), with `whose` (source_owner.owner_words) where said. A .pth (kind "minimind": MiniMind's
+    weights, or `minilmd export --merge`'s of a LoRA run) is weights alone and records no step nor what it came
+    from, so it is said as one; before, it read `merged.pth (step -, ...)`."""
+    path = clipped(str(init.get("path")), LINEAGE_PATH_SHOWN)
+    whose = f", {whose}" if whose else ""
+    if init.get("kind") == "minimind":
+        return f"{path} (a .pth: weights alone, no step nor source recorded; sha256 {str(init.get('sha256') or '')[:12]}" \
+               f"{whose})"
+    via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
+    sha = init.get("manifest_sha256") or init.get("sha256") or ""
+    return f"{path} (step {clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]}{whose})"
+
+
 def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = None) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
     run.remote, once scratch is gone, or not looked in: None): each step's source, its step and fingerprint,
@@ -263,13 +278,9 @@ def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = N
             break
         if not isinstance(init, dict) or not init:
             break
-        sha = init.get("manifest_sha256") or init.get("sha256") or ""
-        via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
         said_path = init.get("path")  # a checkpoint's word: a path only when it is a string
         whose = owner_words(said_path) if isinstance(said_path, str) and said_path else ""  # a teammate's: said
-        chain.append(f"{clipped(str(init.get('path')), LINEAGE_PATH_SHOWN)} (step "  # each is another user's word
-                     f"{clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]}"
-                     f"{', ' + whose if whose else ''})")
+        chain.append(lineage_entry(init, whose))
         path = None
         if init.get("kind") == "checkpoint" and isinstance(said_path, str) and said_path:
             path = Path(said_path)
