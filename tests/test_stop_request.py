@@ -13,12 +13,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from deploy_helpers import MINILMD, launcher  # noqa: F401 - the fixture
-from minilmd import names, protocol
+from minilmd import names, proc_info, protocol
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.host import sdnotify
@@ -180,6 +181,23 @@ def test_a_request_left_then_read_then_cleared(tmp_path):
     assert problem is None and request is not None and request.time is not None
     assert request.words().startswith("minilmd stop at ") and f"by uid {os.getuid()} on " in request.words()
     assert stoprequest.clear(tmp_path) is None and not path.exists()
+
+
+def test_a_start_of_a_done_run_keeps_a_request_it_would_honour_and_clears_one_it_would_not(tmp_path):
+    """clear_at_a_done_start asks the one rule (_honours): this process began before the stop (a start under way),
+    so the request is its to honour, and stays (audit, stop 65: its own test cleared it); a process begun after the
+    request, by hand, clears it."""
+    path = stoprequest.leave(tmp_path, os.getuid())  # asked after this process began
+    assert stoprequest.clear_at_a_done_start(tmp_path, {}) is None and path.exists()
+    asked = stoprequest.read(tmp_path)[0].since_boot
+    while proc_info.since_boot() < asked + 0.03:  # past the 10 ms tick a process's start is kept in (rounded down)
+        time.sleep(0.01)
+    later = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                            "from minilmd.daemon.base import stoprequest; "
+                            "print(stoprequest.clear_at_a_done_start(Path(sys.argv[1]), {}))", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
+    assert "cleared, this start is no launcher's automatic restart" in later.stdout, later.stdout + later.stderr
+    assert not path.exists()
 
 
 def test_roots_request_in_a_users_run_directory_is_hers_to_honour_and_clear(shared):

@@ -198,7 +198,7 @@ def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | No
     left one. run_dir is walked as `leave` walks it (no link followed); an automatic restart leaves the request (it
     is honoured, and the run is done anyway). What was done, in words for the start's output; None when nothing."""
     request, problem = read(run_dir)
-    if request is None or problem or (automatic_restart(environ) is not None and not request.after_end):
+    if request is None or problem or _honours(request, automatic_restart(environ)):
         return None
     try:
         with _open_run_dir(run_dir) as where:
@@ -206,7 +206,7 @@ def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | No
                 return None
     except (OSError, ValueError) as e:  # PlaceRefused is a ValueError
         return f"{request.words()}: left ({printable(str(e))})"
-    return f"{request.words()}: cleared, this start is no launcher's automatic restart"
+    return f"{request.words()}: cleared, {_why_cleared(request)}"
 
 
 def automatic_restart(environ: Mapping[str, str]) -> str | None:
@@ -240,6 +240,13 @@ def _honours(request: StopRequest, how: str | None) -> bool:
     return asked_after_start(request) or (how is not None and not request.after_end)
 
 
+def _why_cleared(request: StopRequest) -> str:
+    """Why a start that does not honour the request (_honours) clears it, in words."""
+    if request.after_end:
+        return "left at the run's end for a start then under way; this start began after it"
+    return "this start is no launcher's automatic restart (by hand, or by systemd) and began after it"
+
+
 def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..., None]) -> tuple[str, str] | None:
     """`minilmd stop`'s request left while no supervisor ran, at a supervisor's start, once it holds the run lock (a
     `stop` later than this finds the supervisor and signals it): a launcher's automatic restart honours it, and so
@@ -256,9 +263,7 @@ def at_start(run_dir: Path, environ: MutableMapping[str, str], emit: Callable[..
         return None
     if not _honours(request, how):
         left = clear(run_dir)
-        why = "left at the run's end for a start then under way; this start began after it" if request.after_end \
-            else "this start is no launcher's automatic restart (by hand, or by systemd) and began after it"
-        emit("stop_request", f"{request.words()}: cleared, {why}" + (f"; {left}" if left else ""))
+        emit("stop_request", f"{request.words()}: cleared, {_why_cleared(request)}" + (f"; {left}" if left else ""))
         return None
     if asked_after_start(request):  # `stop` found no lock: this start had not taken it yet
         left = clear(run_dir) if request.after_end else None  # for this start only: honoured now
