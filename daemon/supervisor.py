@@ -65,7 +65,7 @@ from minilmd.daemon.host.lock import LockHeld, LockUnsafe
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs import remote_claim, runidentity
+from minilmd.daemon.jobs import remote_consent, runidentity
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.loopstate import Backoff, SupervisorState
@@ -121,7 +121,7 @@ class Supervisor(Attempt, Ending):
             if not (full := self._full_at_start(e)):
                 print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             return self._ends_early(protocol.SUPERVISOR_RUN_DIR_FULL if full else 1, f"run.dir: {e}", lock)
-        if self.claim_remote and (refused := remote_claim.take_over_at_launch(self.cfg, self.events.emit)):
+        if self.claim_remote and (refused := remote_consent.take_over_at_launch(self.cfg, self.events.emit)):
             print(f"minilmd run: {refused}", flush=True)
             return self._ends_early(protocol.SUPERVISOR_CONFIG, refused, lock)
         try:
@@ -390,7 +390,7 @@ HANDLERS: dict[Phase, Callable[[Supervisor], None]] = {
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
                    claim_remote: bool = False) -> int:
     """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
-    then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_claim.py)."""
+    then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_consent.py)."""
     try:
         cfg, resumes, held = preflight.launch(config_path, overrides, fresh, claim_remote)
     except ConfigError as e:

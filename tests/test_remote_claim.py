@@ -16,7 +16,7 @@ import pytest
 
 from minilmd import checkpoint_dirs, names, run_owner, scratch
 from minilmd.config import load_config
-from minilmd.daemon.jobs import remote_claim
+from minilmd.daemon.jobs import remote_claim, remote_consent
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteOfAnotherRun, SyncError
@@ -198,7 +198,7 @@ def test_a_run_moved_to_a_new_server_keeps_its_remote_and_a_copy_with_a_new_name
     assert "the same run.name, but a run is its run.dir" in said and "minilmd run --claim-remote CONFIG" in said
     said = remote_claim.problem(store, _claim(tmp_path / "copy" / "run", "copy"))
     assert said is not None and "/old-server/runs/s" in said and "'copy'" in said and "same run.name" not in said
-    assert "/old-server/runs/s" in remote_claim.take_over(store, moved)  # the consent: the claim names it now
+    assert "/old-server/runs/s" in remote_consent.take_over(store, moved)  # the consent: the claim names it now
     assert remote_claim.problem(store, moved) is None
 
 

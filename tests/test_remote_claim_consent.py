@@ -17,7 +17,7 @@ import pytest
 from minilmd import checkpoint_dirs, names, run_owner
 from minilmd.config import load_config
 from minilmd.daemon.host.lock import RunLock
-from minilmd.daemon.jobs import remote_claim
+from minilmd.daemon.jobs import remote_claim, remote_consent
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.dirfd import Dir
 from second_user import second_user
@@ -55,14 +55,14 @@ def test_the_consent_rewrites_this_users_claim_whole_and_the_run_may_sync(tmp_pa
     before = os.lstat(owner).st_ino
     store = open_remote(str(remote))
     claim = _moved_and_renamed(tmp_path)
-    took = remote_claim.take_over(store, claim)
+    took = remote_consent.take_over(store, claim)
     assert str(OLD) in took and "'s'" in took
     now = remote_claim.read(store)
     assert now is not None and now["run_dir"] == run_owner.run_identity(claim.run_dir) and now["run_name"] == "t"
     assert os.lstat(owner).st_ino != before  # a new file renamed into place, not the old one written over
     assert sorted(os.listdir(remote)) == [names.REMOTE_OWNER]  # no temporary file, no old claim left beside it
     assert remote_claim.problem(store, claim) is None
-    assert remote_claim.take_over(store, claim) == ""  # this run's now: nothing more to take
+    assert remote_consent.take_over(store, claim) == ""  # this run's now: nothing more to take
     said = remote_claim.problem(store, remote_claim.Claim(OLD, "s"))  # the old run's syncs: refused now
     assert said is not None and "belongs to another run" in said
 
@@ -73,7 +73,7 @@ def test_the_consent_rewrites_the_claim_on_an_object_store_too(tmp_path):
     store.fs.pipe_file(store.path(names.REMOTE_OWNER), run_owner.encode(run_owner.record(OLD, "s")))
     claim = _moved_and_renamed(tmp_path)
     assert remote_claim.problem(store, claim) is not None
-    assert str(OLD) in remote_claim.take_over(store, claim)
+    assert str(OLD) in remote_consent.take_over(store, claim)
     assert remote_claim.problem(store, claim) is None and remote_claim.read(store)["run_name"] == "t"
 
 
@@ -84,7 +84,7 @@ def test_the_consent_claims_an_unclaimed_remote_with_checkpoints(tmp_path):
     claim = _moved_and_renamed(tmp_path)
     said = remote_claim.problem(store, claim)
     assert said is not None and "--claim-remote" in said
-    assert "step-00000010" in remote_claim.take_over(store, claim)
+    assert "step-00000010" in remote_consent.take_over(store, claim)
     assert remote_claim.problem(store, claim) is None
 
 
@@ -97,9 +97,9 @@ def test_the_consent_does_not_take_the_remote_of_a_run_whose_supervisor_holds_it
     claim = _moved_and_renamed(tmp_path)
     with RunLock(alive):  # that run's supervisor, running now
         with pytest.raises(remote_claim.ClaimRefused, match="is running now .*stop it first"):
-            remote_claim.take_over(store, claim)
+            remote_consent.take_over(store, claim)
         assert owner.read_bytes() == kept
-    assert str(alive) in remote_claim.take_over(store, claim)  # once it stopped, the consent takes the remote
+    assert str(alive) in remote_consent.take_over(store, claim)  # once it stopped, the consent takes the remote
 
 
 def test_this_users_owner_json_that_holds_no_record_is_replaced_and_its_refusal_names_the_consent(tmp_path):
@@ -110,7 +110,7 @@ def test_this_users_owner_json_that_holds_no_record_is_replaced_and_its_refusal_
     claim = _moved_and_renamed(tmp_path)
     said = remote_claim.problem(store, claim)
     assert said is not None and "not valid JSON" in said and "--claim-remote" in said
-    assert "not valid JSON" in remote_claim.take_over(store, claim)
+    assert "not valid JSON" in remote_consent.take_over(store, claim)
     assert remote_claim.problem(store, claim) is None
 
 
@@ -124,7 +124,7 @@ def test_a_link_at_owner_json_is_neither_replaced_nor_followed(tmp_path):
     said = remote_claim.problem(store, _moved_and_renamed(tmp_path))
     assert said is not None and "cannot be read" in said and "--claim-remote" not in said  # it would not help
     with pytest.raises(remote_claim.ClaimRefused, match="replaces only a regular file of this user's"):
-        remote_claim.take_over(store, _moved_and_renamed(tmp_path))
+        remote_consent.take_over(store, _moved_and_renamed(tmp_path))
     assert (remote / names.REMOTE_OWNER).is_symlink() and json.loads(target.read_text())["run_name"] == "s"
 
 
@@ -136,7 +136,7 @@ def test_without_an_exchanging_rename_nfs_the_claim_is_replaced_through_a_name_a
     _claimed(remote)
     store = open_remote(str(remote))
     claim = _moved_and_renamed(tmp_path)
-    assert str(OLD) in remote_claim.take_over(store, claim)
+    assert str(OLD) in remote_consent.take_over(store, claim)
     assert remote_claim.read(store)["run_name"] == "t" and sorted(os.listdir(remote)) == [names.REMOTE_OWNER]
 
 
@@ -161,7 +161,7 @@ def test_another_users_file_put_in_place_of_the_claim_meanwhile_is_left_as_it_is
     if not exchanges:
         monkeypatch.setattr(Dir, "exchange", lambda self, a, b: False)
     with pytest.raises(remote_claim.ClaimRefused, match="was replaced while it was being replaced"):
-        remote_claim.take_over(open_remote(str(remote)), _moved_and_renamed(tmp_path))
+        remote_consent.take_over(open_remote(str(remote)), _moved_and_renamed(tmp_path))
     assert owner.read_bytes() == planted and os.lstat(owner).st_uid == uid
     assert sorted(os.listdir(remote)) == [names.REMOTE_OWNER]  # the new claim's temp file removed
 

@@ -14,7 +14,7 @@ import pytest
 
 from minilmd import names, run_owner
 from minilmd.config import load_config
-from minilmd.daemon.jobs import remote_claim
+from minilmd.daemon.jobs import remote_claim, remote_consent
 from minilmd.daemon.jobs.remote_local import open_remote
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 from supervisor_helpers import cli, write_config
@@ -106,7 +106,7 @@ def test_claim_remote_never_replaces_another_users_owner_json(teammate, tmp_path
     _plant(owner, {"run_dir": "/srv/x", "run_name": "x", "uid": uid, "host": "h"})
     before = (os.lstat(owner).st_ino, owner.read_bytes())
     with pytest.raises(remote_claim.ClaimRefused, match="never replaces nor removes another user's file"):
-        remote_claim.take_over(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run", "r"))
+        remote_consent.take_over(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run", "r"))
     launched = cli("run", "--claim-remote", str(config))
     assert launched.returncode == 2, launched.stdout + launched.stderr
     assert "never replaces nor removes another user's file" in launched.stdout + launched.stderr

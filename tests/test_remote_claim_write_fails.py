@@ -1,4 +1,4 @@
-"""The first sync's claim (run.remote/owner.json) is made whole or not at all (remote_claim._write_new,
+"""The first sync's claim (run.remote/owner.json) is made whole or not at all (remote_claim.write_new,
 RemoteStore.put_new); the cut claim an older minilmd left is replaced only when it is this run's own.
 
 Observed before (fault audit 7, F1): the first sync's write of owner.json failed partway (a full share, ENOSPC; or

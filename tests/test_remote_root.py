@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from minilmd import checkpoint_dirs
-from minilmd.daemon.jobs import remote_claim, remote_made, remote_root
+from minilmd.daemon.jobs import remote_claim, remote_consent, remote_made, remote_root
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.daemon.jobs.sync_errors import RemoteGone
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
@@ -92,7 +92,7 @@ def test_claim_remote_accepts_the_directory_there_now(tmp_path, weights):
     remote.mkdir()
     cfg = SimpleNamespace(run=SimpleNamespace(remote=str(remote), dir=str(tmp_path / "run"), name="r"),
                           run_dir=tmp_path / "run")
-    assert remote_claim.take_over_at_launch(cfg, lambda *a, **k: None) == ""  # `minilmd run --claim-remote`
+    assert remote_consent.take_over_at_launch(cfg, lambda *a, **k: None) == ""  # `minilmd run --claim-remote`
     save(local, 20, weights)
     assert _syncer(tmp_path, remote).sync_newest().step == 20
     recorded = remote_root.recorded(str(remote), remote_made.Made(remote_made.run_record(tmp_path / "run")))

@@ -25,7 +25,7 @@ checkpoint, sync its own steps there and prune the first run's with `sync.keep`.
 The claim is per run, not per host: every node of a Slurm job, every restart on another machine and a move to a new
 server where run.dir is the same path (a shared home) name the same run, and so does a run renamed in its run.dir. A
 sync never rewrites it, so a run moved to another run.dir (another server, another path; renamed or not) is refused
-by its own remote, as a copy is: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to
+by its own remote, as a copy is: `minilmd run --claim-remote`, the consent (remote_consent.py), rewrites it whole to
 name this run (one rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of
 the run it names is seen, and says so in events.jsonl; the next sync then takes the root it finds as this run's
 (daemon/jobs/remote_root.py accept: a share's directory replaced on purpose). A root moved away and replaced
@@ -156,7 +156,7 @@ def judge(store: RemoteStore, claim: Claim) -> Refusal | None:
             return Refusal(moved)  # waited for: put back where it was written, it is no run's here
         return Refusal(_another_run(store, owner, claim),
                        f"run.remote {store.url} belongs to another run, {run_owner.describe(owner)}")
-    steps = _steps(store)
+    steps = remote_steps(store)
     if not steps or claim.synced_before():
         return None
     return Refusal(_unclaimed(store, steps, claim),
@@ -198,15 +198,15 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
         try:
             store.replace_own(REMOTE_OWNER, encoded(claim, store))
         except FileNotFoundError:
-            _write_new(store, claim)  # removed meanwhile: made new, never over another's
+            write_new(store, claim)  # removed meanwhile: made new, never over another's
     else:
-        _write_new(store, claim)
+        write_new(store, claim)
     if refused := judge(store, claim):  # another run's sync made its claim first
         raise ClaimRefused(refused.words, refused.another_run)
     return True
 
 
-def _write_new(store: RemoteStore, claim: Claim) -> None:
+def write_new(store: RemoteStore, claim: Claim) -> None:
     """The claim made where there is none, whole or not at all (RemoteStore.put_new: a temporary renamed into place,
     never over a file that stands there); one made meanwhile by another run's sync is left, for `problem` to judge.
     Any other failure (ENOSPC, EIO) raises as it is."""
@@ -283,7 +283,7 @@ def replaced(store: LocalRemote) -> str:
             f"it)")
 
 
-def _steps(store: RemoteStore) -> list[str]:
+def remote_steps(store: RemoteStore) -> list[str]:
     try:
         return store.steps().ours
     except FileNotFoundError:
@@ -346,14 +346,16 @@ def check_problems(cfg, consent: bool = False) -> list[str]:
     `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal)."""
     def look(store: RemoteStore) -> str | None:
         if consent:
+            from minilmd.daemon.jobs.remote_consent import take_over_plan  # it builds on this module
+
             return take_over_plan(store, claim_of(cfg)).refused or None
         return problem(store, claim_of(cfg))
 
-    found = _probe(cfg, look)
+    found = probe_remote(cfg, look)
     return [found] if found else []
 
 
-def _probe(cfg, look: Callable[[RemoteStore], object]):
+def probe_remote(cfg, look: Callable[[RemoteStore], object]):
     """look(run.remote's store) in a bounded probe; None when there is no remote or run.dir, when the remote cannot
     be opened (the sync says why) or does not answer now."""
     if not cfg.run.remote or not cfg.run.dir:
@@ -383,119 +385,3 @@ TAKING_OVER = ("it rewrites the claim to name this run: this run then continues 
                "refused from then on (nothing copied, nothing pruned; a supervisor of it still running stops, exit "
                "2): only for that run in its new run.dir, running nowhere else")
 """What taking a remote over means, for the refusal, `run --check`, the event and the help alike."""
-
-
-@dataclass(frozen=True)
-class TakeOver:
-    """What `run --claim-remote` would do to the remote's claim (take_over_plan: reads only)."""
-
-    refused: str = ""
-    """Why the consent cannot make the remote this run's ("": it can)."""
-    takes: str = ""
-    """What the claim says now that it no longer will ("": nothing to take: this run's, or unclaimed and empty)."""
-    replaces: bool = False
-    """An owner.json of this user's stands there, replaced whole (else the claim is made new)."""
-
-
-def take_over_plan(store: RemoteStore, claim: Claim) -> TakeOver:
-    """Whether `run --claim-remote` may make the remote this run's. Never another user's file (it is neither
-    replaced nor removed), nor one that cannot be read (a link, a FIFO: left for a hand to look at), nor the claim of
-    a run whose supervisor holds its lock now (`_running`: its syncs would be refused while it trains); a run on a
-    disk this machine does not see cannot be told alive: TAKING_OVER says what taking its remote means."""
-    where = store.show(REMOTE_OWNER)
-    try:
-        owner = read(store)
-    except ForeignClaim as e:
-        return TakeOver(refused=f"run.remote {store.url}: {e}: {CONSENT} never replaces nor removes another user's "
-                                f"file; have its owner remove it, or give run.remote a directory of this run's own")
-    except NotARecord as e:
-        return TakeOver(takes=str(e), replaces=True)
-    except ValueError as e:
-        return TakeOver(refused=f"run.remote {store.url}: {e}: {CONSENT} replaces only a regular file of this "
-                                f"user's; remove it by hand if the remote is this run's")
-    if owner is None:
-        steps = _steps(store)
-        return TakeOver(takes=f"it held checkpoints ({steps[-1]} the newest) and no {REMOTE_OWNER}" if steps else "")
-    if run_owner.is_run(owner, claim.run_dir):
-        return TakeOver()
-    if running := _running(owner):
-        return TakeOver(refused=f"run.remote {store.url} belongs to {run_owner.describe(owner)}, whose supervisor "
-                                f"is running now ({running}): {CONSENT} does not take the remote of a live run (its "
-                                f"syncs would be refused while it trains); stop it first (`minilmd stop "
-                                f"{printable(owner['run_dir'])}`), or give run.remote a directory of this run's own")
-    return TakeOver(takes=f"{where} named {run_owner.describe(owner)}", replaces=True)
-
-
-def _running(owner: dict) -> str:
-    """The supervisor holding the lock of the run directory a claim names, as a machine that sees that directory
-    finds it (daemon/host/lock.py lock_holder: a probe that creates nothing); "" when none is seen."""
-    from minilmd.daemon.host.lock import lock_holder
-
-    try:
-        holder = lock_holder(owner["run_dir"])
-    except OSError:
-        return ""
-    return holder.describe() if holder else ""
-
-
-def take_over(store: RemoteStore, claim: Claim) -> str:
-    """`run --claim-remote`: the remote made this run's, its claim written whole (this user's owner.json replaced
-    by RemoteStore.replace_own, in one rename; where there is none, made new as a first sync's): what the claim
-    said before ("" when there was nothing to take). ClaimRefused when take_over_plan refuses, or the file changed
-    meanwhile (another user's put there, another run's claim made first): nothing of another user's is changed."""
-    plan = take_over_plan(store, claim)
-    if plan.refused:
-        raise ClaimRefused(plan.refused)
-    if not plan.takes:
-        return ""
-    try:
-        if plan.replaces:
-            store.replace_own(REMOTE_OWNER, encoded(claim, store))
-        else:
-            _write_new(store, claim)
-    except FileNotFoundError:
-        _write_new(store, claim)  # removed meanwhile: made new, never over another's
-    except OSError as e:
-        raise ClaimRefused(f"run.remote {store.url}: {store.show(REMOTE_OWNER)} was not rewritten: {e}") from None
-    if why := problem(store, claim):
-        raise ClaimRefused(why)
-    return plan.takes
-
-
-def take_over_at_launch(cfg, emit: Callable[..., None]) -> str:
-    """`minilmd run --claim-remote`, once the run's lock is held: take_over in a bounded probe, said in the event
-    `remote_claim`; why not ("" when done, or nothing to take), for the launch to exit 2 on."""
-    def take(store: RemoteStore) -> tuple[str, str]:
-        try:
-            return "", take_over(store, claim_of(cfg))
-        except ClaimRefused as e:
-            return str(e), ""
-
-    if not cfg.run.remote:
-        return ""
-    found = _probe(cfg, take)
-    if found is None:
-        return (f"run.remote {cfg.run.remote} did not answer in time (or cannot be opened): its claim is not known "
-                f"to be rewritten, and the run does not start; start it again with {CONSENT} once the remote answers")
-    refused, took = found
-    if not refused:  # the root there now is this run's remote, whatever the run recorded of it (remote_root.py)
-        from minilmd.daemon.jobs import remote_root
-
-        try:
-            remote_root.accept(cfg.run.remote.rstrip("/"), Path(cfg.run_dir))
-        except OSError as e:
-            return f"{CONSENT}: the run's record of run.remote's root was not rewritten ({e.strerror or e})"
-    if took:
-        emit("remote_claim", f"run.remote {cfg.run.remote} is this run's now ({CONSENT}): {took}; {TAKING_OVER}",
-             remote=cfg.run.remote)
-    return refused
-
-
-def check_note(cfg) -> str:
-    """What `run --check --claim-remote` says the launch will take over ("": nothing to take)."""
-    plan = _probe(cfg, lambda store: take_over_plan(store, claim_of(cfg)))
-    if plan is None or plan.refused or not plan.takes:
-        return ""
-    return f"{CONSENT}: the launch makes run.remote {cfg.run.remote} this run's: {plan.takes}; {TAKING_OVER}"
-
-

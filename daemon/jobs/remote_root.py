@@ -36,7 +36,7 @@ subvolume's) is recorded with the mount holding the root's path (review 12c F4: 
 so that a device number changed at a reboot was refused).
 A record for another run.remote is no record of this one (a config that names another remote: the first sync
 there records it). The user who put another directory at that path on purpose says so with `minilmd run
---claim-remote CONFIG` (`accept`, called by remote_claim.take_over_at_launch): the next sync records the root it
+--claim-remote CONFIG` (`accept`, called by remote_consent.take_over_at_launch): the next sync records the root it
 finds, or makes it where it is not there. Torch-free.
 """
 from __future__ import annotations

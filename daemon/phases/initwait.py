@@ -254,8 +254,8 @@ def lineage_entry(init: dict, whose: str = "") -> str:
     path = clipped(str(init.get("path")), LINEAGE_PATH_SHOWN)
     whose = f", {whose}" if whose else ""
     if init.get("kind") == "minimind":
-        return f"{path} (a .pth: weights alone, no step nor source recorded; sha256 {str(init.get('sha256') or '')[:12]}" \
-               f"{whose})"
+        digest = str(init.get("sha256") or "")[:12]
+        return f"{path} (a .pth: weights alone, no step nor source recorded; sha256 {digest}{whose})"
     via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
     sha = init.get("manifest_sha256") or init.get("sha256") or ""
     return f"{path} (step {clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]}{whose})"

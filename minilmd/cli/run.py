@@ -154,7 +154,7 @@ def _notes(cfg, plan, claim_remote: bool = False, rate=None) -> list[str]:
     notes += [full] if (full := room_note(cfg.run_dir)) else []  # run.dir's file system nearly full: exit 73 soon
     notes += [tight] if (tight := remote_room_note(cfg)) else []  # the remote: room for sync.keep + 1 checkpoints
     if claim_remote:
-        from minilmd.daemon.jobs.remote_claim import check_note
+        from minilmd.daemon.jobs.remote_consent import check_note
 
         notes += [taken] if (taken := check_note(cfg)) else []
     if not cfg.run.remote:
