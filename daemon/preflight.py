@@ -120,13 +120,13 @@ def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[st
     them and prune them; with `claim_remote` (`run --claim-remote`), only one the consent may not take over."""
     from pathlib import Path
 
-    from minilmd.daemon.jobs import remote_claim
+    from minilmd.daemon.jobs import remote_consent
 
     root = local_remote_root(cfg.run.remote)
     if root is not None and cfg.run.dir:
         if overlap := scratch.remote_overlap_problem(Path(root), cfg.scratch_dir, cfg.run_dir):
             return [overlap]
-    return remote_claim.check_problems(cfg, claim_remote)
+    return remote_consent.check_problems(cfg, claim_remote)
 
 
 def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool = False) -> list[str]:

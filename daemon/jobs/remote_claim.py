@@ -340,21 +340,6 @@ def claim_of(cfg) -> Claim:
     return Claim(Path(cfg.run_dir), cfg.run.name, synced_before(cfg))
 
 
-def check_problems(cfg, consent: bool = False) -> list[str]:
-    """For `run --check` and the launch: a remote this run may not use (another run's, or unclaimed with checkpoints
-    this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find.
-    `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal)."""
-    def look(store: RemoteStore) -> str | None:
-        if consent:
-            from minilmd.daemon.jobs.remote_consent import take_over_plan  # it builds on this module
-
-            return take_over_plan(store, claim_of(cfg)).refused or None
-        return problem(store, claim_of(cfg))
-
-    found = probe_remote(cfg, look)
-    return [found] if found else []
-
-
 def probe_remote(cfg, look: Callable[[RemoteStore], object]):
     """look(run.remote's store) in a bounded probe; None when there is no remote or run.dir, when the remote cannot
     be opened (the sync says why) or does not answer now."""

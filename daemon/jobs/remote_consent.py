@@ -144,3 +144,14 @@ def check_note(cfg) -> str:
     return f"{CONSENT}: the launch makes run.remote {cfg.run.remote} this run's: {plan.takes}; {TAKING_OVER}"
 
 
+def check_problems(cfg, consent: bool = False) -> list[str]:
+    """For `run --check` and the launch: a remote this run may not use (another run's, or unclaimed with checkpoints
+    this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find.
+    `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal)."""
+    def look(store: RemoteStore) -> str | None:
+        if consent:
+            return take_over_plan(store, claim_of(cfg)).refused or None
+        return problem(store, claim_of(cfg))
+
+    found = probe_remote(cfg, look)
+    return [found] if found else []
