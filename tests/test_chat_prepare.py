@@ -281,7 +281,39 @@ def test_a_val_split_of_few_conversations_is_warned_of_with_the_fraction_that_gi
     warning = [line for line in said if line.startswith("warning: val holds only")]
     assert warning == [f"warning: val holds only {in_val} of 300 conversations (val fraction 0.02): its loss, which "
                        f"early stopping and the best checkpoint follow, is that few conversations' noise; "
-                       f"--val-fraction {MIN_VAL_CONVERSATIONS / 300:.2g} gives about {MIN_VAL_CONVERSATIONS}"]
+                       f"--val-fraction 0.22 gives about 66"]  # 64 / 300 rounded up: never below 64
     enough: list[str] = []
     _prepare([src], chat_tokenizer, tmp_path / "enough", val_fraction=0.4, log=enough.append)
     assert not [line for line in enough if "val holds only" in line]  # ~120 conversations: no warning
+
+
+def _suggested_fraction(said: list[str]) -> float | None:
+    """The --val-fraction the few-val warning suggests, None without the warning."""
+    for line in said:
+        if line.startswith("warning: val holds only"):
+            return float(line.split("--val-fraction ")[1].split()[0])
+    return None
+
+
+def test_following_the_suggested_val_fraction_never_meets_the_same_advice(chat_tokenizer, tmp_path):
+    """The split goes by a hash of each text, so identical conversations fall on the same side: a corpus with many
+    copies (chatterbot's dialogs: 45 % of them) gets far fewer val conversations at MIN / total than MIN. Before, the
+    warning then suggested that very fraction again (`val holds only 58 of 2,428 pairs (val fraction 0.026) ...
+    --val-fraction 0.026 gives about 64`): each suggestion must be above the fraction that fell short, and following
+    them must end the warning."""
+    distinct = [[u(f"问题 {i}"), a(f"回答 {i}")] for i in range(120)]
+    conversations = [c for i, c in enumerate(distinct) for _ in range(1 + 6 * (i % 5 == 0))]  # lumps of 7 copies
+    src = write_chat_jsonl(tmp_path / "lumpy.jsonl", conversations)
+    fraction, tried = 0.02, []
+    for attempt in range(6):
+        said: list[str] = []
+        _prepare([src], chat_tokenizer, tmp_path / f"try{attempt}", val_fraction=fraction, log=said.append)
+        tried.append(fraction)
+        suggested = _suggested_fraction(said)
+        if suggested is None:
+            break
+        assert suggested > fraction, (tried, said)  # before: 0.026 suggested after 0.026 fell short
+        fraction = suggested
+    else:
+        raise AssertionError(f"still warned after following the suggestions {tried}")
+    assert len(tried) > 2, tried  # the corpus does fall short at MIN / total, as the case needs

@@ -20,6 +20,14 @@ def split_is_val(text: str, val_fraction: float) -> bool:
     return digest64(text.encode("utf-8")) < int(val_fraction * 2**64)
 
 
+def fraction_above(x: float) -> float:
+    """x rounded up to two significant digits, strictly above x: the --val-fraction a suggestion prints, which
+    takes the document whose digest is at x (and, suggested for more val, never rounds below the estimate)."""
+    digits = 1 - int(np.floor(np.log10(x))) if x > 0 else 2
+    up = float(np.ceil(x * 10**digits) / 10**digits)
+    return up if up > x else up + 10.0**-digits
+
+
 def leak_key(text: str) -> int:
     """Texts equal once all whitespace is removed share a key."""
     return digest64("".join(text.split()).encode("utf-8"))

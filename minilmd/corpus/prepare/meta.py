@@ -11,6 +11,7 @@ import numpy as np
 
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import prepare_summary
+from minilmd.corpus.prepare.block import fraction_above
 from minilmd.corpus.prepare.collect import Collector
 from minilmd.corpus.prepare.dpo_meta import report_pairs
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
@@ -172,15 +173,24 @@ def report(meta: dict, log) -> None:
 def _few_val(meta: dict) -> str:
     """The warning of a val split of fewer than MIN_VAL_CONVERSATIONS items (a preference corpus: pairs, which
     DPO's validation draws; data.val_windows counts them too), "" when it holds that many. The --val-fraction it
-    suggests gives at most half the corpus, and says so when that is fewer than MIN_VAL_CONVERSATIONS."""
+    suggests gives at most half the corpus, and says so when that is fewer than MIN_VAL_CONVERSATIONS.
+
+    The split goes by a hash of each text, so identical texts fall on one side: a corpus of many copies gets far
+    fewer at MIN / total than MIN. Once the fraction in use is that share already, the suggestion scales it by what
+    it gave instead, so that it is always above the fraction that fell short (before: `val fraction 0.026 ...
+    --val-fraction 0.026 gives about 64`, the same advice again on the demo's chat corpus)."""
     key = "pairs" if meta["data_format"] == "dpo" else "documents"
     n_val, unit, fraction = meta["splits"]["val"][key], _unit(meta), meta["split_rule"]["val_fraction"]
     if n_val >= MIN_VAL_CONVERSATIONS:
         return ""
     total = n_val + meta["splits"]["train"][key]
-    suggested = min(0.5, MIN_VAL_CONVERSATIONS / total)
-    gives = f"about {suggested * total:.0f}" + (f" (the corpus holds only {total:,} {unit})"
-                                                 if suggested * total < MIN_VAL_CONVERSATIONS else "")
+    share = MIN_VAL_CONVERSATIONS / total
+    scaled = n_val > 0 and fraction >= share
+    suggested = min(0.5, fraction_above(fraction * MIN_VAL_CONVERSATIONS / n_val if scaled else share))
+    expected = min(total, suggested * (n_val / fraction if scaled else total))  # at the rate it saw, if scaled
+    gives = f"about {expected:.0f}" + (
+        f" (as {fraction} gave {n_val:,}: identical texts fall on the same side of the split)" if scaled else "") + (
+        f" (the corpus holds only {total:,} {unit})" if suggested * total < MIN_VAL_CONVERSATIONS else "")
     return (f"warning: val holds only {n_val:,} of {total:,} {unit} (val fraction {fraction}): its loss, which early "
             f"stopping and the best checkpoint follow, is that few {unit}' noise; --val-fraction {suggested:.2g} "
             f"gives {gives}")

@@ -48,6 +48,7 @@ import numpy as np
 from minilmd import leftovers, perms
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
 from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.block import fraction_above
 from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
@@ -355,15 +356,8 @@ def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float, per
     if n_val:
         raise InputError(f"the val split is empty: all {n_val:,} val {unit[:-1]}(s) repeat train {unit} "
                          f"(whitespace aside) and were removed by the leak check; raise --val-fraction to draw others")
-    need = _round_up(found.train_min_digest / 2**64)
+    need = fraction_above(found.train_min_digest / 2**64)
     raise InputError(f"the val split is empty: none of the {n:,} {unit} fell into val at --val-fraction "
                      f"{val_fraction} (about {n * val_fraction:.2f} expected; the split is by a hash of each text), "
                      f"and `minilmd train` needs a val split for its validation loss. --val-fraction {need} puts at "
                      f"least one {unit[:-1]} there")
-
-
-def _round_up(x: float) -> float:
-    """x rounded up to two significant digits, strictly above x: a val fraction that takes the document at x."""
-    digits = 1 - int(np.floor(np.log10(x))) if x > 0 else 2
-    up = float(np.ceil(x * 10**digits) / 10**digits)
-    return up if up > x else up + 10.0**-digits
