@@ -18,6 +18,7 @@ from minilmd.checkpoint_contents import reference_pass
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
 from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, step_of
 from minilmd.proc_info import this_process
+from minilmd.scratch_end import SCRATCH_GONE_WHY
 from minilmd.supervision import supervision
 from minilmd.tmpnames import deleting_name
 from minilmd.urls import is_url
@@ -83,7 +84,7 @@ class RunRoots:
             return f"; its scratch {self.cfg.scratch_dir} is not looked in: {self.skipped}"
         if os.path.lexists(self.roots[0]) or not any(os.path.lexists(root) for root in self.roots[1:]):
             return ""
-        return f"; its scratch {self.roots[0]} is gone (removed at the run's end, or by a reboot)"
+        return f"; its scratch {self.roots[0]} is gone ({SCRATCH_GONE_WHY})"
 
     @property
     def unread(self) -> str:

@@ -21,6 +21,10 @@ from minilmd.place_rule import lstat_or_none
 from minilmd.scratch import ScratchChanged, ScratchRefused, ensure_held, remove_own
 from minilmd.untrusted import holds_any
 
+SCRATCH_GONE_WHY = "removed at the run's end, or by a reboot"
+"""Why a run's scratch checkpoint is not there when its run.remote holds its saves: the one home of these words, for
+`status` (daemon/views/status.py) and `verify/sample/chat/export RUN_DIR` (minilmd/checkpoint_select.py)."""
+
 
 def tree_bytes(path: Path) -> int:
     """Disk (or RAM) held by the files under `path`, links not followed (st_blocks, as du counts)."""

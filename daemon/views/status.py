@@ -40,6 +40,7 @@ from minilmd.fmt import fmt_duration, fmt_times
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.proc_info import of_another_boot
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
+from minilmd.scratch_end import SCRATCH_GONE_WHY
 from minilmd.untrusted import printable
 
 
@@ -260,6 +261,9 @@ def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now
         f"{_ago(t, local.time)})" if local and local.time else "none")
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
+    elif (local and local.path and not alive and sync.state != SyncState.OFF and not supervisor_seen(state).elsewhere
+          and _gone(local.path)):  # a finished run gave its scratch back: the save it names is on the remote alone
+        line += f", gone from scratch ({SCRATCH_GONE_WHY})"
     if sync.state == SyncState.OFF:  # where the only copy is: a scratch in /dev/shm is lost at a reboot
         if local and local.path and (host := supervisor_seen(state).elsewhere):  # that host's scratch, not ours
             return line + (f"   remote: none configured (checkpoints only in scratch on host {host}, the newest at "
