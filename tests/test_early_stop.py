@@ -127,6 +127,28 @@ def test_status_says_the_best_of_the_metric_the_early_stop_followed(tmp_path):
     assert "  early stop at step 40: best val loss 0.5000 at step 12 (the checkpoint BEST names)" in fit_lines(tmp_path)
 
 
+@pytest.mark.parametrize("patience", [2, 0])
+def test_status_names_best_when_a_run_with_early_stop_ends_on_another_step(tmp_path, patience):
+    """Found by a new user: a LoRA run with [early_stop] patience = 2 trained its whole budget (its val loss kept
+    improving but for the last validation), BEST named step 680, and status said nothing of it: its last line was
+    `epoch 2: ... val 7.5595` of step 699, while a stage whose init.from names the run starts from BEST (its default
+    init.checkpoint = "best"). Without [early_stop] there is no BEST, and nothing is said."""
+    records = [{"kind": "train", "step": 699, "epoch": 2, "loss": 7.58}]
+    for step, val in ((640, 7.5612), (680, 7.5579), (699, 7.5595)):
+        records.append({"kind": "eval", "step": step, "epoch": 2, "val_loss": val, "best_val_loss": min(val, 7.5579)
+                        if step >= 680 else val})
+    (tmp_path / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / names.RUN_CONFIG_COPY).write_text(  # a whole config, as a supervisor's copy is (load_config)
+        f'[run]\nname = "r"\ndir = "{tmp_path}"\n[data]\nprepared = "/nowhere"\n[train]\nmax_steps = 699\n'
+        f"[early_stop]\npatience = {patience}\n")
+    best = [line for line in fit_lines(tmp_path) if "BEST" in line]
+    if patience:
+        assert best == ["  best val loss 7.5579 at step 680 (the checkpoint BEST names; a later stage's init.from "
+                        "takes it by default, not step 699)"], best
+    else:
+        assert best == [], best
+
+
 @pytest.mark.slow
 def test_a_tiny_corpus_overfits_stops_itself_and_keeps_its_best(tmp_path):
     tiny, vocab = real_text_prepared(tmp_path / "tiny", n_docs=80, vocab_size=300)  # 72 reviews to learn by heart

@@ -72,18 +72,28 @@ def once_per_step(records: list[dict]) -> list[dict]:
     return kept
 
 
-def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float, float]:
-    """(eval.warn_rising, the train/val gap, the probe's rise) of the run's config copy, the defaults where it says
-    nothing or cannot be read. eval.warn_gap bounds both; left unset on a DPO run, the train/val gap is DPO_WARN_GAP
-    (a DPO loss starts at ln 2), while the probe, scored by its next-token loss on every run, keeps the usual
-    default. The copy is read as every reader reads it (minilmd/run_config_copy.py: the run's user's or ours, a FIFO,
-    a link, a file too big or nested too deep refused, its values typed), never parsed here."""
-    from minilmd.config import ConfigError, EvalSection
+def config_copy(run_dir: Path):
+    """The run's config copy (a RunConfig), None where it cannot be read. Read as every reader reads it
+    (minilmd/run_config_copy.py: the run's user's or ours, a FIFO, a link, a file too big or nested too deep
+    refused, its values typed), never parsed here."""
+    from minilmd.config import ConfigError
     from minilmd.run_config_copy import run_config_of
 
     try:
-        cfg = run_config_of(run_dir)
+        return run_config_of(run_dir)
     except (ConfigError, OSError, ValueError):  # ValueError: init_place.Refused (a link, a FIFO, a third user's)
+        return None
+
+
+def warn_settings(run_dir: Path, dpo: bool = False, cfg=None) -> tuple[int, float, float]:
+    """(eval.warn_rising, the train/val gap, the probe's rise) of the run's config copy (`cfg`, read here when not
+    given), the defaults where it says nothing or cannot be read. eval.warn_gap bounds both; left unset on a DPO
+    run, the train/val gap is DPO_WARN_GAP (a DPO loss starts at ln 2), while the probe, scored by its next-token
+    loss on every run, keeps the usual default."""
+    from minilmd.config import EvalSection
+
+    cfg = cfg or config_copy(run_dir)
+    if cfg is None:
         defaults = EvalSection()
         return defaults.warn_rising, DPO_WARN_GAP if dpo else defaults.warn_gap, defaults.warn_gap
     section = cfg.eval
@@ -185,17 +195,40 @@ def fit_lines(run_dir: str | Path, records: list[dict] | None = None) -> list[st
         lines.append("  ".join(parts))
     dpo = dpo_line(records)
     lines += [dpo] if dpo else []
-    lines += [f"  WARNING: {w}" for w in warnings(records, *warn_settings(run_dir, dpo=dpo is not None))]
+    cfg = config_copy(run_dir)
+    lines += [f"  WARNING: {w}" for w in warnings(records, *warn_settings(run_dir, dpo=dpo is not None, cfg=cfg))]
     stop = next((r for r in reversed(records) if r.get("kind") == "early_stop"), None)
     if stop:
         lines.append(early_stop_line(stop))
+    elif cfg is not None and cfg.early_stop.patience > 0 and (best := best_line(records, cfg.early_stop.metric)):
+        lines.append(best)
     return lines
+
+
+def _best_words(metric: str, value, step) -> str:
+    """`best val loss 0.5000 at step 12 (the checkpoint BEST names`: the one home of BEST's words here."""
+    said = f"{value:.4f}" if isinstance(value, (int, float)) else "?"
+    return f"best {metric.replace('_', ' ')} {said} at step {step} (the checkpoint BEST names"
 
 
 def early_stop_line(stop: dict) -> str:
     """The early_stop line: the best of the metric it followed (early_stop.metric; the val loss before it existed)."""
     metric = str(stop.get("metric", "val_loss"))
-    best = stop.get(f"best_{metric}")
-    said = f"{best:.4f}" if isinstance(best, (int, float)) else "?"
-    return (f"  early stop at step {stop.get('step')}: best {metric.replace('_', ' ')} {said} at step "
-            f"{stop.get('best_step')} (the checkpoint BEST names)")
+    best = _best_words(metric, stop.get(f"best_{metric}"), stop.get("best_step"))
+    return f"  early stop at step {stop.get('step')}: {best})"
+
+
+def best_line(records: list[dict], metric: str) -> str | None:
+    """BEST of a run with [early_stop] that did not stop early (it trained its budget, or trains still), when it
+    names another step than the last validation's: a stage whose init.from names the run starts from BEST
+    (init.checkpoint = "best", the default), which status would otherwise never name. The best is the trainer's
+    own (each eval line's `best_<metric>`, min_delta applied): the first validation that scored it."""
+    evals = [r for r in records if r.get("kind") == "eval" and isinstance(r.get(metric), (int, float))]
+    if not evals or not isinstance(best := evals[-1].get(f"best_{metric}"), (int, float)):
+        return None
+    step = next((r.get("step") for r in evals if round(float(r[metric]), 6) == best), None)
+    last = evals[-1].get("step")
+    if step is None or step == last:
+        return None
+    return (f"  {_best_words(metric, best, step)}; a later stage's init.from takes it by default, not step "
+            f"{last})")
