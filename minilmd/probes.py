@@ -161,11 +161,16 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     problems, absent, meta = found
     if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
         problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
-    if waits is not None and meta is not None and (short := bounded_probe(shorter_than_listed, cfg.data.prepared,
-                                                                          meta)[1]):
+    missing, short = ("", "") if waits is None or meta is None else \
+        (bounded_probe(shorter_than_listed, cfg.data.prepared, meta)[1] or ("", ""))
+    if waits is not None and short:
         waits.append(f"data.prepared = {cfg.data.prepared!r}: {short}: a copy cut short? staging copies it again "
                      f"and again, then gives up (exit 79): prepare it again, or copy it again from where it was "
                      f"prepared (a share that shrank for a moment is read again, so this is no refusal)")
+    if waits is not None and missing:  # staging's "source unreachable"
+        waits.append(f"data.prepared = {cfg.data.prepared!r}: {missing}: a copy cut short, or still under way? "
+                     f"staging waits for it, retried with backoff for as long as it takes (status shows the wait): "
+                     f"copy it again from where it was prepared, or prepare it again")
     if not (absent and waits is not None and has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
@@ -194,15 +199,17 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
     return found[1] if answered else why
 
 
-def shorter_than_listed(prepared: str, meta: dict) -> str:
-    """The files of a prepared corpus shorter than its meta.json lists, or missing (a truncated copy; a new user's
-    staging copied one 20 times and gave up after a minute), by an lstat each, never a read: "" when none is (a
-    longer one is an `prepare --append` under way, read to its listed size). Names as meta.json lists them, within
-    the corpus: one naming ".." or an absolute path is left to the staging's verification."""
+def shorter_than_listed(prepared: str, meta: dict) -> tuple[str, str]:
+    """(The files of a prepared corpus that meta.json lists and that are missing, those shorter than it lists), in
+    words, by an lstat each, never a read: "" where none is (a longer one is an `prepare --append` under way, read
+    to its listed size). Staging treats them apart: a short one is copied 20 times over a minute, then the run gives
+    up (a new user's truncated copy); a missing one is waited for, as a share's outage (a new user's partial rsync
+    waited while --check said it would give up). Names as meta.json lists them, within the corpus: one naming ".."
+    or an absolute path is left to the staging's verification."""
     files = meta.get("files")
     if not isinstance(files, dict):
-        return ""
-    short = []
+        return "", ""
+    short, missing = [], []
     for name, entry in files.items():
         size = entry.get("size") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not isinstance(size, int) or name.startswith("/") or ".." in name.split("/"):
@@ -210,13 +217,17 @@ def shorter_than_listed(prepared: str, meta: dict) -> str:
         try:
             have = os.lstat(Path(prepared) / name).st_size
         except FileNotFoundError:
-            short.append(f"{name} is missing")
+            missing.append(f"{name} is missing")
             continue
         except OSError:
             continue  # not looked at now: the staging's to judge
         if have < size:
             short.append(f"{name} holds {have:,} bytes, {CORPUS_META} lists {size:,}")
-    return "; ".join(short[:3]) + (f" and {len(short) - 3} more" if len(short) > 3 else "")
+    return _first_three(missing), _first_three(short)
+
+
+def _first_three(said: list[str]) -> str:
+    return "; ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")
 
 
 def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:

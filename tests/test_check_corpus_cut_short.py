@@ -30,5 +30,7 @@ def test_a_corpus_copied_short_is_said_at_check_and_a_longer_one_is_not(tmp_path
             f"again") in said, said
     os.truncate(tokens, listed + 100)  # an append's tail written, meta.json not yet: read to its listed size
     assert "copy cut short" not in _check(tmp_path, corpus, prepared)
-    tokens.unlink()
-    assert "train/tokens.bin is missing: a copy cut short?" in _check(tmp_path, corpus, prepared)
+    tokens.unlink()  # what the launch waits for (staging's "source unreachable"), never gives up on
+    said = _check(tmp_path, corpus, prepared)
+    assert "train/tokens.bin is missing: a copy cut short, or still under way? staging waits for it" in said, said
+    assert "exit 79" not in said, said  # before: said to give up, while the launch waited (new user, stop 65)
