@@ -68,6 +68,7 @@ def test_status_shows_the_wait_and_stop_ends_it_as_stopped(base, tmp_path, corpu
         stopped = cli("stop", str(run_dir), timeout=180)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "SIGUSR2 sent to supervisor pid" in stopped.stdout, stopped.stdout
+        assert "trainer's save" not in stopped.stdout, stopped.stdout  # none runs while it waits (new user, stop 65)
         # the reason said once: on the last phase line when stop saw it ("exit 0 (said above)"), else with the exit
         reason = "stopped (SIGUSR2) while waiting for room for scratch: nothing started"
         assert stopped.stdout.count(reason) == 1 and re.search(r"stopped after [\d.]+s: exit 0 \(", stopped.stdout), \

@@ -190,8 +190,9 @@ def _signal(scope: procs.RunScope, run: Dir, state: StateJson, launch_id: str | 
                 f"(a second SIGTERM would kill the trainer in its save); waiting for it...", False)
     why = procs.signal_supervisor(scope, pid, ticks, launch_id, sig)
     if why is None:
-        return (f"{signal.Signals(sig).name} sent to supervisor pid {pid}; waiting for the trainer's save and the "
-                f"last sync...", False)
+        trainer = "the trainer's save and " if state.child is not None and state.child.pid else ""
+        return (f"{signal.Signals(sig).name} sent to supervisor pid {pid}; waiting for {trainer}the last sync...",
+                False)
     if why == "it has ended":
         return f"supervisor pid {pid} ended before the signal", False
     return f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not signalled", True
