@@ -154,7 +154,7 @@ def test_a_request_left_at_a_runs_end_stops_no_later_start_and_goes_with_the_fir
     said: list[str] = []
     assert stoprequest.at_start(run_dir, dict(environ), lambda event, message, **_: said.append(message)) is None
     assert not (run_dir / names.STOP_REQUEST).exists()
-    assert len(said) == 1 and "cleared, left at the run's end for a start then under way" in said[0], said
+    assert len(said) == 1 and "cleared, given after the run had ended, for a start then under way" in said[0], said
 
     stoprequest.leave(run_dir, os.getuid(), after_end=True)  # asked after this start began: honoured, and gone
     stops = stoprequest.at_start(run_dir, dict(environ), lambda *_, **__: None)

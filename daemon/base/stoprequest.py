@@ -243,7 +243,7 @@ def _honours(request: StopRequest, how: str | None) -> bool:
 def _why_cleared(request: StopRequest) -> str:
     """Why a start that does not honour the request (_honours) clears it, in words."""
     if request.after_end:
-        return "left at the run's end for a start then under way; this start began after it"
+        return "given after the run had ended, for a start then under way; this start began after it"
     return "this start is no launcher's automatic restart (by hand, or by systemd) and began after it"
 
 
