@@ -254,6 +254,13 @@ def lease_name(index: int, uuid: str) -> str:
     return f"gpu-{uuid.replace('/', '-') if uuid else f'index-{index}'}.lock"
 
 
+def first_instance_index(cards: int, instances_before: int) -> int:
+    """The device index of the first MIG instance of a card, after `instances_before` instances of the cards before
+    it, among `cards` cards: a card keeps its NVML index, and MIG instances follow all cards, in card order. The one
+    numbering of the wait (GpuAdmission.poll), the leases (lease_name) and `run --check` (gpuwaits)."""
+    return cards + instances_before
+
+
 def mig_refusal(report: PollReport, count: int) -> str | None:
     """Why a run asking for `count` devices can never be admitted on these cards, where MIG is the cause: more than
     one device, fewer whole cards than that, and MIG instances (or MIG cards) for the rest. None otherwise."""
@@ -294,7 +301,7 @@ class GpuAdmission:
         instances: list[DeviceStatus] = []
         for i in range(count):
             try:
-                card, mig = self._poll_card(i, now, i in ours, count + len(instances), ours)
+                card, mig = self._poll_card(i, now, i in ours, first_instance_index(count, len(instances)), ours)
                 statuses.append(card)
                 instances += mig
             except Exception as e:  # noqa: BLE001 - one lost device is busy, the others may still be free

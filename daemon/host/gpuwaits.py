@@ -9,7 +9,7 @@ from pathlib import Path
 
 from minilmd.config import RunConfig
 from minilmd.daemon.host import leases
-from minilmd.daemon.host.gpu import Nvml, device_uuid, lease_name
+from minilmd.daemon.host.gpu import Nvml, device_uuid, first_instance_index, lease_name
 from minilmd.daemon.host.nvml import open_nvml_or_reason
 
 
@@ -63,7 +63,8 @@ def unfit_lease_files(nvml: Nvml, lock_dir: str | Path) -> list[str]:
                 devices.append((i, nvml.name(i), device_uuid(nvml, i)))
                 continue
             get = getattr(nvml, "mig_instances", None)
-            instances += [(count + len(instances) + k, m.name, m.uuid) for k, m in enumerate(get(i) if get else [])]
+            first = first_instance_index(count, len(instances))
+            instances += [(first + k, m.name, m.uuid) for k, m in enumerate(get(i) if get else [])]
         except Exception:  # noqa: BLE001 - one card NVML cannot read: the wait says so; the others are looked at
             continue
     devices += instances
