@@ -82,7 +82,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
         if root_wait := remote_root_wait(cfg, fresh, claim_remote):  # gone or replaced: the syncs wait, said now
             waits.append(root_wait)
         return (problems + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
+                + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote, waits)
                 + resume_problems(cfg, start, fresh) + memory_problems(cfg) + remote_room_problems(cfg)
                 + knobs.problems())
 
@@ -113,11 +113,12 @@ def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
                host_available())
 
 
-def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:
+def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False, waits: list[str] | None = None) -> list[str]:
     """A run.remote that is, holds or lies inside run.scratch (giving scratch back would delete it), or that is
     run.dir itself (minilmd/scratch.py remote_overlap_problem); else one claimed by another run, or holding
     checkpoints of an older minilmd this run never synced (daemon/jobs/remote_claim.py): this run would resume from
-    them and prune them; with `claim_remote` (`run --claim-remote`), only one the consent may not take over."""
+    them and prune them; with `claim_remote` (`run --claim-remote`), only one the consent may not take over. A claim
+    moved here from another remote is a line in `waits` (remote_consent.check_problems)."""
     from pathlib import Path
 
     from minilmd.daemon.jobs import remote_consent
@@ -126,7 +127,7 @@ def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[st
     if root is not None and cfg.run.dir:
         if overlap := scratch.remote_overlap_problem(Path(root), cfg.scratch_dir, cfg.run_dir):
             return [overlap]
-    return remote_consent.check_problems(cfg, claim_remote)
+    return remote_consent.check_problems(cfg, claim_remote, waits)
 
 
 def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool = False) -> list[str]:

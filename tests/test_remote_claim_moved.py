@@ -11,9 +11,11 @@ import subprocess
 from pathlib import Path
 
 from minilmd import names, run_owner
+from minilmd.config import load_config
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
+from supervisor_helpers import cli, write_config
 
 OWNER = names.REMOTE_OWNER
 SYNCED = "state.json records step 10 on it"
@@ -70,3 +72,32 @@ def test_an_older_claim_without_its_remote_is_judged_as_before(tmp_path):
     refused = remote_claim.judge(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run2", "run2"))
     assert refused is not None and refused.another_run
     assert remote_claim.judge(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run1", "run1")) is None
+
+
+def test_run_check_and_the_launch_say_a_claim_moved_here_among_the_waits_never_exit_2(tmp_path, corpus):
+    """A restart of the run (systemd, a Slurm requeue, a reboot, a start by hand) after the rename: the launch's
+    check waits for it as the syncs do; before, its problems ended the run for good, exit 2 (review, stop 65)."""
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    r1 = tmp_path / "r1"
+    claimed(r1, tmp_path / "run1")
+    Path(cfg.run.remote).mkdir(parents=True)
+    (r1 / OWNER).rename(Path(cfg.run.remote) / OWNER)
+
+    checked = cli("run", "--check", str(config))
+
+    said = " ".join((checked.stdout + checked.stderr).split())
+    assert checked.returncode == 0, said  # on main: 2, "1 problem(s): ... belongs to another run"
+    assert "waits:" in said and "moved here" in said and str(r1) in said, said
+
+
+def test_a_claim_written_for_a_path_not_there_on_this_host_stays_another_runs(tmp_path):
+    """Another host's mount point of the same share (`/mnt/team/r` there, `/srv/team/r` here): not there on this
+    host, so maybe this very remote; another run's claim is judged as one (final), never advised to be removed."""
+    remote = tmp_path / "remote"
+    claimed(remote, tmp_path / "run1")
+    owner = json.loads((remote / OWNER).read_text())
+    owner[remote_claim.RUN_REMOTE] = "/mnt/another-hosts-mount-point/remote"
+    (remote / OWNER).write_bytes(run_owner.encode(owner))
+    refused = remote_claim.judge(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run2", "run2"))
+    assert refused is not None and refused.another_run and not refused.moved

@@ -35,6 +35,8 @@ remote_root.py's record of the root). Torch-free.
 """
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,9 @@ class Refusal:
 
     words: str
     another_run: str = ""
+    moved: bool = False
+    """A claim moved here from another remote (_moved_here): no run's claim of this one, waited for at the launch
+    too (`run --check` says it among its waits, remote_consent.check_problems), never the launch's exit 2."""
 
 
 OWN_REMOTE = "set run.remote to a directory of this run's own"
@@ -153,7 +158,7 @@ def judge(store: RemoteStore, claim: Claim) -> Refusal | None:
         if run_owner.is_run(owner, claim.run_dir):
             return None
         if moved := _moved_here(store, owner):
-            return Refusal(moved)  # waited for: put back where it was written, it is no run's here
+            return Refusal(moved, moved=True)  # waited for: put back where it was written, it is no run's here
         return Refusal(_another_run(store, owner, claim),
                        f"run.remote {store.url} belongs to another run, {run_owner.describe(owner)}")
     steps = remote_steps(store)
@@ -241,9 +246,15 @@ def written_for(store: RemoteStore) -> str:
 def _moved_here(store: RemoteStore, owner: dict) -> str:
     """Why the claim of another run that `store` holds is none of this remote's, where it was written for another
     remote (RUN_REMOTE): moved here. "" where it names this remote, or none (an older minilmd's claim: the claim of a
-    run that syncs here, as before)."""
+    run that syncs here, as before). A local remote's other name is judged by what stands there: only another
+    directory is another remote; the same one by another name (a bind mount), or a path not there on this host
+    (another host's mount point of the share), may be this very remote, and its claim stays another run's."""
     was = owner.get(RUN_REMOTE)
     if not isinstance(was, str) or was == written_for(store):
+        return ""
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+
+    if isinstance(store, LocalRemote) and _identity_at(was) in (None, store.root_identity()):
         return ""
     there = printable(was)
     return (f"{store.show(REMOTE_OWNER)} is the claim of {run_owner.describe(owner)} on another remote, {there}, "
@@ -251,6 +262,16 @@ def _moved_here(store: RemoteStore, owner: dict) -> str:
             f"claim of this remote. The run neither syncs here nor resumes from here while it stands: move it back "
             f"to {there}/{REMOTE_OWNER} (that run's own), or remove it; this run's next sync then claims "
             f"{store.url} again where its records say it synced there")
+
+
+def _identity_at(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the directory at `path` (a claim's RUN_REMOTE, this user's own file's word), for words and
+    this comparison only: None when nothing is there, or not a directory, or it cannot be looked at."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def still_ours(store: RemoteStore, claim: Claim) -> str | None:

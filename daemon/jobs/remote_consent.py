@@ -17,8 +17,10 @@ from minilmd.daemon.jobs.remote_claim import (
     ClaimRefused,
     ForeignClaim,
     NotARecord,
+    Refusal,
     claim_of,
     encoded,
+    judge,
     probe_remote,
     problem,
     read,
@@ -144,14 +146,22 @@ def check_note(cfg) -> str:
     return f"{CONSENT}: the launch makes run.remote {cfg.run.remote} this run's: {plan.takes}; {TAKING_OVER}"
 
 
-def check_problems(cfg, consent: bool = False) -> list[str]:
+def check_problems(cfg, consent: bool = False, waits: list[str] | None = None) -> list[str]:
     """For `run --check` and the launch: a remote this run may not use (another run's, or unclaimed with checkpoints
     this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find.
-    `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal)."""
-    def look(store: RemoteStore) -> str | None:
+    `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal). A claim moved
+    here from another remote (Refusal.moved) goes to `waits`, as the syncs wait for it (a restart of the run must not
+    end it for good, exit 2, on a teammate's rename); a problem where no `waits` is given."""
+    def look(store: RemoteStore) -> Refusal | None:
         if consent:
-            return take_over_plan(store, claim_of(cfg)).refused or None
-        return problem(store, claim_of(cfg))
+            refused = take_over_plan(store, claim_of(cfg)).refused
+            return Refusal(refused) if refused else None
+        return judge(store, claim_of(cfg))
 
     found = probe_remote(cfg, look)
-    return [found] if found else []
+    if found is None:
+        return []
+    if found.moved and waits is not None:
+        waits.append(found.words)
+        return []
+    return [found.words]
