@@ -7,6 +7,7 @@ where that step was published since, it is a second copy of it, and goes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.daemon.jobs import remote_made
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer
 from sync_helpers import EXPECTED, dirs, names, save, weights  # noqa: F401 - dirs, weights: fixtures
 
@@ -81,6 +83,55 @@ def test_such_a_copy_whose_step_was_published_since_goes_as_a_second_copy_of_it(
 
     assert names(remote) == ["LATEST", "step-00000010"]
     assert any(f"removed {remote / cut}" in m and "published since" in m for m in logs), logs
+
+
+def test_such_a_copy_is_kept_while_the_step_published_since_is_damaged(dirs, weights, tmp_path):
+    """The verified cut copy is no second copy of a damaged one: kept, and said, while the sync replaces the damaged
+    step (quarantined, copied again); the next sync removes it then (review, stop 65: judged by the step number)."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    save(local, 10, weights)
+    killed_publishing(local, remote, run_dir, "step-00000010", "before")
+    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
+    shutil.copytree(remote / cut, remote / "step-00000010")
+    os.truncate(remote / "step-00000010" / ck.MODEL_FILE, 10)
+    logs: list[str] = []
+    syncer = Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir)
+
+    syncer.sync_newest()
+    assert (remote / cut).is_dir() and any("not intact" in m for m in logs), logs
+    syncer.sync_newest()
+
+    assert cut not in names(remote) and not syncer.remote.intact("step-00000010")[1]
+
+
+def test_a_step_moved_to_the_second_copys_name_as_it_is_removed_is_left(dirs, weights, tmp_path, monkeypatch):
+    """Another user who may rename within the root swaps names just before that removal: the cut copy away, the
+    published step to its name. The removal asks for the very directory judged, so the step stays (review, stop 65:
+    removed on its manifest's word)."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    save(local, 10, weights)
+    killed_publishing(local, remote, run_dir, "step-00000010", "before")
+    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
+    shutil.copytree(remote / cut, remote / "step-00000010")
+    real_intact = LocalRemote.intact
+
+    def swapped_after_the_look(self, name, *args, **kwargs):  # the last look at the published step: then the swap
+        found = real_intact(self, name, *args, **kwargs)
+        if name == "step-00000010" and not (remote / "elsewhere").exists():
+            (remote / cut).rename(remote / "elsewhere")
+            (remote / "step-00000010").rename(remote / cut)
+        return found
+
+    monkeypatch.setattr(LocalRemote, "intact", swapped_after_the_look)
+    logs: list[str] = []
+    Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir).sync_newest()
+
+    assert (remote / cut / ck.MODEL_FILE).is_file() and (remote / "elsewhere" / ck.MODEL_FILE).is_file()
+    assert any("another entry moved to its name" in m for m in logs), logs
 
 
 def test_a_published_step_renamed_back_to_its_temporary_name_after_such_a_kill_is_published_again_never_removed(

@@ -48,6 +48,7 @@ class Publishing:
         def rm(self, name: str, file: bool = False, was: str | None = None,
                claim: bytes | None = None) -> str | None: ...
         def quarantine(self, name: str, reason: str) -> str: ...
+        def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]: ...
 
     def rename_dir(self, src: str, dst: str) -> None:
         """Publish the complete temporary directory src under dst, durably (local paths only: fsspec has no atomic
@@ -97,8 +98,10 @@ class Publishing:
         there = root.lstat(final)
         if there is None or self._why_foreign(final) or remote_made.why_kept(root, final, there, self.made):
             return f"{begun}: left as it is, {final} being taken since by what is not that step"
-        if why := self.rm(src, was=final):
-            return f"{begun}, is {why}: left as it is"
+        if problems := self.intact(final)[1]:  # a damaged one is no second copy of this verified one
+            return f"{begun}: left as it is, {final} standing since but not intact ({problems[0]})"
+        if not root.remove_tree(src, (st.st_dev, st.st_ino)) and root.lstat(src) is not None:
+            return f"{begun}: left as it is (another entry moved to its name while it was looked at)"
         self.made.published(src)
         return f"removed {begun} (its sync was killed before it renamed it): {final} was published since"
 
