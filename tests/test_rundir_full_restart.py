@@ -156,3 +156,23 @@ def test_room_that_comes_back_while_the_stop_for_a_full_run_dir_goes_on_is_in_th
         "since (the stop was under way): not restarted (exit 73, final)" in outcome, outcome
     assert "free space in" not in outcome, outcome
     log.close()
+
+
+def test_room_that_comes_back_after_the_few_kib_is_said_once_and_in_the_stop_line(tmp_path, small_tmpfs):
+    """After the few KiB were said as what they are, the room for a trainer that comes back later is said too (once),
+    and the stop line says it (review, stop 65: the few-KiB line was the last word: `free space in run.dir` on a disk
+    with room)."""
+    room, log, run_dir, filler = _full_watch(tmp_path, small_tmpfs)
+    filler.unlink()
+    tight = fill_leaving(run_dir.parent, 16 << 10)
+    assert room.still_full(Phase.TRAINING, Cause.RUN_DIR_FULL)
+    room.stop("the trainer ended (run_dir_full)")
+    tight.unlink()  # room for a trainer, while the last sync runs
+    for _ in range(3):
+        room.save()
+        room.watch(Phase.STOPPING)
+    said = [e["message"] for e in events(run_dir)]
+    assert said.count(f"run.dir {run_dir} has room again: state.json and events are written") == 1, said
+    outcome = room.outcome("")
+    assert "though it has room again since (the stop was under way)" in outcome, outcome
+    log.close()

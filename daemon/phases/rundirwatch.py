@@ -131,6 +131,7 @@ class RunDirWatch:
         self.why: str | None = None  # the full run.dir the run stops for, as stop() said it
         self.removed = False  # run.dir itself was removed while the run ran: stop now, whatever else
         self.room_since_stop = False  # room for a trainer came back while the stop for a full run.dir went on
+        self.tight = False  # written again after it was full, without a trainer's room yet: "room again" still to say
         self.last_save = 0.0
         make_reserve(run_dir)  # no room for it: the run starts all the same, its last words may be lost
 
@@ -164,13 +165,20 @@ class RunDirWatch:
         elif self.full is not None and self.state.unwritten is None and not self.removed:
             # "room again" only where a trainer has room (RESTART_ROOM): the few KiB a trainer's exit frees take
             # state.json, and then still_full stops the run for a full run.dir; saying room first misled
-            if short := restart_room_short(self.run_dir):
+            short = restart_room_short(self.run_dir)
+            if short:
                 self.events.emit("disk", f"run.dir {self.run_dir}: state.json and events are written again, but "
                                          f"{short}")
-            else:
-                self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
-                self.room_since_stop = self.stopping  # the stop goes on: outcome says the room came back
-            self.full = self.events.unwritten
+            self.full, self.tight = self.events.unwritten, True
+            if not short:
+                self._room_again()
+        elif self.tight and not self.removed and not restart_room_short(self.run_dir):
+            self._room_again()  # the trainer's room came back after the few KiB: said now, once
+
+    def _room_again(self) -> None:
+        self.tight = False
+        self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
+        self.room_since_stop = self.stopping  # the stop goes on: outcome says the room came back
 
     def still_full(self, phase, ended: Cause | None = None) -> bool:
         """Whether run.dir is full now, tested for real: state.json is written once more, and the reserve is made
