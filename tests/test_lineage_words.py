@@ -23,5 +23,5 @@ def test_a_stage_from_a_merged_pth_reads_as_a_pth_not_a_step_of_dash(tmp_path):
     _checkpoint(tmp_path / "dpo", 4, {"from": str(sft.parent), "kind": "checkpoint", "path": str(sft), "step": 6,
                                       "manifest_sha256": "cd" * 32, "pointer": "LATEST"})
     assert lineage(tmp_path / "dpo") == [
-        f"{sft} (step 6, its LATEST, sha256 cdcdcdcdcdcd)",
+        f"{sft} (step 6, its LATEST, manifest sha256 cdcdcdcdcdcd)",
         f"{merged} (a .pth: weights alone, no step nor source recorded; sha256 abababababab)"]

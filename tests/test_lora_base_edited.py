@@ -124,7 +124,8 @@ def test_the_rule_refuses_only_a_lora_run_whose_checkpoint_records_another_init_
     record = {"from": str(sft), "kind": "minimind", "path": str(sft), "sha256": "ab" * 32}
     refused = lora_base_refused(cfg, record, "step 4, in scratch /s")
     assert refused.startswith(f"init.from = '{other}', but this LoRA run's checkpoints (step 4, in scratch /s) "
-                              f"hold adapters trained on the base init.from = '{sft}' gave: {sft} (sha256 ab"), refused
+                              f"hold adapters trained on the base init.from = '{sft}' gave: {sft} (a .pth: weights "
+                              f"alone, no step nor source recorded; sha256 ab"), refused
     assert refused.endswith(f"Put init.from = '{sft}' back to resume this run; for adapters on '{other}', give the "
                             f"config a new run.dir (and run.remote)"), refused
     assert lora_base_refused(cfg, {**record, "from": str(other)}, "step 4") == ""  # the base it was trained on

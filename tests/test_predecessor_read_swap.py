@@ -152,7 +152,7 @@ def test_the_lineage_reads_her_checkpoints_trainer_state_not_one_a_third_uid_pla
     step = _her_checkpoint(where, uid, uid if planted_by == "her" else THIRD_UID)
     init = {"kind": "checkpoint", "path": str(step), "step": 5, "manifest_sha256": "ab" * 32}
     run_dir = run_whose_step_1_records(tmp_path, corpus, init, name="mine", remote=False)[1].run_dir
-    hers = f"{step} (step 5, sha256 abababababab, belongs to user nobody (uid {uid}))"  # her checkpoint: whose said
+    hers = f"{step} (step 5, manifest sha256 abababababab, belongs to user nobody (uid {uid}))"  # whose: said
     chain = [hers, "/planted.pth (a .pth: weights alone, no step nor source recorded; sha256 cdcdcdcdcdcd)"] \
         if planted_by == "her" else [hers]
     assert initwait.lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir) == chain

@@ -191,7 +191,7 @@ def test_the_lineage_of_a_finished_run_is_read_from_its_remote_once_scratch_is_g
     (cfg.run_dir / names.STATE).write_text(json.dumps(state))
     assert not cfg.checkpoint_dir.exists()  # scratch gone
 
-    line = f"  lineage: {base} (step 6, sha256 abababababab)"
+    line = f"  lineage: {base} (step 6, manifest sha256 abababababab)"
     assert _lineage_lines(cfg.run_dir, StateJson.from_dict(state)) == [line]
     shown = cli("status", str(cfg.run_dir)).stdout
     assert line in shown.splitlines(), shown
@@ -212,7 +212,7 @@ def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus
     assert len(line) < 1024 + 200, len(line)
     assert line.startswith("  lineage: /evil/BBBB"), line[:80]
     assert f"[... {1_000_006 - 1024:,} more characters left out] (step 7777" in line, line
-    assert "[... 99,976 more characters left out], sha256 abababababab)" in line, line
+    assert "[... 99,976 more characters left out], manifest sha256 abababababab)" in line, line
     from minilmd.daemon.base.runstate import new_state
 
     (cfg.run_dir / names.STATE).write_text(json.dumps(new_state("sft", cfg.run_dir, str(config))))

@@ -29,16 +29,16 @@ from minilmd.init_source import (
     InitSourceUnreachable,
     Predecessor,
     PredecessorReport,
+    describe,
     predecessor,
     predecessor_outcome,
     predecessor_report,
     source_state,
 )
-from minilmd.names import BEST, LATEST, step_name
+from minilmd.names import step_name
 from minilmd.perms import run_dir_owner
 from minilmd.probes import bounded_probe
 from minilmd.source_owner import owner_words
-from minilmd.untrusted import clipped
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -248,17 +248,8 @@ planted megabyte printed a megabyte) is shown cut, saying how much was left out 
 
 def lineage_entry(init: dict, whose: str = "") -> str:
     """One stage of the lineage: the source a checkpoint's trainer_state.json "init" records (another user's word,
-    each value clipped), with `whose` (source_owner.owner_words) where said. A .pth (kind "minimind": MiniMind's
-    weights, or `minilmd export --merge`'s of a LoRA run) is weights alone and records no step nor what it came
-    from, so it is said as one; before, it read `merged.pth (step -, ...)`."""
-    path = clipped(str(init.get("path")), LINEAGE_PATH_SHOWN)
-    whose = f", {whose}" if whose else ""
-    if init.get("kind") == "minimind":
-        digest = str(init.get("sha256") or "")[:12]
-        return f"{path} (a .pth: weights alone, no step nor source recorded; sha256 {digest}{whose})"
-    via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
-    sha = init.get("manifest_sha256") or init.get("sha256") or ""
-    return f"{path} (step {clipped(str(init.get('step', '-')), 24)}{via}, sha256 {str(sha)[:12]}{whose})"
+    each value clipped), with `whose` (source_owner.owner_words) where said: init_source.describe's words."""
+    return describe(init, LINEAGE_PATH_SHOWN, whose)
 
 
 def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = None) -> list[str]:
