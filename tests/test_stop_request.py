@@ -198,6 +198,8 @@ def test_a_start_of_a_done_run_keeps_a_request_it_would_honour_and_clears_one_it
                            capture_output=True, text=True, timeout=120)
     assert "cleared, this start is no launcher's automatic restart" in later.stdout, later.stdout + later.stderr
     assert not path.exists()
+    stoprequest.leave(tmp_path, os.getuid(), after_end=True)  # for a start under way, this one: honoured and done
+    assert "cleared, the run is done" in stoprequest.clear_at_a_done_start(tmp_path, {}) and not path.exists()
 
 
 def test_roots_request_in_a_users_run_directory_is_hers_to_honour_and_clear(shared):

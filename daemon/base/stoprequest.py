@@ -198,15 +198,17 @@ def clear_at_a_done_start(run_dir: Path, environ: Mapping[str, str]) -> str | No
     left one. run_dir is walked as `leave` walks it (no link followed); an automatic restart leaves the request (it
     is honoured, and the run is done anyway). What was done, in words for the start's output; None when nothing."""
     request, problem = read(run_dir)
-    if request is None or problem or _honours(request, automatic_restart(environ)):
-        return None
+    honoured = request is not None and _honours(request, automatic_restart(environ))
+    if request is None or problem or (honoured and not request.after_end):
+        return None  # honoured: the run is done, nothing to stop; an after_end one was for this start only (at_start)
     try:
         with _open_run_dir(run_dir) as where:
             if _remove_request(where, run_dir) is not None:
                 return None
     except (OSError, ValueError) as e:  # PlaceRefused is a ValueError
         return f"{request.words()}: left ({printable(str(e))})"
-    return f"{request.words()}: cleared, {_why_cleared(request)}"
+    why = "the run is done, and it was for a start then under way: this one" if honoured else _why_cleared(request)
+    return f"{request.words()}: cleared, {why}"
 
 
 def automatic_restart(environ: Mapping[str, str]) -> str | None:
