@@ -126,9 +126,11 @@ def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
         "ReturnToService=2",
-        # between Slurm's SIGTERM and its SIGKILL when it ends a job: time for a loaded machine's supervisor to
-        # finish its last sync and write state.json (an admin's requeue in test_slurm_jobs)
-        "KillWait=120",
+        # between Slurm's SIGTERM and its SIGKILL when it ends a job. The supervisor reads it (scontrol show config)
+        # and cuts a save or last sync still running REQUEUE_MARGIN_S (20 s) before that SIGKILL, keeping those 20 s
+        # for state.json and the requeue whatever KillWait is: more only lengthens the wait for a trainer that never
+        # saves (held at step 10 through an admin's requeue in test_slurm_jobs: cut 30 s after the SIGTERM, not 100)
+        "KillWait=50",
         "SchedulerParameters=sched_interval=1",
         "MinJobAge=300",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",

@@ -130,10 +130,11 @@ def test_a_save_still_running_at_the_jobs_end_is_cut_and_the_job_still_requeues_
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
 LONG = 300
 """A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
-CUT_AFTER_S = 90
-"""The time limit, once a checkpoint is synced, this long from now (Slurm rounds it up to a whole minute: 90 to 150 s):
-the save and the copy's start fit before the deadline (REQUEUE_MARGIN_S before it), and the copy, 2 s an operation,
-does not end before it (a save still running then is cut too: the assertions allow it)."""
+CUT_AFTER_S = 40
+"""The time limit, once a checkpoint is synced, this long from now (Slurm rounds it up to a whole minute: 40 to 100 s):
+the save and the copy's start fit before the deadline (REQUEUE_MARGIN_S before it: 20 s at least, as DEADLINE_AFTER_S
+gives the fake Slurm's test), and the copy, 2 s an operation, does not end before it (a save still running then is cut
+too: the assertions allow it)."""
 
 
 def run_seconds(run_time: str) -> int:
