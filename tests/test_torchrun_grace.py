@@ -90,17 +90,22 @@ def test_the_supervisor_launches_every_trainer_with_the_runs_grace(tmp_path, cor
     assert infra.envs and all(env[names.TORCHRUN_GRACE_ENV] == "7" for env in infra.envs), infra.envs
 
 
-@pytest.mark.slow  # two ranks to start, and torch's 30 s: ~70 s
+TORCH_WAIT_S = 5
+"""Torch's own 30 s before its SIGKILL, shortened for the test below (torchrun_ranks.LAUNCHER): it waits that wait out
+and races nothing against it; the run's grace, 600 s, stays far beyond it and beyond the test's bound."""
+
+
+@pytest.mark.slow  # two ranks to start, and torch's wait (TORCH_WAIT_S): ~25 s
 @pytest.mark.parametrize("ending", ["rank_dies", "agent_raises"])
 def test_after_a_ranks_death_or_the_agents_error_the_others_get_torchs_30s_not_the_runs_grace(tmp_path, corpus,
                                                                                               ending):
     """Rank 0, in an agreed stop, waits for its last write (which ignores the agent's SIGTERM as a rank stuck in a
     collective would) when rank 1 is SIGKILLed, or when the agent itself raises (as on a rendezvous or store error:
-    its `finally` closes the ranks). The agent SIGKILLs rank 0 after its own 30 s and the launcher exits 1, a crash
-    to restart; the run's grace (600 s here) would have held the restart past the test's bound (before, through
-    torch's knob, the agent's error waited that grace: review10b F1)."""
+    its `finally` closes the ranks). The agent SIGKILLs rank 0 after its own wait (torch's 30 s, TORCH_WAIT_S here)
+    and the launcher exits 1, a crash to restart; the run's grace (600 s here) would have held the restart past the
+    test's bound (before, through torch's knob, the agent's error waited that grace: review10b F1)."""
     child, _, _, pids = start(tmp_path, corpus, {"SLOW_FINISH_S": "600", names.TORCHRUN_GRACE_ENV: "600"},
-                              store_gone=ending == "agent_raises")
+                              store_gone=ending == "agent_raises", torch_wait_s=TORCH_WAIT_S)
 
     def end_it():
         os.kill(int((pids / "rank1").read_text()), signal.SIGTERM)  # a stop both ranks agree on

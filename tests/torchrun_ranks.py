@@ -63,28 +63,42 @@ takes that much longer, and says so. Rank 1 says when it enters the exit barrier
 HOLD_EXIT_BARRIER it waits before it until RANK_PIDS/go exists. Every rank says when it exits (atexit: not on a
 SIGKILL)."""
 
-LAUNCHER_STORE_GONE = """
+LAUNCHER = """
 import os
 from pathlib import Path
 from torch.distributed.elastic.agent.server import local_elastic_agent
-monitor = local_elastic_agent.LocalElasticAgent._monitor_workers
-def failing_monitor(self, group):
-    if (Path(os.environ["RANK_PIDS"]) / "store-gone").exists():
-        raise RuntimeError("the rendezvous store is gone (injected)")
-    return monitor(self, group)
-local_elastic_agent.LocalElasticAgent._monitor_workers = failing_monitor
+from torch.distributed.elastic.multiprocessing import api
+if os.environ.get("TORCH_WAIT_S"):
+    close = api.PContext.close
+    def torch_wait_shortened(self, death_sig=None, timeout=30):
+        close(self, death_sig, int(os.environ["TORCH_WAIT_S"]) if timeout == 30 else timeout)
+    api.PContext.close = torch_wait_shortened
+if os.environ.get("STORE_GONE"):
+    monitor = local_elastic_agent.LocalElasticAgent._monitor_workers
+    def failing_monitor(self, group):
+        if (Path(os.environ["RANK_PIDS"]) / "store-gone").exists():
+            raise RuntimeError("the rendezvous store is gone (injected)")
+        return monitor(self, group)
+    local_elastic_agent.LocalElasticAgent._monitor_workers = failing_monitor
 from minilmd.trainer.loop import torchrun
 torchrun.main()
 """
-"""trainer/loop/torchrun.py whose agent raises, once RANK_PIDS/store-gone exists, in its watch of the ranks, as it
-does when its rendezvous store fails: an exception other than a stop signal, with the ranks still running."""
+"""trainer/loop/torchrun.py with torch's agent changed, as the environment asks:
+- TORCH_WAIT_S: torch's own 30 s between a close's SIGTERM to the ranks and its SIGKILL is that many seconds,
+  wherever the close got it from (PContext.close's default, the agent's _shutdown's, LaunchConfig.shutdown_timeout's),
+  below the launcher's own wrapper of the close (trainer/loop/torchrun.py _record_rank_ends), so that the run's
+  grace that wrapper gives a stop's close, or any other wait than 30 s, is kept as asked. For the tests that wait
+  torch's 30 s out, or need a rank SIGKILLed by it, racing nothing against it;
+- STORE_GONE: the agent raises, once RANK_PIDS/store-gone exists, in its watch of the ranks, as it does when its
+  rendezvous store fails: an exception other than a stop signal, with the ranks still running."""
 
 
 def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, store_gone: bool = False,
-          train: dict | None = None) -> tuple[Child, Path, RunConfig, Path]:
+          train: dict | None = None, torch_wait_s: int | None = None) -> tuple[Child, Path, RunConfig, Path]:
     """Launch the two ranks; `extra`: the hooks' environment (and names.TORCHRUN_GRACE_ENV). A later `attempt` in the
     same tmp_path is a restart of the same run. `store_gone`: the launcher whose agent raises once the pids
-    directory holds `store-gone` (LAUNCHER_STORE_GONE). Returns (child, run dir, config, the pids directory)."""
+    directory holds `store-gone`; `torch_wait_s`: torch's 30 s before its SIGKILL that long (LAUNCHER, either).
+    Returns (child, run dir, config, the pids directory)."""
     run_dir = tmp_path / "run"
     pids = tmp_path / "pids"
     if attempt == 1:
@@ -98,14 +112,16 @@ def start(tmp_path: Path, corpus, extra: dict, attempt: int = 1, store_gone: boo
         claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)  # adopts only a marked scratch)
     wrapper = tmp_path / "ranks.py"
     wrapper.write_text(RANKS)
-    if not store_gone:
+    asks = {**({"STORE_GONE": "1"} if store_gone else {}),
+            **({"TORCH_WAIT_S": str(torch_wait_s)} if torch_wait_s is not None else {})}
+    if not asks:
         launcher = ["-m", names.TORCHRUN_LAUNCHER]
     else:
-        (tmp_path / "launcher.py").write_text(LAUNCHER_STORE_GONE)
+        (tmp_path / "launcher.py").write_text(LAUNCHER)
         launcher = [str(tmp_path / "launcher.py")]
     command = [sys.executable, *launcher, "--standalone", "--nproc_per_node", "2", "--max-restarts", "0",
                str(wrapper), "train", str(config)]
-    child = launch(command, run_dir, attempt, devices="", extra_env={"RANK_PIDS": str(pids), **extra})
+    child = launch(command, run_dir, attempt, devices="", extra_env={"RANK_PIDS": str(pids), **asks, **extra})
     return child, run_dir, cfg, pids
 
 
