@@ -102,7 +102,8 @@ def signals_sent_through_procs():
 def fetch_reads_again_without_pause(monkeypatch):
     """A fetch in this process reads a remote checkpoint that does not verify again at once, not after its pauses
     (daemon/jobs/fetch.py READ_AGAIN_AFTER_S: seconds each a test of a damaged checkpoint would wait for nothing);
-    a supervisor in a process of its own pauses as in use (tests/test_remote_read_again.py)."""
+    a supervisor in a process of its own pauses as in use (tests/test_remote_read_again.py's short read of a moment),
+    or as tests/quick_cli.py sets."""
     monkeypatch.setattr("minilmd.daemon.jobs.fetch.READ_AGAIN_AFTER_S", (0.0, 0.0))
     monkeypatch.setattr("minilmd.daemon.jobs.stagingfetch.RELIST_AFTER_S", 0.0)  # its listing's second look too
 

@@ -20,6 +20,7 @@ from trainer_corpus import ONE_LAYER_MODEL
 from waiting import wait_until
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
+QUICK_CLI = Path(__file__).with_name("quick_cli.py")
 BASELINE = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 2}}
 """The real-trainer run that conftest's `undisturbed` fixture trains once per session (write_config(...,
 **BASELINE), no remote): a disturbed run written with the same sections must end with its weights, bit for bit."""
@@ -57,10 +58,14 @@ def cli(*args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env_for(**env))
 
 
-def start_supervisor(config: Path, log: Path, fake: bool = True, **extra_env) -> subprocess.Popen:
+def start_supervisor(config: Path, log: Path, fake: bool = True, quick: dict[str, str] | None = None,
+                     **extra_env) -> subprocess.Popen:
+    """`minilmd run config` in a process of its own, its output appended to `log`; with `quick` (tests/quick_cli.py's
+    variables), through quick_cli, whose supervisor waits those waits shorter."""
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", str(config)], stdout=out,
-                            stderr=subprocess.STDOUT, env=env_for(fake, **extra_env))
+    cli = [str(QUICK_CLI)] if quick else ["-m", "minilmd.cli"]
+    return subprocess.Popen([sys.executable, *cli, "run", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                            env=env_for(fake, **extra_env, **(quick or {})))
 
 
 def wait_or_kill(proc: subprocess.Popen, timeout: float = 120) -> int:
@@ -73,8 +78,9 @@ def wait_or_kill(proc: subprocess.Popen, timeout: float = 120) -> int:
             proc.wait()
 
 
-def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True, **extra_env) -> int:
-    return wait_or_kill(start_supervisor(config, tmp / "supervisor.out", fake, **extra_env), timeout)
+def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True,
+                   quick: dict[str, str] | None = None, **extra_env) -> int:
+    return wait_or_kill(start_supervisor(config, tmp / "supervisor.out", fake, quick, **extra_env), timeout)
 
 
 def synced_steps_10_and_20(tmp: Path, corpus: tuple[Path, int], then: int) -> tuple[Path, object, Path]:

@@ -27,21 +27,10 @@ from minilmd.daemon.views.status import summary_lines
 from minilmd.names import ATTEMPT_LOGS, DPO_REFERENCE, MANIFEST, REFERENCE_PASS, STATE, TRAINER_CMD_ENV
 from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
-from supervisor_helpers import (
-    cli,
-    env_for,
-    events,
-    run_supervisor,
-    start_supervisor,
-    state,
-    wait_for,
-    wait_or_kill,
-    write_config,
-)
+from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
 from trainer_corpus import child_env, read_metrics, run_paths
 
 SLOW_REFERENCE_TRAINER = Path(__file__).with_name("slow_reference_trainer.py")
-SHORT_GRACE_CLI = Path(__file__).with_name("short_grace_cli.py")
 
 
 class Clock:
@@ -78,7 +67,7 @@ def test_the_reference_pass_prints_its_progress_only_when_it_is_long(capsys):
 
 
 STARTUP_GRACE_S_HERE, PASS_BATCH_S = 30.0, 0.25
-"""The supervisor's start-up grace in the test below (STARTUP_GRACE_S, 60 s, halved through tests/short_grace_cli.py:
+"""The supervisor's start-up grace in the test below (STARTUP_GRACE_S, 60 s, halved through tests/quick_cli.py:
 still ten times a trainer's start here before its first heartbeat), and the slowed pass's sleep a batch: its 154 pairs
 last 38.5 s at the least, 1.28 times that grace, as dpo_corpus's 761 at 0.1 s were 1.27 times STARTUP_GRACE_S."""
 
@@ -89,12 +78,10 @@ def test_a_reference_pass_longer_than_the_hang_timeout_is_not_taken_for_a_hang(t
                           train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 4, "checkpoint_every": 2},
                           restart={"hang_timeout": "5s", "no_progress_limit": 1, "max_restarts": 1})
     assert STARTUP_GRACE_S_HERE < STARTUP_GRACE_S  # the grace in use is not the one the test outlasts
-    env = {TRAINER_CMD_ENV: f"{sys.executable} {SLOW_REFERENCE_TRAINER}", "SLOW_REFERENCE_BATCH_S": str(PASS_BATCH_S),
-           "TEST_STARTUP_GRACE_S": str(STARTUP_GRACE_S_HERE)}
-    with open(tmp_path / "supervisor.out", "ab") as out:
-        sup = subprocess.Popen([sys.executable, str(SHORT_GRACE_CLI), "run", str(config)], stdout=out,
-                               stderr=subprocess.STDOUT, env=env_for(fake=False, **env))
-    assert wait_or_kill(sup, 600) == EXIT_DONE, (tmp_path / "supervisor.out").read_text()
+    slow = {TRAINER_CMD_ENV: f"{sys.executable} {SLOW_REFERENCE_TRAINER}", "SLOW_REFERENCE_BATCH_S": str(PASS_BATCH_S)}
+    assert run_supervisor(config, tmp_path, timeout=600, fake=False,
+                          quick={"TEST_STARTUP_GRACE_S": str(STARTUP_GRACE_S_HERE)}, **slow) == EXIT_DONE, \
+        (tmp_path / "supervisor.out").read_text()
     run_dir = load_config(config).run_dir
     assert not [e for e in events(run_dir) if e["event"] == "hang"]
     made = read_metrics(run_dir, "dpo_reference")
