@@ -401,10 +401,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(item.nodeid, UNMEASURED_S) if item.get_closest_marker("slow") else 1)
 
 
-SAME_WORKER = {"tests/test_gpu_check.py::test_the_dry_run_": "gpu-check-dry-run"}
+SAME_WORKER = {"tests/test_gpu_check.py::test_the_dry_run_": "gpu-check-dry-run",
+               "tests/test_watch_real.py::": "watch-real-resumed-run",
+               "tests/test_best_pointer.py::test_the_next_stage_starts_from_the_best_": "best-pointer-real-run",
+               "tests/test_best_pointer.py::test_init_checkpoint_last_takes_the_latest_": "best-pointer-real-run"}
 """Tests (by the start of their id) that --dist loadgroup hands to one worker together: a module fixture is set up
-once per worker that runs a test of its module, and test_gpu_check's dry_run costs minutes. pytest-xdist's own
-xdist_group mark does nothing under pytest 9.2 (it renames item._nodeid, which pytest no longer reads)."""
+once per worker that runs a test of its module, and test_gpu_check's dry_run costs minutes (test_watch_real's
+resumed_run, a real run with a SIGBUS restart, about 9 s on a loaded machine, was set up by each of the 4 workers;
+test_best_pointer's finished_early_stopped_run, 4 s, by two). pytest-xdist's own xdist_group mark does nothing under
+pytest 9.2 (it renames item._nodeid, which pytest no longer reads)."""
 
 
 @pytest.hookimpl(tryfirst=True)
