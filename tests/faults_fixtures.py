@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import errno as errno_mod
+import gc
 import importlib.util
 import itertools
 import os
@@ -93,11 +94,17 @@ def is_mounted(path: str | os.PathLike) -> bool:
 
 
 def unmount(mountpoint: str | os.PathLike) -> None:
-    """Unmount a FUSE mount, live or dead; lazily when it is busy. Raises when it stays mounted."""
+    """Unmount a FUSE mount, live or dead; lazily when it is busy. Raises when it stays mounted. Busy, it is tried
+    again after a garbage collection first: an object of the test left in a reference cycle (an in-process Syncer)
+    still held a directory descriptor there, and a lazy unmount leaves the filesystem process waiting for it (2 s
+    of FaultMount.unmount's wait each time)."""
     mountpoint = str(mountpoint)
     if not is_mounted(mountpoint):
         return
     done = _run(["fusermount3", "-u", mountpoint])
+    if done.returncode != 0 and is_mounted(mountpoint):
+        gc.collect()
+        done = _run(["fusermount3", "-u", mountpoint])
     if done.returncode != 0 and is_mounted(mountpoint):
         done = _run(["fusermount3", "-u", "-z", mountpoint])
     if is_mounted(mountpoint):
