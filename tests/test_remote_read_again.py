@@ -23,6 +23,7 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import (
+    READS_THE_SAME,
     cli,
     run_supervisor,
     start_supervisor,
@@ -36,10 +37,6 @@ from supervisor_helpers import (
 pytestmark = pytest.mark.slow  # each test runs supervisors through a FUSE mount
 
 MODEL = "*/step-00000020/model.safetensors"
-QUICK = {"TEST_READ_AGAIN_AFTER_S": "0.1,0.1"}
-"""For the supervisors that read damaged checkpoints, which read the same at every read however long the pauses
-between them (tests/quick_cli.py; 2 s and 5 s in use, 7 s a checkpoint): the short read of a moment, the test the
-pauses are for, keeps them."""
 
 
 def synced_then_rebooted(tmp_path: Path, corpus, faultfs) -> tuple[Path, object]:
@@ -108,7 +105,7 @@ def test_every_checkpoint_of_a_synced_run_damaged_waits_says_why_and_resumes_onc
     assert on_remote
     before, said = attempt_logs(cfg), len(event_texts(cfg.run_dir, "fetch"))
     faultfs.shrink("*model.safetensors", 1000)  # every read of every checkpoint: damaged, as far as it shows
-    sup = start_supervisor(config, tmp_path / "again.out", quick=QUICK)
+    sup = start_supervisor(config, tmp_path / "again.out", quick=READS_THE_SAME)
     try:
         why = waiting_for_the_remote(cfg)
         assert f"{len(on_remote)} set aside as invalid" in why and "quarantine" in why, why
@@ -124,7 +121,7 @@ def test_every_checkpoint_of_a_synced_run_damaged_waits_says_why_and_resumes_onc
         check = cli("run", "--check", str(config))  # the same rule: no step 0 promised
         assert "waits: run.remote: " in check.stdout and "synced to it before" in check.stdout and \
             "quarantine" in check.stdout and "starts from step 0: " not in check.stdout, check.stdout + check.stderr
-        sup = start_supervisor(config, tmp_path / "again.out", quick=QUICK)
+        sup = start_supervisor(config, tmp_path / "again.out", quick=READS_THE_SAME)
         why = waiting_for_the_remote(cfg)
         assert "state.json records step 20" in why and "quarantine" in why, why
         assert attempt_logs(cfg) == before, "a trainer was started from step 0"
@@ -153,7 +150,7 @@ def test_a_damaged_newest_checkpoint_beside_an_older_good_one_resumes_from_the_o
     assert sorted(p.name for p in remote.iterdir() if names.is_step_name(p.name)) == ["step-00000010",
                                                                                        "step-00000020"]
     before = attempt_logs(cfg)
-    assert run_supervisor(config, tmp_path, timeout=180, quick=QUICK) == 0, \
+    assert run_supervisor(config, tmp_path, timeout=180, quick=READS_THE_SAME) == 0, \
         (tmp_path / "supervisor.out").read_text()[-3000:]
     resumed = [p for p in attempt_logs(cfg) if p not in before]
     assert resumed and "resuming at step 10" in resumed[0].read_text()
@@ -170,7 +167,7 @@ def test_a_remote_that_answers_with_no_checkpoint_that_verifies_is_shown_as_that
     the remote answered every read."""
     config, cfg, remote = synced_10_and_20_then_damaged(tmp_path, corpus, damaged=("step-00000010", "step-00000020"))
     before = attempt_logs(cfg)
-    sup = start_supervisor(config, tmp_path / "again.out", quick=QUICK)
+    sup = start_supervisor(config, tmp_path / "again.out", quick=READS_THE_SAME)
     try:
         why = waiting_for_the_remote(cfg)
         assert "2 set aside as invalid" in why and "state.json records step 20" in why, why
