@@ -6,7 +6,9 @@ a wait out but race nothing against its length:
 - TEST_STARTUP_GRACE_S: daemon/child/trainerwatch.py STARTUP_GRACE_S (60 s in use), the wait for a trainer's first
   heartbeat;
 - TEST_READ_AGAIN_AFTER_S: daemon/jobs/fetch.py READ_AGAIN_AFTER_S (2 s, then 5 s in use), the pauses before a
-  remote checkpoint that does not verify is read again, comma-separated (as many as in use: as many reads).
+  remote checkpoint that does not verify is read again, comma-separated (as many as in use: as many reads);
+- TEST_RELIST_AFTER_S: daemon/jobs/stagingfetch.py RELIST_AFTER_S (5 s in use), the pause before a remote that lists
+  no step as new as the run's records say is listed again.
 
 Only this process is patched: the trainer it launches is the one it would launch. supervisor_helpers.start_supervisor
 runs it when given `quick`.
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import os
 
-STARTUP_GRACE_ENV, READ_AGAIN_ENV = "TEST_STARTUP_GRACE_S", "TEST_READ_AGAIN_AFTER_S"
+STARTUP_GRACE_ENV, READ_AGAIN_ENV, RELIST_ENV = "TEST_STARTUP_GRACE_S", "TEST_READ_AGAIN_AFTER_S", "TEST_RELIST_AFTER_S"
 
 if __name__ == "__main__":
     from minilmd.cli import main
     from minilmd.daemon.child import trainerwatch
-    from minilmd.daemon.jobs import fetch
+    from minilmd.daemon.jobs import fetch, stagingfetch
 
     if STARTUP_GRACE_ENV in os.environ:
         trainerwatch.STARTUP_GRACE_S = float(os.environ[STARTUP_GRACE_ENV])
@@ -28,4 +30,6 @@ if __name__ == "__main__":
         pauses = tuple(float(s) for s in os.environ[READ_AGAIN_ENV].split(","))
         assert len(pauses) == len(fetch.READ_AGAIN_AFTER_S), (pauses, fetch.READ_AGAIN_AFTER_S)
         fetch.READ_AGAIN_AFTER_S = pauses
+    if RELIST_ENV in os.environ:
+        stagingfetch.RELIST_AFTER_S = float(os.environ[RELIST_ENV])
     main()

@@ -43,7 +43,9 @@ def test_a_stop_during_the_relist_pushes_nothing_and_the_next_start_says_what_is
     pushed = [m for m in event_texts(cfg.run_dir, "sync") if "the last sync pushes nothing" in m]
     assert pushed and "step 10, is the one this start fetched from" in pushed[-1], event_texts(cfg.run_dir, "sync")
     shutil.rmtree(cfg.scratch_dir)
-    assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    # its re-list's pause waited out, not stopped in (tests/quick_cli.py; 5 s in use, kept above, where it is stopped)
+    assert run_supervisor(config, tmp_path, quick={"TEST_RELIST_AFTER_S": "0.2"}) == 0, \
+        (tmp_path / "supervisor.out").read_text()[-3000:]
     notes = event_texts(cfg.run_dir, "note")
     assert any("resuming from step 10, which verifies: steps 11-20 are trained again" in m for m in notes), notes
     assert state(cfg.run_dir)["remote_checkpoint"]["step"] == 30
