@@ -129,8 +129,9 @@ def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
         # between Slurm's SIGTERM and its SIGKILL when it ends a job. The supervisor reads it (scontrol show config)
         # and cuts a save or last sync still running REQUEUE_MARGIN_S (20 s) before that SIGKILL, keeping those 20 s
         # for state.json and the requeue whatever KillWait is: more only lengthens the wait for a trainer that never
-        # saves (held at step 10 through an admin's requeue in test_slurm_jobs: cut 30 s after the SIGTERM, not 100)
-        "KillWait=50",
+        # saves (held at step 10 through an admin's requeue in test_slurm_jobs: cut 20 s after the SIGTERM, not 100;
+        # still more than Slurm's default 30 s, which the supervisor takes while scontrol has not told it this one)
+        "KillWait=40",
         "SchedulerParameters=sched_interval=1",
         "MinJobAge=300",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
