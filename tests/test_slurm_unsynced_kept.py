@@ -23,7 +23,16 @@ from minilmd.daemon.jobs import keptcopy
 from minilmd.daemon.slurm import requeue_bound
 from reliability_helpers import event_texts
 from slurm_helpers import job_line, slurm_env
-from supervisor_helpers import cli, remote_step, start_supervisor, state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    READS_THE_SAME,
+    cli,
+    remote_step,
+    start_supervisor,
+    state,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 
@@ -108,7 +117,7 @@ def test_a_damaged_kept_copy_is_not_resumed_from_said_where_it_is_set_aside_and_
     damaged.write_bytes(bytes(data))
     shutil.rmtree(tmp_path / "node-tmp")
     job_line(tmp_path, 1, time.time() + 3600)
-    again = start_supervisor(config, tmp_path / "second.out", **slurm_env(tmp_path, 1))
+    again = start_supervisor(config, tmp_path / "second.out", quick=READS_THE_SAME, **slurm_env(tmp_path, 1))
     assert wait_or_kill(again, 300) == 0, (tmp_path / "second.out").read_text()[-3000:]
     assert state(run_dir)["outcome"]["ended"] == "finished" and remote_step(run_dir) == 30
     [said] = [m for m in event_texts(run_dir, "fetch") if "did not verify: not resumed from" in m]
