@@ -25,6 +25,9 @@ READS_THE_SAME = {"TEST_READ_AGAIN_AFTER_S": "0.1,0.1"}
 """start_supervisor's `quick` for a run whose remote checkpoints are damaged for good: each reads the same at every
 read, however long the pauses before it is read again (daemon/jobs/fetch.py READ_AGAIN_AFTER_S, 2 s and 5 s in use:
 7 s a checkpoint, for nothing). A test of a damage that passes (a short read of a moment) keeps the pauses in use."""
+COPIES_THE_SAME = {"TEST_STAGING_COPY_FIRST_S": "0.1"}
+"""start_supervisor's `quick` for a run whose corpus source is damaged for good: each copy of the file reads the same,
+however long the pauses before it is copied again (minilmd/backoff.py STAGING_COPY_FIRST_S, 1 + 2 + 4 s in use)."""
 BASELINE = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 2}}
 """The real-trainer run that conftest's `undisturbed` fixture trains once per session (write_config(...,
 **BASELINE), no remote): a disturbed run written with the same sections must end with its weights, bit for bit."""

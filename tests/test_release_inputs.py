@@ -12,7 +12,7 @@ import pytest
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import FINAL_EXIT_STATUSES, SUPERVISOR_GAVE_UP
-from supervisor_helpers import events, run_supervisor, write_config
+from supervisor_helpers import COPIES_THE_SAME, events, run_supervisor, write_config
 
 pytestmark = pytest.mark.slow  # real supervisors
 
@@ -93,10 +93,10 @@ def test_a_relaunch_that_fails_for_good_before_its_own_checkpoint_says_the_remot
     assert not cfg.scratch_dir.exists()  # given back after the last sync: the checkpoints are on the remote alone
     tokens = mine / "train" / "tokens.bin"
     tokens.write_bytes(bytes(len(tokens.read_bytes())))
-    # no_progress_limit 1: it gives up after one staging (1 + 2 + 4 s of retries) instead of five
+    # no_progress_limit 1: it gives up after one staging (its retries' pauses COPIES_THE_SAME's) instead of five
     other = write_config(tmp_path, (mine, corpus[1]), run={"keep_scratch": False}, train={"max_steps": 40},
                          restart={"no_progress_limit": 1})
-    status = run_supervisor(other, tmp_path)
+    status = run_supervisor(other, tmp_path, quick=COPIES_THE_SAME)
     assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
     assert not cfg.scratch_dir.exists()  # it held the marker and the staged corpus alone
     last = _scratch_said(cfg.run_dir)[-1]

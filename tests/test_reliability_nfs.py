@@ -32,7 +32,16 @@ from reliability_helpers import (
     fake_weights_of,
     undisturbed_fake_weights,
 )
-from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
+from supervisor_helpers import (
+    COPIES_THE_SAME,
+    cli,
+    start_supervisor,
+    state,
+    step_of_state,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 from trainer_corpus import synthetic_prepared
 
 pytestmark = pytest.mark.slow  # every test runs a supervisor through FUSE faults
@@ -191,7 +200,7 @@ def test_a_source_that_stays_short_is_never_staged_and_the_run_gives_up_clearly(
     config = write_config(tmp_path, (faultfs.root / "corpus", corpus[1]), remote=False,
                           restart={"no_progress_limit": 1})
     cfg = load_config(config)
-    sup = start_supervisor(config, tmp_path / "sup.out")
+    sup = start_supervisor(config, tmp_path / "sup.out", quick=COPIES_THE_SAME)
     assert wait_or_kill(sup) == SUPERVISOR_GAVE_UP
     assert not (cfg.scratch_dir / "corpus").exists()
     assert not list(cfg.scratch_dir.glob(".tmp-corpus-*"))
