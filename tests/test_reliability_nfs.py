@@ -244,8 +244,11 @@ SYNC_FAULTS = [  # (op, glob, action, params): each breaks the sync at another p
 
 
 def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkpoint(tmp_path, corpus, faultfs):
+    # a sync, and a failed one's retry, every 0.4 s (not 1 s): each fault fires at a sync and the next good one moves
+    # LATEST on, whenever they come
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
-                          train={"max_steps": 100000, "checkpoint_every": 5}, **FAST)
+                          train={"max_steps": 100000, "checkpoint_every": 5}, sync={"every": "0.4s", "keep": 2},
+                          **FAST)
     cfg = load_config(config)
     with RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02) as watcher, \
             supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
