@@ -36,7 +36,9 @@ def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_che
     lora = stage(tmp_path, corpus, "lora", sft, lora={"rank": 4, "alpha": 8.0})
     doomed = stage(tmp_path, corpus, "doomed", restart={"max_restarts": 0})
     after_doomed = stage(tmp_path, corpus, "after-doomed", doomed)
-    procs = [start_supervisor(config, tmp_path / f"{config.stem}.out", fake=False, MINILMD_FAULT=fault)
+    # the doomed stage only fails (its own trainer's crash, no restart): the fake trainer's crash does, without a
+    # real trainer's start
+    procs = [start_supervisor(config, tmp_path / f"{config.stem}.out", fake=config == doomed, MINILMD_FAULT=fault)
              for config, fault in ((lora, "sigkill@4"), (sft, "exception@2"), (after_doomed, ""),
                                    (pretrain, "sigkill@4"), (doomed, "exception@1"))]
     sft_dir = load_config(sft).run_dir
