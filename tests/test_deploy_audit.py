@@ -38,7 +38,9 @@ def test_closing_the_tmux_session_does_not_end_the_run(tmp_path, corpus, tmux_ro
     root, socket = tmux_root
     config = write_config(tmp_path, corpus, name="tm", remote=False)
     run_dir = tmp_path / "tm" / "run"
-    env = env_for(FAKE_STEP_S="0.3", MINILMD=str(MINILMD), MINILMD_TMUX_SOCKET=socket, TMUX_TMPDIR=str(root))
+    release = tmp_path / "release"  # the trainer held at step 2 until the session is gone: the run surely goes on
+    env = env_for(FAKE_HOLD=f"2:{release}", MINILMD=str(MINILMD), MINILMD_TMUX_SOCKET=socket,
+                  TMUX_TMPDIR=str(root))
     env = {k: v for k, v in env.items() if k != "TMUX"}
     out = subprocess.run(["bash", str(LAUNCHER), "--no-attach", str(config)], capture_output=True, text=True,
                          timeout=120, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path)
@@ -46,6 +48,7 @@ def test_closing_the_tmux_session_does_not_end_the_run(tmp_path, corpus, tmux_ro
     wait_until(lambda: step_of_state(run_dir) >= 2, 120, "the trainer to take two steps")
 
     subprocess.run(["tmux", "-L", socket, "kill-session", "-t", "=minilmd-tm"], check=True, timeout=30, env=env)
+    release.touch()
 
     wait_until(lambda: lock_holder(run_dir) is None, 120, "the supervisor to end")
     crashes = [e["message"] for e in events(run_dir) if e["event"] == "crash"]
