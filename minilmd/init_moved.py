@@ -54,7 +54,7 @@ def lora_base_refused(cfg: RunConfig, init_record, where: str) -> str:
     then, now = init_record.get("from"), cfg.init.from_
     if not isinstance(then, str) or not then or then == now or _same_base(init_record, now, cfg.init.checkpoint):
         return ""
-    from minilmd.init_source import describe
+    from minilmd.init_words import describe
 
     return (f"init.from = {printable(repr(now))}, but this LoRA run's checkpoints ({where}) hold adapters trained on "
             f"the base init.from = {printable(repr(then))} gave: {printable(describe(init_record))}. A LoRA "

@@ -29,12 +29,12 @@ from minilmd.init_source import (
     InitSourceUnreachable,
     Predecessor,
     PredecessorReport,
-    describe,
     predecessor,
     predecessor_outcome,
     predecessor_report,
     source_state,
 )
+from minilmd.init_words import describe
 from minilmd.names import step_name
 from minilmd.perms import run_dir_owner
 from minilmd.probes import bounded_probe
@@ -248,7 +248,7 @@ planted megabyte printed a megabyte) is shown cut, saying how much was left out 
 
 def lineage_entry(init: dict, whose: str = "") -> str:
     """One stage of the lineage: the source a checkpoint's trainer_state.json "init" records (another user's word,
-    each value clipped), with `whose` (source_owner.owner_words) where said: init_source.describe's words."""
+    each value clipped), with `whose` (source_owner.owner_words) where said: init_words.describe's words."""
     return describe(init, LINEAGE_PATH_SHOWN, whose)
 
 

@@ -66,7 +66,7 @@ def _found(path: Path, parts: ForLoading) -> Found:
 def start_from_init(cfg: RunConfig, model: torch.nn.Module, dist: Dist) -> dict:
     """A fresh run (no checkpoint) takes the weights of [init] from; the optimizer and step stay fresh. Only
     here is init.from read: every later start resumes from this run's own checkpoints. Returns its record."""
-    from minilmd.init_source import chosen
+    from minilmd.init_words import chosen
     from minilmd.trainer.checkpoint.init_weights import load_init
 
     weights, record = load_init(cfg)
@@ -100,7 +100,8 @@ def load_model_state(model: torch.nn.Module, found: Found, lora: bool, base_now:
     """The checkpoint's weights into `model`: all of them, or a LoRA run's adapters, which resume only on the base
     they were trained on: the one init.from gives now (base_now) must have the fingerprint every checkpoint of this
     run records."""
-    from minilmd.init_source import describe, same_source
+    from minilmd.init_source import same_source
+    from minilmd.init_words import describe
     from minilmd.trainer.model.lora import load_adapter
 
     if not lora:

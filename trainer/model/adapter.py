@@ -88,7 +88,8 @@ def _from_copy(state: dict, recorded: dict, copy: Path) -> dict | None:
 def _load_base(state: dict, source: str, recorded: dict, staged: Path | None = None) -> dict:
     from minilmd.checkpoint import CheckpointError
     from minilmd.config import ConfigError, RunConfig
-    from minilmd.init_source import describe, same_source
+    from minilmd.init_source import same_source
+    from minilmd.init_words import describe
     from minilmd.model_shapes import as_model_section
     from minilmd.trainer.checkpoint.init_weights import load_init
 

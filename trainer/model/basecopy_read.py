@@ -28,7 +28,8 @@ from minilmd.base_copy import (
     parse_record,
 )
 from minilmd.daemon.jobs import remote_write
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, describe
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD
+from minilmd.init_words import describe
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES
 from minilmd.trainer.model.export_paths import ExportError
