@@ -62,7 +62,8 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
     mode = "raise" if way_out == "a bug" else "wait"
     with open(tmp_path / "stderr", "wb") as err:
         child = subprocess.Popen([sys.executable, str(PAUSED), mode, str(ready), "export", str(checkpoint),
-                                  "--format", fmt, "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=err)
+                                  "--format", fmt, "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=err,
+                                 preexec_fn=_hangup_default)
     try:
         if mode == "wait":
             wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
@@ -83,6 +84,13 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
         assert out.read_bytes() == EARLIER
     else:
         assert out.is_dir() and not any(out.iterdir())
+
+
+def _hangup_default() -> None:
+    """SIGHUP's default in the child, as a session's command has it: a suite started under `nohup` passes SIGHUP
+    ignored to every child, and the export, which keeps an ignored SIGHUP ignored (nohup's promise), then waited out
+    the test's 300 s twice."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None, boot: str = "") -> Path:
