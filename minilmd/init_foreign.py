@@ -2,8 +2,8 @@
 LATEST), said so that the user can act (user7 #3): a model MiniMind saved in transformers format (config.json of
 model_type "minimind": its safetensors hold MiniMind's .pth tensor names, which init.from takes once converted:
 the one-line conversion is printed), an export of minilmd's (`export --format hf`: the checkpoint it came from is
-the source), or a directory of MiniMind .pth files (MiniMind's out/: they are named). Read as init_source reads the
-directory: relative to its descriptor, its owner's files or ours, bounded. Torch-free."""
+the source), a directory of MiniMind .pth files (MiniMind's out/: they are named), or a prepared corpus. Read as
+init_source reads the directory: relative to its descriptor, its owner's files or ours, bounded. Torch-free."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ from minilmd import perms
 from minilmd.dirfd import Dir
 from minilmd.init_model import MOE_MODEL, OUT_PLACEHOLDER, OWN_DIR_CODE, OWN_DIR_FILE, own_place
 from minilmd.init_place import Owners, read_in
-from minilmd.names import HF_CONFIG, LATEST, MANIFEST, MODEL_FILE
+from minilmd.names import CORPUS_META, HF_CONFIG, LATEST, MANIFEST, MODEL_FILE
 from minilmd.untrusted import Unreadable, dir_names, loads, printable
 
 HF_CONFIG_MAX_BYTES = 64 << 10
@@ -41,6 +41,9 @@ def not_a_checkpoint(root: Dir, owners: Owners) -> str:
         return (f"a directory with {MODEL_FILE} but without {MANIFEST}: an export (`minilmd export --format hf`, "
                 f"for transformers), not a checkpoint; init.from takes a checkpoint, its root or run, or a MiniMind "
                 f".pth (`minilmd export CHECKPOINT --format minimind [--merge] --out model.pth`)")
+    if root.lstat(CORPUS_META) is not None:  # a new user's init.from at the corpus: a checkpoint was meant
+        return (f"{NOT_A_CHECKPOINT}; it holds {CORPUS_META}: a prepared corpus, which data.prepared takes (init.from "
+                f"takes the weights a stage starts from: a checkpoint, its root or run, or a MiniMind .pth)")
     pths = _pth_files(root)
     if not pths:
         return NOT_A_CHECKPOINT

@@ -55,3 +55,10 @@ def test_a_directory_with_model_safetensors_alone_is_no_export_but_a_directory_w
     (damaged / "config.json").write_bytes(b"{}")  # now the hf layout
     with pytest.raises(InitSourceError, match="an export"):
         resolve(str(damaged), "best")
+
+
+def test_a_prepared_corpus_as_init_from_is_said_to_be_data_prepareds(tmp_path, corpus):
+    """A new user (stop 65) pointed init.from at the prepared corpus: refused as a directory without manifest.json
+    and without LATEST, with no word of what it is. Now the refusal names data.prepared."""
+    with pytest.raises(InitSourceError, match="it holds meta.json: a prepared corpus, which data.prepared takes"):
+        resolve(str(corpus[0]), "best")
