@@ -45,6 +45,19 @@ def killed_publishing(local: Path, remote: Path, run_dir: Path, step: str, when:
     assert done.returncode == -9, done.stderr
 
 
+def cut_then_published(dirs, weights, tmp_path) -> tuple[Path, Path, Path, str]:
+    """(scratch, remote, run.dir, the cut copy's name): step 10's sync killed before its rename, then step 10
+    published since by a copy of that very copy (a sync that did not see it: another host's, say)."""
+    local, remote = dirs
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    save(local, 10, weights)
+    killed_publishing(local, remote, run_dir, "step-00000010", "before")
+    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
+    shutil.copytree(remote / cut, remote / "step-00000010")
+    return local, remote, run_dir, cut
+
+
 def test_a_copy_whose_publish_a_kill_cut_before_its_rename_is_published_by_the_next_sync(dirs, weights, tmp_path):
     local, remote = dirs
     run_dir = tmp_path / "run-dir"
@@ -70,13 +83,7 @@ def test_such_a_copy_whose_step_was_published_since_goes_as_a_second_copy_of_it(
     """Its step synced again before the clean-up looked at the cut copy (another host's temporary names are looked
     at after a day: a Slurm job requeued on another node syncs the step again first): the copy cannot be published
     and is a second one of a step that stands; it goes (audit F2: it stayed for good, said at every sync)."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    save(local, 10, weights)
-    killed_publishing(local, remote, run_dir, "step-00000010", "before")
-    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
-    shutil.copytree(remote / cut, remote / "step-00000010")  # published since, by a sync that did not see `cut`
+    local, remote, run_dir, cut = cut_then_published(dirs, weights, tmp_path)
 
     logs: list[str] = []
     Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir).sync_newest()
@@ -88,13 +95,7 @@ def test_such_a_copy_whose_step_was_published_since_goes_as_a_second_copy_of_it(
 def test_such_a_copy_is_kept_while_the_step_published_since_is_damaged(dirs, weights, tmp_path):
     """The verified cut copy is no second copy of a damaged one: kept, and said, while the sync replaces the damaged
     step (quarantined, copied again); the next sync removes it then (review, stop 65: judged by the step number)."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    save(local, 10, weights)
-    killed_publishing(local, remote, run_dir, "step-00000010", "before")
-    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
-    shutil.copytree(remote / cut, remote / "step-00000010")
+    local, remote, run_dir, cut = cut_then_published(dirs, weights, tmp_path)
     os.truncate(remote / "step-00000010" / ck.MODEL_FILE, 10)
     logs: list[str] = []
     syncer = Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir)
@@ -110,13 +111,7 @@ def test_a_step_moved_to_the_second_copys_name_as_it_is_removed_is_left(dirs, we
     """Another user who may rename within the root swaps names just before that removal: the cut copy away, the
     published step to its name. The removal asks for the very directory judged, so the step stays (review, stop 65:
     removed on its manifest's word)."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    save(local, 10, weights)
-    killed_publishing(local, remote, run_dir, "step-00000010", "before")
-    [cut] = [n for n in names(remote) if n.startswith(".tmp-step-00000010")]
-    shutil.copytree(remote / cut, remote / "step-00000010")
+    local, remote, run_dir, cut = cut_then_published(dirs, weights, tmp_path)
     real_intact = LocalRemote.intact
 
     def swapped_after_the_look(self, name, *args, **kwargs):  # the last look at the published step: then the swap
