@@ -206,8 +206,7 @@ class Made:
     def publishing_to(self, name: str, identity: Identity) -> str | None:
         """The final name of a publish of `name` (this identity) begun and not done: what a kill cut before the
         rename left. On a share that numbers its inodes anew at each mount, one recorded by that name."""
-        self._current()
-        anyone = _renumbered(self)
+        anyone = _renumbered(self.root())  # read once: the publishes as the root
         return next((final for n, dev, ino, final in sorted(self._publishing)
                      if n == name and (anyone or (dev, ino) == identity)), None)
 
@@ -303,7 +302,7 @@ def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = 
         return _step_problem(root, name, identity, step_of(was or name))
     if made.proves(was or name, identity):
         return None
-    if was is None and made.recorded(name) and _renumbered(made):  # a FUSE share mounted again since it was made
+    if was is None and made.recorded(name) and _renumbered(made.root()):  # a FUSE share mounted again since it was made
         if (why := _half_copy_problem(root, name, identity)) is None:
             return None
         return (f"a directory by a name this run recorded in {made.where()}, not with its inode now (a share that "
@@ -312,11 +311,11 @@ def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = 
             f"user, or left by a sync before the record)")
 
 
-def _renumbered(made: Made) -> bool:
-    """Whether the root the record names is a share that numbers its inodes anew at each mount (FUSE's: mounted again,
-    this run's own half copy has another inode than the one recorded as it was made): its record's name proves it."""
-    root = made.root() or {}
-    return isinstance(fstype := root.get("fstype"), str) and renumbers_inodes(fstype)
+def _renumbered(root: dict | None) -> bool:
+    """Whether the root a record names (Made.root) is a share that numbers its inodes anew at each mount (FUSE's:
+    mounted again, this run's own half copy has another inode than the one recorded as it was made): its record's
+    name proves it."""
+    return isinstance(fstype := (root or {}).get("fstype"), str) and renumbers_inodes(fstype)
 
 
 def _half_copy_problem(root: Dir, name: str, identity: Identity) -> str | None:

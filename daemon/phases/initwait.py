@@ -246,12 +246,6 @@ LINEAGE_PATH_SHOWN = 1024
 planted megabyte printed a megabyte) is shown cut, saying how much was left out (untrusted.clipped)."""
 
 
-def lineage_entry(init: dict, whose: str = "") -> str:
-    """One stage of the lineage: the source a checkpoint's trainer_state.json "init" records (another user's word,
-    each value clipped), with `whose` (source_owner.owner_words) where said: init_words.describe's words."""
-    return describe(init, LINEAGE_PATH_SHOWN, whose)
-
-
 def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = None) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint (in scratch; else `synced`, its newest on
     run.remote, once scratch is gone, or not looked in: None): each step's source, its step and fingerprint,
@@ -271,7 +265,7 @@ def lineage(checkpoint_dir: Path | None, limit: int = 8, synced: Path | None = N
             break
         said_path = init.get("path")  # a checkpoint's word: a path only when it is a string
         whose = owner_words(said_path) if isinstance(said_path, str) and said_path else ""  # a teammate's: said
-        chain.append(lineage_entry(init, whose))
+        chain.append(describe(init, LINEAGE_PATH_SHOWN, whose))  # another user's word: clipped
         path = None
         if init.get("kind") == "checkpoint" and isinstance(said_path, str) and said_path:
             path = Path(said_path)
