@@ -161,16 +161,8 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     problems, absent, meta = found
     if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
         problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
-    missing, short = ("", "") if waits is None or meta is None else \
-        (bounded_probe(shorter_than_listed, cfg.data.prepared, meta)[1] or ("", ""))
-    if waits is not None and short:
-        waits.append(f"data.prepared = {cfg.data.prepared!r}: {short}: a copy cut short? staging copies it again "
-                     f"and again, then gives up (exit 79): prepare it again, or copy it again from where it was "
-                     f"prepared (a share that shrank for a moment is read again, so this is no refusal)")
-    if waits is not None and missing:  # staging's "source unreachable"
-        waits.append(f"data.prepared = {cfg.data.prepared!r}: {missing}: a copy cut short, or still under way? "
-                     f"staging waits for it, retried with backoff for as long as it takes (status shows the wait): "
-                     f"copy it again from where it was prepared, or prepare it again")
+    if waits is not None and meta is not None:
+        waits.extend(_cut_short_waits(cfg.data.prepared, meta))
     if not (absent and waits is not None and has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
@@ -197,6 +189,22 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
         return ""
     answered, found, why = bounded_probe(_check_prepared_dir, cfg, says_why=True)
     return found[1] if answered else why
+
+
+def _cut_short_waits(prepared: str, meta: dict) -> list[str]:
+    """`run --check`'s waits for the corpus files shorter than meta.json lists, or missing (shorter_than_listed, in a
+    bounded probe), each in the words of what staging then does."""
+    missing, short = bounded_probe(shorter_than_listed, prepared, meta)[1] or ("", "")
+    said = []
+    if short:
+        said.append(f"data.prepared = {prepared!r}: {short}: a copy cut short? staging copies it again and again, "
+                    f"then gives up (exit 79): prepare it again, or copy it again from where it was prepared (a share "
+                    f"that shrank for a moment is read again, so this is no refusal)")
+    if missing:  # staging's "source unreachable"
+        said.append(f"data.prepared = {prepared!r}: {missing}: a copy cut short, or still under way? staging waits "
+                    f"for it, retried with backoff for as long as it takes (status shows the wait): copy it again "
+                    f"from where it was prepared, or prepare it again")
+    return said
 
 
 def shorter_than_listed(prepared: str, meta: dict) -> tuple[str, str]:
