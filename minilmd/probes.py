@@ -61,7 +61,7 @@ from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.supervision import supervision
-from minilmd.urls import is_url, local_remote_root, protocol_of
+from minilmd.urls import chain_over_local, chain_refused, is_url, local_remote_root, protocol_of
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None, count_replies: bool = True
@@ -382,6 +382,8 @@ def has_checkpoint(cfg: RunConfig) -> bool:
 def _check_protocol(name: str, url: str) -> list[str]:
     import fsspec  # light; only when a URL is configured
 
+    if (inner := chain_over_local(url)) is not None:
+        return [f"{name} = {chain_refused(url, inner)}"]
     protocol = protocol_of(url)
     if protocol not in fsspec.available_protocols():
         return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]

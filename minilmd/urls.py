@@ -4,7 +4,8 @@ A URL is what fsspec opens as anything but a plain path: a protocol ("s3://bucke
 a chain ("simplecache::s3://bucket", "dir::/tmp", which has no "://"), or "data:". A local path is any other string;
 "file://" and "local://" URLs open local paths too, which `open_fs` says (`local`): another user's files there may be
 links or FIFOs, so they are looked at before they are opened (minilmd/untrusted.py, shared_place.py). A chain over a
-local directory ("dir::/tmp", "simplecache::/tmp") is no local path: fsspec opens its files, not minilmd.
+local directory ("dir::/tmp", "simplecache::/nfs/x") is refused: fsspec would open its files by path, links followed
+and no size bounded, where minilmd opens a local path only itself (`chain_over_local`).
 Torch-free; fsspec is imported by `open_fs` alone.
 """
 from __future__ import annotations
@@ -42,6 +43,24 @@ def local_remote_root(remote: str | None) -> str | None:
     return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
 
 
+def chain_over_local(place: str) -> str | None:
+    """The local path a chained URL ends on ("simplecache::/nfs/x", "dir::file:///nfs/x"), None for any other place.
+    Such a chain is refused wherever a place is opened (`open_fs`) or checked (`run --check`): through it fsspec would
+    write and read another user's directory by path, following his links into the run's user's files and reading
+    his files unbounded, past every rule minilmd keeps for a local path. A cache adds nothing there: staging copies
+    the corpus to scratch, the sync copies checkpoints."""
+    if CHAIN not in place:
+        return None
+    inner = place.rsplit(CHAIN, 1)[1]
+    return inner if not is_url(inner) else local_remote_root(inner)
+
+
+def chain_refused(place: str, inner: str) -> str:
+    """Why a chain over a local path is not opened: the one wording."""
+    return (f"{place!r} is an fsspec chain over the local path {inner}, which minilmd does not open through fsspec "
+            f"(links would be followed there): name {inner} itself")
+
+
 def is_local_fs(fs: Any) -> bool:
     """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
     or links, so they are looked at before they are opened. The one answer: `open_fs`'s `local` is this."""
@@ -59,7 +78,10 @@ class Opened(NamedTuple):
 
 def open_fs(place: str) -> Opened:
     """`place` (a local path or a URL) opened by fsspec: (fs, root, local). ValueError or ImportError for a URL fsspec
-    cannot open (an unknown protocol, its package missing); an OSError from a store that fails as it is opened."""
+    cannot open (an unknown protocol, its package missing, a chain over a local path: `chain_over_local`); an OSError
+    from a store that fails as it is opened."""
+    if (inner := chain_over_local(place)) is not None:
+        raise ValueError(chain_refused(place, inner))
     import fsspec  # light, but only the places that may be URLs need it
 
     fs, root = fsspec.core.url_to_fs(place)

@@ -170,6 +170,19 @@ def test_paths_that_cannot_be_used(tmp_path):
     assert "is a file, not a directory" in text
 
 
+def test_a_chain_over_a_local_path_is_a_problem_of_the_check_for_the_remote_and_the_corpus(tmp_path):
+    """Before, `simplecache::/nfs/team/remote` passed the check (a protocol fsspec knows) and the sync wrote that
+    shared directory by path through fsspec, following another user's links (tests/test_urls.py)."""
+    raw = minimal(tmp_path)
+    raw["data"]["prepared"] = f"simplecache::{tmp_path}/corpus"
+    raw["run"]["remote"] = f"filecache::file://{tmp_path}/remote"
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    first, second = err.value.problems
+    assert first.startswith("data.prepared = ") and f"name {tmp_path}/corpus itself" in first
+    assert second.startswith("run.remote = ") and f"name {tmp_path}/remote itself" in second
+
+
 def test_unwritable_run_dir(tmp_path, read_only_dir):
     raw = minimal(tmp_path)
     raw["run"]["dir"] = str(read_only_dir / "run")

@@ -9,9 +9,10 @@ import pytest
 import source_tree
 from minilmd import init_source
 from minilmd.corpus.analysis.scan import open_corpus
+from minilmd.corpus.sources.jsonl import InputError, Source
 from minilmd.daemon.jobs import remote_local, remotewait
 from minilmd.daemon.preflight import local_remote_root
-from minilmd.urls import is_url, open_fs, protocol_of
+from minilmd.urls import chain_over_local, is_url, open_fs, protocol_of
 
 
 @pytest.mark.parametrize(("place", "url", "protocol"), [
@@ -26,8 +27,29 @@ def test_a_url_is_what_fsspec_opens_as_one(place, url, protocol):
 def test_open_fs_says_whether_the_place_is_local(tmp_path):
     assert open_fs(str(tmp_path)) == (open_fs(str(tmp_path)).fs, str(tmp_path), True)
     assert open_fs(f"file://{tmp_path}/").root == str(tmp_path) and open_fs(f"file://{tmp_path}").local
-    assert not open_fs(f"dir::{tmp_path}").local and not open_fs(f"simplecache::{tmp_path}").local
-    assert not open_fs("memory://x").local
+    assert not open_fs("memory://x").local and not open_fs("simplecache::memory://x").local
+
+
+@pytest.mark.parametrize("chain", ["dir::{p}", "simplecache::{p}", "filecache::file://{p}", "blockcache::local://{p}",
+                                   "simplecache::dir::{p}"])
+def test_a_chain_over_a_local_path_is_refused_where_it_is_opened(tmp_path, chain):
+    """Before, `simplecache::/nfs/team/remote` opened as an fsspec store (Remote), which writes by path: another user's
+    link planted at LATEST in that shared directory had the sync overwrite the run's user's file it pointed to, and a
+    50 MB LATEST was read whole (Remote.cat has no bound). Now no fsspec filesystem is made for it at all."""
+    place = chain.format(p=tmp_path)
+    assert chain_over_local(place) == str(tmp_path)
+    with pytest.raises(ValueError, match=f"chain over the local path {tmp_path}.*name {tmp_path} itself"):
+        open_fs(place)
+    with pytest.raises(ValueError, match="chain over the local path"):
+        remote_local.open_remote(place)
+    with pytest.raises(InputError, match="chain over the local path"):  # a raw JSONL source of `prepare`
+        Source(f"{place}/a.jsonl")
+
+
+@pytest.mark.parametrize("place", ["/nfs/x", "file:///nfs/x", "s3://b/x", "simplecache::s3://b/x",
+                                   "simplecache::memory://x"])
+def test_no_other_place_is_a_chain_over_a_local_path(place):
+    assert chain_over_local(place) is None
 
 
 def test_a_chained_url_is_no_local_path_for_any_site(tmp_path):
@@ -37,14 +59,13 @@ def test_a_chained_url_is_no_local_path_for_any_site(tmp_path):
     assert local_remote_root(f"file://{tmp_path}") == str(tmp_path)
     with pytest.raises(init_source.InitSourceError, match="URLs are not read"):
         init_source.resolve(f"dir::{tmp_path}")
-    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
-    corpus = open_corpus(f"simplecache::{tmp_path}/a.jsonl", parts=4)
+    corpus = open_corpus("simplecache::memory://corpus/a.jsonl", parts=4)
     assert (corpus.kind, [s.end for s in corpus.shards]) == ("jsonl", [-1])  # one fsspec stream
 
 
 def test_the_remote_is_local_as_open_fs_says(tmp_path):
     assert isinstance(remote_local.open_remote(str(tmp_path)), remote_local.LocalRemote)
-    assert not isinstance(remote_local.open_remote(f"dir::{tmp_path}"), remote_local.LocalRemote)
+    assert not isinstance(remote_local.open_remote("simplecache::memory://r"), remote_local.LocalRemote)
     assert remotewait.made_by_first_sync(f"dir::{tmp_path}/gone") == ""  # a store: nothing tells there
 
 

@@ -188,18 +188,17 @@ class Source:
     """One input file opened for reading in blocks of whole lines; `.position` is raw (compressed) bytes read."""
 
     def __init__(self, path: str):
-        import fsspec
         from fsspec.compression import compr
         from fsspec.utils import infer_compression
 
-        from minilmd.urls import is_local_fs
+        from minilmd.urls import open_fs
 
         self.path = path
         self.linked_to: str | None = None  # where a local path's links lead (followed by the one link rule)
         self._head: list[tuple[bytes, bool]] = []  # the first two non-blank lines (or beginnings): json_array's
         try:
-            self.fs, self.fs_path = fsspec.core.url_to_fs(path)
-            if is_local_fs(self.fs):
+            self.fs, self.fs_path, local = open_fs(path)
+            if local:
                 self.raw, real = open_real(self.fs_path)
                 if real != Path(os.path.abspath(self.fs_path)):
                     self.linked_to = str(real)
