@@ -150,6 +150,16 @@ def read_open(fd: int, path: str | os.PathLike, *, max_bytes: int) -> bytes:
         raise Unreadable(_os_why(e), path, os_error=e) from None
 
 
+def read_stream(f, path: str, *, max_bytes: int, what: str = "") -> bytes:
+    """At most max_bytes of a file object opened elsewhere (an fsspec store's: no fstat to ask first), max_bytes + 1
+    read and more refused (Unreadable, too_big): a hostile or broken server's endless body is never held whole.
+    `what` ends the refusal's words ("the most a corpus's meta.json may be")."""
+    data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise Unreadable(f"over {size_text(max_bytes)}{', ' + what if what else ''}", path, kind="too_big")
+    return data
+
+
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
                  first: int | None = None, chunk: int = 8 << 20, dir_fd: int | None = None,
                  owner: int | Collection[int] | None = None) -> int:

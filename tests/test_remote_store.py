@@ -75,3 +75,24 @@ def test_open_remote_chooses_the_local_half_for_a_local_path_and_the_fsspec_half
     store = open_remote(f"memory://remote-store-kind-{os.getpid()}")
     assert not isinstance(store, LocalRemote) and isinstance(store, Remote) and not store.renames_into_place
     assert store.set_aside("step-00000001", "damaged") is None and store.made_here("step-00000001")
+
+
+def test_a_store_reads_a_pointer_or_manifest_no_further_than_its_bound(tmp_path):
+    """Before, Remote.cat ignored max_bytes (fsspec's cat_file reads whole): a 50 MB LATEST or manifest on a store
+    was read into memory whole; LocalRemote refused it unread. Both now refuse past the bound alike."""
+    from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://remote-bound-{os.getpid()}-{tmp_path.name}"
+    try:
+        fs.pipe_file(f"{url}/{LATEST}", b"s" * (POINTER_MAX_BYTES + 1))
+        fs.pipe_file(f"{url}/step-00000010/{MANIFEST}", b" " * (MANIFEST_MAX_BYTES + 1))
+        remote = open_remote(url)
+        assert type(remote) is Remote
+        assert remote.read_text(LATEST) is None
+        manifest, problems = remote.manifest_or_problems("step-00000010")
+        assert manifest is None and any("over" in p for p in problems), problems
+        fs.pipe_file(f"{url}/{LATEST}", b"step-00000010\n")
+        assert remote.read_text(LATEST) == "step-00000010\n"
+    finally:
+        fs.rm(url, recursive=True)

@@ -20,7 +20,7 @@ from minilmd.fsio import table_problems
 from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
 from minilmd.shared_place import Look, look
-from minilmd.untrusted import Unreadable, loads
+from minilmd.untrusted import Unreadable, loads, read_stream
 
 __all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 
@@ -100,8 +100,9 @@ class Remote:
         return self.fs.open(self.path(*names), "rb")
 
     def cat(self, path: str, max_bytes: int) -> bytes:
-        """A small file of the remote (an object: it is what was written)."""
-        return self.fs.cat_file(path)
+        """A small file of the remote (an object: it is what was written), at most max_bytes (more: Unreadable)."""
+        with self.fs.open(path, "rb") as f:
+            return read_stream(f, path, max_bytes=max_bytes)
 
     def cat_own(self, path: str, max_bytes: int) -> bytes:
         """`cat`: an object store has no other users' entries (LocalRemote: another user's file refused unread)."""

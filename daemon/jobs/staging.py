@@ -54,7 +54,7 @@ from minilmd.names import (
 from minilmd.perms import who_else_writes
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.tmpnames import part_name
-from minilmd.untrusted import Unreadable, loads_any, open_regular, read_bytes, size_text
+from minilmd.untrusted import Unreadable, loads_any, open_regular, read_bytes, read_stream
 from minilmd.urls import is_local_fs, open_fs
 
 
@@ -171,11 +171,7 @@ def _read_url_meta(fs, path: str) -> bytes:
     """A URL source's meta.json, bounded as a local one is: at most CORPUS_META_MAX_BYTES + 1 bytes read (a hostile
     or broken server's endless body is never held whole in memory), more refused (Unreadable, too_big)."""
     with fs.open(path, "rb") as f:
-        raw = f.read(CORPUS_META_MAX_BYTES + 1)
-    if len(raw) > CORPUS_META_MAX_BYTES:
-        raise Unreadable(f"over {size_text(CORPUS_META_MAX_BYTES)}, the most a corpus's {META} may be", path,
-                         kind="too_big")
-    return raw
+        return read_stream(f, path, max_bytes=CORPUS_META_MAX_BYTES, what=f"the most a corpus's {META} may be")
 
 
 def _meta_missing(fs, root: str, source: str) -> StagingError:
