@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
+from minilmd.names import SCRATCH_BASE_ENV
 from minilmd.protocol import SUPERVISOR_CONFIG
 from supervisor_helpers import cli, events, run_supervisor, state, write_config
 from trainer_corpus import synthetic_prepared
@@ -66,6 +67,34 @@ def test_a_finished_run_with_another_model_on_its_remote_is_refused_at_check_and
                          "Put the old value back to resume them, or give the config a new run.dir")
     assert sorted(p.name for p in Path(cfg.run.remote).iterdir()) == remote  # nothing fetched, moved or written
     assert not cfg.checkpoint_dir.exists()
+
+
+@pytest.mark.slow
+def test_check_judges_the_remote_the_launch_fetches_when_another_user_took_the_default_scratch_root(
+        tmp_path, corpus, monkeypatch):
+    """A reboot empties /dev/shm and another user makes /dev/shm/minilmd-<uid> first: the launch makes a private,
+    empty root and fetches from the remote. Before, `--check` skipped the resume look as for a scratch of another
+    run's: no line of where it starts, the whole budget's time, and OK (exit 0) for a config of another model,
+    which the launch then refuses (a new user's three-day run, after a reboot on a shared server)."""
+    base = tmp_path / "shm"
+    base.mkdir()
+    base.chmod(0o1777)
+    monkeypatch.setenv(SCRATCH_BASE_ENV, str(base))
+    config = write_config(tmp_path, corpus, run={"scratch": ""}, train={"max_steps": 20})
+    assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    cfg = load_config(config)
+    root = cfg.scratch_dir.parent
+    assert root == base / f"minilmd-{os.geteuid()}"
+    shutil.rmtree(root)  # the reboot
+    root.write_text("")  # the name taken (a file needs no second user: tests/test_scratch_root.py)
+    said = cli("run", "--check", str(config))
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert "note: the default scratch root is taken: " in said.stdout, said.stdout
+    assert f"run is done (step 20/20; remote: {cfg.run.remote}/step-00000020)" in said.stdout, said.stdout
+    assert_refused_alike(config, cfg, WIDER,  # --check and the launch, before anything is made
+                         f"this run's checkpoints (step 20, on the remote {cfg.run.remote}) were trained with "
+                         f"model.hidden_size 32; the config says 64")
+    assert root.is_file() and sorted(p.name for p in base.iterdir()) == [root.name]  # no private root made
 
 
 @pytest.mark.slow
