@@ -99,3 +99,22 @@ def test_run_check_times_the_steps_left_at_one_lines_tokens_a_step_and_agrees_wi
         "; the 215 steps left after step 85 (the last known: where the launch resumes is not known) take about "
         "43s at the 5,000 tok/s this run last measured"), budget_line(cfg, plan, rate)
     assert state.progress.eta_s == 43.0
+
+
+def test_run_check_times_the_whole_budget_when_its_remote_line_says_the_launch_starts_from_step_0(tmp_path, corpus):
+    """A reboot emptied scratch of a run that never synced (its remote not made yet): the launch starts from step 0,
+    as `run --check`'s own line says. Before, its budget line counted from the step state.json last recorded: "the
+    225 steps left after step 175 (the last known: where the launch resumes is not known)" (a new user's run)."""
+    from supervisor_helpers import cli, write_config
+
+    config = write_config(tmp_path, corpus, train={"max_steps": 300})
+    run_dir = tmp_path / "s" / "run"  # trainer_corpus.write_config's
+    run_dir.mkdir(parents=True)
+    state = running(run_dir)
+    log_train(run_dir, 50, 300)
+    beat(run_dir, 85, 2000.0)
+    fold(state, MetricsTail(run_dir / names.METRICS))
+    said = cli("run", "--check", str(config))
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert "starts from step 0: run.remote: " in said.stdout, said.stdout
+    assert "the last known" not in said.stdout and "; all of it take about " in said.stdout, said.stdout

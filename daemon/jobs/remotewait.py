@@ -210,6 +210,10 @@ def _none_valid(url: str, found: Records, fresh: bool, set_aside: tuple[str, ...
     return False, held + (", and this run has never synced to it" if set_aside and found.verdict == NEVER else "")
 
 
+STEP_0 = "starts from step 0: "
+"""How `run --check`'s line of a start from step 0 begins (check_line's, and resumefrom's `Start.line`)."""
+
+
 def check_line(cfg, fresh: bool, none_valid: bool = False) -> str:
     """What `run --check` says of a start with no checkpoint in scratch whose remote cannot be reached now, or
     answers and holds none that verifies (`none_valid`: daemon/jobs/resumefrom.py found none there): that it waits
@@ -245,4 +249,4 @@ def check_line(cfg, fresh: bool, none_valid: bool = False) -> str:
         return (f"waits: run.remote: {why}; scratch holds no checkpoint, so the run waits for the remote (`minilmd "
                 f"status`: staging waiting_remote, retried with backoff) and resumes from its newest checkpoint; "
                 f"`minilmd run --fresh` starts from step 0 instead")
-    return f"starts from step 0: run.remote: {why}; scratch holds no checkpoint"
+    return f"{STEP_0}run.remote: {why}; scratch holds no checkpoint"

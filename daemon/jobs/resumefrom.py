@@ -28,6 +28,7 @@ from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
+from minilmd.daemon.jobs.remotewait import STEP_0
 from minilmd.plan.trainer_state import Trained, recorded_trained
 from minilmd.probes import bounded_probe, root_taken
 from minilmd.shared_place import same_source, staged_from
@@ -81,7 +82,7 @@ class Start:
     def line(self) -> str:
         """What `run --check` says of it."""
         if self.step is None:
-            return f"starts from step 0: {self.why}" if self.why else ""
+            return f"{STEP_0}{self.why}" if self.why else ""
         reference = f", {self.reference}" if self.reference else ""
         if self.where == SCRATCH:
             said = Resumes(f"resumes from step {self.step} (scratch: {self.path}{reference})")

@@ -71,13 +71,15 @@ def run_command(
         # what the checkpoint it resumes from trained: a budget in tokens or epochs is counted after it
         trained = next((d for line in start if (d := getattr(line, "done", None)) is not None), None)
         plan = functools.cache(lambda: planned(cfg, meta, None, trained))  # meta.json as --check read it (None: here)
-        from minilmd.daemon.jobs.remotewait import check_line
+        from minilmd.daemon.jobs.remotewait import STEP_0, check_line
 
         # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
-        remote_line = check_line(cfg, fresh, any(line.startswith("starts from step 0: ") and "run.remote" in line
-                                                 for line in start))
+        remote_line = check_line(cfg, fresh, any(line.startswith(STEP_0) and "run.remote" in line for line in start))
         # the step the launch starts from, where known: the steps left are counted from it, not the last recorded
-        at = None if remote_line else trained.step if trained else None if preflight.resumes(start) else 0
+        # (a remote_line of step 0 knows it too: before, "the 225 steps left after step 175 (the last known: where the
+        # launch resumes is not known)" above its own "starts from step 0")
+        at = (0 if remote_line.startswith(STEP_0) else None) if remote_line else trained.step if trained else \
+            None if preflight.resumes(start) else 0
         rate = measured_rate(cfg, at)
         typer.echo(budget_line(cfg, plan(), rate))  # steps, tokens, epochs, which budget binds
         for line in waits:
