@@ -75,7 +75,15 @@ socket_dir="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
 if [[ -e "$socket_dir" || -L "$socket_dir" ]]; then
     read -r dir_uid dir_user dir_mode < <(stat -c '%u %U %a' -- "$socket_dir")
     if [[ -L "$socket_dir" || ! -d "$socket_dir" || "$dir_uid" != "$(id -u)" ]] || (( 8#$dir_mode & 8#007 )); then
-        die "tmux's socket directory $socket_dir is not yours alone (owner $dir_user, mode $dir_mode; another user may have made it first), so tmux refuses it (\"unsafe permissions\"). Set TMUX_TMPDIR to a directory of your own, e.g. \`TMUX_TMPDIR=\$XDG_RUNTIME_DIR $(basename "$0") ...\`, and attach with the same TMUX_TMPDIR; nothing was started" 2
+        # $XDG_RUNTIME_DIR only where it is set and yours: under su, sudo, cron or an SSH login without
+        # pam_systemd it is unset, and TMUX_TMPDIR= (empty) is /tmp again, the same refusal
+        if [[ -n "${XDG_RUNTIME_DIR:-}" && -d "$XDG_RUNTIME_DIR" && ! -L "$XDG_RUNTIME_DIR" && -O "$XDG_RUNTIME_DIR" ]]
+        then
+            way="\`TMUX_TMPDIR=\$XDG_RUNTIME_DIR $0 ...\` (here $XDG_RUNTIME_DIR)"
+        else
+            way="\`mkdir -p -m 700 ~/.tmux-sockets && TMUX_TMPDIR=~/.tmux-sockets $0 ...\` (XDG_RUNTIME_DIR is no directory of yours here: unset under su, sudo or cron)"
+        fi
+        die "tmux's socket directory $socket_dir is not yours alone (owner $dir_user, mode $dir_mode; another user may have made it first), so tmux refuses it (\"unsafe permissions\"). Set TMUX_TMPDIR to a directory of your own, e.g. $way, and attach with the same TMUX_TMPDIR; nothing was started" 2
     fi
 fi
 [[ -f "${args[0]}" ]] || die "no such config file: ${args[0]}" 2
