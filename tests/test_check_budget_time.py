@@ -34,8 +34,8 @@ def test_a_budget_of_years_at_the_measured_rate_is_said_and_a_sync_that_never_co
     fresh = check(config, "train.max_steps=9000000000000")
     assert "years" not in fresh and "sync.every" not in fresh, fresh  # no rate measured: no estimate
     measured(cfg, tok_s=128.0, step=10)  # a step a second
-    said = check(config, "train.max_steps=9000000000000")
-    assert ("note: the budget's 8,999,999,999,990 steps left take 285,388 years at the 128 tok/s this run last "
+    said = check(config, "train.max_steps=9000000000000")  # no checkpoint anywhere: it starts from step 0, not 10
+    assert ("note: the budget's 9,000,000,000,000 steps left take 285,388 years at the 128 tok/s this run last "
             "measured") in said, said
     assert "note: sync.every" not in said, said  # 7d is shorter than that
     short = check(config, "train.max_steps=70")  # 60 steps left: a minute

@@ -75,12 +75,7 @@ def run_command(
 
         # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
         remote_line = check_line(cfg, fresh, any(line.startswith(STEP_0) and "run.remote" in line for line in start))
-        # the step the launch starts from, where known: the steps left are counted from it, not the last recorded
-        # (a remote_line of step 0 knows it too: before, "the 225 steps left after step 175 (the last known: where the
-        # launch resumes is not known)" above its own "starts from step 0")
-        at = (0 if remote_line.startswith(STEP_0) else None) if remote_line else trained.step if trained else \
-            None if preflight.resumes(start) else 0
-        rate = measured_rate(cfg, at)
+        rate = measured_rate(cfg, _start_step(remote_line, trained, preflight.resumes(start)))
         typer.echo(budget_line(cfg, plan(), rate))  # steps, tokens, epochs, which budget binds
         for line in waits:
             typer.echo(f"waits: {line}")
@@ -224,3 +219,16 @@ def _time_notes(plan, rate, cfg) -> list[str]:
                      f"{rate_said}): no sync comes before the last one, at its end; until then its checkpoints are "
                      f"only in scratch")
     return notes
+
+
+def _start_step(remote_line: str, trained, resumes: bool) -> int | None:
+    """The step the launch starts from, where --check knows it: the steps left are counted from it, not from the last
+    recorded step. A remote line that waits knows nothing yet; one of step 0 knows (before: "the 225 steps left after
+    step 175 (the last known: ...)" above its own "starts from step 0")."""
+    from minilmd.daemon.jobs.remotewait import STEP_0
+
+    if remote_line:
+        return 0 if remote_line.startswith(STEP_0) else None
+    if trained:
+        return trained.step
+    return None if resumes else 0
