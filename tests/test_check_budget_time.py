@@ -38,9 +38,9 @@ def test_a_budget_of_years_at_the_measured_rate_is_said_and_a_sync_that_never_co
     assert ("note: the budget's 9,000,000,000,000 steps left take 285,388 years at the 128 tok/s this run last "
             "measured") in said, said
     assert "note: sync.every" not in said, said  # 7d is shorter than that
-    short = check(config, "train.max_steps=70")  # 60 steps left: a minute
+    short = check(config, "train.max_steps=70")  # 70 steps left, from step 0: a minute and ten seconds
     assert "years" not in short, short
-    assert ("note: sync.every = '7d' is longer than the run takes (60s at the 128 tok/s this run last measured): "
+    assert ("note: sync.every = '7d' is longer than the run takes (70s at the 128 tok/s this run last measured): "
             "no sync comes before the last one, at its end") in short, short
     assert "note: sync.every" not in check(config, "train.max_steps=70", 'sync.every="30s"')
     for done in ("train.max_steps=10", "train.max_steps=5"):  # finished: no time left to say
