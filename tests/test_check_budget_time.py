@@ -10,7 +10,7 @@ import pytest
 
 from minilmd.config import load_config
 from minilmd.names import STATE
-from supervisor_helpers import cli, write_config
+from supervisor_helpers import cli, run_supervisor, write_config
 
 
 def measured(cfg, tok_s: float, step: int) -> None:
@@ -43,9 +43,21 @@ def test_a_budget_of_years_at_the_measured_rate_is_said_and_a_sync_that_never_co
     assert ("note: sync.every = '7d' is longer than the run takes (70s at the 128 tok/s this run last measured): "
             "no sync comes before the last one, at its end") in short, short
     assert "note: sync.every" not in check(config, "train.max_steps=70", 'sync.every="30s"')
+
+
+@pytest.mark.slow
+def test_a_run_that_trained_its_budget_has_no_time_left_to_say(tmp_path, corpus):
+    """Its checkpoint is the step the launch resumes from (a run with none at all starts from step 0: above)."""
+    config = write_config(tmp_path, corpus, sync={"every": "7d"}, train={"max_steps": 10})
+    assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    state_file = load_config(config).run_dir / STATE
+    recorded = json.loads(state_file.read_text())
+    recorded["progress"]["tok_s"] = 128.0  # a step a second, as above
+    state_file.write_text(json.dumps(recorded))
     for done in ("train.max_steps=10", "train.max_steps=5"):  # finished: no time left to say
         said = check(config, done)
         assert "years" not in said and "note: sync.every" not in said, said
+    assert "note: sync.every" in check(config, "train.max_steps=70"), "the note this test looks for is said at all"
 
 
 def test_check_says_when_checkpoint_every_leaves_the_run_no_checkpoint_before_its_end(tmp_path, corpus):
