@@ -15,7 +15,8 @@ reviewed. Any spelling counts (tests/audit_calls.py): a star import, posix for o
 os.open's flags as a number; codecs/gzip/bz2/lzma/tarfile.open and zipfile.ZipFile for writing, np.memmap (its
 default mode writes), shutil.chown/copymode/copystat, os.mknod/utime, a mode in a variable (open()'s counted; a
 method's open, Path.open or fs.open, reads a name the module binds to literals alone and counts any other), flags in
-a variable, and rm, mv, cp, ln, chmod... run as a command (FILE_COMMANDS).
+a variable, and rm, mv, cp, ln, chmod... run as a command (FILE_COMMANDS); fsspec's writing methods (pipe_file, mv,
+put_file, rm_file...; rm, makedirs, put on a filesystem named fs: FSSPEC_CALLS) and TensorBoard's SummaryWriter.
 The files read are source_tree.audited_files(): the scripts' too.
 Every other site must be in REVIEWED below, by (module, function, call) with exactly how many, under the reason its
 place is safe: "private" (a place of this user's alone: the run's 0700 scratch, a 0700 temporary directory of
@@ -40,8 +41,11 @@ RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user
            "config, written by name (not through dirfd); held to the place rule at run --check, the launch and "
            "minilmd train (place_rule.run_dir_problem; made and resolved in one walk: place_rule.settle_run_dir), so "
            "no other user can rearrange it or a directory above it")
-REMOTE = ("a store's objects (fsspec, not a local path: no links, no renames); a local run.remote is made by the place "
-          "rule's walk (LocalRemote._make_root: place_rule.walk_to) and written at its checked descriptor")
+REMOTE = ("a store's objects through fsspec (Remote), never a local path: urls.open_fs refuses an fsspec chain over "
+          "one (urls.chain_over_local) and remote_local.open_remote makes every local place (a path, file://, "
+          "local://: urls.is_local_fs) a LocalRemote, made by the place rule's walk (LocalRemote._make_root: "
+          "place_rule.walk_to) and written at its checked descriptor; an object store has no links to follow and no "
+          "renames, so a PUT (pipe_file, an fs.open for writing), makedirs or rm reaches only the object it names")
 DEMO_DIR = ("the demo's own directory, judged by run.dir's place rule before anything is made in it (daemon/demo.py "
             "fresh_start: it and every directory above root's or this user's, none another user can rearrange, a "
             "link on the way only root's or ours); an earlier one removed only when it holds the demo's marker, "
@@ -134,7 +138,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("stage_probe", ".write_bytes"): 1, ("_copy_checkpoint", ".mkdir"): 1, ("_copy_checkpoint", ".write_bytes"): 1,
         ("staged_whole", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
-        ("Remote.get", "open"): 1, ("Remote.put", "open"): 1}),
+        ("Remote.get", "open"): 1, ("Remote.put", "open"): 1, ("Remote.replace_own", ".pipe_file"): 1,
+        ("Remote.put_new", ".pipe_file"): 1, ("Remote.write_latest", ".pipe_file"): 1,
+        ("Remote.makedirs", ".makedirs"): 1, ("Remote.rm", ".rm"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,
@@ -209,6 +215,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/checkpoint_pin.py": ("private", PRIVATE_SCRATCH + " (the trainer's checkpoint root, made once at its "
                                   "start; under a supervisor only inside the claimed scratch, never its parents)",
                                   {("pin_root", ".mkdir"): 1}),
+    "trainer/loop/tensorboard.py": ("gap", RUN_DIR + " (<run.dir>/tensorboard: TensorBoard's SummaryWriter "
+                                    "makes it and writes its event files there by name)",
+                                    {("tee", "SummaryWriter"): 1}),
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the SIGBUS page in a nameless "
                                "temporary file (tempfile's, O_TMPFILE); faults-fired is appended through "
                                "minilmd/jsonlines.py", {("_sigbus", "tempfile.TemporaryFile"): 1}),
@@ -420,6 +429,36 @@ def test_a_mode_or_a_flag_under_any_name_is_read():
     is counted. A mode read as "rb", a path read as a project constant (TRAINER_STATE) in the mode's place, and the
     class's own open method called on self (read where it is defined) are not."""
     assert _Sites(ast.parse(MODE_ESCAPES)).found == Counter({("f", "open"): 7, ("f", "os.open"): 2})
+
+
+FILESYSTEMS = """\
+from torch.utils.tensorboard import SummaryWriter
+
+def f(fs, self, remote, d, arr, local_fs):
+    fs.pipe_file(p, b"x")
+    self.fs.rm(p, recursive=True)
+    self.fs.makedirs(p, exist_ok=True)
+    local_fs.put(p, q)
+    fs.mv(p, q)
+    fs.touch(p)
+    fs.cp_file(p, q)
+    fs.rm_file(p)
+    SummaryWriter(log_dir=p)
+    remote.rm(p)
+    remote.makedirs()
+    d.get(p)
+    arr.copy()
+    fs.cat_file(p)
+"""
+
+
+def test_an_fsspec_filesystems_writes_and_a_tensorboard_writer_are_counted():
+    """fsspec's writing methods by name (pipe_file, mv, touch, cp_file, rm_file), and those whose names other objects
+    share (rm, makedirs, put) on a filesystem named as one; TensorBoard's writer. The project's store's own rm and
+    makedirs (read where they are defined), dict.get, ndarray.copy and a read (cat_file) are not."""
+    assert _Sites(ast.parse(FILESYSTEMS)).found == Counter({
+        ("f", ".pipe_file"): 1, ("f", ".rm"): 1, ("f", ".makedirs"): 1, ("f", ".put"): 1, ("f", ".mv"): 1,
+        ("f", ".touch"): 1, ("f", ".cp_file"): 1, ("f", ".rm_file"): 1, ("f", "SummaryWriter"): 1})
 
 
 def test_a_review_whose_call_is_gone_or_one_more_call_fails():

@@ -30,6 +30,18 @@ under it, the place rule's walk. Anywhere else such a call is listed as "CALL@di
 a descriptor walk of its own beside Dir is a second copy of the rule."""
 PATH_CALLS = {"write_text", "write_bytes", "mkdir", "unlink", "rmdir", "chmod", "touch", "symlink_to",
               "hardlink_to", "lchmod", "tofile"}
+FSSPEC_CALLS = {"pipe_file", "pipe", "rm_file", "mv", "move", "cp_file", "cp", "put_file", "upload", "get_file",
+                "download", "mkdirs", "makedir", "delete"}
+"""fsspec's filesystem methods that write by path (in a store, or on this machine for get_file/download), counted by
+name on any object, as PATH_CALLS (its touch, mkdir, rmdir, write_text, write_bytes are there already)."""
+FSSPEC_SHARED_CALLS = {"rm", "makedirs", "put", "get", "copy", "rename"}
+"""fsspec's writing methods whose names other objects' methods share (the project's RemoteStore rm/makedirs/put/get,
+read where they are defined; dirfd's Dir.rename, at a descriptor; dict.get, ndarray.copy): counted on a filesystem
+by its name only (fs.rm, self.fs.rm, local_fs.put), lest every dict.get be a site."""
+WRITER_CONSTRUCTORS = {"torch.utils.tensorboard.SummaryWriter": "SummaryWriter",
+                       "torch.utils.tensorboard.writer.SummaryWriter": "SummaryWriter",
+                       "tensorboardX.SummaryWriter": "SummaryWriter"}
+"""Writers whose constructor is given a directory by path and writes there (TensorBoard's event files)."""
 TEMPFILE_CALLS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory", "TemporaryFile",
                   "SpooledTemporaryFile"}
 NUMPY_CALLS = {"save", "savez", "savez_compressed", "savetxt"}
@@ -159,6 +171,8 @@ def _module_kind(name: str, call: ast.Call, names: _Names) -> str | None:
         return _kind_of_open(call, name, default="r")
     if name == "numpy.memmap":
         return _kind_of_open(call, "np.memmap", default="r+", writing=WRITE_MODES | {"readwrite", "write"})
+    if name in WRITER_CONSTRUCTORS:
+        return WRITER_CONSTRUCTORS[name]
     if function == "<getattr>" and module in WRITING_MODULES:
         return f"{module}.<getattr>"
     table = {"os": OS_CALLS, "shutil": SHUTIL_CALLS, "tempfile": TEMPFILE_CALLS, "numpy": NUMPY_CALLS,
@@ -186,7 +200,7 @@ def _kind(call: ast.Call, names: _Names) -> str | None:
         return _module_kind(name, call, names)
     if not isinstance(fn, ast.Attribute) or name:
         return None
-    if fn.attr in PATH_CALLS:
+    if fn.attr in PATH_CALLS or fn.attr in FSSPEC_CALLS or (fn.attr in FSSPEC_SHARED_CALLS and _a_filesystem(fn.value)):
         return f".{fn.attr}"
     if fn.attr in ONE_ARG_CALLS and ((len(call.args) == 1 and not call.keywords)
                                      or (not call.args and [k.arg for k in call.keywords] == ["target"])):
@@ -194,6 +208,12 @@ def _kind(call: ast.Call, names: _Names) -> str | None:
     if fn.attr == "open":
         return "open" if _method_open_may_write(call, names) else None
     return None
+
+
+def _a_filesystem(expr: ast.expr) -> bool:
+    """Whether a call's object is named as an fsspec filesystem: fs, local_fs, self.fs, opened.fs."""
+    name = expr.id if isinstance(expr, ast.Name) else expr.attr if isinstance(expr, ast.Attribute) else ""
+    return name == "fs" or name.endswith("_fs")
 
 
 def _method_open_may_write(call: ast.Call, names: _Names) -> bool:
