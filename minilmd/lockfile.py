@@ -139,16 +139,27 @@ def open_lock(where: Dir | int, name: str, *, mode: int | None, write: bool = Tr
     return os.open(name, flags, dir_fd=dir_fd), False
 
 
-def problem(st: os.stat_result, *, others: bool = False) -> str | None:
-    """Why the file `st` describes must not be used as a lock file, or None: not a regular file, more than one
-    link, another user's (allowed with `others`: a lease file another user made, only read and locked). No link at
-    all passes: the file was removed after it was opened (prepare's maker removes its lock on the way out), and
-    the caller's still-named check after its flock opens the name again (review12b F3: it was refused, exit 2)."""
+def problem(st: os.stat_result, *, others: bool = False, owner: int | None = None) -> str | None:
+    """Why the file `st` describes (an open file's fstat, or a name's lstat) must not be used as a lock file, or
+    None: the one rule of "fit to be a lock", and of a file of ours written by its name (run.dir's space reserve): a
+    regular file, at most one link (more: it could be another file's name, whose body we would write), ours (`owner`'s
+    when given: a run directory's owner, whose lock a teammate looks at; anyone's with `others`: a lease file another
+    user made, only read and locked).
+    No link at all passes: a file removed after it was opened (prepare's maker removes its lock on the way out;
+    another of ours replaced a lock or marker by a fresh one; an `rm -r` of run.dir took the reserve) has no name, so
+    it is no other file's body. A caller to whom the name matters asks after its flock whether the name still leads
+    there (`still_named`: take, guarded, scratch_hold open the name again); the reserve's zeros test the room all the
+    same, and its next making puts one at the name. Refused, it was a refusal naming a file gone (review12b F3: exit
+    2; the scratch hold waited on another user's holder of a marker no longer there and called him a supervisor)."""
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
-    if st.st_nlink > 1:  # 0 is a file its maker removed after our open: no name, so no other file's body; the
-        return f"has {st.st_nlink} hard links (it could be another file's name)"  # still-named check sends us back
-    if not others and not owned_by_me(st):
+    if st.st_nlink > 1:
+        return f"has {st.st_nlink} hard links (it could be another file's name)"
+    if others:
+        return None
+    if owner is not None and not owner_in(st, (owner,)):
+        return f"belongs to uid {st.st_uid}, not to uid {owner}"
+    if owner is None and not owned_by_me(st):
         return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
     return None
 

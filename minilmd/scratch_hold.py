@@ -26,7 +26,7 @@ from pathlib import Path
 
 from minilmd import lockfile
 from minilmd.names import OWNER_MAX_BYTES, SCRATCH_OWNER
-from minilmd.perms import owned_by_me, user_words
+from minilmd.perms import user_words
 from minilmd.procs import flock_holders, process_uids
 
 MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -74,7 +74,7 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
             return
         give_up = time.monotonic() + PROBE_WAIT_S
         try:
-            if owned_by_me(st) and st.st_nlink == 1:  # an older run's marker others could read: a fresh one
+            if not lockfile.problem(st):  # an older run's marker others could read: a fresh one
                 fd = lockfile.private(dir_fd, SCRATCH_OWNER, fd, body_max=OWNER_MAX_BYTES)
             locked = lockfile.try_flock(fd)
             while not locked:
@@ -107,9 +107,11 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
 
 
 def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int | None]]:
-    """lockfile.strangers, for a marker of ours in a scratch of ours only: the ones replaced."""
+    """lockfile.strangers, for a marker of ours (lockfile.problem) in a scratch of ours only: the ones replaced. One
+    with no link left (another of ours replaced it after our open) too: `_fresh` finds it no longer named, and the
+    hold opens the name again (before: it waited on another user's holder of a gone marker, ScratchInUse)."""
     st = os.fstat(fd)
-    if not owned_by_me(st) or st.st_nlink != 1 or not lockfile.own_dir(dir_fd):
+    if lockfile.problem(st) or not lockfile.own_dir(dir_fd):
         return []
     return lockfile.strangers(fd)
 

@@ -257,3 +257,33 @@ def test_two_supervisors_replacing_a_marker_held_by_a_stranger_leave_one_holder(
             if (held := scratch_hold._holds.pop(key, None)) is not None:
                 os.close(held[0])
         os.close(dir_fd)
+
+
+def test_a_marker_replaced_just_after_the_holds_open_is_opened_again_not_refused(shared_place, monkeypatch):
+    """Another of ours put a fresh marker in place of the wide one a stranger holds just after this hold opened the
+    old one: the old file has no link left, which lockfile.problem passes (no other file's body), so its stranger is
+    found, its replacement finds it no longer named, and the hold opens the name again and takes the fresh marker.
+    Before, a marker of no link was not judged (`st_nlink == 1`): the hold waited on the stranger's lock of a marker
+    no longer there and refused, ScratchInUse, calling him a supervisor of this run."""
+    from minilmd import lockfile
+    place, _ = _hand_made_scratch(shared_place)
+    marker, body = place / names.SCRATCH_OWNER, b'{"run_dir": "/x"}'
+    stranger = _wide_and_held(marker, body)
+    real = lockfile.private
+
+    def replaced_after_the_open(where, name, fd, *args, **kwargs):
+        monkeypatch.setattr(lockfile, "private", real)
+        fresh = place / "fresh-marker"
+        fresh.write_bytes(body)
+        os.chmod(fresh, 0o600)
+        os.rename(fresh, marker)  # another supervisor of ours, which has let it go since
+        return real(where, name, fd, *args, **kwargs)
+
+    monkeypatch.setattr(lockfile, "private", replaced_after_the_open)
+    monkeypatch.setattr(scratch_hold, "PROBE_WAIT_S", 0.2)
+    try:
+        scratch_hold.hold(place)
+        assert scratch_hold._holds[os.path.abspath(place)][2] == os.lstat(marker).st_ino
+        assert marker.read_bytes() == body and _mode(marker) == 0o600
+    finally:
+        stranger.end()

@@ -173,6 +173,27 @@ def test_the_reserve_is_never_written_through_a_link_nor_into_a_fifo(tmp_path):
     assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)  # a real one is made
 
 
+def test_a_reserve_removed_as_it_is_made_tests_the_room_all_the_same(tmp_path, monkeypatch):
+    """An `rm` of the reserve (or of run.dir) between its open and its check leaves a file with no link: no other
+    file's body (lockfile.problem, the one rule), so its zeros are written and the room is said there, and the next
+    making puts one at its name; before, an OSError ("not a regular file of one link"), which the supervisor's start
+    does not catch."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reserve, real_open = run_dir / names.RUN_DIR_RESERVE, os.open
+
+    def open_then_removed(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if path == reserve:
+            os.unlink(path)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_removed)
+    assert make_reserve(run_dir) and not reserve.exists()
+    monkeypatch.undo()
+    assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)
+
+
 @pytest.mark.parametrize("name", [names.EVENTS, names.SUPERVISOR_LOG])
 def test_events_are_never_appended_through_a_link(tmp_path, name):
     run_dir = tmp_path / "run"

@@ -23,14 +23,14 @@ What is shown, never whom to signal: `minilmd stop` proves a process by its own 
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import lockfile
 from minilmd.daemon.base.runstate import fmt_time, supervisor_runs_here
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.names import LOCK as LOCK_FILE
-from minilmd.perms import is_own_uid, owner_in, user_words
+from minilmd.perms import is_own_uid, user_words
 from minilmd.proc_info import flock_holders_known
 from minilmd.scratch_lost import other_host
 
@@ -121,7 +121,7 @@ def lock_table(run_dir: Path | None, dir_fd: int | None, owner: int | None) -> t
         return [], ""  # none made, or a run older than its lock: no process holds it
     except OSError as e:
         return None, f"{LOCK_FILE}: {e.strerror or type(e).__name__}"
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or owner is not None and not owner_in(st, (owner,)):
+    if lockfile.problem(st, others=owner is None, owner=owner):
         return None, f"{LOCK_FILE} is not a lock file its owner made"
     holders = flock_holders_known(st)
     return (holders, "") if holders is not None else (None, "the kernel's lock table cannot be read")

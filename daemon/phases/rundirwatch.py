@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import lockfile, names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.fsio import dir_removed, is_disk_full
-from minilmd.untrusted import file_kind, size_text
+from minilmd.untrusted import size_text
 
 STATE_EVERY_S = 1.0
 """state.json is rewritten at most this often between transitions (the trainer's progress)."""
@@ -63,7 +62,8 @@ minilmd/place_rule.py run_dir_problem; this is the second guard: the reserve tru
 
 def make_reserve(run_dir: Path) -> bool:
     """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it. An
-    OSError when the name is a link, a FIFO, or anything but a regular file of one link: never written through."""
+    OSError when the name is a link, a FIFO, or anything but a regular file of ours of one link (lockfile.problem):
+    never written through."""
     path = run_dir / names.RUN_DIR_RESERVE
     try:
         fd = os.open(path, RESERVE_OPEN, 0o666)
@@ -73,9 +73,8 @@ def make_reserve(run_dir: Path) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            raise OSError(errno.EINVAL, f"not a regular file of one link ({file_kind(st.st_mode)}, "
-                                        f"{st.st_nlink} links): never written", str(path))
+        if why := lockfile.problem(st):  # one removed as it was made (no link) passes: its zeros test the room
+            raise OSError(errno.EINVAL, f"{why}: never written", str(path))
         if st.st_size >= RESERVE_BYTES:
             return True
         os.ftruncate(fd, 0)
@@ -84,7 +83,8 @@ def make_reserve(run_dir: Path) -> bool:
     except OSError as e:
         if not is_disk_full(e):
             raise
-        path.unlink(missing_ok=True)  # a regular file of ours (checked above): the half-written reserve
+        if os.fstat(fd).st_nlink:  # a regular file of ours (checked above): the half-written reserve, when named
+            path.unlink(missing_ok=True)
         return False
     finally:
         os.close(fd)
