@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 from minilmd.dirtree import OPEN_DIR, TooDeep, empty_tree
+from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
@@ -275,7 +276,7 @@ class Dir:
         link or blocking (`flags`: os.O_RDWR to write it); a link (ELOOP), anything but a regular file or another
         user's file raises PermissionError, nothing opened. The caller closes it."""
         try:
-            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = os.open(name, flags | NO_FOLLOW_NO_BLOCK, dir_fd=self.fd)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                 raise PermissionError(errno.EPERM, "a symbolic link or not a regular file",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import os
 
+from minilmd.openflags import OPEN_FLAGS
+
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_TREE_DEPTH = 64
 """How deep a tree dirfd empties and flushes."""
@@ -62,7 +64,7 @@ def fsync_tree(fd: int, depth: int = 0) -> None:
     TooDeep past MAX_TREE_DEPTH (a temporary directory of ours holds a few levels)."""
     _too_deep(depth)
     for entry in os.scandir(fd):
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        flags = OPEN_FLAGS
         if entry.is_dir(follow_symlinks=False):
             flags |= os.O_DIRECTORY
         elif not entry.is_file(follow_symlinks=False):
@@ -87,7 +89,7 @@ def mode_tree(fd: int, file_mode: int, dir_mode: int, depth: int = 0) -> None:
         is_dir = entry.is_dir(follow_symlinks=False)
         if not is_dir and not entry.is_file(follow_symlinks=False):
             continue
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0)
+        flags = OPEN_FLAGS | (os.O_DIRECTORY if is_dir else 0)
         sub = os.open(entry.name, flags, dir_fd=fd)
         try:
             if is_dir:

@@ -10,9 +10,10 @@ import errno
 import os
 import stat
 
+from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, file_kind, loads
 
-LOG_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+LOG_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | NO_FOLLOW_NO_BLOCK
 """How the run's logs are opened to append: a link at their name is an error (ELOOP), never appended through, a FIFO
 no hang (run.dir is held to the place rule, minilmd/place_rule.py run_dir_problem: the second guard)."""
 LOG_UPDATE = LOG_APPEND & ~os.O_WRONLY & ~os.O_CREAT | os.O_RDWR

@@ -53,10 +53,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from minilmd.dirfd import Dir
+from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.perms import own_uid, owned_by_me, owner_in, user_words
 from minilmd.proc_info import flock_holders, process_uids
 from minilmd.tmpnames import atomic_tmp_prefix, lock_guard_name
-from minilmd.untrusted import NO_FOLLOW_NO_BLOCK, loads
+from minilmd.untrusted import loads
 
 LOCK_OPEN = NO_FOLLOW_NO_BLOCK
 """Every open of a lock file: never through a symlink, never blocked on a FIFO, never a controlling terminal, never

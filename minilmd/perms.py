@@ -25,6 +25,7 @@ import stat
 from collections.abc import Collection, Iterator, Set
 
 from minilmd import mounts
+from minilmd.openflags import OPEN_FLAGS
 
 SHARES = ("private", "group", "all")
 """The values of `run.share` and `--share`."""
@@ -363,7 +364,7 @@ def settle_new_file(path: str | os.PathLike) -> None:
     """Give a file this process has just written, in a directory it has just made (a safetensors file, born 0600
     whatever the umask), the policy's file mode: through a descriptor opened without following a link, and only a
     regular file that is ours."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, OPEN_FLAGS)
     try:
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode) and owned_by_me(st) and stat.S_IMODE(st.st_mode) != file_mode():

@@ -26,11 +26,9 @@ from pathlib import Path
 
 from minilmd import lockfile
 from minilmd.names import OWNER_MAX_BYTES, SCRATCH_OWNER
+from minilmd.openflags import OPEN_FLAGS  # the marker: never through a link, never blocking on a FIFO
 from minilmd.perms import user_words
 from minilmd.procs import flock_holders, process_uids
-
-MARKER_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-"""The marker opened for its lock: never through a link, never blocking on a FIFO, never inherited."""
 
 PROBE_WAIT_S = 2.0
 """How long `hold` tries again before it calls the marker held: `in_use`'s probe (a `run --check`, a launch's own
@@ -65,7 +63,7 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
     old = _holds.get(key)
     for _ in range(lockfile.STILL_NAMED_TRIES):
         try:
-            fd = os.open(SCRATCH_OWNER, MARKER_OPEN, dir_fd=dir_fd)
+            fd = os.open(SCRATCH_OWNER, OPEN_FLAGS, dir_fd=dir_fd)
         except OSError:
             return
         st = os.fstat(fd)
@@ -146,7 +144,7 @@ def in_use(scratch: Path) -> str | None:
     if os.path.abspath(scratch) in _holds:
         return None
     try:
-        fd = os.open(Path(scratch) / SCRATCH_OWNER, MARKER_OPEN)
+        fd = os.open(Path(scratch) / SCRATCH_OWNER, OPEN_FLAGS)
     except OSError:
         return None
     try:

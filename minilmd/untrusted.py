@@ -3,9 +3,9 @@
 Such a file may be a symlink to /dev/zero, a FIFO nobody writes, a directory, gigabytes, 60 KB of `[` (which makes
 json.loads raise RecursionError), a JSON list where an object belongs, or simply someone else's. So:
 - `read_bytes` looks before it opens (lstat: a regular file only, so that no FIFO, device or socket is ever
-  opened), opens with O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, checks with fstat that it opened that same
-  regular file, checks its owner (when the caller names the ones it accepts) before a byte is read, and reads at
-  most max_bytes + 1 bytes whatever the size says;
+  opened), opens with O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC (minilmd/openflags.py), checks with fstat
+  that it opened that same regular file, checks its owner (when the caller names the ones it accepts) before a byte
+  is read, and reads at most max_bytes + 1 bytes whatever the size says;
 - `loads` decodes UTF-8, bounds the nesting depth by a scan of the brackets outside strings before json.loads sees
   the text, and checks the parsed value's type; it also serves one line of a JSON-lines file;
 - `read_json` is the two together;
@@ -36,6 +36,7 @@ from collections.abc import Collection
 from typing import Any, Literal
 
 from minilmd.fdread import read_past_bound
+from minilmd.openflags import OPEN_FLAGS
 from minilmd.perms import owner_in
 
 DEFAULT_MAX_DEPTH = 64
@@ -44,10 +45,6 @@ MAX_LINE_DEPTH = 100
 (minilmd/corpus/sources/jsonl.py, longdoc.py), never a RecursionError."""
 MAX_DIR_ENTRIES = 10_000
 """The most entries `dir_names` reads of a directory: the ones minilmd looks into hold a handful."""
-NO_FOLLOW_NO_BLOCK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-"""Every open of a file another user may have made, with its access mode: no link followed, never blocked on a FIFO,
-never a controlling terminal, never inherited."""
-OPEN_FLAGS = os.O_RDONLY | NO_FOLLOW_NO_BLOCK
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))

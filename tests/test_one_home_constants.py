@@ -5,6 +5,9 @@ of them changes, and nothing then says the other should have. The audit lists, o
 - a name assigned at module level in two modules with the same definition (as ast.unparse writes it);
 - a set of os.O_* flags written at module level in two modules, under any names (untrusted.OPEN_FLAGS was written
   again as OPEN_SOURCE and OPEN_OLD).
+- O_NOFOLLOW and O_NONBLOCK named together in one `|` anywhere but minilmd/openflags.py, their one home
+  (OPEN_FLAGS, NO_FOLLOW_NO_BLOCK): scratch_hold's MARKER_OPEN, perms' and compilecache's opens spelled them inline,
+  without O_NOCTTY.
 A constant that is one module's own business and merely shares another's spelling is listed in LOCAL, with why.
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import audit_calls
 import source_tree
 
 LOCAL: dict[str, str] = {
@@ -64,10 +68,48 @@ def defined_twice(files: list[Path], local: dict[str, str] = LOCAL) -> list[str]
     return found
 
 
+FLAGS_HOME = "minilmd/openflags.py"
+NO_LINK_NO_BLOCK = {"O_NOFOLLOW", "O_NONBLOCK"}
+
+
+def _or_flags(value: ast.expr, names: dict[str, str]) -> set[str]:
+    """The os.O_* flags an `a | b | ...` names (os.O_X, or O_X imported from os under any name)."""
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitOr):
+        return _or_flags(value.left, names) | _or_flags(value.right, names)
+    name = audit_calls.dotted(value, names) or ""
+    return {name[len("os."):]} if name.startswith("os.O_") else set()
+
+
+def flags_spelled_inline(files: list[Path]) -> list[str]:
+    """file:line of each `|` naming O_NOFOLLOW and O_NONBLOCK outside FLAGS_HOME, at module level or in a call."""
+    found = set()
+    for path in files:
+        rel = source_tree.relative(path)
+        module = source_tree.tree(path)
+        names = audit_calls.qualified_names(module)
+        found |= {f"{rel}:{node.lineno}" for node in audit_calls.nodes(module) if rel != FLAGS_HOME
+                  and isinstance(node, ast.BinOp) and NO_LINK_NO_BLOCK <= _or_flags(node, names)}
+    return sorted(found)
+
+
 def test_each_constant_has_one_home():
     problems = defined_twice(list(source_tree.audited_files()))
     assert not problems, ("a constant defined again in another module: import it from its one home (or, when it "
                           "is truly the module's own, list it in LOCAL with why):\n" + "\n".join(problems))
+
+
+def test_the_open_flags_of_a_file_others_may_have_made_have_one_home():
+    problems = flags_spelled_inline(list(source_tree.audited_files()))
+    assert not problems, (f"O_NOFOLLOW | O_NONBLOCK spelled again: open with {FLAGS_HOME}'s OPEN_FLAGS (a read) or "
+                          "NO_FOLLOW_NO_BLOCK with the access mode (a write):\n" + "\n".join(problems))
+
+
+def test_the_audit_sees_the_open_flags_spelled_inline_under_any_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os as o\nfrom os import O_NONBLOCK as NB\nOPEN = o.O_RDONLY | o.O_NOFOLLOW | NB\n"
+                      "def f(p):\n    return o.open(p, o.O_WRONLY | o.O_NOFOLLOW | o.O_NONBLOCK)\n"
+                      "DIR = o.O_RDONLY | o.O_NOFOLLOW | o.O_DIRECTORY\n", encoding="utf-8")
+    assert flags_spelled_inline([sample]) == ["sample.py:3", "sample.py:5"]
 
 
 def test_the_audit_sees_a_constant_and_a_flag_set_written_twice(tmp_path):

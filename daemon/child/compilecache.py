@@ -25,6 +25,7 @@ from pathlib import Path
 
 from minilmd.compile_cache import CACHE_DIRS, own_dirs  # noqa: F401 - CACHE_DIRS: scripts/gpu_check_train.py's
 from minilmd.logread import tail_lines
+from minilmd.openflags import OPEN_FLAGS
 from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable
 
@@ -100,7 +101,7 @@ def damaged_elf(path: Path) -> bool:
     section headers last, at the end of the file, so any cut loses them). Opened without following a link and
     without blocking; a file that cannot be read is not called damaged."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, OPEN_FLAGS)
     except OSError:
         return False
     try:

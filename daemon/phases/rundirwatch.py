@@ -31,6 +31,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.fsio import dir_removed, is_disk_full
+from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.untrusted import size_text
 
 STATE_EVERY_S = 1.0
@@ -55,7 +56,7 @@ ROOM_NOTED_BELOW = 4 << 20
 events.jsonl, supervisor.log and the first lines of metrics.jsonl and the trainers' logs fit in it, with room over."""
 
 
-RESERVE_OPEN = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+RESERVE_OPEN = os.O_WRONLY | os.O_CREAT | NO_FOLLOW_NO_BLOCK
 """How the reserve is opened: never through a link, never blocking on a FIFO (run.dir is held to the place rule,
 minilmd/place_rule.py run_dir_problem; this is the second guard: the reserve truncates what it opens)."""
 

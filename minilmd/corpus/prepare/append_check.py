@@ -22,8 +22,8 @@ from pathlib import Path
 from minilmd.corpus_meta import CorpusError
 from minilmd.dirfd import Dir
 from minilmd.names import CORPUS_META
+from minilmd.openflags import OPEN_FLAGS as OPEN_OLD
 from minilmd.perms import owned_by_me, who_else_writes
-from minilmd.untrusted import OPEN_FLAGS as OPEN_OLD
 from minilmd.untrusted import file_kind, printable
 
 CHUNK = 8 << 20

@@ -21,9 +21,9 @@ import stat
 from collections.abc import Collection, Set
 from pathlib import Path
 
+from minilmd.openflags import OPEN_FLAGS as OPEN_SOURCE
 from minilmd.perms import owner_in, user_words
 from minilmd.place_rule import MAX_LINKS, WALK_DIR, ForeignLink, PlaceRefused, TooManyLinks, real_path
-from minilmd.untrusted import OPEN_FLAGS as OPEN_SOURCE
 from minilmd.untrusted import Unreadable, file_kind, mode_kind, printable, read_open
 
 LINK_ADVICE = ("a link on the way to a file you name (a source, a tokenizer) is followed only when it is yours, "
