@@ -337,7 +337,7 @@ def private(where: Dir | int, name: str, fd: int, mode: int = LOCK_FILE_MODE, *,
     if not own_dir(where) or not try_flock(fd):
         return fd  # held: by one of ours, the caller's refusal; by another user only, its `strangers` replacement
     try:
-        body = os.pread(fd, body_max + 1, 0)
+        body = os.pread(fd, body_max + 1, 0)  # at 0, not untrusted.read_open, which moves the lock fd's offset
         if len(body) > body_max:
             raise OSError(errno.EFBIG, "not copied whole")
         new = replace(where, name, fd, body, mode=mode, held=True)
@@ -447,7 +447,9 @@ def write_body(fd: int, body: bytes) -> None:
 
 
 def read_raw(fd: int) -> bytes:
-    """The body's bytes, BODY_MAX_BYTES + 1 at most (one more than a body may be: too long is told apart)."""
+    """The body's bytes, BODY_MAX_BYTES + 1 at most (one more than a body may be: too long is told apart by
+    parse_body). Not untrusted.read_open: that refuses a long body, and reads from the offset of a lock's descriptor
+    that is read again (pread at 0 leaves it)."""
     return os.pread(fd, BODY_MAX_BYTES + 1, 0)
 
 

@@ -117,7 +117,7 @@ def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int | None]]:
 def _fresh(scratch: Path, dir_fd: int, fd: int, found: list[tuple[int, int | None]]) -> int | None:
     """The marker held by other users' processes only replaced by a fresh copy (its words), taken, one replacement
     at a time among ours (lockfile.replace); None when another of ours replaced it meanwhile or it was let go."""
-    body = os.pread(fd, OWNER_MAX_BYTES + 1, 0)
+    body = os.pread(fd, OWNER_MAX_BYTES + 1, 0)  # at 0, not untrusted.read_open: a later try reads it again
     if len(body) > OWNER_MAX_BYTES:  # no marker of ours: the claim's checks say so
         raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
     try:

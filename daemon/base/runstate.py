@@ -49,7 +49,7 @@ from minilmd.procs import (  # noqa: F401 - here too: callers and tests import t
     process_start_ticks,
 )
 from minilmd.run_states import Phase, StagingState, SyncState
-from minilmd.untrusted import Unreadable, printable, read_json
+from minilmd.untrusted import Unreadable, printable, read_json, read_open
 
 STATE_VERSION = 1
 
@@ -407,13 +407,11 @@ def _heartbeat(run_dir: Path) -> tuple[float, list[str]] | None:
         return None
     try:
         mtime = os.fstat(fd).st_mtime
-        body = os.pread(fd, HEARTBEAT_MAX_BYTES + 1, 0)
-    except OSError:
+        body = read_open(fd, names.HEARTBEAT, max_bytes=HEARTBEAT_MAX_BYTES)
+    except (OSError, Unreadable):  # gone, or longer than any heartbeat
         return None
     finally:
         os.close(fd)
-    if len(body) > HEARTBEAT_MAX_BYTES:
-        return None
     return mtime, body.decode(errors="replace").split()
 
 
