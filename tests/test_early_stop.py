@@ -22,7 +22,8 @@ def test_early_stop_counts_validations_without_a_new_best():
     e = EarlyStop(patience=2, min_delta=0.01)
     assert [e.update(s, {"val_loss": v}) for s, v in ((1, 3.0), (2, 2.5), (3, 2.495), (4, 2.6))] == [
         True, True, False, False]
-    assert e.should_stop and (e.best_step, e.best_value) == (2, 2.5) and e.best_fields() == {"best_val_loss": 2.5}
+    assert e.should_stop and (e.best_step, e.best_value) == (2, 2.5) and e.best_fields() == {"best_val_loss": 2.5,
+                                                                                         "best_step": 2}
     again = EarlyStop(patience=2, min_delta=0.01)
     again.load_state_dict({"step": 4, "early_stop": e.state_dict()["early_stop"]})  # a trainer_state.json
     assert again.should_stop and again.state_dict() == e.state_dict()
@@ -43,7 +44,7 @@ def test_the_reward_accuracy_is_better_higher_and_a_changed_metric_counts_anew()
     seen = [(1, 0.5, 0.69), (2, 0.75, 0.60), (3, 0.755, 0.55), (4, 0.70, 0.50)]
     assert [e.update(s, {"val_reward_accuracy": a, "val_loss": v}) for s, a, v in seen] == [True, True, False, False]
     assert e.should_stop and (e.best_step, e.best_value) == (2, 0.75)
-    assert e.best_fields() == {"best_val_reward_accuracy": 0.75}
+    assert e.best_fields() == {"best_val_reward_accuracy": 0.75, "best_step": 2}
     assert e.best_said() == "val_reward_accuracy 0.7500 at step 2"
     by_loss = EarlyStop(patience=2, min_delta=0.01)  # the same run resumed with the metric changed back
     by_loss.load_state_dict({"early_stop": e.state_dict()["early_stop"]})
@@ -149,6 +150,30 @@ def test_status_names_best_when_a_run_with_early_stop_ends_on_another_step(tmp_p
         assert best == [], best
 
 
+def test_status_names_best_by_the_step_the_trainer_logged_not_by_a_value_an_earlier_step_scored_too(tmp_path):
+    """Each eval line carries `best_step`. A DPO run's reward accuracy takes few values (multiples of 1/64 here):
+    one resumed after early_stop.metric changed back counts its best anew (load_state_dict), and the 0.75 of step 4,
+    before the resume, is not the best of step 12's 0.75, which BEST names. Matching the value named step 4; a line
+    from before best_step (no such field) is still read by its value."""
+    metric = "val_reward_accuracy"
+    evals = [(4, 0.75, 4), (8, 0.6875, 8), (12, 0.75, 12), (16, 0.71875, 12)]  # (step, accuracy, best_step)
+    records = [{"kind": "train", "step": 16, "epoch": 0, "loss": 0.5}]
+    records += [{"kind": "eval", "step": step, "epoch": 0, "val_loss": 0.6, metric: acc,
+                 f"best_{metric}": 0.75 if step != 8 else acc, "best_step": best} for step, acc, best in evals]
+    (tmp_path / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / names.RUN_CONFIG_COPY).write_text(
+        f'[run]\nname = "r"\ndir = "{tmp_path}"\n[data]\nprepared = "/nowhere"\n[train]\nmax_steps = 16\n'
+        f'[early_stop]\npatience = 8\nmetric = "{metric}"\n')
+    best = [line for line in fit_lines(tmp_path) if "BEST" in line]
+    assert best == ["  best val reward accuracy 0.7500 at step 12 (the checkpoint BEST names; a later stage's "
+                    "init.from takes it by default, not step 16)"], best
+    for r in records:
+        r.pop("best_step", None)  # an older log: the first validation that scored the best
+    (tmp_path / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [line for line in fit_lines(tmp_path) if "BEST" in line][0].startswith(
+        "  best val reward accuracy 0.7500 at step 4 "), fit_lines(tmp_path)
+
+
 @pytest.mark.slow
 def test_a_tiny_corpus_overfits_stops_itself_and_keeps_its_best(tmp_path):
     tiny, vocab = real_text_prepared(tmp_path / "tiny", n_docs=80, vocab_size=300)  # 72 reviews to learn by heart
@@ -207,6 +232,8 @@ def test_a_dpo_run_keeps_its_best_reward_accuracy_as_best_for_the_next_stage(tmp
     assert [e["step"] for e in evals] == [4, 8, 12, 16, 20, 24]
     accuracies = [e["val_reward_accuracy"] for e in evals]
     assert [e["best_val_reward_accuracy"] for e in evals] == [max(accuracies[:i + 1]) for i in range(len(evals))]
+    firsts = [evals[accuracies.index(max(accuracies[:i + 1]))]["step"] for i in range(len(evals))]
+    assert [e["best_step"] for e in evals] == firsts, evals  # the step of each line's best: the first that scored it
     best = evals[accuracies.index(max(accuracies))]
     losses = [e["val_loss"] for e in evals]
     assert evals[losses.index(min(losses))]["step"] != best["step"], evals  # BEST follows the metric, not the loss

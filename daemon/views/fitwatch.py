@@ -222,13 +222,23 @@ def best_line(records: list[dict], metric: str) -> str | None:
     """BEST of a run with [early_stop] that did not stop early (it trained its budget, or trains still), when it
     names another step than the last validation's: a stage whose init.from names the run starts from BEST
     (init.checkpoint = "best", the default), which status would otherwise never name. The best is the trainer's
-    own (each eval line's `best_<metric>`, min_delta applied): the first validation that scored it."""
+    own (the last eval line's `best_<metric>` and `best_step`, min_delta applied)."""
     evals = [r for r in records if r.get("kind") == "eval" and isinstance(r.get(metric), (int, float))]
     if not evals or not isinstance(best := evals[-1].get(f"best_{metric}"), (int, float)):
         return None
-    step = next((r.get("step") for r in evals if round(float(r[metric]), 6) == best), None)
+    step = _best_step(evals, metric, best)
     last = evals[-1].get("step")
     if step is None or step == last:
         return None
     return (f"  {_best_words(metric, best, step)}; a later stage's init.from takes it by default, not step "
             f"{last})")
+
+
+def _best_step(evals: list[dict], metric: str, best: float) -> int | None:
+    """The step of the best: the last eval line's `best_step`. A line written before eval lines carried it (until
+    2026-12) names it only by its value: the first validation that scored it, which is wrong where a resume counted
+    the best from nothing (another early_stop.metric before) and an earlier validation scored the same."""
+    if "best_step" in evals[-1]:
+        step = evals[-1]["best_step"]
+        return step if isinstance(step, int) else None
+    return next((r.get("step") for r in evals if round(float(r[metric]), 6) == best), None)

@@ -64,8 +64,11 @@ class EarlyStop:
         return self.enabled and self.since_best >= self.patience
 
     def best_fields(self) -> dict:
-        """The best so far as a metrics.jsonl field: {"best_val_loss": ...} or {"best_val_reward_accuracy": ...}."""
-        return {f"best_{self.metric}": None if self.best_value is None else round(self.best_value, 6)}
+        """The best so far as metrics.jsonl fields, of each eval line and the early_stop line: {"best_val_loss": ...}
+        or {"best_val_reward_accuracy": ...}, and "best_step", the step that scored it (status names BEST by it;
+        daemon/views/fitwatch.py)."""
+        value = None if self.best_value is None else round(self.best_value, 6)
+        return {f"best_{self.metric}": value, "best_step": self.best_step}
 
     def best_said(self) -> str:
         """"val_loss 1.2345 at step 200", for the trainer's lines."""

@@ -99,8 +99,7 @@ class Reports:
         """early_stop.patience validations without a new best: save (if this step is not saved) and finish."""
         e = self.early
         if self.dist.is_main:
-            self.log.write("early_stop", step=step, best_step=e.best_step, metric=e.metric, **e.best_fields(),
-                           patience=e.patience)
+            self.log.write("early_stop", step=step, metric=e.metric, **e.best_fields(), patience=e.patience)
             print(f"minilmd: early stop at step {step}: no new best {e.metric} for {e.since_best} validations; "
                   f"the best, {e.best_said()}, is BEST", flush=True)
         self.saves.finish(step, HEARTBEAT_EXITING)
