@@ -359,6 +359,6 @@ def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, demo_jsonl, 
 
 
 def test_a_missing_source_is_an_input_error_naming_it(tmp_path, demo_jsonl, tokenizer):
-    with pytest.raises(InputError, match=f"{tmp_path / 'nope.jsonl'}: cannot open"):
+    with pytest.raises(InputError, match=f"{tmp_path / 'nope.jsonl'}: no such file"):
         run_prepare([demo_jsonl[0], tmp_path / "nope.jsonl"], tokenizer, tmp_path / "out")
     assert no_leftovers(tmp_path / "out")

@@ -23,7 +23,8 @@ CLI = [sys.executable, "-m", "minilmd.cli"]
 @pytest.mark.parametrize("command", ["prepare", "corpus report", "tokenizer train"])
 def test_a_fifo_named_as_a_source_is_refused_not_waited_on(tmp_path, tokenizer, command):
     """Before, the open of a FIFO nobody writes (planted in a shared directory, or named by mistake) blocked for
-    good: the prepare hung with its lock held. Now it is refused at once, exit 65, naming what it is."""
+    good: the prepare hung with its lock held. Now it is refused at once, exit 2 (a bad argument, as a source that
+    is not there: tests/test_source_not_opened.py), naming what it is."""
     fifo = tmp_path / "planted.jsonl"
     os.mkfifo(fifo)
     argv = {"prepare": ["prepare", str(fifo), "--tokenizer", str(tokenizer), "--out", str(tmp_path / "c"),
@@ -32,7 +33,7 @@ def test_a_fifo_named_as_a_source_is_refused_not_waited_on(tmp_path, tokenizer, 
             "tokenizer train": ["tokenizer", "train", str(fifo), "--out", str(tmp_path / "t" / "tokenizer.json")],
             }[command]
     done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 65, done.stderr
+    assert done.returncode == 2, done.stderr
     assert f"{fifo}: cannot open (a FIFO, not a regular file" in done.stderr
     assert no_leftovers(tmp_path / "c")
 

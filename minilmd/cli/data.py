@@ -57,7 +57,8 @@ def prepare_command(
 
     Exit status: 0 done, 74 a read or write failed (a full disk, EIO: nothing written, run it again), 65 bad
     input (every bad line named as file:line: reason, the whole input read first; or a
-    split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
+    split would be empty), 2 bad arguments or tokenizer (a source not there, a directory or FIFO, or a file you may
+    not read, named: not bad data), an --out that --force may not replace, another prepare
     writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
     can rearrange (without --group-share), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the cleanup runs first); no corpus
     is written unless 0 (OUT.bad-lines.txt aside: every bad line of a 65 that had more than 20)."""
@@ -100,8 +101,9 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
-    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments,
-    130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments (a CORPUS not
+    there, a directory that is no prepared corpus, a file you may not read), 130 interrupted (Ctrl-C, SIGTERM,
+    SIGHUP)."""
     import json
 
     from minilmd.config import ConfigError
@@ -135,8 +137,9 @@ def count_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
-    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments,
-    130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments (a CORPUS not
+    there, a directory that is no prepared corpus, a file you may not read), 130 interrupted (Ctrl-C, SIGTERM,
+    SIGHUP)."""
     import json
 
     from minilmd.corpus.analysis.count import count, format_count

@@ -41,7 +41,8 @@ def tokenizer_train_command(
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
     Exit status: 0, 65 bad input (every bad line named, as prepare names them; or no document at all), 2 bad
-    arguments (a --chat-template that does not load or render; an --out, or the
+    arguments (a source not there, a directory or FIFO, or a file you may not read; a --chat-template that does not
+    load or render; an --out, or the
     tokenizer_config.json beside it, already there without --force, or another user's with it), 74 a read or write
     failed, 130 interrupted
     (Ctrl-C, SIGTERM: at once, nothing written)."""

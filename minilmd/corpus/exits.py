@@ -195,11 +195,14 @@ def prepare_exits(what: str, kept: str, out: str | os.PathLike) -> Iterator[None
 
 def data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a source that failed while read -> 74 (EX_IOERR: run it again);
-    a bad argument or tokenizer -> 2."""
-    from minilmd.corpus.sources.jsonl import InputError, SourceReadError
+    a bad argument or tokenizer -> 2, a source that is not a file one can read among them (not there, a directory,
+    a FIFO, not readable by this user: SourceNotOpened), as a config file or --tokenizer that is not there."""
+    from minilmd.corpus.sources.jsonl import InputError, SourceNotOpened, SourceReadError
     from minilmd.corpus_meta import CorpusError
 
     typer.echo(f"error: {e}", err=True)
     if isinstance(e, SourceReadError):
         return typer.Exit(EXIT_IO)
+    if isinstance(e, SourceNotOpened):
+        return typer.Exit(EXIT_CONFIG)
     return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)

@@ -41,12 +41,13 @@ from minilmd.corpus.digest import digest64
 from minilmd.corpus.format import map_regular, read_doc_lengths
 from minilmd.corpus.sources.bad_tally import BadLineTally
 from minilmd.corpus.sources.jsonl import (
-    InputError,
     OverLong,
     ParsedBlock,
     Source,
+    SourceNotOpened,
     compressed,
     json_lines,
+    not_opened,
     open_regular,
 )
 from minilmd.corpus.sources.local import real_source
@@ -158,8 +159,8 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
         except UnicodeDecodeError:
             raise CorpusError(f"{path}: its {CORPUS_TOKENIZER} is not UTF-8 text") from None
         return Corpus(path, "prepared", shards, meta, tok)
-    if Path(path).is_dir():
-        raise CorpusError(f"{path}: a directory without {CORPUS_META}: not a prepared corpus")
+    if Path(path).is_dir():  # given where a JSONL file or a prepared corpus is asked: a bad argument (exit 2)
+        raise SourceNotOpened(f"{path}: a directory without {CORPUS_META}: not a prepared corpus, nor a JSONL file")
     if is_url(path) or compressed(path):
         return Corpus(path, "jsonl", [Shard(path, 0, -1)])  # one stream: a compressed file has no byte offsets
     try:
@@ -168,7 +169,7 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
     except PlaceRefused:
         raise
     except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot open ({e})") from None
+        raise not_opened(path, e) from None
     per = max(min_bytes, -(-size // max(parts, 1)), 1)
     return Corpus(path, "jsonl", [Shard(path, lo, min(lo + per, size)) for lo in range(0, size, per)] or
                   [Shard(path, 0, 0)])

@@ -23,7 +23,7 @@ from pathlib import Path
 from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
 from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, json_document_advice, other_format
 from minilmd.place_rule import PlaceRefused
-from minilmd.untrusted import MAX_LINE_DEPTH, loads_any
+from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads_any
 
 BAD_LINE_POLICIES = ("error", "skip")
 MAX_JSON_DEPTH = MAX_LINE_DEPTH
@@ -43,6 +43,32 @@ BOM = b"\xef\xbb\xbf"
 
 class SourceReadError(InputError):
     """A source that failed while read (EIO, a share gone): not bad data, a run later may read it (exit 74)."""
+
+
+class SourceNotOpened(InputError):
+    """A source named on the command line that is not a file this user can read: not there, a directory or another
+    thing that is not a regular file (a FIFO), or not readable by this user. A bad argument, as a config file or a
+    --tokenizer that is not there is (exit 2: minilmd/corpus/exits.py data_error_exit), never bad data (65)."""
+
+
+def not_opened(path: str, e: Exception) -> InputError:
+    """What a source that could not be opened is said as (Source, and `corpus report` and `count` of a local
+    file): the one home of those words and, by its class, of the exit status. Before, all of them were bad data
+    (exit 65, "cannot open ([Errno 2] ...)"), a path mistyped told like a corpus with a bad line."""
+    if isinstance(e, Unreadable):  # sources/local.py open_source: what it is instead of a regular file
+        return SourceNotOpened(f"{path}: cannot open ({e.why})")
+    if isinstance(e, (FileNotFoundError, NotADirectoryError)):
+        return SourceNotOpened(f"{path}: no such file")
+    if isinstance(e, IsADirectoryError):  # an fsspec store's words for it
+        from minilmd.corpus.sources.local import NOT_REGULAR
+
+        return SourceNotOpened(f"{path}: cannot open (a directory{NOT_REGULAR})")
+    if isinstance(e, PermissionError):
+        return SourceNotOpened(f"{path}: cannot open: permission denied (you may not read it, or may not enter a "
+                               "directory on its way)")
+    if isinstance(e, OSError):  # EIO, ESTALE: a disk or share that failed, not the path given (exit 74)
+        return SourceReadError(f"{path}: cannot open ({e})")
+    return InputError(f"{path}: cannot open ({e})")  # a URL fsspec cannot open
 
 
 @dataclass
@@ -209,7 +235,7 @@ class Source:
         except PlaceRefused:  # another user's link among the sources: refused, not a bad source (exit 2)
             raise
         except (OSError, ValueError) as e:
-            raise InputError(f"{path}: cannot open ({e})") from None
+            raise not_opened(path, e) from None
         codec = infer_compression(path)
         if codec is None:
             self.stream = self.raw
