@@ -1,6 +1,22 @@
 """Numbers for humans: how long something took or has lasted, and how large something is, in the status screen,
-logs and GPU reports."""
+logs and GPU reports; and when, and how a look at shared storage that does not answer is said."""
 from __future__ import annotations
+
+import time
+
+
+def fmt_time(ts: float | None) -> str:
+    """"2026-12-07 18:14:39" in local time; "-" for None (or 0: never)."""
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def not_answering(what: str, since: float | None) -> str:
+    """"init.from /nfs/base not answering since T (stalled)": the one home of how a source whose looks block (a hung
+    share: no error, no answer) is said, by staging's log line and state.json (daemon/jobs/stagingworker.py),
+    `status` (daemon/views/status.py) and the launch's early line (minilmd/probes.py)."""
+    return f"{what} not answering since {fmt_time(since)} (stalled)"
 
 
 def fmt_duration(seconds: float | None) -> str:

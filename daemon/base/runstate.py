@@ -36,6 +36,7 @@ from minilmd.daemon.base.statesections import (
     SupervisorInfo,
     Sync,
 )
+from minilmd.fmt import fmt_time as fmt_time  # the views' and the jobs' import of it (its home: minilmd/fmt.py)
 from minilmd.fsio import atomic_write_json, dir_removed, is_disk_full
 from minilmd.jsonlines import append_line, append_whole, json_records, open_log
 from minilmd.logread import new_lines, open_regular_or_none
@@ -56,12 +57,6 @@ STATE_VERSION = 1
 
 def now() -> float:
     return time.time()
-
-
-def fmt_time(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
 # --- Process identity ------------------------------------------------------------------------------------------

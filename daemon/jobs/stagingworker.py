@@ -31,7 +31,7 @@ from minilmd.batch_stream import change_note, newest_recorded, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.knobs import SYNC_STALLED_AFTER
-from minilmd.daemon.base.runstate import RunState, fmt_time, now
+from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
@@ -40,6 +40,7 @@ from minilmd.daemon.jobs.stageinputs import base_from_remote as _base_from_remot
 from minilmd.daemon.jobs.stageinputs import stage_inputs as _stage_inputs
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.stagingfetch import StagingFetch
+from minilmd.fmt import not_answering
 from minilmd.fsio import is_disk_full
 from minilmd.names import step_of
 from minilmd.roomwords import made_in, no_room, top_of
@@ -425,9 +426,9 @@ class StagingWorker(StagingFetch):
         if staging.stalled is not None and staging.stalled.what == what and staging.stalled.since == answered:
             return
         staging.stalled = StagingStall(what=what, since=answered)
-        self.state.record_error(f"{what} not answering since {fmt_time(answered)} (stalled)")
-        self.emit("staging", f"{what} not answering since {fmt_time(answered)} (stalled): waiting for it (not a "
-                             f"failure)")
+        said = not_answering(what, answered)
+        self.state.record_error(said)
+        self.emit("staging", f"{said}: waiting for it (not a failure)")
         self.state.save()
 
     def _answered_again(self) -> None:

@@ -36,7 +36,7 @@ from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.saidonce import fold
 from minilmd.daemon.views.savedpass import saved_pass_words
 from minilmd.dirfd import Dir
-from minilmd.fmt import fmt_duration, fmt_times
+from minilmd.fmt import fmt_duration, fmt_times, not_answering
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.proc_info import of_another_boot
 from minilmd.run_states import SYNC_TROUBLE, Phase, StagingState, SyncState
@@ -288,8 +288,7 @@ def _staging_lines(staging: Staging, interrupted: str | None = None) -> list[str
     if interrupted:  # no supervisor carries it on: what it waited for is said in it
         return [interrupted]
     if staging.stalled is not None:
-        return [f"  {staging.stalled.what} not answering since {fmt_time(staging.stalled.since)} (stalled), "
-                f"waiting for it"]
+        return [f"  {not_answering(staging.stalled.what, staging.stalled.since)}, waiting for it"]
     if staging.unreachable_since is not None:
         return [f"  {staging.waiting or 'init source unreachable'} since {fmt_time(staging.unreachable_since)}, "
                 f"retrying ({staging.unreachable})"]
