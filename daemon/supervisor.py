@@ -131,7 +131,8 @@ class Supervisor(Attempt, Ending):
                                         finished=lambda: self.loop.last_cause == Cause.DONE)
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
-            start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None)
+            start = initwait.at_start(self.cfg, resumes=self.loop.resumes or self.state.remote_checkpoint is not None,
+                                      emit=self.events.emit)
             self.state.phase = check_start(first_phase(start.waits), waited=self.loop.held is not None)
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from minilmd.untrusted import clipped, printable
@@ -18,11 +19,19 @@ SHARED_STORAGE_PROBE_S = 5.0
 to staging and sync, which retry and show "remote unavailable" (init.from: "init source unreachable", or stalled)
 in status."""
 
+SLOW_PROBE_S = 1.0
+"""How long a look waits before a caller that asks (bounded_probe's `on_slow`) says what it waits on: a healthy
+share answers well within it; one that has not is told at once, not after the whole wait in silence."""
+
 
 class Raised(str):
     """bounded_probe's `why` when the check raised something other than an OSError (a ValueError of a hostile file,
     a bug): "failed (TYPE: what it said)". It answered, so it is no stall and nothing to wait for: a caller that
     refuses says it (isinstance), one that only looks says it as any other failure."""
+
+
+class Stalled(str):
+    """bounded_probe's `why` when the check did not answer in time (a stalled mount), as against one that failed."""
 
 
 def raised(e: Exception) -> Raised:
@@ -37,13 +46,15 @@ def shared_storage_check(check, *args) -> list[str]:
     return result if answered else []
 
 
-def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = False) -> tuple[bool, Any, str]:
+def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = False,
+                  on_slow: Callable[[float], None] | None = None) -> tuple[bool, Any, str]:
     """fn(*args) on shared storage, in a thread for `timeout_s` (None: SHARED_STORAGE_PROBE_S) at most: (True, its
     result, "") when it returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount:
     the thread is left behind, a daemon); (False, None, a `Raised`) when it raised anything else. A `Raised` is also
     said in one line on stderr (`say_raised`), unless the caller `says_why` itself: most callers take any failure as
-    no answer and drop `why`, which would turn a bug into a silent "not answered" (review10b F2)."""
-    timeout_s = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
+    no answer and drop `why`, which would turn a bug into a silent "not answered" (review10b F2). `on_slow(s)`: called
+    once, with the seconds the look may still take, when it has not answered within SLOW_PROBE_S."""
+    timeout_s = waited = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
     result: list = []
     failed: list[str] = []
 
@@ -57,12 +68,17 @@ def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = Fa
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()
+    if on_slow is not None and timeout_s > SLOW_PROBE_S:
+        worker.join(SLOW_PROBE_S)
+        if worker.is_alive():
+            on_slow(timeout_s - SLOW_PROBE_S)
+        timeout_s -= SLOW_PROBE_S
     worker.join(timeout_s)
     if result:
         return True, result[0], ""
     if failed and isinstance(failed[0], Raised) and not says_why:
         say_raised(fn, failed[0])
-    return False, None, failed[0] if failed else f"did not answer within {timeout_s:g} s (stalled)"
+    return False, None, failed[0] if failed else Stalled(f"did not answer within {waited:g} s (stalled)")
 
 
 def say_raised(fn, why: Raised) -> None:

@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minilmd import init_tokenizer, scratch, scratch_root
+from minilmd import init_stall, init_tokenizer, scratch, scratch_root
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
-from minilmd.bounded import Raised, shared_storage_check
+from minilmd.bounded import Raised, Stalled, shared_storage_check
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, apply_stage_defaults, config_from_dict, load_config
@@ -313,7 +313,11 @@ def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     to the trainer's own read, as before). At a first launch (no state.json yet), a path that is not there while
     the directory above it holds other entries (minilmd/shared_place.py gone_or_typo) is a typo, refused as a
     missing data.prepared is, not waited for without end."""
-    answered, found, why = bounded_probe(_check_init, cfg, says_why=True)
+    on_slow = None if waits is None else init_stall.slow_look(  # said as soon as slow (the launch, --check)
+        cfg.init.from_, "the launch's check", lambda line: print(f"minilmd run: {line}", flush=True))
+    answered, found, why = bounded_probe(_check_init, cfg, says_why=True, on_slow=on_slow)
+    if not isinstance(why, Stalled):
+        init_stall.answered(cfg.init.from_)
     if isinstance(why, Raised):  # it answered, with an error: a refusal, never a stall to wait for (audit 8 F4)
         return [f"init.from = {cfg.init.from_!r}: cannot be checked: {why}"]
     problems, unreachable = found if answered else ([], why)

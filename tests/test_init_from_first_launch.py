@@ -133,3 +133,39 @@ def test_an_init_from_that_stalls_at_the_first_launch_shows_stalled_and_is_waite
         faultfs.clear()
     assert faultfs.hits("stall")
 
+
+
+def test_a_stalled_init_from_is_said_as_soon_as_the_launch_looks_not_after_its_looks(tmp_path, corpus, faultfs):
+    """On main the launch's three bounded looks at a stalled init.from (the config check's, the room check's, the
+    supervisor's start's) took about 15 s before the first event, and nothing was said anywhere meanwhile. Now the
+    launch's look says on stdout, once slow, what it waits on and for how long at most, in status's words; the
+    room check passes it by; the start's look says the same first thing in supervisor.log."""
+    from minilmd.bounded import SHARED_STORAGE_PROBE_S, SLOW_PROBE_S
+
+    base = faultfs.root / "base.pth"
+    _fake_pth(faultfs.backing / "base.pth")
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)})
+    cfg = load_config(config)
+    out = tmp_path / "supervisor.out"
+    faultfs.stall("base.pth", 600, op="*")
+    proc = start_supervisor(config, out)
+    try:
+        wait_for(lambda: "[start]" in out.read_text(), 120, "the start event")
+        said = out.read_text()
+        st = state(cfg.run_dir)
+        assert st.get("child") is None, st  # no trainer to leave behind: staging waits for init.from
+    finally:
+        proc.kill()
+        faultfs.clear()
+        proc.wait(60)
+    left = f"{SHARED_STORAGE_PROBE_S - SLOW_PROBE_S:g} s more at most"
+    launch = (f"minilmd run: init.from {base} not answering since ", " (stalled): the launch's check waits for it "
+              f"{left}, then the run stages and waits for it there (not a failure)")
+    line = next((x for x in said.splitlines() if x.startswith(launch[0])), "")
+    assert line.endswith(launch[1]), said
+    log = (cfg.run_dir / "supervisor.log").read_text().splitlines()
+    assert f"[staging] init.from {base} not answering since " in log[0], log[:3]
+    assert log[0].endswith(f" (stalled): the start waits for it {left}, then the run stages and waits for it there "
+                           "(not a failure)"), log[:3]
+    assert "[start]" in log[1], log[:3]
+    assert said.index(line) < said.index("[start]")  # said before the supervisor's first event, not after

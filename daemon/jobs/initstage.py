@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
+from minilmd import init_stall
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import lorabase
@@ -459,13 +460,13 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
                 raise ProbeUnreachable(f"eval.probe: {e}") from None
         if "init" in what:
             base = lorabase.trained_on(cfg) if cfg.lora.enabled else None
-            reads.reading(f"init.from {cfg.init.from_}")
+            reads.reading(init_stall.what(cfg.init.from_))
 
             def from_remote() -> bool:
                 try:
                     return base_from_remote(cfg, base, log, reads)
                 finally:
-                    reads.reading(f"init.from {cfg.init.from_}")  # read next, when the remote has no copy
+                    reads.reading(init_stall.what(cfg.init.from_))  # read next, when the remote has no copy
 
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
                                                  reads.answer, None if base_from_remote is None else from_remote,

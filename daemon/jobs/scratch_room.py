@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from minilmd import mounts
+from minilmd import init_stall, mounts
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range
@@ -269,6 +269,8 @@ def run_space_problem(cfg: RunConfig, waits: list[str] | None = None) -> list[st
     hold the room now, no refusal: a line for `waits` (the run waits for room in staging). Nothing when a value it
     needs is out of range (the config check says so) or the corpus cannot be read yet."""
     if out_of_range(cfg) or not cfg.data.prepared or not cfg.run.dir:
+        return []
+    if init_stall.stalled(cfg.init.from_):  # the look would stall on it too, in silence: staging measures, refuses
         return []
     from minilmd.probes import bounded_probe
 

@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import init_stall
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
@@ -68,16 +69,18 @@ class AtStart:
             emit("update_share", line)
 
 
-def at_start(cfg: RunConfig, resumes: bool = False) -> AtStart:
+def at_start(cfg: RunConfig, resumes: bool = False, emit=None) -> AtStart:
     """Whether this run starts from another run's result that is not there yet, and, when it is there, what the
     update share is: only at a first start (no checkpoint of its own in scratch; `resumes`: one the launch found on
     run.remote, or one state.json records synced there; a new machine that lost state.json still finds the remote's,
     so a resume there neither says the share again nor waits).
     Asked on shared storage in a bounded thread: an init.from that fails or does not answer is no predecessor to
-    wait for here, and no share to say; staging waits for it in its own thread and `status` says so."""
+    wait for here, and no share to say; staging waits for it in its own thread and `status` says so. A look that
+    is slow is said at once to `emit` (supervisor.log, before the start's first event: minilmd/init_stall.py)."""
     if not cfg.init.from_ or resumes or local_checkpoint_steps(cfg.checkpoint_dir):
         return AtStart()
-    answered, found, _ = bounded_probe(_start_facts, cfg)
+    said = init_stall.slow_look(cfg.init.from_, "the start", lambda line: emit("staging", line)) if emit else None
+    answered, found, _ = bounded_probe(_start_facts, cfg, on_slow=said)
     return found if answered and isinstance(found, AtStart) else AtStart()
 
 

@@ -1,0 +1,41 @@
+"""A look at shared storage that is slow is said at once (bounded_probe's `on_slow`), and an init.from the launch found
+stalled is not looked at again by the room check, which would wait on the same share in silence
+(minilmd/init_stall.py; the launch as a whole: tests/test_init_from_first_launch.py)."""
+from __future__ import annotations
+
+import threading
+
+from minilmd import init_stall
+from minilmd.bounded import SLOW_PROBE_S, Stalled, bounded_probe
+from minilmd.config import load_config
+from minilmd.daemon.jobs import scratch_room
+from supervisor_helpers import write_config
+
+
+def test_a_look_slow_past_slow_probe_s_is_said_once_with_what_it_may_still_take():
+    gate = threading.Event()
+    said: list[float] = []
+    try:
+        answered, _, why = bounded_probe(gate.wait, 60, timeout_s=SLOW_PROBE_S + 0.5, on_slow=said.append)
+    finally:
+        gate.set()  # the look's thread ends
+    assert not answered and isinstance(why, Stalled) and said == [0.5], (why, said)
+    assert bounded_probe(lambda: 1, on_slow=said.append) == (True, 1, "") and said == [0.5]  # it answered: no word
+
+
+def test_the_room_check_passes_by_an_init_from_the_launch_found_stalled(tmp_path, corpus, monkeypatch):
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(tmp_path / "share" / "base.pth")})
+    cfg = load_config(config)
+    looked: list = []
+    monkeypatch.setattr(scratch_room, "run_space_need", looked.append)  # the look itself, counted
+    assert scratch_room.run_space_problem(cfg) == [] and looked == [cfg]
+    said: list[str] = []
+    init_stall.slow_look(cfg.init.from_, "the launch's check", said.append)(4.0)  # what a slow look does
+    try:
+        assert said and said[0].startswith(f"init.from {cfg.init.from_} not answering since "), said
+        looked.clear()
+        assert scratch_room.run_space_problem(cfg) == [] and looked == []
+    finally:
+        init_stall.answered(cfg.init.from_)
+    assert not init_stall.stalled(cfg.init.from_)
+    assert scratch_room.run_space_problem(cfg) == [] and looked == [cfg]  # answered: looked at again
