@@ -8,7 +8,7 @@ import numpy as np
 
 from minilmd.corpus.demo_text import write_demo_corpus
 from minilmd.corpus.prepare.pipeline import prepare
-from minilmd.corpus.sources.jsonl import iter_texts
+from minilmd.corpus.sources.train_texts import iter_texts
 from minilmd.corpus.tokenizer_train import train_tokenizer
 from minilmd.protocol import BOS_ID, EOS_ID
 

@@ -2,7 +2,7 @@
 
     python tests/endless_texts_cli.py tokenizer train CORPUS ...    (in place of `minilmd tokenizer train ...`)
 
-minilmd.corpus.sources.jsonl.iter_texts yields the real texts of CORPUS, then creates the file named by
+minilmd.corpus.sources.train_texts.iter_texts yields the real texts of CORPUS, then creates the file named by
 ENDLESS_TEXTS_STARTED and goes on yielding a text every 0.2 s for ever: as a corpus too big to finish before the
 user's Ctrl-C, however fast the machine. Patched when this file is imported: in this process, and in every process
 multiprocessing's spawn starts from it (spawn imports the parent's main script first). Otherwise the real command.
@@ -13,10 +13,10 @@ import os
 import time
 from pathlib import Path
 
-from minilmd.corpus.sources import jsonl
+from minilmd.corpus.sources import train_texts
 
 STARTED_ENV = "ENDLESS_TEXTS_STARTED"
-_real_iter_texts = jsonl.iter_texts
+_real_iter_texts = train_texts.iter_texts
 
 
 def _endless(sources, on_bad_line="error", bad_counts=None):
@@ -27,7 +27,7 @@ def _endless(sources, on_bad_line="error", bad_counts=None):
         yield "more text, and never the end of it"
 
 
-jsonl.iter_texts = _endless
+train_texts.iter_texts = _endless
 
 if __name__ == "__main__":
     from minilmd.cli import main

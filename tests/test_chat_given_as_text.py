@@ -11,7 +11,8 @@ import pytest
 
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.pipeline import prepare
-from minilmd.corpus.sources.jsonl import CHAT_ADVICE, TEXT_ADVICE, InputError, iter_texts, parse_block
+from minilmd.corpus.sources.jsonl import CHAT_ADVICE, TEXT_ADVICE, InputError, parse_block
+from minilmd.corpus.sources.train_texts import iter_texts
 
 CHAT = {"conversations": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好，有什么事？"}]}
 

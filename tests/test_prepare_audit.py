@@ -15,7 +15,7 @@ import pytest
 
 from data_helpers import no_leftovers, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.sources import jsonl
+from minilmd.corpus.sources import jsonl, train_texts
 
 CLI = [sys.executable, "-m", "minilmd.cli"]
 
@@ -100,16 +100,16 @@ def test_tokenizer_training_holds_only_the_beginning_of_a_huge_line(tmp_path, mo
     """Before, `tokenizer train` joined a line longer than a block into one string: a 2 GB line held whole (and
     copied again by the tokenizers library). Now it takes the first TRAIN_TEXT_CHARS characters of it; the line
     is still judged whole (a bad one is still bad)."""
-    monkeypatch.setattr(jsonl, "TRAIN_TEXT_CHARS", 1000, raising=False)
+    monkeypatch.setattr(train_texts, "TRAIN_TEXT_CHARS", 1000)
     huge = "字 " * 800_000  # 2.4 MB of UTF-8: longer than a block, so streamed as a LongLine
     source = write_jsonl(tmp_path / "s.jsonl", ["short one", huge, "short two"])
-    texts = list(jsonl.iter_texts([str(source)]))
+    texts = list(train_texts.iter_texts([str(source)]))
     assert texts[0] == "short one" and texts[2] == "short two"
     assert texts[1] == huge[:1000]
     with open(source, "a", encoding="utf-8") as f:
         f.write('{"text": "' + "x" * 2_000_000 + '"\n')  # unterminated: still a bad line
     with pytest.raises(jsonl.InputError, match=":4: invalid json"):
-        list(jsonl.iter_texts([str(source)]))
+        list(train_texts.iter_texts([str(source)]))
 
 
 def test_tokenizer_train_replaces_a_link_at_out_and_never_writes_through_it(tmp_path, demo_jsonl):

@@ -25,10 +25,10 @@ from minilmd.corpus.sources.jsonl import (
     TEXT_ADVICE,
     InputError,
     Source,
-    iter_texts,
     json_document,
     parse_block,
 )
+from minilmd.corpus.sources.train_texts import iter_texts
 
 BOM = "\ufeff"
 TEXT = {"text": "今天的天气很好，我们出去走走。"}

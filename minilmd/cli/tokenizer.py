@@ -50,8 +50,9 @@ def tokenizer_train_command(
     from pathlib import Path
 
     from minilmd.corpus.chat_templates import OUT_ADVICE, ChatTemplateError, checked_config, write_beside
-    from minilmd.corpus.sources.jsonl import InputError, tokenizer_hint
+    from minilmd.corpus.sources.bad_tally import InputError
     from minilmd.corpus.sources.local import LinkRefused
+    from minilmd.corpus.sources.train_texts import tokenizer_hint
     from minilmd.corpus.tokenizer_beside import found_beside
     from minilmd.corpus.tokenizer_train import TokenizerError
     from minilmd.dirfd import PlaceRefused, place_problem
@@ -153,9 +154,9 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
 
-    from minilmd.corpus.sources.bad_tally import BadLineTally
-    from minilmd.corpus.sources.jsonl import InputError, iter_texts
+    from minilmd.corpus.sources.bad_tally import BadLineTally, InputError
     from minilmd.corpus.sources.local import LinkRefused
+    from minilmd.corpus.sources.train_texts import iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
     from minilmd.corpus.workers import start_worker
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
-from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, json_document_advice, other_format
+from minilmd.corpus.sources.line_shape import ADVICE, LINE_OF, other_format
 from minilmd.place_rule import PlaceRefused
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads_any
 
@@ -435,61 +435,6 @@ def open_real(path: str):
 
     fd, real = open_source(path)
     return os.fdopen(fd, "rb"), real
-
-
-TRAIN_TEXT_CHARS = 1 << 24
-"""What iter_texts (tokenizer training) takes of one document, at most: its first 16 Mi characters. BPE learns from
-word counts, which a longer text only adds to; holding a 2 GB line whole (and the tokenizers library's copy) is
-what the bound prevents."""
-
-
-TOKENIZER_CHAT_ADVICE = ('tokenizer train reads the "text" of {"text": ...} lines: train the tokenizer on text (the '
-                         "pretraining corpus), or fine-tune with the tokenizer of the model you start from")
-
-
-def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iterator[str]:
-    """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning). Every bad
-    line is counted and named in `bad` (a bad_tally.BadLineTally, prepare's rule; a fresh one when None): under
-    `skip` it is left out; under `error` no text is given after the first one, the rest of the input is read for
-    its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
-    tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
-    all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone."""
-    if on_bad_line not in BAD_LINE_POLICIES:
-        raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
-    bad = BadLineTally() if bad is None else bad
-    documents = 0
-    for path in sources:
-        src = Source(path)
-        read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
-        try:
-            for item in src.items():
-                parsed = parse_long_line(item, TRAIN_TEXT_CHARS) if isinstance(item, LongLine) else parse_block(
-                    item[1], item[0])
-                read += parsed.n_lines - parsed.blank
-                for line, reason, detail in parsed.bad:
-                    bad.add(path, line, reason, detail)
-                if bad.total and on_bad_line == "error":
-                    continue  # refused: read on for the other bad lines only
-                documents += len(parsed.texts)
-                yield from parsed.texts
-        finally:
-            src.close()
-        if src.json_array and 2 * (bad.total - bad_before) > read:
-            bad.json_documents.append(path)
-    hint = tokenizer_hint(bad)
-    if bad.total and on_bad_line == "error":
-        raise bad.error(hint)
-    if not documents:
-        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)" + f"; {hint}" * bool(hint))
-
-
-def tokenizer_hint(bad: BadLineTally) -> str:
-    """What tokenizer train says once after its bad lines: a JSON document given for JSON lines, chat data or
-    preference pairs given for text (TOKENIZER_CHAT_ADVICE)."""
-    said = [json_document_advice(bad.json_documents)] if bad.json_documents else []
-    if CHAT_LINE in bad.counts or DPO_LINE in bad.counts:
-        said.append(TOKENIZER_CHAT_ADVICE)
-    return "\n".join(said)
 
 
 def parse_long_line(long: LongLine, max_chars: int | None = None) -> ParsedBlock:
