@@ -10,7 +10,9 @@ a wait out but race nothing against its length:
 - TEST_RELIST_AFTER_S: daemon/jobs/stagingfetch.py RELIST_AFTER_S (5 s in use), the pause before a remote that lists
   no step as new as the run's records say is listed again;
 - TEST_STAGING_COPY_FIRST_S: daemon/jobs/staging.py stage()'s first pause before a corpus file that failed is copied
-  again (minilmd/backoff.py STAGING_COPY_FIRST_S, 1 s in use, doubling: 1 + 2 + 4 s before a staging fails).
+  again (minilmd/backoff.py STAGING_COPY_FIRST_S, 1 s in use, doubling: 1 + 2 + 4 s before a staging fails);
+- TEST_SYNC_LOOK_AGAIN_S: daemon/jobs/syncworker.py LOOK_AGAIN_S (30 s in use), the periodic sync's next look when
+  it found nothing newer than the remote's to sync (a run's first checkpoint not saved yet).
 
 Only this process is patched: the trainer it launches is the one it would launch. supervisor_helpers.start_supervisor
 runs it when given `quick`.
@@ -20,12 +22,12 @@ from __future__ import annotations
 import os
 
 STARTUP_GRACE_ENV, READ_AGAIN_ENV, RELIST_ENV = "TEST_STARTUP_GRACE_S", "TEST_READ_AGAIN_AFTER_S", "TEST_RELIST_AFTER_S"
-STAGING_COPY_ENV = "TEST_STAGING_COPY_FIRST_S"
+STAGING_COPY_ENV, SYNC_LOOK_AGAIN_ENV = "TEST_STAGING_COPY_FIRST_S", "TEST_SYNC_LOOK_AGAIN_S"
 
 if __name__ == "__main__":
     from minilmd.cli import main
     from minilmd.daemon.child import trainerwatch
-    from minilmd.daemon.jobs import fetch, staging, stagingfetch
+    from minilmd.daemon.jobs import fetch, staging, stagingfetch, syncworker
 
     if STARTUP_GRACE_ENV in os.environ:
         trainerwatch.STARTUP_GRACE_S = float(os.environ[STARTUP_GRACE_ENV])
@@ -38,4 +40,6 @@ if __name__ == "__main__":
     if STAGING_COPY_ENV in os.environ:
         assert staging.stage.__kwdefaults__ is not None  # its keyword-only defaults, bound when it was defined
         staging.stage.__kwdefaults__["backoff_s"] = float(os.environ[STAGING_COPY_ENV])
+    if SYNC_LOOK_AGAIN_ENV in os.environ:
+        syncworker.LOOK_AGAIN_S = float(os.environ[SYNC_LOOK_AGAIN_ENV])
     main()

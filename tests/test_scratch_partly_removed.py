@@ -136,7 +136,9 @@ def test_scratch_removed_before_the_last_sync_trains_the_last_steps_again_and_en
     run_dir, remote, out = cfg.run_dir, Path(cfg.run.remote), tmp_path / "supervisor.out"
     gone = {TRAINER_CMD_ENV: f"{sys.executable} {GONE_AT_END}", FAULT_ENV: "pause@14",
             "SCRATCH_GONE_AT_END": f"{cfg.scratch_dir}:{tmp_path / 'removed-once'}"}
-    sup = start_supervisor(config, out, fake=False, **gone)
+    # the first periodic sync looks for a checkpoint again every 0.5 s, not 30 (tests/quick_cli.py): sync.every's
+    # hour still keeps it the only one
+    sup = start_supervisor(config, out, fake=False, quick={"TEST_SYNC_LOOK_AGAIN_S": "0.5"}, **gone)
     try:  # held until the remote holds a step (the first sync's): the run resumes from it
         trainer = held_at(run_dir, "pause@14")
         wait_for(lambda: checkpoint_dirs.read_latest(remote), LONG, "a step synced")

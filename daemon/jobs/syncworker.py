@@ -48,6 +48,9 @@ FINAL_STALL_PATIENCE = 2
 one that moves is waited for, however long it takes."""
 BASE_COPY = "the LoRA base's copy"
 REMOTE_FULL_REMIND_S = 600.0
+LOOK_AGAIN_S = 30.0
+"""With nothing newer than the remote's to sync (no checkpoint saved yet), the periodic sync looks again after
+min(sync.every, this), not a whole sync.every later: a run's first checkpoint is synced within this of its save."""
 """A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 
 
@@ -144,7 +147,7 @@ class SyncWorker(ScratchPruning):
                 self.pass_sent = kept  # a DPO reference pass saved further on: the Syncer puts it in place there
                 self._start("periodic sync")
             else:
-                self.next_at = now() + min(self.cfg.sync.every_s, 30.0)
+                self.next_at = now() + min(self.cfg.sync.every_s, LOOK_AGAIN_S)
 
     def final_sync(self, staged: Path | None, wait_for_room: bool = False, fetched: int | None = None,
                    rewound: bool = False) -> str | None:
