@@ -48,10 +48,10 @@ FINAL_STALL_PATIENCE = 2
 one that moves is waited for, however long it takes."""
 BASE_COPY = "the LoRA base's copy"
 REMOTE_FULL_REMIND_S = 600.0
+"""A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 LOOK_AGAIN_S = 30.0
 """With nothing newer than the remote's to sync (no checkpoint saved yet), the periodic sync looks again after
 min(sync.every, this), not a whole sync.every later: a run's first checkpoint is synced within this of its save."""
-"""A remote that stays full is said when it becomes full, then again at most this often (not at every retry)."""
 
 
 class SyncWorker(ScratchPruning):
