@@ -448,11 +448,10 @@ class GpuAdmission:
 
     def _take(self, name: str) -> LeaseFile | None:
         try:
-            lease = leases.open_lease(self.lock_dir, name)
+            lease = leases.take(self.lock_dir, name)
         except (leases.LeaseUnsafe, OSError):
             return None  # the next poll says why (_lease_busy opens it the same way)
-        if not leases.try_lock(lease, exclusive=True):
-            lease.close()
+        if lease is None:
             return None
         try:
             leases.write_body(lease, leases.lease_body(self.run_name, socket.gethostname()))

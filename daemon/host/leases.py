@@ -77,6 +77,27 @@ def open_lease(lock_dir: Path, name: str) -> LeaseFile:
         os.close(dir_fd)
 
 
+def take(lock_dir: Path, name: str) -> LeaseFile | None:
+    """The lease `name` in lock_dir held exclusively (opened as open_lease opens it), or None when another holds it
+    (or its name kept leading to another file). Held only where the name still leads to the file locked, asked
+    after the flock: a lease file removed after our open (by its owner, who made it; by an admin's clean-up) is
+    nobody's lease, and the next run to come would make a new file at the name and lock that too: two runs on one
+    device (review2 F1)."""
+    dir_fd = _open_dir(lock_dir)
+    try:
+        for _ in range(lockfile.STILL_NAMED_TRIES):
+            lease = _open_in(dir_fd, lock_dir / name, name)
+            if not try_lock(lease, exclusive=True):
+                lease.close()
+                return None
+            if lockfile.still_named(dir_fd, name, lease.fd):
+                return lease
+            lease.close()  # the flock of a file no longer named goes with it; the name is opened again
+        return None
+    finally:
+        os.close(dir_fd)
+
+
 def try_lock(lease: LeaseFile, exclusive: bool) -> bool:
     """An flock without waiting: False if another open file holds a conflicting one."""
     return lockfile.try_flock(lease.fd, exclusive)
