@@ -11,15 +11,19 @@
 # Before the supervisor is started (or started again), `minilmd run CONFIG --check` must accept CONFIG: otherwise
 # its message is printed and the launcher exits with its status (2 for a bad config), starting nothing.
 # Window "run" keeps the supervisor alive with deploy/minilmd@.service's policy, so that a run under tmux finishes
-# unattended as one under systemd does: when `minilmd run` ends with a status that is not final (a supervisor
-# SIGKILLed, a crash: anything but 0, the final statuses of minilmd/protocol.py FINAL_EXIT_STATUSES, the unit's
-# RestartPreventExitStatus, and a death by SIGHUP, SIGINT, SIGTERM or SIGPIPE, which systemd counts as clean) it is
-# started again after MINILMD_TMUX_RESTART_SEC (RestartSec, 30 s), at most START_LIMIT_BURST starts in
+# unattended as one under systemd does (no tmux session survives a reboot: deploy/README.md names what does): when
+# `minilmd run` ends with a status that is not final (a supervisor SIGKILLed, a crash: anything but 0, the final
+# statuses of minilmd/protocol.py FINAL_EXIT_STATUSES, the unit's RestartPreventExitStatus, and a death by SIGHUP,
+# SIGINT, SIGTERM or SIGPIPE, which systemd counts as clean) it is started again after MINILMD_TMUX_RESTART_SEC (RestartSec, 30 s), at most START_LIMIT_BURST starts in
 # START_LIMIT_INTERVAL seconds (StartLimitBurst in StartLimitIntervalSec: 5 in 1 h). On 0 (done, or stopped on
 # request), on a final status and at the start limit the window ends, saying why on its last line, with the
 # supervisor's status as its own. Its restarts (not its first start) carry MINILMD_AUTO_RESTART=tmux: a `minilmd stop`
 # made while the window waited left a stop request in the run directory, which such a start honours (it exits 0,
 # starting no trainer: the window ends); the launcher run by hand starts the run again (that start clears it).
+# A run whose supervisor already runs is refused (exit 2), saying so and how to have the launcher run it (stop it,
+# wait, launch again); but when that supervisor is this user's and nothing is left to start it again (its tmux
+# session was closed: `tmux kill-session` ends window run's loop, not the supervisor; `minilmd status` says
+# "unguarded"), the session gets window logs alone, following it, and the launcher says it does not guard it.
 # Idempotent: when the session exists nothing is started twice. A window whose command has ended keeps its last
 # output on screen (remain-on-exit) and is started again by the next call; a window closed by hand is recreated.
 # Then it attaches (or switches client inside tmux), unless --no-attach is given or this is not a terminal.
@@ -189,15 +193,49 @@ supervise() {
 run_window_cmd=("$BASH" -c "$(declare -f supervise); supervise \"\$@\"" minilmd-run
                 "$restart_sec" "${FINAL_EXIT_STATUSES[*]}" "$START_LIMIT_BURST" "$START_LIMIT_INTERVAL" "${run_cmd[@]}")
 
+# The run's supervisor as `minilmd status --json CONFIG` sees it: "unguarded PID" when it runs and nothing is left
+# to start it again if it dies (the tmux session it ran in was closed under it: daemon/base/keeper.py), "running PID"
+# when it runs otherwise, nothing when it does not run (or status cannot tell).
+supervisor_now() {
+    local json
+    json=$(cd / && "${prefix[@]}" "$exe" status --json "$config" 2>/dev/null) || return 0
+    (cd / && "$python" -c '
+import json, sys
+try:
+    d = json.loads(sys.stdin.read())
+    pid = d["state"]["supervisor"]["pid"]
+except (ValueError, KeyError, TypeError):
+    sys.exit(0)
+if d.get("running") and isinstance(pid, int):
+    print("unguarded" if d.get("unguarded") else "running", pid)
+' <<<"$json") || true
+}
+
 # `minilmd run CONFIG --check` before the supervisor is started: a config it would refuse is reported here, with
-# --check's message and exit status, instead of in a dead pane of a session that was started for nothing.
+# --check's message and exit status, instead of in a dead pane of a session that was started for nothing. One
+# refusal is no error: the run's own supervisor, a process of this user's, still runs with nothing left to start it
+# again (its tmux session was closed, user3 F2): status 1, its pid in $alone_pid, and the caller opens window logs
+# on it instead of a second supervisor. A run whose supervisor runs under something else is refused, saying so.
+alone_pid=""
 check_config() {
-    local out status=0
+    local out status=0 how pid
     out=$("${prefix[@]}" "$exe" run "$config" --check 2>&1) || status=$?
-    if (( status != 0 )); then
+    (( status == 0 )) && return 0
+    if (( status == 2 )) && read -r how pid < <(supervisor_now); then
+        if [[ "$how" == unguarded && -O "/proc/$pid" ]]; then
+            alone_pid=$pid
+            return 1
+        fi
         printf '%s\n' "$out" >&2
-        die "$config: \`minilmd run --check\` refused it (exit $status); nothing was started" "$status"
+        die "$config: its run already runs (supervisor pid $pid, started by another session, launcher, systemd or by hand), and goes on; nothing was started. Follow it with \`minilmd status $config\` or \`minilmd logs -f $config\`; to have this launcher run it: \`minilmd stop $config\`, wait for the stop, then launch again" 2
     fi
+    printf '%s\n' "$out" >&2
+    die "$config: \`minilmd run --check\` refused it (exit $status); nothing was started" "$status"
+}
+
+# Said when check_config found the run's own supervisor running with nothing to start it again: no window run.
+say_alone() {
+    echo "minilmd-tmux: $session: the run's supervisor pid $alone_pid already runs, unguarded: the tmux session that started it was closed, so nothing starts it again if it dies. It goes on; window logs follows it, and this session does not guard it (no window run). To have the launcher guard it: \`minilmd stop $config\`, wait for the stop (\`minilmd status $config\`), then run the launcher again"
 }
 
 # Whether window $1 of the session is missing or its command has ended: it is about to be (re)started.
@@ -225,13 +263,20 @@ ensure_window() {
 }
 
 if ! tm has-session -t "=$session" 2>/dev/null; then
-    check_config
-    # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
-    # config) stays on screen instead of closing the session. The session keeps the config it runs (@minilmd_config).
-    tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_window_cmd[@]}" \; \
-        set-option -w -t "=$session:run" remain-on-exit on \; \
-        set-option -t "=$session:" @minilmd_config "$config"
-    echo "minilmd-tmux: $session: started window run: ${run_cmd[*]} (restarted while it fails)"
+    if check_config; then
+        # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
+        # config) stays on screen instead of closing the session. The session keeps the config it runs
+        # (@minilmd_config).
+        tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_window_cmd[@]}" \; \
+            set-option -w -t "=$session:run" remain-on-exit on \; \
+            set-option -t "=$session:" @minilmd_config "$config"
+        echo "minilmd-tmux: $session: started window run: ${run_cmd[*]} (restarted while it fails)"
+    else
+        tm new-session -d -s "$session" -n logs -c "$PWD" -- "${logs_cmd[@]}" \; \
+            set-option -w -t "=$session:logs" remain-on-exit on \; \
+            set-option -t "=$session:" @minilmd_config "$config"
+        say_alone
+    fi
 else
     # Runs whose names differ only in '.', ':' and '_' share one session name: never take another config's
     # supervisor for this one's (a session from an older launcher says nothing: it is taken as this config's).
@@ -239,8 +284,11 @@ else
     if [[ -n "$owner" && "$owner" != "$config" ]]; then
         die "session $session runs $owner, not $config: nothing was started; give this run a session name of its own as the second argument" 2
     fi
-    if window_down run; then check_config; fi
-    ensure_window run "${run_cmd[*]} (restarted while it fails)" "${run_window_cmd[@]}"
+    if ! window_down run || check_config; then
+        ensure_window run "${run_cmd[*]} (restarted while it fails)" "${run_window_cmd[@]}"
+    else
+        say_alone
+    fi
 fi
 ensure_window logs "${logs_cmd[*]}" "${logs_cmd[@]}"
 

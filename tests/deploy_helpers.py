@@ -24,10 +24,13 @@ MINILMD = Path(sys.executable).with_name("minilmd")
 STAND_IN = """#!{python}
 # A stand-in for minilmd: records how it was called, then stays alive like a supervisor would; or, when
 # MINILMD_STAND_IN_EXITS="1,-9,65" names an end for this call (the Nth call the Nth), exits with that status (a
-# negative one: killed by that signal) at once.
+# negative one: killed by that signal) at once. MINILMD_STAND_IN_CHECK_EXIT: the status of `run --check`;
+# MINILMD_STAND_IN_STATUS: what `status --json` prints.
 import json, os, signal, sys, time
-if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, record nothing
-    print(sys.argv[2] + ": OK"); sys.exit(0)
+if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, or not
+    print(sys.argv[2] + ": OK"); sys.exit(int(os.environ.get("MINILMD_STAND_IN_CHECK_EXIT", "0")))
+if sys.argv[1] == "status":  # what MINILMD_STAND_IN_STATUS says the run is (the launcher asks when --check refused)
+    print(os.environ.get("MINILMD_STAND_IN_STATUS", "{{}}")); sys.exit(0)
 with open({record!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
                         "fault": os.environ.get("MINILMD_FAULT"),

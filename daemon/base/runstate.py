@@ -115,7 +115,9 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
     return StateJson(version=STATE_VERSION, run=name, run_dir=str(run_dir), config=config_path,
                      phase=Phase.WAITING_GPU, since=t,
                      supervisor=SupervisorInfo(pid=os.getpid(), start_ticks=process_start_ticks(os.getpid()),
-                                               boot=boot_id(), host=socket.gethostname(), started=t),
+                                               boot=boot_id(), host=socket.gethostname(), started=t,
+                                               parent_pid=os.getppid(),
+                                               parent_start_ticks=process_start_ticks(os.getppid())),
                      sync=Sync(state=SyncState.OFF), staging=Staging(state=StagingState.NOT_STARTED),
                      updated=t).to_dict()
 

@@ -116,6 +116,11 @@ class SupervisorInfo(Section):
     runs, since systemd's restart of it does not read the stop request (daemon/base/stoprequest.py)."""
     systemd_user: bool = False
     """That unit is a user manager's (`systemctl --user`)."""
+    parent_pid: int | None = None
+    """The process that started it (the tmux launcher's window loop, a shell, systemd, a Slurm batch script)."""
+    parent_start_ticks: int | None = None
+    """That parent's start time: with parent_pid, whether it still runs (daemon/base/keeper.py: once it has ended,
+    nothing that started the supervisor is left to start it again)."""
 
 
 @dataclass

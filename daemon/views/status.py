@@ -20,6 +20,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base.keeper import unguarded
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, reference_pass_words, state_owners
 from minilmd.daemon.base.seen import Seen, supervisor_seen
 from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
@@ -345,7 +346,7 @@ def _status(run: Dir, as_json: bool, out) -> int:
     state, claims = _as_read(run, state) if state is not None else (None, None)
     if as_json:
         _print_json(run, raw, changed_sections(written, state) if written is not None and state is not None
-                    else {}, alive, unreadable, out)
+                    else {}, alive, unreadable, out, unguarded(state, alive) if state is not None else None)
         return 0
     if unreadable:
         print(f"{printable(run_dir)}: {names.STATE} unreadable ({unreadable})", file=out)
@@ -363,6 +364,8 @@ def _status(run: Dir, as_json: bool, out) -> int:
         lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit, run.fd):  # `minilmd stop` left it
         lines.insert(1, request)
+    if alone_now := unguarded(state, alive):  # its tmux session closed under it: nothing starts it again
+        lines.insert(1, f"  {alone_now}")
     from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
 
     metrics = read_timeline(inside, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
@@ -402,10 +405,12 @@ def _same_dir(claimed: Path, run: Dir) -> bool:
         return False
 
 
-def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out) -> None:
+def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out,
+                unguarded_words: str | None = None) -> None:
     """`status --json`: state.json as read, with the sections the trainer's own files moved on since laid over it
     (`caught_up`, from newest.changed_sections: the facts plain status shows, in the file's shape), and whether
-    there were any."""
+    there were any; "unguarded" when nothing would start its running supervisor again (daemon/base/keeper.py: the
+    tmux launcher reads it)."""
     run_dir = run.path
     left = stoprequest.as_json(run_dir, dir_fd=run.fd)  # `minilmd stop` left it: an automatic restart will not start it
     state = {**raw, **caught_up} if raw is not None else None
@@ -419,7 +424,8 @@ def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unread
                       **({"scratch_root": own_root} if own_root else {}),
                       **({"starting_pid": starting.pid} if starting else {}),
                       **({"ended_in_events": end.to_dict()} if end else {}),
-                      **({"could_not_start": why} if why else {})},
+                      **({"could_not_start": why} if why else {}),
+                      **({"unguarded": unguarded_words} if unguarded_words else {})},
                      indent=2, sort_keys=True), file=out)
 
 
