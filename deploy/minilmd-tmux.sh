@@ -16,10 +16,11 @@
 # statuses of minilmd/protocol.py FINAL_EXIT_STATUSES, the unit's RestartPreventExitStatus, and a death by SIGHUP,
 # SIGINT, SIGTERM or SIGPIPE, which systemd counts as clean) it is started again after MINILMD_TMUX_RESTART_SEC
 # (RestartSec, 30 s), at most START_LIMIT_BURST starts in START_LIMIT_INTERVAL seconds (StartLimitBurst in
-# StartLimitIntervalSec: 5 in 1 h). On 0 (done, or stopped on request), on a final status and at the start limit the window ends, saying why on its last line, with the
-# supervisor's status as its own. Its restarts (not its first start) carry MINILMD_AUTO_RESTART=tmux: a `minilmd stop`
-# made while the window waited left a stop request in the run directory, which such a start honours (it exits 0,
-# starting no trainer: the window ends); the launcher run by hand starts the run again (that start clears it).
+# StartLimitIntervalSec: 5 in 1 h). On 0 (done, or stopped on request), on a final status and at the start limit the
+# window ends, saying why on its last line, with the supervisor's status as its own. Its restarts (not its first start)
+# carry MINILMD_AUTO_RESTART=tmux: a `minilmd stop` made while the window waited left a stop request in the run
+# directory, which such a start honours (it exits 0, starting no trainer: the window ends); the launcher run by hand
+# starts the run again (that start clears it).
 # A run whose supervisor already runs is refused (exit 2), saying so and how to have the launcher run it (stop it,
 # wait, launch again); but when that supervisor is this user's and nothing is left to start it again (its tmux
 # session was closed: `tmux kill-session` ends window run's loop, not the supervisor; `minilmd status` says
