@@ -240,6 +240,15 @@ def in_use(run_dir: Path, made: Path) -> str:
     return f"scratch in the private root {made}" + (f" (the default: {why})" if why else "")
 
 
+def moved_words(run_dir: Path, scratch: Path, recorded_in: Path) -> str:
+    """Why a checkpoint recorded at `recorded_in` (a path in another scratch) is not in the run's scratch now
+    (`scratch`): the default root was taken by another user and the run's default scratch moved to a private root
+    (a reason no user chose: before, "run.scratch changed" was said of it, user3 F6), else run.scratch changed."""
+    if (private := in_use(run_dir, scratch.parent)) and scratch.parent not in recorded_in.parents:
+        return f"the default scratch root was taken, so the run's scratch is now {scratch}: {private}"
+    return f"run.scratch changed: the run's scratch is now {scratch}"
+
+
 def status_words(run_dir: Path, owner: int) -> tuple[str, dict | None]:
     """For `minilmd status` of a run directory of `owner`'s: (a line, the same for --json) naming the private root
     its record names and why, ("", None) when the run uses the default root. `run_dir`: a path the record is read

@@ -114,3 +114,19 @@ def test_status_names_a_private_scratch_root_and_why_only_when_the_run_has_one(b
     assert f"the private root {own} (the default: {why}" in line, line
     said = json.loads(shown(True))["scratch_root"]
     assert said["root"] == str(own) and said["because"].startswith(why), said
+
+
+def test_a_checkpoint_left_in_the_taken_default_root_is_said_moved_by_the_taking_not_by_run_scratch(base, tmp_path):
+    """user3 F6: another user took the default root, the run's scratch moved to a private one; its start said the
+    earlier checkpoint was gone because "run.scratch changed", which the user never changed."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    default = base / f"minilmd-{UID}"
+    earlier = default / "r" / "checkpoints" / "step-5"
+    default.write_text("")  # taken (after the run's earlier start had its scratch there)
+    own, _ = scratch_root.settle(run_dir)
+    said = scratch_root.moved_words(run_dir, own / "r", earlier)
+    assert said.startswith(f"the default scratch root was taken, so the run's scratch is now {own / 'r'}: "), said
+    assert "run.scratch changed" not in said
+    hand_set = scratch_root.moved_words(run_dir, tmp_path / "mine" / "r", own / "r" / "checkpoints" / "step-5")
+    assert hand_set.startswith("run.scratch changed"), hand_set

@@ -185,7 +185,8 @@ def test_a_checkpoint_recorded_in_another_scratch_is_said_gone_because_run_scrat
     try:
         log = cfg.run_dir / "supervisor.log"
         wait_for(lambda: "is gone from scratch" in log.read_text() or sup.poll() is not None, 120, "the scratch event")
-        assert "is gone from scratch (run.scratch changed)" in log.read_text(), log.read_text()[-3000:]
+        said = log.read_text()
+        assert "is gone from scratch (run.scratch changed: the run's scratch is now " in said, said[-3000:]
         sup.send_signal(signal.SIGTERM)
         assert wait_or_kill(sup, 60) == 0, (tmp_path / "second.out").read_text()[-3000:]
     finally:
