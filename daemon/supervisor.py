@@ -266,8 +266,8 @@ class Supervisor(Attempt, Ending):
         self.state.await_new_rates(config_total(self.cfg))  # the total the next trainer counts, where known here
         if at_start and (gone := self.state.check_local(local_checkpoint_steps(self.cfg.checkpoint_dir))):
             moved = gone.path and Path(gone.path).parent != self.cfg.checkpoint_dir  # recorded in another scratch
-            why = scratch_root.moved_words(self.run_dir, self.cfg.scratch_dir, Path(gone.path)) if moved \
-                else "emptied: a reboot?"
+            why = scratch_root.moved_words(self.run_dir, self.cfg.scratch_dir, Path(gone.path)) \
+                if moved and gone.path else "emptied: a reboot?"
             self.events.emit("scratch", f"the local checkpoint step {gone.step} ({gone.path}) is gone from scratch "
                                         f"({why}); {self.state.resume_words()}", step=gone.step)
 
