@@ -110,16 +110,6 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-def parent_of(pid: int) -> int | None:
-    """The parent pid of process `pid` (field 4 of /proc/PID/stat); None when it is gone, a zombie or cannot be read.
-    A process whose parent ended is reparented (to init or a subreaper): the one it had is gone for good."""
-    try:
-        rest = stat_fields(pid)
-    except (OSError, ValueError):
-        return None
-    return None if rest is None or rest[0] in GONE_STATES else int(rest[1])
-
-
 def process_alive(pid: int | None, start_ticks: int | None = None, boot: str = "") -> bool:
     """Whether the process a record names runs: process `pid` runs (not a zombie) and, when `start_ticks` is given,
     is the one that started then (a recycled pid has another start time), and the record was written in this boot
