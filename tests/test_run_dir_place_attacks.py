@@ -173,6 +173,20 @@ def test_the_reserve_is_never_written_through_a_link_nor_into_a_fifo(tmp_path):
     assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)  # a real one is made
 
 
+@pytest.mark.root
+def test_a_reserve_another_uid_owns_that_this_process_may_write_is_written_not_refused(tmp_path):
+    """One rule of lockfile.problem for the reserve too, but any owner's (review2 F5): an admin's file in the run's
+    own run.dir, writable by the run, is no reason to stop the supervisor's start with exit 1 (a refusal that a
+    restart meets again, for ever)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reserve = run_dir / names.RUN_DIR_RESERVE
+    reserve.write_bytes(b"")
+    os.chown(reserve, 65534, 65534)
+    reserve.chmod(0o666)
+    assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)
+
+
 def test_a_reserve_removed_as_it_is_made_tests_the_room_all_the_same(tmp_path, monkeypatch):
     """An `rm` of the reserve (or of run.dir) between its open and its check leaves a file with no link: no other
     file's body (lockfile.problem, the one rule), so its zeros are written and the room is said there, and the next

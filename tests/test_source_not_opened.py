@@ -51,6 +51,18 @@ def test_a_directory_given_for_a_source_is_a_bad_argument(tmp_path, tokenizer, c
     assert done.stderr.startswith(f"error: {folder}: {said}"), done.stderr
 
 
+@pytest.mark.parametrize("command", ["prepare", "tokenizer train"])
+def test_a_url_that_is_not_opened_is_a_bad_argument(tmp_path, tokenizer, command):
+    """A chain over a local path (refused: minilmd/urls.py chain_over_local) or a protocol fsspec does not know.
+    Before, both were bad data (65), told like a corpus with a bad line (review2 F4)."""
+    write_jsonl(tmp_path / "a.jsonl", ["a document"])
+    for url in (f"simplecache::{tmp_path}/a.jsonl", "nosuchproto://bucket/a.jsonl"):
+        done = subprocess.run([*CLI, *argv(command, url, tmp_path, tokenizer)], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == EXIT_CONFIG, done.stderr
+        assert done.stderr.startswith(f"error: {url}: cannot open ("), done.stderr
+
+
 @pytest.mark.parametrize("command", ["prepare", "corpus report"])
 def test_a_source_one_may_not_read_is_a_bad_argument_not_bad_data(tmp_path, tokenizer, command):
     """Another user's private file (0600), named by the second user. (`tokenizer train` opens its sources through

@@ -63,8 +63,9 @@ minilmd/place_rule.py run_dir_problem; this is the second guard: the reserve tru
 
 def make_reserve(run_dir: Path) -> bool:
     """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it. An
-    OSError when the name is a link, a FIFO, or anything but a regular file of ours of one link (lockfile.problem):
-    never written through."""
+    OSError when the name is a link, a FIFO, or anything but a regular file of one link (lockfile.problem, whoever's:
+    run.dir is the user's, held to the place rule, and a file there this process may write, an admin's say, is no
+    reason to crash the supervisor's start): never written through."""
     path = run_dir / names.RUN_DIR_RESERVE
     try:
         fd = os.open(path, RESERVE_OPEN, 0o666)
@@ -74,7 +75,7 @@ def make_reserve(run_dir: Path) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        if why := lockfile.problem(st):  # one removed as it was made (no link) passes: its zeros test the room
+        if why := lockfile.problem(st, others=True):  # one removed as it was made (no link): its zeros test the room
             raise OSError(errno.EINVAL, f"{why}: never written", str(path))
         if st.st_size >= RESERVE_BYTES:
             return True
@@ -84,7 +85,7 @@ def make_reserve(run_dir: Path) -> bool:
     except OSError as e:
         if not is_disk_full(e):
             raise
-        if os.fstat(fd).st_nlink:  # a regular file of ours (checked above): the half-written reserve, when named
+        if os.fstat(fd).st_nlink:  # a regular file (checked above): the half-written reserve, when named
             path.unlink(missing_ok=True)
         return False
     finally:

@@ -68,7 +68,7 @@ def not_opened(path: str, e: Exception) -> InputError:
                                "directory on its way)")
     if isinstance(e, OSError):  # EIO, ESTALE: a disk or share that failed, not the path given (exit 74)
         return SourceReadError(f"{path}: cannot open ({e})")
-    return InputError(f"{path}: cannot open ({e})")  # a URL fsspec cannot open
+    return SourceNotOpened(f"{path}: cannot open ({e})")  # a URL fsspec cannot open, a chain over a local path
 
 
 @dataclass
