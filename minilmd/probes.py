@@ -28,7 +28,7 @@ from minilmd import init_stall, init_tokenizer, scratch, scratch_root
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import Raised, Stalled, shared_storage_check
 from minilmd.bounded import bounded_probe as bounded_probe
-from minilmd.checkpoint_dirs import list_checkpoints
+from minilmd.checkpoint_dirs import list_checkpoints, local_checkpoint_steps
 from minilmd.config import ExtraCheck, RunConfig, apply_stage_defaults, config_from_dict, load_config
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
@@ -374,13 +374,24 @@ def _tokenizer_problems(cfg: RunConfig) -> list[str]:
     return [refused] if refused else []
 
 
+def scratch_checkpoints(cfg: RunConfig) -> list[int]:
+    """The checkpoint steps in the scratch the launch will train in: none where another user took the default
+    scratch root (root_taken: the launch makes a new, empty private root; what stands in the taken one is that
+    user's to fill, never read as the run's). The one answer of run --check's and the launch's checks
+    (has_checkpoint, daemon/jobs/resumefrom.py find, daemon/jobs/remotewait.py check_line): before, only `find`
+    knew it, and a checkpoint planted there passed init.from unchecked (review2 F2)."""
+    if cfg.run.dir and root_taken(cfg):
+        return []
+    return local_checkpoint_steps(cfg.checkpoint_dir)
+
+
 def has_checkpoint(cfg: RunConfig) -> bool:
     """The run has a checkpoint of its own (in scratch, or on a local remote outside a supervised trainer, which
     never touches the remote): it resumes and never reads init.from again."""
-    roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not is_url(cfg.run.remote) and supervision() is None:
-        roots.append(Path(cfg.run.remote))
-    return any(list_checkpoints(root) for root in roots)
+    if scratch_checkpoints(cfg):
+        return True
+    remote = cfg.run.remote
+    return bool(remote and not is_url(remote) and supervision() is None and list_checkpoints(Path(remote)))
 
 
 def _check_protocol(name: str, url: str) -> list[str]:

@@ -190,3 +190,23 @@ def test_the_look_at_the_remote_follows_no_link_opens_no_fifo_and_reads_no_more_
         assert len(passed) == 1 and passed[0].startswith(f"checkpoint {remote / 'step-00000020'} is invalid: "), \
             (plant, passed)
     assert sorted(p.name for p in remote.iterdir()) == ["LATEST", "step-00000010", "step-00000020"]
+
+
+def test_a_checkpoint_in_a_taken_default_scratch_root_is_not_the_runs_for_any_check(tmp_path, corpus, monkeypatch):
+    """Another user took the default scratch root (here a link to a directory of his holding `s/checkpoints/
+    step-00000005`): the launch never uses it. Before, only the resume look knew that: init.from's check and the
+    remote's line took his planted step for the run's own, so a mistyped init.from passed `--check` (exit 0, never
+    looked at) and the launch would have waited on it for ever (review2 F2). Now every check asks one answer,
+    probes.scratch_checkpoints."""
+    base = tmp_path / "shm"
+    base.mkdir()
+    base.chmod(0o1777)
+    monkeypatch.setenv(SCRATCH_BASE_ENV, str(base))
+    planted = tmp_path / "his" / "s" / "checkpoints" / "step-00000005"
+    planted.mkdir(parents=True)
+    (planted / "manifest.json").write_text("{}")
+    (base / f"minilmd-{os.geteuid()}").symlink_to(tmp_path / "his")
+    config = write_config(tmp_path, corpus, run={"scratch": ""}, init={"from": str(tmp_path / "tpyo" / "base.pth")})
+    said = cli("run", "--check", str(config))
+    assert said.returncode == SUPERVISOR_CONFIG, said.stdout + said.stderr
+    assert "init.from" in said.stderr and str(tmp_path / "tpyo") in said.stderr, said.stderr

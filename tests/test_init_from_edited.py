@@ -19,7 +19,7 @@ def test_check_says_an_init_from_edited_on_a_run_with_checkpoints_is_not_applied
 
     config = write_config(tmp_path, corpus, name="sft", remote=False)
     recorded = stream_record({"step": 60, "config": {}, "init": STARTED})
-    monkeypatch.setattr(resumefrom, "find", lambda cfg, root, **_: resumefrom.Start(
+    monkeypatch.setattr(resumefrom, "find", lambda cfg, root: resumefrom.Start(
         step=60, where="scratch", path=str(tmp_path / "step-00000060"), recorded=recorded))
     for given, said in (("/x/base.pth", False), ("/x/merged.pth", True)):
         lines: list[str] = []

@@ -221,13 +221,12 @@ def check_line(cfg, fresh: bool, none_valid: bool = False) -> str:
     remote, or the remote answers with a checkpoint (the run resumes from it) or with none for a run that never
     synced there. A remote that cannot be listed (EACCES, EIO) or does not answer fails the fetch itself: waited
     for, unless `fresh`."""
-    from minilmd.checkpoint_dirs import local_checkpoint_steps
     from minilmd.daemon.base.runstate import load_state
     from minilmd.daemon.base.statesections import StateJson
-    from minilmd.probes import bounded_probe
+    from minilmd.probes import bounded_probe, scratch_checkpoints
 
     url = cfg.run.remote
-    if not url or local_checkpoint_steps(cfg.checkpoint_dir):
+    if not url or scratch_checkpoints(cfg):
         return ""
     answered, absent, failed = bounded_probe(remote_absent, url, says_why=True)
     absent = absent if answered else failed

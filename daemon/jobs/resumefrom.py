@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
-from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.daemon.jobs.remotewait import STEP_0
 from minilmd.plan.trainer_state import Trained, recorded_trained
-from minilmd.probes import bounded_probe, root_taken
+from minilmd.probes import bounded_probe, root_taken, scratch_checkpoints
 from minilmd.shared_place import same_source, staged_from
 from minilmd.untrusted import listed
 from minilmd.urls import is_url
@@ -111,7 +110,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     fresh_root = root_taken(cfg)
     if not fresh_root and scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
-    start = find(cfg, remote_root, scratch_empty=fresh_root)
+    start = find(cfg, remote_root)
     unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
     from minilmd.daemon.jobs.rundone import done_line
 
@@ -147,11 +146,10 @@ def _kept_over(cfg: RunConfig, start: Start) -> str:
             f"run.remote): staging fetches it into scratch and resumes from it instead, once it verifies")
 
 
-def find(cfg: RunConfig, remote_root: str | None, scratch_empty: bool = False) -> Start:
-    """Where the launch would start (module docstring); `scratch_empty`: the launch's scratch will be a new, empty
-    one (a private root: probes.root_taken), so the one the config names now is not looked in."""
-    if not scratch_empty and local_checkpoint_steps(cfg.checkpoint_dir):  # the trainer resumes from scratch, but
-        return _over_scratch(cfg, _in_scratch(cfg))  # for a newer checkpoint on the remote, which staging fetches
+def find(cfg: RunConfig, remote_root: str | None) -> Start:
+    """Where the launch would start (module docstring)."""
+    if scratch_checkpoints(cfg):  # the trainer resumes from scratch, but for a newer checkpoint on the remote,
+        return _over_scratch(cfg, _in_scratch(cfg))  # which staging fetches
     if not cfg.run.remote:
         return Start(why=f"scratch holds no checkpoint ({cfg.checkpoint_dir}), and there is no run.remote")
     holds_steps = _lists_steps(remote_root) if remote_root is not None else True
