@@ -71,7 +71,10 @@ def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = Fa
     if on_slow is not None and timeout_s > SLOW_PROBE_S:
         worker.join(SLOW_PROBE_S)
         if worker.is_alive():
-            on_slow(timeout_s - SLOW_PROBE_S)
+            try:
+                on_slow(timeout_s - SLOW_PROBE_S)
+            except OSError:  # words about the look (a closed stdout: EPIPE) never fail the look itself
+                pass
         timeout_s -= SLOW_PROBE_S
     worker.join(timeout_s)
     if result:

@@ -39,3 +39,30 @@ def test_the_room_check_passes_by_an_init_from_the_launch_found_stalled(tmp_path
         init_stall.answered(cfg.init.from_)
     assert not init_stall.stalled(cfg.init.from_)
     assert scratch_room.run_space_problem(cfg) == [] and looked == [cfg]  # answered: looked at again
+
+
+def test_words_about_a_slow_look_that_cannot_be_said_never_fail_the_look():
+    """A launch whose stdout is a closed pipe (nohup into a reader gone): the word raises EPIPE. Before, that escaped
+    bounded_probe and the config check with it (review2 F3)."""
+    gate = threading.Event()
+
+    def closed_stdout(left_s: float) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    try:
+        answered, _, why = bounded_probe(gate.wait, 60, timeout_s=SLOW_PROBE_S + 0.2, on_slow=closed_stdout)
+    finally:
+        gate.set()
+    assert not answered and isinstance(why, Stalled), why
+
+
+def test_the_starts_look_that_answers_forgets_a_stall_the_launch_said(tmp_path, corpus):
+    """daemon/phases/initwait.py at_start, as the launch's look does (review2 F3: it never forgot it)."""
+    from minilmd.daemon.phases import initwait
+
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(tmp_path / "share" / "base.pth")})
+    cfg = load_config(config)
+    init_stall.slow_look(cfg.init.from_, "the launch's check", lambda line: None)(4.0)
+    assert init_stall.stalled(cfg.init.from_)
+    initwait.at_start(cfg, emit=lambda kind, line: None)
+    assert not init_stall.stalled(cfg.init.from_)

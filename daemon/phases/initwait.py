@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import init_stall
+from minilmd.bounded import Stalled
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
@@ -80,7 +81,9 @@ def at_start(cfg: RunConfig, resumes: bool = False, emit=None) -> AtStart:
     if not cfg.init.from_ or resumes or local_checkpoint_steps(cfg.checkpoint_dir):
         return AtStart()
     said = init_stall.slow_look(cfg.init.from_, "the start", lambda line: emit("staging", line)) if emit else None
-    answered, found, _ = bounded_probe(_start_facts, cfg, on_slow=said)
+    answered, found, why = bounded_probe(_start_facts, cfg, on_slow=said)
+    if not isinstance(why, Stalled):
+        init_stall.answered(cfg.init.from_)  # as the launch's look: a stall said once is forgotten once it answers
     return found if answered and isinstance(found, AtStart) else AtStart()
 
 
