@@ -7,7 +7,7 @@ them, so that a new message cannot forget it. The supervisor's stdout is the tmu
 supervisor.log is a file, escaped where it is written (daemon/base/runstate.py EventLog).
 
 What stays as written: newlines and tabs (printable's `lines`), and one line of minilmd's own, the progress bar of
-`prepare` on a terminal (minilmd/corpus/prepare/stream.py Progress: a carriage return first, `ESC [ K` last,
+`prepare` on a terminal (minilmd/corpus/progress.py Progress: a carriage return first, `ESC [ K` last,
 nothing but printable ASCII between; `PROGRESS_BAR`), whose control characters are what draws it in place. A
 foreign name of that exact shape could at most draw a progress bar.
 

@@ -19,8 +19,8 @@ STARTED_ENV = "ENDLESS_TEXTS_STARTED"
 _real_iter_texts = train_texts.iter_texts
 
 
-def _endless(sources, on_bad_line="error", bad_counts=None):
-    yield from _real_iter_texts(sources, on_bad_line, bad_counts)
+def _endless(sources, on_bad_line="error", bad_counts=None, progress=None):
+    yield from _real_iter_texts(sources, on_bad_line, bad_counts, progress)
     Path(os.environ[STARTED_ENV]).touch()
     while True:
         time.sleep(0.2)

@@ -17,7 +17,8 @@ import pytest
 from data_helpers import decoded_documents, demo_slice, no_leftovers, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.analysis.stats import layout_stats, length_stats
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.prepare.pipeline import Progress, leak_key, split_is_val
+from minilmd.corpus.prepare.pipeline import leak_key, split_is_val
+from minilmd.corpus.progress import Progress
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus.tokenizer_train import load_tokenizer
 from waiting import wait_until

@@ -25,7 +25,7 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
-from minilmd.corpus.prepare.stream import Progress
+from minilmd.corpus.progress import Progress
 from minilmd.terminal import EscapingWriter
 from supervisor_helpers import env_for, start_supervisor, wait_or_kill, write_config
 from waiting import wait_until

@@ -75,8 +75,10 @@ def tokenizer_train_command(
     with interruptible(f"tokenizer train: interrupted, nothing written ({out} is as it was)"):
         writing = False
         try:
-            # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
-            text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
+            # the tokenizers library's bars where both are a terminal: it draws them on stderr and writes empty
+            # lines on stdout; anywhere else (a log, a pipe) minilmd's own progress lines on stderr
+            text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size,
+                                                sys.stdout.isatty() and sys.stderr.isatty())
             writing = True
             _write_tokenizer(out, text, group_share)
         except (InputError, TokenizerError, LinkRefused) as e:  # LinkRefused: another user's link among the sources
@@ -154,6 +156,7 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
 
+    from minilmd.corpus.progress import Progress
     from minilmd.corpus.sources.bad_tally import BadLineTally, InputError
     from minilmd.corpus.sources.local import LinkRefused
     from minilmd.corpus.sources.train_texts import iter_texts
@@ -162,16 +165,30 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
 
     start_worker(parent)  # deaf to the Ctrl-C the parent handles; a parent killed with SIGKILL takes it with it
     bad = BadLineTally()
-    texts = iter_texts(corpus, on_bad_line, bad)
+    # prepare's progress, plain lines: the library's bars are the terminal's
+    progress = None if show_progress else Progress(0, tty=False, name="tokenizer train")
+    texts = iter_texts(corpus, on_bad_line, bad, progress)
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
     try:
-        tok = train_tokenizer(texts, vocab_size, None, show_progress=show_progress)
+        tok = train_tokenizer(_then_training(texts, progress, vocab_size), vocab_size, None,
+                              show_progress=show_progress)
         send.send((tok.to_str(pretty=True), tok.get_vocab_size(with_added_tokens=True), bad))
     except (InputError, TokenizerError, LinkRefused, OSError) as e:
         send.send(e)
     except Exception as e:  # noqa: BLE001 - anything else (a panic of the library, MemoryError) said as itself
         send.send(RuntimeError(f"{type(e).__name__}: {e}"))
+    finally:
+        if progress:
+            progress.close()
+
+
+def _then_training(texts, progress, vocab_size: int):
+    """The texts, then the training phase said once they are all read (--max-docs: the first N): the library
+    trains after its reader has taken the last one."""
+    yield from texts
+    if progress:
+        progress.phase(f"training the BPE (--vocab-size {vocab_size})")
 
 
 def _write_tokenizer(out: str, text: str, group_share: bool) -> None:

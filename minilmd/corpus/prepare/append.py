@@ -193,7 +193,8 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     locked = corpus_dir.inside
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
-    from minilmd.corpus.prepare.stream import encode_all, open_sources
+    from minilmd.corpus.prepare.stream import encode_all
+    from minilmd.corpus.sources.jsonl import open_sources
     from minilmd.corpus.workers import default_workers
 
     # Everything of the corpus is read through the locked directory (its descriptor; _check_owner made sure no one

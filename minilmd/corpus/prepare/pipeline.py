@@ -56,8 +56,9 @@ from minilmd.corpus.prepare.dpo_meta import add_pair_meta
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test, make_out_parent
 from minilmd.corpus.prepare.meta import PREPARED_AT, add_chat_meta, build_meta, made_here, prepared_at, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
-from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
-from minilmd.corpus.sources.jsonl import InputError, loads_bounded
+from minilmd.corpus.prepare.stream import encode_all
+from minilmd.corpus.progress import Progress
+from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_sources
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name

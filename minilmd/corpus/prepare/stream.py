@@ -2,12 +2,10 @@
 the sources opened, read in blocks of whole lines (a line longer than a block parsed as it is read:
 minilmd/corpus/sources/longdoc.py, its text sent in pieces), encoded by the worker processes
 (minilmd/corpus/prepare/encode.py) and collected in input order (minilmd/corpus/prepare/collect.py), a bounded
-number in flight; the progress line on stderr."""
+number in flight; its progress on stderr (minilmd/corpus/progress.py)."""
 from __future__ import annotations
 
 import hashlib
-import sys
-import time
 from collections import deque
 from concurrent.futures import Future
 
@@ -17,58 +15,10 @@ from minilmd.corpus.prepare.chat_encode import chat_blocks, longest_token, text_
 from minilmd.corpus.prepare.collect import Collector, LongEnd
 from minilmd.corpus.prepare.encode import Encoders, done
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
+from minilmd.corpus.progress import Progress
 from minilmd.corpus.sources.jsonl import LongLine, Source
 from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
 from minilmd.corpus.workers import default_workers
-
-
-class Progress:
-    """A bar with bytes/s and ETA on a terminal; a plain line every `interval` seconds otherwise (stderr)."""
-
-    def __init__(self, total_bytes: int, stream=None, tty: bool | None = None, interval: float = 10.0):
-        self.total = total_bytes
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.interval = 0.2 if self.tty else interval
-        self.start = self.last = time.monotonic()
-
-    def update(self, done_bytes: int, tokens: int, docs: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < self.interval:
-            return
-        self.last = now
-        elapsed = max(now - self.start, 1e-9)
-        rate = done_bytes / elapsed
-        frac = done_bytes / self.total if self.total else 0.0
-        eta = (self.total - done_bytes) / rate if rate > 0 and self.total else float("nan")
-        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta == eta else "?"
-        text = (f"{frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate / 1e6:.2f} MB/s "
-                f"ETA {eta_s}  {docs:,} docs {tokens:,} tokens ({tokens / elapsed:,.0f} tok/s)")
-        if self.tty:
-            width = 24
-            filled = int(width * min(frac, 1.0))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\x1b[K")
-        else:
-            self.stream.write(f"prepare: {text}\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def open_sources(sources: list[str]) -> list[Source]:
-    """Every source opened up front: a missing file fails in a second, not in an hour."""
-    opened: list[Source] = []
-    try:
-        for path in sources:
-            opened.append(Source(path))
-    except ValueError:  # InputError, and LinkRefused: another user's link among the sources
-        for source in opened:
-            source.close()
-        raise
-    return opened
 
 
 def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, opts: PrepareOptions,

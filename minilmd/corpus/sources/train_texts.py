@@ -12,7 +12,7 @@ from minilmd.corpus.sources.jsonl import (
     CHAT_LINE,
     DPO_LINE,
     LongLine,
-    Source,
+    open_sources,
     parse_block,
     parse_long_line,
 )
@@ -28,40 +28,51 @@ TOKENIZER_CHAT_ADVICE = ('tokenizer train reads the "text" of {"text": ...} line
                          "pretraining corpus), or fine-tune with the tokenizer of the model you start from")
 
 
-def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iterator[str]:
+def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None, progress=None) -> Iterator[str]:
     """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning). Every bad
     line is counted and named in `bad` (a bad_tally.BadLineTally, prepare's rule; a fresh one when None): under
     `skip` it is left out; under `error` no text is given after the first one, the rest of the input is read for
     its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
     tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
-    all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone."""
+    all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone. The sources are
+    opened up front, as prepare opens them; `progress` (a minilmd/corpus/progress.py Progress) is told their bytes
+    then, and the bytes and documents read as they are, as prepare's is."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
     bad = BadLineTally() if bad is None else bad
-    documents = 0
-    for path in sources:
-        src = Source(path)
-        read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
-        try:
+    documents = done_before = 0  # done_before: the bytes of the sources already read
+    opened = open_sources(sources)
+    try:
+        if progress:
+            progress.total = sum(src.size for src in opened)
+        for path, src in zip(sources, opened, strict=True):
+            read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
             for item in src.items():
                 parsed = parse_long_line(item, TRAIN_TEXT_CHARS) if isinstance(item, LongLine) else parse_block(
                     item[1], item[0])
                 read += parsed.n_lines - parsed.blank
                 for line, reason, detail in parsed.bad:
                     bad.add(path, line, reason, detail)
+                if progress:
+                    progress.update(done_before + src.position, None, documents)
                 if bad.total and on_bad_line == "error":
                     continue  # refused: read on for the other bad lines only
                 documents += len(parsed.texts)
                 yield from parsed.texts
-        finally:
+            done_before += src.size
             src.close()
-        if src.json_array and 2 * (bad.total - bad_before) > read:
-            bad.json_documents.append(path)
+            if src.json_array and 2 * (bad.total - bad_before) > read:
+                bad.json_documents.append(path)
+    finally:
+        for src in opened:
+            src.close()
     hint = tokenizer_hint(bad)
     if bad.total and on_bad_line == "error":
         raise bad.error(hint)
     if not documents:
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)" + f"; {hint}" * bool(hint))
+    if progress:  # read to the end, and taken: the refusals above are the last word otherwise
+        progress.update(done_before, None, documents, force=True)
 
 
 def tokenizer_hint(bad: BadLineTally) -> str:
