@@ -41,3 +41,19 @@ def test_a_run_waiting_for_its_remote_shows_that_wait_as_why_and_the_sparkline_u
     assert lines[step + 1].startswith("  loss ") and " steps 1-20: " in lines[step + 1], lines
     [why] = [line for line in lines if line.startswith(("  why: ", "  last reason: "))]
     assert "waiting for run.remote's newest checkpoint" in why and "no GPU" not in why, lines
+
+
+def test_a_run_whose_staging_waits_for_its_corpus_share_says_that_wait_as_why(tmp_path):
+    """Found by a new user: with data.prepared's share gone, staging waits for it (the next line says so), and the
+    why line still said the GPU admission's "train.device = cpu: no GPU needed"."""
+    run_dir = logged_run(tmp_path, 20)
+    state = new_state("r", run_dir, str(tmp_path / "r.toml"))
+    state.update(phase="staging", reason="train.device = cpu: no GPU needed",
+                 staging={"state": "running", "unreachable": "/mnt/share/prepared: no such directory",
+                          "unreachable_since": 100.0, "waiting": "corpus source unreachable"})
+    atomic_write_json(run_dir / names.STATE, state)
+    out = io.StringIO()
+    assert status(run_dir, out=out) == 0
+    lines = out.getvalue().splitlines()
+    [why] = [line for line in lines if line.startswith(("  why: ", "  last reason: "))]
+    assert "corpus source unreachable" in why and "no GPU" not in why, lines

@@ -121,11 +121,19 @@ def _ago(t: float, then: float) -> str:
 
 
 def phase_reason(state: StateJson) -> str:
-    """The reason of the phase as the views say it (status's why, stop's phases): state.reason, but during staging's
-    wait for run.remote that wait (the phase's reason is how staging began, the GPU's: a new user read "why: no GPU
-    needed" of a run waiting for its remote)."""
-    if state.phase == Phase.STAGING and state.staging.state == StagingState.WAITING_REMOTE:
+    """The reason of the phase as the views say it (status's why, stop's phases): state.reason, but during a wait
+    of staging that wait (the phase's reason is how staging began, the GPU's: a new user read "why: no GPU
+    needed" of a run waiting for its remote, and of one waiting for its corpus's share): for run.remote, for a
+    source that cannot be read or a scratch without room now (staging.waiting), for a source that does not answer."""
+    if state.phase != Phase.STAGING:
+        return state.reason
+    staging = state.staging
+    if staging.state == StagingState.WAITING_REMOTE:
         return "waiting for run.remote's newest checkpoint before training (the fetch is retried)"
+    if staging.stalled is not None:
+        return f"waiting for {staging.stalled.what}, which does not answer, before training"
+    if staging.unreachable_since is not None:
+        return f"waiting before training: {staging.waiting or 'init source unreachable'} (retried until it can go on)"
     return state.reason
 
 
