@@ -62,6 +62,20 @@ class StagingState(Named):
     FAILED = "failed"
 
 
+REMOTE_UNAVAILABLE = "remote unavailable"
+"""How the sync's error begins when run.remote does not answer: its root gone or not the directory this run synced
+to, its share dead (daemon/jobs/sync.py), or the fetch could not read it (daemon/jobs/stagingfetch.py)."""
+
+
+def remote_unanswered(sync_state: str, sync_error: str | None) -> bool:
+    """Whether state.json's sync section says run.remote does not answer now (status's remote words, the overview's
+    SYNC cell): the fetch could not read it (UNAVAILABLE), a sync blocks on it (STALLED), or the last sync found it
+    gone (FAILED with REMOTE_UNAVAILABLE's error); a sync that failed otherwise (a full remote) had an answer."""
+    if sync_state in (SyncState.UNAVAILABLE, SyncState.STALLED):
+        return True
+    return sync_state == SyncState.FAILED and (sync_error or "").startswith(REMOTE_UNAVAILABLE)
+
+
 IN_PROGRESS = (SyncState.RUNNING, SyncState.STALLED, StagingState.RUNNING, StagingState.FETCHING,
                StagingState.WAITING_REMOTE)
 """The sync and staging states that say work goes on (a copy, a fetch, a wait that retries): only while a supervisor

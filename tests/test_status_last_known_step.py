@@ -57,3 +57,24 @@ def test_a_run_whose_staging_waits_for_its_corpus_share_says_that_wait_as_why(tm
     lines = out.getvalue().splitlines()
     [why] = [line for line in lines if line.startswith(("  why: ", "  last reason: "))]
     assert "corpus source unreachable" in why and "no GPU" not in why, lines
+
+
+def test_a_remote_the_supervisor_knows_does_not_answer_is_said_so_beside_its_last_sync(tmp_path):
+    """Found by a new user: with run.remote moved away, `status` said `remote: step 241 (39s ago, verified)` and
+    `status --all` `SYNC 39s ago`, as if it were there. Where the supervisor knows it does not answer (the last sync
+    found its root gone: `remote unavailable: ...`; the fetch could not read it: `unavailable`), both say so."""
+    from minilmd.daemon.base.statesections import StateJson
+    from minilmd.daemon.views.overview import _cells
+    from minilmd.daemon.views.remotenow import remote_words
+
+    t = 1_000.0
+    state = StateJson.from_dict({"remote_checkpoint": {"step": 241, "time": t - 39, "verified": True},
+                                 "sync": {"state": "failed", "since": t - 5, "error": "remote unavailable: "
+                                          "run.remote /mnt/share/ckpt is not there (a share not mounted?)"}})
+    words = remote_words(state, t, True, None)
+    assert words.startswith("step 241 (verified 39s ago; run.remote does not answer now since "), words
+    full = StateJson.from_dict({**state.to_dict(), "sync": {"state": "failed", "error": "remote full (needs 2 MB)"}})
+    assert remote_words(full, t, True, None) == "step 241 (39s ago, verified)"  # it answered: full
+    row = {"run": "r", "run_dir": "/x", "phase": "staging", "running": True, "sync_state": "failed",
+           "last_sync_age_s": 39.0, "remote_unanswered": True}
+    assert "39s ago (failed: remote not answering)" in _cells(row)

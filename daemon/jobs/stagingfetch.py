@@ -21,7 +21,7 @@ from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import keptcopy, remotewait
 from minilmd.daemon.jobs.sync_errors import FetchStopped
 from minilmd.names import step_of
-from minilmd.run_states import StagingState, SyncState
+from minilmd.run_states import REMOTE_UNAVAILABLE, StagingState, SyncState
 
 NONE_VALID_WORDS = "remote answers, no checkpoint there verifies"
 """What a wait for a valid remote checkpoint begins with (sync `none_valid`), the remote answering: not "remote
@@ -83,7 +83,7 @@ class StagingFetch:
         self.fetch_failures += 1
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
-        said = "no room in scratch" if scratch_full else NONE_VALID_WORDS if none_valid else "remote unavailable"
+        said = "no room in scratch" if scratch_full else NONE_VALID_WORDS if none_valid else REMOTE_UNAVAILABLE
         message = f"{said}: {error}"
         sync, staging = self.state.sync, self.state.staging
         if not scratch_full:
@@ -102,7 +102,7 @@ class StagingFetch:
         started = self.fetch_started
         if started and now() - started > self.stalled_after_s and \
                 self.state.sync.state != SyncState.UNAVAILABLE:
-            message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
+            message = f"{REMOTE_UNAVAILABLE}: fetching from {self.cfg.run.remote} has been running for " \
                       f"{now() - started:.0f}s"
             sync = self.state.sync
             sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()

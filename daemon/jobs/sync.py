@@ -60,6 +60,7 @@ from minilmd.daemon.jobs.sync_leftovers import STALE_TMP_SECONDS  # noqa: F401 -
 from minilmd.mounts import DEAD_MOUNT_ERRNOS
 from minilmd.names import BEST, LATEST, REMOTE_OWNER, step_name, step_of, step_or_none
 from minilmd.proc_info import this_maker
+from minilmd.run_states import REMOTE_UNAVAILABLE
 from minilmd.tmpnames import pointer_tmp_tag
 
 PLACING_WAIT_S = 10.0
@@ -157,10 +158,10 @@ class Syncer(CopyUp, Fetcher):
         except (RemoteNotOurs, RemoteOfAnotherRun, SyncAbandoned):
             raise
         except remote_root.NotTheRoot as e:  # a share unmounted, the root replaced: waited for, nothing written
-            raise RemoteGone(f"remote unavailable: {e}") from e
+            raise RemoteGone(f"{REMOTE_UNAVAILABLE}: {e}") from e
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
             if dead := self._dead_mount(e):  # a share that answers nothing until mounted again: waited for
-                raise ShareDead(f"remote unavailable: {dead}") from e
+                raise ShareDead(f"{REMOTE_UNAVAILABLE}: {dead}") from e
             if isinstance(e, SyncError):
                 raise
             message = f"sync to {self.remote_url} failed: {error_words(e)}"

@@ -48,7 +48,7 @@ from minilmd.dirfd import Dir
 from minilmd.fmt import fmt_duration
 from minilmd.perms import own_uid, user_words
 from minilmd.proc_info import of_another_boot
-from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, shown_state
+from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, StagingState, SyncState, remote_unanswered, shown_state
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -126,6 +126,7 @@ def _row_in(run: Dir, owner: int, t: float) -> dict:
         "sync_state": sync.state,
         "staging_state": state.staging.state,
         "last_sync_age_s": t - last_ok if last_ok else None,
+        "remote_unanswered": alive and remote_unanswered(sync.state, sync.error),  # what its supervisor knows now
         "restarts": len(state.restarts),
         "last_error": state.last_error,
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
@@ -223,7 +224,9 @@ def _cells(r: dict) -> list[str]:
         sync = f"{fmt_duration(r['last_sync_age_s'])} ago" if r.get("last_sync_age_s") is not None else "-"
         # no supervisor: no sync goes on; one of another host is not known dead from here (interrupted.py's rule)
         shown = shown_state(str(r.get("sync_state")), bool(r.get("running") or r.get("elsewhere")))
-        if shown in (*SYNC_TROUBLE, INTERRUPTED):
+        if shown == SyncState.FAILED and r.get("remote_unanswered"):  # not any failure: the remote is gone now
+            sync += " (failed: remote not answering)"
+        elif shown in (*SYNC_TROUBLE, INTERRUPTED):
             sync += f" ({shown})"
     return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
             f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", _eta_cell(r), gpu, sync,

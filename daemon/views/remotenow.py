@@ -29,6 +29,7 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.fmt import fmt_duration
 from minilmd.names import LATEST, POINTER_MAX_BYTES, is_step_name, step_name, step_of
 from minilmd.perms import own_uid, owned_by_me_or_root, user_words
+from minilmd.run_states import remote_unanswered
 from minilmd.untrusted import Unreadable, printable, read_bytes
 from minilmd.urls import local_remote_root
 
@@ -126,7 +127,11 @@ def remote_words(state: StateJson, t: float, alive: bool, now: RemoteNow | None)
         return "none"
     checked = "verified" if synced.verified else "NOT verified"
     ago = f"{fmt_duration(t - synced.time)} ago"
-    if alive:
+    if alive:  # the supervisor's record; what it knows of the remote now, when it does not answer
+        sync = state.sync
+        if remote_unanswered(sync.state, sync.error):
+            since = f" since {fmt_time(sync.since)}" if sync.since else ""
+            return f"step {synced.step} ({checked} {ago}; run.remote does not answer now{since})"
         return f"step {synced.step} ({ago}, {checked})"
     if now is None:  # not looked at: the record, as of when it was made
         return f"step {synced.step} ({ago}, {checked} when synced)"
