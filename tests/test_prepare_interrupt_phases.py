@@ -12,7 +12,7 @@ import pytest
 
 from held_interrupt import interrupt_at
 
-PROGRESS = re.compile(r"prepare: +[0-9.]+% ")  # its progress line (minilmd/corpus/progress.py), every 10 s off a terminal
+PROGRESS = re.compile(r"prepare: +[0-9.]+% ")  # its progress line (minilmd/corpus/progress.py), off a terminal
 
 pytestmark = pytest.mark.slow  # a real command and its workers in subprocesses
 

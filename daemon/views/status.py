@@ -25,13 +25,14 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, referenc
 from minilmd.daemon.base.seen import Seen, supervisor_seen
 from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
+from minilmd.daemon.views import run_context
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.interrupted import staging_interrupted, sync_interrupted
 from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines, starting_holder
 from minilmd.daemon.views.liveness import load, orphan_lines, trainer_alone
 from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
-from minilmd.daemon.views.remotenow import RemoteNow, look_now, remote_words
+from minilmd.daemon.views.remotenow import RemoteNow, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.saidonce import fold
@@ -364,9 +365,9 @@ def _status(run: Dir, as_json: bool, out) -> int:
         return 0
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
     lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd),
-                          remote_now=_remote_now(run, state, alive), seen=seen)
+                          remote_now=run_context.remote_now(run, state, alive), seen=seen)
     lines += orphan_lines(run_dir, state, alone, inside)
-    lines += _lineage_lines(run, state) + _corpus_owner_lines(run)
+    lines += run_context.lineage_lines(run, state) + run_context.corpus_owner_lines(run)
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
     if claims:
         lines.insert(1, claims)
@@ -443,62 +444,3 @@ def _scratch_root(run: Dir) -> tuple[str, dict | None]:
     from minilmd.scratch_root import status_words
 
     return status_words(run.inside, os.fstat(run.fd).st_uid)
-
-
-def _remote_now(run: Dir, state: StateJson, alive: bool) -> RemoteNow | None:
-    """What the run's local run.remote holds now, for a run no supervisor keeps the record of (remotenow.py)."""
-    cfg = None if alive or state.remote_checkpoint is None else _own_config(run)
-    return look_now(state, cfg.run.remote, alive) if cfg is not None else None
-
-
-def _lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:
-    """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
-    the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
-    lineage); the run's run.toml read as every reader reads it (minilmd/run_config_copy.py: through its run
-    directory's descriptor, the run's user's or ours). Read in a bounded thread: a chain on a share that does not
-    answer is left unsaid."""
-    from minilmd.bounded import bounded_probe
-    from minilmd.daemon.phases.initwait import lineage
-    from minilmd.scratch_root import not_looked_in
-
-    if (cfg := _own_config(run)) is None:
-        return []
-    owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
-    local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
-    answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
-    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
-
-
-def _own_config(run: Dir | Path):
-    """The run's run.toml (minilmd/run_config_copy.py: through its run directory's descriptor, the one judged, the
-    run's user's or ours); None when it cannot be read (a link, a FIFO, a third user's file)."""
-    from minilmd.config import ConfigError
-    from minilmd.run_config_copy import run_config_of
-
-    try:
-        return run_config_of(run.path, run.fd) if isinstance(run, Dir) else run_config_of(run)
-    except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, a third user's file
-        return None
-
-
-def _corpus_owner_lines(run: Dir | Path) -> list[str]:
-    """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said), read
-    in a bounded thread: a share that does not answer is left unsaid."""
-    from minilmd.bounded import bounded_probe
-    from minilmd.corpus_meta import owner_note
-
-    cfg = _own_config(run)
-    note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
-    return [f"  note: {note}"] if note else []
-
-
-def _synced(remote: str | None, state: StateJson | None) -> Path | None:
-    """The checkpoint state.json records synced last, when it is on the config's run.remote and that is a local
-    path: read there as any checkpoint of the chain is (source_state), never taken on state.json's word alone."""
-    from minilmd.daemon.base.runstate import names_remote
-    from minilmd.urls import is_url
-
-    synced = state.remote_checkpoint if state is not None else None
-    if synced is None or not remote or is_url(remote) or not names_remote(synced.path, remote):
-        return None
-    return Path(synced.path)
