@@ -27,7 +27,7 @@ from minilmd import init_source, names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.phases import initwait
-from minilmd.daemon.views.run_context import lineage_lines
+from minilmd.daemon.views.run_context import RunContext
 from minilmd.fsio import atomic_write_json
 from minilmd.init_source import InitSourceError, predecessor_outcome, resolve
 from minilmd.plan.update_share import base_rows
@@ -156,7 +156,7 @@ def test_the_lineage_reads_her_checkpoints_trainer_state_not_one_a_third_uid_pla
     chain = [hers, "/planted.pth (a .pth: weights alone, no step nor source recorded; sha256 cdcdcdcdcdcd)"] \
         if planted_by == "her" else [hers]
     assert initwait.lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir) == chain
-    assert lineage_lines(run_dir) == [f"  lineage: {' <- '.join(chain)}"]
+    assert RunContext(run_dir).lineage_lines() == [f"  lineage: {' <- '.join(chain)}"]
 
 
 @pytest.mark.parametrize("planted_by", ["her", "a third uid"])

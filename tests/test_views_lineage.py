@@ -171,7 +171,7 @@ def test_the_lineage_of_a_finished_run_is_read_from_its_remote_once_scratch_is_g
     outside the config's run.remote is not followed. On main the line disappeared once scratch was gone."""
     from minilmd.daemon.base.runstate import new_state
     from minilmd.daemon.base.statesections import StateJson
-    from minilmd.daemon.views.run_context import lineage_lines
+    from minilmd.daemon.views.run_context import RunContext
 
     base = tmp_path / "base" / names.step_name(6)
     base.mkdir(parents=True)
@@ -192,23 +192,23 @@ def test_the_lineage_of_a_finished_run_is_read_from_its_remote_once_scratch_is_g
     assert not cfg.checkpoint_dir.exists()  # scratch gone
 
     line = f"  lineage: {base} (step 6, manifest sha256 abababababab)"
-    assert lineage_lines(cfg.run_dir, StateJson.from_dict(state)) == [line]
+    assert RunContext(cfg.run_dir).lineage_lines(StateJson.from_dict(state)) == [line]
     shown = cli("status", str(cfg.run_dir)).stdout
     assert line in shown.splitlines(), shown
     elsewhere = {**state, "remote_checkpoint": {"step": 4, "path": str(tmp_path / "base"), "verified": True}}
-    assert lineage_lines(cfg.run_dir, StateJson.from_dict(elsewhere)) == []  # not on the config's run.remote
+    assert RunContext(cfg.run_dir).lineage_lines(StateJson.from_dict(elsewhere)) == []  # not on the config's run.remote
 
 
 def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus):
     """Hostile audit 4 F4(a): the `lineage:` line is read from another run's trainer_state.json (often another
     user's); a 1 MB "init" path there made `minilmd status` print 1 MB. Each path is shown cut, saying how much was
     left out; a real path is shown whole."""
-    from minilmd.daemon.views.run_context import lineage_lines
+    from minilmd.daemon.views.run_context import RunContext
 
     planted = "/evil/" + "B" * 1_000_000
     init = {"kind": "checkpoint", "path": planted, "step": "7" * 100_000, "manifest_sha256": "ab" * 32}
     config, cfg = run_whose_step_1_records(tmp_path, corpus, init, name="sft")
-    [line] = lineage_lines(cfg.run_dir)
+    [line] = RunContext(cfg.run_dir).lineage_lines()
     assert len(line) < 1024 + 200, len(line)
     assert line.startswith("  lineage: /evil/BBBB"), line[:80]
     assert f"[... {1_000_006 - 1024:,} more characters left out] (step 7777" in line, line
@@ -223,10 +223,10 @@ def test_a_planted_megabyte_lineage_path_is_shown_cut_saying_so(tmp_path, corpus
 def test_a_lineage_path_that_is_not_a_string_ends_the_chain_without_a_traceback(tmp_path, corpus):
     """Review: a checkpoint's trainer_state.json whose "init" path is a number (another user's word) raised
     TypeError in Path() while the line was built: `status` showed a traceback."""
-    from minilmd.daemon.views.run_context import lineage_lines
+    from minilmd.daemon.views.run_context import RunContext
 
     init = {"kind": "checkpoint", "path": 5, "step": 3, "manifest_sha256": "ab" * 32}
     _, cfg = run_whose_step_1_records(tmp_path, corpus, init, name="sft")
-    [line] = lineage_lines(cfg.run_dir)
+    [line] = RunContext(cfg.run_dir).lineage_lines()
     assert line.startswith("  lineage: 5 (step 3"), line
 

@@ -1,9 +1,11 @@
 """What `minilmd status` reads of a run beyond state.json, through its run directory's descriptor: its own config
 (run.toml, minilmd/run_config_copy.py), and from it the init.from lineage behind its checkpoints, a note when its
-corpus is another user's now, and what its local run.remote holds now for a run no supervisor keeps the record of.
+corpus is another user's now, and what its local run.remote holds now for a run no supervisor keeps the record of
+(RunContext: run.toml read once, however many lines need it).
 Each look at shared storage is bounded: a share that does not answer is left unsaid."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -12,51 +14,57 @@ from minilmd.daemon.views.remotenow import RemoteNow, look_now
 from minilmd.dirfd import Dir
 
 
-def remote_now(run: Dir, state: StateJson, alive: bool) -> RemoteNow | None:
-    """What the run's local run.remote holds now, for a run no supervisor keeps the record of (remotenow.py)."""
-    cfg = None if alive or state.remote_checkpoint is None else own_config(run)
-    return look_now(state, cfg.run.remote, alive) if cfg is not None else None
+class RunContext:
+    """One run as status reads it beyond state.json: its run.toml read once, at the first line that needs it (a run
+    no supervisor keeps the record of, a lineage, a corpus note), however many ask."""
 
+    def __init__(self, run: Dir | Path):
+        self.run = run
 
-def lineage_lines(run: Dir | Path, state: StateJson | None = None) -> list[str]:
-    """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot) behind
-    the one state.json records synced to the config's run.remote, stage by stage (daemon/phases/initwait.py
-    lineage); the run's run.toml read as every reader reads it (minilmd/run_config_copy.py: through its run
-    directory's descriptor, the run's user's or ours). Read in a bounded thread: a chain on a share that does not
-    answer is left unsaid."""
-    from minilmd.bounded import bounded_probe
-    from minilmd.daemon.phases.initwait import lineage
-    from minilmd.scratch_root import not_looked_in
+    @functools.cached_property
+    def config(self):
+        """The run's run.toml (minilmd/run_config_copy.py: through its run directory's descriptor, the one judged,
+        the run's user's or ours); None when it cannot be read (a link, a FIFO, a third user's file)."""
+        from minilmd.config import ConfigError
+        from minilmd.run_config_copy import run_config_of
 
-    if (cfg := own_config(run)) is None:
-        return []
-    owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
-    local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
-    answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
-    return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+        run = self.run
+        try:
+            return run_config_of(run.path, run.fd) if isinstance(run, Dir) else run_config_of(run)
+        except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, a third user's file
+            return None
 
+    def remote_now(self, state: StateJson, alive: bool) -> RemoteNow | None:
+        """What the run's local run.remote holds now, for a run no supervisor keeps the record of (remotenow.py)."""
+        cfg = None if alive or state.remote_checkpoint is None else self.config
+        return look_now(state, cfg.run.remote, alive) if cfg is not None else None
 
-def own_config(run: Dir | Path):
-    """The run's run.toml (minilmd/run_config_copy.py: through its run directory's descriptor, the one judged, the
-    run's user's or ours); None when it cannot be read (a link, a FIFO, a third user's file)."""
-    from minilmd.config import ConfigError
-    from minilmd.run_config_copy import run_config_of
+    def lineage_lines(self, state: StateJson | None = None) -> list[str]:
+        """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot)
+        behind the one state.json records synced to the config's run.remote, stage by stage
+        (daemon/phases/initwait.py lineage). Read in a bounded thread: a chain on a share that does not answer is
+        left unsaid."""
+        from minilmd.bounded import bounded_probe
+        from minilmd.daemon.phases.initwait import lineage
+        from minilmd.scratch_root import not_looked_in
 
-    try:
-        return run_config_of(run.path, run.fd) if isinstance(run, Dir) else run_config_of(run)
-    except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, a third user's file
-        return None
+        if (cfg := self.config) is None:
+            return []
+        run = self.run
+        owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
+        local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
+        answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
+        return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 
+    def corpus_owner_lines(self) -> list[str]:
+        """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said),
+        read in a bounded thread: a share that does not answer is left unsaid."""
+        from minilmd.bounded import bounded_probe
+        from minilmd.corpus_meta import owner_note
 
-def corpus_owner_lines(run: Dir | Path) -> list[str]:
-    """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said), read
-    in a bounded thread: a share that does not answer is left unsaid."""
-    from minilmd.bounded import bounded_probe
-    from minilmd.corpus_meta import owner_note
-
-    cfg = own_config(run)
-    note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
-    return [f"  note: {note}"] if note else []
+        cfg = self.config
+        note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
+        return [f"  note: {note}"] if note else []
 
 
 def _synced(remote: str | None, state: StateJson | None) -> Path | None:

@@ -25,7 +25,6 @@ from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, referenc
 from minilmd.daemon.base.seen import Seen, supervisor_seen
 from minilmd.daemon.base.states import FINAL_PHASES, FIRST_HEARTBEAT
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
-from minilmd.daemon.views import run_context
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.interrupted import staging_interrupted, sync_interrupted
 from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_state_lines, starting_holder
@@ -34,6 +33,7 @@ from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, statu
 from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.remotenow import RemoteNow, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
+from minilmd.daemon.views.run_context import RunContext
 from minilmd.daemon.views.runarg import opened_run, run_problem
 from minilmd.daemon.views.saidonce import fold
 from minilmd.daemon.views.savedpass import saved_pass_words
@@ -364,10 +364,11 @@ def _status(run: Dir, as_json: bool, out) -> int:
         print("\n".join(printable(line) for line in no_state_lines(run_dir, run.fd)), file=out)
         return 0
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
+    context = RunContext(run)
     lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd),
-                          remote_now=run_context.remote_now(run, state, alive), seen=seen)
+                          remote_now=context.remote_now(state, alive), seen=seen)
     lines += orphan_lines(run_dir, state, alone, inside)
-    lines += run_context.lineage_lines(run, state) + run_context.corpus_owner_lines(run)
+    lines += context.lineage_lines(state) + context.corpus_owner_lines()
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
     if claims:
         lines.insert(1, claims)
