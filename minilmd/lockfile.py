@@ -12,7 +12,8 @@ So here, once:
   blocking on a FIFO (O_NONBLOCK), never a controlling terminal, close-on-exec; made new (O_EXCL) with an explicit
   mode (fchmod after the create: the umask does not choose it) when missing;
 - `problem`: what an open lock file must be before it is locked or written: a regular file, with one link (a hard
-  link could be another file's name), the user's own (unless the caller only reads and locks another's: leases);
+  link could be another file's name), and whose it may be (`owner`, one argument: the user's own by default, a given
+  uid's, or anyone's, Whose.ANYONE, for a caller that only reads and locks another's: leases);
 - `try_flock`: a non-blocking flock (`block_flock` for the one caller that waits on purpose), `unlock`,
   `probe_free` (a shared lock taken and let go: nobody holds it);
 - `take`: all of it, and after the lock the "still named" check: the name still leads to the file locked (its
@@ -42,6 +43,7 @@ fcntl.flock or fcntl.lockf called anywhere else, and on /proc/locks read outside
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import fcntl
 import os
@@ -74,6 +76,15 @@ BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 LOCK_FILE_MODE = 0o600
 """A run's lock files (supervisor.lock, trainer.lock, scratch's owner.json): never shared, whatever run.share says.
 Whoever can open a lock file, even read-only, can flock it and so refuse the run (hostile10 F1, F2)."""
+
+
+class Whose(enum.Enum):
+    """Whose file `problem` lets a lock file be, besides a given uid's (an int)."""
+    MINE = "mine"
+    """This process's user's (perms.owned_by_me): a lock it takes or writes."""
+    ANYONE = "anyone"
+    """Any user's: a lease file another user made, only read and locked (daemon/host/leases.py); run.dir's reserve,
+    whose owner is run.dir's place rule's (an admin's file there this process may write is no reason to stop)."""
 
 
 class Unsafe(Exception):
@@ -140,12 +151,12 @@ def open_lock(where: Dir | int, name: str, *, mode: int | None, write: bool = Tr
     return os.open(name, flags, dir_fd=dir_fd), False
 
 
-def problem(st: os.stat_result, *, others: bool = False, owner: int | None = None) -> str | None:
+def problem(st: os.stat_result, *, owner: int | Whose = Whose.MINE) -> str | None:
     """Why the file `st` describes (an open file's fstat, or a name's lstat) must not be used as a lock file, or
     None: the one rule of "fit to be a lock", and of a file of ours written by its name (run.dir's space reserve): a
-    regular file, at most one link (more: it could be another file's name, whose body we would write), ours (`owner`'s
-    when given: a run directory's owner, whose lock a teammate looks at; anyone's with `others`: a lease file another
-    user made, only read and locked).
+    regular file, at most one link (more: it could be another file's name, whose body we would write), and `owner`'s:
+    ours (Whose.MINE), a given uid's (a run directory's owner, whose lock a teammate looks at) or anyone's
+    (Whose.ANYONE: a lease file another user made, only read and locked; run.dir's reserve).
     No link at all passes: a file removed after it was opened (prepare's maker removes its lock on the way out;
     another of ours replaced a lock or marker by a fresh one; an `rm -r` of run.dir took the reserve) has no name, so
     it is no other file's body. A caller to whom the name matters asks after its flock whether the name still leads
@@ -156,19 +167,17 @@ def problem(st: os.stat_result, *, others: bool = False, owner: int | None = Non
         return "is not a regular file"
     if st.st_nlink > 1:
         return f"has {st.st_nlink} hard links (it could be another file's name)"
-    if others:
-        return None
-    if owner is not None and not owner_in(st, (owner,)):
-        return f"belongs to uid {st.st_uid}, not to uid {owner}"
-    if owner is None and not owned_by_me(st):
+    if isinstance(owner, int):
+        return None if owner_in(st, (owner,)) else f"belongs to uid {st.st_uid}, not to uid {owner}"
+    if owner is Whose.MINE and not owned_by_me(st):
         return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
     return None
 
 
-def check(fd: int, *, others: bool = False) -> os.stat_result:
-    """The open lock file's stat, or Unsafe (the descriptor left to the caller to close)."""
+def check(fd: int) -> os.stat_result:
+    """The open lock file's stat, or Unsafe (the descriptor left to the caller to close): a lock of ours."""
     st = os.fstat(fd)
-    if why := problem(st, others=others):
+    if why := problem(st):
         raise Unsafe(why, st)
     return st
 
@@ -474,14 +483,14 @@ def read_body(fd: int) -> dict:
         return {}
 
 
-def holder(where: Dir | int, name: str, *, others: bool = False) -> dict:
+def holder(where: Dir | int, name: str) -> dict:
     """What the lock file `name` in `where` says of its holder, whether or not anyone holds it: {} when it is
-    missing, unsafe (`problem`; `others` as there), or says nothing readable. Nothing is locked or made."""
+    missing, unsafe (`problem`: a lock of ours), or says nothing readable. Nothing is locked or made."""
     try:
         fd, _ = open_lock(where, name, mode=None, write=False)
     except OSError:
         return {}
     try:
-        return {} if problem(os.fstat(fd), others=others) else read_body(fd)
+        return {} if problem(os.fstat(fd)) else read_body(fd)
     finally:
         os.close(fd)

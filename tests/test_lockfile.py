@@ -135,3 +135,21 @@ def test_a_lock_file_removed_between_the_open_and_the_lock_is_opened_again_not_r
             assert removed and lockfile.still_named(d, "other.lock", taken.fd)
         finally:
             os.close(taken.fd)
+
+
+def test_whose_a_lock_file_may_be_is_one_argument_each_owner_judged(tmp_path):
+    """`problem`'s owner: the user's own by default, a given uid's (a run directory's owner, whose lock a teammate
+    looks at: daemon/base/seen.py lock_table) or anyone's (a lease, run.dir's reserve). A file of another uid than
+    the one given was judged by no test before (seen.lock_table's refusal of it)."""
+    path = tmp_path / "x.lock"
+    path.write_bytes(b"")
+    mine = os.lstat(path)
+    other = mine.st_uid + 1
+    theirs = os.stat_result((*mine[:4], other, *mine[5:10]))  # the same file as another uid's, no chown needed
+    assert lockfile.problem(mine) is None and lockfile.problem(mine, owner=mine.st_uid) is None
+    assert lockfile.problem(theirs) == f"belongs to uid {other}, not to you (uid {os.geteuid()})"
+    assert lockfile.problem(theirs, owner=other) is None
+    assert lockfile.problem(mine, owner=other) == f"belongs to uid {mine.st_uid}, not to uid {other}"
+    assert lockfile.problem(theirs, owner=lockfile.Whose.ANYONE) is None
+    os.link(path, tmp_path / "second-name")
+    assert "has 2 hard links" in lockfile.problem(os.lstat(path), owner=lockfile.Whose.ANYONE)

@@ -121,7 +121,7 @@ def lock_table(run_dir: Path | None, dir_fd: int | None, owner: int | None) -> t
         return [], ""  # none made, or a run older than its lock: no process holds it
     except OSError as e:
         return None, f"{LOCK_FILE}: {e.strerror or type(e).__name__}"
-    if lockfile.problem(st, others=owner is None, owner=owner):
+    if lockfile.problem(st, owner=lockfile.Whose.ANYONE if owner is None else owner):
         return None, f"{LOCK_FILE} is not a lock file its owner made"
     holders = flock_holders_known(st)
     return (holders, "") if holders is not None else (None, "the kernel's lock table cannot be read")

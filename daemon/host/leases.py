@@ -235,7 +235,7 @@ def _open_in(dir_fd: int, path: Path, name: str, make: bool = True) -> LeaseFile
         except OSError as e:
             raise _unsafe_or(e, dir_fd, path, name) from None
     st = os.fstat(fd)
-    problem = lockfile.problem(st, others=True)  # regular, one link: the owner is told apart just below
+    problem = lockfile.problem(st, owner=lockfile.Whose.ANYONE)  # regular, one link: the owner is told apart just below
     if problem:
         os.close(fd)
         raise unfit(path, st, problem, os.fstat(dir_fd))
@@ -259,7 +259,7 @@ def _unsafe_or(e: OSError, dir_fd: int, path: Path, name: str) -> Exception:
         return unfit(path, st, link, os.fstat(dir_fd))
     if st is None:
         return e
-    why = lockfile.problem(st, others=True) or (
+    why = lockfile.problem(st, owner=lockfile.Whose.ANYONE) or (
         f"has mode {stat.S_IMODE(st.st_mode):03o}, which your runs cannot open: a lease is an flock on the open "
         f"file, so no run of a user who may not read it (yours included) can lease this device while it is there")
     return unfit(path, st, why, os.fstat(dir_fd))
