@@ -14,7 +14,11 @@ descriptor is close-on-exec: no trainer keeps it past its supervisor. The marker
 read it held an flock on it and every start of the run was refused as "another supervisor" (hostile10 F2). An older
 marker with wider bits is narrowed and replaced by a fresh copy, and one held by other users' processes only is
 replaced (its words copied) and taken, said on stderr (lockfile.private, strangers, replace: one replacement
-at a time among this user's processes, and the name checked to lead to the marker locked, review12c F1, F2). Torch-free.
+at a time among this user's processes, and the name checked to lead to the marker locked, review12c F1, F2).
+A marker removed or replaced after the hold's open is not waited on, whoever holds it (a process of ours too): its
+holder holds nothing the name leads to, and the hold opens the name again, where the marker decides as for a hold
+opened a moment later (a live supervisor's refuses; none there is the claim's). Before, that holder was waited on and
+named as the scratch's supervisor, ScratchInUse, though the next start took the scratch. Torch-free.
 """
 from __future__ import annotations
 
@@ -76,13 +80,14 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
                 fd = lockfile.private(dir_fd, SCRATCH_OWNER, fd, body_max=OWNER_MAX_BYTES)
             locked = lockfile.try_flock(fd)
             while not locked:
+                if not lockfile.still_named(dir_fd, SCRATCH_OWNER, fd):
+                    break  # removed or replaced since our open: its holder, ours or not, holds no marker of this
+                    # scratch now; the marker at the name decides (as for a hold opened a moment later)
                 if found := _strangers(dir_fd, fd):
                     if (new := _fresh(scratch, dir_fd, fd, found)) is not None:
                         fd, gone = new, fd
                         os.close(gone)
                         break
-                    if not lockfile.still_named(dir_fd, SCRATCH_OWNER, fd):
-                        break  # another supervisor of ours replaced it: the name again
                 if time.monotonic() >= give_up:
                     raise ScratchInUse(_in_use_words(scratch, os.fstat(fd)))
                 time.sleep(PROBE_POLL_S)
@@ -106,8 +111,9 @@ def _hold(scratch: Path, key: str, dir_fd: int) -> None:
 
 def _strangers(dir_fd: int, fd: int) -> list[tuple[int, int | None]]:
     """lockfile.strangers, for a marker of ours (lockfile.problem) in a scratch of ours only: the ones replaced. One
-    with no link left (another of ours replaced it after our open) too: `_fresh` finds it no longer named, and the
-    hold opens the name again (before: it waited on another user's holder of a gone marker, ScratchInUse)."""
+    with no link left (removed after our open) too: `_fresh` finds it no longer named, and the hold opens the name
+    again (`_hold` asks that first, whoever holds it: before, it waited on another user's holder of a gone marker,
+    ScratchInUse, review12b F3; and on a holder of ours, until this stop's review)."""
     st = os.fstat(fd)
     if lockfile.problem(st) or not lockfile.own_dir(dir_fd):
         return []
