@@ -14,6 +14,7 @@ state.json as untrusted (a FIFO there no hang).
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -198,14 +199,41 @@ def test_a_reserve_removed_as_it_is_made_tests_the_room_all_the_same(tmp_path, m
 
     def open_then_removed(path, flags, *args, **kwargs):
         fd = real_open(path, flags, *args, **kwargs)
-        if path == reserve:
-            os.unlink(path)
+        if path == names.RUN_DIR_RESERVE and os.path.samestat(os.fstat(kwargs["dir_fd"]), os.stat(run_dir)):
+            os.unlink(path, dir_fd=kwargs["dir_fd"])  # opened relative to run.dir's descriptor (Dir.open_or_make)
         return fd
 
     monkeypatch.setattr(os, "open", open_then_removed)
     assert make_reserve(run_dir) and not reserve.exists()
     monkeypatch.undo()
     assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)
+
+
+def test_a_reserve_cut_by_a_full_disk_is_removed_only_while_its_name_leads_to_it(tmp_path, monkeypatch):
+    """On ENOSPC the half-written reserve is removed, relative to run.dir's checked descriptor and only while the
+    name still leads to the file written (Dir.remove_file): a file put at the name meanwhile is left. Before, the
+    reserve's name was unlinked by path, whatever it led to then."""
+    from minilmd.daemon.phases import rundirwatch
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reserve, kept = run_dir / names.RUN_DIR_RESERVE, b"the user's file, moved to the reserve's name\n"
+
+    def full(fd: int, size: int) -> None:
+        os.write(fd, bytes(4096))  # a part, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def swapped_then_full(fd: int, size: int) -> None:
+        os.rename(reserve, run_dir / "reserve-moved-away")
+        (run_dir / "hers").write_bytes(kept)
+        os.rename(run_dir / "hers", reserve)
+        full(fd, size)
+
+    monkeypatch.setattr(rundirwatch, "_write_zeros", full)
+    assert make_reserve(run_dir) is False and not reserve.exists()  # the half-written reserve: gone
+    monkeypatch.setattr(rundirwatch, "_write_zeros", swapped_then_full)
+    assert make_reserve(run_dir) is False
+    assert reserve.read_bytes() == kept  # before: unlinked
+    assert (run_dir / "reserve-moved-away").stat().st_size == 4096  # the reserve written, under its new name
 
 
 @pytest.mark.parametrize("name", [names.EVENTS, names.SUPERVISOR_LOG])

@@ -30,6 +30,7 @@ from minilmd import lockfile, names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import FINAL_PHASES, Cause
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import dir_removed, is_disk_full
 from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.untrusted import size_text
@@ -56,41 +57,55 @@ ROOM_NOTED_BELOW = 4 << 20
 events.jsonl, supervisor.log and the first lines of metrics.jsonl and the trainers' logs fit in it, with room over."""
 
 
-RESERVE_OPEN = os.O_WRONLY | os.O_CREAT | NO_FOLLOW_NO_BLOCK
-"""How the reserve is opened: never through a link, never blocking on a FIFO (run.dir is held to the place rule,
-minilmd/place_rule.py run_dir_problem; this is the second guard: the reserve truncates what it opens)."""
+RESERVE_OPEN = os.O_WRONLY | NO_FOLLOW_NO_BLOCK
+"""How the reserve is opened (made O_EXCL when missing: Dir.open_or_make): never through a link, never blocking on a
+FIFO (run.dir is held to the place rule, minilmd/place_rule.py run_dir_problem; this is the second guard: the
+reserve truncates what it opens)."""
 
 
 def make_reserve(run_dir: Path) -> bool:
-    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it. An
-    OSError when the name is a link, a FIFO, or anything but a regular file of one link (lockfile.problem, whoever's:
-    run.dir is the user's, held to the place rule, and a file there this process may write, an admin's say, is no
-    reason to crash the supervisor's start): never written through."""
-    path = run_dir / names.RUN_DIR_RESERVE
+    """Write the reserve file (real zeros: a sparse file frees nothing) in run.dir, opened as a checked descriptor
+    (minilmd/dirfd.py Dir, run.dir's place rule). False when there is no room for it: a reserve cut by a full disk
+    is removed, through that descriptor and only while its name still leads to the file written (Dir.remove_file;
+    before, its name was unlinked by path, whatever it led to by then). An OSError when the name is a link, a FIFO,
+    or anything but a regular file of one link (lockfile.problem, whoever's: run.dir is the user's, held to the
+    place rule, and a file there this process may write, an admin's say, is no reason to crash the supervisor's
+    start), never written through; or when run.dir no longer passes its place rule (nothing written)."""
     try:
-        fd = os.open(path, RESERVE_OPEN, 0o666)
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        return False
+        where = Dir.open(run_dir, "run.dir")
+    except PlaceRefused as e:
+        raise OSError(errno.EPERM, str(e), str(run_dir)) from None
+    with where:
+        try:
+            fd, _ = where.open_or_make(names.RUN_DIR_RESERVE, RESERVE_OPEN, 0o666)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            return False
+        try:
+            return _fill(where, fd)
+        finally:
+            os.close(fd)
+
+
+def _fill(where: Dir, fd: int) -> bool:
+    """The reserve open at `fd` in `where` checked and written whole (True), or removed when the disk is full
+    (False)."""
+    st = os.fstat(fd)
+    # any owner's; one removed as it was made (no link) passes: its zeros test the room all the same
+    if why := lockfile.problem(st, owner=lockfile.Whose.ANYONE):
+        raise OSError(errno.EINVAL, f"{why}: never written", str(where.path / names.RUN_DIR_RESERVE))
+    if st.st_size >= RESERVE_BYTES:
+        return True
     try:
-        st = os.fstat(fd)
-        # any owner's; one removed as it was made (no link) passes: its zeros test the room all the same
-        if why := lockfile.problem(st, owner=lockfile.Whose.ANYONE):
-            raise OSError(errno.EINVAL, f"{why}: never written", str(path))
-        if st.st_size >= RESERVE_BYTES:
-            return True
         os.ftruncate(fd, 0)
         _write_zeros(fd, RESERVE_BYTES)
-        return True
     except OSError as e:
         if not is_disk_full(e):
             raise
-        if os.fstat(fd).st_nlink:  # a regular file (checked above): the half-written reserve, when named
-            path.unlink(missing_ok=True)
+        where.remove_file(names.RUN_DIR_RESERVE, (st.st_dev, st.st_ino))  # the half-written reserve, if named
         return False
-    finally:
-        os.close(fd)
+    return True
 
 
 def _write_zeros(fd: int, size: int) -> None:
