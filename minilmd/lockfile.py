@@ -153,7 +153,7 @@ def open_lock(where: Dir | int, name: str, *, mode: int | None, write: bool = Tr
 
 def problem(st: os.stat_result, *, owner: int | Whose = Whose.MINE) -> str | None:
     """Why the file `st` describes (an open file's fstat, or a name's lstat) must not be used as a lock file, or
-    None: the one rule of "fit to be a lock", and of a file of ours written by its name (run.dir's space reserve): a
+    None: the one rule of "fit to be a lock", and of a file of ours opened by name and written (run.dir's reserve): a
     regular file, at most one link (more: it could be another file's name, whose body we would write), and `owner`'s:
     ours (Whose.MINE), a given uid's (a run directory's owner, whose lock a teammate looks at) or anyone's
     (Whose.ANYONE: a lease file another user made, only read and locked; run.dir's reserve).
