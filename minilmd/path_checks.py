@@ -13,13 +13,13 @@ import os
 import stat
 from pathlib import Path
 
-from minilmd import mount_places, mounts
+from minilmd import mount_places, mounts, scratch_root
 from minilmd.bounded import bounded_probe
 from minilmd.config import ConfigError, RunConfig
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
 from minilmd.place_rule import dir_problem, under_home
 from minilmd.run_config_copy import run_config_of
-from minilmd.shared_place import gone_or_typo, look, same_source
+from minilmd.shared_place import gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import holds_any
 
 
@@ -93,11 +93,39 @@ def probe_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
 
 
 
+def root_taken(cfg: RunConfig) -> bool:
+    """The default scratch's root is another user's (or a link, a file): the launch never uses it, and makes a
+    private root instead (minilmd/scratch_root.py settle), so it is no problem of the config's: `run --check` says
+    it as a note (scratch_root.check_note)."""
+    return bool(scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled))
+
+
+def launch_scratch(cfg: RunConfig) -> Path | None:
+    """The scratch the launch will train in, as the checks may read it: cfg.scratch_dir; None where another user
+    took the default scratch root (root_taken), where the launch makes a new, empty private root and never looks in
+    the taken one: what stands there is that user's, never the run's checkpoints (probes.scratch_checkpoints), staged
+    corpus (has_staged_copy) or its record (launch_staged_from). The one answer of every check that reads scratch
+    (review2 F2; before, a corpus directory planted there was taken for the run's verified copy and a mistyped
+    data.prepared passed `run --check`)."""
+    if cfg.run.dir and root_taken(cfg):
+        return None
+    return cfg.scratch_dir
+
+
 def has_staged_copy(cfg: RunConfig) -> bool:
-    """Scratch holds a staged corpus (a directory, not a link), which staging trains from when its source cannot be
-    read (daemon/jobs/staging.py stage, which verifies it first)."""
-    final = cfg.scratch_dir / STAGED_CORPUS
+    """The launch's scratch (launch_scratch) holds a staged corpus (a directory, not a link), which staging trains
+    from when its source cannot be read (daemon/jobs/staging.py stage, which verifies it first)."""
+    if (scratch := launch_scratch(cfg)) is None:
+        return False
+    final = scratch / STAGED_CORPUS
     return final.is_dir() and not final.is_symlink()
+
+
+def launch_staged_from(cfg: RunConfig) -> str | None:
+    """The data.prepared the launch's scratch's staged copy was made from (shared_place.staged_from), None when it
+    records none or the scratch is not the launch's (launch_scratch)."""
+    scratch = launch_scratch(cfg)
+    return staged_from(scratch) if scratch is not None else None
 
 
 def corpus_without_copy(cfg: RunConfig, absent: str, waits: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minilmd import init_stall, init_tokenizer, scratch, scratch_root
+from minilmd import init_stall, init_tokenizer, scratch
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import Raised, Stalled, shared_storage_check
 from minilmd.bounded import bounded_probe as bounded_probe
@@ -52,14 +52,17 @@ from minilmd.path_checks import (
     corpus_without_copy,
     has_staged_copy,
     has_started,
+    launch_scratch,
+    launch_staged_from,
     probe_problems,
     remote_problems,
+    root_taken,
     textfile_problems,
 )
 from minilmd.raw_corpus import dir_prepare_hint, prepare_hint
 from minilmd.reply_check import replies_verdict
 from minilmd.rowcount import kind_of_rows, too_few_rows
-from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
+from minilmd.shared_place import Place, gone_or_typo, look, same_source
 from minilmd.supervision import supervision
 from minilmd.urls import chain_over_local, chain_refused, is_url, local_remote_root, protocol_of
 
@@ -84,13 +87,6 @@ def load_checked(path: str | os.PathLike, overrides: list[str] | None = None,
 def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None) -> RunConfig:
     """config_from_dict, then path_problems and `more_checks`: every problem in one ConfigError."""
     return config_from_dict(raw, source, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
-
-
-def root_taken(cfg: RunConfig) -> bool:
-    """The default scratch's root is another user's (or a link, a file): the launch never uses it, and makes a
-    private root instead (minilmd/scratch_root.py settle), so it is no problem of the config's: `run --check` says
-    it as a note (scratch_root.check_note)."""
-    return bool(scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled))
 
 
 def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies: bool = True) -> list[str]:
@@ -165,7 +161,7 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
         waits.extend(_cut_short_waits(cfg.data.prepared, meta))
     if not (absent and waits is not None and has_started(cfg)):
         return problems
-    prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
+    prepared, copied = cfg.data.prepared, launch_staged_from(cfg)
     if not has_staged_copy(cfg):  # scratch removed at `done`, emptied by a reboot: nothing to train from
         return corpus_without_copy(cfg, absent, waits)
     # Only a record of another source says data.prepared changed: none (a reboot emptied scratch, a copy staged
@@ -375,14 +371,11 @@ def _tokenizer_problems(cfg: RunConfig) -> list[str]:
 
 
 def scratch_checkpoints(cfg: RunConfig) -> list[int]:
-    """The checkpoint steps in the scratch the launch will train in: none where another user took the default
-    scratch root (root_taken: the launch makes a new, empty private root; what stands in the taken one is that
-    user's to fill, never read as the run's). The one answer of run --check's and the launch's checks
-    (has_checkpoint, daemon/jobs/resumefrom.py find, daemon/jobs/remotewait.py check_line): before, only `find`
-    knew it, and a checkpoint planted there passed init.from unchecked (review2 F2)."""
-    if cfg.run.dir and root_taken(cfg):
-        return []
-    return local_checkpoint_steps(cfg.checkpoint_dir)
+    """The checkpoint steps in the scratch the launch will train in (path_checks.launch_scratch): none where another
+    user took the default scratch root. The one answer of run --check's and the launch's checks (has_checkpoint,
+    daemon/jobs/resumefrom.py find, daemon/jobs/remotewait.py check_line): before, only `find` knew it, and a
+    checkpoint planted there passed init.from unchecked (review2 F2)."""
+    return local_checkpoint_steps(cfg.checkpoint_dir) if launch_scratch(cfg) is not None else []
 
 
 def has_checkpoint(cfg: RunConfig) -> bool:

@@ -210,3 +210,36 @@ def test_a_checkpoint_in_a_taken_default_scratch_root_is_not_the_runs_for_any_ch
     said = cli("run", "--check", str(config))
     assert said.returncode == SUPERVISOR_CONFIG, said.stdout + said.stderr
     assert "init.from" in said.stderr and str(tmp_path / "tpyo") in said.stderr, said.stderr
+
+
+@pytest.mark.root
+def test_a_staged_corpus_in_a_taken_default_scratch_root_is_not_the_runs_copy(tmp_path, corpus, monkeypatch):
+    """A run that has started before, after a reboot: another user (nobody) made the default scratch root first and
+    put `s/corpus` in it, and data.prepared is mistyped (its directory holds other corpora, not this name). The
+    launch never uses his root: it makes a private, empty one, so no staged copy stands behind the typo. Before, the
+    checks took his directory for the run's verified copy: `--check` said "trains from the verified copy in scratch,
+    or waits for the share", exit 0, and the launch would have waited for the typo for ever; without his directory
+    the same config is refused as a typo. Now the staged copy is looked for in the launch's scratch only
+    (path_checks.launch_scratch, as the checkpoints are: probes.scratch_checkpoints)."""
+    from minilmd.names import STAGED_CORPUS, STATE
+
+    base = tmp_path / "shm"
+    base.mkdir()
+    base.chmod(0o1777)
+    monkeypatch.setenv(SCRATCH_BASE_ENV, str(base))
+    shares = tmp_path / "shares"
+    shares.mkdir()
+    shutil.copytree(corpus[0], shares / "corpus-a")
+    config = write_config(tmp_path, (shares / "corpus-b", corpus[1]), run={"scratch": ""})
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / STATE).write_text("{}")  # has started before (path_checks.has_started: a regular file)
+    his = base / f"minilmd-{os.geteuid()}"
+    for made in (his, his / "s", his / "s" / STAGED_CORPUS):
+        made.mkdir()
+        os.chown(made, 65534, 65534)
+    said = cli("run", "--check", str(config))
+    assert said.returncode == SUPERVISOR_CONFIG, said.stdout + said.stderr
+    text = said.stdout + said.stderr
+    assert "holds other entries, but no corpus-b), and scratch holds no staged copy of it: a typo?" in text, text
+    assert "verified copy in scratch" not in text, text

@@ -28,9 +28,10 @@ from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.daemon.jobs.remotewait import STEP_0
+from minilmd.path_checks import launch_staged_from, root_taken
 from minilmd.plan.trainer_state import Trained, recorded_trained
-from minilmd.probes import bounded_probe, root_taken, scratch_checkpoints
-from minilmd.shared_place import same_source, staged_from
+from minilmd.probes import bounded_probe, scratch_checkpoints
+from minilmd.shared_place import same_source
 from minilmd.untrusted import listed
 from minilmd.urls import is_url
 
@@ -322,7 +323,7 @@ def _corpus_meta(cfg: RunConfig) -> dict | None:
         answered, meta, _ = bounded_probe(read_corpus_meta, prepared)
         if answered and meta is not None:
             return meta
-    copied = staged_from(cfg.scratch_dir)
+    copied = launch_staged_from(cfg)  # none in a default root another user took: not the launch's scratch
     if prepared and copied is not None and same_source(copied, prepared):
         return read_corpus_meta(cfg.scratch_dir / names.STAGED_CORPUS)
     return None
