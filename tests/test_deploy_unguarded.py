@@ -6,11 +6,14 @@ parent of the supervisor is gone), and the launcher opens window logs alone on i
 run whose supervisor runs guarded elsewhere is refused, saying it goes on and how to have the launcher run it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,27 +25,69 @@ from minilmd.proc_info import process_start_ticks
 from supervisor_helpers import cli, env_for, state, step_of_state, write_config
 from waiting import wait_until
 
+STARTER = ("import subprocess, sys, time\n"
+           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+           "print(child.pid, flush=True)\n"
+           "time.sleep(600)\n")
+"""A starter (a tmux window's loop, a Slurm batch step, su) that starts a stand-in supervisor and waits."""
 
-def record_with_parent(parent_pid: int, parent_ticks: int | None, unit: str = "") -> StateJson:
-    """A state.json of this process as the supervisor, started by `parent_pid`."""
-    me = os.getpid()
-    return StateJson(supervisor=SupervisorInfo(pid=me, start_ticks=process_start_ticks(me), parent_pid=parent_pid,
-                                               parent_start_ticks=parent_ticks, systemd_unit=unit))
+
+@contextlib.contextmanager
+def started() -> Iterator[tuple[subprocess.Popen, int]]:
+    """(the starter, the pid of the stand-in supervisor it started): real processes, both killed after."""
+    starter = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True)
+    child = int(starter.stdout.readline())
+    try:
+        yield starter, child
+    finally:
+        starter.kill()
+        starter.wait()
+        os.kill(child, signal.SIGKILL)
+
+
+def record_of(starter: subprocess.Popen, child: int, unit: str = "", parent: int | None = None) -> StateJson:
+    """The state.json the stand-in supervisor `child` of `starter` would write (new_state's supervisor section)."""
+    return StateJson(supervisor=SupervisorInfo(
+        pid=child, start_ticks=process_start_ticks(child), parent_pid=starter.pid if parent is None else parent,
+        parent_start_ticks=process_start_ticks(starter.pid), systemd_unit=unit))
 
 
 def test_a_supervisor_is_unguarded_once_the_process_that_started_it_has_ended():
-    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    ticks = process_start_ticks(parent.pid)
-    try:
-        assert unguarded(record_with_parent(parent.pid, ticks), alive=True) is None  # its starter still runs
-    finally:
-        parent.kill()
-        parent.wait()
-    words = unguarded(record_with_parent(parent.pid, ticks), alive=True)
-    assert words and words.startswith("unguarded: ") and "nothing starts it again if it dies" in words, words
-    assert unguarded(record_with_parent(parent.pid, ticks), alive=False) is None  # not running: nothing to guard
-    assert unguarded(record_with_parent(parent.pid, ticks, unit="minilmd@x.service"), alive=True) is None  # systemd's
-    assert unguarded(record_with_parent(0, None), alive=True) is None  # an older record: no parent known
+    with started() as (starter, child):
+        record = record_of(starter, child)
+        assert unguarded(record, alive=True) is None  # its starter still runs
+        starter.kill()
+        starter.wait()
+        wait_until(lambda: unguarded(record, alive=True) is not None, 60, "the reparented supervisor said unguarded")
+        words = unguarded(record, alive=True)
+        assert words and words.startswith("unguarded: ") and "nothing starts it again if it dies" in words, words
+        assert unguarded(record, alive=False) is None  # not running: nothing to guard
+        assert unguarded(record_of(starter, child, unit="minilmd@x.service"), alive=True) is None  # systemd's
+        assert unguarded(record_of(starter, child, parent=0), alive=True) is None  # an older record: no parent known
+
+
+def test_a_supervisor_whose_starter_is_hidden_from_its_user_is_not_called_unguarded(monkeypatch):
+    """/proc mounted hidepid=2 (common on shared servers and Slurm clusters) shows a user only her own processes, and
+    a supervisor's starter may be another user's: `exec minilmd run` in an sbatch script is slurmstepd's (root's)
+    child, `su`/`sudo -u` start it under root's process. Before, keeper read the starter's /proc entry, found none
+    and called every such run unguarded, "has ended ... nothing starts it again"; the tmux launcher took it for its
+    own closed session. The starter's end is proven by the supervisor's own entry now: its parent is another one
+    (it was reparented). Faked: the starter's /proc entry reads as missing, as hidepid=2 makes it."""
+    with started() as (starter, child):
+        record = record_of(starter, child)
+        hidden, real_read = f"/proc/{starter.pid}/", Path.read_text
+
+        def hidepid(path, *args, **kwargs):
+            if str(path).startswith(hidden):
+                raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real_read(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", hidepid)
+        assert unguarded(record, alive=True) is None  # its starter runs, unseen
+        monkeypatch.undo()
+        starter.kill()
+        starter.wait()
+        wait_until(lambda: unguarded(record, alive=True) is not None, 60, "the reparented supervisor said unguarded")
 
 
 def test_a_run_running_guarded_elsewhere_is_refused_saying_it_goes_on(launcher):

@@ -119,8 +119,9 @@ class SupervisorInfo(Section):
     parent_pid: int | None = None
     """The process that started it (the tmux launcher's window loop, a shell, systemd, a Slurm batch script)."""
     parent_start_ticks: int | None = None
-    """That parent's start time: with parent_pid, whether it still runs (daemon/base/keeper.py: once it has ended,
-    nothing that started the supervisor is left to start it again)."""
+    """That parent's start time, with parent_pid its identity in a record read later. Whether it still runs is the
+    supervisor's own /proc entry's to say (daemon/base/keeper.py: still its child), never this pid's entry, which
+    /proc mounted hidepid=2 hides when the parent is another user's (slurmstepd, su)."""
 
 
 @dataclass
