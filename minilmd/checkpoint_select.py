@@ -21,7 +21,7 @@ from minilmd.proc_info import this_process
 from minilmd.scratch_end import SCRATCH_GONE_WHY
 from minilmd.supervision import supervision
 from minilmd.tmpnames import deleting_name
-from minilmd.urls import is_url
+from minilmd.urls import local_remote_root
 
 if TYPE_CHECKING:
     from minilmd.config import RunConfig
@@ -33,10 +33,10 @@ def checkpoint_roots(cfg: RunConfig) -> list[Path]:
     """Where a run's checkpoints are, for find_latest: its scratch's, then its run.remote when that is a local path
     (a resume's roots, trainer/loop/resume.py; `minilmd sample/export RUN_DIR`'s, trainer/model/export_paths.py)."""
     roots = [cfg.checkpoint_dir]
-    remote = cfg.run.remote
+    remote = local_remote_root(cfg.run.remote)  # a path, file://, local:// (the one answer)
     # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
-    if remote and supervision() is None and (not is_url(remote) or remote.startswith("file://")):
-        roots.append(Path(remote.removeprefix("file://")))
+    if remote and supervision() is None:
+        roots.append(Path(remote))
     return roots
 
 

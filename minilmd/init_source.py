@@ -57,7 +57,7 @@ from minilmd.scratch_lost import elsewhere_words, lost_for_good, other_host
 from minilmd.shared_place import Place, look
 from minilmd.source_owner import claim_checked
 from minilmd.untrusted import file_kind, loads, printable, read_json
-from minilmd.urls import is_url
+from minilmd.urls import is_url, local_remote_root
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
 
 def _predecessor_of(cfg: RunConfig, run_uid: int, identity: tuple[int, int] | None = None) -> Predecessor:
     """The run of `cfg`, of user `run_uid`: its remote (run_owner.remote_not_the_runs), else its scratch's."""
-    remote = cfg.run.remote.removeprefix("file://")
-    if is_url(remote):
+    remote = local_remote_root(cfg.run.remote)  # a path, file://, local:// (the one answer); None for a store
+    if cfg.run.remote and remote is None:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     if remote and (foreign := remote_not_the_runs(Path(remote), cfg.run_dir, run_uid)):
         raise InitSourceError(f"the run {cfg.run.name} ({cfg.run_dir}, of {user_words(run_uid)}): {foreign}")

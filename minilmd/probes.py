@@ -383,8 +383,8 @@ def has_checkpoint(cfg: RunConfig) -> bool:
     never touches the remote): it resumes and never reads init.from again."""
     if scratch_checkpoints(cfg):
         return True
-    remote = cfg.run.remote
-    return bool(remote and not is_url(remote) and supervision() is None and list_checkpoints(Path(remote)))
+    remote = local_remote_root(cfg.run.remote)  # a path, file://, local:// (the one answer)
+    return bool(remote and supervision() is None and list_checkpoints(Path(remote)))
 
 
 def _check_protocol(name: str, url: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 
 import pytest
 
@@ -99,3 +100,30 @@ def test_no_module_but_urls_asks_whether_a_string_is_a_url():
         if count:
             found[path.relative_to(source_tree.REPO).as_posix()] = count
     assert found == URL_SPLITS
+
+
+def test_a_local_remote_is_one_place_however_it_is_spelled(tmp_path, corpus):
+    """urls.local_remote_root is the one answer of the local path a run.remote names (a path, file://, local://).
+    Three checks spelled their own: probes.has_checkpoint took a plain path only (`run --check` read init.from,
+    and refused it as a typo, for a run that resumes from its file:// or local:// remote), checkpoint_select's roots
+    file:// only (a trainer started by hand never looked in a local:// remote), and init.from's predecessor file://
+    only (a run syncing to local:// was "a URL")."""
+    from minilmd.checkpoint_select import checkpoint_roots
+    from minilmd.config import load_config
+    from minilmd.init_source import InitSourceError, _predecessor_of
+    from minilmd.probes import has_checkpoint
+    from supervisor_helpers import write_config
+
+    remote = tmp_path / "nfs" / "remote"
+    (remote / "step-00000010").mkdir(parents=True)
+    (remote / "step-00000010" / "manifest.json").write_text("{}")
+    seen = []
+    for spelled in (str(remote), f"file://{remote}", f"local://{remote}/"):
+        cfg = load_config(write_config(tmp_path, corpus, run={"remote": spelled}))
+        try:
+            predecessor = str(_predecessor_of(cfg, os.geteuid()).root)
+        except InitSourceError as e:
+            predecessor = str(e)
+        seen.append((has_checkpoint(cfg), [str(root) for root in checkpoint_roots(cfg)], predecessor))
+    assert seen[0][0] and str(remote) in seen[0][1], seen
+    assert seen[1] == seen[0] and seen[2] == seen[0], seen
