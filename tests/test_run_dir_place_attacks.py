@@ -23,7 +23,7 @@ import pytest
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import EventLog
-from minilmd.daemon.phases.rundirwatch import RESERVE_BYTES, make_reserve
+from minilmd.daemon.phases.rundirwatch import RESERVE_BYTES, make_reserve, release_reserve
 from minilmd.place_rule import run_dir_problem
 from minilmd.protocol import SUPERVISOR_CONFIG
 from minilmd.trainer.loop.tensorboard import restarts_so_far
@@ -175,17 +175,23 @@ def test_the_reserve_is_never_written_through_a_link_nor_into_a_fifo(tmp_path):
 
 
 @pytest.mark.root
-def test_a_reserve_another_uid_owns_that_this_process_may_write_is_written_not_refused(tmp_path):
-    """One rule of lockfile.problem for the reserve too, but any owner's (review2 F5): an admin's file in the run's
-    own run.dir, writable by the run, is no reason to stop the supervisor's start with exit 1 (a refusal that a
-    restart meets again, for ever)."""
+def test_a_reserve_another_uid_owns_is_neither_refused_nor_written_nor_removed(tmp_path):
+    """A file at the reserve's name that another user owns (an admin's, in the run's own run.dir; anyone's in a
+    run.dir that is sticky and world-writable, which the place rule lets be) is no reason to stop the supervisor's
+    start with exit 1 (review2 F5: a refusal that a restart meets again, for ever), and not the run's to write or
+    remove: before, its bytes were zeroed to the reserve's size and, when run.dir filled, it was unlinked. Now it is
+    left as it is, and the run goes without a reserve."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     reserve = run_dir / names.RUN_DIR_RESERVE
-    reserve.write_bytes(b"")
+    reserve.write_bytes(b"his")
     os.chown(reserve, 65534, 65534)
     reserve.chmod(0o666)
-    assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)
+    assert make_reserve(run_dir) and reserve.read_bytes() == b"his"
+    assert not release_reserve(run_dir) and reserve.read_bytes() == b"his"
+    reserve.unlink()
+    assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)  # a reserve of the run's own
+    assert release_reserve(run_dir) and not reserve.exists()
 
 
 def test_a_reserve_removed_as_it_is_made_tests_the_room_all_the_same(tmp_path, monkeypatch):

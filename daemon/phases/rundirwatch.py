@@ -33,6 +33,7 @@ from minilmd.daemon.base.states import FINAL_PHASES, Cause
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import dir_removed, is_disk_full
 from minilmd.openflags import NO_FOLLOW_NO_BLOCK
+from minilmd.perms import owned_by_me
 from minilmd.untrusted import size_text
 
 STATE_EVERY_S = 1.0
@@ -68,9 +69,11 @@ def make_reserve(run_dir: Path) -> bool:
     (minilmd/dirfd.py Dir, run.dir's place rule). False when there is no room for it: a reserve cut by a full disk
     is removed, through that descriptor and only while its name still leads to the file written (Dir.remove_file;
     before, its name was unlinked by path, whatever it led to by then). An OSError when the name is a link, a FIFO,
-    or anything but a regular file of one link (lockfile.problem, whoever's: run.dir is the user's, held to the
-    place rule, and a file there this process may write, an admin's say, is no reason to crash the supervisor's
-    start), never written through; or when run.dir no longer passes its place rule (nothing written)."""
+    or anything but a regular file of one link (lockfile.problem): never written through; or when run.dir no longer
+    passes its place rule (nothing written). A regular file there that is not ours (an admin's; anyone's in a sticky
+    run.dir others may write, which the place rule lets be) is left as it is: True, and the run goes without a
+    reserve. Neither written nor a refusal: it is not the run's to zero or remove (release_reserve), and no reason to
+    crash the supervisor's start with exit 1, which every restart would meet again (review2 F5)."""
     try:
         where = Dir.open(run_dir, "run.dir")
     except PlaceRefused as e:
@@ -78,6 +81,10 @@ def make_reserve(run_dir: Path) -> bool:
     with where:
         try:
             fd, _ = where.open_or_make(names.RUN_DIR_RESERVE, RESERVE_OPEN, 0o666)
+        except PermissionError:
+            if where.lstat(names.RUN_DIR_RESERVE) is not None:
+                return True  # a file there this user may not write: another's, left as it is
+            raise  # run.dir itself not writable: its own error, as before
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -90,12 +97,12 @@ def make_reserve(run_dir: Path) -> bool:
 
 def _fill(where: Dir, fd: int) -> bool:
     """The reserve open at `fd` in `where` checked and written whole (True), or removed when the disk is full
-    (False)."""
+    (False). Another user's file there is left as it is (True)."""
     st = os.fstat(fd)
     # any owner's; one removed as it was made (no link) passes: its zeros test the room all the same
     if why := lockfile.problem(st, owner=lockfile.Whose.ANYONE):
         raise OSError(errno.EINVAL, f"{why}: never written", str(where.path / names.RUN_DIR_RESERVE))
-    if st.st_size >= RESERVE_BYTES:
+    if not owned_by_me(st) or st.st_size >= RESERVE_BYTES:  # another's: not the run's to write
         return True
     try:
         os.ftruncate(fd, 0)
@@ -115,9 +122,14 @@ def _write_zeros(fd: int, size: int) -> None:
 
 
 def release_reserve(run_dir: Path) -> bool:
-    """Give the reserve's room to the writes that follow. True when there was one."""
+    """Give the reserve's room to the writes that follow. True when there was one: a file of ours (another's at its
+    name, which make_reserve left as it is, is never removed; no other user can replace a file of ours in
+    run.dir, even a sticky one)."""
+    path = run_dir / names.RUN_DIR_RESERVE
     try:
-        (run_dir / names.RUN_DIR_RESERVE).unlink()
+        if not owned_by_me(os.lstat(path)):
+            return False
+        path.unlink()
         return True
     except FileNotFoundError:
         return False
