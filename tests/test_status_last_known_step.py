@@ -78,3 +78,30 @@ def test_a_remote_the_supervisor_knows_does_not_answer_is_said_so_beside_its_las
     row = {"run": "r", "run_dir": "/x", "phase": "staging", "running": True, "sync_state": "failed",
            "last_sync_age_s": 39.0, "remote_unanswered": True}
     assert "39s ago (failed: remote not answering)" in _cells(row)
+
+
+def test_a_run_whose_staging_reads_stall_says_that_wait_as_why(tmp_path):
+    """staging.stalled (a source whose reads block: a hung share) is the why as well, not the GPU admission's words
+    (views/status.py phase_reason, its branch for a source that does not answer)."""
+    run_dir = logged_run(tmp_path, 20)
+    state = new_state("r", run_dir, str(tmp_path / "r.toml"))
+    state.update(phase="staging", reason="train.device = cpu: no GPU needed",
+                 staging={"state": "running", "stalled": {"what": "init.from /mnt/share/base", "since": 100.0}})
+    atomic_write_json(run_dir / names.STATE, state)
+    out = io.StringIO()
+    assert status(run_dir, out=out) == 0
+    lines = out.getvalue().splitlines()
+    [why] = [line for line in lines if line.startswith(("  why: ", "  last reason: "))]
+    assert "waiting for init.from /mnt/share/base, which does not answer" in why and "no GPU" not in why, lines
+
+
+def test_which_sync_states_say_the_remote_does_not_answer_now():
+    """run_states.remote_unanswered: the fetch could not read it, a sync blocks on it, or the last sync found it gone
+    (its error REMOTE_UNAVAILABLE's); a sync that failed with an answer (a full remote), or none, is not."""
+    from minilmd.run_states import REMOTE_UNAVAILABLE, SyncState, remote_unanswered
+
+    gone = f"{REMOTE_UNAVAILABLE}: run.remote /mnt/share/ckpt is not there (a share not mounted?)"
+    assert remote_unanswered(SyncState.UNAVAILABLE, None) and remote_unanswered(SyncState.STALLED, "no byte for 130s")
+    assert remote_unanswered(SyncState.FAILED, gone)
+    assert not remote_unanswered(SyncState.FAILED, "remote full (needs 2 MB)")
+    assert not remote_unanswered(SyncState.FAILED, None) and not remote_unanswered(SyncState.IDLE, gone)
