@@ -65,3 +65,27 @@ def test_a_phase_that_cannot_be_measured_says_how_long_it_has_run_until_it_ends(
     assert lines[0] == "tokenizer train: training the BPE"
     assert all(re.fullmatch(r"tokenizer train: training the BPE: [0-9,]+ s so far", line) for line in lines[1:])
     assert not any(t.name == "tokenizer train progress" for t in threading.enumerate())  # close() ended it
+
+
+def test_tokenizer_train_reads_more_sources_than_it_may_hold_open_at_once(tmp_path):
+    """A corpus in many shards (`tokenizer train data/*.jsonl`) under the usual soft limit of open files (1024; 128
+    here, on 200 shards). Before, every source was held open from the start so that the progress knew their bytes:
+    "cannot open ([Errno 24] Too many open files)", exit 74, where the same command trained before this stop. Now
+    each is opened, checked and measured up front, then read one at a time (a missing one still fails first)."""
+    import resource
+
+    shards = [write_jsonl(tmp_path / f"part-{i:04d}.jsonl", [f"shard {i}: some words {i * 7}"]) for i in range(200)]
+
+    def few_open_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *map(str, shards),
+                           "--vocab-size", "300", "--out", str(tmp_path / "tok.json")], capture_output=True, text=True,
+                          timeout=120, preexec_fn=few_open_files)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"tokenizer train: 100\.0% .* 200 docs$", done.stderr, re.M), done.stderr
+    missing = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *map(str, shards),
+                              str(tmp_path / "tpyo.jsonl"), "--out", str(tmp_path / "tok2.json")], capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode == 2 and "tpyo.jsonl: no such file" in missing.stderr, missing.stderr
+    assert "tokenizer train: training" not in missing.stderr  # refused before any training

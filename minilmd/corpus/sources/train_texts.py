@@ -12,9 +12,10 @@ from minilmd.corpus.sources.jsonl import (
     CHAT_LINE,
     DPO_LINE,
     LongLine,
-    open_sources,
+    Source,
     parse_block,
     parse_long_line,
+    sources_bytes,
 )
 from minilmd.corpus.sources.line_shape import json_document_advice
 
@@ -35,18 +36,20 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None, progres
     its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
     tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
     all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone. The sources are
-    opened up front, as prepare opens them; `progress` (a minilmd/corpus/progress.py Progress) is told their bytes
-    then, and the bytes and documents read as they are, as prepare's is."""
+    checked and measured up front, as prepare's are (sources_bytes), then read one at a time, one open at once;
+    `progress` (a minilmd/corpus/progress.py Progress) is told their bytes then, and the bytes and documents read as
+    they are, as prepare's is."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
     bad = BadLineTally() if bad is None else bad
     documents = done_before = 0  # done_before: the bytes of the sources already read
-    opened = open_sources(sources)
-    try:
-        if progress:
-            progress.total = sum(src.size for src in opened)
-        for path, src in zip(sources, opened, strict=True):
-            read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
+    total = sources_bytes(sources)  # every source checked up front, as prepare's; none held open
+    if progress:
+        progress.total = total
+    for path in sources:
+        src = Source(path)
+        read, bad_before = 0, bad.total  # this source's non-blank lines; the bad lines before it
+        try:
             for item in src.items():
                 parsed = parse_long_line(item, TRAIN_TEXT_CHARS) if isinstance(item, LongLine) else parse_block(
                     item[1], item[0])
@@ -59,13 +62,11 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None, progres
                     continue  # refused: read on for the other bad lines only
                 documents += len(parsed.texts)
                 yield from parsed.texts
-            done_before += src.size
+        finally:
             src.close()
-            if src.json_array and 2 * (bad.total - bad_before) > read:
-                bad.json_documents.append(path)
-    finally:
-        for src in opened:
-            src.close()
+        done_before += src.size
+        if src.json_array and 2 * (bad.total - bad_before) > read:
+            bad.json_documents.append(path)
     hint = tokenizer_hint(bad)
     if bad.total and on_bad_line == "error":
         raise bad.error(hint)
