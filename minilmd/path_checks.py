@@ -93,21 +93,15 @@ def probe_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
 
 
 
-def root_taken(cfg: RunConfig) -> bool:
-    """The default scratch's root is another user's (or a link, a file): the launch never uses it, and makes a
-    private root instead (minilmd/scratch_root.py settle), so it is no problem of the config's: `run --check` says
-    it as a note (scratch_root.check_note)."""
-    return bool(scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled))
-
-
 def launch_scratch(cfg: RunConfig) -> Path | None:
     """The scratch the launch will train in, as the checks may read it: cfg.scratch_dir; None where another user
-    took the default scratch root (root_taken), where the launch makes a new, empty private root and never looks in
-    the taken one: what stands there is that user's, never the run's checkpoints (probes.scratch_checkpoints), staged
-    corpus (has_staged_copy) or its record (launch_staged_from). The one answer of every check that reads scratch
-    (review2 F2; before, a corpus directory planted there was taken for the run's verified copy and a mistyped
-    data.prepared passed `run --check`)."""
-    if cfg.run.dir and root_taken(cfg):
+    took the default scratch root (someone else's directory, a link or a file at its name: the launch never uses it
+    and makes a new, empty private root instead, minilmd/scratch_root.py settle, which `run --check` says as a note,
+    scratch_root.check_note). What stands in the taken root is that user's, never the run's checkpoints
+    (probes.scratch_checkpoints), staged corpus (has_staged_copy) or its record (launch_staged_from). The one answer
+    of every check that reads scratch (review2 F2; before, a corpus directory planted there was taken for the run's
+    verified copy and a mistyped data.prepared passed `run --check`)."""
+    if cfg.run.dir and scratch_root.check_note(cfg.scratch_dir, cfg.scratch_root_settled):
         return None
     return cfg.scratch_dir
 

@@ -56,7 +56,6 @@ from minilmd.path_checks import (
     launch_staged_from,
     probe_problems,
     remote_problems,
-    root_taken,
     textfile_problems,
 )
 from minilmd.raw_corpus import dir_prepare_hint, prepare_hint
@@ -98,7 +97,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
     if cfg.run.dir:
         p += check_writable("run.dir", Path(cfg.run.dir))
         p += [why] if (why := run_dir_problem(cfg.run.dir)) else []  # no other user may redirect its files
-    if (cfg.run.name or cfg.run.scratch) and not (cfg.run.dir and root_taken(cfg)):
+    if (cfg.run.name or cfg.run.scratch) and launch_scratch(cfg) is not None:  # not a root another user took
         p += check_writable("run.scratch", cfg.scratch_dir)
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)

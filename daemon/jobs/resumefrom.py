@@ -28,7 +28,7 @@ from minilmd import names, scratch
 from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.daemon.jobs.remotewait import STEP_0
-from minilmd.path_checks import launch_staged_from, root_taken
+from minilmd.path_checks import launch_scratch, launch_staged_from
 from minilmd.plan.trainer_state import Trained, recorded_trained
 from minilmd.probes import bounded_probe, scratch_checkpoints
 from minilmd.shared_place import same_source
@@ -108,7 +108,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
         return []
     # another user took the default's root: the launch makes a private root, empty, and fetches from the remote
     # (before: judged as a scratch of another run's, nothing said of where it starts, nor any checkpoint refused)
-    fresh_root = root_taken(cfg)
+    fresh_root = launch_scratch(cfg) is None
     if not fresh_root and scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
     start = find(cfg, remote_root)
