@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from minilmd import names, perms, place_rule, protocol, scratch, scratch_root
 from minilmd.config import ConfigError, RunConfig
-from minilmd.config_values import no_budget
+from minilmd.config_values import derived_checks_wait, no_budget, usable
 from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.host.gpu import device_offer, device_problems
 from minilmd.daemon.host.gpuwaits import lease_file_waits, lock_dir_wait
@@ -75,14 +75,19 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     waits: list[str] = []
 
     def more_checks(cfg: RunConfig) -> list[str]:
-        problems = run_space_problem(cfg, waits)  # a scratch big enough that others fill now: a line in waits
+        problems: list[str] = []
+        if usable(cfg, "run.remote", "run.dir", "run.scratch", "run.name"):  # the remote's place: its fields alone
+            if root_wait := remote_root_wait(cfg, fresh, claim_remote):  # gone or replaced: the syncs wait, said now
+                waits.append(root_wait)
+            problems += (remote_place_problems(cfg) + remote_entry_problems(cfg)
+                         + remote_owner_problems(cfg, claim_remote, waits))
+        if derived_checks_wait(cfg):  # the rest weighs the run as a whole: it waits for every field it reads
+            return problems + knobs.problems()
+        problems += run_space_problem(cfg, waits)  # a scratch big enough that others fill now: a line in waits
         if lock_wait := lock_dir_wait(cfg):  # a gpu.lock_dir another user may rearrange: waited for, never refused
             waits.append(lock_wait)
         waits.extend(lease_file_waits(cfg))  # a card whose lease file no lease of ours is taken through: waited for
-        if root_wait := remote_root_wait(cfg, fresh, claim_remote):  # gone or replaced: the syncs wait, said now
-            waits.append(root_wait)
-        return (problems + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote, waits)
+        return (problems + device_problems(cfg) + _epoch_without_budget(cfg) + owner_problems(cfg)
                 + resume_problems(cfg, start, fresh) + memory_problems(cfg) + remote_room_problems(cfg)
                 + knobs.problems())
 

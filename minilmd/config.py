@@ -40,7 +40,7 @@ from minilmd.config_sections import (
     TrainSection,
     toml_key,
 )
-from minilmd.config_values import TrainTokens, check_values, machine_checks_wait
+from minilmd.config_values import TrainTokens, check_values, invalid_fields
 from minilmd.perms import own_uid
 from minilmd.urls import is_url
 
@@ -163,12 +163,34 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     return isinstance(value, annotation)
 
 
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+"""How a wrong type's problem names the type the schema expects (Duration and lists are said by _type_name)."""
+
+
 def _type_name(annotation: Any) -> str:
     if annotation is Duration:
         return 'a duration (seconds, or a string like "5m")'
     if get_origin(annotation) is list:
-        return f"a list of {_type_name(get_args(annotation)[0])}"
-    return getattr(annotation, "__name__", str(annotation))
+        return f"a list of {_type_name(get_args(annotation)[0]).split(' ', 1)[-1]}s"
+    return TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def type_problem(key: str, value: Any, annotation: Any) -> str:
+    """A value of the wrong type in one line: the field, what it holds, the type expected; and how to write it where
+    it is that type in another spelling: a number in quotes ("1000"), an integer written as a float (1000.0)."""
+    said = f"{key} = {value!r}: expected {_type_name(annotation)}"
+    meant = value
+    if isinstance(value, str):
+        try:
+            meant = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            return said
+    elif annotation is int and isinstance(value, float) and value.is_integer():
+        meant = int(value)
+    if meant is value or not _type_ok(meant, annotation):
+        return said
+    quoted = " (no quotes)" if isinstance(value, str) else ""
+    return f"{said}: write {key.split('.')[-1]} = {toml_value(meant)}{quoted}"
 
 
 def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -211,10 +233,11 @@ the others, after them."""
 def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None,
                      train_tokens_of: TrainTokens | None = None) -> RunConfig:
     """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
-    which wait while a field they derive from is invalid: config_values.machine_checks_wait). Only the values are
-    checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
+    each of which runs only where the fields it derives from are usable: config_values.usable, from the refused
+    fields recorded here). Only the values are checked here: the paths, the corpus and init.from are
+    minilmd/probes.py's, given as `more_checks`."""
     problems: list[str] = unexpanded_problems(raw)
-    refused_paths = set(unexpanded_keys(raw))  # what the machine checks derive from them waits (machine_checks_wait)
+    refused_paths = set(unexpanded_keys(raw))  # what the machine checks derive from them waits (usable)
     classes = _section_classes()
     cfg = RunConfig(source=source)
     explicit, mistyped, tables = set(), set(), set()
@@ -239,7 +262,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
                 problems.append(f"unknown key {section}.{key}" + (f": {hint}" if hint else f" (known: {known})"))
                 continue
             if not _type_ok(value, hints[key]):
-                problems.append(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+                problems.append(type_problem(f"{section}.{key}", value, hints[key]))
                 mistyped.add(f"{section}.{key}")
                 continue
             if hints[key] is float and isinstance(value, int):
@@ -247,9 +270,10 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
             setattr(target, attrs[key], value)
             explicit.add(f"{section}.{key}")
     cfg._explicit, cfg._tables = frozenset(explicit), frozenset(tables)
-    problems += check_values(cfg, train_tokens_of, mistyped)
-    if more_checks is not None and not machine_checks_wait(cfg, mistyped | refused_paths):
-        problems += more_checks(cfg)  # else they would judge a default, a -1, or a `~/runs` under the working directory
+    cfg._unusable = frozenset(invalid_fields(cfg, mistyped | refused_paths))
+    problems += check_values(cfg, train_tokens_of)
+    if more_checks is not None:
+        problems += more_checks(cfg)
     if problems:
         raise ConfigError(problems, source)
     return cfg

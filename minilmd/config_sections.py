@@ -409,6 +409,7 @@ class RunConfig:
     """The file this config was read from (not a TOML key)."""
     _explicit = frozenset[str]()  # not a field: "section.key" of every key the TOML or a --set gave
     _tables = frozenset[str]()  # not a field: every [section] the TOML writes, keys in it or none
+    _unusable = frozenset[str]()  # not a field: "section.key" of each value refused (config_values.usable)
 
     def is_set(self, key: str) -> bool:
         """Whether "section.key" was written in the config or given with --set (not left to its default)."""

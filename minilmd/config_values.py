@@ -20,6 +20,7 @@ from minilmd.config_sections import (
     ONE_DOCUMENT_A_ROW,
     PATH_KEYS,
     Duration,  # noqa: F401 - found here too, with parse_duration, by the daemon and the tests
+    ModelSection,
     RunConfig,
     parse_duration,
 )
@@ -201,30 +202,37 @@ def _out_of_range(cfg: RunConfig) -> dict[str, str]:
 
 def invalid_fields(cfg: RunConfig, mistyped: Collection[str] = ()) -> set[str]:
     """"section.key" of every field whose value cannot be used: of the wrong type (`mistyped`: config_from_dict
-    left its default in place), off its choices or out of its range. A check that derives something from several
-    fields (a missing budget's arithmetic, the checks of what the config names on the machine) runs only without
-    one of its fields here: it would judge a default, or a -1, in place of what was meant."""
+    left its default in place, and a path refused unexpanded), off its choices or out of its range. config_from_dict
+    records them on the config (RunConfig._unusable) for `usable`."""
     return set(mistyped) | set(_off_choices(cfg)) | set(_out_of_range(cfg))
+
+
+def usable(cfg: RunConfig, *keys: str) -> bool:
+    """Whether every field of `keys` ("section.key", or "section" for each of its fields) holds a value the config
+    accepted. The one rule for a check that derives something from fields (a rule between two of them, a missing
+    budget's arithmetic, what the config names on the machine: minilmd/probes.py, daemon/preflight.py): it runs only
+    where its fields are usable, else it would judge the default left in place of a value of the wrong type, a -1,
+    or a `~/runs` taken literally; and every other check runs, so that every problem is said at once."""
+    return not any(f == key or f.startswith(f"{key}.") for f in cfg._unusable for key in keys)
 
 
 BUDGET_FIELDS = ("train.max_steps", "train.max_tokens", "train.max_epochs", "train.seq_len", "train.micro_batch_size",
                  "train.grad_accum")
 """What a missing budget's message (budget_problem) is derived from."""
+DERIVED_FROM = (*BUDGET_FIELDS, *PATH_KEYS, "run.name", "model", "data", "lora", "gpu", "train.device")
+"""What the checks that weigh the run as a whole on the machine read (daemon/preflight.py's: scratch's room, the
+device's memory, the checkpoint a resume would take, the budget's epochs): they wait while one of these is not
+usable (derived_checks_wait)."""
 
 
-def machine_checks_wait(cfg: RunConfig, mistyped: Collection[str] = ()) -> bool:
-    """Whether the checks of what the config names on the machine (minilmd/probes.py: the corpus against the model
-    and the budget, the paths) must wait for valid fields: one they derive from is invalid (the [model] and [data]
-    sections, the budget's fields, a path of PATH_KEYS: `mistyped` holds those refused unexpanded too), so they would
-    judge its default, a -1, or a literal `~/runs` under the working directory. Another invalid field (train.lr) lets
-    them run: every problem is said at once."""
-    return any(f in BUDGET_FIELDS or f in PATH_KEYS or f.split(".")[0] in ("model", "data")
-               for f in invalid_fields(cfg, mistyped))
+def derived_checks_wait(cfg: RunConfig) -> bool:
+    """Whether the checks that weigh the run as a whole (DERIVED_FROM) must wait: a field they read is not usable."""
+    return not usable(cfg, *DERIVED_FROM)
 
 
-def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: Collection[str] = ()) -> list[str]:
-    """Names, choices, every number (RANGES) and the rules between fields; a missing budget only when the fields
-    it is derived from are valid (invalid_fields; `mistyped`: the keys config_from_dict could not take)."""
+def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[str]:
+    """Names, choices, every number (RANGES) and the rules between fields, each rule only where its fields are
+    usable (config_from_dict has recorded the refused ones), a missing budget too."""
     p: list[str] = []
     r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
     if not r.name:
@@ -238,22 +246,18 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: 
     if not d.prepared:
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
     p += off_choices(cfg)
-    if d.doc_mask and d.mode in ONE_DOCUMENT_A_ROW:
+    if d.doc_mask and d.mode in ONE_DOCUMENT_A_ROW and usable(cfg, "data.doc_mask", "data.mode"):
         p.append(f"data.doc_mask = true needs data.mode = \"packed\" (data.mode = {d.mode!r} already keeps one "
                  "document per row)")
     p += out_of_range(cfg)
-    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
-        p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
-    elif m.num_attention_heads > 0 and m.head_dim % 2:
-        p.append(f"model head_dim {m.head_dim} must be even for RoPE")
-    if m.num_key_value_heads > 0 and m.num_attention_heads % m.num_key_value_heads:
-        p.append(f"model.num_attention_heads {m.num_attention_heads} is not a multiple of "
-                 f"num_key_value_heads {m.num_key_value_heads}")
-    if t.seq_len > m.max_position_embeddings:
+    if usable(cfg, "model.hidden_size", "model.num_attention_heads", "model.num_key_value_heads"):
+        p += _head_problems(m)
+    if usable(cfg, "train.seq_len", "model.max_position_embeddings") and t.seq_len > m.max_position_embeddings:
         p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
                  f"{m.max_position_embeddings}")
-    p += attention_problems(m.attention, t.deterministic)
-    if no_budget(cfg) and not invalid_fields(cfg, mistyped) & set(BUDGET_FIELDS):
+    if usable(cfg, "model.attention", "train.deterministic"):
+        p += attention_problems(m.attention, t.deterministic)
+    if no_budget(cfg) and usable(cfg, *BUDGET_FIELDS):
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
     p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile
@@ -264,9 +268,21 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: 
         initial, cap = rs.backoff_initial_s, rs.backoff_max_s
     except ValueError:
         initial = cap = math.nan  # reported above
-    if A_DURATION.holds(initial) and A_DURATION.holds(cap) and initial > cap:
+    if usable(cfg, "restart.backoff_initial", "restart.backoff_max") and initial > cap:
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
+    return p
+
+
+def _head_problems(m: ModelSection) -> list[str]:
+    p = []
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
+    elif m.num_attention_heads > 0 and m.head_dim % 2:
+        p.append(f"model head_dim {m.head_dim} must be even for RoPE")
+    if m.num_key_value_heads > 0 and m.num_attention_heads % m.num_key_value_heads:
+        p.append(f"model.num_attention_heads {m.num_attention_heads} is not a multiple of "
+                 f"num_key_value_heads {m.num_key_value_heads}")
     return p
 
 
@@ -302,16 +318,20 @@ def attention_problems(attention: str, deterministic: bool) -> list[str]:
 
 def _lora_problems(cfg: RunConfig) -> list[str]:
     lora = cfg.lora
+    if not usable(cfg, "lora.targets"):
+        return []
     p = [f"lora.targets: {t!r} is not a target (known: {', '.join(LORA_TARGETS)})"
          for t in lora.targets if t not in LORA_TARGETS]
     if len(set(lora.targets)) != len(lora.targets):
         p.append(f"lora.targets = {lora.targets!r}: a target is named twice")
+    if not usable(cfg, "lora.rank"):
+        return p
     if lora.enabled and not lora.targets:
         p.append("lora.targets is empty: name at least one of " + ", ".join(LORA_TARGETS))
-    if lora.enabled and not cfg.init.from_:
+    if lora.enabled and not cfg.init.from_ and usable(cfg, "init.from"):
         p.append(f"lora.rank = {lora.rank} but init.from is empty: a LoRA run trains adapters on a base, which "
                  f"init.from names (a checkpoint, a run's checkpoint root or remote, a MiniMind .pth)")
-    if lora.enabled and (too_high := _rank_above_layers(cfg)):
+    if lora.enabled and usable(cfg, "model") and (too_high := _rank_above_layers(cfg)):
         p.append(too_high)
     return p
 

@@ -30,7 +30,7 @@ from minilmd.bounded import Raised, Stalled, shared_storage_check
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.checkpoint_dirs import list_checkpoints, local_checkpoint_steps
 from minilmd.config import ExtraCheck, RunConfig, apply_stage_defaults, config_from_dict, load_config
-from minilmd.config_values import early_stop_metric_problem
+from minilmd.config_values import early_stop_metric_problem, usable
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
 from minilmd.dirfd import run_dir_problem
 from minilmd.init_model import model_mismatch
@@ -92,29 +92,31 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None, count_replies:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
     it is), the prepared corpus, the Prometheus textfile, init.from, the probe corpus, the remote. `waits`: see
-    load_checked."""
+    load_checked. Each look runs where the fields it reads are usable (config_values.usable), whatever another
+    field holds: a train.max_steps of the wrong type hides no missing corpus."""
     p: list[str] = []
-    if cfg.run.dir:
+    if cfg.run.dir and usable(cfg, "run.dir"):
         p += check_writable("run.dir", Path(cfg.run.dir))
         p += [why] if (why := run_dir_problem(cfg.run.dir)) else []  # no other user may redirect its files
-    if (cfg.run.name or cfg.run.scratch) and launch_scratch(cfg) is not None:  # not a root another user took
+    if (cfg.run.name or cfg.run.scratch) and usable(cfg, "run.name", "run.scratch", "run.dir") \
+            and launch_scratch(cfg) is not None:  # not a root another user took
         p += check_writable("run.scratch", cfg.scratch_dir)
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
-    if cfg.data.prepared:
+    if cfg.data.prepared and usable(cfg, "data.prepared", "run.dir", "run.scratch", "run.name"):
         if is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
             p += _corpus_problems(cfg, waits, count_replies)
-    if cfg.log.prometheus_textfile:
+    if cfg.log.prometheus_textfile and usable(cfg, "log.prometheus_textfile"):
         p += textfile_problems(cfg.log.prometheus_textfile)
     if cfg.log.tensorboard:
         p += tensorboard_problems()
-    if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
+    if cfg.init.from_ and not cfg.init.staged and usable(cfg, *INIT_READS):  # staged: the supervisor verified it
         p += _init_problems(cfg, waits)
-    if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
+    if cfg.eval.probe and not cfg.eval.probe_staged and usable(cfg, "eval.probe", "run.dir"):  # staged: as init
         p += probe_problems(cfg, waits)
-    if cfg.run.remote:
+    if cfg.run.remote and usable(cfg, "run.remote", "run.dir"):
         unknown = _check_protocol("run.remote", cfg.run.remote) if is_url(cfg.run.remote) else []
         root = local_remote_root(cfg.run.remote)  # a file:// or local:// remote is the local path the sync writes
         p += unknown
@@ -154,7 +156,7 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None, count_replies: boo
     if not answered:
         return [f"data.prepared = {cfg.data.prepared!r}: cannot be checked: {why}"] if isinstance(why, Raised) else []
     problems, absent, meta = found
-    if count_replies and meta is not None and (cut := replies_verdict(cfg, meta)[0]):
+    if count_replies and meta is not None and usable(cfg, *ROWS_READ) and (cut := replies_verdict(cfg, meta)[0]):
         problems = [*problems, f"data.prepared = {cfg.data.prepared!r}: {cut}"]
     if waits is not None and meta is not None:
         waits.extend(_cut_short_waits(cfg.data.prepared, meta))
@@ -233,6 +235,14 @@ def _first_three(said: list[str]) -> str:
     return "; ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")
 
 
+ROWS_READ = ("data", "train.seq_len", "train.micro_batch_size", "lora.rank")
+"""What a corpus's rows as trained are counted from (too few for a micro-batch, the replies seq_len cuts): the data
+mode, the row length, the stage defaults (which a LoRA run's differ in)."""
+INIT_READS = ("init", "model", "lora", "data.prepared", "run.dir", "run.scratch", "run.name", "run.remote")
+"""What the checks of init.from read: its place, the model it must hold, the corpus's tokenizer, whether the run
+has a checkpoint already (then it never reads init.from again)."""
+
+
 def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
     """(What is wrong with the corpus, how it is absent: "" when it is there, its meta.json: None when not read.) The
     corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary other than
@@ -264,12 +274,13 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
     meta = read or {}
     p = []
     vocab = meta.get("vocab_size")
-    if isinstance(vocab, int) and vocab != cfg.model.vocab_size:
+    if isinstance(vocab, int) and vocab != cfg.model.vocab_size and usable(cfg, "model.vocab_size"):
         p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
                  f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
                  f"with the tokenizer this model is for")
     unread = read is None  # its format unknown: the trainer, which opens the corpus, says it
-    if not unread and (metric_problem := early_stop_metric_problem(cfg, data_format_of(meta))):
+    if not unread and usable(cfg, "early_stop.metric") and \
+            (metric_problem := early_stop_metric_problem(cfg, data_format_of(meta))):
         p.append(metric_problem)
     val_tokens, val_docs = meta_value(meta, "splits", "val", "tokens"), meta_value(meta, "splits", "val", "documents")
     if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):
@@ -277,7 +288,7 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str, dict | None]:
         p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
-    if not unread and (too_few := _too_few_rows(cfg, meta)):
+    if not unread and usable(cfg, *ROWS_READ) and (too_few := _too_few_rows(cfg, meta)):
         p.append(f"data.prepared = {prepared!r}: {too_few}")
     return p, "", read
 

@@ -32,6 +32,7 @@ from minilmd.config_values import INT64_MAX, MAX_DURATION_S, RANGES, STEPS_OR_DU
 from minilmd.daemon.jobs import scratch_room
 from minilmd.daemon.supervisor import Supervisor
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.probes import checked_from_dict
 from minilmd.protocol import SUPERVISOR_CONFIG
 from scratch_helpers import owned_by_nobody, readable_copy, two_users  # noqa: F401
 from supervisor_helpers import cli, events, state, write_config
@@ -157,6 +158,38 @@ def test_the_numbers_seen_in_restart_loops_are_all_refused_at_once(tmp_path, cor
         "sync.every = 0: must be within (0, 7d]", "restart.backoff_max = 0: must be within (0, 7d]",
         "restart.hang_timeout = nan: must be finite and within (0, 7d]")
     assert "7 problem(s)" in text
+
+
+@pytest.mark.parametrize("key", sorted(RANGES))
+def test_each_number_of_the_wrong_type_is_named_and_hides_no_other_check(tmp_path, key):
+    """Every number of the schema written with the wrong type (a string for a count or a float, a bool for a
+    duration) is one problem naming the field and the type expected, and the checks that do not read it still say
+    theirs (the corpus that is not there, the remote's unknown protocol). On main a count's or the model's wrong type
+    hid both (the checks on the machine waited for every budget, [model] and [data] field)."""
+    section, name = key.split(".")
+    raw = minimal(tmp_path)
+    raw["run"]["remote"] = "nosuchproto://bucket/x"
+    wrong = True if numeric_fields()[key] is Duration else "1"
+    raw.setdefault(section, {})[name] = wrong
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    typed, *others = err.value.problems
+    assert typed.startswith(f"{key} = {wrong!r}: expected "), err.value.problems
+    assert [p.split(" = ")[0] for p in others] == ["data.prepared", "run.remote"], err.value.problems
+
+
+@pytest.mark.slow
+def test_a_mistyped_budget_hides_none_of_the_launchs_other_refusals(tmp_path, corpus):
+    """train.max_steps = "30" (quoted) through `minilmd run --check` and the launch: exit 2, the field and the type
+    named with how to write it, and the problems that do not derive from the budget said beside it: a model
+    vocabulary other than the corpus's, a remote of an unknown protocol. On main the type problem came alone."""
+    _, vocab = corpus
+    config = write_config(tmp_path, corpus, remote=False, train={"max_steps": "30"}, model={"vocab_size": vocab - 12},
+                          run={"remote": "nosuchproto://bucket/x"})
+    text = assert_refused_before_anything(
+        config, "train.max_steps = '30': expected an integer: write max_steps = 30 (no quotes)",
+        f"model.vocab_size = {vocab - 12} but the corpus", "run.remote = 'nosuchproto://bucket/x': unknown protocol")
+    assert "3 problem(s)" in text and "a budget is required" not in text
 
 
 @pytest.mark.slow

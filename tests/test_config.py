@@ -100,10 +100,11 @@ def test_a_budget_field_of_the_wrong_type_or_range_is_its_own_only_problem(tmp_p
     """A mistyped budget (max_steps = "400", `--set train.max_steps=abc`) or a micro_batch_size of -1 is one problem,
     the field's: no "a budget is required" derived from the default left in its place, nor "-64 tokens" a step.
     On main each came with the missing-budget message (and "One step trains 64 x -1 ... = -64 tokens")."""
-    for value in ("400", "abc"):
+    for value, said in (("400", ": write max_steps = 400 (no quotes)"), ("abc", ""), (400.0, ": write max_steps = 400"),
+                        (400.5, "")):
         with pytest.raises(ConfigError) as err:
             checked_from_dict(minimal(tmp_path, max_steps=value))
-        assert err.value.problems == [f"train.max_steps = {value!r}: expected int"], err.value.problems
+        assert err.value.problems == [f"train.max_steps = {value!r}: expected an integer{said}"], err.value.problems
     raw = minimal(tmp_path, micro_batch_size=-1)
     del raw["train"]["max_steps"]
     with pytest.raises(ConfigError) as err:
@@ -114,20 +115,43 @@ def test_a_budget_field_of_the_wrong_type_or_range_is_its_own_only_problem(tmp_p
     config.write_text(_minimal_toml(tmp_path))
     with pytest.raises(ConfigError) as err:
         load_checked(config, ["train.max_steps=abc"])
-    assert err.value.problems == ["train.max_steps = 'abc': expected int"], err.value.problems
+    assert err.value.problems == ["train.max_steps = 'abc': expected an integer"], err.value.problems
 
 
-def test_the_checks_on_the_machine_wait_for_valid_fields(tmp_path):
-    """The checks of what the config names on the machine (minilmd/probes.py, given as more_checks) judge the fields'
-    values: with one of the wrong type they would judge its default, so only the field's problem is said."""
-    raw = minimal(tmp_path, seq_len="long")
+def test_a_field_of_the_wrong_type_hides_none_of_the_checks_that_do_not_read_it(tmp_path):
+    """A number of the wrong type is one problem naming the field and the type, and every check that does not read
+    it still runs (a missing corpus, a remote of an unknown protocol); the checks that do read it wait rather than
+    judge the default left in its place: seq_len = "64" beside max_position_embeddings = 128 is no "train.seq_len
+    340 is larger than 128". On main the type problem came alone, or with that line about the default."""
+    raw = minimal(tmp_path, max_steps="1000", seq_len="64", lr="3e-4")
     raw["data"]["prepared"] = str(tmp_path / "missing")
+    raw["run"]["remote"] = "nosuchproto://bucket/x"
+    raw["model"] = {"max_position_embeddings": 128, "num_attention_heads": "8"}
     with pytest.raises(ConfigError) as err:
         checked_from_dict(raw)
-    assert err.value.problems == ["train.seq_len = 'long': expected int"], err.value.problems
-    raw["train"]["seq_len"] = 64
-    with pytest.raises(ConfigError, match="no such directory"):
+    assert err.value.problems == [
+        "train.max_steps = '1000': expected an integer: write max_steps = 1000 (no quotes)",
+        "train.seq_len = '64': expected an integer: write seq_len = 64 (no quotes)",
+        "train.lr = '3e-4': expected a number: write lr = 0.0003 (no quotes)",
+        "model.num_attention_heads = '8': expected an integer: write num_attention_heads = 8 (no quotes)",
+        f"data.prepared = '{tmp_path / 'missing'}': no such directory (run `minilmd prepare` first)",
+        "run.remote = 'nosuchproto://bucket/x': unknown protocol 'nosuchproto' (fsspec knows: file, memory, sftp, s3, "
+        "...)"], err.value.problems
+
+
+def test_a_path_refused_waits_only_the_checks_that_read_it(tmp_path):
+    """run.dir written `~/runs` is refused as it is, and the checks that read run.dir wait (a directory named `~`
+    under the working directory is never judged); the corpus and seq_len rules, which do not, still run."""
+    raw = minimal(tmp_path, seq_len=4096)
+    raw["run"]["dir"] = "~/runs/r1"
+    raw["model"] = {"max_position_embeddings": 2048}
+    raw["log"] = {"prometheus_textfile": str(tmp_path / "nowhere" / "m.prom")}
+    with pytest.raises(ConfigError) as err:
         checked_from_dict(raw)
+    first, second, third = err.value.problems
+    assert first.startswith("run.dir = '~/runs/r1': TOML expands neither ~ nor $VAR"), first
+    assert second == "train.seq_len 4096 is larger than model.max_position_embeddings 2048", second
+    assert third.startswith("log.prometheus_textfile") and "does not exist" in third, third
 
 
 def test_the_values_alone_touch_nothing_on_the_machine(tmp_path):

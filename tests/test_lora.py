@@ -99,7 +99,7 @@ def test_lora_config_problems_are_reported_together(tmp_path):
                      "init.from is empty"):
         assert fragment in text, text
     raw["lora"] = {"rank": 4, "targets": "q_proj"}
-    with pytest.raises(ConfigError, match=r"lora\.targets = 'q_proj': expected a list of str"):
+    with pytest.raises(ConfigError, match=r"lora\.targets = 'q_proj': expected a list of strings"):
         config_from_dict(raw)
 
 

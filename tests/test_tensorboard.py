@@ -27,7 +27,7 @@ def test_the_log_section_is_checked_like_the_others(tmp_path):
     with pytest.raises(ConfigError) as e:
         config(tmp_path, tensorboard="yes", prometheus_textfile=str(tmp_path / "x.txt"), grafana=True)
     text = str(e.value)
-    assert "log.tensorboard = 'yes': expected bool" in text and "unknown key log.grafana" in text
+    assert "log.tensorboard = 'yes': expected true or false" in text and "unknown key log.grafana" in text
     assert "reads only *.prom files" in text
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, stage_defaults
-from minilmd.config_values import no_budget
+from minilmd.config_values import derived_checks_wait, no_budget
 from minilmd.corpus_meta import meta_value, read_corpus_meta
 from minilmd.fmt import fmt_duration
 from minilmd.plan.epoch import Epoch, corpus_epoch
@@ -230,8 +230,9 @@ def epoch_without_budget(cfg: RunConfig) -> list[str]:
     """With no budget set, what one epoch of the corpus would be in this run's steps, counted as the trainer counts
     (`planned` at train.max_epochs = 1): a line beside config_values' missing-budget message, whose core cannot
     count a data mode's rows. [] with a budget, or when the corpus does not tell. An ExtraCheck (load_checked's
-    more_checks) of `run --check`, the supervisor and `minilmd train`."""
-    if not no_budget(cfg) or not cfg.data.prepared:
+    more_checks) of `run --check`, the supervisor and `minilmd train`; it waits while a field it reads is not usable
+    (config_values.derived_checks_wait)."""
+    if not no_budget(cfg) or not cfg.data.prepared or derived_checks_wait(cfg):
         return []
     one = copy.deepcopy(cfg)
     one.train.max_epochs = 1.0
