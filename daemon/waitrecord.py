@@ -68,7 +68,7 @@ class WaitRecord:
             state.supervisor.systemd_unit, state.supervisor.systemd_user = unit
         state.previous_child, state.adopted = passed_on_child(old or {}), True
         if state.outcome is not None:  # an ended supervisor's history, which adopt would not carry on either
-            state.restarts, state.no_progress_streak = [], 0
+            state.count_restarts_anew(now())
             state.last_error = state.last_error_at = state.last_error_step = None
         state.outcome, state.child, state.devices = None, None, []
         state.gpu_wait = state.init_wait = state.space_wait = state.slurm = state.prometheus = None  # its, not ours

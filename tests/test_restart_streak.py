@@ -150,3 +150,42 @@ def test_what_an_orphan_in_its_reference_pass_lost_counts_from_the_pass_step_0_h
         "it had run 41s: its DPO reference pass since the 800 pairs saved at step 0 (to 1,200/3,000) is lost, the " \
         "next attempt goes on from 800"
     assert orphan_loss(beat, launched, 0, stopped, kept=1200) == ""  # saved at its last batch: nothing lost
+
+
+@pytest.mark.slow  # two real supervisors, a real `minilmd stop` between them
+def test_a_clean_stop_starts_a_new_restart_count_and_status_keeps_the_runs(tmp_path, corpus):
+    """The trainer killed once (restarts: 1), `minilmd stop`, `minilmd run` again: restart.max_restarts counts this
+    start's restarts from 0 (a run that gave up can be started again), and status says which count that is, with
+    the run's own beside it. On main status said nothing of the first start's restart after it: the stop had reset
+    the count, `restarts:` gone."""
+    config = write_config(tmp_path, corpus, train={"max_steps": 400, "checkpoint_every": 5, "log_every": 1})
+    cfg = load_config(config)
+    never = tmp_path / "never"  # the holds end only with a stop (FAKE_HOLD_STOPS)
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.02", MINILMD_FAULT="sigkill@3",
+                             FAKE_HOLD=f"12:{never}", FAKE_HOLD_STOPS="1")
+    try:
+        wait_for(lambda: heartbeat(cfg.run_dir).strip() == "12" and len(state(cfg.run_dir).get("restarts") or []) == 1
+                 or first.poll() is not None, 120, "attempt 2 held at step 12 after the restart")
+        assert first.poll() is None, (tmp_path / "first.out").read_text()[-3000:]
+        assert "restarts: 1 (last: killed at step " in status(cfg.run_dir)
+        stopped = cli("stop", str(cfg.run_dir), timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_or_kill(first, 60) == 0, (tmp_path / "first.out").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    ended = state(cfg.run_dir)
+    assert ended["outcome"]["exit"] == 0 and len(ended["restarts"]) == 1, ended
+    second = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.02")  # on to step 400, done
+    try:
+        assert wait_or_kill(second, 180) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    done = state(cfg.run_dir)
+    assert done["restarts"] == [] and done["earlier_restarts"] == 1, done
+    assert done["restarts_since"] >= ended["outcome"]["time"], done
+    said = status(cfg.run_dir)
+    assert "  restarts: 0 since the start at " in said and " (1 since the run began)" in said, said

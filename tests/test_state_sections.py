@@ -77,3 +77,29 @@ def test_status_of_a_live_run_reads_the_same_through_the_sections(tmp_path):
     out = io.StringIO()
     views.status(run_dir, out=out)
     assert "a checkpoint needs 3.0 MB, 1.0 MB free in /scratch; checked 4 times" in out.getvalue()
+
+
+def test_a_start_after_the_runs_end_counts_restarts_anew_and_keeps_the_runs_count(tmp_path):
+    """restart.max_restarts counts the restarts since the start after the run's last end: a supervisor that ended
+    (its outcome written) leaves its restarts to earlier_restarts, summed over every such end; one killed or crashed
+    (no outcome) passes its count and its start's time on."""
+    def ended_with(restarts: int, earlier: int, outcome: bool) -> dict:
+        old = RunState(tmp_path / names.STATE, new_state("r", tmp_path, "r.toml"))
+        old.restarts = [Restart(time=1.0, attempt=n, cause="crash", action="restart") for n in range(restarts)]
+        old.earlier_restarts, old.restarts_since = earlier, 5.0
+        data = old.data
+        data["outcome"] = {"exit": 0, "phase": "done", "time": 9.0, "reason": "stopped on request"} if outcome \
+            else None
+        return data
+
+    after_end = RunState(tmp_path / names.STATE, new_state("r", tmp_path, "r.toml"))
+    after_end.adopt(ended_with(2, 1, outcome=True), None)
+    assert (len(after_end.restarts), after_end.earlier_restarts) == (0, 3)
+    assert after_end.restarts_since == after_end.supervisor.started and after_end.no_progress_streak == 0
+    after_crash = RunState(tmp_path / names.STATE, new_state("r", tmp_path, "r.toml"))
+    after_crash.adopt(ended_with(2, 1, outcome=False), None)
+    assert (len(after_crash.restarts), after_crash.earlier_restarts, after_crash.restarts_since) == (2, 1, 5.0)
+    out = io.StringIO()
+    after_end.save()
+    views.status(tmp_path, out=out)
+    assert "  restarts: 0 since the start at " in out.getvalue() and " (3 since the run began)" in out.getvalue()

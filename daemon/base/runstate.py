@@ -119,7 +119,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
                                                parent_pid=os.getppid(),
                                                parent_start_ticks=process_start_ticks(os.getppid())),
                      sync=Sync(state=SyncState.OFF), staging=Staging(state=StagingState.NOT_STARTED),
-                     updated=t).to_dict()
+                     restarts_since=t, updated=t).to_dict()
 
 
 def passed_on_child(old: dict) -> dict | None:
@@ -201,8 +201,9 @@ class RunState(StateJson):
         fits, the last remote checkpoint when it is on `remote` (the run.remote now; one on another remote is kept
         in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history and
         the last error (with its time and step: history, as after a restart of the trainer) if that supervisor did
-        not end (it crashed or was killed), which trainer it ran (passed_on_child), and the notes of its init.from
-        (the run goes on from that checkpoint). A field of the wrong type there counts as missing."""
+        not end (it crashed or was killed; one that ended leaves its restarts to the run's earlier count), which
+        trainer it ran (passed_on_child), and the notes of its init.from (the run goes on from that checkpoint). A
+        field of the wrong type there counts as missing."""
         if not old or not isinstance(old, dict):
             return
         read = StateJson.from_dict(old)
@@ -212,11 +213,13 @@ class RunState(StateJson):
         self.remote_checkpoint = read.remote_checkpoint
         if read.remote_checkpoint is not None and not names_remote(read.remote_checkpoint.path, remote):
             self.other_remote, self.remote_checkpoint = read.remote_checkpoint, None
+        self.restarts, self.no_progress_streak = read.restarts, read.no_progress_streak
+        self.restarts_since, self.earlier_restarts = read.restarts_since, read.earlier_restarts
         if read.outcome is None or not old.get("outcome"):  # that supervisor did not end (or its outcome is bad)
-            self.restarts = read.restarts
-            self.no_progress_streak = read.no_progress_streak
             self.last_error, self.last_error_at, self.last_error_step = \
                 read.last_error, read.last_error_at, read.last_error_step
+        else:  # the run ended: this start counts its restarts anew, the run's earlier ones kept apart
+            self.count_restarts_anew(self.supervisor.started or now())
         self.previous_child = passed_on_child(old)
         self.previous_attempt = ChildInfo.from_dict(self.previous_child) if self.previous_child else None
         self.adopted = True

@@ -430,7 +430,13 @@ class StateJson(Section):
     staging: Staging = field(default_factory=Staging)
     """Staging the corpus into scratch, and fetching a checkpoint."""
     restarts: list[Restart] = field(default_factory=list)
-    """Each end of the trainer that led to another attempt."""
+    """Each end of the trainer that led to another attempt since `restarts_since`: what restart.max_restarts bounds.
+    A start after the run ended (done, stopped, failed) counts anew, so that a run that gave up can be started again
+    once fixed; a supervisor killed or crashed passes its count on (`count_restarts_anew`)."""
+    restarts_since: float | None = None
+    """When `restarts` began counting: the start after the run's last end (or its first start)."""
+    earlier_restarts: int = 0
+    """The restarts of the run's starts before `restarts_since`: with `restarts`, the run's count since it began."""
     no_progress_streak: int = 0
     """Attempts in a row that saved no newer checkpoint: 0 again as soon as the trainer saves one (not only when it
     ends), so that a run training on after a restart shows none."""
@@ -457,6 +463,12 @@ class StateJson(Section):
     """The Slurm job (daemon/slurm/job.py), inside one."""
     prometheus: TextfileState | None = None
     """[log] prometheus_textfile and whether the supervisor can write it (key only with a textfile)."""
+
+    def count_restarts_anew(self, since: float) -> None:
+        """A start after the run ended: `restarts` counts from 0 again (and the streak), the earlier ones kept in
+        `earlier_restarts`, so that status says both (daemon/views/status.py)."""
+        self.earlier_restarts += len(self.restarts)
+        self.restarts, self.no_progress_streak, self.restarts_since = [], 0, since
 
     def resume_words(self) -> str:
         """Where the trainer resumes from once scratch lost its checkpoints ("local_gone"): the remote's newest (the

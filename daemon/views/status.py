@@ -309,12 +309,18 @@ def _staging_lines(staging: Staging, interrupted: str | None = None) -> list[str
 
 
 def _restart_lines(state: StateJson, t: float) -> list[str]:
-    restarts = state.restarts
-    if not restarts:
+    """The restarts restart.max_restarts counts, those since the start after the run's last end; where the run
+    had restarts before that start, the start's time and the run's count since it began say which count it is."""
+    restarts, earlier = state.restarts, state.earlier_restarts
+    if not restarts and not earlier:
         return []
+    since = "" if not earlier else \
+        f" since the start at {fmt_time(state.restarts_since)} ({len(restarts) + earlier} since the run began)"
+    if not restarts:
+        return [f"  restarts: 0{since}"]
     last = restarts[-1]
     at = f" at step {last.step}" if last.step is not None else ""  # a trainer that died before its first step
-    return [f"  restarts: {len(restarts)} (last: {last.cause}{at}, "
+    return [f"  restarts: {len(restarts)}{since} (last: {last.cause}{at}, "
             f"{_ago(t, last.time) if last.time is not None else '-'} -> {last.action}; "
             f"{state.no_progress_streak} in a row without progress)"]
 
