@@ -39,7 +39,6 @@ from pathlib import Path
 from minilmd import protocol, scratch_hold, scratch_root
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
-from minilmd.config_values import config_total
 from minilmd.daemon import preflight
 from minilmd.daemon.aftersync import AfterSync
 from minilmd.daemon.attempt import Attempt
@@ -263,7 +262,7 @@ class Supervisor(Attempt, Ending):
         """Earlier trainers' lines folded in, their rate set aside (no ETA until the next trainer logs a step); at
         the start, a local checkpoint scratch no longer holds (a reboot, a new run.scratch) said gone."""
         self.files.read_progress()
-        self.state.await_new_rates(config_total(self.cfg))  # the total the next trainer counts, where known here
+        self.state.await_new_rates()  # the next trainer's heartbeats say its step and total
         if at_start and (gone := self.state.check_local(local_checkpoint_steps(self.cfg.checkpoint_dir))):
             moved = gone.path and Path(gone.path).parent != self.cfg.checkpoint_dir  # recorded in another scratch
             why = scratch_root.moved_words(self.run_dir, self.cfg.scratch_dir, Path(gone.path)) \

@@ -366,17 +366,6 @@ def no_budget(cfg: RunConfig) -> bool:
     return not t.max_steps and not t.max_tokens and not t.max_epochs
 
 
-def config_total(cfg: RunConfig) -> int | None:
-    """The steps the run makes where its config alone says it: train.max_steps when no budget in tokens or epochs
-    is set beside it (the trainer counts those after what its checkpoint trained, at its batch, over its corpus's
-    rows: plan/budget.py); None otherwise. `status` shows a restarted trainer's step with it before that trainer
-    logs its own (runstate.await_new_rates): a budget raised since is the new total from its first heartbeat. Here,
-    not beside budget_steps: plan/budget.py imports numpy, which the supervisor must not before staging
-    (tests/test_import_budget.py)."""
-    t = cfg.train
-    return t.max_steps if t.max_steps and not t.max_tokens and not t.max_epochs else None
-
-
 def _zero_budgets(cfg: RunConfig) -> str:
     """The budget keys the config set to 0, said first: 0 is how a budget is left unset, so a written 0 is none."""
     zeros = [f"{key} = 0" for key in ("train.max_steps", "train.max_tokens", "train.max_epochs") if cfg.is_set(key)]

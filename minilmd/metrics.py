@@ -6,7 +6,8 @@ metrics.jsonl gets one JSON object per line, each with a "kind":
   {"kind": "eval", "step", "val_loss", "time"},
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
 A DPO run's train lines also carry REWARDS' keys, its eval lines the same with "val_" before each.
-"step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
+"step" is the number of optimizer steps completed. The heartbeat file's body is that number too, with "/TOTAL", the
+steps the trainer counts for its budget (its train lines' total_steps), once it knows them, followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
 of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
 teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished), and by " reference
@@ -117,6 +118,10 @@ class MetricsLog:
         self.heartbeat_interval = heartbeat_interval
         self.writes = writes or RunDirWrites()
         self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
+        self.total_steps: int | None = None
+        """The steps the trainer counts, set once it knows them (after a resume: a budget in tokens or epochs counts
+        after what the checkpoint trained); every heartbeat then says it beside the step, so that the supervisor
+        shows a restarted trainer's total before its first train line."""
         if active:
             self._need_run_dir()
             self.writes.run_dir = self.writes.run_dir or self.run_dir
@@ -168,7 +173,8 @@ class MetricsLog:
             return False
         # a temp name no one can guess (a link planted at a predictable one was written through), no fsync: the
         # next beat comes in seconds
-        body = " ".join(str(w) for w in (step, phase, note) if w != "") + "\n"
+        stepped = f"{step}/{self.total_steps}" if self.total_steps is not None else str(step)
+        body = " ".join(str(w) for w in (stepped, phase, note) if w != "") + "\n"
         try:
             atomic_write_text(self.run_dir / HEARTBEAT, body, durable=False)
         except OSError as e:

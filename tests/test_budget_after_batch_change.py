@@ -11,6 +11,7 @@ import json
 import pytest
 
 from minilmd.config import config_from_dict, load_config
+from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.daemon.jobs.rundone import done_line
 from minilmd.plan.budget import budget_line, planned, total_steps_for_budget
 from minilmd.plan.trainer_state import Trained, trained
@@ -83,6 +84,8 @@ def test_a_resume_with_a_doubled_micro_batch_trains_the_token_budget(tmp_path, c
     cfg = load_config(path)
     last = [m for m in read_metrics(cfg.run_dir, "train")][-1]
     assert (last["step"], last["total_steps"]) == (8, 8), last  # status shows the trainer's step/total_steps
+    beat = read_heartbeat(cfg.run_dir)  # and the resumed trainer's every heartbeat says that total: a restart's too
+    assert beat is not None and (beat.step, beat.total) == (8, 8), beat
     state = json.loads((cfg.checkpoint_dir / "step-00000008" / "trainer_state.json").read_text())
     assert (state["rows_seen"], state["positions_seen"]) == (24, 1_536)
     again = cli("run", "--check", str(path), *sets)

@@ -4,12 +4,13 @@ new user, each twice):
   again from step 0 and beat 5, 10, 12, while status said `step 16` under `since the first heartbeat from attempt 2
   (step 0)`, until the new trainer passed 16;
 - F12a: `train.max_steps` raised from 300 to 400, the run started again: `step 78/300` until its first train line;
+  a budget in tokens or epochs, which the trainer counts after what its checkpoint trained, likewise;
 - F12b: a DPO trainer killed in its reference pass: through the backoff status said `DPO reference pass 112/1,211
   pairs, 56.0 pairs/s, ETA 20s`, a dead trainer's pass as if it ran.
 
 The supervisor's own steps, on its files: the heartbeat and metrics.jsonl written as the trainer writes them, read
 by its readers (read_heartbeat, MetricsTail), folded (RunState.apply_progress), the launch's heartbeat removal
-(daemon/child/process.py) and its restart (await_new_rates with the config's total), state.json read by `status`.
+(daemon/child/process.py) and its restart (await_new_rates), state.json read by `status`.
 A heartbeat's mtime is set to the clock's, never before the restart's (a file's time may lag the clock by a tick)."""
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.config import config_from_dict
-from minilmd.config_values import config_total
 from minilmd.daemon.base.runstate import MetricsTail, RunState, new_state, read_heartbeat
 from minilmd.daemon.base.statesections import ChildInfo
 from minilmd.daemon.views.status import status
@@ -31,10 +30,8 @@ from minilmd.daemon.views.status import status
 class Supervisor:
     """The steps of a supervisor (this process: alive) that bear on progress, on the files of `run_dir`."""
 
-    def __init__(self, run_dir: Path, max_steps: int):
+    def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self.cfg = config_from_dict({"run": {"name": "r", "dir": str(run_dir)}, "data": {"prepared": "/c"},
-                                     "train": {"device": "cpu", "max_steps": max_steps}})
         self.state = RunState(run_dir / names.STATE, new_state("r", run_dir, str(run_dir) + ".toml"))
         self.tail = MetricsTail(run_dir / names.METRICS)
         self.attempt = 0
@@ -46,7 +43,7 @@ class Supervisor:
     def restarted(self) -> None:
         """The earlier trainers' lines folded in, their rate set aside (supervisor.py `_restarted`)."""
         self.tick()
-        self.state.await_new_rates(config_total(self.cfg))
+        self.state.await_new_rates()
         self.state.save()
 
     def launch(self) -> None:
@@ -89,49 +86,76 @@ def step_line(said: str) -> str:
 
 
 def test_a_trainer_restarted_below_the_step_of_one_that_died_before_logging_shows_its_own_step(tmp_path):
-    sup = Supervisor(run_dir_in(tmp_path), 300)
+    sup = Supervisor(run_dir_in(tmp_path))
     sup.launch()
     for step in (0, 8, 16):  # log_every 50: no train line before it died
-        sup.beat(str(step))
+        sup.beat(f"{step}/300")
     assert step_line(sup.status()).startswith("  step 16"), sup.status()
     sup.died()
     sup.launch()  # no checkpoint: from step 0
     said = sup.status()
     assert step_line(said).startswith("  last known step 16"), said  # nothing of the new trainer yet
     for step in (0, 5, 10, 12):
-        sup.beat(str(step))
+        sup.beat(f"{step}/300")
         said = sup.status()
         assert step_line(said).startswith(f"  step {step}/300 "), said  # main: "step 16" all along
         assert "no ETA until the new trainer logs a step" in said, said
 
 
+def earlier_trainer_at_78_of(run_dir: Path, total: int) -> None:
+    """metrics.jsonl of the earlier supervisor's trainer: at step 78 of `total`."""
+    with open(run_dir / names.METRICS, "w") as f:
+        f.write(json.dumps({"kind": "train", "step": 78, "tokens_seen": 7_800, "loss": 3.0, "lr": 1e-3,
+                            "tok_s": 500.0, "step_time": 0.2, "total_steps": total, "time": 1000.0}) + "\n")
+
+
 def test_a_restart_with_a_raised_budget_shows_the_new_total_from_the_first_heartbeat(tmp_path):
     run_dir = run_dir_in(tmp_path)
-    with open(run_dir / names.METRICS, "w") as f:  # the earlier supervisor's trainer: 300 steps, at step 78
-        f.write(json.dumps({"kind": "train", "step": 78, "tokens_seen": 7_800, "loss": 3.0, "lr": 1e-3,
-                            "tok_s": 500.0, "step_time": 0.2, "total_steps": 300, "time": 1000.0}) + "\n")
-    sup = Supervisor(run_dir, 400)  # started again with train.max_steps = 400
+    earlier_trainer_at_78_of(run_dir, 300)
+    sup = Supervisor(run_dir)  # started again with train.max_steps = 400
     sup.restarted()  # at its start
     assert step_line(sup.status()).startswith("  last known step 78 (of 300 then)"), sup.status()
     sup.launch()
-    sup.beat("78 compiling")
+    sup.beat("78/400 compiling")  # the trainer's heartbeat: its step and the total it counts (minilmd/metrics.py)
     assert step_line(sup.status()).startswith("  step 78/400 (19.5%)"), sup.status()  # main: 78/300
-    sup.beat("79")
+    sup.beat("79/400")
     assert step_line(sup.status()).startswith("  step 79/400 "), sup.status()
 
 
-def test_a_budget_in_tokens_is_the_trainers_to_count():
-    """The config alone says the total of a budget in steps only: one in tokens or epochs is counted by the trainer
-    (its batch, its corpus, its checkpoint), shown once it logs."""
-    cfg = config_from_dict({"run": {"name": "r", "dir": "/r"}, "data": {"prepared": "/c"},
-                            "train": {"device": "cpu", "max_steps": 400, "max_tokens": 1_000_000}})
-    assert config_total(cfg) is None
-    cfg.train.max_tokens = 0
-    assert config_total(cfg) == 400
+def test_a_budget_in_tokens_shows_the_total_the_restarted_trainer_counts_from_its_first_heartbeat(tmp_path):
+    """A budget in tokens (or epochs) is the trainer's to count, after what its checkpoint trained at its batch: the
+    restarted trainer's heartbeat says it, shown at once. On main the earlier trainer's total stayed until the new
+    trainer's first train line (`step 78/300` of a budget now 950 steps), the config alone not saying it. A
+    heartbeat that says no total (a trainer that does not know it yet) shows the step alone, never the old total."""
+    run_dir = run_dir_in(tmp_path)
+    earlier_trainer_at_78_of(run_dir, 300)
+    sup = Supervisor(run_dir)  # its config: train.max_tokens, which only the trainer turns into steps
+    sup.restarted()
+    sup.launch()
+    sup.beat("78")
+    assert step_line(sup.status()).startswith("  step 78  "), sup.status()
+    sup.beat("78/950 compiling")
+    assert step_line(sup.status()).startswith("  step 78/950 (8.2%)"), sup.status()
+    sup.beat("80/950")
+    assert step_line(sup.status()).startswith("  step 80/950 "), sup.status()
+
+
+def test_the_trainers_heartbeat_says_its_total_once_it_knows_it(tmp_path):
+    """The heartbeat the trainer writes (MetricsLog) and the one the supervisor reads (read_heartbeat) agree: "STEP"
+    before the total is known, "STEP/TOTAL" after, a phase and its note behind it."""
+    from minilmd.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    log.heartbeat(3, force=True)
+    assert (read_heartbeat(tmp_path).step, read_heartbeat(tmp_path).total) == (3, None)
+    log.total_steps = 950
+    log.heartbeat(78, phase=names.HEARTBEAT_REFERENCE, force=True, note="5/10/0/1")
+    beat = read_heartbeat(tmp_path)
+    assert (beat.step, beat.total, beat.phase, beat.reference_pass()) == (78, 950, "reference", [5, 10, 0, 1])
 
 
 def test_a_dead_trainers_reference_pass_is_not_shown_as_going_on(tmp_path):
-    sup = Supervisor(run_dir_in(tmp_path), 60)
+    sup = Supervisor(run_dir_in(tmp_path))
     sup.launch()
     sup.beat(f"0 {names.HEARTBEAT_REFERENCE} 112/1211/0/2")
     assert "  step 0  DPO reference pass 112/1,211 pairs, 56.0 pairs/s, ETA 20s" in sup.status(), sup.status()

@@ -161,9 +161,6 @@ class RunState(StateJson):
         self.lineage_since = 0.0
         """When the current lineage began (the time of the last `run --fresh` marker read, apply_progress); 0.0 when
         none was."""
-        self.restart_total: int | None = None
-        """The steps the restarted trainer counts, where the supervisor's config says it (`await_new_rates`): the
-        total shown with its heartbeat's step until its first train line gives its own."""
         self.other_remote: RemoteCheckpoint | None = None
         """The previous supervisor's remote checkpoint when it is on another remote than run.remote now (`adopt`):
         not this run's remote checkpoint, which starts its own record with the first sync there."""
@@ -266,8 +263,8 @@ class RunState(StateJson):
             if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
-                if restarted and self.restart_total is not None:  # the budget it counts, not the earlier trainer's
-                    progress.total_steps = self.restart_total
+                if restarted or beat.total is not None:  # the budget it counts, never an earlier trainer's
+                    progress.total_steps = beat.total
         progress.eta_s = progress.eta_after()
 
     def _is_progress(self, saved: LocalCheckpoint) -> bool:
@@ -281,15 +278,14 @@ class RunState(StateJson):
         return isinstance(saved.step, int) and saved.step > attempt.newest_at_launch and \
             when is not None and when >= attempt.started
 
-    def await_new_rates(self, total: int | None = None) -> None:
+    def await_new_rates(self) -> None:
         """A restart: the earlier trainer's step, rate (tok/s, step time) and ETA are set aside, none until the next
-        trainer logs a step; its heartbeats give the step it resumed from meanwhile (apply_progress), with `total`
-        (the steps the supervisor's config says the run makes: config_values.config_total; None where only the trainer
-        can count them) as their total. Called once every line of the earlier trainers is folded in (apply_progress): a
-        train line after it is the new one's. Set aside whether or not the earlier trainer logged a rate: one that
-        died before its first train line left a step (its heartbeat's) the next one's may be below."""
+        trainer logs a step; its heartbeats give the step it resumed from meanwhile (apply_progress), with the total
+        they say (the trainer counts it: a budget in tokens or epochs after what its checkpoint trained, a budget
+        raised since). Called once every line of the earlier trainers is folded in (apply_progress): a train line
+        after it is the new one's. Set aside whether or not the earlier trainer logged a rate: one that died before
+        its first train line left a step (its heartbeat's) the next one's may be below."""
         progress = self.progress
-        self.restart_total = total
         if progress.step is None and progress.tok_s is None and progress.eta_s is None:
             return  # no trainer before this one: nothing to set aside
         progress.tok_s = progress.eta_s = progress.step_time = None
@@ -416,7 +412,7 @@ def _heartbeat(run_dir: Path) -> tuple[float, list[str]] | None:
 
 
 class Heartbeat(NamedTuple):
-    """One reading of the trainer's heartbeat file: its mtime and its body, "STEP" or "STEP PHASE". The supervisor
+    """One reading of the trainer's heartbeat file: its mtime and its body, "STEP[/TOTAL][ PHASE]". The supervisor
     reads it once per tick and judges everything by that one reading: a second read may find the next heartbeat
     (a compile that has just ended: a fresh step, no phase) and pair its phase with the first one's mtime."""
 
@@ -428,6 +424,9 @@ class Heartbeat(NamedTuple):
     note: str = ""
     """What follows the phase: the reference pass's "DONE/TOTAL/FROM/SECONDS" pairs (FROM: done when this attempt's
     pass began, SECONDS since; an older trainer's "DONE/TOTAL")."""
+    total: int | None = None
+    """The steps the trainer counts ("STEP/TOTAL", minilmd/metrics.py), once it knows them; None before, or from a
+    trainer that does not say it."""
 
     def reference_pass(self) -> list[int] | None:
         """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] ([done, all] of an
@@ -460,8 +459,10 @@ def read_heartbeat(run_dir: Path) -> Heartbeat | None:
     if beat is None:
         return None
     mtime, body = beat
-    try:
-        step = int(body[0]) if body else None
-    except ValueError:
-        step = None
-    return Heartbeat(mtime, step, body[1] if len(body) > 1 else "", " ".join(body[2:]))
+    stepped, _, total = (body[0] if body else "").partition("/")
+    return Heartbeat(mtime, _count(stepped), body[1] if len(body) > 1 else "", " ".join(body[2:]), _count(total))
+
+
+def _count(word: str) -> int | None:
+    """A heartbeat's step or total, None where it is none (not written, or not a count)."""
+    return int(word) if re.fullmatch(r"[0-9]{1,19}", word) else None

@@ -209,6 +209,7 @@ class Trainer:
         self.reports = Reports(cfg, dist, self.log, self.early, self.saves, self.loss_guard, self.total_steps,
                                self.epoch_of, self.validate, self.probe_loss if self.probe_batches else None,
                                self.model, matmul)
+        self.log.total_steps = self.total_steps  # every heartbeat says it: a restart's total before its first log
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
