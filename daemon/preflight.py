@@ -203,16 +203,11 @@ def remote_root_wait(cfg: RunConfig, fresh: bool = False, claim_remote: bool = F
     is the run's remote again. `fresh` (`run --fresh`): a new lineage, whose records say it never synced there;
     `claim_remote` (`run --claim-remote`): the directory there now is taken, nothing to say. A run.dir or remote
     that does not answer now: nothing said (the sync says it)."""
-    from pathlib import Path
-
-    from minilmd.daemon.jobs import remote_claim, remote_made, remote_root
+    from minilmd.daemon.jobs import remote_claim
 
     if claim_remote or not cfg.run.dir or local_remote_root(cfg.run.remote) is None:
         return ""
-    url = cfg.run.remote.rstrip("/")
-    made = remote_made.Made(remote_made.run_record(Path(cfg.run_dir)))  # read only: no older record adopted here
-    synced_before = (lambda: "") if fresh else remote_claim.synced_before(cfg)
-    answered, words, _ = bounded_probe(remote_root.check_words, url, made, synced_before)
+    answered, words = remote_claim.root_words_now(cfg, fresh)
     if not (answered and words):
         return ""
     return (f"run.remote: remote unavailable: {words}; until then every sync of the run fails so and is retried (no "

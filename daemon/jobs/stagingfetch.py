@@ -64,6 +64,11 @@ class StagingFetch:
     first_listed: int | None = None
     """The newest step the remote's first listing held, when `_list_again` listed it again."""
     remote_newer: int | None
+    before_look: tuple[str, str | None, float | None] | None = None
+    """The sync section (state, error, since) before say_remote marked run.remote unavailable, put back when it
+    answers again."""
+    remote_look: str = ""
+    """look_at_remote's words of the last staging try the corpus source did not answer (set by the thread)."""
     fetch_full: bool
     none_valid: bool
     awaiting_remote: Path | None
@@ -97,6 +102,35 @@ class StagingFetch:
             f"scratch holds no checkpoint and the remote may hold one: not starting from step 0{fresh}"
         self.emit("fetch", f"{message}; {why}; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
         self.state.save()
+
+    def look_at_remote(self) -> str:
+        """In the staging thread, once the corpus source did not answer: the run's local run.remote looked at as
+        `run --check` looks at it (remote_claim.root_words_now, bounded), so that a share gone with the corpus's is
+        known while staging waits, not only at the next sync. Its words when it is gone, replaced or does not answer
+        within the bound; "" when it answers as the run's root (or is no local path, or the run never recorded it)."""
+        from minilmd.daemon.jobs import remote_claim
+        from minilmd.urls import local_remote_root
+
+        if not self.cfg.run.remote or local_remote_root(self.cfg.run.remote) is None:
+            return ""
+        answered, words = remote_claim.root_words_now(self.cfg, self.fresh)
+        return words if answered else f"{self.cfg.run.remote} does not answer (a share that stalls?)"
+
+    def say_remote(self, words: str) -> None:
+        """In the loop: what look_at_remote found, in state.json's sync section (sync `unavailable`, its error
+        REMOTE_UNAVAILABLE's words), which status says beside the last verified sync ("run.remote does not answer
+        now"); the sync section as it was before, once the remote answers again (or the wait is over)."""
+        sync = self.state.sync
+        if words:
+            if sync.state != SyncState.UNAVAILABLE:
+                self.before_look = (sync.state, sync.error, sync.since)
+                sync.state, sync.since = SyncState.UNAVAILABLE, now()
+                self.emit("staging", f"{REMOTE_UNAVAILABLE}: {words} (looked at while staging waits for the corpus)")
+            sync.error = f"{REMOTE_UNAVAILABLE}: {words}"
+        elif self.before_look is not None:
+            if sync.state == SyncState.UNAVAILABLE:  # still what the look set: the remote answers again
+                sync.state, sync.error, sync.since = self.before_look
+            self.before_look = None
 
     def _flag_stalled_fetch(self) -> None:
         started = self.fetch_started

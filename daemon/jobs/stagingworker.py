@@ -223,6 +223,7 @@ class StagingWorker(StagingFetch):
             return self._inputs_done(worker)
         staging = self.state.staging
         if isinstance(worker.error, SourceUnreachable):
+            self.say_remote(self.remote_look)  # saved with the wait's own words
             self._wait_for("corpus source unreachable", str(worker.error))
             return None
         if isinstance(worker.error, ScratchFull):
@@ -396,6 +397,7 @@ class StagingWorker(StagingFetch):
             self.emit("staging", f"{over} after {now() - staging.unreachable_since:.0f}s")
         staging.unreachable = staging.unreachable_since = staging.waiting = None
         self.source_failures = 0
+        self.say_remote("")  # the corpus answers: the fetch and the syncs look at the remote from here on
 
     def _start(self) -> None:
         staging = self.state.staging
@@ -450,6 +452,9 @@ class StagingWorker(StagingFetch):
         try:
             staged = self.infra.stage(self.cfg, progress, self.inbox.put,
                                       lambda why: setattr(self.state.staging, "from_copy", why))
+        except SourceUnreachable:  # its share gone: run.remote's may be too (user F9), looked at here, bounded
+            self.remote_look = self.look_at_remote()
+            raise
         finally:
             self.reads.reading("")  # the fetch has its own stall report ("remote unavailable")
         return (staged, *self._fetch_job(staged))
