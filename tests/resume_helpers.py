@@ -41,7 +41,7 @@ def attempt_here(config: Path, *sets: str) -> tuple[int, str]:
 
 def heartbeat_step(run_dir: Path) -> int:
     try:
-        return int((run_dir / HEARTBEAT).read_text().strip() or -1)
+        return int((run_dir / HEARTBEAT).read_text().strip().split("/")[0] or -1)  # "STEP/TOTAL"
     except (FileNotFoundError, ValueError):
         return -1
 

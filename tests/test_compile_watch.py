@@ -37,13 +37,13 @@ def test_a_compiling_heartbeat_of_this_attempt_gets_compile_timeout(tmp_path, co
     cfg.run_dir.mkdir(parents=True)
     hb = cfg.run_dir / HEARTBEAT
     hb.write_text("12 compiling\n")
-    assert read_heartbeat(cfg.run_dir)[1:] == (12, "compiling", "")
+    assert read_heartbeat(cfg.run_dir)[1:4] == (12, "compiling", "")
     ours = FakeChild(started=time.time())
     assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 1200.0
     earlier = FakeChild(started=time.time() + 3600)  # the file is an earlier attempt's: no allowance
     assert trainerwatch.hang_limit(cfg, earlier, read_heartbeat(cfg.run_dir)) == 90.0
     hb.write_text("13\n")
-    assert read_heartbeat(cfg.run_dir)[1:] == (13, "", "")
+    assert read_heartbeat(cfg.run_dir)[1:4] == (13, "", "")
     assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 90.0
     cfg.restart.compile_timeout = "1m"  # shorter than hang_timeout: never less than hang_timeout
     hb.write_text("13 compiling\n")

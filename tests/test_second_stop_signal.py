@@ -45,7 +45,7 @@ def _second_ctrl_c(tmp_path, corpus, when: str) -> str:
 
 def _heartbeat_step(run_dir) -> str:
     try:
-        return (run_dir / names.HEARTBEAT).read_text().split(maxsplit=1)[0]
+        return (run_dir / names.HEARTBEAT).read_text().split(maxsplit=1)[0].split("/")[0]  # "STEP/TOTAL"
     except (OSError, IndexError):
         return ""
 

@@ -47,7 +47,7 @@ def _held_in_a_stops_save(tmp_path, corpus) -> Iterator[tuple[subprocess.Popen, 
 
 def _heartbeat_step(run_dir) -> str:
     try:
-        return (run_dir / names.HEARTBEAT).read_text().split(maxsplit=1)[0]
+        return (run_dir / names.HEARTBEAT).read_text().split(maxsplit=1)[0].split("/")[0]  # "STEP/TOTAL"
     except (OSError, IndexError):
         return ""
 
