@@ -103,6 +103,31 @@ def dir_prepare_hint(path: str, seq_len: int) -> str:
     where = PurePath(path)
     out = f"{where}-prepared"
     files = " ".join(f"{shlex.quote(str(where))}/*{suffix}" for suffix in found)
-    return (f"it holds raw JSON lines: `minilmd prepare {files} --tokenizer TOKENIZER --seq-len {seq_len} --out "
-            f"{shlex.quote(out)}` (--format chat for conversations, dpo for preference pairs), then set "
+    fmt = _dir_format(path, found)
+    return (f"it holds raw JSON lines: `minilmd prepare {files}{f' --format {fmt}' if fmt else ''} --tokenizer "
+            f"TOKENIZER --seq-len {seq_len} --out {shlex.quote(out)}`"
+            f"{'' if fmt else ' (--format chat for conversations, dpo for preference pairs)'}, then set "
             f"data.prepared = {out!r}")
+
+
+MAX_SNIFFED = 16
+"""The most files of a directory of raw JSON lines whose first lines dir_prepare_hint reads."""
+
+
+def _dir_format(path: str, suffixes: list[str]) -> str | None:
+    """The one format the directory's *.jsonl files are of, by each one's first line (_first_line_format: regular
+    files of this user's or root's only); None when it cannot be told: compressed files (not read here), more than
+    MAX_SNIFFED files, one that cannot be read, or files of several formats. Before, the command said no --format:
+    pasted for a directory of chat files it read them as text and refused every line (a new user's LoRA stage)."""
+    from minilmd.untrusted import Unreadable, dir_names
+
+    if suffixes != [".jsonl"]:
+        return None
+    try:
+        plain = sorted(name for name in dir_names(path) if name.endswith(".jsonl"))
+    except (Unreadable, OSError):
+        return None
+    if len(plain) > MAX_SNIFFED:
+        return None
+    formats = {_first_line_format(str(PurePath(path) / name)) for name in plain}
+    return formats.pop() if len(formats) == 1 else None

@@ -111,3 +111,21 @@ def test_run_check_of_a_directory_of_raw_json_lines_says_the_command_to_run(tmp_
     (raw / "tokenizer.json").write_text("{}")  # a prepared corpus copied without its meta.json: no raw JSON lines
     said = _check_prepared(tmp_path, raw)[1]
     assert "no meta.json there; not an output of `minilmd prepare`" in said and "raw JSON lines" not in said, said
+
+
+def test_run_check_of_a_directory_of_chat_files_names_their_format(tmp_path):
+    """A new user's LoRA stage named the directory `minilmd demo-corpus --chat` wrote as data.prepared: the command
+    said no --format, and pasted it read the conversations as text and refused every line (exit 65). The files'
+    first lines tell the format, as they do for one file; files of several formats keep the general words."""
+    raw = tmp_path / "chat"
+    raw.mkdir()
+    for name in ("chat_chinese.jsonl", "chat_english.jsonl"):
+        (raw / name).write_text(json.dumps(CHAT, ensure_ascii=False) + "\n", encoding="utf-8")
+    code, said = _check_prepared(tmp_path, raw)
+    assert code == 2 and (
+        f"it holds raw JSON lines: `minilmd prepare {raw}/*.jsonl --format chat --tokenizer TOKENIZER --seq-len 256 "
+        f"--out {raw}-prepared`, then set data.prepared = '{raw}-prepared'") in said, said
+    (raw / "pairs.jsonl").write_text(json.dumps({"chosen": [], "rejected": []}) + "\n", encoding="utf-8")
+    said = _check_prepared(tmp_path, raw)[1]
+    assert (f"`minilmd prepare {raw}/*.jsonl --tokenizer TOKENIZER --seq-len 256 --out {raw}-prepared` (--format chat "
+            f"for conversations, dpo for preference pairs)") in said, said
