@@ -105,3 +105,18 @@ def test_which_sync_states_say_the_remote_does_not_answer_now():
     assert remote_unanswered(SyncState.FAILED, gone)
     assert not remote_unanswered(SyncState.FAILED, "remote full (needs 2 MB)")
     assert not remote_unanswered(SyncState.FAILED, None) and not remote_unanswered(SyncState.IDLE, gone)
+
+
+def test_the_trainer_line_never_gives_a_new_trainer_the_heartbeat_of_the_one_before_it():
+    """Found by a new user: 7 s after a SIGKILL of the trainer, status said `starting for 7s` and `trainer pid 7899,
+    attempt 3, ... heartbeat 13s ago`: the heartbeat was attempt 2's, older than attempt 3 itself."""
+    from minilmd.daemon.base.statesections import StateJson
+    from minilmd.daemon.views.status import _trainer_line
+
+    t = 1_000.0
+    state = StateJson.from_dict({"child": {"pid": 7899, "attempt": 3, "started": t - 7, "log": "logs/a3.log"},
+                                 "progress": {"step": 1344, "heartbeat": t - 13}})
+    line = _trainer_line(state.child, state, t)
+    assert "heartbeat none yet (the trainer before it beat last 13s ago)" in line, line
+    beaten = StateJson.from_dict({**state.to_dict(), "progress": {"step": 1211, "heartbeat": t - 1}})
+    assert "attempt 3, devices cpu, heartbeat 1s ago, log logs/a3.log" in _trainer_line(beaten.child, beaten, t)

@@ -224,10 +224,16 @@ def _progress_lines(p: Progress, alive: bool, saved_pass: str = "") -> list[str]
 
 
 def _trainer_line(child: ChildInfo, state: StateJson, t: float) -> str:
+    """The trainer now. A heartbeat older than its launch is the trainer's before a restart, not its own: said as
+    none yet (a new user read `starting for 7s ... attempt 3, heartbeat 13s ago` right after a SIGKILL)."""
     beat = state.progress.heartbeat
     devices = ",".join(str(d) for d in state.devices) or "cpu"
-    return (f"  trainer pid {child.pid}, attempt {child.attempt}, devices {devices}, "
-            f"heartbeat {_ago(t, beat) if beat else 'none yet'}, log {child.log}")
+    started = child.started if isinstance(child.started, (int, float)) else None
+    if beat and started is not None and beat < started:
+        said = f"none yet (the trainer before it beat last {_ago(t, beat)})"
+    else:
+        said = _ago(t, beat) if beat else "none yet"
+    return f"  trainer pid {child.pid}, attempt {child.attempt}, devices {devices}, heartbeat {said}, log {child.log}"
 
 
 def _gpu_lines(gpu_wait: GpuWait, t: float) -> list[str]:
