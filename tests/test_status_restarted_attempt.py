@@ -167,3 +167,31 @@ def test_a_dead_trainers_reference_pass_is_not_shown_as_going_on(tmp_path):
     assert "DPO reference pass" not in sup.status(), sup.status()
     sup.beat(f"0 {names.HEARTBEAT_REFERENCE} 40/1211/0/1")  # the new trainer's pass
     assert "  DPO reference pass 40/1,211 pairs, 40.0 pairs/s" in sup.status(), sup.status()
+
+
+def test_a_trainer_resumed_below_the_dead_ones_step_is_not_shown_with_the_dead_ones_loss_and_rate(tmp_path):
+    """Found by a new user: SFT trainer SIGKILLed at step 168 (last train line at 160, loss 2.1110), resumed from the
+    checkpoint of step 142: status said `step 144/576 (25.0%)  loss 2.1110 ... lr 0.000421`, step 160's loss and
+    rate beside step 144, under a sparkline ending at step 140's 2.4372. Until the new trainer logs a step, the
+    step line has neither; its first train line brings both back."""
+    run_dir = run_dir_in(tmp_path)
+    sup = Supervisor(run_dir, 576)
+    sup.launch()
+    with open(run_dir / names.METRICS, "a") as f:
+        for step, loss, lr in ((140, 2.4372, 4.3e-4), (150, 2.3, 4.25e-4), (160, 2.1110, 4.21e-4)):
+            f.write(json.dumps({"kind": "train", "step": step, "loss": loss, "lr": lr, "tok_s": 500.0,
+                                "step_time": 0.1, "total_steps": 576, "time": 1000.0 + step}) + "\n")
+    sup.beat("168")
+    assert "loss 2.1110" in step_line(sup.status()), sup.status()
+    sup.died()
+    sup.launch()  # from the checkpoint of step 142
+    for step in ("142", "144"):
+        sup.beat(step)
+        line = step_line(sup.status())
+        assert line.startswith(f"  step {step}/576 ") and "loss" not in line and "lr " not in line, line
+    with open(run_dir / names.METRICS, "a") as f:
+        f.write(json.dumps({"kind": "train", "step": 150, "loss": 2.25, "lr": 4.25e-4, "tok_s": 500.0,
+                            "step_time": 0.1, "total_steps": 576, "time": 2000.0}) + "\n")
+    sup.tick()
+    line = step_line(sup.status())
+    assert line.startswith("  step 150/576 ") and "loss 2.2500" in line and "lr 0.000425" in line, line

@@ -262,6 +262,11 @@ class RunState(StateJson):
             restarted = progress.rates_awaited_since is not None and beat.mtime >= progress.rates_awaited_since
             if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
+                if restarted and progress.step is not None and beat.step < progress.step:
+                    # resumed below the earlier trainer's step: its loss and rate are of a step this one has not
+                    # reached (a new user read `step 144 ... loss 2.1110`, step 160's loss, beside a sparkline
+                    # ending at step 140's 2.4372); none until this trainer logs a step
+                    progress.loss = progress.lr = None
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
                 if restarted or beat.total is not None:  # the budget it counts, never an earlier trainer's
                     progress.total_steps = beat.total
