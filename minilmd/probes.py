@@ -347,6 +347,11 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [], None
     try:
         pred = predecessor(cfg.init.from_)
+        if pred is not None and os.path.realpath(pred.run_dir) == os.path.realpath(cfg.run_dir):
+            return [f"init.from = {cfg.init.from_!r}: names this run itself (run {pred.name}, run.dir "
+                    f"{cfg.run_dir}): it would wait for its own final checkpoint forever; name the run it starts "
+                    f"from (the earlier stage's config or run directory), or leave init.from out to start from the "
+                    f"seeded init"], None
         if pred is not None and predecessor_outcome(pred)[0] == "waiting":  # the supervisor waits for it
             if pred.lora is not None:  # its config says what its final checkpoint will hold: adapters
                 from minilmd.checkpoint_contents import lora_text  # here: numpy, which the start never loads

@@ -189,3 +189,32 @@ def test_a_predecessor_named_by_its_pid_alone_is_not_taken_for_running(tmp_path)
     assert live is not None and (live.running, live.detail) == (False, "its supervisor is gone")
     body["supervisor"].update(start_ticks=process_start_ticks(os.getpid()))  # the same, with its start time
     assert initwait.predecessor_liveness(initwait.Predecessor("sft", pred_dir, tmp_path / "remote"), body).running
+
+
+@pytest.mark.slow  # a launch in a subprocess
+def test_check_and_launch_of_a_stage_whose_init_from_names_itself_refuse_it(tmp_path, corpus):
+    """Found by a new user: a stage whose init.from named its own config passed `run --check` (`waits: init.from =
+    ...: run sft has not started ...; the run waits for it to finish`) and its launch waited in waiting_init for
+    itself, for ever. Refused at once instead, exit 2, by --check and by the launch (nothing made), named by its
+    config or by its run directory."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    config = write_config(tmp_path, corpus, name="sft")
+    write_config(tmp_path, corpus, name="sft", init={"from": str(config)})
+    run_dir = load_config(config).run_dir
+    checked = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert checked.exit_code == 2, checked.output
+    assert (f"init.from = '{config}': names this run itself (run sft, run.dir {run_dir}): it would wait for its own "
+            f"final checkpoint forever") in " ".join(checked.output.split()), checked.output
+    launched = cli("run", str(config), timeout=120)
+    assert launched.returncode == 2 and "names this run itself" in launched.stderr + launched.stdout, launched
+    assert not run_dir.exists()
+    run_dir.mkdir(parents=True)  # named by its run directory, which holds the supervisor's copy of its config
+    shutil.copy(config, run_dir / names.RUN_CONFIG_COPY)
+    write_config(tmp_path, corpus, name="sft", init={"from": str(run_dir)})
+    by_dir = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert by_dir.exit_code == 2 and "names this run itself" in by_dir.output, by_dir.output
