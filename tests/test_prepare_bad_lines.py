@@ -112,6 +112,29 @@ def test_a_few_bad_lines_are_all_on_the_screen_without_a_file(tmp_path, texts, t
     assert "more:" not in done.stderr and not (tmp_path / "out.bad-lines.txt").exists()
 
 
+def test_a_prepare_that_fixed_the_lines_says_the_list_beside_it_is_an_earlier_ones(tmp_path, texts, tokenizer):
+    """Found by a new user: a prepare of chat lines without --format chat exited 65 and left chat.bad-lines.txt; the
+    next one, fixed, published prep/chat beside that list, unsaid, where it reads as the new corpus's. Now said (a
+    list written by that earlier prepare is never removed by this one)."""
+    src = tmp_path / "corpus.jsonl"
+    hand_made(src, texts, bad_every=7, n_lines=250)
+    out = tmp_path / "out"
+    assert prepare_cli(src, tokenizer, out).returncode == 65
+    listing = tmp_path / "out.bad-lines.txt"
+    written = listing.read_bytes()
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts[:200]),
+                     encoding="utf-8")
+    done = prepare_cli(fixed, tokenizer, out)
+    assert done.returncode == 0, done.stderr
+    assert (f"note: {listing} is an earlier prepare's list of bad lines, not this one's (this one had none): remove "
+            f"it") in done.stderr, done.stderr
+    assert listing.read_bytes() == written  # left as it was
+    listing.unlink()
+    again = prepare_cli(fixed, tokenizer, out, "--force")
+    assert again.returncode == 0 and "bad lines" not in again.stderr, again.stderr
+
+
 def test_one_bad_line_keeps_its_message(tmp_path, texts, tokenizer):
     src = tmp_path / "corpus.jsonl"
     [(line, reason)] = hand_made(src, texts, bad_every=1000, n_lines=1500)

@@ -12,6 +12,7 @@ removed. `--on-bad-line error` then exits 65 listing them, publishing nothing; `
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TextIO
 
@@ -45,6 +46,7 @@ class BadLines(BadLineTally):
         self.spool = spool
         self.file: TextIO | None = None
         self.listing: Path | None = None  # where the list went, once published
+        self.earlier_list: Path | None = None  # a list an earlier prepare left beside --out, when this one made none
 
     def add(self, source: str, line: int, reason: str, detail: str) -> str:
         text = super().add(source, line, reason, detail)
@@ -62,10 +64,10 @@ class BadLines(BadLineTally):
         path); the spool (SPOOL in the temporary directory `tmp`) removed either way (it must not be published inside
         the corpus). Through the two directories' descriptors (minilmd/dirfd.py): no name is followed."""
         self.close()
-        if tmp.lstat(SPOOL) is None:
-            return None
-        if self.total <= self.shown:
-            tmp.remove_file(SPOOL)
+        if tmp.lstat(SPOOL) is None or self.total <= self.shown:
+            if tmp.lstat(SPOOL) is not None:
+                tmp.remove_file(SPOOL)
+            self.earlier_list = _earlier_list(parent, out_name)
             return None
         tmp.mode_file(SPOOL, 0o644)  # beside the corpus, readable as the corpus is
         target = list_name(out_name)
@@ -80,5 +82,21 @@ class BadLines(BadLineTally):
         self.listing = parent.path / target
         return self.listing
 
+    def earlier_list_note(self) -> str:
+        """What to say of the list an earlier prepare left beside --out, when this one wrote none ("" if none is
+        there): read beside the new corpus, it would be taken for this one's (a new user's first prepare, without
+        --format chat, left chat.bad-lines.txt; the next one, with it, published prep/chat beside it, unsaid)."""
+        if self.earlier_list is None:
+            return ""
+        this = f"this one had {self.total:,}, all shown above" if self.total else "this one had none"
+        return (f"note: {self.earlier_list} is an earlier prepare's list of bad lines, not this one's ({this}): "
+                f"remove it")
+
     def where_all(self) -> str:
         return f"all {self.total:,} in {self.listing}" if self.listing else super().where_all()
+
+
+def _earlier_list(parent: Dir, out_name: str) -> Path | None:
+    """The list file of an earlier prepare beside --out: a regular file at its name (looked at, never followed)."""
+    st = parent.lstat(list_name(out_name))
+    return parent.path / list_name(out_name) if st is not None and stat.S_ISREG(st.st_mode) else None

@@ -300,6 +300,8 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     found = Collector(tmp, opened, opts.on_bad_line, chat=tok.chat_config is not None)
     encode_all(opened, found, tok, opts, progress)
     found.bad.publish(tmp_dir, parent, out.name)
+    if note := found.bad.earlier_list_note():
+        log(note)
     found.check_bad_lines()
     if found.documents == 0:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
