@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from minilmd.config_hints import key_hint, top_level_problem
+from minilmd.config_hints import key_hint, meant_keys, top_level_problem
 from minilmd.config_sections import (
     LORA_TARGETS,
     PATH_KEYS,
@@ -260,6 +260,9 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
                 hint = key_hint(section, key, settable)
                 known = ", ".join(k for k in hints if f"{section}.{k}" not in SUPERVISOR_SET_KEYS)
                 problems.append(f"unknown key {section}.{key}" + (f": {hint}" if hint else f" (known: {known})"))
+                # the field meant keeps its default: a check derived from it (a missing budget, the corpus against
+                # [model]) would judge that default (`[model] vocab = 2000`: "set model.vocab_size = 2000")
+                mistyped.update(meant_keys(hint))
                 continue
             if not _type_ok(value, hints[key]):
                 problems.append(type_problem(f"{section}.{key}", value, hints[key]))

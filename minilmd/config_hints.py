@@ -5,6 +5,7 @@ section's key (`train.log_evry`: did you mean train.log_every?), or a key above 
 from __future__ import annotations
 
 import difflib
+import re
 
 from minilmd.minimind_names import unknown_key_hint
 
@@ -36,6 +37,16 @@ def key_hint(section: str, key: str, known: dict[str, list[str]]) -> str:
         by_key = {k: f"{s}.{k}" for s, keys in known.items() for k in keys}
         close = [by_key[k] for k in difflib.get_close_matches(key, list(by_key), n=1, cutoff=KEY_TYPO_CUTOFF)]
     return f"did you mean {close[0]}?" if close else ""
+
+
+_MEANT = re.compile(r"did you mean ([a-z_]+\.[a-z_]+(?: or [a-z_]+\.[a-z_]+)*)\?")
+
+
+def meant_keys(hint: str) -> list[str]:
+    """The `section.key`s a key_hint offers ("did you mean train.max_epochs?", "... A or B?"): fields the user meant
+    to set, whose defaults stand in their place (config.py takes them as invalid: what derives from them waits)."""
+    found = _MEANT.match(hint)
+    return found.group(1).split(" or ") if found else []
 
 
 def top_level_problem(name: str, value: object, known: dict[str, list[str]]) -> str:

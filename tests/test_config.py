@@ -316,3 +316,27 @@ def test_an_unknown_key_lists_only_the_keys_a_user_sets(tmp_path):
     text = str(err.value)
     assert "unknown key eval.colour (known: probe, warn_rising" in text, text
     assert "unknown key init.colour (known: from, " in text and "staged" not in text, text
+
+
+def test_a_field_written_under_a_wrong_name_is_not_judged_by_its_default(tmp_path):
+    """Found by a new user: `[model] vocab = 2000` got `unknown key model.vocab: did you mean model.vocab_size?` and,
+    beside it, `model.vocab_size = 6400 but the corpus ... was tokenized with a vocabulary of 2000: set
+    model.vocab_size = 2000`, the default judged in place of what was written; MiniMind's `epochs = 3` got
+    `a budget is required` and an epoch's count beside its `did you mean train.max_epochs?`. The key a hint offers
+    is taken as a field whose value cannot be used, as a mistyped one: what derives from it waits."""
+    raw = minimal(tmp_path)
+    (tmp_path / "prepared" / "meta.json").write_text(json.dumps({"vocab_size": 2000, "splits": {}}))
+    raw["model"] = {"vocab": 2000}
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    assert err.value.problems == ["unknown key model.vocab: did you mean model.vocab_size?"], err.value.problems
+    raw = minimal(tmp_path)
+    raw["train"] = {"epochs": 3}
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    [problem] = err.value.problems
+    assert problem.startswith("unknown key train.epochs: did you mean train.max_epochs?"), problem
+    raw["train"] = {"bogus_knob": 3}  # no guess: nothing meant, the budget still judged
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    assert any(p.startswith("a budget is required") for p in err.value.problems), err.value.problems
