@@ -49,7 +49,7 @@ def test_prepare_of_chat_data_as_text_says_use_format_chat_once(tmp_path, tokeni
     with pytest.raises(InputError) as e:
         prepare([str(src)], tokenizer, tmp_path / "out", workers=0, log=lambda _: None)
     assert str(e.value).count(CHAT_ADVICE) == 1
-    assert "30 bad lines (chat line 30)" in str(e.value)
+    assert "30 bad lines (chat line: 30)" in str(e.value)
     said: list[str] = []
     with pytest.raises(InputError) as e:  # every line skipped: no documents; the advice is the error's
         prepare([str(_jsonl(tmp_path / "all-chat.jsonl", chat=30, text=0))], tokenizer, tmp_path / "out2",
@@ -87,7 +87,7 @@ def test_prepare_of_text_as_chat_says_use_format_text_once_and_lists_the_first_l
     said = str(e.value)
     assert said.count(TEXT_ADVICE) == 1 and TEXT_ADVICE == \
         'this looks like a text corpus ({"text": ...} lines): use --format text'
-    assert "300 bad lines (text line 300)" in said, said
+    assert "300 bad lines (text line: 300)" in said, said
     assert f'{src}:1: text line (a "conversations" (or "messages") key expected, found "text": text data)' in said
     assert said.count(f"{src}:") <= 25, said  # the first lines, not all 300
     with pytest.raises(InputError) as e:  # every line skipped: no documents; the advice is the error's

@@ -102,7 +102,7 @@ def test_tokenizer_train_names_or_skips_a_deep_line(tmp_path, kind):
     r = CliRunner().invoke(app, ["tokenizer", "train", str(src), "--out", str(tmp_path / "b.json"),
                                  "--vocab-size", "300", "--on-bad-line", "skip"])
     assert r.exit_code == 0, r.output
-    assert "bad lines skipped by this run (invalid json 1):" in r.output and (tmp_path / "b.json").is_file()
+    assert "bad lines skipped by this run (invalid json: 1):" in r.output and (tmp_path / "b.json").is_file()
 
 
 @pytest.mark.parametrize("kind", sorted(DEEP))

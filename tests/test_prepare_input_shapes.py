@@ -84,7 +84,7 @@ def test_a_corpus_given_with_the_wrong_format_says_once_which_format_reads_it(tm
         _prepare(fmt, [src], tmp_path / "out", tokenizer, chat_tokenizer)
     said = str(e.value)
     assert said.count(ADVICE[given]) == 1 and f"--format {given}" in ADVICE[given], said
-    assert f"30 bad lines ({given} line 30)" in said, said
+    assert f"30 bad lines ({given} line: 30)" in said, said
 
 
 def test_an_append_of_pairs_to_a_text_corpus_says_to_prepare_a_corpus_of_their_own(tmp_path, tokenizer):

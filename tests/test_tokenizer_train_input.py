@@ -48,7 +48,7 @@ def test_every_bad_line_is_named_in_the_words_prepare_uses(tmp_path, tokenizer):
     assert named == [line for line in prepared.stderr.splitlines() if line.startswith(f"{src}:")]
     said = [line for line in prepared.stderr.splitlines() if line.startswith("error:")]
     assert trained.stderr.splitlines()[0] == said[0], (trained.stderr, prepared.stderr)
-    assert "3 bad lines (invalid json 3)" in trained.stderr
+    assert "3 bad lines (invalid json: 3)" in trained.stderr
     assert not (tmp_path / "tok").exists()
 
 
@@ -66,5 +66,5 @@ def test_skipped_bad_lines_are_named_as_prepare_names_them(tmp_path):
     out = tmp_path / "tokenizer.json"
     done = minilmd("tokenizer", "train", str(src), "--out", str(out), "--vocab-size", "300", "--on-bad-line", "skip")
     assert done.returncode == 0 and out.exists(), done.stderr
-    assert "bad lines skipped by this run (invalid json 2):" in done.stderr
+    assert "bad lines skipped by this run (invalid json: 2):" in done.stderr
     assert f"  {src}:2: invalid json" in done.stderr

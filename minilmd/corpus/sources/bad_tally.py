@@ -50,7 +50,8 @@ class BadLineTally:
         return text
 
     def by_reason(self) -> str:
-        return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in sorted(self.counts.items()))
+        """The count of each reason, `chat line: 467` (a new user read `(chat line 467)` as the line number)."""
+        return ", ".join(f"{reason.replace('_', ' ')}: {n:,}" for reason, n in sorted(self.counts.items()))
 
     def where_all(self) -> str:
         """Where every bad line is named, for the line after the first `shown`: here, only their number."""
