@@ -80,6 +80,8 @@ class Predecessor:
     config file (its run.dir opened once, as named, when its state.json is read)."""
     scratch_only: bool = False
     """It has no run.remote: `root` is its scratch's checkpoints, its only copy (minilmd/scratch_lost.py)."""
+    init_from: str = ""
+    """Its own init.from (what it waits for in turn: a stage that names this run back would wait for ever)."""
 
 
 def _unreadable(e: OSError) -> InitSourceError:
@@ -147,7 +149,7 @@ def _predecessor_of(cfg: RunConfig, run_uid: int, identity: tuple[int, int] | No
     if remote and (foreign := remote_not_the_runs(Path(remote), cfg.run_dir, run_uid)):
         raise InitSourceError(f"the run {cfg.run.name} ({cfg.run_dir}, of {user_words(run_uid)}): {foreign}")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
-                       cfg.lora_dict(), identity, scratch_only=not remote)
+                       cfg.lora_dict(), identity, scratch_only=not remote, init_from=cfg.init.from_)
 
 
 WAIT_WHY_SHOWN = 1000

@@ -37,6 +37,7 @@ from minilmd.init_model import model_mismatch
 from minilmd.init_source import (
     InitSourceError,
     InitSourceUnreachable,
+    Predecessor,
     adapter_source,
     model_problems,
     predecessor,
@@ -347,11 +348,9 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [], None
     try:
         pred = predecessor(cfg.init.from_)
-        if pred is not None and os.path.realpath(pred.run_dir) == os.path.realpath(cfg.run_dir):
-            return [f"init.from = {cfg.init.from_!r}: names this run itself (run {pred.name}, run.dir "
-                    f"{cfg.run_dir}): it would wait for its own final checkpoint forever; name the run it starts "
-                    f"from (the earlier stage's config or run directory), or leave init.from out to start from the "
-                    f"seeded init"], None
+        if pred is not None and (loop := _waits_for_itself(cfg, pred)):
+            return [f"init.from = {cfg.init.from_!r}: {loop}; name the run it starts from (the earlier stage's "
+                    f"config or run directory), or leave init.from out to start from the seeded init"], None
         if pred is not None and predecessor_outcome(pred)[0] == "waiting":  # the supervisor waits for it
             if pred.lora is not None:  # its config says what its final checkpoint will hold: adapters
                 from minilmd.checkpoint_contents import lora_text  # here: numpy, which the start never loads
@@ -367,6 +366,24 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [], str(e)
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"], None
+
+
+def _waits_for_itself(cfg: RunConfig, pred: Predecessor) -> str:
+    """Why the stage would wait for ever ("" when it would not): init.from names this run itself, or a run whose own
+    init.from names this run back (each waiting for the other to finish). Before, `--check` said it waits, and the
+    launch waited in waiting_init with nothing to end it (a new user's copy-paste slip)."""
+    here = os.path.realpath(cfg.run_dir)
+    if os.path.realpath(pred.run_dir) == here:
+        return (f"names this run itself (run {pred.name}, run.dir {cfg.run_dir}): it would wait for its own final "
+                f"checkpoint forever")
+    try:
+        back = predecessor(pred.init_from) if pred.init_from else None
+    except InitSourceError:  # its own init.from is its problem, said by its own check
+        return ""
+    if back is not None and os.path.realpath(back.run_dir) == here:
+        return (f"run {pred.name} starts from this run in turn (its init.from = {pred.init_from!r}): each would wait "
+                f"for the other to finish, forever")
+    return ""
 
 
 def _tokenizer_problems(cfg: RunConfig) -> list[str]:

@@ -196,7 +196,7 @@ def test_check_and_launch_of_a_stage_whose_init_from_names_itself_refuse_it(tmp_
     """Found by a new user: a stage whose init.from named its own config passed `run --check` (`waits: init.from =
     ...: run sft has not started ...; the run waits for it to finish`) and its launch waited in waiting_init for
     itself, for ever. Refused at once instead, exit 2, by --check and by the launch (nothing made), named by its
-    config or by its run directory."""
+    config or by its run directory; so are two stages that name each other."""
     import shutil
 
     from typer.testing import CliRunner
@@ -218,3 +218,9 @@ def test_check_and_launch_of_a_stage_whose_init_from_names_itself_refuse_it(tmp_
     write_config(tmp_path, corpus, name="sft", init={"from": str(run_dir)})
     by_dir = CliRunner().invoke(app, ["run", "--check", str(config)])
     assert by_dir.exit_code == 2 and "names this run itself" in by_dir.output, by_dir.output
+    other = write_config(tmp_path, corpus, name="dpo", init={"from": str(config)})  # two stages naming each other
+    write_config(tmp_path, corpus, name="sft", init={"from": str(other)})
+    looped = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert looped.exit_code == 2 and (
+        f"init.from = '{other}': run dpo starts from this run in turn (its init.from = '{config}'): each would wait "
+        f"for the other to finish, forever") in " ".join(looped.output.split()), looped.output
