@@ -175,18 +175,18 @@ def test_a_trainer_resumed_below_the_dead_ones_step_is_not_shown_with_the_dead_o
     rate beside step 144, under a sparkline ending at step 140's 2.4372. Until the new trainer logs a step, the
     step line has neither; its first train line brings both back."""
     run_dir = run_dir_in(tmp_path)
-    sup = Supervisor(run_dir, 576)
+    sup = Supervisor(run_dir)
     sup.launch()
     with open(run_dir / names.METRICS, "a") as f:
         for step, loss, lr in ((140, 2.4372, 4.3e-4), (150, 2.3, 4.25e-4), (160, 2.1110, 4.21e-4)):
             f.write(json.dumps({"kind": "train", "step": step, "loss": loss, "lr": lr, "tok_s": 500.0,
                                 "step_time": 0.1, "total_steps": 576, "time": 1000.0 + step}) + "\n")
-    sup.beat("168")
+    sup.beat("168/576")
     assert "loss 2.1110" in step_line(sup.status()), sup.status()
     sup.died()
     sup.launch()  # from the checkpoint of step 142
     for step in ("142", "144"):
-        sup.beat(step)
+        sup.beat(f"{step}/576")  # the new trainer says its total in its beats
         line = step_line(sup.status())
         assert line.startswith(f"  step {step}/576 ") and "loss" not in line and "lr " not in line, line
     with open(run_dir / names.METRICS, "a") as f:
