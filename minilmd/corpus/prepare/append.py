@@ -194,7 +194,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all
-    from minilmd.corpus.sources.jsonl import open_sources
+    from minilmd.corpus.sources.source_list import source_sizes
     from minilmd.corpus.workers import default_workers
 
     # Everything of the corpus is read through the locked directory (its descriptor; _check_owner made sure no one
@@ -238,10 +238,10 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
         (tmp / split).mkdir()
     try:
         hold_for_test()  # holding the lock, its temporary directory made (tests/test_prepare_append_leftovers.py)
-        opened = open_sources(sources)
-        found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
+        sizes = source_sizes(sources)  # every source checked up front, as prepare's; none is held open
+        found = Collector(tmp, sources, sizes, opts.on_bad_line, chat=chat)
         found.appending_to = (str(root), corpus.data_format)  # format_hint: a corpus of their own
-        encode_all(opened, found, tok, opts, progress)
+        encode_all(found, tok, opts, progress)
         found.bad.publish(tmp_dir, parent, root.name)
         found.check_bad_lines()
         check_line_counts(found)
@@ -434,7 +434,7 @@ def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New
         "train_repeating_old_val_dropped": int((~keep["train"]).sum()),
         "previous_meta_sha256": old_meta_sha,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "sources": [s.path for s in found.opened],
+        "sources": list(found.paths),
     })
     m["versions"] = versions
     m["created"] = versions[-1]["created"]

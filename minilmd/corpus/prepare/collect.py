@@ -133,10 +133,13 @@ class LongEnd:
 
 class Collector:
     """Takes the encoded blocks in input order: writes the token streams and leak keys, and counts what meta.json
-    reports (per source, bad lines, documents with special ids inside)."""
+    reports (per source, bad lines, documents with special ids inside). It holds no source open: `paths` and `sizes`
+    (source_list.source_sizes, every source checked and measured up front), then what each one read says of itself
+    (read_through), as stream.py opens and reads them one at a time."""
 
-    def __init__(self, tmp: Path, opened: list[Source], on_bad_line: str, chat: bool = False):
-        self.opened, self.on_bad_line = opened, on_bad_line
+    def __init__(self, tmp: Path, paths: list[str], sizes: list[int], on_bad_line: str, chat: bool = False):
+        self.paths, self.on_bad_line = paths, on_bad_line
+        self.json_arrays = [False] * len(paths)  # each source one JSON array, not JSON lines, once read (format_hint)
         self.chat = chat
         self.train = SplitWriter(tmp / SPLITS[0] / TOKENS, tmp / SPLITS[0] / LOSS_MASK if chat else None)
         self.val_raw = SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS,
@@ -153,17 +156,26 @@ class Collector:
         self.text_bytes = 0
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
         # per source; "dropped" too once --drop-scripts drops one
-        self.sources: list[dict[str, Any]] = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0,
-                                               "blank_lines": 0, "bad_lines": 0} for s in opened]
-        for entry, src in zip(self.sources, opened, strict=True):
-            if src.linked_to is not None:  # a link followed (the one link rule): the file read, named
-                entry["real_path"] = src.linked_to
+        self.sources: list[dict[str, Any]] = [{"path": path, "bytes": size, "lines": 0, "documents": 0,
+                                               "blank_lines": 0, "bad_lines": 0}
+                                              for path, size in zip(paths, sizes, strict=True)]
         from minilmd.corpus.analysis.scripts import ScriptTally
 
         self.scripts = ScriptTally()  # the kept documents of a text corpus, by script
         self.drop_scripts: frozenset[str] = frozenset()  # set by _encode_all: --drop-scripts
         self.spool = Spool(tmp / LONG_DOCUMENT_SPOOL)
         self.threshold = 0  # set by _encode_all: the split rule's
+
+    def read_through(self, src_idx: int, src: Source) -> None:
+        """What the source `src_idx` says of itself once read (`src`, opened for that read): its bytes as opened then
+        and where its links led (the file read, named: the one link rule), whether it is one JSON array."""
+        entry = self.sources[src_idx]
+        entry["bytes"] = src.size
+        if src.linked_to is not None:  # a link followed (the one link rule): the file read, named
+            entry["real_path"] = src.linked_to
+        else:
+            entry.pop("real_path", None)
+        self.json_arrays[src_idx] = src.json_array
 
     @property
     def documents(self) -> int:
@@ -198,8 +210,8 @@ class Collector:
         most lines read another format's than the one prepared (line_shape.py: chat data given to a text corpus's
         reader, text to a chat corpus's, pairs to either, ...): the input is in another format, not thousands of
         lines to mend."""
-        arrays = [s["path"] for src, s in zip(self.opened, self.sources, strict=True)
-                  if src.json_array and 2 * s["bad_lines"] > s["lines"] - s["blank_lines"]]
+        arrays = [s["path"] for array, s in zip(self.json_arrays, self.sources, strict=True)
+                  if array and 2 * s["bad_lines"] > s["lines"] - s["blank_lines"]]
         read = sum(s["lines"] - s["blank_lines"] for s in self.sources)
         other = mostly_other_format(self.bad.counts, read)
         said = [json_document_advice(arrays)] if arrays else []
@@ -236,7 +248,7 @@ class Collector:
         if block.chat_counts:
             self.special_docs += block.chat_counts["special_text"]
         for line, what in (block.ignored_keys or [])[:MAX_EXAMPLES - len(self.ignored_examples)]:
-            self.ignored_examples.append(f"{self.opened[src_idx].path}:{line}: {what}")
+            self.ignored_examples.append(f"{self.paths[src_idx]}:{line}: {what}")
         self.train.write(block.train_tokens, block.train_lengths, block.train_mask, block.train_facts)
         self.train_keys.write(block.train_keys.tobytes())
         self.val_raw.write(block.val_tokens, block.val_lengths, block.val_mask, block.val_facts)
@@ -261,7 +273,7 @@ class Collector:
                 return
             self.scripts.add(row)
         if self.spool.ids + 2 > np.iinfo(np.int32).max:
-            raise InputError(f"{self.opened[src_idx].path}:{end.line}: a document of {self.spool.ids:,} tokens; "
+            raise InputError(f"{self.paths[src_idx]}:{end.line}: a document of {self.spool.ids:,} tokens; "
                              f"doc_lengths.npy holds int32 lengths: split it into documents of fewer tokens")
         self.sources[src_idx]["documents"] += 1
         self.text_bytes += end.text_bytes
@@ -282,7 +294,7 @@ class Collector:
         sm["dropped"] = sm.get("dropped", 0) + n
 
     def _lines(self, src_idx: int, n_lines: int, blank: int, bad: list) -> None:
-        name = self.opened[src_idx].path
+        name = self.paths[src_idx]
         for line, reason, detail in bad:
             self.bad.add(name, line, reason, detail)
         sm = self.sources[src_idx]
@@ -293,7 +305,7 @@ class Collector:
     def _special(self, src_idx: int, lines: list[int]) -> None:
         self.special_docs += len(lines)
         for line in lines[:MAX_EXAMPLES - len(self.special_examples)]:
-            self.special_examples.append(f"{self.opened[src_idx].path}:{line}")
+            self.special_examples.append(f"{self.paths[src_idx]}:{line}")
 
     def close(self) -> None:
         self.train.close()
@@ -303,7 +315,7 @@ class Collector:
         self.bad.close()
 
 
-def leak_check(tmp: Path, found: Collector, opened: list[Source]) -> tuple[np.ndarray, list[str]]:
+def leak_check(tmp: Path, found: Collector) -> tuple[np.ndarray, list[str]]:
     """(leaked: one flag per val document, examples as source:line). Val keys in memory, train keys streamed from
     disk; the train key file is removed after."""
     vkeys = np.concatenate(found.val_keys) if found.val_keys else np.zeros(0, dtype=np.uint64)
@@ -315,7 +327,7 @@ def leak_check(tmp: Path, found: Collector, opened: list[Source]) -> tuple[np.nd
             for block in iter(lambda: f.read(8 << 20), b""):
                 leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
     keys_path.unlink()
-    return leaked, [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
+    return leaked, [f"{found.paths[int(s)]}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
 
 
 def write_splits(tmp: Path, found: Collector, leaked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -58,7 +58,8 @@ from minilmd.corpus.prepare.meta import PREPARED_AT, add_chat_meta, build_meta, 
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import encode_all
 from minilmd.corpus.progress import Progress
-from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_sources
+from minilmd.corpus.sources.jsonl import InputError, loads_bounded
+from minilmd.corpus.sources.source_list import source_sizes
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
@@ -296,9 +297,9 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     if tok.chat_config is not None:
         (tmp / TOKENIZER_CONFIG).write_text(json.dumps(tok.chat_config, indent=2, ensure_ascii=False) + "\n",
                                             encoding="utf-8")
-    opened = open_sources(sources)
-    found = Collector(tmp, opened, opts.on_bad_line, chat=tok.chat_config is not None)
-    encode_all(opened, found, tok, opts, progress)
+    sizes = source_sizes(sources)  # every source checked up front: a missing one fails here; none is held open
+    found = Collector(tmp, sources, sizes, opts.on_bad_line, chat=tok.chat_config is not None)
+    encode_all(found, tok, opts, progress)
     found.bad.publish(tmp_dir, parent, out.name)
     if note := found.bad.earlier_list_note():
         log(note)
@@ -312,7 +313,7 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
                          + f"; {hint}" * bool(hint))
     check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
     duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
-    leaked, leak_examples = leak_check(tmp, found, opened)
+    leaked, leak_examples = leak_check(tmp, found)
     _check_splits(found, leaked, opts.val_fraction, 2 if opts.data_format == "dpo" else 1,
                   duplicates["largest_group"])
     train_lengths, val_lengths = write_splits(tmp, found, leaked)

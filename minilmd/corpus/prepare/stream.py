@@ -1,5 +1,6 @@
 """The streaming half of `minilmd prepare` and `prepare --append` (minilmd/corpus/prepare/pipeline.py, append.py):
-the sources opened, read in blocks of whole lines (a line longer than a block parsed as it is read:
+the sources opened one at a time (checked and measured up front: minilmd/corpus/sources/source_list.py), read in
+blocks of whole lines (a line longer than a block parsed as it is read:
 minilmd/corpus/sources/longdoc.py, its text sent in pieces), encoded by the worker processes
 (minilmd/corpus/prepare/encode.py) and collected in input order (minilmd/corpus/prepare/collect.py), a bounded
 number in flight; its progress on stderr (minilmd/corpus/progress.py)."""
@@ -21,11 +22,14 @@ from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
 from minilmd.corpus.workers import default_workers
 
 
-def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, opts: PrepareOptions,
-                progress: Progress | bool | None) -> None:
-    """Blocks of whole lines, and the pieces of long lines, -> worker processes -> `found`, in input order, a
-    bounded number in flight."""
-    total_bytes = sum(s.size for s in opened)
+def encode_all(found: Collector, tok: PrepareTokenizer, opts: PrepareOptions, progress: Progress | bool | None
+               ) -> None:
+    """Blocks of whole lines, and the pieces of long lines, of each of found's sources -> worker processes ->
+    `found`, in input order, a bounded number in flight. One source is open at a time, read to its end and closed
+    before the next is opened (the workers get its bytes, never the file): however many the sources, they never
+    hold more than one descriptor among them, where all held at once ran out of them (EMFILE) past the soft limit
+    of open files."""
+    total_bytes = sum(s["bytes"] for s in found.sources)  # as measured up front
     if progress is None or progress is True:
         progress = Progress(total_bytes)
     elif progress is False:
@@ -48,7 +52,8 @@ def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, op
                 progress.update(done_before + src.position, found.tokens, found.documents)
 
     try:
-        for src_idx, src in enumerate(opened):
+        for src_idx, path in enumerate(found.paths):
+            src = Source(path)  # Source's checks again on this open: the file read passes them too
             try:
                 # A chat line is held whole (pipeline.py's docstring), up to chat_encode's bound.
                 items = src.items(opts.block_bytes) if chat is None else chat_blocks(
@@ -61,9 +66,10 @@ def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, op
                     else:
                         first_line, blob = item
                         submit(src_idx, "block", encoders.submit("__call__", blob, first_line))
-                done_before += src.size
             finally:
                 src.close()
+            found.read_through(src_idx, src)
+            done_before += src.size
         while pending:
             found.take(*_result(pending.popleft()))
         if progress:
@@ -74,8 +80,6 @@ def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, op
         encoders.shutdown()
         if progress:
             progress.close()
-        for s in opened:
-            s.close()
         found.close()
 
 

@@ -377,37 +377,6 @@ class Source:
         self.raw.close()
 
 
-def open_sources(sources: list[str]) -> list[Source]:
-    """Every source opened up front (prepare): a missing file fails in a second, not in an hour, and the bytes to
-    read are known for the progress. All held open at once: sources_bytes for a reader that needs them one at a
-    time."""
-    opened: list[Source] = []
-    try:
-        for path in sources:
-            opened.append(Source(path))
-    except ValueError:  # InputError, and LinkRefused: another user's link among the sources
-        for source in opened:
-            source.close()
-        raise
-    return opened
-
-
-def sources_bytes(sources: list[str]) -> int:
-    """The bytes of all the sources, each opened as Source opens it (its checks: a missing file, a directory, a FIFO,
-    another user's link fail here, in a second, not in an hour), measured and closed at once: for a reader that then
-    opens them one at a time (tokenizer train), so that no more than one is held open whatever their number.
-    Before, tokenizer train held all of them (open_sources): 1,100 shards under the usual limit of 1,024 open files
-    failed with EMFILE, exit 74."""
-    total = 0
-    for path in sources:
-        src = Source(path)
-        try:
-            total += src.size
-        finally:
-            src.close()
-    return total
-
-
 def compressed(path: str) -> bool:
     """Whether Source reads `path` through a decompressor (fsspec's inference by its name): one stream, no byte
     offsets to cut it at."""

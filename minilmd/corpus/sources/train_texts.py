@@ -15,9 +15,9 @@ from minilmd.corpus.sources.jsonl import (
     Source,
     parse_block,
     parse_long_line,
-    sources_bytes,
 )
 from minilmd.corpus.sources.line_shape import json_document_advice
+from minilmd.corpus.sources.source_list import source_sizes
 
 TRAIN_TEXT_CHARS = 1 << 24
 """What iter_texts (tokenizer training) takes of one document, at most: its first 16 Mi characters. BPE learns from
@@ -36,14 +36,14 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None, progres
     its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
     tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
     all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone. The sources are
-    checked and measured up front, as prepare's are (sources_bytes), then read one at a time, one open at once;
+    checked and measured up front, as prepare's are (source_list.py), then read one at a time, one open at once;
     `progress` (a minilmd/corpus/progress.py Progress) is told their bytes then, and the bytes and documents read as
     they are, as prepare's is."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
     bad = BadLineTally() if bad is None else bad
     documents = done_before = 0  # done_before: the bytes of the sources already read
-    total = sources_bytes(sources)  # every source checked up front, as prepare's; none held open
+    total = sum(source_sizes(sources))  # every source checked up front, as prepare's; none held open
     if progress:
         progress.total = total
     for path in sources:
