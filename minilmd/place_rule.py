@@ -70,7 +70,8 @@ def _link_target(path: Path) -> str:
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
                   own_links: bool = False, group_share: bool = False, team_above: bool = False,
-                  team_root: bool = False, links: int = 0, owners: Set[int] = frozenset()) -> str | None:
+                  team_root: bool = False, closed: bool = False, links: int = 0,
+                  owners: Set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
@@ -80,7 +81,9 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     run.remote; still root's or ours, not world-writable unless sticky). `team_root`: the last directory checked may
     be written by others, but is root's, ours or `owners'` (a run.remote's own directory). `owners`: more uids
     counted as ours (as Dir.owners; a squashing share's), for a directory that no one but its owner may write
-    (sticky or not: only a sticky directory of root's or ours is trusted). None: the path stays where it is."""
+    (sticky or not: only a sticky directory of root's or ours is trusted). `closed` (with `dir_itself`): target's
+    own directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why). None: the path
+    stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -99,7 +102,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
                                      group_share=group_share, team_above=team_above, team_root=team_root,
-                                     links=links + 1, owners=owners)
+                                     closed=closed, links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
@@ -108,7 +111,8 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
             if team_root and (problem := _owner_problem(st, where, label, what, owners)):
                 return problem
             continue
-        if problem := _dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners):
+        if problem := _dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners,
+                                        closed=closed and dir_itself and above == chain[-1]):
             return problem
     return None
 
@@ -129,17 +133,21 @@ RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change{hom
 def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     """place_problem for run.dir, at `run --check`, the supervisor's start and `minilmd train` (minilmd/probes.py
     path_problems), before anything is made: it and every directory above it root's or ours, none another user can
-    rearrange (sticky is fine, a link of root's or ours followed). Else another user could put his directory, or a
-    link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by name (a
-    .space-reserve link truncated her file, an events.jsonl link got events appended). No team-directory opt-in as
-    run.remote's (`team_above`, `group_share`): those writes go through a descriptor opened by the walk, run.dir's do
-    not; teammates read a run through run.share = "group". No `owners` as run.remote's for a squashing share (NFS
-    root_squash makes root's run.dir nobody's): those are learnt by writing a file in the directory
-    (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before anything is made (docs/operations.md
-    says so: such a run.dir is refused)."""
+    rearrange (a sticky one above it is fine, a link of root's or ours followed). Else another user could put his
+    directory, or a link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by
+    name (a .space-reserve link truncated her file, an events.jsonl link got events appended). And run.dir itself
+    one no other user can write, sticky or not (`closed`; a group of this user's alone is no other user, as
+    perms.others_can_write says): a sticky bit keeps others from removing or renaming what is in a directory, not
+    from making a name first, and the run makes its files there by name (before, another user's 0666 events.jsonl
+    made in a 1777 run.dir became the run's event log, his to read and rewrite, and his 0777 `logs` the directory of
+    its attempt logs). No team-directory opt-in as run.remote's (`team_above`, `group_share`): those writes go
+    through a descriptor opened by the walk, run.dir's do not; teammates read a run through run.share = "group". No
+    `owners` as run.remote's for a squashing share (NFS root_squash makes root's run.dir nobody's): those are learnt
+    by writing a file in the directory (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before
+    anything is made (docs/operations.md says so: such a run.dir is refused)."""
     home = "" if under_home(run_dir) else ", such as one under your home"
     return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE.format(home=home), dir_itself=True,
-                         own_links=True)
+                         own_links=True, closed=True)
 
 
 def settle_run_dir(run_dir: str | os.PathLike) -> Path:
@@ -161,7 +169,7 @@ def open_run_dir(run_dir: str | os.PathLike) -> int:
 
 def _walk_run_dir(run_dir: str | os.PathLike) -> tuple[int, Path]:
     home = "" if under_home(run_dir) else ", such as one under your home"
-    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777)
+    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777, closed=True)
 
 
 def under_home(path: str | os.PathLike) -> bool:
@@ -174,10 +182,12 @@ def under_home(path: str | os.PathLike) -> bool:
 
 
 def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
-                      owners: Set[int], acl_at: Path | int | None = None, reading: bool = False) -> str | None:
+                      owners: Set[int], acl_at: Path | int | None = None, reading: bool = False,
+                      closed: bool = False) -> str | None:
     """The rule one directory on the way keeps (`st` as lstat or fstat saw it, `above` its path; `acl_at`: where
     its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others
-    (`reading`: perms.others_can_write's)."""
+    (`reading`: perms.others_can_write's); `closed`: not writable by others at all, sticky or not (run_dir_problem
+    says why)."""
     mode = stat.S_IMODE(st.st_mode)
     sticky = bool(st.st_mode & stat.S_ISVTX)
     owner = user_words(st.st_uid) if not owned_by_me(st) else "you"  # named only in a refusal (a passwd lookup)
@@ -195,10 +205,18 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
                     f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
                     f"trusted, since its owner may remove or rename anything in it), who could replace {what}; "
                     f"{advice}")
-        fix = f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice  # the one-step fix first
-        return (f"{where} can be written by other users (mode {mode:o}, not sticky), who "
-                f"could replace {what} by a link to your files or by a directory of theirs; {fix}")
+        return (f"{where} can be written by other users (mode {mode:o}, not sticky), who could replace {what} by a "
+                f"link to your files or by a directory of theirs; {_fix(st, above, advice)}")
+    if closed and others_can_write(st, acl):  # sticky, root's or ours: others_can_rearrange let it pass
+        return (f"{where} can be written by other users (mode {mode:o}: sticky, which keeps them from removing or "
+                f"renaming its files, not from making them first), who could make {what} before the run does, "
+                f"as theirs; {_fix(st, above, advice)}")
     return None
+
+
+def _fix(st: os.stat_result, above: Path, advice: str) -> str:
+    """What to do about a directory of the rule's that others can write: the one-step chmod first when it is ours."""
+    return f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice
 
 
 def _owner_problem(st: os.stat_result, where: str, label: str, what: str, owners: Set[int]) -> str | None:
@@ -289,7 +307,7 @@ def real_path(path: str | os.PathLike, owners: Set[int] = frozenset()) -> Path:
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
             group_share: bool = False, team_above: bool = False, team_root: bool = False,
             owners: Set[int] = frozenset(), exact_mode: bool = False,
-            made: list[Path] | None = None, reading: bool = False) -> tuple[int, Path]:
+            made: list[Path] | None = None, reading: bool = False, closed: bool = False) -> tuple[int, Path]:
     """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
     the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
     parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
@@ -303,7 +321,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     meanwhile is judged as found, not listed). PlaceRefused for another's link, a file in the way ("is a file, not a
     directory") or a directory the rule refuses; any other OSError as it comes (a full file system, no search
     permission), its filename the full path of the component it met (never the bare name the *at call was given).
-    `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`."""
+    `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`.
+    `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why)."""
     # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
     # path: a process whose working directory was removed still reaches an absolute one.
     given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
@@ -313,7 +332,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
 
     def judged(fd: int, here: Path) -> tuple[int, Path]:
         return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
-                       team_above=team_above, team_root=team_root, owners=owners, reading=reading)
+                       team_above=team_above, team_root=team_root, owners=owners, reading=reading,
+                       closed=closed and not pending)
 
     def step(name: str) -> None:
         """One component: the walk restarted at "/", up one, or down into `name` (a link's target pending)."""
@@ -402,7 +422,7 @@ def _readlink_at(fd: int, name: str) -> str:
 
 def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str, advice: str, last: bool, *,
             group_share: bool, team_above: bool, team_root: bool, owners: Set[int],
-            reading: bool = False) -> tuple[int, Path]:
+            reading: bool = False, closed: bool = False) -> tuple[int, Path]:
     """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not)."""
     where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
     st = os.fstat(fd)
@@ -412,7 +432,7 @@ def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str,
         problem = None
     else:
         problem = _dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd,
-                                    reading=reading)
+                                    reading=reading, closed=closed)
     if problem:
         os.close(fd)
         raise PlaceRefused(f"{problem} (found so when opened)")

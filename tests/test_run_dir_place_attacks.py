@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,10 +27,11 @@ from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import EventLog
 from minilmd.daemon.phases.rundirwatch import RESERVE_BYTES, make_reserve, release_reserve
-from minilmd.place_rule import run_dir_problem
+from minilmd.place_rule import PlaceRefused, open_run_dir, run_dir_problem, settle_run_dir
 from minilmd.protocol import SUPERVISOR_CONFIG
 from minilmd.trainer.loop.tensorboard import restarts_so_far
-from second_user import sh_as_user, shared  # noqa: F401 - shared: a fixture
+from real_groups import groups  # noqa: F401 - a fixture
+from second_user import second_user, sh_as_user, shared, user_python  # noqa: F401 - shared: a fixture
 from supervisor_helpers import cli, write_config
 from trainer_corpus import train_cmd
 from waiting import without_blocking
@@ -176,11 +180,11 @@ def test_the_reserve_is_never_written_through_a_link_nor_into_a_fifo(tmp_path):
 
 @pytest.mark.root
 def test_a_reserve_another_uid_owns_is_neither_refused_nor_written_nor_removed(tmp_path):
-    """A file at the reserve's name that another user owns (an admin's, in the run's own run.dir; anyone's in a
-    run.dir that is sticky and world-writable, which the place rule lets be) is no reason to stop the supervisor's
-    start with exit 1 (review2 F5: a refusal that a restart meets again, for ever), and not the run's to write or
-    remove: before, its bytes were zeroed to the reserve's size and, when run.dir filled, it was unlinked. Now it is
-    left as it is, and the run goes without a reserve."""
+    """A file at the reserve's name that another user owns (an admin's, in the run's own run.dir; another user's
+    made while run.dir was open to others, before the chmod go-w the place rule asks for) is no reason to stop the
+    supervisor's start with exit 1 (review2 F5: a refusal that a restart meets again, for ever), and not the run's
+    to write or remove: before, its bytes were zeroed to the reserve's size and, when run.dir filled, it was
+    unlinked. Now it is left as it is, and the run goes without a reserve."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     reserve = run_dir / names.RUN_DIR_RESERVE
@@ -287,3 +291,92 @@ def test_the_trainer_on_its_own_judges_the_run_dir_it_makes_again(tmp_path, corp
     config = write_config(tmp_path, corpus, name="raced-train", remote=False, run={"dir": str(late)})
     sh_as_user("mkdir -m 777 late-train && chmod 777 late-train", cwd=shared)
     assert main(str(config)) == SUPERVISOR_CONFIG and os.listdir(late) == []
+
+
+# --- run.dir itself: no one else may add to it, sticky or not -------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_sticky_run_dir_anyone_may_write_is_refused_by_check_launch_and_train(tmp_path, corpus, shared):
+    """run.dir itself 1777 (hers, like /tmp): the sticky bit keeps others from removing or renaming its files, not
+    from making them first. Before, `run --check` passed it (the sticky exception of the directories above covered
+    run.dir too), and nobody's own events.jsonl (0666, his to read and rewrite) and `logs` directory made there
+    before the run were the run's event log and attempt logs. Now refused by `run --check`, the launch and `minilmd
+    train`, exit 2, with the chmod that fixes it, nothing written; after the chmod it is used."""
+    run_dir = shared / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o1777)
+    sh_as_user(f"echo his > run/{names.EVENTS} && chmod 666 run/{names.EVENTS} && "
+               f"mkdir -m 777 run/{names.ATTEMPT_LOGS}", cwd=shared)
+    planted = _tree(shared)
+    config = write_config(tmp_path, corpus, name="sticky", remote=False, run={"dir": str(run_dir)})
+    said = (f"run.dir {run_dir}: the directory {run_dir} can be written by other users (mode 1777: sticky, which "
+            f"keeps them from removing or renaming its files, not from making them first)")
+
+    _refused_by_check_and_launch(config, said, f"; chmod go-w {run_dir} (it is yours), or set run.dir")
+    trained = cli(*train_cmd(config)[3:], timeout=300)
+    assert trained.returncode == 2 and said in trained.stderr, trained.stdout + trained.stderr
+    assert _tree(shared) == planted  # his events.jsonl not appended to, nothing made in his logs
+    assert not load_config(config).scratch_dir.exists()  # refused before scratch was claimed
+    assert _registered("sticky") == []
+
+    run_dir.chmod(0o755)  # what the advice says
+    checked = cli("run", "--check", str(config))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_sticky_run_dir_of_roots_anyone_may_write_is_refused_for_another_user(shared):
+    """A root-owned 1777 run.dir (as /tmp itself would be) judged by a user who is not root: refused as well, the
+    advice being another directory (it is not hers to chmod). The sticky directory above it (`shared`, root's 1777,
+    as /tmp) stays fine: a run.dir of hers made in it is accepted."""
+    (shared / "roots").mkdir()
+    (shared / "roots").chmod(0o1777)
+    sh_as_user("mkdir -m 755 hers", cwd=shared)
+    code = ("import sys\nfrom minilmd.place_rule import run_dir_problem\n"
+            "for path in sys.argv[1:]: print(run_dir_problem(path))\n")
+    done = subprocess.run(user_python(code, str(shared / "roots"), str(shared / "hers"), str(shared / "new")),
+                          capture_output=True, text=True, cwd="/", timeout=60)
+    assert done.returncode == 0, done.stderr
+    roots, hers, new = done.stdout.splitlines()
+    assert roots.startswith(f"run.dir {shared / 'roots'}: the directory {shared / 'roots'} can be written by other "
+                            f"users (mode 1777: sticky, "), roots
+    assert "chmod" not in roots and "set run.dir to a directory only you" in roots, roots
+    assert hers == "None" and new == "None"
+
+
+def test_a_run_dir_only_its_owners_private_group_may_write_is_accepted(tmp_path, groups):
+    """Others who can write run.dir are refused whatever the sticky bit; a group of this user's alone is not
+    others (perms.private_group, as for every directory of the rule: a real group made for the test): 0775 and
+    1775 pass there, 1777 does not, nor 1775 in a group another user is in."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.chown(run_dir, -1, groups.group(members=(me,)))
+    for mode in (0o775, 0o1775):
+        run_dir.chmod(mode)
+        assert run_dir_problem(run_dir) is None, oct(mode)
+    run_dir.chmod(0o1777)
+    assert "can be written by other users (mode 1777: sticky" in (run_dir_problem(run_dir) or "")
+    second_user()
+    os.chown(run_dir, -1, groups.group(members=(me, "nobody")))
+    run_dir.chmod(0o1775)
+    assert "can be written by other users (mode 1775: sticky" in (run_dir_problem(run_dir) or "")
+
+
+def test_the_walk_that_settles_run_dir_refuses_a_sticky_one_others_may_write(tmp_path):
+    """The same rule where run.dir is made and opened (place_rule.settle_run_dir: the supervisor's start and
+    `minilmd train`; open_run_dir: the run lock), judged on its descriptor: a run.dir made 1777 after `run --check`
+    is refused there too; and reached through a link of one's own (followed, as ever) it is judged where it leads."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o1777)
+    said = f"the directory {run_dir} can be written by other users (mode 1777: sticky, "
+    with pytest.raises(PlaceRefused, match=re.escape(said)):
+        settle_run_dir(run_dir)
+    with pytest.raises(PlaceRefused, match=re.escape(said)):
+        os.close(open_run_dir(run_dir))
+    (tmp_path / "link").symlink_to(run_dir)
+    assert said in (run_dir_problem(tmp_path / "link") or "")
+    with pytest.raises(PlaceRefused, match=re.escape(said)):
+        settle_run_dir(tmp_path / "link")
+    run_dir.chmod(0o1755)  # sticky, but no one else may write: fine
+    assert run_dir_problem(tmp_path / "link") is None and settle_run_dir(tmp_path / "link") == run_dir

@@ -70,10 +70,11 @@ def make_reserve(run_dir: Path) -> bool:
     is removed, through that descriptor and only while its name still leads to the file written (Dir.remove_file;
     before, its name was unlinked by path, whatever it led to by then). An OSError when the name is a link, a FIFO,
     or anything but a regular file of one link (lockfile.problem): never written through; or when run.dir no longer
-    passes its place rule (nothing written). A regular file there that is not ours (an admin's; anyone's in a sticky
-    run.dir others may write, which the place rule lets be) is left as it is: True, and the run goes without a
-    reserve. Neither written nor a refusal: it is not the run's to zero or remove (release_reserve), and no reason to
-    crash the supervisor's start with exit 1, which every restart would meet again (review2 F5)."""
+    passes its place rule (nothing written). A regular file there that is not ours (an admin's; another user's made
+    while run.dir was open to others, before the chmod go-w its place rule asks for) is left as it is: True, and the
+    run goes without a reserve. Neither written nor a refusal: it is not the run's to zero or remove
+    (release_reserve), and no reason to crash the supervisor's start with exit 1, which every restart would meet
+    again (review2 F5)."""
     try:
         where = Dir.open(run_dir, "run.dir")
     except PlaceRefused as e:
