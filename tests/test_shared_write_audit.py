@@ -130,6 +130,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                 "sticky: no one else may rename or remove this user's entry; a taken name is "
                                 "never replaced: registry.py)", {
         ("_own_private_dir", ".mkdir"): 1, ("_own_private_dir", "os.chmod"): 1, ("forget", "os.unlink"): 1}),
+    "daemon/host/leases.py": ("private", "a held GPU lease file's times set to now (futimens) through the "
+                              "descriptor it is flocked by, only when the file is this user's own (`writable`) and "
+                              "its name still leads to it (leases.keep): no name followed, no body written, "
+                              "another user's file never touched", {("keep", "os.utime"): 1}),
     "daemon/jobs/basecopy.py": ("private", PRIVATE_SCRATCH + " (the base's copy fetched from the remote)", {
         ("fetch", ".mkdir"): 2, ("fetch", ".write_bytes"): 2, ("stage_from_remote", "shutil.rmtree"): 1}),
     "daemon/jobs/initstage.py": ("private", PRIVATE_SCRATCH + " (the staged probe and init weights)", {

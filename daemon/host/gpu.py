@@ -423,6 +423,28 @@ class GpuAdmission:
         self._leases.append(lease)
         return lease
 
+    def keep(self, lease: DeviceLease) -> list[tuple[str, bool]]:
+        """The lease kept valid while it is held (the supervisor's GpuWaiter.keep_lease, every gpu.poll_interval):
+        each file touched and still named (leases.keep), else its name taken again as try_acquire takes it (a new
+        file made there, or the one there flocked) and held instead. (words, lost) for each file that was not still
+        named: `lost` when another run holds the name now, and so the device."""
+        said: list[tuple[str, bool]] = []
+        for k, held in enumerate(lease._files):
+            if leases.keep(held):
+                continue
+            gone = f"GPU {lease.devices[k]}: its lease file {held.path} was removed while this run held it"
+            again = self._take(held.path.name)
+            if again is None:
+                who = self._lease_busy(held.path.name) or "not taken again"
+                said.append((f"{gone}, and its name is not this run's again ({who}): another run may train on that "
+                             f"GPU now", True))
+                continue
+            leases.clear_body(held)
+            held.close()  # a file no longer named: its flock leases nothing
+            lease._files[k] = again
+            said.append((f"{gone} (a cleaner of old files in {self.lock_dir}?): its name taken again", False))
+        return said
+
     def _forget(self, lease: DeviceLease) -> None:
         if lease in self._leases:
             self._leases.remove(lease)

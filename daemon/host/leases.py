@@ -20,11 +20,14 @@ their own files in it), and anyone may have made it first, with anything inside.
   lease that device through it. Each such file is LeaseUnsafe, its words naming it, its owner and who may remove
   it (`unfit`): its owner or an admin, or this user where the file or the lock directory is hers (sticky: no one
   else). `unfit_leases` says the same of the existing files, nothing made or locked, for `run --check`;
+- a lease lasts while its file keeps its name: `keep`, every gpu.poll_interval while a run holds its cards, checks
+  that the name still leads to the file held (and touches a file of ours, so that a cleaner aging /tmp by times
+  leaves it); GpuAdmission.keep takes a name gone again;
 - the body (JSON: run, pid, host, since) is written only by the file's owner, when it takes the lease. Any other
   user opens the file read-only and only flocks it (an flock needs no write permission); who holds a lease is the
   flock's holder by the kernel's record (minilmd/procs.py flock_holders: /proc/locks, matched on device and inode), and
   the body names its run when that holder wrote it.
-Nothing here chmods a file it did not create, nor writes or truncates another user's file. Torch-free.
+Nothing here chmods a file it did not create, nor writes, truncates or touches another user's file. Torch-free.
 """
 from __future__ import annotations
 
@@ -96,6 +99,33 @@ def take(lock_dir: Path, name: str) -> LeaseFile | None:
         return None
     finally:
         os.close(dir_fd)
+
+
+def keep(lease: LeaseFile) -> bool:
+    """Whether the name of a held lease still leads to its file (lockfile.still_named, at the lock directory reached
+    by the place rule's walk, nothing made), its times then set to now through the held descriptor (futimens) when
+    it is her own file; another user's (opened read-only, `writable` False) keeps its times, the check alone. A
+    cleaner that ages a directory's files by their times (systemd-tmpfiles before v254, which looks for no flock on
+    a file; tmpwatch, tmpreaper, a cron `find -mtime +10 -delete`) removes the file of a lease held for days, or
+    made long before by an earlier run and reused since, and the next run to come makes a new file at the name and
+    leases the same device (GpuAdmission.keep, every gpu.poll_interval while a run holds its cards, touches it and
+    takes the name again when it is gone). False when the name leads elsewhere, or nowhere, or the directory cannot
+    be reached."""
+    try:
+        dir_fd, _ = walk_to(lease.path.parent, LABEL, WHAT, ADVICE, None)  # mode None: nothing made on the way
+    except (PlaceRefused, OSError):
+        return False
+    try:
+        if not lockfile.still_named(dir_fd, lease.path.name, lease.fd):
+            return False
+    finally:
+        os.close(dir_fd)
+    if lease.writable:  # ours: another user's file is not the run's to change, even where root could
+        try:
+            os.utime(lease.fd)  # atime and mtime now (ctime follows): the file is not old while it is held
+        except OSError:
+            pass  # a read-only file system: its times stay; still named, it holds
+    return True
 
 
 def try_lock(lease: LeaseFile, exclusive: bool) -> bool:

@@ -8,7 +8,8 @@ no NVML, when every card is in MIG mode without an instance, or when gpu.count >
 instances (daemon/host/gpu.py `mig_refusal`). The processes of this run's
 trainer
 (`own_pids()`, from trainer.json through daemon/child/orphans.py) are never foreign: after a CUDA OOM, `gpu_taken()`
-judges "the GPU was taken" from foreign processes and from memory our own processes do not account for.
+judges "the GPU was taken" from foreign processes and from memory our own processes do not account for. While the
+run holds its cards, `keep_lease()` (the supervisor's every tick) keeps each lease file touched and named.
 Torch-free.
 """
 from __future__ import annotations
@@ -54,6 +55,9 @@ class GpuWaiter:
         """CUDA_VISIBLE_DEVICES for the trainer: the leased cards, or "" on the CPU."""
         self.next_poll_at = 0.0
         self.last_summary = ""
+        self.next_keep_at = 0.0
+        self.lost_said: set[str] = set()
+        """The words of a lost lease already said (keep_lease): said once until it changes."""
 
     @property
     def nproc(self) -> int:
@@ -103,6 +107,25 @@ class GpuWaiter:
         return GpuReady(f"leased GPU(s) {lease.devices} after waiting {fmt_duration(waited)} ({checked})",
                         list(lease.devices))
 
+    def keep_lease(self) -> None:
+        """While the run holds its cards (staging, training, a backoff between trainers: until release), every
+        gpu.poll_interval, from the first tick after the lease: GpuAdmission.keep, each lease file touched and still
+        named, or its name taken again. A name taken again is said in a `gpu` event; one another run holds now (a
+        lost lease: two runs may share the card) in a `gpu` event and as the run's last error, which `status`
+        shows, once until it changes."""
+        if self.lease is None or self.admission is None or now() < self.next_keep_at:
+            return
+        self.next_keep_at = now() + self.cfg.gpu.poll_interval_s
+        for words, lost in self.admission.keep(self.lease):
+            if words in self.lost_said:
+                continue
+            self.emit("gpu", words)
+            if lost:
+                self.lost_said.add(words)
+                self.state.record_error(words)
+            else:
+                self.lost_said.clear()
+
     def _poll(self):
         """One admission poll with this run's processes as own; each new fallback is said once."""
         assert self.admission is not None  # tick() opened it
@@ -136,6 +159,7 @@ class GpuWaiter:
             self.lease.release()
         self.lease = None
         self.admission = None
+        self.next_keep_at, self.lost_said = 0.0, set()
 
 
 def _without_ages(summary: str) -> str:
