@@ -151,8 +151,8 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
 
 
 def settle_run_dir(run_dir: str | os.PathLike) -> Path:
-    """run.dir made where missing and judged, in one step, once: its real path (`walk_to`, mode 0777 less the
-    umask), which everything after uses, never the configured path again. PlaceRefused as run_dir_problem words it.
+    """run.dir made where missing and judged, in one step, once: its real path (`walk_to`, mode RUN_DIR_MADE less
+    the umask), which everything after uses, never the configured path again. PlaceRefused as run_dir_problem words it.
     A judgement by path and a resolve() later were two looks: another user's link planted in between (at a missing
     /tmp/x on the way) chose another run directory of the victim's, which the supervisor then took over. Every
     directory on the returned path is root's or ours and no one else can rearrange it: that path stays where it is."""
@@ -167,9 +167,17 @@ def open_run_dir(run_dir: str | os.PathLike) -> int:
     return _walk_run_dir(run_dir)[0]
 
 
+RUN_DIR_MADE = 0o755
+"""The mode run.dir (and a missing directory on the way) is made with, less the umask: never writable by the group
+or others, whatever the umask. 0o777 less a umask of 002 with a primary group others are in (a cluster's `users`)
+made a run.dir that the rule it is judged by right after refused (writable by other users): the first start failed on
+the directory minilmd had just made. run.share opens it to reading later (perms)."""
+
+
 def _walk_run_dir(run_dir: str | os.PathLike) -> tuple[int, Path]:
     home = "" if under_home(run_dir) else ", such as one under your home"
-    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777, closed=True)
+    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), RUN_DIR_MADE,
+                   closed=True)
 
 
 def under_home(path: str | os.PathLike) -> bool:

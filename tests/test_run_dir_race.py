@@ -263,3 +263,23 @@ def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, 
     with pytest.raises(place_rule.PlaceRefused, match="symbolic link of user nobody"):
         fsio.open_out_dir(shared / "race" / "sub" / "out", "OUT", "the corpus", "choose another")
     assert list(hers.iterdir()) == []
+
+
+def test_a_run_dir_made_under_umask_002_with_a_shared_primary_group_is_not_refused_as_made(shared):
+    """A user whose primary group others are in (nobody's nogroup here; a cluster's `users`) and whose umask is 002:
+    minilmd made her missing run.dir 0775 (0777 less the umask), then the place rule it judges it by right after
+    refused it as writable by other users, so the first start of every run failed on a directory minilmd had just
+    made. It is made without group or other write now, whatever the umask."""
+    import subprocess
+
+    from second_user import user_python
+
+    mine = shared / "hers"
+    settle = user_python("import os, sys\nos.umask(0o002)\nfrom minilmd import place_rule\n"
+                         "os.mkdir(sys.argv[1], 0o755)\n"
+                         "print(place_rule.settle_run_dir(os.path.join(sys.argv[1], 'a', 'run')))\n", str(mine))
+    done = subprocess.run(settle, capture_output=True, text=True, cwd="/", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(mine / "a" / "run")
+    for made in (mine / "a", mine / "a" / "run"):
+        assert os.stat(made).st_mode & 0o777 == 0o755, oct(os.stat(made).st_mode)
