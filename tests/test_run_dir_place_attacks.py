@@ -246,6 +246,34 @@ def test_a_reserve_cut_by_a_full_disk_is_removed_only_while_its_name_leads_to_it
     assert (run_dir / "reserve-moved-away").stat().st_size == 4096  # the reserve written, under its new name
 
 
+def test_a_reserve_given_up_is_removed_only_while_its_name_leads_to_the_file_looked_at(tmp_path, monkeypatch):
+    """release_reserve looks at the reserve's name (a regular file of ours?) and removes it through run.dir's checked
+    descriptor only while the name still leads to that file (Dir.remove_file, as make_reserve's removal on ENOSPC):
+    a file put at the name between the look and the removal is left. Before, the name was unlinked by path after
+    the look, whatever it led to by then."""
+    from minilmd.daemon.phases import rundirwatch
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reserve, kept = run_dir / names.RUN_DIR_RESERVE, b"the user's file, moved to the reserve's name\n"
+    assert make_reserve(run_dir)
+    real_owned = rundirwatch.owned_by_me
+
+    def looked_at_then_swapped(st: os.stat_result) -> bool:
+        os.rename(reserve, run_dir / "reserve-moved-away")
+        (run_dir / "hers").write_bytes(kept)
+        os.rename(run_dir / "hers", reserve)
+        return real_owned(st)
+
+    monkeypatch.setattr(rundirwatch, "owned_by_me", looked_at_then_swapped)
+    assert release_reserve(run_dir) is False
+    assert reserve.read_bytes() == kept  # before: unlinked
+    monkeypatch.undo()
+    (run_dir / "reserve-moved-away").unlink()
+    reserve.unlink()
+    assert make_reserve(run_dir) and release_reserve(run_dir) and not reserve.exists()  # the reserve itself: given up
+    assert release_reserve(run_dir) is False  # none there now
+
+
 @pytest.mark.parametrize("name", [names.EVENTS, names.SUPERVISOR_LOG])
 def test_events_are_never_appended_through_a_link(tmp_path, name):
     run_dir = tmp_path / "run"

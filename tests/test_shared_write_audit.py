@@ -157,9 +157,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/jobs/fetch.py": ("private", PRIVATE_SCRATCH + " (a remote checkpoint fetched into scratch)", {
         ("Fetcher._fetch_latest", ".mkdir"): 1, ("Fetcher._read_one", "shutil.rmtree"): 3,
         ("Fetcher._read_one", ".mkdir"): 1, ("Fetcher._download", ".write_bytes"): 1}),
-    "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve given up by path; made, and removed when a "
-                                     "full disk cut it, through run.dir's checked descriptor: dirfd's Dir)", {
-        ("release_reserve", ".unlink"): 1}),
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),
     "daemon/base/runstate.py": ("private", "/dev/null put under a lost stdout (EventLog._echo)", {
         ("EventLog._echo", "os.open"): 1}),

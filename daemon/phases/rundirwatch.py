@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from minilmd import lockfile, names, protocol
@@ -123,17 +124,20 @@ def _write_zeros(fd: int, size: int) -> None:
 
 
 def release_reserve(run_dir: Path) -> bool:
-    """Give the reserve's room to the writes that follow. True when there was one: a file of ours (another's at its
-    name, which make_reserve left as it is, is never removed; no other user can replace a file of ours in
-    run.dir, even a sticky one)."""
-    path = run_dir / names.RUN_DIR_RESERVE
+    """Give the reserve's room to the writes that follow. True when there was one: a regular file of ours (another's
+    at its name, which make_reserve left as it is, is never removed), removed as make_reserve removes a reserve cut
+    by a full disk: through run.dir's checked descriptor and only while its name still leads to the file looked at
+    (Dir.remove_file; before, its name was looked at and then unlinked by path, whatever it led to by then). False
+    when run.dir is gone or no longer passes its place rule: nothing of the run's to free there."""
     try:
-        if not owned_by_me(os.lstat(path)):
-            return False
-        path.unlink()
-        return True
-    except FileNotFoundError:
+        where = Dir.open(run_dir, "run.dir")
+    except (PlaceRefused, OSError):
         return False
+    with where:
+        st = where.lstat(names.RUN_DIR_RESERVE)
+        if st is None or not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
+            return False
+        return where.remove_file(names.RUN_DIR_RESERVE, (st.st_dev, st.st_ino))
 
 
 def full_at_start(run_dir: Path, e: OSError) -> bool:
