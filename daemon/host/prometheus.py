@@ -38,7 +38,8 @@ GAUGES: dict[str, str] = {
     "minilmd_tokens_per_second": "real (non-PAD) tokens per second over the last logged interval",
     "minilmd_progress_timestamp_seconds": "when the trainer last logged a training step (Unix time)",
     "minilmd_heartbeat_timestamp_seconds": "the trainer's last heartbeat (Unix time)",
-    "minilmd_restarts": "restarts of the trainer since the run last ended cleanly, by cause (label cause)",
+    "minilmd_restarts": "restarts of the trainer that restart.max_restarts counts: since the start after the run last "
+                        "ended (done, stopped or failed), by cause (label cause)",
     "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded, or when the supervisor started "
                                            "while none has (Unix time)",
     "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
