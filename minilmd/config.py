@@ -183,7 +183,7 @@ def type_problem(key: str, value: Any, annotation: Any) -> str:
     if isinstance(value, str):
         try:
             meant = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):  # `"[[[[..."`: tomllib recurses once per level
             return said
     elif annotation is int and isinstance(value, float) and value.is_integer():
         meant = int(value)
@@ -204,7 +204,7 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
             raise ConfigError([f"override {item!r} is not SECTION.KEY=VALUE"], "--set")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):  # not a TOML literal (or one nested too deep to parse)
             value = raw
         nested.setdefault(section, {})[name] = value
     return nested

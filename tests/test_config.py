@@ -118,6 +118,21 @@ def test_a_budget_field_of_the_wrong_type_or_range_is_its_own_only_problem(tmp_p
     assert err.value.problems == ["train.max_steps = 'abc': expected an integer"], err.value.problems
 
 
+def test_a_string_nested_too_deep_for_toml_is_a_wrong_type_not_a_traceback(tmp_path):
+    """The wrong type's advice reads a string as TOML ("1000" -> write max_steps = 1000); a string of brackets nested
+    deeper than tomllib recurses (a few KiB in a config, a --set) is the field's one problem, as a file nested so
+    deep is "nested too deep" (config_from_bytes). Before, RecursionError came out of the check as a traceback."""
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(minimal(tmp_path, max_steps=deep))
+    assert err.value.problems == [f"train.max_steps = {deep!r}: expected an integer"], err.value.problems[0][:200]
+    config = tmp_path / "c.toml"
+    config.write_text(_minimal_toml(tmp_path))
+    with pytest.raises(ConfigError) as err:  # the same value given with --set: a bare string, as one not TOML
+        load_checked(config, [f"train.max_steps={deep}"])
+    assert err.value.problems == [f"train.max_steps = {deep!r}: expected an integer"], err.value.problems[0][:200]
+
+
 def test_a_field_of_the_wrong_type_hides_none_of_the_checks_that_do_not_read_it(tmp_path):
     """A number of the wrong type is one problem naming the field and the type, and every check that does not read
     it still runs (a missing corpus, a remote of an unknown protocol); the checks that do read it wait rather than
