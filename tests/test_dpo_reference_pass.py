@@ -320,7 +320,10 @@ def test_a_pass_killed_after_a_periodic_save_goes_on_from_it_and_the_run_ends_bi
     sums so far every train.checkpoint_every, as a stop does; a kill loses the pass since that save only, and the
     resumed run ends with the weights, optimizer state and reference of an undisturbed run, byte for byte."""
     values = dict(data={"val_windows": 8},
-                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": "1s"})
+                  # keep_local: a loaded machine takes over 1 s a step and saves step 1 as well; two kept would
+                  # prune step 0, which the comparison below reads (a suite run under load failed so)
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": "1s",
+                         "keep_local": 5})
     config = write_config(tmp_path, dpo_corpus, name="killref", **values)
     run_dir, ckpt_dir = run_paths(config)
     cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
