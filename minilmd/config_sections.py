@@ -61,9 +61,8 @@ class RunSection:
     dir: str = ""
     """Run directory: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock. On local disk on one
     server; under Slurm on the shared filesystem (a requeued job may start on another node, which needs them). It and
-    every directory above it root's or yours, none another user can rearrange, and run.dir itself one no other user
-    can write, sticky or not (minilmd/place_rule.py run_dir_problem; not a team directory: run.share shares a
-    run)."""
+    every directory above it root's or yours, none another user can rearrange, run.dir itself writable by no other
+    user, sticky or not (minilmd/place_rule.py run_dir_problem; not a team directory: run.share shares a run)."""
     scratch: str = ""
     """Fast local storage for the staged corpus and local checkpoints, this run's alone (it carries a marker naming
     run.dir; any other run is refused). Default /dev/shm/minilmd-<uid>/<name>, private to its user (0700)."""
