@@ -7,7 +7,9 @@ metrics.jsonl gets one JSON object per line, each with a "kind":
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
 A DPO run's train lines also carry REWARDS' keys, its eval lines the same with "val_" before each.
 "step" is the number of optimizer steps completed. The heartbeat file's body is that number too, with "/TOTAL", the
-steps the trainer counts for its budget (its train lines' total_steps), once it knows them, followed by
+steps the trainer counts for its budget (its train lines' total_steps), once it knows them (never in the "exiting"
+beat: a supervisor of a version before the total, still running after an upgrade, reads a step only from a plain
+number, and the step of that beat is what tells it the trainer finished; docs/operations.md, upgrades), followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
 of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
 teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished), and by " reference
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from minilmd.fsio import atomic_write_text, dir_removed, is_disk_full
 from minilmd.jsonlines import NotALog, append_line, end_torn_line
-from minilmd.names import HEARTBEAT, METRICS
+from minilmd.names import HEARTBEAT, HEARTBEAT_EXITING, METRICS
 from minilmd.supervision import supervision
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -173,7 +175,11 @@ class MetricsLog:
             return False
         # a temp name no one can guess (a link planted at a predictable one was written through), no fsync: the
         # next beat comes in seconds
-        stepped = f"{step}/{self.total_steps}" if self.total_steps is not None else str(step)
+        # the exiting beat's step stays a plain number: a supervisor from before "/TOTAL" (one still running after
+        # an upgrade restarted its trainer) reads "20/20" as no step, so a trainer killed in a slow teardown was not
+        # the run's finish but a restart, again at every attempt, until the run failed (no_progress_limit)
+        total = self.total_steps if phase != HEARTBEAT_EXITING else None
+        stepped = f"{step}/{total}" if total is not None else str(step)
         body = " ".join(str(w) for w in (stepped, phase, note) if w != "") + "\n"
         try:
             atomic_write_text(self.run_dir / HEARTBEAT, body, durable=False)

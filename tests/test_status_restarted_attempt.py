@@ -195,3 +195,17 @@ def test_a_trainer_resumed_below_the_dead_ones_step_is_not_shown_with_the_dead_o
     sup.tick()
     line = step_line(sup.status())
     assert line.startswith("  step 150/576 ") and "loss 2.2500" in line and "lr 0.000425" in line, line
+
+
+def test_a_restarted_trainer_at_the_final_step_keeps_its_total_through_its_exiting_beat(tmp_path):
+    """A trainer started again at the final step (its predecessor killed in a slow teardown) logs no train line: its
+    beats say its total, then its exiting beat, which says none (minilmd/metrics.py: readable by a supervisor from
+    before the total). The total it said stays: `step 20/20 (100.0%)`, not `step 20` alone."""
+    run_dir = run_dir_in(tmp_path)
+    earlier_trainer_at_78_of(run_dir, 300)
+    sup = Supervisor(run_dir)
+    sup.restarted()
+    sup.launch()
+    sup.beat("300/300")
+    sup.beat(f"300 {names.HEARTBEAT_EXITING}")
+    assert step_line(sup.status()).startswith("  step 300/300 (100.0%)"), sup.status()

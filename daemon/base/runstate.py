@@ -268,7 +268,9 @@ class RunState(StateJson):
                     # ending at step 140's 2.4372); none until this trainer logs a step
                     progress.loss = progress.lr = None
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
-                if restarted or beat.total is not None:  # the budget it counts, never an earlier trainer's
+                # the budget it counts, never an earlier trainer's; its exiting beat says none (minilmd/metrics.py:
+                # readable by a supervisor from before the total), the one its earlier beats said stays
+                if beat.total is not None or (restarted and beat.phase != names.HEARTBEAT_EXITING):
                     progress.total_steps = beat.total
         progress.eta_s = progress.eta_after()
 
