@@ -79,13 +79,17 @@ def test_a_resume_with_a_doubled_micro_batch_trains_the_token_budget(tmp_path, c
     # before: ceil(1,536 / 256) = 6 steps, 2 of them left: 1,024 positions in all
     assert check.returncode == 0 and "budget: 8 steps: the 4 trained (8 rows, 512 tokens), then 4 x 4 rows x 64 " \
         "tokens = 1,536 tokens" in check.stdout, check.stdout + check.stderr
-    second = cli("train", str(path), *sets, timeout=600)
-    assert second.returncode == 0, second.stdout + second.stderr
     cfg = load_config(path)
+    crashed = cli("train", str(path), *sets, timeout=600, MINILMD_FAULT="exception@7")  # its beats are left to read
+    assert crashed.returncode != 0 and "injected exception" in crashed.stdout + crashed.stderr, crashed.stderr
+    beat = read_heartbeat(cfg.run_dir)  # the resumed trainer's every heartbeat says that total: a restart's too
+    assert beat is not None and beat.step is not None and 4 <= beat.step <= 7 and beat.total == 8, beat
+    second = cli("train", str(path), *sets, timeout=600)  # the fault fired once: this one trains to the end
+    assert second.returncode == 0, second.stdout + second.stderr
     last = [m for m in read_metrics(cfg.run_dir, "train")][-1]
     assert (last["step"], last["total_steps"]) == (8, 8), last  # status shows the trainer's step/total_steps
-    beat = read_heartbeat(cfg.run_dir)  # and the resumed trainer's every heartbeat says that total: a restart's too
-    assert beat is not None and (beat.step, beat.total) == (8, 8), beat
+    beat = read_heartbeat(cfg.run_dir)  # but its exiting beat the step alone (tests/test_heartbeat_upgrade.py)
+    assert beat is not None and (beat.step, beat.phase, beat.total) == (8, "exiting", None), beat
     state = json.loads((cfg.checkpoint_dir / "step-00000008" / "trainer_state.json").read_text())
     assert (state["rows_seen"], state["positions_seen"]) == (24, 1_536)
     again = cli("run", "--check", str(path), *sets)
