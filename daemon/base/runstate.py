@@ -432,8 +432,9 @@ class Heartbeat(NamedTuple):
     """What follows the phase: the reference pass's "DONE/TOTAL/FROM/SECONDS" pairs (FROM: done when this attempt's
     pass began, SECONDS since; an older trainer's "DONE/TOTAL")."""
     total: int | None = None
-    """The steps the trainer counts ("STEP/TOTAL", minilmd/metrics.py), once it knows them; None before, or from a
-    trainer that does not say it."""
+    """The steps the trainer counts ("STEP/TOTAL", minilmd/metrics.py), once it knows them; None before, in its
+    "exiting" beat (the step alone, as a supervisor from before the total reads it), or from a trainer that does not
+    say it."""
 
     def reference_pass(self) -> list[int] | None:
         """[pairs done, pairs in all, done when this attempt's pass began, its seconds since] ([done, all] of an
