@@ -31,7 +31,7 @@ METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkp
 HEARTBEAT = "heartbeat"  # mtime refreshed about once a second of training; body "STEP[/TOTAL][ PHASE]"
 HEARTBEAT_COMPILING = "compiling"  # the phase while the first torch.compile'd step runs: restart.compile_timeout
 HEARTBEAT_REFERENCE = "reference"  # a DPO run's reference pass; body "STEP[/TOTAL] reference DONE/TOTAL/FROM/SECONDS"
-HEARTBEAT_EXITING = "exiting"  # the phase once training is over (final checkpoint saved): restart.exit_timeout
+HEARTBEAT_EXITING = "exiting"  # once training is over (final checkpoint saved): restart.exit_timeout; "STEP exiting"
 HEARTBEAT_MAX_BYTES = 4096
 """The heartbeat is "STEP PHASE NOTE": more is not a heartbeat."""
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
