@@ -330,7 +330,9 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     directory") or a directory the rule refuses; any other OSError as it comes (a full file system, no search
     permission), its filename the full path of the component it met (never the bare name the *at call was given).
     `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`.
-    `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why)."""
+    `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why).
+    A path that ends in ".." ends at a directory first met above the target, judged then by the rule of the
+    directories above: judged again there as the target (`~/link/..`, the link to /tmp/x: /tmp, not `~`)."""
     # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
     # path: a process whose working directory was removed still reaches an absolute one.
     given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
@@ -351,6 +353,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         elif name == "..":
             if len(chain) > 1:
                 os.close(chain.pop()[0])
+            if not pending:  # the walk ends here, up one: judged again as the target (closed, its words)
+                chain.append(judged(*chain.pop()))
         elif name not in ("", "."):
             fd, here = chain[-1]
             st, made_here = _lstat_at(fd, name, mode, exact_mode)

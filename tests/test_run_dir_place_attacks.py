@@ -408,3 +408,24 @@ def test_the_walk_that_settles_run_dir_refuses_a_sticky_one_others_may_write(tmp
         settle_run_dir(tmp_path / "link")
     run_dir.chmod(0o1755)  # sticky, but no one else may write: fine
     assert run_dir_problem(tmp_path / "link") is None and settle_run_dir(tmp_path / "link") == run_dir
+
+
+def test_a_run_dir_ending_in_dot_dot_after_a_link_is_judged_where_the_walk_ends(tmp_path):
+    """`~/link/..` with her link to a directory in a sticky one others may write (/tmp/x): the kernel, and the walk,
+    end at /tmp, abspath at `~`. The walk judged /tmp as it passed it, by the rule of the directories above (a sticky
+    one of root's is fine there), and ended on it at the "..": settle_run_dir gave /tmp as run.dir, the rule's
+    `closed` never asked. Now the directory a walk ends on at a ".." is judged again as the target."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "sub").mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "link").symlink_to(sticky / "sub")
+    said = f"the directory {sticky} can be written by other users (mode 1777: sticky, "
+    with pytest.raises(PlaceRefused, match=re.escape(said)):
+        settle_run_dir(home / "link" / "..")
+    with pytest.raises(PlaceRefused, match=re.escape(said)):
+        os.close(open_run_dir(home / "link" / ".."))
+    assert settle_run_dir(home / "link" / ".." / "sub") == sticky / "sub"  # passed through, not ended on: fine
+    assert settle_run_dir(home / "link" / ".." / ".." / "home") == home
