@@ -3,7 +3,7 @@ cleaner that ages /tmp's files by their times (systemd-tmpfiles before v254, whi
 file: systemd issue 30760, fixed by PR 27029; tmpwatch, tmpreaper, a cron `find -delete`) removes the file of a
 lease held for days, or made long before by an earlier run and reused since: nothing wrote it while it was held.
 Then the next run made a new file at the name, locked it and took the GPU the first run was training on. Now the
-holder keeps its lease valid every gpu.poll_interval (daemon/host/gpu.py GpuAdmission.keep, from the supervisor's
+holder keeps its lease valid every few seconds (daemon/host/gpu.py GpuAdmission.keep, from the supervisor's
 loop: daemon/phases/gpuwait.py keep_lease): the file touched through the held descriptor (its own; another user's
 cannot be) and its name checked to still lead to it (lockfile.still_named), else the name taken again and said in
 an event; a name another run took meanwhile is said plainly, in an event and as the run's last error."""
@@ -251,3 +251,33 @@ def test_the_supervisors_waiter_says_a_lost_lease_once_as_an_event_and_its_last_
     assert _held_by(tmp_path / "locks" / LEASE, os.getpid())
     waiter.release()
     assert _second_run(tmp_path / "locks") == "leased"
+
+
+def test_a_holder_with_a_long_poll_interval_keeps_its_lease_before_a_second_run_can_take_the_card(
+        tmp_path, monkeypatch):
+    """The keep's interval is not the holder's gpu.poll_interval when that is long: a run polling every hour (its
+    admission's own choice) kept its lease an hour after a cleaner removed the file, while a second run leases a card
+    after its own stable free polls (one, here; 90 s by default): two runs on one card. Now kept every
+    LEASE_KEPT_EVERY_S at most. A fake clock: the waiter's `now`, moved on by hand."""
+    from minilmd.daemon.phases import gpuwait
+
+    clock = [1000.0]
+    monkeypatch.setattr(gpuwait, "now", lambda: clock[0])
+    cfg = RunConfig()
+    cfg.run.name = "first"
+    cfg.gpu = GpuSection(lock_dir=str(tmp_path / "locks"), stable_polls=1, poll_interval="1h")
+    said: list[tuple[str, str]] = []
+    waiter = GpuWaiter(cfg, _Infra(FakeNvml([[FREE]])), RunState(tmp_path / "state.json", {}),
+                       lambda kind, msg, **d: said.append((kind, msg)))
+    assert isinstance(waiter.tick(), GpuReady)
+    try:
+        waiter.keep_lease()  # the first tick after the lease
+        os.unlink(tmp_path / "locks" / LEASE)  # the cleaner
+        clock[0] += gpuwait.LEASE_KEPT_EVERY_S
+        waiter.keep_lease()
+        assert said and said[-1][1].endswith("its name taken again"), said
+        assert _held_by(tmp_path / "locks" / LEASE, os.getpid())
+        second = _second_run(tmp_path / "locks")  # its one free poll: the card is the first's again
+        assert second.startswith("refused: ") and f"leased by run first pid {os.getpid()}" in second, second
+    finally:
+        waiter.release()

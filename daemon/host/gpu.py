@@ -424,7 +424,7 @@ class GpuAdmission:
         return lease
 
     def keep(self, lease: DeviceLease) -> list[tuple[str, bool]]:
-        """The lease kept valid while it is held (the supervisor's GpuWaiter.keep_lease, every gpu.poll_interval):
+        """The lease kept valid while it is held (the supervisor's GpuWaiter.keep_lease, every few seconds):
         each file touched and still named (leases.keep), else its name taken again as try_acquire takes it (a new
         file made there, or the one there flocked) and held instead. (words, lost) for each file that was not still
         named: `lost` when another run holds the name now, and so the device."""

@@ -20,7 +20,7 @@ their own files in it), and anyone may have made it first, with anything inside.
   lease that device through it. Each such file is LeaseUnsafe, its words naming it, its owner and who may remove
   it (`unfit`): its owner or an admin, or this user where the file or the lock directory is hers (sticky: no one
   else). `unfit_leases` says the same of the existing files, nothing made or locked, for `run --check`;
-- a lease lasts while its file keeps its name: `keep`, every gpu.poll_interval while a run holds its cards, checks
+- a lease lasts while its file keeps its name: `keep`, every few seconds while a run holds its cards, checks
   that the name still leads to the file held (and touches a file of ours, so that a cleaner aging /tmp by times
   leaves it); GpuAdmission.keep takes a name gone again;
 - the body (JSON: run, pid, host, since) is written only by the file's owner, when it takes the lease. Any other
@@ -108,7 +108,7 @@ def keep(lease: LeaseFile) -> bool:
     cleaner that ages a directory's files by their times (systemd-tmpfiles before v254, which looks for no flock on
     a file; tmpwatch, tmpreaper, a cron `find -mtime +10 -delete`) removes the file of a lease held for days, or
     made long before by an earlier run and reused since, and the next run to come makes a new file at the name and
-    leases the same device (GpuAdmission.keep, every gpu.poll_interval while a run holds its cards, touches it and
+    leases the same device (GpuAdmission.keep, every few seconds while a run holds its cards, touches it and
     takes the name again when it is gone). False when the name leads elsewhere, or nowhere, or the directory cannot
     be reached."""
     try:

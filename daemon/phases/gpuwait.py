@@ -23,6 +23,12 @@ from minilmd.daemon.base.statesections import GpuWait
 from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
 from minilmd.fmt import fmt_duration
 
+LEASE_KEPT_EVERY_S = 5.0
+"""The longest a held lease goes unkept (keep_lease), whatever gpu.poll_interval. Once a cleaner removed its file,
+the next run to see the card free leases it after its own gpu.stable_polls free polls (3 x 30 s by default, as
+short as one poll of its own config): a holder that kept its lease only every gpu.poll_interval of its own (a "5m"
+one) lost that race, and two runs held the card. A keep is a walk to the lock directory, a stat and a futimens."""
+
 
 @dataclass
 class GpuReady:
@@ -109,13 +115,13 @@ class GpuWaiter:
 
     def keep_lease(self) -> None:
         """While the run holds its cards (staging, training, a backoff between trainers: until release), every
-        gpu.poll_interval, from the first tick after the lease: GpuAdmission.keep, each lease file touched and still
-        named, or its name taken again. A name taken again is said in a `gpu` event; one another run holds now (a
-        lost lease: two runs may share the card) in a `gpu` event and as the run's last error, which `status`
-        shows, once until it changes."""
+        gpu.poll_interval or LEASE_KEPT_EVERY_S, the shorter, from the first tick after the lease: GpuAdmission.keep,
+        each lease file touched and still named, or its name taken again. A name taken again is said in a `gpu`
+        event; one another run holds now (a lost lease: two runs may share the card) in a `gpu` event and as the
+        run's last error, which `status` shows, once until it changes."""
         if self.lease is None or self.admission is None or now() < self.next_keep_at:
             return
-        self.next_keep_at = now() + self.cfg.gpu.poll_interval_s
+        self.next_keep_at = now() + min(self.cfg.gpu.poll_interval_s, LEASE_KEPT_EVERY_S)
         for words, lost in self.admission.keep(self.lease):
             if words in self.lost_said:
                 continue
