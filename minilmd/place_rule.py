@@ -169,9 +169,9 @@ def open_run_dir(run_dir: str | os.PathLike) -> int:
 
 RUN_DIR_MADE = 0o755
 """The mode run.dir (and a missing directory on the way) is made with, less the umask: never writable by the group
-or others, whatever the umask. 0o777 less a umask of 002 with a primary group others are in (a cluster's `users`)
-made a run.dir that the rule it is judged by right after refused (writable by other users): the first start failed on
-the directory minilmd had just made. run.share opens it to reading later (perms)."""
+or others, whatever the umask. `minilmd run` and `minilmd train` set run.share's umask (perms.apply, always with
+group and other write) before they make it, so this guards a caller that has not: 0o777 less a umask of 002, with a
+primary group others are in, made a run.dir that the rule it is judged by right after refused."""
 
 
 def _walk_run_dir(run_dir: str | os.PathLike) -> tuple[int, Path]:

@@ -267,9 +267,9 @@ def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, 
 
 def test_a_run_dir_made_under_umask_002_with_a_shared_primary_group_is_not_refused_as_made(shared):
     """A user whose primary group others are in (nobody's nogroup here; a cluster's `users`) and whose umask is 002:
-    minilmd made her missing run.dir 0775 (0777 less the umask), then the place rule it judges it by right after
-    refused it as writable by other users, so the first start of every run failed on a directory minilmd had just
-    made. It is made without group or other write now, whatever the umask."""
+    settle_run_dir made her missing run.dir 0775 (0777 less the umask), then the place rule it judges it by right
+    after refused it as writable by other users. `minilmd run` and `train` set run.share's umask first, which has no
+    group write; settle_run_dir itself now makes it without group or other write, whatever the umask."""
     import subprocess
 
     from second_user import user_python
