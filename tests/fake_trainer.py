@@ -4,7 +4,7 @@
 
 What it does like the real trainer: reads the run config (exit 2 if bad), opens the prepared corpus (exit 65 if it
 has no meta.json) and reads its train/tokens.bin through an mmap every step (so truncating the staged file under it
-gives a real SIGBUS), resumes from the newest checkpoint in scratch, writes the heartbeat every step and
+gives a real SIGBUS), resumes from the newest checkpoint in scratch, writes the heartbeat ("STEP/TOTAL") every step and
 metrics.jsonl lines, saves checkpoints that [D]'s strict validation accepts (right keys and shapes, finite, manifest
 last, atomic rename, LATEST), saves and exits 75 on SIGTERM, exits 0 at the budget, honours MINILMD_FAULT
 (oom, sigbus, sigkill, hang, exception; each once per run). Its "weights" are a hash chain over the tokens read at
@@ -14,11 +14,11 @@ Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_HOLD=STEP:PATH ho
 PATH exists (with FAKE_HOLD_STOPS=1 a SIGTERM ends the hold too: the trainer then saves and exits 75, as a live one
 does); FAKE_STOP_HOLD=before:PATH or after:PATH holds a stop's save before or after it until PATH exists;
 FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while train.micro_batch_size is above this (a GPU too small for
-the micro-batch); FAKE_COMPILE_S: before its first step,
-a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a
-trainer that resumed from a checkpoint (step > 0) beats "STEP compiling" before its first step until PATH exists (a
-restart's compile, held for a test to look at). FAKE_REFERENCE=PATH: a trainer starting at step 0 beats "0 reference
-DONE/TOTAL" (a DPO run's reference pass, its pairs counting up) until PATH exists; a SIGTERM meanwhile ends it at
+the micro-batch); FAKE_COMPILE_S: before its first step, a "STEP/TOTAL compiling" heartbeat and this many seconds
+of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a trainer that resumed from a checkpoint (step > 0) beats
+"STEP/TOTAL compiling" before its first step until PATH exists (a restart's compile, held for a test to look at).
+FAKE_REFERENCE=PATH: a trainer starting at step 0 beats "0/TOTAL reference DONE/PAIRS" (a DPO run's reference
+pass, its pairs counting up) until PATH exists; a SIGTERM meanwhile ends it at
 once with exit 75, nothing saved, as the real pass does (trainer/loop/dpo_reference.py). At the budget it writes a
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
 (default 0: a slow teardown, e.g. NCCL's). FAKE_CHECKPOINTS=PATH: resume from and save to PATH instead of the
@@ -169,14 +169,14 @@ def corrupt_cache(run_dir: Path, how: str) -> str:
             "a bug to PyTorch). For even more developer context, set TORCH_LOGS=\"+dynamo\"")
 
 
-def _hold(step: int, heartbeat) -> None:
+def _hold(step: int, total: int, heartbeat) -> None:
     """FAKE_HOLD=STEP:PATH: once STEP steps are taken, wait (beating, as a live trainer does) until PATH exists, so
     that a test looks at a run that is surely still training, however loaded the machine."""
     at, _, release = os.environ.get("FAKE_HOLD", "").partition(":")
     stops = os.environ.get("FAKE_HOLD_STOPS") == "1"
     if at and step == int(at):
         while not os.path.exists(release) and not (stops and STOP["requested"]):
-            _beat(heartbeat, str(step))
+            _beat(heartbeat, f"{step}/{total}")
             time.sleep(0.05)
 
 
@@ -192,15 +192,15 @@ def _stop_hold(when: str) -> None:
         time.sleep(0.05)
 
 
-def _hold_resumed(step: int, heartbeat) -> None:
+def _hold_resumed(step: int, total: int, heartbeat) -> None:
     """FAKE_HOLD_RESUMED=PATH: a resumed trainer (step > 0) compiling, until PATH exists, before it logs a step."""
     release = os.environ.get("FAKE_HOLD_RESUMED")
     while release and step > 0 and not os.path.exists(release):
-        _beat(heartbeat, f"{step} compiling\n")
+        _beat(heartbeat, f"{step}/{total} compiling\n")
         time.sleep(0.05)
 
 
-def _reference_pass(step: int, heartbeat) -> bool:
+def _reference_pass(step: int, total: int, heartbeat) -> bool:
     """FAKE_REFERENCE=PATH: the reference pass, held until PATH exists; False when a stop ended it (nothing saved)."""
     release = os.environ.get("FAKE_REFERENCE")
     done = 0
@@ -209,7 +209,7 @@ def _reference_pass(step: int, heartbeat) -> bool:
             print(f"stopped in the DPO reference pass at {done}/1000 pairs: nothing saved", flush=True)
             return False
         done = min(done + 1, 999)
-        _beat(heartbeat, f"0 {names.HEARTBEAT_REFERENCE} {done}/1000\n")
+        _beat(heartbeat, f"0/{total} {names.HEARTBEAT_REFERENCE} {done}/1000\n")
         time.sleep(0.05)
     return True
 
@@ -304,10 +304,10 @@ def main(argv: list[str]) -> int:
     total = cfg.train.max_steps
     compile_s = float(os.environ.get("FAKE_COMPILE_S", "0"))
     if compile_s and step < total:
-        _beat(heartbeat, f"{step} compiling\n")
+        _beat(heartbeat, f"{step}/{total} compiling\n")
         time.sleep(compile_s)
-    _hold_resumed(step, heartbeat)
-    if not _reference_pass(step, heartbeat):
+    _hold_resumed(step, total, heartbeat)
+    if not _reference_pass(step, total, heartbeat):
         return protocol.EXIT_STOPPED
     while step < total:
         kind = faults.due(step + 1)
@@ -324,14 +324,14 @@ def main(argv: list[str]) -> int:
                 time.sleep(1)
         if kind == "exception":
             raise RuntimeError(f"injected exception at step {step + 1}")
-        _hold(step, heartbeat)
+        _hold(step, total, heartbeat)
         t0 = time.monotonic()
         time.sleep(step_s)
         i = (step * 7919) % n_tokens
         token = int.from_bytes(tokens[2 * i:2 * i + 2], "little")  # a page fault: SIGBUS if the file shrank
         weights = (weights * 1000003 + token + 1) % (1 << 61)
         step += 1
-        _beat(heartbeat, str(step))
+        _beat(heartbeat, f"{step}/{total}")
         dt = time.monotonic() - t0
         if step % cfg.train.log_every == 0 or step == total:
             _write_metrics(metrics, json.dumps({"kind": "train", "step": step,

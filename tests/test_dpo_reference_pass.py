@@ -117,7 +117,7 @@ def _stopped_in_pass(config: Path, show_status: bool = False) -> int:
                 held = RunState(run_dir / STATE, running)  # the supervisor's fold of its trainer's heartbeat
                 held.apply_progress([], beat)
                 shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
-                assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown
+                assert f"  step 0/2 (0.0%)  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=120)
         finally:
@@ -195,7 +195,7 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
     shown: list[str] = []
     _stopped_under_supervisor(config, tmp_path, beyond=0,
                               while_in_pass=lambda: shown.append(cli("status", str(run_dir)).stdout))
-    assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown[0]), shown
+    assert re.search(r"  step 0/2 \(0.0%\)  DPO reference pass [\d,]+/[\d,]+ pairs", shown[0]), shown
     log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
     assert "SIGTERM received during the DPO reference pass" in log and "saved at step 0" in log, log
     assert not read_metrics(run_dir, "dpo_reference") and [p.name for p in ckpt_dir.glob("step-*")] == \
@@ -206,7 +206,7 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
     assert "before its first checkpoint" not in (tmp_path / "supervisor.out").read_text()
     kept = json.loads((ckpt_dir / "step-00000000" / MANIFEST).read_text())[REFERENCE_PASS]
     stopped = cli("status", str(run_dir)).stdout  # before: "step 0" alone, as if nothing of the pass was kept
-    assert f"  step 0 (DPO reference pass {kept[0]:,}/{kept[1]:,} pairs saved)" in stopped, stopped
+    assert f"  step 0/2 (0.0%) (DPO reference pass {kept[0]:,}/{kept[1]:,} pairs saved)" in stopped, stopped
     assert run_supervisor(config, tmp_path, timeout=600, fake=False) == EXIT_DONE, \
         (tmp_path / "supervisor.out").read_text()
     made = read_metrics(run_dir, "dpo_reference")
