@@ -17,8 +17,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch._dynamo
-from torch._dynamo.utils import counters
 
 from chat_synthetic import synthetic_chat_prepared
 from minilmd.config import load_config
@@ -51,6 +49,11 @@ def step_width(t: Trainer, step: int) -> int:
 @pytest.mark.slow  # ~10 s: a real dynamo trace and its backward
 def test_a_compiled_bucketed_run_compiles_one_graph_and_only_under_a_compiling_heartbeat(tmp_path, chat,
                                                                                           monkeypatch):
+    # torch._dynamo here, not at the module's top: imported there, it cost every pytest worker about a CPU-second of
+    # its collection, also the workers that never run this test.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend="aot_eager", **kw))
     torch._dynamo.reset()
