@@ -9,8 +9,6 @@ from chat_helpers import HAND_MADE, MINIMIND_DIR, TEST_TEMPLATE, a, chat_tokeniz
 from minilmd.corpus.chat import ChatError, TurnError
 from minilmd.corpus.chat_files import load_template, read_tokenizer_config
 
-transformers = pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module", params=["minimind", "test-template"])
 def tokenizer_dir(request, chat_tokenizer):
@@ -24,6 +22,9 @@ def tokenizer_dir(request, chat_tokenizer):
 
 @pytest.mark.slow  # transformers takes seconds to load MiniMind's tokenizer
 def test_rendering_equals_transformers_apply_chat_template(tokenizer_dir, chat_jsonl):
+    # transformers here, not at the module's top: imported there, it cost every pytest worker's collection about
+    # 0.3 CPU-s, also the workers that never run this test.
+    transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     ours = load_template(tokenizer_dir)
     conversations = HAND_MADE + read_conversations(chat_jsonl)[::3]  # the seed-like Chinese and English dialogs
