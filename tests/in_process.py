@@ -124,6 +124,10 @@ def _signals() -> list[signal.Signals]:
     return [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
 
+def _deterministic_flags() -> tuple[bool, bool]:
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
 @contextlib.contextmanager
 def _process_state_restored() -> Iterator[None]:
     cwd = os.getcwd()
@@ -132,7 +136,7 @@ def _process_state_restored() -> Iterator[None]:
     handlers = {s: signal.getsignal(s) for s in _signals()}
     fault_enabled = faulthandler.is_enabled()
     threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    deterministic = _deterministic_flags()
     cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     sdpa = {name: getattr(torch.backends.cuda, f"{name}_enabled")() for name in SDPA_BACKENDS}
     rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
@@ -155,7 +159,10 @@ def _process_state_restored() -> Iterator[None]:
         if fault_enabled:
             faulthandler.enable(file=sys.__stderr__)
         torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        if _deterministic_flags() != deterministic:  # only on CUDA does the trainer turn them on (determinism.py)
+            # set only when changed: torch.use_deterministic_algorithms imports torch._inductor, and with it
+            # torch._dynamo, about a CPU-second the first time in each pytest worker that the trainer itself avoids
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
         for name, enabled in sdpa.items():
             getattr(torch.backends.cuda, f"enable_{name}")(enabled)
