@@ -14,10 +14,11 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from in_process import train_in_process
 from minilmd.cli import app
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import train, write_config
+from trainer_corpus import write_config
 
 
 def _check(config) -> str:
@@ -94,9 +95,9 @@ def test_dpo_without_init_from_or_from_a_model_trained_on_text_is_said(tmp_path,
     assert "no [init] from" not in said
 
 
-@pytest.mark.slow  # a trainer process and its reference pass
+@pytest.mark.slow  # a trainer and its reference pass
 def test_the_trainer_warns_of_dpo_without_init_from(tmp_path, small_dpo_corpus):
-    run = train(_dpo(tmp_path, small_dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
+    run = train_in_process(_dpo(tmp_path, small_dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
     assert run.returncode == EXIT_DONE, run.stderr[-2000:]
     assert "minilmd train: warning: no [init] from on a preference corpus: DPO trains from randomly initialised " \
            "weights" in run.stdout + run.stderr, run.stdout[-2000:]
