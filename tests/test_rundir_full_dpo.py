@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from in_process import train_in_process
 from minilmd.names import DPO_REFERENCE
 from minilmd.protocol import EXIT_DONE, EXIT_RUN_DIR_FULL
-from trainer_corpus import child_env, read_metrics, resumed_step, run_paths, train, write_config
+from trainer_corpus import child_env, read_metrics, resumed_step, run_paths, write_config
 
 FILLS_RUN_DIR = """
 import os, sys
@@ -72,7 +72,7 @@ def test_a_dpo_stage_on_a_full_run_dir_exits_73_with_its_save_and_resumes_bit_id
     assert (ckpt_dir / saves[1] / DPO_REFERENCE).read_bytes() == reference  # the stop's save holds it whole
 
     filler.unlink()  # room again
-    second = train(full, timeout=600)
+    second = train_in_process(full)  # the resume: what it computes, no process of its own needed
     assert second.returncode == EXIT_DONE, second.stdout[-3000:] + second.stderr[-3000:]
     assert resumed_step(second.stdout) == stopped_at, second.stdout[-3000:]
     assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed", "checkpoint"]
