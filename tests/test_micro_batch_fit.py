@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from in_process import train_in_process
 from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.plan import footprint
 from minilmd.plan.footprint import GIB, Offer, fit, judge, micro_batch_need, val_rows
 from minilmd.protocol import EXIT_CONFIG, SUPERVISOR_CONFIG
 from supervisor_helpers import cli
-from trainer_corpus import train, write_config
+from trainer_corpus import write_config
 
 HUGE = 10 ** 8
 
@@ -22,7 +23,7 @@ def _said(proc) -> str:
     return " ".join((proc.stdout + proc.stderr).split())
 
 
-@pytest.mark.slow  # three processes: run --check, run, train
+@pytest.mark.slow  # two processes, run --check and run, and train in-process
 def test_a_micro_batch_that_cannot_fit_is_refused_by_check_launch_and_train(tmp_path, corpus):
     config = write_config(tmp_path, corpus, name="huge", train={"micro_batch_size": HUGE, "grad_accum": 1})
     said = f"train.micro_batch_size = {HUGE:,} at train.seq_len = 64 needs about "
@@ -37,7 +38,7 @@ def test_a_micro_batch_that_cannot_fit_is_refused_by_check_launch_and_train(tmp_
     assert launch.returncode == SUPERVISOR_CONFIG and said in _said(launch), _said(launch)
     assert not (load_config(config).scratch_dir / "corpus").exists()  # refused before staging
 
-    alone = train(config)
+    alone = train_in_process(config)
     assert alone.returncode == EXIT_CONFIG and said in _said(alone), alone.stderr[-3000:]
     assert "Traceback" not in alone.stderr, alone.stderr[-3000:]
 
