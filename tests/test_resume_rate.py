@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from in_process import train_in_process
 from minilmd.batch_stream import TRAINED
 from minilmd.config import config_from_dict
 from minilmd.plan.resume_rate import rate_change
@@ -49,7 +50,7 @@ def test_an_unchanged_schedule_says_nothing_and_a_lowered_rate_no_advice(tmp_pat
 def test_run_check_says_the_rate_of_the_resumed_step(tmp_path, corpus):
     path = write_config(tmp_path, corpus, name="rate", train={"max_steps": 4, "checkpoint_every": 2,
                                                               "warmup_steps": 0, "lr": 1e-3})
-    first = cli("train", str(path), timeout=600)
+    first = train_in_process(path)
     assert first.returncode == 0, first.stdout + first.stderr
     check = cli("run", "--check", str(path), "--set", "train.max_steps=8")
     # lr_at(4, 4) = 1e-04 (min_lr_ratio 0.1); lr_at(4, 8) = 1e-04 + 0.5 x 9e-04 = 5.5e-04
