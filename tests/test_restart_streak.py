@@ -35,6 +35,12 @@ def heartbeat(run_dir: Path) -> str:
         return ""
 
 
+def beat_step(run_dir: Path) -> str:
+    """The step of the heartbeat's "STEP/TOTAL[ PHASE]" body (the real and the fake trainer's)."""
+    words = heartbeat(run_dir).split(maxsplit=1)  # read once: the trainer replaces it whole between two reads
+    return words[0].split("/")[0] if words else ""
+
+
 def local_step(run_dir: Path) -> int:
     return (state(run_dir).get("local_checkpoint") or {}).get("step") or 0
 
@@ -101,7 +107,7 @@ def test_after_a_supervisor_restart_the_streak_resets_the_last_error_stays_and_t
     sup = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.02", FAKE_HOLD=f"12:{never}",
                            FAKE_HOLD_STOPS="1")
     try:
-        wait_for(lambda: local_step(cfg.run_dir) >= 10 and heartbeat(cfg.run_dir).strip() == "12"
+        wait_for(lambda: local_step(cfg.run_dir) >= 10 and beat_step(cfg.run_dir) == "12"
                  or sup.poll() is not None, 120, "attempt 3 held at step 12, step 10 saved")
         assert sup.poll() is None, (tmp_path / "second.out").read_text()[-3000:]
         gone = [e for e in events(cfg.run_dir) if e.get("event") == "orphan" and "are gone" in e.get("message", "")]
@@ -164,7 +170,7 @@ def test_a_clean_stop_starts_a_new_restart_count_and_status_keeps_the_runs(tmp_p
     first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.02", MINILMD_FAULT="sigkill@3",
                              FAKE_HOLD=f"12:{never}", FAKE_HOLD_STOPS="1")
     try:
-        wait_for(lambda: heartbeat(cfg.run_dir).strip() == "12" and len(state(cfg.run_dir).get("restarts") or []) == 1
+        wait_for(lambda: beat_step(cfg.run_dir) == "12" and len(state(cfg.run_dir).get("restarts") or []) == 1
                  or first.poll() is not None, 120, "attempt 2 held at step 12 after the restart")
         assert first.poll() is None, (tmp_path / "first.out").read_text()[-3000:]
         assert "restarts: 1 (last: killed at step " in status(cfg.run_dir)
