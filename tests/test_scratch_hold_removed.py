@@ -10,12 +10,11 @@ inside this hold's window (between its open and its flock) by patching the step 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from held_process import HeldProcess
 from minilmd import lockfile, scratch, scratch_hold
 from minilmd.names import SCRATCH_OWNER
 
@@ -30,16 +29,8 @@ sys.stdin.read()
 """A supervisor of ours, as far as the scratch goes: claims it and holds its marker until stdin closes."""
 
 
-class Holder:
-    def __init__(self, scratch_dir: Path, run_dir: Path):
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(scratch_dir), str(run_dir)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout.readline().strip() == "held"
-        self.pid = self.proc.pid
-
-    def end(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+def hold_scratch(scratch_dir: Path, run_dir: Path) -> HeldProcess:
+    return HeldProcess(HOLDER, str(scratch_dir), str(run_dir))
 
 
 @pytest.fixture
@@ -76,7 +67,7 @@ def _remark(scratch_dir: Path) -> None:
 
 def test_a_marker_removed_under_a_holder_of_ours_is_left_and_the_fresh_one_at_the_name_taken(place, monkeypatch):
     scratch_dir, run_dir = place
-    first = Holder(scratch_dir, run_dir)
+    first = hold_scratch(scratch_dir, run_dir)
     try:
         old = os.lstat(scratch_dir / SCRATCH_OWNER)
         _after_the_open(monkeypatch, lambda: _remark(scratch_dir))
@@ -92,11 +83,11 @@ def test_a_marker_removed_and_put_back_under_another_live_holder_of_ours_is_stil
     """The hold opens the name again and finds the fresh marker held by a live supervisor: refused, naming it (not
     the holder of the removed file)."""
     scratch_dir, run_dir = place
-    first, second = Holder(scratch_dir, run_dir), []
+    first, second = hold_scratch(scratch_dir, run_dir), []
 
     def remarked_and_held() -> None:
         _remark(scratch_dir)
-        second.append(Holder(scratch_dir, run_dir))
+        second.append(hold_scratch(scratch_dir, run_dir))
 
     _after_the_open(monkeypatch, remarked_and_held)
     try:
@@ -114,7 +105,7 @@ def test_a_marker_removed_under_a_holder_of_ours_and_not_put_back_is_left_to_the
     """No marker at the name: the hold holds nothing now (a marker missing is the claim's, as before the open), and
     the next claim marks the scratch again and its hold takes it: the run is not refused for a file gone."""
     scratch_dir, run_dir = place
-    first = Holder(scratch_dir, run_dir)
+    first = hold_scratch(scratch_dir, run_dir)
     try:
         _after_the_open(monkeypatch, lambda: os.unlink(scratch_dir / SCRATCH_OWNER))
         scratch_hold.hold(scratch_dir)  # before: ScratchInUse

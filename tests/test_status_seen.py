@@ -20,11 +20,11 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from held_process import HeldProcess
 from minilmd import names
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import registry
@@ -43,18 +43,9 @@ sys.stdin.read()
 """The stand-in of a supervisor: holds the run lock's flock until stdin closes."""
 
 
-class Holder:
+def hold_lock(run_dir: Path) -> HeldProcess:
     """A real process holding `run_dir`'s supervisor.lock (made 0600, as every run lock is)."""
-
-    def __init__(self, run_dir: Path):
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir / names.LOCK)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout.readline().strip() == "held"
-        self.pid = self.proc.pid
-
-    def end(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    return HeldProcess(HOLD, str(run_dir / names.LOCK))
 
 
 def _dead_pid() -> int:
@@ -127,7 +118,7 @@ def test_a_live_record_that_holds_no_run_lock_is_said_to_be_judged_from_the_reco
     head = _status_of(run_dir).splitlines()[0]
     assert f"supervisor pid {os.getpid()} running (judged from its record, state.json's pid and start time" in head
     assert "no process holds its run lock by the kernel's lock table" in head, head
-    holder = Holder(run_dir)  # the lock held by the record's process: judged by the lock, no more words
+    holder = hold_lock(run_dir)  # the lock held by the record's process: judged by the lock, no more words
     try:
         _state(run_dir, "training", pid=holder.pid)
         head = _status_of(run_dir).splitlines()[0]
@@ -143,7 +134,7 @@ def test_a_supervisor_whose_proc_entry_is_hidden_but_holds_its_run_lock_is_runni
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    holder = Holder(run_dir)
+    holder = hold_lock(run_dir)
     try:
         _state(run_dir, "training", pid=holder.pid)
         monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)  # where the rule reads it
@@ -161,7 +152,7 @@ def test_a_gone_record_whose_run_lock_another_pid_holds_is_not_judged_killed_nor
     run_dir.mkdir()
     _state(run_dir, "training")  # the record's supervisor is gone
     registry.register(run_dir.name, run_dir, tmp_path / "run.toml")
-    holder = Holder(run_dir)
+    holder = hold_lock(run_dir)
     try:
         head = _status_of(run_dir).splitlines()[0]
         assert f"supervisor not judged: pid {holder.pid} holds its run lock (a supervisor starting?)" in head, head
@@ -189,7 +180,7 @@ def test_a_starting_supervisor_is_seen_in_the_lock_table_where_its_lock_cannot_b
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    holder = Holder(run_dir)
+    holder = hold_lock(run_dir)
     monkeypatch.setattr(lock, "lock_look", refused)
     try:
         said = "\n".join(lastwords.no_state_lines(run_dir))
@@ -222,7 +213,7 @@ def test_a_teammate_sees_whose_supervisor_runs_or_starts_though_its_run_lock_is_
     try:
         run_dir = place / "run"
         run_dir.mkdir(0o755)
-        holder = Holder(run_dir)
+        holder = hold_lock(run_dir)
         try:
             assert os.stat(run_dir / names.LOCK).st_mode & 0o777 == 0o600
             look = subprocess.run(user_python(TEAMMATE_STATUS, str(run_dir)), capture_output=True, text=True,
@@ -261,7 +252,7 @@ def test_a_stage_waiting_for_its_predecessor_and_logs_follow_ask_the_same_rule(t
     run_dir = tmp_path / "pre"
     run_dir.mkdir()
     pred = initwait.Predecessor("pre", run_dir, tmp_path / "remote")
-    holder = Holder(run_dir)
+    holder = hold_lock(run_dir)
     try:
         _state(run_dir, "training", pid=holder.pid)
         monkeypatch.setattr(seen, "supervisor_runs_here", lambda _sup: False)  # /proc hides it
@@ -288,7 +279,7 @@ def test_a_lock_body_that_names_the_lock_table_is_not_taken_for_a_look_at_the_ta
     (run_dir / names.LOCK).write_text(json.dumps({"pid": 4321, "host": socket.gethostname(), "since": 1.0,
                                                   "launch_id": "(the kernel's lock table)"}))
     os.chmod(run_dir / names.LOCK, 0o600)
-    holder = Holder(run_dir)
+    holder = hold_lock(run_dir)
     try:
         said = "\n".join(lastwords.no_state_lines(run_dir))
     finally:
