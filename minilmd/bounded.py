@@ -46,14 +46,28 @@ def shared_storage_check(check, *args) -> list[str]:
     return result if answered else []
 
 
+_UNANSWERED: dict[object, threading.Thread] = {}
+"""bounded_probe's looks under a `key` that have not answered yet (their threads, left behind), by key."""
+_UNANSWERED_LOCK = threading.Lock()
+
+
 def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = False,
-                  on_slow: Callable[[float], None] | None = None) -> tuple[bool, Any, str]:
+                  on_slow: Callable[[float], None] | None = None, key: object = None) -> tuple[bool, Any, str]:
     """fn(*args) on shared storage, in a thread for `timeout_s` (None: SHARED_STORAGE_PROBE_S) at most: (True, its
     result, "") when it returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount:
     the thread is left behind, a daemon); (False, None, a `Raised`) when it raised anything else. A `Raised` is also
     said in one line on stderr (`say_raised`), unless the caller `says_why` itself: most callers take any failure as
     no answer and drop `why`, which would turn a bug into a silent "not answered" (review10b F2). `on_slow(s)`: called
-    once, with the seconds the look may still take, when it has not answered within SLOW_PROBE_S."""
+    once, with the seconds the look may still take, when it has not answered within SLOW_PROBE_S. `key`, for a look
+    repeated while it may stall (each retry of a wait): while an earlier look under the same key has not answered, no
+    other is started, (False, None, Stalled) at once; else every retry on a mount stalled for days left one more
+    thread behind, stuck in the kernel."""
+    if key is not None:
+        with _UNANSWERED_LOCK:
+            earlier = _UNANSWERED.get(key)
+            if earlier is not None and earlier.is_alive():
+                return False, None, Stalled("an earlier look has not answered yet (stalled)")
+            _UNANSWERED.pop(key, None)
     timeout_s = waited = SHARED_STORAGE_PROBE_S if timeout_s is None else timeout_s
     result: list = []
     failed: list[str] = []
@@ -77,6 +91,9 @@ def bounded_probe(fn, *args, timeout_s: float | None = None, says_why: bool = Fa
                 pass
         timeout_s -= SLOW_PROBE_S
     worker.join(timeout_s)
+    if key is not None and worker.is_alive():
+        with _UNANSWERED_LOCK:
+            _UNANSWERED[key] = worker
     if result:
         return True, result[0], ""
     if failed and isinstance(failed[0], Raised) and not says_why:

@@ -4,6 +4,7 @@ stalled is not looked at again by the room check, which would wait on the same s
 from __future__ import annotations
 
 import threading
+import time
 
 from minilmd import init_stall
 from minilmd.bounded import SLOW_PROBE_S, Stalled, bounded_probe
@@ -66,3 +67,28 @@ def test_the_starts_look_that_answers_forgets_a_stall_the_launch_said(tmp_path, 
     assert init_stall.stalled(cfg.init.from_)
     initwait.at_start(cfg, emit=lambda kind, line: None)
     assert not init_stall.stalled(cfg.init.from_)
+
+
+def test_a_keyed_look_starts_no_other_while_the_last_has_not_answered():
+    """Staging looks at run.remote at each retry of its wait for the corpus share (stagingfetch.look_at_remote): on a
+    mount stalled for days, every try left one more thread behind, stuck. Under a key, a look whose predecessor has
+    not answered yet is not started: stalled at once; once it answers, the next look runs."""
+    gate, calls = threading.Event(), []
+
+    def look():
+        calls.append(1)
+        gate.wait(60)
+        return "answered"
+
+    key = ("test", "a stalled share")
+    try:
+        assert bounded_probe(look, timeout_s=0.2, key=key)[0] is False
+        answered, _, why = bounded_probe(look, timeout_s=0.2, key=key)
+        assert not answered and isinstance(why, Stalled) and "earlier look" in why and len(calls) == 1, (why, calls)
+        assert bounded_probe(look, timeout_s=0.2)[0] is False and len(calls) == 2  # unkeyed: started as before
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 60
+    while bounded_probe(look, timeout_s=5, key=key)[0] is False:  # the stuck one answers: the next runs again
+        assert time.monotonic() < deadline
+    assert len(calls) == 3

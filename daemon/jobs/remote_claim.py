@@ -340,18 +340,18 @@ def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
             f"{{\"run_dir\": \"{record['run_dir']}\", \"run_name\": \"{claim.run_name}\"}}")
 
 
-def root_words_now(cfg, fresh: bool = False) -> tuple[bool, str]:
+def root_words_now(cfg, fresh: bool = False, key: object = None) -> tuple[bool, str]:
     """(answered, words) of a bounded look at the root of the run's local run.remote: what its next sync would
     refuse it for now (remote_root.check_words: gone, replaced; "" when nothing). The one look `run --check`
     (daemon/preflight.py remote_root_wait) and staging's wait for the corpus share (daemon/jobs/stagingfetch.py
     look_at_remote) take; `fresh`: `run --fresh`, whose new lineage never synced there. (False, "") when the look
-    did not answer within its bound (a stalled mount)."""
+    did not answer within its bound (a stalled mount), or an earlier look under `key` has not (bounded_probe)."""
     from minilmd.bounded import bounded_probe
     from minilmd.daemon.jobs import remote_made, remote_root
 
     made = remote_made.Made(remote_made.run_record(Path(cfg.run_dir)))  # read only: no older record adopted here
     asked = (lambda: "") if fresh else synced_before(cfg)
-    answered, words, _ = bounded_probe(remote_root.check_words, cfg.run.remote.rstrip("/"), made, asked)
+    answered, words, _ = bounded_probe(remote_root.check_words, cfg.run.remote.rstrip("/"), made, asked, key=key)
     return answered, (words or "") if answered else ""
 
 

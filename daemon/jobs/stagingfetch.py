@@ -113,7 +113,9 @@ class StagingFetch:
 
         if not self.cfg.run.remote or local_remote_root(self.cfg.run.remote) is None:
             return ""
-        answered, words = remote_claim.root_words_now(self.cfg, self.fresh)
+        # keyed: a retry while the last look is still stuck starts no other (one thread left behind, not one a try)
+        answered, words = remote_claim.root_words_now(self.cfg, self.fresh, key=("staging looks at",
+                                                      self.cfg.run.remote))
         return words if answered else f"{self.cfg.run.remote} does not answer (a share that stalls?)"
 
     def say_remote(self, words: str) -> None:
