@@ -17,7 +17,7 @@ import pytest
 from fake_kernel_log import NOW, fake_dmesg
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.death import classify
-from minilmd.daemon.child.oomevidence import expected_ranks
+from minilmd.daemon.child.oomevidence import expected_ranks, ranks_among
 from minilmd.daemon.child.process import launch
 
 AGENT = """
@@ -41,14 +41,26 @@ sys.exit(1)
 """What torchrun does, as far as the supervisor sees it: two workers, the first failure's summary, exit 1."""
 
 
-def launch_agent(tmp_path: Path):
+NOT_YET_A_RANK = """
+import os, subprocess, sys
+env = {k: v for k, v in os.environ.items() if k != "RANK"}
+subprocess.Popen([sys.executable, "-c", "import os, sys, time\\n"
+                  f"open({sys.argv[1]!r} + '/norank.tmp', 'w').write(str(os.getpid()))\\n"
+                  f"os.rename({sys.argv[1]!r} + '/norank.tmp', {sys.argv[1]!r} + '/norank')\\n"
+                  "time.sleep(120)"], env=env, start_new_session=True)
+""" + AGENT
+"""The agent as above, with one more child first: one whose environment has no RANK, as a worker has between the
+agent's fork and its exec (it shows the agent's environment then)."""
+
+
+def launch_agent(tmp_path: Path, agent: str = AGENT):
     """The stand-in agent launched as the supervisor launches a trainer, and watched as its ticks watch it until
     both ranks are seen: (child, rank pids)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pids = tmp_path / "pids"
     pids.mkdir()
-    command = [sys.executable, "-c", AGENT, str(pids), "torch.distributed.run", "--nproc_per_node", "2"]
+    command = [sys.executable, "-c", agent, str(pids), "torch.distributed.run", "--nproc_per_node", "2"]
     child = launch(command, run_dir, 1, devices="")
     deadline = time.monotonic() + 60
     while not all((pids / f"rank{i}").exists() for i in range(2)):
@@ -119,6 +131,25 @@ def test_a_counter_the_ranks_share_with_the_agent_names_the_rank_from_the_kernel
     rc, death = kill_rank_and_classify(child, rank0)
     assert rc == 1 and death.detail == (f"SIGKILL by the OOM killer ({shared}: oom_kill 0 -> 1; kernel log names pid "
                                         f"{rank0}, torchrun rank 0)"), death
+
+
+def test_a_child_of_the_agent_with_no_rank_in_its_environment_is_not_taken_for_a_rank(tmp_path):
+    """Found between the agent's fork and its exec, a worker was named "a worker" for good, and its OOM kill then
+    said "torchrun a worker" (under load, where that window is wide): it is left for the next scan instead."""
+    child, (rank0, rank1) = launch_agent(tmp_path, NOT_YET_A_RANK)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "pids" / "norank").exists():
+            assert time.monotonic() < deadline, "the stand-in child never started"
+            time.sleep(0.02)
+        norank = int((tmp_path / "pids" / "norank").read_text())
+        assert norank in {pid for pid, _ in child.launch_pids()}  # of this launch, the agent's child: only RANK differs
+        assert sorted((r.pid, r.name) for r in ranks_among(child.pid, child.launch_pids(), set())) == [
+            (rank0, "rank 0"), (rank1, "rank 1")]
+        assert sorted((r.pid, r.name) for r in child.ranks) == [(rank0, "rank 0"), (rank1, "rank 1")], child.ranks
+    finally:
+        child.kill_rest()
+        child.popen.wait(60)
 
 
 def test_a_hand_sent_kill_of_a_rank_says_the_ranks_pids_were_looked_for(tmp_path, monkeypatch):

@@ -123,7 +123,9 @@ def expected_ranks(command: list[str]) -> int | None:
 
 def ranks_among(agent: int, launch: list[tuple[int, int]], known: set[int]) -> list[Rank]:
     """The processes of this launch (procs.Launch's proof: its run directory and launch id) whose parent is the
-    agent: its workers, not a worker's own children (torch.compile's), which inherit the same environment."""
+    agent: its workers, not a worker's own children (torch.compile's), which inherit the same environment. A child
+    with no RANK in its environment is not counted yet: between the agent's fork and its exec it shows the agent's
+    environment, and named then it would stay "a worker" for good; the next scan finds it as the rank it is."""
     found = []
     for pid, ticks in launch:
         if pid == agent or pid in known:
@@ -135,5 +137,6 @@ def ranks_among(agent: int, launch: list[tuple[int, int]], known: set[int]) -> l
         if fields is None or fields[1] != str(agent):
             continue
         rank = procs.process_environ(pid).get("RANK", "")
-        found.append(Rank(pid, ticks, f"rank {rank}" if rank.isdigit() else "a worker"))
+        if rank.isdigit():
+            found.append(Rank(pid, ticks, f"rank {rank}"))
     return found
