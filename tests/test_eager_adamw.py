@@ -4,15 +4,11 @@ over steps, a saved state and its load, and a trainer that does not compile neve
 much CPU as torch itself, at every start and restart of a run)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from minilmd.trainer.loop.components import EagerAdamW
-from trainer_corpus import child_env, write_config
+from trainer_corpus import modules_after, write_config
 
 
 def _model() -> torch.nn.Module:
@@ -70,20 +66,14 @@ def test_eager_adamw_steps_saves_and_loads_as_torchs_adamw_bit_for_bit():
 @pytest.mark.slow  # a real `minilmd train` in a fresh interpreter
 def test_a_trainer_that_does_not_compile_never_imports_torchs_compiler(tmp_path, corpus):
     config = write_config(tmp_path, corpus, name="eager", train={"max_steps": 4, "checkpoint_every": 2})
-    out = tmp_path / "modules.json"
-    script = ("import json, runpy, sys\n"
-              "code = 0\n"
-              f"sys.argv = ['minilmd', 'train', {str(config)!r}]\n"
-              "try:\n"
-              "    runpy.run_module('minilmd.cli', run_name='__main__')\n"
-              "except SystemExit as e:\n"
-              "    code = e.code\n"
-              f"open({str(out)!r}, 'w').write(json.dumps({{'code': code, 'modules': sorted(sys.modules)}}))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env=child_env())
-    assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    said = json.loads(out.read_text())
-    assert said["code"] == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "minilmd.trainer.loop.components" in said["modules"] and "torch" in said["modules"]  # it did train
+    code, modules, proc = modules_after(tmp_path, "import runpy\n"
+                                                  "code = 0\n"
+                                                  f"sys.argv = ['minilmd', 'train', {str(config)!r}]\n"
+                                                  "try:\n"
+                                                  "    runpy.run_module('minilmd.cli', run_name='__main__')\n"
+                                                  "except SystemExit as e:\n"
+                                                  "    code = e.code")
+    assert code == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "minilmd.trainer.loop.components" in modules and "torch" in modules  # it did train
     assert "step 4/4" in proc.stdout, proc.stdout[-2000:]
-    assert not [m for m in said["modules"] if m.startswith("torch._dynamo")], proc.stdout[-2000:]
+    assert not [m for m in modules if m.startswith("torch._dynamo")], proc.stdout[-2000:]

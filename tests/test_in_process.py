@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ import torch
 from in_process import SDPA_BACKENDS, train_in_process
 from minilmd.names import CUBLAS_WORKSPACE_ENV, FAULT_ENV
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import child_env, read_metrics, run_paths, write_config
+from trainer_corpus import modules_after, read_metrics, run_paths, write_config
 
 
 def process_wide() -> dict:
@@ -59,17 +56,9 @@ def test_a_run_here_and_its_restore_never_import_torchs_compiler(tmp_path, corpu
     """The restore once called torch.use_deterministic_algorithms unconditionally, which imports torch._inductor and
     torch._dynamo: a CPU-second in every pytest worker that the trainer itself (EagerAdamW) no longer pays."""
     config = write_config(tmp_path, corpus, name="eager", train={"max_steps": 1, "checkpoint_every": 1})
-    out = tmp_path / "modules.json"
-    script = ("import json, sys\n"
-              f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-              "from in_process import train_in_process\n"
-              f"done = train_in_process({str(config)!r})\n"
-              "said = {'code': done.returncode, 'modules': sorted(sys.modules)}\n"
-              f"open({str(out)!r}, 'w').write(json.dumps(said))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env=child_env())
-    assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    said = json.loads(out.read_text())
-    assert said["code"] == EXIT_DONE, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "minilmd.trainer.loop.components" in said["modules"]  # it did train
-    assert not [m for m in said["modules"] if m.startswith("torch._dynamo")], proc.stderr[-2000:]
+    code, modules, proc = modules_after(tmp_path, f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                                                  "from in_process import train_in_process\n"
+                                                  f"code = train_in_process({str(config)!r}).returncode")
+    assert code == EXIT_DONE, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "minilmd.trainer.loop.components" in modules  # it did train
+    assert not [m for m in modules if m.startswith("torch._dynamo")], proc.stderr[-2000:]

@@ -146,6 +146,19 @@ def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.Com
                           env=child_env(**env))
 
 
+def modules_after(tmp: Path, body: str) -> tuple[int, list[str], subprocess.CompletedProcess]:
+    """Runs `body` in a fresh interpreter (child_env), where it sets `code`, and gives back that code, the modules
+    it left imported and the process: a pytest worker's own imports (another test's) say nothing of a trainer's."""
+    out = tmp / "modules.json"
+    script = (f"import json, sys\n{body}\n"
+              f"open({str(out)!r}, 'w').write(json.dumps({{'code': code, 'modules': sorted(sys.modules)}}))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=child_env())
+    assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    said = json.loads(out.read_text())
+    return said["code"], said["modules"], proc
+
+
 def resumed_step(log: str) -> int | None:
     """The step of the trainer's "resumed from .../step-N at step N" line (trainer/loop/resume.py) in log; None
     when there is none, or when the checkpoint's name and the step disagree."""
