@@ -19,6 +19,7 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
   GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
   after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
+  `walk_problem` is its judgement with nothing made: run.dir's check (`run_dir_problem`) is the launch's walk.
 - `real_path(path, owners)` follows the links of a path by the same link rule (`link_followed`) and judges nothing
   else, makes nothing: the path-based look daemon/views/runarg.py uses to find the run a view is given.
 Torch-free.
@@ -131,8 +132,11 @@ RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change{hom
 
 
 def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
-    """place_problem for run.dir, at `run --check`, the supervisor's start and `minilmd train` (minilmd/probes.py
-    path_problems), before anything is made: it and every directory above it root's or ours, none another user can
+    """The rule of run.dir, at `run --check`, the supervisor's start and `minilmd train` (minilmd/probes.py
+    path_problems), before anything is made, judged by the very walk that makes and opens it at the launch
+    (`walk_problem` of `_walk_run_dir`'s arguments: one rule, one answer; by path, abspath read `~/link/..` as `~`
+    where the walk, as the kernel, ends where the link leads, up one): it and every directory above it root's or
+    ours, none another user can
     rearrange (a sticky one above it is fine, a link of root's or ours followed). Else another user could put his
     directory, or a link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by
     name (a .space-reserve link truncated her file, an events.jsonl link got events appended). And run.dir itself
@@ -145,9 +149,7 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     `owners` as run.remote's for a squashing share (NFS root_squash makes root's run.dir nobody's): those are learnt
     by writing a file in the directory (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before
     anything is made (docs/operations.md says so: such a run.dir is refused)."""
-    home = "" if under_home(run_dir) else ", such as one under your home"
-    return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE.format(home=home), dir_itself=True,
-                         own_links=True, closed=True)
+    return walk_problem(run_dir, *_run_dir_words(run_dir), closed=True)
 
 
 def settle_run_dir(run_dir: str | os.PathLike) -> Path:
@@ -175,9 +177,13 @@ primary group others are in, made a run.dir that the rule it is judged by right 
 
 
 def _walk_run_dir(run_dir: str | os.PathLike) -> tuple[int, Path]:
+    return walk_to(run_dir, *_run_dir_words(run_dir), RUN_DIR_MADE, closed=True)
+
+
+def _run_dir_words(run_dir: str | os.PathLike) -> tuple[str, str, str]:
+    """(label, what, advice) of run.dir's walk: the same words whether it judges (`run --check`) or makes."""
     home = "" if under_home(run_dir) else ", such as one under your home"
-    return walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), RUN_DIR_MADE,
-                   closed=True)
+    return "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home)
 
 
 def under_home(path: str | os.PathLike) -> bool:
@@ -252,6 +258,22 @@ def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, 
     return fd
 
 
+def walk_problem(path: str | os.PathLike, label: str, what: str, advice: str, *, closed: bool = False) -> str | None:
+    """Why walk_to (`closed` as there) would refuse `path`, judged by that walk itself with nothing made (`dry`):
+    the answer of a check (`run --check`) is the launch's. A missing directory is no problem (the walk that makes it
+    makes it under a directory judged); the walk goes on as that one would, a ".." after it back to the directory it
+    would be made in. A directory on the way without search permission is said, not raised; any other OSError (EIO,
+    ESTALE) goes to the caller, as from place_problem."""
+    try:
+        os.close(walk_to(path, label, what, advice, None, dry=True, closed=closed)[0])
+    except PlaceRefused as e:
+        return None if isinstance(e, InTheWay) else str(e)  # a file in the way: the caller's check says it
+    except PermissionError as e:  # a directory on the way without search permission (mode 644): no way through
+        todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+        return f"{label} {path}: {e.filename} cannot be looked at: {e.strerror or e}; {todo}"
+    return None
+
+
 MAX_LINKS = 40
 """The links walk_to and real_path follow on one walk (the kernel's own limit for a path): a loop ends there."""
 
@@ -315,7 +337,8 @@ def real_path(path: str | os.PathLike, owners: Set[int] = frozenset()) -> Path:
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
             group_share: bool = False, team_above: bool = False, team_root: bool = False,
             owners: Set[int] = frozenset(), exact_mode: bool = False,
-            made: list[Path] | None = None, reading: bool = False, closed: bool = False) -> tuple[int, Path]:
+            made: list[Path] | None = None, reading: bool = False, closed: bool = False,
+            dry: bool = False) -> tuple[int, Path]:
     """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
     the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
     parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
@@ -332,32 +355,48 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`.
     `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why).
     A path that ends in ".." ends at a directory first met above the target, judged then by the rule of the
-    directories above: judged again there as the target (`~/link/..`, the link to /tmp/x: /tmp, not `~`)."""
+    directories above: judged again there as the target (`~/link/..`, the link to /tmp/x: /tmp, not `~`).
+    `dry` (with `mode` None): a missing component is walked as if made, nothing made (walk_problem: a check's
+    answer is the making walk's); the descriptor is then the deepest directory there, the path the whole one."""
     # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
     # path: a process whose working directory was removed still reaches an absolute one.
     given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
     pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
     chain: list[tuple[int, Path]] = []  # the directories walked so far, each open and judged: (descriptor, real path)
+    missing: list[str] = []  # `dry`: the names walked below chain[-1] that are not there (the making walk's to make)
     links = [0]
 
     def judged(fd: int, here: Path) -> tuple[int, Path]:
         return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
                        team_above=team_above, team_root=team_root, owners=owners, reading=reading,
-                       closed=closed and not pending)
+                       closed=closed and not pending, dry=dry)
 
     def step(name: str) -> None:
         """One component: the walk restarted at "/", up one, or down into `name` (a link's target pending)."""
         if name == "/":
             _close_all(chain)
+            missing.clear()
             chain.append(judged(os.open("/", WALK_DIR), Path("/")))
         elif name == "..":
-            if len(chain) > 1:
+            if missing:  # up from a directory the making walk would have made: back towards chain[-1]
+                missing.pop()
+            elif len(chain) > 1:
                 os.close(chain.pop()[0])
-            if not pending:  # the walk ends here, up one: judged again as the target (closed, its words)
+            if not pending and not missing:  # the walk ends here, up one: judged again as the target (closed)
                 chain.append(judged(*chain.pop()))
-        elif name not in ("", "."):
+        elif name in ("", "."):
+            return
+        elif missing:  # below a directory not there: nothing more to judge on the way
+            missing.append(name)
+        else:
             fd, here = chain[-1]
-            st, made_here = _lstat_at(fd, name, mode, exact_mode)
+            try:
+                st, made_here = _lstat_at(fd, name, mode, exact_mode)
+            except FileNotFoundError:
+                if not dry:
+                    raise
+                missing.append(name)
+                return
             if stat.S_ISLNK(st.st_mode):
                 links[0] += 1
                 pending.extend(reversed(Path(_own_link(fd, here, name, st, links[0])).parts))  # "/..." restarts
@@ -400,7 +439,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
                 where = Path("/") if name == "/" or not chain else chain[-1][1] / name
                 raise OSError(e.errno, e.strerror, str(where)) from None
         fd, real = chain[-1]
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), real
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), real.joinpath(*missing)
     finally:
         _close_all(chain)
 
@@ -434,8 +473,9 @@ def _readlink_at(fd: int, name: str) -> str:
 
 def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str, advice: str, last: bool, *,
             group_share: bool, team_above: bool, team_root: bool, owners: Set[int],
-            reading: bool = False, closed: bool = False) -> tuple[int, Path]:
-    """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not)."""
+            reading: bool = False, closed: bool = False, dry: bool = False) -> tuple[int, Path]:
+    """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not; `dry`: a
+    check's words, not those of a walk that opens a directory to use it)."""
     where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
     st = os.fstat(fd)
     if last and team_root:
@@ -447,7 +487,7 @@ def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str,
                                     reading=reading, closed=closed)
     if problem:
         os.close(fd)
-        raise PlaceRefused(f"{problem} (found so when opened)")
+        raise PlaceRefused(problem if dry else f"{problem} (found so when opened)")
     return fd, here
 
 

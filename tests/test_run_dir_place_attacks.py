@@ -429,3 +429,48 @@ def test_a_run_dir_ending_in_dot_dot_after_a_link_is_judged_where_the_walk_ends(
         os.close(open_run_dir(home / "link" / ".."))
     assert settle_run_dir(home / "link" / ".." / "sub") == sticky / "sub"  # passed through, not ended on: fine
     assert settle_run_dir(home / "link" / ".." / ".." / "home") == home
+
+
+def _dot_dot_places(tmp_path: Path) -> tuple[Path, Path]:
+    """(her home, a directory in a sticky one others may write): her `link` in her home leads to `sticky/sub`."""
+    sticky = tmp_path / "sticky"
+    (sticky / "sub").mkdir(parents=True)
+    sticky.chmod(0o1777)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "link").symlink_to(sticky / "sub")
+    return home, sticky
+
+
+def test_run_dir_problem_answers_as_the_walk_that_makes_run_dir_for_every_spelling(tmp_path):
+    """run --check's rule (run_dir_problem) and the launch's walk (settle_run_dir) give one answer, in one set of
+    words, however run.dir is spelled: ".." after a link goes up from where the link leads, as in the kernel, and
+    ".." after a directory not there yet back to the one it is made in. Before, run_dir_problem judged by path,
+    abspath reading `~/link/..` as `~`: passed by the check, refused by the launch."""
+    home, sticky = _dot_dot_places(tmp_path)
+    spellings = [home / "link" / "..", home / "link" / ".." / "sub", home / "link" / ".." / "..",
+                 home / "missing" / "..", home / "missing" / ".." / ".." / "sticky", home / "new" / "run", sticky,
+                 home / "." / "link" / ".." / "." / "sub" / "deeper"]
+    for spelling in spellings:
+        problem = run_dir_problem(spelling)
+        try:
+            settled: str | None = None
+            settle_run_dir(spelling)
+        except PlaceRefused as e:
+            settled = str(e)
+        assert (problem, spelling) == (settled and settled.removesuffix(" (found so when opened)"), spelling)
+    assert run_dir_problem(home / "link" / "..") is not None  # the case the two answered differently
+
+
+@pytest.mark.slow
+def test_run_check_refuses_dot_dot_after_a_link_as_the_launch_does(tmp_path, corpus):
+    """`run.dir = ~/link/..`, her link to a directory in a sticky one others may write: `run --check` passed it
+    (exit 0: it judged `~`) where the launch refused it (exit 2, nothing made: its walk ends in the sticky one).
+    Both refuse it now, naming the directory the walk ends at, nothing made."""
+    home, sticky = _dot_dot_places(tmp_path)
+    config = write_config(tmp_path, corpus, name="updown", remote=False, run={"dir": str(home / "link" / "..")})
+    said = (f"the directory {sticky} can be written by other users (mode 1777: sticky, which keeps them from "
+            f"removing or renaming its files, not from making them first)")
+    _refused_by_check_and_launch(config, said, f"chmod go-w {sticky} (it is yours)")
+    assert sorted(os.listdir(sticky)) == ["sub"] and os.listdir(sticky / "sub") == []
+    assert not load_config(config).scratch_dir.exists() and _registered("updown") == []
