@@ -33,7 +33,8 @@ import stat
 from collections.abc import Set
 from pathlib import Path
 
-from minilmd.perms import others_can_rearrange, others_can_write, owned_by_me, owned_by_me_or_root, user_words
+from minilmd.dir_rule import dir_rule_problem, owner_problem
+from minilmd.perms import owned_by_me_or_root, user_words
 
 WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How the walk opens each directory on the way: no link followed, no read permission needed (a 0711 home)."""
@@ -109,10 +110,10 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         if not stat.S_ISDIR(st.st_mode):
             return None  # the caller says that a file is in the way
         if (group_share or team_root) and above == chain[-1]:
-            if team_root and (problem := _owner_problem(st, where, label, what, owners)):
+            if team_root and (problem := owner_problem(st, where, label, what, owners)):
                 return problem
             continue
-        if problem := _dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners,
+        if problem := dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners,
                                         closed=closed and dir_itself and above == chain[-1]):
             return problem
     return None
@@ -193,56 +194,6 @@ def under_home(path: str | os.PathLike) -> bool:
         home = Path.home()
         return home != Path("/") and (Path(os.path.abspath(path)).is_relative_to(home))
     return False
-
-
-def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
-                      owners: Set[int], acl_at: Path | int | None = None, reading: bool = False,
-                      closed: bool = False) -> str | None:
-    """The rule one directory on the way keeps (`st` as lstat or fstat saw it, `above` its path; `acl_at`: where
-    its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others
-    (`reading`: perms.others_can_write's); `closed`: not writable by others at all, sticky or not (run_dir_problem
-    says why)."""
-    mode = stat.S_IMODE(st.st_mode)
-    sticky = bool(st.st_mode & stat.S_ISVTX)
-    owner = user_words(st.st_uid) if not owned_by_me(st) else "you"  # named only in a refusal (a passwd lookup)
-    if not owned_by_me_or_root(st, also=owners):
-        why = " (sticky or not: its owner may remove or rename anything in it)" if sticky else ""
-        return (f"{where} belongs to {owner}, who could replace {what} by a link to your files "
-                f"or by a directory of his{why}; {advice}")
-    acl = above if acl_at is None else acl_at
-    if not owned_by_me_or_root(st) and not sticky and others_can_write(st, acl):
-        return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written by "
-                f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
-    if others_can_rearrange(st, acl, team=team_above, reading=reading):  # group members: others
-        if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
-            return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written "
-                    f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
-                    f"trusted, since its owner may remove or rename anything in it), who could replace {what}; "
-                    f"{advice}")
-        return (f"{where} can be written by other users (mode {mode:o}, not sticky), who could replace {what} by a "
-                f"link to your files or by a directory of theirs; {_fix(st, above, advice)}")
-    if closed and others_can_write(st, acl):  # sticky, root's or ours: others_can_rearrange let it pass
-        return (f"{where} can be written by other users (mode {mode:o}: sticky, which keeps them from removing or "
-                f"renaming its files, not from making them first), who could make {what} before the run does, "
-                f"as theirs; {_fix(st, above, advice)}")
-    return None
-
-
-def _fix(st: os.stat_result, above: Path, advice: str) -> str:
-    """What to do about a directory of the rule's that others can write: the one-step chmod first when it is ours."""
-    return f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice
-
-
-def _owner_problem(st: os.stat_result, where: str, label: str, what: str, owners: Set[int]) -> str | None:
-    """`team_root`'s rule for the target's own directory, whatever its mode: root's, ours or `owners'`. Its owner
-    may chmod 700, rename or empty it at will: what minilmd puts there (a run.remote's only copies of the
-    checkpoints, once scratch is given back) would be his to take away."""
-    if owned_by_me_or_root(st, also=owners):
-        return None
-    owner = user_words(st.st_uid)
-    return (f"{where} belongs to {owner}, not to you: its owner may take away {what} at will (chmod 700, rename or "
-            f"empty it), so minilmd puts nothing there; have {owner} remove it (it is not yours to remove), or "
-            f"choose another {label.removeprefix('the directory of ')}")
 
 
 def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, group_share: bool = False,
@@ -479,11 +430,11 @@ def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str,
     where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
     st = os.fstat(fd)
     if last and team_root:
-        problem = _owner_problem(st, where, label, what, owners)
+        problem = owner_problem(st, where, label, what, owners)
     elif last and group_share:
         problem = None
     else:
-        problem = _dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd,
+        problem = dir_rule_problem(st, here, where, what, advice, team_above=team_above, owners=owners, acl_at=fd,
                                     reading=reading, closed=closed)
     if problem:
         os.close(fd)

@@ -30,7 +30,7 @@ REVIEWED = Counter({
     ("minilmd/dirfd.py", "stat.S_IMODE(st.st_mode) & 63"): 1,
     ("daemon/host/registry.py", "st.st_mode & 63"): 1,
     # the wording of the place rule's refusals ("sticky or not"), and which of its two refusals it is
-    ("minilmd/place_rule.py", "st.st_mode & stat.S_ISVTX"): 1,
+    ("minilmd/dir_rule.py", "st.st_mode & stat.S_ISVTX"): 1,
     # own_place: only a directory the printed command's own check (OWN_DIR_CODE, pasted where minilmd may not be
     # importable) accepts, and that check cannot tell a user private group from a team's (hostile audit 10 F3)
     ("minilmd/init_model.py", "st.st_mode & 18"): 1,

@@ -1,0 +1,68 @@
+"""The rule one directory on the way to a place keeps, in words when it does not: the place rule's per-directory
+judgement (minilmd/place_rule.py: place_problem judges each directory by path with it, the walk on its descriptor).
+
+- `dir_rule_problem`: root's, ours or `owners'`; not rearrangeable by other users (a sticky one of root's or ours
+  is, a group of this user's alone is no other user: perms.others_can_write); `closed`, the target itself (run.dir):
+  writable by no one else, sticky or not.
+- `owner_problem`: `team_root`'s rule of a run.remote's own directory, its owner alone.
+- `fix_words`: the chmod that fixes a directory of ours others can write, said first.
+Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Set
+from pathlib import Path
+
+from minilmd.perms import others_can_rearrange, others_can_write, owned_by_me, owned_by_me_or_root, user_words
+
+
+def dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
+                      owners: Set[int], acl_at: Path | int | None = None, reading: bool = False,
+                      closed: bool = False) -> str | None:
+    """The rule one directory on the way keeps (`st` as lstat or fstat saw it, `above` its path; `acl_at`: where
+    its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others
+    (`reading`: perms.others_can_write's); `closed`: not writable by others at all, sticky or not (run_dir_problem
+    says why)."""
+    mode = stat.S_IMODE(st.st_mode)
+    sticky = bool(st.st_mode & stat.S_ISVTX)
+    owner = user_words(st.st_uid) if not owned_by_me(st) else "you"  # named only in a refusal (a passwd lookup)
+    if not owned_by_me_or_root(st, also=owners):
+        why = " (sticky or not: its owner may remove or rename anything in it)" if sticky else ""
+        return (f"{where} belongs to {owner}, who could replace {what} by a link to your files "
+                f"or by a directory of his{why}; {advice}")
+    acl = above if acl_at is None else acl_at
+    if not owned_by_me_or_root(st) and not sticky and others_can_write(st, acl):
+        return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written by "
+                f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
+    if others_can_rearrange(st, acl, team=team_above, reading=reading):  # group members: others
+        if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
+            return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written "
+                    f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
+                    f"trusted, since its owner may remove or rename anything in it), who could replace {what}; "
+                    f"{advice}")
+        return (f"{where} can be written by other users (mode {mode:o}, not sticky), who could replace {what} by a "
+                f"link to your files or by a directory of theirs; {fix_words(st, above, advice)}")
+    if closed and others_can_write(st, acl):  # sticky, root's or ours: others_can_rearrange let it pass
+        return (f"{where} can be written by other users (mode {mode:o}: sticky, which keeps them from removing or "
+                f"renaming its files, not from making them first), who could make {what} before the run does, "
+                f"as theirs; {fix_words(st, above, advice)}")
+    return None
+
+
+def fix_words(st: os.stat_result, above: Path, advice: str) -> str:
+    """What to do about a directory of the rule's that others can write: the one-step chmod first when it is ours."""
+    return f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice
+
+
+def owner_problem(st: os.stat_result, where: str, label: str, what: str, owners: Set[int]) -> str | None:
+    """`team_root`'s rule for the target's own directory, whatever its mode: root's, ours or `owners'`. Its owner
+    may chmod 700, rename or empty it at will: what minilmd puts there (a run.remote's only copies of the
+    checkpoints, once scratch is given back) would be his to take away."""
+    if owned_by_me_or_root(st, also=owners):
+        return None
+    owner = user_words(st.st_uid)
+    return (f"{where} belongs to {owner}, not to you: its owner may take away {what} at will (chmod 700, rename or "
+            f"empty it), so minilmd puts nothing there; have {owner} remove it (it is not yours to remove), or "
+            f"choose another {label.removeprefix('the directory of ')}")
