@@ -3,7 +3,8 @@ judgement (minilmd/place_rule.py: place_problem judges each directory by path wi
 
 - `dir_rule_problem`: root's, ours or `owners'`; not rearrangeable by other users (a sticky one of root's or ours
   is, a group of this user's alone is no other user: perms.others_can_write); `closed`, the target itself (run.dir):
-  writable by no one else, sticky or not.
+  writable by no one else, sticky or not, and passing on no default ACL that lets another user write what is made
+  in it (`inherited_acl_problem`, also where a missing target would be made).
 - `owner_problem`: `team_root`'s rule of a run.remote's own directory, its owner alone.
 - `fix_words`: the chmod that fixes a directory of ours others can write, said first.
 Torch-free.
@@ -15,7 +16,14 @@ import stat
 from collections.abc import Set
 from pathlib import Path
 
-from minilmd.perms import others_can_rearrange, others_can_write, owned_by_me, owned_by_me_or_root, user_words
+from minilmd.perms import (
+    default_acl_writers,
+    others_can_rearrange,
+    others_can_write,
+    owned_by_me,
+    owned_by_me_or_root,
+    user_words,
+)
 
 
 def dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
@@ -48,7 +56,23 @@ def dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, adv
         return (f"{where} can be written by other users (mode {mode:o}: sticky, which keeps them from removing or "
                 f"renaming its files, not from making them first), who could make {what} before the run does, "
                 f"as theirs; {fix_words(st, above, advice)}")
-    return None
+    return inherited_acl_problem(st, acl, above, where, what, advice) if closed else None
+
+
+def inherited_acl_problem(st: os.stat_result, acl: Path | int, above: Path, where: str, what: str,
+                          advice: str) -> str | None:
+    """`closed`'s rule of what is made in a directory (the target; or one a missing target is made in, which passes
+    its default ACL on to it): no default ACL that lets another user write it (perms.default_acl_writers). That ACL,
+    not the umask, gives what is made there its mode: under run.share's umask 077 and `setfacl -d -m o::rwx`, the
+    attempt logs' directory was 0757 and TensorBoard's event files 0646. Refused rather than a mode set on each
+    file: the run's files and directories are made by name by the supervisor, the trainer and the libraries they
+    call, most through the umask alone, and one missed would be one another user could rewrite (the umask is
+    perms.apply's one policy). A default ACL that lets others read only passes."""
+    if not (who := default_acl_writers(st, acl)):
+        return None
+    fix = f"setfacl -k {above} (it is yours)" if owned_by_me(st) else "have its owner remove it (setfacl -k)"
+    return (f"{where} has a default ACL that lets {who} write what is made in it, whatever the umask says ({what}, "
+            f"made there or below it, would be theirs to change); {fix}, or {advice}")
 
 
 def fix_words(st: os.stat_result, above: Path, advice: str) -> str:

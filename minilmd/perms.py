@@ -10,7 +10,9 @@ before anything is created. Every mkdir and open() after it gets the policy's mo
 own umask is kept: it can only make things stricter (a umask 077 keeps a "group" run private). A file born 0600
 whatever the umask (a mkstemp temp file, a safetensors file) is given `file_mode()`, what open() would have given,
 on its descriptor before it is published. Nothing made by someone else, or before this run, is ever chmodded, and
-no link is followed. Scratch itself stays 0700 whatever the policy (minilmd/scratch.py).
+no link is followed. Scratch itself stays 0700 whatever the policy (minilmd/scratch.py). A directory's default ACL
+would take the umask's place for what is made in it: run.dir's rule refuses one that lets another user write
+(`default_acl_writers`, minilmd/dir_rule.py).
 
 Torch-free: the supervisor imports it.
 """
@@ -22,6 +24,7 @@ import grp
 import os
 import pwd
 import stat
+import struct
 from collections.abc import Collection, Iterator, Set
 
 from minilmd import mounts
@@ -230,11 +233,15 @@ def who_else_writes(st: os.stat_result, where: str | os.PathLike | int | None = 
         return None
     if st.st_mode & stat.S_IWOTH:
         return f"writable by every user, mode {mode:o}"
+    return f"writable by its {group_words(st.st_gid)}, mode {mode:o}"
+
+
+def group_words(gid: int) -> str:
+    """A gid for a message: "group team (gid 1001)", "gid 1234" (no such group)."""
     try:
-        group = f"group {grp.getgrgid(st.st_gid).gr_name} (gid {st.st_gid})"
+        return f"group {grp.getgrgid(gid).gr_name} (gid {gid})"
     except KeyError:
-        group = f"gid {st.st_gid}"
-    return f"writable by its {group}, mode {mode:o}"
+        return f"gid {gid}"
 
 
 def local_fs(dev: int) -> bool:
@@ -307,6 +314,52 @@ def has_acl(where: str | os.PathLike | int) -> bool:
             return True
         return True
     return False
+
+
+DEFAULT_ACL_XATTR = "system.posix_acl_default"
+"""A directory's default POSIX ACL: what every file and directory made in it gets in place of the umask (and every
+directory made in it as its own default ACL). `setfacl -d -m o::rwx DIR` makes a file opened 0666 there writable by
+every user, whatever run.share's umask says; `setfacl -d -m u:bob:rwx DIR`, by bob."""
+
+_ACL_ENTRY = struct.Struct("<HHI")
+"""One entry of a POSIX ACL xattr (the kernel's posix_acl_xattr_entry): tag, permissions, uid or gid."""
+_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER, _ACL_WRITE = 0x02, 0x04, 0x08, 0x10, 0x20, 0o2
+
+
+def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> str | None:
+    """Who besides this user and root may write what is made in the directory `st` describes (`where`: its path, a
+    link not followed, or a descriptor, O_PATH ones too), by its default POSIX ACL, in words ("user bob (uid 1001),
+    every user"); None where it has none (a file system without ACLs has none) or one that lets no one else write.
+    Others: a named user but this one and root; a group, the owning one (that of what is made: the directory's when
+    it is setgid, else this process's) or a named one, unless it is this user's alone on a local file system
+    (others_can_write's rule); other; each as its write bit after the mask. One that cannot be read or is not one
+    this reader knows counts as letting someone write."""
+    follow = isinstance(where, int)
+    path = f"/proc/self/fd/{where}" if follow else where
+    try:
+        raw = os.getxattr(path, DEFAULT_ACL_XATTR, follow_symlinks=follow)  # the kernel bounds it: 64 KiB
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        return f"whoever its default ACL names (it cannot be read: {e.strerror or e})"
+    if raw[:4] != struct.pack("<I", 2) or (len(raw) - 4) % _ACL_ENTRY.size:
+        return "whoever its default ACL names (not an ACL this reader knows)"
+    entries = list(_ACL_ENTRY.iter_unpack(raw[4:]))
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
+    made_gid = st.st_gid if st.st_mode & stat.S_ISGID else os.getegid()
+    who = []
+    for tag, perm, qualifier in entries:
+        if not perm & (mask if tag in (_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP) else 0o7) & _ACL_WRITE:
+            continue
+        if tag == _ACL_USER and qualifier not in (own_uid(), 0):
+            who.append(user_words(qualifier))
+        elif tag in (_ACL_GROUP_OBJ, _ACL_GROUP):
+            gid = made_gid if tag == _ACL_GROUP_OBJ else qualifier
+            if not (private_group(gid) and local_fs(st.st_dev)):
+                who.append(f"the members of {group_words(gid)}")
+        elif tag == _ACL_OTHER:
+            who.append("every user")
+    return ", ".join(who) or None
 
 
 def problem(share: object, key: str = "run.share") -> str | None:

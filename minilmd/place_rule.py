@@ -30,10 +30,10 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Set
+from collections.abc import Callable, Set
 from pathlib import Path
 
-from minilmd.dir_rule import dir_rule_problem, owner_problem
+from minilmd.dir_rule import dir_rule_problem, inherited_acl_problem, owner_problem
 from minilmd.perms import owned_by_me_or_root, user_words
 
 WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -145,7 +145,9 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     perms.others_can_write says): a sticky bit keeps others from removing or renaming what is in a directory, not
     from making a name first, and the run makes its files there by name (before, another user's 0666 events.jsonl
     made in a 1777 run.dir became the run's event log, his to read and rewrite, and his 0777 `logs` the directory of
-    its attempt logs). No team-directory opt-in as run.remote's (`team_above`, `group_share`): those writes go
+    its attempt logs); nor passing on a default ACL that lets another user write what is made in it, nor made in
+    a directory that would pass one on (dir_rule.inherited_acl_problem: it takes run.share's umask's place). No
+    team-directory opt-in as run.remote's (`team_above`, `group_share`): those writes go
     through a descriptor opened by the walk, run.dir's do not; teammates read a run through run.share = "group". No
     `owners` as run.remote's for a squashing share (NFS root_squash makes root's run.dir nobody's): those are learnt
     by writing a file in the directory (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before
@@ -304,9 +306,11 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     directory") or a directory the rule refuses; any other OSError as it comes (a full file system, no search
     permission), its filename the full path of the component it met (never the bare name the *at call was given).
     `reading`: the walk only reads from there (a run config's directory): perms.others_can_write's `reading`.
-    `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why).
-    A path that ends in ".." ends at a directory first met above the target, judged then by the rule of the
-    directories above: judged again there as the target (`~/link/..`, the link to /tmp/x: /tmp, not `~`).
+    `closed`: the last directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why),
+    nor pass on a default ACL that lets another user write what is made in it: nor may one a missing directory
+    would be made in (dir_rule.inherited_acl_problem; refused before anything is made). A path that ends in ".."
+    ends at a directory first met above the target, judged then by the rule of the directories above: judged again
+    there as the target (`~/link/..`, the link to /tmp/x: /tmp, not `~`).
     `dry` (with `mode` None): a missing component is walked as if made, nothing made (walk_problem: a check's
     answer is the making walk's); the descriptor is then the deepest directory there, the path the whole one."""
     # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
@@ -342,10 +346,11 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         else:
             fd, here = chain[-1]
             try:
-                st, made_here = _lstat_at(fd, name, mode, exact_mode)
+                st, made_here = _lstat_at(fd, name, mode, exact_mode, lambda: before_making(fd, here))
             except FileNotFoundError:
                 if not dry:
                     raise
+                before_making(fd, here)
                 missing.append(name)
                 return
             if stat.S_ISLNK(st.st_mode):
@@ -356,6 +361,12 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
             chain.append(judged(below, here / name))
             if made_here and made is not None:
                 made.append(here / name)
+
+    def before_making(fd: int, here: Path) -> None:
+        """`closed`: a directory made in `here` (the target or one above it) gets here's default ACL, passed on."""
+        where = f"{label} {path}: the directory {here} above it"
+        if closed and (problem := inherited_acl_problem(os.fstat(fd), fd, here, where, what, advice)):
+            raise PlaceRefused(problem)
 
     def _own_link(fd: int, here: Path, name: str, st: os.stat_result, count: int) -> str:
         """The target of the link `name`, when the walk may follow it."""
@@ -395,14 +406,16 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         _close_all(chain)
 
 
-def _lstat_at(fd: int, name: str, mode: int | None, exact_mode: bool) -> tuple[os.stat_result, bool]:
+def _lstat_at(fd: int, name: str, mode: int | None, exact_mode: bool,
+              before_making: Callable[[], None]) -> tuple[os.stat_result, bool]:
     """`name` in the directory `fd`, looked at without following it, and whether it was made here: made (mkdirat,
-    `mode`, exactly with `exact_mode`) when missing."""
+    `mode`, exactly with `exact_mode`) when missing, unless `before_making` refuses it."""
     try:
         return os.stat(name, dir_fd=fd, follow_symlinks=False), False
     except FileNotFoundError:
         if mode is None:
             raise
+    before_making()
     try:
         os.mkdir(name, mode, dir_fd=fd)
     except FileExistsError:  # made meanwhile by another: judged as found

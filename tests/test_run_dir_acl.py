@@ -1,0 +1,148 @@
+"""A POSIX ACL on run.dir (minilmd/dir_rule.py inherited_acl_problem, perms.default_acl_writers): a default ACL
+takes the umask's place for what is made in the directory, so `setfacl -d -m o::rwx RUN_DIR` (or a named user's
+entry with write) made the run's files, 0600 under run.share's umask, writable by another user (0646). Refused
+where run.dir is judged (`run --check`, the launch, `minilmd train`: place_rule.run_dir_problem and the walk that
+makes it), also on the directory a missing run.dir would be made in, which passes it on; a default ACL that lets
+others read only, or whose mask takes the write away, passes. An access ACL letting another user write run.dir
+itself shows in its mode's group bits (the mask) and is refused as any directory others can write. The ACLs are
+planted with os.setxattr (no setfacl needed); skipped on a file system without ACLs."""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.place_rule import PlaceRefused, run_dir_problem, settle_run_dir
+from second_user import second_user
+from supervisor_helpers import cli, write_config
+
+OBJ = 0xFFFFFFFF  # the qualifier of the owner, owning group, mask and other entries (ACL_UNDEFINED_ID)
+USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+
+
+def acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX ACL xattr of `entries` (tag, permission bits, qualifier), as setfacl writes it."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, who) for tag, perm, who in entries)
+
+
+def other_rwx() -> bytes:
+    """setfacl -d -m o::rwx: the owner rwx, the owning group r-x, every other user rwx."""
+    return acl((USER_OBJ, 7, OBJ), (GROUP_OBJ, 5, OBJ), (OTHER, 7, OBJ))
+
+
+def user_entry(uid: int, perm: int, mask: int = 7) -> bytes:
+    """setfacl -d -m u:UID:PERM (and -m m::MASK): the owner rwx, that user PERM, group r-x, mask, others r-x."""
+    return acl((USER_OBJ, 7, OBJ), (USER, perm, uid), (GROUP_OBJ, 5, OBJ), (MASK, mask, OBJ), (OTHER, 5, OBJ))
+
+
+def planted(path: Path, value: bytes, kind: str = "default") -> None:
+    try:
+        os.setxattr(path, f"system.posix_acl_{kind}", value)
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on {path}'s file system ({e})")
+
+
+def _refusal(run_dir: Path) -> tuple[str | None, str | None]:
+    """(run_dir_problem's words, the launch walk's), the walk's without its "(found so when opened)"."""
+    try:
+        settle_run_dir(run_dir)
+        settled = None
+    except PlaceRefused as e:
+        settled = str(e).removesuffix(" (found so when opened)")
+    return run_dir_problem(run_dir), settled
+
+
+def test_a_default_acl_lets_another_user_write_what_the_run_makes_through_the_umask(tmp_path):
+    """What the rule is about: under run.share = "private" (umask 077), what the run makes through the umask, as
+    the attempt logs' directory (daemon/child/process.py `launch`: mkdir, 0777 less the umask) and TensorBoard's
+    event files (open(), 0666 less the umask) are made, gets the default ACL's entries instead: `o::rwx` made them
+    0757 and 0646, a named user's rwx entry his to write."""
+    from minilmd import perms
+
+    uid, _ = second_user()
+    (tmp_path / "o").mkdir(mode=0o755)
+    planted(tmp_path / "o", other_rwx())
+    (tmp_path / "u").mkdir(mode=0o755)
+    planted(tmp_path / "u", user_entry(uid, 7))
+    old = os.umask(0o022)
+    try:
+        perms.apply("private")
+        for name in ("o", "u"):
+            (tmp_path / name / "logs").mkdir()
+            (tmp_path / name / "events.out.tfevents").write_bytes(b"")
+    finally:
+        os.umask(old)
+    assert [(tmp_path / "o" / name).stat().st_mode & 0o777 for name in ("logs", "events.out.tfevents")] == [0o757,
+                                                                                                          0o646]
+    assert (tmp_path / "u" / "logs").stat().st_mode & 0o070 == 0o070  # the mask: his rwx
+    assert (tmp_path / "u" / "events.out.tfevents").stat().st_mode & 0o070 == 0o060
+
+
+def test_run_dir_with_a_default_acl_letting_others_write_is_refused_by_check_and_walk(tmp_path):
+    uid, _ = second_user()
+    for name, value, who in (("o", other_rwx(), "every user"), ("u", user_entry(uid, 7), f"user nobody (uid {uid})"),
+                             ("w", user_entry(uid, 6), f"user nobody (uid {uid})")):
+        run_dir = tmp_path / name
+        run_dir.mkdir(mode=0o755)
+        assert _refusal(run_dir) == (None, None)
+        planted(run_dir, value)
+        problem, settled = _refusal(run_dir)
+        said = f"run.dir {run_dir}: the directory {run_dir} has a default ACL that lets {who} write what is made in it"
+        assert problem == settled and problem and problem.startswith(said), problem
+        assert f"; setfacl -k {run_dir} (it is yours), or set run.dir to a directory only you" in problem, problem
+        assert os.listdir(run_dir) == []
+
+
+def test_a_default_acl_that_lets_others_read_only_passes(tmp_path):
+    """A team's read (r-x), or a named user's rwx whose mask takes the write away: no one else writes."""
+    uid, _ = second_user()
+    for name, value in (("r", user_entry(uid, 5)), ("masked", user_entry(uid, 7, mask=5)),
+                        ("others-read", acl((USER_OBJ, 7, OBJ), (GROUP_OBJ, 5, OBJ), (OTHER, 5, OBJ)))):
+        run_dir = tmp_path / name
+        run_dir.mkdir(mode=0o755)
+        planted(run_dir, value)
+        assert _refusal(run_dir) == (None, None), name
+
+
+def test_a_missing_run_dir_under_a_default_acl_is_refused_before_anything_is_made(tmp_path):
+    """run.dir (and a missing directory on the way) made in a directory with such a default ACL gets it as its own:
+    refused at the directory it would be made in, by the check and by the walk, which makes nothing."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o755)
+    planted(runs, other_rwx())
+    said = (f"the directory {runs} above it has a default ACL that lets every user write what is made in it, "
+            f"whatever the umask says (the run's files, made there or below it, would be theirs to change)")
+    for run_dir in (runs / "run", runs / "new" / "run", runs / "new" / ".." / "run"):
+        problem, settled = _refusal(run_dir)
+        assert problem == settled and problem and said in problem, (run_dir, problem)
+    assert os.listdir(runs) == []
+
+
+def test_an_access_acl_letting_another_user_write_run_dir_is_refused(tmp_path):
+    """Already so before the default ACL's rule: the named user's write shows in the mode's group bits (the mask),
+    and an ACL counts the group as others (perms.others_can_write)."""
+    uid, _ = second_user()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)
+    planted(run_dir, user_entry(uid, 7), kind="access")
+    problem, settled = _refusal(run_dir)
+    assert problem == settled and problem and re.search(r"can be written by other users \(mode 775", problem), problem
+
+
+@pytest.mark.slow
+def test_run_check_and_the_launch_refuse_a_run_dir_passing_on_a_default_acl(tmp_path, corpus):
+    """End to end: `run --check` and `minilmd run` both exit 2 naming the ACL and its fix, nothing made."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o755)
+    planted(runs, other_rwx())
+    config = write_config(tmp_path, corpus, name="acl", remote=False, run={"dir": str(runs / "run")})
+    said = f"the directory {runs} above it has a default ACL that lets every user write what is made in it"
+    for args in (("run", "--check", str(config)), ("run", str(config))):
+        out = cli(*args, timeout=120)
+        assert out.returncode == 2 and said in out.stdout + out.stderr, out.stdout + out.stderr
+        assert f"setfacl -k {runs} (it is yours)" in out.stdout + out.stderr
+    assert os.listdir(runs) == [] and not load_config(config).scratch_dir.exists()
