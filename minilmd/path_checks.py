@@ -17,7 +17,7 @@ from minilmd import mount_places, mounts, scratch_root
 from minilmd.bounded import bounded_probe
 from minilmd.config import ConfigError, RunConfig
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
-from minilmd.place_rule import dir_problem, under_home
+from minilmd.place_rule import under_home, walk_problem, walk_to
 from minilmd.run_config_copy import run_config_of
 from minilmd.shared_place import gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import holds_any
@@ -53,13 +53,39 @@ def check_writable(name: str, path: Path) -> list[str]:
 def textfile_problems(textfile: str) -> list[str]:
     """The Prometheus textfile's directory is one node_exporter's collector reads: there already (the supervisor
     writes the file in it and never creates it: a missing one is a typo, retried without end), a directory this
-    user can write, no other user's to rearrange (dirfd's rule, as daemon/host/prometheus.py place_problem)."""
+    user can write, and one no other user can write (textfile_dir_problem, daemon/host/prometheus.py's rule too)."""
     textfile_dir = Path(textfile).parent
     if _missing(textfile_dir):
         return [f"log.prometheus_textfile = {textfile!r}: {textfile_dir} does not exist (the textfile collector's "
                 f"directory is made by whoever installs node_exporter, never by the run: a typo?)"]
-    hostile = dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")
+    hostile = textfile_dir_problem(textfile_dir)
     return check_writable("log.prometheus_textfile", textfile_dir) + ([hostile] if hostile else [])
+
+
+TEXTFILE_WORDS = ("log.prometheus_textfile", "the run's gauges",
+                  "choose a directory only you (and root) can write, one per user where several users' runs report "
+                  "(node_exporter's --collector.textfile.directory takes a glob of them): the collector exports "
+                  "every file in it, so whoever else can write there can take your file's name first or report "
+                  "gauges of your run's name beside yours")
+"""(label, what, advice) of the textfile directory's walk: the same words at `run --check` and at each write."""
+
+
+def textfile_dir_problem(textfile_dir: str | os.PathLike) -> str | None:
+    """The rule of the Prometheus textfile's directory, at `run --check`, the launch and each write of the
+    supervisor (daemon/host/prometheus.py), judged by the walk that opens it to write (open_textfile_dir): run.dir's
+    (place_rule `closed`): it and every directory above it root's or ours, none another user can rearrange, and it
+    itself one no other user can write, sticky or not. A sticky directory others may write (1777, as /tmp) let one
+    of them make the file's name first, his file or his link, which the run never replaces (prometheus
+    why_not_replaced: his gauges stood for the run's for good), or report gauges of the run's name in a file of his
+    own beside it, which the collector exports all the same; it passed before (the GPU lock directory's rule, whose
+    sticky exception is for a directory every user's runs must share: this one need not be)."""
+    return walk_problem(textfile_dir, *TEXTFILE_WORDS, closed=True)
+
+
+def open_textfile_dir(textfile_dir: str | os.PathLike) -> int:
+    """A descriptor of the textfile's directory, reached by the walk textfile_dir_problem judges with (nothing
+    made), for the supervisor to write through. PlaceRefused, FileNotFoundError, OSError as place_rule.walk_to."""
+    return walk_to(textfile_dir, *TEXTFILE_WORDS, None, closed=True)[0]
 
 
 def _missing(path: Path) -> bool:

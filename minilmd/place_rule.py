@@ -120,7 +120,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
 
 
 def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
-    """place_problem for a directory minilmd writes files in (a Prometheus textfile directory): it and every
+    """place_problem for a directory minilmd writes files in (a compile cache the user names): it and every
     directory above it root's or ours, none rearrangeable by other users (sticky is fine). A missing one is fine
     when what is above it is."""
     return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,

@@ -30,7 +30,7 @@ from minilmd.corpus.prepare.append import append
 from minilmd.daemon import preflight
 from minilmd.daemon.base.runstate import RunState, new_state
 from minilmd.daemon.host import prometheus
-from minilmd.dirfd import dir_problem
+from minilmd.path_checks import textfile_dir_problem
 from second_user import second_user, shared, team, user_python  # noqa: F401 - shared, team: fixtures
 from supervisor_helpers import write_config
 
@@ -229,14 +229,14 @@ with open(path, "w") as f:
 
 def test_a_textfile_directory_another_user_owns_is_refused(shared, tmp_path, corpus):
     """Before: `log.prometheus_textfile` in a directory of his was accepted and written; after her run ended he
-    replaced her final gauges (up=1, loss 0.01). Now it gets the GPU lock directory's rule: `run --check` names
-    it, and the supervisor never writes there (state.json's "prometheus" says why)."""
+    replaced her final gauges (up=1, loss 0.01). Now it gets the textfile directory's rule (run.dir's): `run
+    --check` names it, and the supervisor never writes there (state.json's "prometheus" says why)."""
     uid, _ = second_user()
     his = shared / "collector"
     _as_nobody("import os, sys; os.mkdir(sys.argv[1], 0o1777)", str(his))
     assert his.stat().st_uid == uid
     path = his / "s.prom"
-    problem = dir_problem("log.prometheus_textfile", his, "the run's gauges")
+    problem = textfile_dir_problem(his)
     assert problem and f"belongs to user nobody (uid {uid})" in problem, problem
     config = write_config(tmp_path, corpus, remote=False, log={"prometheus_textfile": str(path)})
     with pytest.raises(ConfigError) as check:  # `run --check`, and the launch: exit 2

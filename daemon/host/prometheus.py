@@ -17,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 from minilmd.daemon.base.statesections import TextfileState
-from minilmd.dirfd import Dir, PlaceRefused, dir_problem
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.metrics import REWARDS, number
+from minilmd.path_checks import open_textfile_dir, textfile_dir_problem
 from minilmd.perms import owned_by_me, user_words
 from minilmd.run_states import INTERRUPTED, SYNC_TROUBLE, Phase, SyncState, shown_state
 
@@ -145,9 +146,10 @@ class Textfile:
     (another user's, or a symlink or anything but a regular file: someone squatted the name) is never written
     through or replaced: its gauges are not this run's, and would stay there for ever. That, like a failed write,
     is kept in state.json's "prometheus" ({path, problem, since}; problem None while the file is written) for
-    `minilmd status` and the run's final state, and said once as an event. So is a directory another user owns or
-    can rearrange (the GPU lock directory's rule, minilmd/dirfd.py; `run --check` refuses it too): its owner could
-    replace the run's gauges after it ends. The file is written through the directory's descriptor."""
+    `minilmd status` and the run's final state, and said once as an event. So is a directory another user owns,
+    can rearrange or can write, sticky or not (minilmd/path_checks.py textfile_dir_problem; `run --check` refuses it
+    too): he could replace the run's gauges after it ends, or make their name first. The file is written through the
+    directory's descriptor, opened by that rule's walk."""
 
     def __init__(self, path: str, state, emit, clock=time.monotonic):
         self.clock = clock
@@ -200,15 +202,16 @@ class Textfile:
 
 
 def place_problem(path: Path) -> str | None:
-    """Why the textfile's directory is not a place for this run's gauges: another user owns or can rearrange it,
-    or one above it (minilmd/dirfd.py's rule, the GPU lock directory's), so he could replace them at any time."""
-    problem = dir_problem("log.prometheus_textfile", path.parent, "the run's gauges")
+    """Why the textfile's directory is not a place for this run's gauges: another user owns, can rearrange or can
+    write it, or one above it (minilmd/path_checks.py textfile_dir_problem, `run --check`'s rule too), so he could
+    replace them, or make their name first."""
+    problem = textfile_dir_problem(path.parent)
     return f"is in a directory others control: {problem}" if problem else None
 
 
 def _write(path: Path, text: str) -> None:
-    """The textfile replaced atomically, through its directory opened once and checked (minilmd/dirfd.py)."""
-    with Dir.open(path.parent, "log.prometheus_textfile's directory") as where:
+    """The textfile replaced atomically, through its directory opened once by the rule's walk (open_textfile_dir)."""
+    with Dir(open_textfile_dir(path.parent), path.parent) as where:
         where.write_atomic(path.name, text.encode(), TEXTFILE_MODE)
 
 
