@@ -72,8 +72,7 @@ def _link_target(path: Path) -> str:
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
                   own_links: bool = False, group_share: bool = False, team_above: bool = False,
-                  team_root: bool = False, closed: bool = False, links: int = 0,
-                  owners: Set[int] = frozenset()) -> str | None:
+                  team_root: bool = False, links: int = 0, owners: Set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
@@ -83,9 +82,9 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     run.remote; still root's or ours, not world-writable unless sticky). `team_root`: the last directory checked may
     be written by others, but is root's, ours or `owners'` (a run.remote's own directory). `owners`: more uids
     counted as ours (as Dir.owners; a squashing share's), for a directory that no one but its owner may write
-    (sticky or not: only a sticky directory of root's or ours is trusted). `closed` (with `dir_itself`): target's
-    own directory may be written by no one else, sticky or not (run.dir: run_dir_problem says why). None: the path
-    stays where it is."""
+    (sticky or not: only a sticky directory of root's or ours is trusted). None: the path stays where it is. A place
+    that must be written by no one else, sticky or not (`closed`: run.dir, the Prometheus textfile's directory), is
+    judged by the walk alone (walk_problem), whose ".." goes where the kernel's does."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -104,7 +103,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
                                      group_share=group_share, team_above=team_above, team_root=team_root,
-                                     closed=closed, links=links + 1, owners=owners)
+                                     links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
@@ -113,8 +112,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
             if team_root and (problem := owner_problem(st, where, label, what, owners)):
                 return problem
             continue
-        if problem := dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners,
-                                        closed=closed and dir_itself and above == chain[-1]):
+        if problem := dir_rule_problem(st, above, where, what, advice, team_above=team_above, owners=owners):
             return problem
     return None
 
@@ -137,20 +135,19 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     path_problems), before anything is made, judged by the very walk that makes and opens it at the launch
     (`walk_problem` of `_walk_run_dir`'s arguments: one rule, one answer; by path, abspath read `~/link/..` as `~`
     where the walk, as the kernel, ends where the link leads, up one): it and every directory above it root's or
-    ours, none another user can
-    rearrange (a sticky one above it is fine, a link of root's or ours followed). Else another user could put his
-    directory, or a link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by
-    name (a .space-reserve link truncated her file, an events.jsonl link got events appended). And run.dir itself
-    one no other user can write, sticky or not (`closed`; a group of this user's alone is no other user, as
-    perms.others_can_write says): a sticky bit keeps others from removing or renaming what is in a directory, not
-    from making a name first, and the run makes its files there by name (before, another user's 0666 events.jsonl
-    made in a 1777 run.dir became the run's event log, his to read and rewrite, and his 0777 `logs` the directory of
-    its attempt logs); nor passing on a default ACL that lets another user write what is made in it, nor made in
-    a directory that would pass one on (dir_rule.inherited_acl_problem: it takes run.share's umask's place). No
-    team-directory opt-in as run.remote's (`team_above`, `group_share`): those writes go
-    through a descriptor opened by the walk, run.dir's do not; teammates read a run through run.share = "group". No
-    `owners` as run.remote's for a squashing share (NFS root_squash makes root's run.dir nobody's): those are learnt
-    by writing a file in the directory (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before
+    ours, none another user can rearrange (a sticky one above it is fine, a link of root's or ours followed). Else
+    another user could put his directory, or a link to the victim's, at run.dir, whose files the supervisor, the
+    trainer and `stop` write by name (a .space-reserve link truncated her file, an events.jsonl link got events
+    appended). And run.dir itself one no other user can write, sticky or not (`closed`; a group of this user's alone
+    is no other user, as perms.others_can_write says): a sticky bit keeps others from removing or renaming what is
+    in a directory, not from making a name first, and the run makes its files there by name (before, another user's
+    0666 events.jsonl made in a 1777 run.dir became the run's event log, his to read and rewrite, and his 0777
+    `logs` the directory of its attempt logs); nor passing on a default ACL that lets another user write what is
+    made in it, nor made in a directory that would pass one on (dir_rule.inherited_acl_problem: it takes run.share's
+    umask's place). No team-directory opt-in as run.remote's (`team_above`, `group_share`): those writes go through
+    a descriptor opened by the walk, run.dir's do not; teammates read a run through run.share = "group". No `owners`
+    as run.remote's for a squashing share (NFS root_squash makes root's run.dir nobody's): those are learnt by
+    writing a file in the directory (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before
     anything is made (docs/operations.md says so: such a run.dir is refused)."""
     return walk_problem(run_dir, *_run_dir_words(run_dir), closed=True)
 
