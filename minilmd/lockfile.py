@@ -3,10 +3,10 @@ or a descriptor a walk gave), its body saying who holds it.
 
 Five locks use it: the supervisor's run lock (daemon/host/lock.py), the trainer's (minilmd/trainer_lock.py), a
 prepared corpus's (minilmd/corpus/prepare/lock.py), the GPU leases (daemon/host/leases.py) and the scratch's hold
-(minilmd/scratch_hold.py). Before, each wrote
-the protocol itself with different guards: one followed no check of links (a hard link planted at the trainer's
-lock name had the trainer truncate and write another file of the user's), one parsed its holder unbounded, one read
-/proc/locks matching the inode number alone (another device's lock with that number was named as the holder).
+(minilmd/scratch_hold.py). Before, each wrote the protocol itself with different guards: one followed no check of
+links (a hard link planted at the trainer's lock name had the trainer truncate and write another file of the user's),
+one parsed its holder unbounded, one read /proc/locks matching the inode number alone (another device's lock with
+that number was named as the holder).
 So here, once:
 - `open_lock`: the name opened relative to the directory's descriptor, never through a link (O_NOFOLLOW), never
   blocking on a FIFO (O_NONBLOCK), never a controlling terminal, close-on-exec; made new (O_EXCL) with an explicit
@@ -38,8 +38,7 @@ So here, once:
   (hostile11 F1b: before, such a holder refused the run for good, "pid None on an unknown host").
 Who holds an flock by the kernel's record (device and inode, /proc) is minilmd/proc_info.py's (`flock_holders`,
 `process_uids`; minilmd/procs.py re-exports them, with `holds_flock`). tests/test_one_lockfile.py fails on
-fcntl.flock or fcntl.lockf called anywhere else, and on /proc/locks read outside procs' readers. Torch-free.
-"""
+fcntl.flock or fcntl.lockf called anywhere else, and on /proc/locks read outside procs' readers. Torch-free."""
 from __future__ import annotations
 
 import contextlib
@@ -210,11 +209,16 @@ def probe_free(fd: int) -> bool:
     return True
 
 
-def still_named(where: Dir | int, name: str, fd: int) -> bool:
-    """Whether `name` in `where` still leads to the file `fd` is (device and inode; no link followed)."""
+def still_named(where: Dir | int, name: str, fd: int, strict: bool = False) -> bool:
+    """Whether `name` in `where` still leads to the file `fd` is (device and inode; no link followed). A name that
+    cannot be looked at (EACCES, EIO, EMFILE) is False, or with `strict` that OSError (leases.keep looks again)."""
     try:
         named = os.stat(name, dir_fd=_dir_fd(where), follow_symlinks=False)
+    except FileNotFoundError:
+        return False
     except OSError:
+        if strict:
+            raise
         return False
     held = os.fstat(fd)
     return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)

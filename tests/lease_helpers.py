@@ -5,8 +5,10 @@ it, an admission of this process, and one of `nobody` as a process of its own (i
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,3 +73,25 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
     proc.stdout.close()
     proc.stderr.close()
+
+
+TAKER = textwrap.dedent("""
+    import sys
+    from fakes_nvml import FakeNvml, FREE
+    from minilmd.config import GpuSection
+    from minilmd.daemon.host.gpu import GpuAdmission
+    adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name="second")
+    lease = adm.try_acquire(1)
+    print("leased" if lease else "refused: " + adm.last_report.summary().replace("\\n", " | "), flush=True)
+""")
+"""A second run of this user, a process of its own: it polls once and tries to lease the one card; its one line says
+whether."""
+
+
+def second_run(lock_dir) -> str:
+    """TAKER run in lock_dir: "leased", or "refused: " and its poll's summary on one line."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", TAKER, str(lock_dir)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()

@@ -12,21 +12,20 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import pytest
 
 from fakes_nvml import FREE, FakeNvml
-from lease_helpers import LEASE, admin_lock_dir, admission
+from lease_helpers import LEASE, admin_lock_dir, admission, second_run
 from minilmd.config import GpuSection, RunConfig, load_config
 from minilmd.daemon.base.runstate import RunState
 from minilmd.daemon.child.process import TRAINER_CMD_ENV
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.gpu import GpuAdmission
+from minilmd.daemon.host.leasekeep import Kept
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuWaiter
 from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.procs import flock_holders
@@ -35,26 +34,6 @@ from supervisor_helpers import FAKE_TRAINER, events, state, write_config
 from waiting import wait_until
 
 OLD = 86400.0  # 1970-01-02: the times of a lease file made long ago by an earlier run, and reused since
-
-TAKER = textwrap.dedent("""
-    import sys
-    from fakes_nvml import FakeNvml, FREE
-    from minilmd.config import GpuSection
-    from minilmd.daemon.host.gpu import GpuAdmission
-    adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name="second")
-    lease = adm.try_acquire(1)
-    print("leased" if lease else "refused: " + adm.last_report.summary().replace("\\n", " | "), flush=True)
-""")
-"""A second run, a process of its own: it polls once and tries to lease the one card; its one line says whether."""
-
-
-def _second_run(lock_dir) -> str:
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", TAKER, str(lock_dir)], capture_output=True, text=True, env=env,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
 
 def _held_by(path, pid: int) -> bool:
     try:
@@ -71,16 +50,16 @@ def test_a_lease_file_removed_while_held_is_taken_again_and_a_second_run_is_refu
     try:
         os.unlink(lock_dir / LEASE)  # the cleaner
         said = first_run.keep(first)
-        assert len(said) == 1 and not said[0][1], said
-        assert said[0][0].startswith(f"GPU 0: its lease file {lock_dir / LEASE} was removed while this run held it")
-        assert said[0][0].endswith("its name taken again"), said
+        assert len(said) == 1 and said[0].kind == Kept.AGAIN, said
+        assert said[0].words.startswith(f"GPU 0: its lease file {lock_dir / LEASE} was removed while this run held it")
+        assert said[0].words.endswith("its name taken again"), said
         assert _held_by(lock_dir / LEASE, os.getpid())
         assert first_run.keep(first) == []  # named again: nothing to say
-        second = _second_run(lock_dir)
+        second = second_run(lock_dir)
         assert second.startswith("refused: ") and f"leased by run first pid {os.getpid()}" in second, second
     finally:
         first.release()
-    assert _second_run(lock_dir) == "leased"  # once the first lets go, the card is free again
+    assert second_run(lock_dir) == "leased"  # once the first lets go, the card is free again
 
 
 def test_a_name_another_run_took_meanwhile_is_said_as_lost_and_taken_again_once_free(tmp_path):
@@ -93,12 +72,12 @@ def test_a_name_another_run_took_meanwhile_is_said_as_lost_and_taken_again_once_
     assert second is not None
     try:
         said = first_run.keep(first)
-        assert len(said) == 1 and said[0][1], said
+        assert len(said) == 1 and said[0].kind == Kept.LOST, said
         assert f"its name is not this run's again (leased by run second pid {os.getpid()} on " \
-               f"{socket.gethostname()}): another run may train on that GPU now" in said[0][0], said
+               f"{socket.gethostname()}): another run may train on that GPU now" in said[0].words, said
     finally:
         second.release()
-    assert [lost for _, lost in first_run.keep(first)] == [False]  # free again: taken again
+    assert [said.kind for said in first_run.keep(first)] == [Kept.AGAIN]  # free again: taken again
     assert _held_by(lock_dir / LEASE, os.getpid())
     first.release()
 
@@ -183,7 +162,7 @@ def test_the_supervisor_keeps_its_lease_while_training_and_a_second_run_never_ge
             seen["touched"] = _eventually(lambda: os.stat(path).st_mtime > OLD)
             os.unlink(path)
             seen["taken_again"] = _eventually(lambda: _held_by(path, mine))
-            seen["second"] = _second_run(path.parent)
+            seen["second"] = second_run(path.parent)
         except BaseException as e:  # noqa: BLE001 - said by the test, after the run
             seen["error"] = e
         finally:
@@ -250,7 +229,7 @@ def test_the_supervisors_waiter_says_a_lost_lease_once_as_an_event_and_its_last_
     assert len(said) == 2 and said[1][1].endswith("its name taken again"), said
     assert _held_by(tmp_path / "locks" / LEASE, os.getpid())
     waiter.release()
-    assert _second_run(tmp_path / "locks") == "leased"
+    assert second_run(tmp_path / "locks") == "leased"
 
 
 def test_a_holder_with_a_long_poll_interval_keeps_its_lease_before_a_second_run_can_take_the_card(
@@ -277,7 +256,7 @@ def test_a_holder_with_a_long_poll_interval_keeps_its_lease_before_a_second_run_
         waiter.keep_lease()
         assert said and said[-1][1].endswith("its name taken again"), said
         assert _held_by(tmp_path / "locks" / LEASE, os.getpid())
-        second = _second_run(tmp_path / "locks")  # its one free poll: the card is the first's again
+        second = second_run(tmp_path / "locks")  # its one free poll: the card is the first's again
         assert second.startswith("refused: ") and f"leased by run first pid {os.getpid()}" in second, second
     finally:
         waiter.release()

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from minilmd.config import GpuSection, RunConfig
-from minilmd.daemon.host import leases
+from minilmd.daemon.host import leasekeep, leases
+from minilmd.daemon.host.leasekeep import Said
 from minilmd.daemon.host.leases import LeaseFile
 from minilmd.daemon.host.nvml import MemoryReading, MigInstance, ProcessListing, open_nvml_or_reason
 from minilmd.fmt import fmt_duration
@@ -274,6 +275,9 @@ def mig_refusal(report: PollReport, count: int) -> str | None:
 class GpuAdmission:
     """Polls NVML, keeps per-device stability counts, and leases free devices. Not thread-safe: one owner."""
 
+    LEASED_BY = "leased by "
+    """How lease_busy's words begin for a lease another run holds (a lost lease: daemon/host/leasekeep.py)."""
+
     def __init__(self, nvml: Nvml, gpu: GpuSection, own_pids=(), run_name: str = "", clock=time.time):
         self.nvml = nvml
         self.gpu = gpu
@@ -378,7 +382,7 @@ class GpuAdmission:
         elif listing.source != "v3":
             fallbacks.append(f"compute processes listed with {listing.source} ({listing.note})")
         if not leased_by_us:
-            busy = self._lease_busy(lease_name(i, uuid))
+            busy = self.lease_busy(lease_name(i, uuid))
             if busy is not None:
                 reasons.append(busy)
         free = not reasons
@@ -405,7 +409,7 @@ class GpuAdmission:
             return None
         taken: list[tuple[DeviceStatus, LeaseFile]] = []
         for d in candidates:
-            lease_file = self._take(lease_name(d.index, d.uuid))
+            lease_file = self.take_name(lease_name(d.index, d.uuid))
             if lease_file is None:
                 # Another run took it between our poll and now: it is busy, and its stability starts over.
                 self._stable[d.index] = 0
@@ -423,27 +427,9 @@ class GpuAdmission:
         self._leases.append(lease)
         return lease
 
-    def keep(self, lease: DeviceLease) -> list[tuple[str, bool]]:
-        """The lease kept valid while it is held (the supervisor's GpuWaiter.keep_lease, every few seconds):
-        each file touched and still named (leases.keep), else its name taken again as try_acquire takes it (a new
-        file made there, or the one there flocked) and held instead. (words, lost) for each file that was not still
-        named: `lost` when another run holds the name now, and so the device."""
-        said: list[tuple[str, bool]] = []
-        for k, held in enumerate(lease._files):
-            if leases.keep(held):
-                continue
-            gone = f"GPU {lease.devices[k]}: its lease file {held.path} was removed while this run held it"
-            again = self._take(held.path.name)
-            if again is None:
-                who = self._lease_busy(held.path.name) or "not taken again"
-                said.append((f"{gone}, and its name is not this run's again ({who}): another run may train on that "
-                             f"GPU now", True))
-                continue
-            leases.clear_body(held)
-            held.close()  # a file no longer named: its flock leases nothing
-            lease._files[k] = again
-            said.append((f"{gone} (a cleaner of old files in {self.lock_dir}?): its name taken again", False))
-        return said
+    def keep(self, lease: DeviceLease) -> list[Said]:
+        """The lease kept valid while it is held (daemon/host/leasekeep.py: what each keep found, and its kind)."""
+        return leasekeep.keep(self, lease._files, lease.devices)
 
     def _forget(self, lease: DeviceLease) -> None:
         if lease in self._leases:
@@ -451,7 +437,7 @@ class GpuAdmission:
         for i in lease.devices:
             self._stable[i] = 0
 
-    def _lease_busy(self, name: str) -> str | None:
+    def lease_busy(self, name: str) -> str | None:
         """Why this device's lease (its file `name`) cannot be ours now ("leased by run X pid Y", or why its file
         is not safe to use: leases.unfit's words), or None when we could take it."""
         try:
@@ -462,17 +448,17 @@ class GpuAdmission:
             return f"lease not taken: {self.lock_dir}: {e.strerror or e}"
         try:
             if not leases.try_lock(lease, exclusive=False):
-                return f"leased by {leases.describe_holder(lease)}"
+                return f"{self.LEASED_BY}{leases.describe_holder(lease)}"
             leases.unlock(lease)
             return None
         finally:
             lease.close()
 
-    def _take(self, name: str) -> LeaseFile | None:
+    def take_name(self, name: str) -> LeaseFile | None:
         try:
             lease = leases.take(self.lock_dir, name)
         except (leases.LeaseUnsafe, OSError):
-            return None  # the next poll says why (_lease_busy opens it the same way)
+            return None  # the next poll says why (lease_busy opens it the same way)
         if lease is None:
             return None
         try:

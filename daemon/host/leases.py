@@ -22,7 +22,8 @@ their own files in it), and anyone may have made it first, with anything inside.
   else). `unfit_leases` says the same of the existing files, nothing made or locked, for `run --check`;
 - a lease lasts while its file keeps its name: `keep`, every few seconds while a run holds its cards, checks
   that the name still leads to the file held (and touches a file of ours, so that a cleaner aging /tmp by times
-  leaves it); GpuAdmission.keep takes a name gone again;
+  leaves it); GpuAdmission.keep (daemon/host/leasekeep.py) takes a name gone again; a name that could not be
+  looked at (LeaseUnseen) is no name gone, and is looked at again at the next keep;
 - the body (JSON: run, pid, host, since) is written only by the file's owner, when it takes the lease. Any other
   user opens the file read-only and only flocks it (an flock needs no write permission); who holds a lease is the
   flock's holder by the kernel's record (minilmd/procs.py flock_holders: /proc/locks, matched on device and inode), and
@@ -57,6 +58,10 @@ ADVICE = f"remove it, or {ELSEWHERE}"
 
 class LeaseUnsafe(Exception):
     """The lease cannot be taken without trusting a file another user controls; the message says which and why."""
+
+
+class LeaseUnseen(Exception):
+    """A held lease's name could not be looked at this time (`keep`); the message says where and why."""
 
 
 @dataclass
@@ -109,15 +114,23 @@ def keep(lease: LeaseFile) -> bool:
     a file; tmpwatch, tmpreaper, a cron `find -mtime +10 -delete`) removes the file of a lease held for days, or
     made long before by an earlier run and reused since, and the next run to come makes a new file at the name and
     leases the same device (GpuAdmission.keep, every few seconds while a run holds its cards, touches it and
-    takes the name again when it is gone). False when the name leads elsewhere, or nowhere, or the directory cannot
-    be reached."""
+    takes the name again when it is gone). False when the name leads elsewhere, or nowhere (its lock directory gone
+    too). LeaseUnseen when it could not be looked at (the walk refused or failed: EACCES, EIO, EMFILE; the stat
+    failed): nothing is known then, and the caller looks again at its next keep. Before, such a moment counted as a
+    name gone: the run took its own lease's name again, found it flocked (by itself) and said the card lost."""
     try:
         dir_fd, _ = walk_to(lease.path.parent, LABEL, WHAT, ADVICE, None)  # mode None: nothing made on the way
-    except (PlaceRefused, OSError):
-        return False
+    except FileNotFoundError:
+        return False  # the lock directory, or one above it, is gone: its names with it
+    except PlaceRefused as e:
+        raise LeaseUnseen(str(e)) from None
+    except OSError as e:
+        raise LeaseUnseen(f"{lease.path.parent}: {e.strerror or e}") from None
     try:
-        if not lockfile.still_named(dir_fd, lease.path.name, lease.fd):
+        if not lockfile.still_named(dir_fd, lease.path.name, lease.fd, strict=True):
             return False
+    except OSError as e:
+        raise LeaseUnseen(f"{lease.path}: {e.strerror or e}") from None
     finally:
         os.close(dir_fd)
     if lease.writable:  # ours: another user's file is not the run's to change, even where root could

@@ -21,6 +21,7 @@ from minilmd import protocol
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.statesections import GpuWait
 from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
+from minilmd.daemon.host.leasekeep import Kept
 from minilmd.fmt import fmt_duration
 
 LEASE_KEPT_EVERY_S = 5.0
@@ -63,7 +64,7 @@ class GpuWaiter:
         self.last_summary = ""
         self.next_keep_at = 0.0
         self.lost_said: set[str] = set()
-        """The words of a lost lease already said (keep_lease): said once until it changes."""
+        """The words of a keep already said (keep_lease): each said once, until a keep finds every name ours again."""
 
     @property
     def nproc(self) -> int:
@@ -116,21 +117,26 @@ class GpuWaiter:
     def keep_lease(self) -> None:
         """While the run holds its cards (staging, training, a backoff between trainers: until release), every
         gpu.poll_interval or LEASE_KEPT_EVERY_S, the shorter, from the first tick after the lease: GpuAdmission.keep,
-        each lease file touched and still named, or its name taken again. A name taken again is said in a `gpu`
-        event; one another run holds now (a lost lease: two runs may share the card) in a `gpu` event and as the
-        run's last error, which `status` shows, once until it changes."""
+        each lease file touched and still named, or its name taken again (daemon/host/leasekeep.py's kinds). A name
+        taken again is said in a `gpu` event; one another run holds now (a lost lease: two runs may share the card),
+        or one not taken again, in a `gpu` event and as the run's last error, which `status` shows; a name that could
+        not be looked at in a `gpu` event only (looked at again at the next keep); each once until it changes."""
         if self.lease is None or self.admission is None or now() < self.next_keep_at:
             return
         self.next_keep_at = now() + min(self.cfg.gpu.poll_interval_s, LEASE_KEPT_EVERY_S)
-        for words, lost in self.admission.keep(self.lease):
-            if words in self.lost_said:
+        kept = self.admission.keep(self.lease)
+        if not kept:
+            self.lost_said.clear()  # every name seen and ours: whatever comes next is news
+        for said in kept:
+            if said.words in self.lost_said:
                 continue
-            self.emit("gpu", words)
-            if lost:
-                self.lost_said.add(words)
-                self.state.record_error(words)
-            else:
+            self.emit("gpu", said.words)
+            if said.kind == Kept.AGAIN:
                 self.lost_said.clear()
+                continue
+            self.lost_said.add(said.words)
+            if said.kind != Kept.UNSEEN:
+                self.state.record_error(said.words)
 
     def _poll(self):
         """One admission poll with this run's processes as own; each new fallback is said once."""
