@@ -9,6 +9,7 @@ STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang w
 from __future__ import annotations
 
 import random
+import signal
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.death import Death, classify
-from minilmd.daemon.child.grace import torchrun_grace_env
+from minilmd.daemon.child.grace import save_grace, torchrun_grace_env
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
@@ -75,7 +76,14 @@ class Attempt:
         def _enter_stopping(self, reason: str) -> None: ...
 
     def _launch(self) -> None:
-        """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
+        """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer; -> WAITING_GPU instead when
+        a card's lease was lost to another run meanwhile (GpuWaiter.lost): no trainer launched on its card."""
+        if self.gpu.lost:
+            lost = self.gpu.lost
+            self.gpu.release()
+            self.state.devices = []
+            self._go(Phase.WAITING_GPU, f"{lost}; no trainer is launched on that GPU: waiting for a free GPU again")
+            return
         if self.room.still_full(self.phase):
             self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt + 1} cannot start"))
             return
@@ -130,6 +138,29 @@ class Attempt:
         child.track_cgroup()
         trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 
+    def _leave_lost_gpu(self) -> None:
+        """While a trainer runs (STARTING, TRAINING) on cards one of whose leases another run holds now (GpuWaiter.lost,
+        found by two keeps in a row): by the admission's rule this run would not be admitted to that card now, and the
+        other run will train there (it was admitted when the card looked idle: this run staging, or between two
+        trainers). So this run does not share it: the trainer is asked to save and stop, by the SIGTERM a stop sends
+        (SIGKILL after save_grace, as a stop's), and its end goes back to waiting_gpu (policy.decide's gpu_lost),
+        where the card is busy, "leased by run R", until that run lets it go. Said in a `gpu` event; the keep said
+        the loss as the run's last error already. With no trainer running, `_launch` goes to waiting_gpu instead."""
+        child = self.loop.child
+        if self.phase not in (Phase.STARTING, Phase.TRAINING) or child is None or child.poll() is not None:
+            return
+        if not self.loop.gpu_lost:
+            if not self.gpu.lost:
+                return
+            self.loop.gpu_lost = self.gpu.lost
+            child.stop_sent = now()
+            child.signal_group(signal.SIGTERM)
+            self.events.emit("gpu", f"{self.gpu.lost}; so as not to share that GPU, SIGTERM sent to trainer pid "
+                                    f"{child.pid} (it saves, then stops), and the run waits for a free GPU again")
+        elif child.killed_at is None and now() - (child.stop_sent or now()) > (patience := save_grace(self.cfg)):
+            self.events.emit("gpu", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
+            child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM (its GPU lease lost)")
+
     def _on_child_end(self, rc: int) -> None:
         child = self.loop.child
         assert child is not None  # it has just ended
@@ -160,8 +191,9 @@ class Attempt:
             return
         streak = 0 if made_progress else self.state.no_progress_streak + 1
         death = on_another_node(death)
+        gpu_lost, self.loop.gpu_lost = self.loop.gpu_lost, ""
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
-                          no_progress_streak=streak, stop_requested=self.loop.stop_requested,
+                          no_progress_streak=streak, stop_requested=self.loop.stop_requested, gpu_lost=gpu_lost,
                           micro_batch_size=self._effective("micro_batch_size"),
                           grad_accum=self._effective("grad_accum"),
                           **trainerwatch.death_facts(death, child, self.cfg, self.state, self.staging, self.gpu,

@@ -33,6 +33,9 @@ class SupervisorState:
     stop_signals_taken: int = 0
     """The SIGTERM/SIGINTs the stop was taken on (1; 0 for `minilmd stop`'s SIGUSR2, a stop request, Slurm's USR1):
     one more than these is the second stop signal, which kills the trainer in its save."""
+    gpu_lost: str = ""
+    """Why the trainer was asked to save and stop: its card's lease lost to another run (daemon/attempt.py
+    _leave_lost_gpu); its end then goes back to waiting_gpu (policy.decide's gpu_lost). "" otherwise."""
     child: Child | None = None
     """The trainer of the current attempt, while it runs (or is not reaped yet)."""
     attempt: int = 0

@@ -206,6 +206,7 @@ class Supervisor(Attempt, Ending):
         HANDLERS[self.phase](self)  # a live phase without a handler fails here, never idles
         self.files.read_progress()
         self.gpu.keep_lease()  # while the run holds its cards: its lease files touched, still named or taken again
+        self._leave_lost_gpu()  # a card's lease another run holds now: its trainer saves and stops, no sharing
         live = self.phase in ATTEMPT_PHASES
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
         if self.sync.final_refusal and self.phase not in FINAL_PHASES:  # run.remote is another run's: no wait ends it

@@ -42,6 +42,8 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.BACKOFF, Phase.STARTING): "restart",
     (Phase.BACKOFF, Phase.STAGING): "restage",
     (Phase.BACKOFF, Phase.WAITING_GPU): "wait_for_gpu",
+    (Phase.STAGING, Phase.WAITING_GPU): "gpu_lost",  # its card's lease lost to another run meanwhile: no launch there
+    (Phase.WAITING_SPACE, Phase.WAITING_GPU): "gpu_lost",
     (Phase.STAGING, Phase.WAITING_SPACE): "scratch_full",  # the launch's compile caches found no room
     (Phase.BACKOFF, Phase.WAITING_SPACE): "scratch_full",
     (Phase.STARTING, Phase.WAITING_SPACE): "scratch_full",

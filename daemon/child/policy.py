@@ -38,8 +38,9 @@ def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | N
 
 def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_progress_streak: int,
            stop_requested: bool, micro_batch_size: int, grad_accum: int, staged_damaged: bool = False,
-           gpu_busy: bool = False, finished: bool = False, cache_cleared: bool = False) -> Decision:
-    """The rule for one death. `no_progress_streak` counts this attempt already (0 if it saved a new checkpoint)."""
+           gpu_busy: bool = False, finished: bool = False, cache_cleared: bool = False, gpu_lost: str = "") -> Decision:
+    """The rule for one death. `no_progress_streak` counts this attempt already (0 if it saved a new checkpoint).
+    `gpu_lost`: the supervisor stopped it because its card's lease was lost to another run (daemon/attempt.py)."""
     cause = death.cause
     if cause == Cause.DONE:
         return Decision(Action.FINISH, "the trainer finished its budget", counts_as_restart=False)
@@ -51,6 +52,9 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if stop_requested:  # the trainer's own words only when it did not simply stop (killed at the grace, crashed)
         said = "" if cause == Cause.STOPPED else f" ({death.detail})"
         return Decision(Action.STOP, f"stopped on request{said}", counts_as_restart=False)
+    if gpu_lost:  # not the trainer's failure: no restart limit counts it, nor is its micro-batch halved
+        return Decision(Action.WAIT_GPU, f"{gpu_lost}; the trainer stopped ({death.detail}) so as not to share that "
+                                         f"GPU: waiting for a free GPU again", counts_as_restart=False)
     if cause == Cause.CONFIG_ERROR:
         return Decision(Action.FAIL, f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
                         counts_as_restart=False)

@@ -65,6 +65,13 @@ class GpuWaiter:
         self.next_keep_at = 0.0
         self.lost_said: set[str] = set()
         """The words of a keep already said (keep_lease): each said once, until a keep finds every name ours again."""
+        self.lost = ""
+        """A card's lease lost to another run, found so by two keeps in a row (its words; "" while none is): by the
+        admission's own rule (its lease part) this run would not be admitted to that card now, so it must not train
+        there (the supervisor stops its trainer at a checkpoint and waits for a free GPU again: daemon/attempt.py
+        _leave_lost_gpu). Two keeps: a run that tries to lease several cards at once lets go at once of those it took
+        when it cannot take them all, and a keep may find it holding one for that moment."""
+        self._lost_once = False
 
     @property
     def nproc(self) -> int:
@@ -127,6 +134,9 @@ class GpuWaiter:
         kept = self.admission.keep(self.lease)
         if not kept:
             self.lost_said.clear()  # every name seen and ours: whatever comes next is news
+        lost = [said.words for said in kept if said.kind == Kept.LOST]
+        self.lost = "; ".join(lost) if lost and self._lost_once else ""
+        self._lost_once = bool(lost)
         for said in kept:
             if said.words in self.lost_said:
                 continue
@@ -171,7 +181,7 @@ class GpuWaiter:
             self.lease.release()
         self.lease = None
         self.admission = None
-        self.next_keep_at, self.lost_said = 0.0, set()
+        self.next_keep_at, self.lost_said, self.lost, self._lost_once = 0.0, set(), "", False
 
 
 def _without_ages(summary: str) -> str:

@@ -1,0 +1,195 @@
+"""A card's lease lost to another run while this run holds it: the run does not share the card.
+
+Admission reads the card's processes and memory too, so no run is admitted to a card this run's trainer is on; the
+lease guards the moments it looks idle (staging, a backoff, a trainer starting). A second run that took the lease's
+name in such a moment (the name removed, then taken by it before this run's next keep) is admitted and will train
+there. Before, the run that lost the lease only said so and trained on beside it. Now, found lost at two keeps in a
+row (GpuWaiter.lost), its trainer is asked to save and stop (SIGTERM) and the run goes back to waiting_gpu, where
+the card is "leased by run second" until that run lets go; then it leases it again and resumes (daemon/attempt.py
+_leave_lost_gpu). The second run's lease is made here as a real one: a lease file it took and flocks, renamed over
+the name (what a cleaner's removal and the second run's new file at the name come to, without a race), never
+touched by the first run.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+
+import pytest
+
+from fakes_nvml import FREE, FakeNvml
+from lease_helpers import LEASE
+from minilmd.config import GpuSection, RunConfig, load_config
+from minilmd.daemon.base.runstate import RunState
+from minilmd.daemon.child.process import TRAINER_CMD_ENV
+from minilmd.daemon.host import leases
+from minilmd.daemon.host.gpu import GpuAdmission
+from minilmd.daemon.phases.gpuwait import GpuReady, GpuWaiter
+from minilmd.daemon.supervisor import Infra, Supervisor
+from minilmd.names import FAULT_ENV
+from minilmd.procs import flock_holders
+from supervisor_helpers import FAKE_TRAINER, events, state, write_config
+from waiting import wait_until
+
+
+def _taken_by_second(lock_dir) -> leases.LeaseFile:
+    """The second run's lease of the card, a file of its own flocked and then named LEASE (rename over the first
+    run's name): the name leads to a file another open file holds, as when a second run made one at a removed name."""
+    theirs = leases.take(lock_dir, "second.lock")
+    assert theirs is not None
+    leases.write_body(theirs, leases.lease_body("second", socket.gethostname()))
+    os.rename(lock_dir / "second.lock", lock_dir / LEASE)
+    theirs.path = lock_dir / LEASE
+    return theirs
+
+
+class _Infra(Infra):
+    def __init__(self, nvml):
+        self.nvml = nvml
+
+    def open_gpu(self, cfg):
+        return GpuAdmission(self.nvml, cfg.gpu, run_name=cfg.run.name)
+
+
+def test_a_lease_is_lost_only_when_found_so_at_two_keeps_in_a_row(tmp_path):
+    cfg = RunConfig()
+    cfg.run.name = "first"
+    cfg.gpu = GpuSection(lock_dir=str(tmp_path / "locks"), stable_polls=1, poll_interval="0s")
+    said: list[tuple[str, str]] = []
+    waiter = GpuWaiter(cfg, _Infra(FakeNvml([[FREE]])), RunState(tmp_path / "state.json", {}),
+                       lambda kind, msg, **d: said.append((kind, msg)))
+    assert isinstance(waiter.tick(), GpuReady)
+    theirs = _taken_by_second(tmp_path / "locks")
+    waiter.keep_lease()
+    assert waiter.lost == "" and any("leased by run second" in m for _, m in said), said  # said, not acted on yet
+    theirs.close()  # a run that could not take all its cards lets go of this one at once
+    waiter.keep_lease()
+    assert waiter.lost == "" and said[-1][1].endswith("its name taken again"), said
+    theirs = _taken_by_second(tmp_path / "locks")
+    try:
+        waiter.keep_lease()
+        waiter.keep_lease()
+        assert "leased by run second" in waiter.lost and "another run may train on that GPU now" in waiter.lost
+    finally:
+        theirs.close()
+    waiter.keep_lease()
+    assert waiter.lost == ""  # taken again: nothing lost any more
+    waiter.release()
+
+
+def _supervise(config) -> int:
+    """A Supervisor in this process on one free fake card, the fake trainer behind it; its signal handlers put back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
+    try:
+        return Supervisor(load_config(config), str(config), infra=_Infra(FakeNvml([[FREE]])), echo=False).run()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_another_run_took_stops_at_a_checkpoint_and_waits_for_the_card(
+        tmp_path, corpus, monkeypatch):
+    """The whole run, its trainer held at step 5: the second run takes the card's lease; the first run's trainer saves
+    and stops, the run waits in waiting_gpu ("leased by run second"), never touching the second run's file; once the
+    second lets go, it leases the card again and finishes from its checkpoint. Before: it trained on beside it."""
+    release = tmp_path / "release"
+    monkeypatch.setenv("FAKE_HOLD", f"5:{release}")
+    monkeypatch.setenv("FAKE_HOLD_STOPS", "1")  # a SIGTERM ends the hold: the trainer saves and exits 75
+    monkeypatch.setenv(TRAINER_CMD_ENV, f"{sys.executable} {FAKE_TRAINER}")
+    lock_dir = tmp_path / "gpu-locks"
+    config = write_config(tmp_path, corpus, name="first", remote=False, train={"device": "cuda", "max_steps": 10},
+                          gpu={"poll_interval": "0.1s", "stable_polls": 1, "lock_dir": str(lock_dir)})
+    cfg = load_config(config)
+    seen: dict[str, object] = {}
+
+    def second_run_takes_the_card() -> None:
+        try:
+            mine = os.getpid()  # the supervisor runs in this process: its flock is this pid's
+            wait_until(lambda: (state(cfg.run_dir) or {}).get("phase") == "training"
+                       and mine in flock_holders(os.stat(lock_dir / LEASE)), timeout=120,
+                       what="the run training on its leased card")
+            theirs = _taken_by_second(lock_dir)
+            file = os.stat(lock_dir / LEASE)
+            try:
+                seen["waiting"] = wait_until(
+                    lambda: (s := state(cfg.run_dir) or {}).get("phase") == "waiting_gpu" and s.get("gpu_wait")
+                    and "leased by run second" in str(s["gpu_wait"]), timeout=120,
+                    what="the first run waiting for a GPU, the card leased by the second")
+                now = os.stat(lock_dir / LEASE)
+                seen["theirs_left_alone"] = (now.st_ino, now.st_mtime_ns) == (file.st_ino, file.st_mtime_ns)
+            finally:
+                release.touch()  # the resumed trainer is not held again
+                theirs.close()  # the second run ends: the card is free
+        except BaseException as e:  # noqa: BLE001 - said by the test, after the run
+            seen["error"] = e
+        finally:
+            release.touch()
+
+    second = threading.Thread(target=second_run_takes_the_card)
+    second.start()
+    try:
+        assert _supervise(config) == 0
+    finally:
+        release.touch()
+        second.join(timeout=300)
+    assert "error" not in seen, seen
+    assert seen["waiting"] and seen["theirs_left_alone"], seen
+    said = [e["message"] for e in events(cfg.run_dir) if e["event"] == "gpu"]
+    assert any("leased by run second" in m and "so as not to share that GPU, SIGTERM sent to trainer pid" in m
+               for m in said), said
+    final = state(cfg.run_dir)
+    assert final["phase"] == "done" and final["progress"]["step"] == 10, final
+    restarts = final["restarts"]
+    assert [(r["cause"], r["action"]) for r in restarts] == [("stopped", "wait_gpu")], restarts
+    assert restarts[0]["step"] >= 5 and "stopped on the supervisor's SIGTERM" in restarts[0]["detail"], restarts
+    transitions = [e.get("transition") for e in events(cfg.run_dir)]
+    assert "wait_for_gpu" in transitions and transitions.count("gpu_ready") == 2, transitions
+
+
+@pytest.mark.slow
+def test_a_lease_lost_between_two_trainers_launches_none_there_and_waits_for_the_card(tmp_path, corpus, monkeypatch):
+    """The trainer killed at step 3 (an injected SIGKILL), the run in its backoff (10-20 s: time enough for the test
+    to act however loaded the machine): the second run takes the card's lease. The relaunch does not happen on that
+    card: the run goes to waiting_gpu, then leases it again once the second lets go, and finishes. Before: the next
+    trainer was launched on the card the second run had been admitted to."""
+    monkeypatch.setenv(TRAINER_CMD_ENV, f"{sys.executable} {FAKE_TRAINER}")
+    monkeypatch.setenv(FAULT_ENV, "sigkill@3")
+    lock_dir = tmp_path / "gpu-locks"
+    config = write_config(tmp_path, corpus, name="first", remote=False, train={"device": "cuda", "max_steps": 6},
+                          gpu={"poll_interval": "0.1s", "stable_polls": 1, "lock_dir": str(lock_dir)},
+                          restart={"backoff_initial": "20s", "backoff_max": "20s", "hang_timeout": "30s"})
+    cfg = load_config(config)
+    seen: dict[str, object] = {}
+
+    def second_run_takes_the_card() -> None:
+        try:
+            wait_until(lambda: (state(cfg.run_dir) or {}).get("phase") == "backoff", timeout=120,
+                       what="the run in its backoff after the injected SIGKILL")
+            theirs = _taken_by_second(lock_dir)
+            try:
+                seen["waiting"] = wait_until(
+                    lambda: (s := state(cfg.run_dir) or {}).get("phase") == "waiting_gpu"
+                    and "leased by run second" in str(s.get("gpu_wait")), timeout=120,
+                    what="the first run waiting for a GPU, the card leased by the second")
+                seen["attempts"] = len(list((cfg.run_dir / "logs").glob("attempt-*.log")))
+            finally:
+                theirs.close()
+        except BaseException as e:  # noqa: BLE001 - said by the test, after the run
+            seen["error"] = e
+
+    second = threading.Thread(target=second_run_takes_the_card)
+    second.start()
+    try:
+        assert _supervise(config) == 0
+    finally:
+        second.join(timeout=300)
+    assert "error" not in seen, seen
+    assert seen["attempts"] == 1, seen  # no second trainer was launched on the card the second run leased
+    moved = [e["message"] for e in events(cfg.run_dir) if e.get("transition") == "wait_for_gpu"]
+    assert len(moved) == 1 and "leased by run second" in moved[0] and "no trainer is launched on that GPU" in moved[0]
+    final = state(cfg.run_dir)
+    assert final["phase"] == "done" and final["progress"]["step"] == 6, final
