@@ -9,7 +9,8 @@ instances (daemon/host/gpu.py `mig_refusal`). The processes of this run's
 trainer
 (`own_pids()`, from trainer.json through daemon/child/orphans.py) are never foreign: after a CUDA OOM, `gpu_taken()`
 judges "the GPU was taken" from foreign processes and from memory our own processes do not account for. While the
-run holds its cards, `keep_lease()` (the supervisor's every tick) keeps each lease file touched and named.
+run holds its cards, `keep_lease()` (the supervisor's every tick) keeps each lease file touched and named; `lost`
+says a card's lease another run holds now, which the supervisor does not share (daemon/attempt.py _leave_lost_gpu).
 Torch-free.
 """
 from __future__ import annotations
