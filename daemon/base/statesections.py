@@ -464,6 +464,14 @@ class StateJson(Section):
     prometheus: TextfileState | None = None
     """[log] prometheus_textfile and whether the supervisor can write it (key only with a textfile)."""
 
+    @property
+    def run_restarts(self) -> int:
+        """The run's restarts since it began: those of its starts before `restarts_since` and this count's. The one
+        number `status`, `status --all`'s RESTARTS and Prometheus's minilmd_restarts{cause="all"} give, so that a
+        clean stop and a start again (which counts `restarts` anew for restart.max_restarts) never makes the run's
+        count go back (before, the overview and the textfile gave this start's count, status the run's)."""
+        return self.earlier_restarts + len(self.restarts)
+
     def count_restarts_anew(self, since: float) -> None:
         """A start after the run ended: `restarts` counts from 0 again (and the streak), the earlier ones kept in
         `earlier_restarts`, so that status says both (daemon/views/status.py)."""

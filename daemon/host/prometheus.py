@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from minilmd.daemon.base.statesections import TextfileState
+from minilmd.daemon.base.statesections import StateJson, TextfileState
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.metrics import REWARDS, number
 from minilmd.path_checks import open_textfile_dir, textfile_dir_problem
@@ -28,6 +28,9 @@ TEXTFILE_MODE = 0o644
 """node_exporter runs as its own user: it must be able to read the file (it holds no secrets: numbers and the
 run's name)."""
 
+EARLIER = "earlier"
+"""minilmd_restarts's cause for the run's restarts before the start after its last end (state.json keeps their count,
+`earlier_restarts`, not their causes)."""
 GAUGES: dict[str, str] = {
     "minilmd_up": "1 while the run's supervisor runs (0 in the file it writes at exit)",
     "minilmd_phase": "1 for the supervisor's current phase, 0 for the others (label phase)",
@@ -39,8 +42,9 @@ GAUGES: dict[str, str] = {
     "minilmd_tokens_per_second": "real (non-PAD) tokens per second over the last logged interval",
     "minilmd_progress_timestamp_seconds": "when the trainer last logged a training step (Unix time)",
     "minilmd_heartbeat_timestamp_seconds": "the trainer's last heartbeat (Unix time)",
-    "minilmd_restarts": "restarts of the trainer that restart.max_restarts counts: since the start after the run last "
-                        "ended (done, stopped or failed), by cause (label cause)",
+    "minilmd_restarts": "restarts of the trainer since the run began, by cause (label cause; \"earlier\": those before "
+                        "the start after the run last ended, done, stopped or failed, whose causes are not kept; "
+                        "\"all\": every one, as minilmd status says)",
     "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded, or when the supervisor started "
                                            "while none has (Unix time)",
     "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
@@ -107,8 +111,11 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
         put(name, rewards.get(f"val_{key}"), split="val")
     put("minilmd_progress_timestamp_seconds", progress.get("updated"))
     put("minilmd_heartbeat_timestamp_seconds", progress.get("heartbeat"))
-    causes = Counter(str(r.get("cause")) for r in state.get("restarts") or [])
-    put("minilmd_restarts", sum(causes.values()), cause="all")
+    restarts = StateJson.from_dict({key: state.get(key) for key in ("restarts", "earlier_restarts")})
+    causes = Counter(r.cause or "unknown" for r in restarts.restarts)
+    if restarts.earlier_restarts:  # before the start after the run's last end: their causes are not kept
+        causes[EARLIER] = restarts.earlier_restarts
+    put("minilmd_restarts", restarts.run_restarts, cause="all")  # the run's, as status says it
     for cause, n in sorted(causes.items()):
         put("minilmd_restarts", n, cause=cause)
     if sync.get("state") != SyncState.OFF:

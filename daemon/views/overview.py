@@ -127,7 +127,7 @@ def _row_in(run: Dir, owner: int, t: float) -> dict:
         "staging_state": state.staging.state,
         "last_sync_age_s": t - last_ok if last_ok else None,
         "remote_unanswered": alive and remote_unanswered(sync.state, sync.error),  # what its supervisor knows now
-        "restarts": len(state.restarts),
+        "restarts": state.run_restarts,  # the run's, as status says it (StateJson.run_restarts)
         "last_error": state.last_error,
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
         and state.phase == Phase.WAITING_INIT else None,

@@ -321,7 +321,7 @@ def _restart_lines(state: StateJson, t: float) -> list[str]:
     if not restarts and not earlier:
         return []
     since = "" if not earlier else \
-        f" since the start at {fmt_time(state.restarts_since)} ({len(restarts) + earlier} since the run began)"
+        f" since the start at {fmt_time(state.restarts_since)} ({state.run_restarts} since the run began)"
     if not restarts:
         return [f"  restarts: 0{since}"]
     last = restarts[-1]
