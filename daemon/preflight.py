@@ -39,6 +39,7 @@ from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.host.gpu import device_offer, device_problems
 from minilmd.daemon.host.gpuwaits import lease_file_waits, lock_dir_wait
 from minilmd.daemon.host.lock import LockHeld, lock_holder
+from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
@@ -257,7 +258,7 @@ class Launched(NamedTuple):
 
 
 def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
-           claim_remote: bool = False) -> Launched:
+           claim_remote: bool = False, signals: Signals | None = None) -> Launched:
     """check(), then run.dir settled (made and judged in one walk: place_rule.settle_run_dir) and put in the config
     as its real path, then scratch claimed for this run; raises ConfigError (exit 2) if any refuses. Everything
     after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
@@ -265,12 +266,17 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). RunDirFull
     when run.dir's file system is full (said: the caller exits 73); NothingToDo when the run is done (said: exit 0,
     nothing made). Returns the config, whether it resumes from a checkpoint of its own (`resumes`) and what a wait for
-    scratch holds for the supervisor (`Launched`)."""
+    scratch holds for the supervisor (`Launched`). `signals`: `minilmd run`'s record (daemon/host/signals.py),
+    installed before this: a stop during the checks raises LaunchStopped, after them it is recorded, for the scratch
+    wait and the supervisor to act on."""
     said: list[str] = []  # where it starts: a run already done is no launch (daemon/jobs/rundone.py)
     try:
         cfg = check_with_waits(config_path, overrides, said, fresh, claim_remote)[0]
     except scratch_root.RecordUnreadable as e:
         raise ScratchRootUnknown(e) from None
+    finally:
+        if signals is not None:
+            signals.record_only()  # before anything is written: a stop from now on is undone by the supervisor
     if done := next((line for line in said if isinstance(line, Done)), None):
         print(f"minilmd run: {done}", flush=True)  # nothing staged, no trainer started
         for moved in (line for line in said if line.startswith("note: init.from")):  # its base moved on, or edited
@@ -282,7 +288,7 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
         print(f"minilmd run: {edited}", flush=True)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
-    held = claim_scratch(cfg, config_path)
+    held = claim_scratch(cfg, config_path, signals=signals)
     return Launched(cfg, resumes(said), held)
 
 

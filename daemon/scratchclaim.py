@@ -139,10 +139,11 @@ def _same_dir(one: str | os.PathLike, other: str | os.PathLike) -> bool:
 
 
 def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float], None] = time.sleep,
-                  notifier: Notifier | None = None) -> Held | None:
+                  notifier: Notifier | None = None, signals: Signals | None = None) -> Held | None:
     """Scratch settled and claimed for this run; ConfigError (exit 2) when refused. No room: said once, then tried
     again with the restart backoff for as long as it takes, the run lock held, state.json and systemd told (module
-    docstring). Returns what the wait holds for the supervisor (None when there was no wait)."""
+    docstring). Returns what the wait holds for the supervisor (None when there was no wait). `signals`: the record
+    `minilmd run` installed at its start (a stop before the wait is the wait's); None: one of the wait's own."""
     full = _settle_and_claim(cfg)
     if full is None:
         return None
@@ -157,7 +158,7 @@ def claim_scratch(cfg: RunConfig, config_path: str = "", sleep: Callable[[float]
             raise RunDirFull(str(cfg.run_dir)) from e
         raise
     before = {sig: signal.getsignal(sig) for sig in WAIT_SIGNALS}
-    signals = Signals()
+    signals = Signals() if signals is None else signals
     signals.install()
     record: WaitRecord | None = None
     try:

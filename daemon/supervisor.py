@@ -62,7 +62,7 @@ from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import registry, sdnotify
 from minilmd.daemon.host.lock import LockHeld, LockUnsafe
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.host.signals import Signals
+from minilmd.daemon.host.signals import LaunchStopped, Signals
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import remote_consent, runidentity
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
@@ -84,7 +84,7 @@ class Supervisor(Attempt, Ending):
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
                  infra: Infra | None = None, echo: bool = True, fresh: bool = False, claim_remote: bool = False,
-                 resumes: bool = False, held: preflight.Held | None = None):
+                 resumes: bool = False, held: preflight.Held | None = None, signals: Signals | None = None):
         self.cfg = cfg
         self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
         self.claim_remote = claim_remote  # `run --claim-remote`: run.remote made this run's once its lock is held
@@ -93,7 +93,8 @@ class Supervisor(Attempt, Ending):
         self.infra = infra or Infra()
         self.run_dir = cfg.run_dir  # settled by run() (preflight.launch has already: its real path)
         self.echo = echo
-        self.signals = held.signals if held else Signals()  # the wait's, if it waited: a stop since is the 1st tick's
+        # `minilmd run`'s, installed at its start (the wait's, if it waited): a stop since is the first tick's
+        self.signals = held.signals if held else signals or Signals()
         self.notifier = Notifier()
         self.rng = random.Random()
         self.loop = SupervisorState(resumes=resumes, held=held)  # the loop's own record beside state.json's
@@ -103,6 +104,7 @@ class Supervisor(Attempt, Ending):
     def run(self) -> int:
         from minilmd.place_rule import PlaceRefused, settle_run_dir
 
+        self.signals.install()  # first: a stop from here on is the first tick's, never the process's default end
         try:  # made and judged in one walk, once: every file after goes under its real path (no resolve() later)
             self.run_dir = settle_run_dir(self.run_dir)
             self.cfg.run.dir = str(self.run_dir)
@@ -124,7 +126,6 @@ class Supervisor(Attempt, Ending):
             print(f"minilmd run: {refused}", flush=True)
             return self._ends_early(protocol.SUPERVISOR_CONFIG, refused, lock)
         try:
-            self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
             self.after_sync = AfterSync(self.cfg, self.state, self.events.emit,  # from the adopted remote step
                                         finished=lambda: self.loop.last_cause == Cause.DONE)
@@ -393,13 +394,20 @@ HANDLERS: dict[Phase, Callable[[Supervisor], None]] = {
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
                    claim_remote: bool = False) -> int:
     """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
-    then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_consent.py)."""
+    then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_consent.py).
+    The signal handlers come first (daemon/host/signals.py): a stop during the checks ends them at once, exit 0,
+    nothing made; one after is the supervisor's first tick's."""
+    signals = Signals(checking=True)
     try:
-        cfg, resumes, held = preflight.launch(config_path, overrides, fresh, claim_remote)
+        signals.install()
+        cfg, resumes, held = preflight.launch(config_path, overrides, fresh, claim_remote, signals)
+    except LaunchStopped as e:
+        print(f"minilmd run: stopped ({e}) during the launch's checks: nothing made, nothing started", flush=True)
+        return protocol.SUPERVISOR_DONE
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
     except preflight.LaunchEnds as e:  # said there: run.dir full (73), or the run already done (0)
         return e.exit_status
     return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote, resumes=resumes,
-                      held=held).run()
+                      held=held, signals=signals).run()

@@ -1,10 +1,24 @@
 """The supervisor's signals: SIGTERM/SIGINT (stop; a second one kills the trainer in its save), SIGUSR2 (`minilmd
 stop`'s stop, never more than a stop however often it comes), SIGHUP (reopen supervisor.log), SIGUSR1 (Slurm's
-warning). The handlers only record what came; the supervisor's loop acts on it at its next tick. Torch-free."""
+warning). The handlers only record what came; the supervisor's loop acts on it at its next tick. Torch-free.
+
+`minilmd run` installs them as its first step (daemon/supervisor.py run_supervisor), before the launch's checks, and
+the same record goes to the scratch wait and the supervisor (before, they were installed just before the loop: a
+SIGTERM, SIGHUP or `minilmd stop`'s SIGUSR2 during the launch ended the process by its default action, its cleanup
+skipped, after it had made run.dir's files and claimed scratch). While the launch only checks (`checking`, nothing
+made yet), a stop signal raises `LaunchStopped` from its handler, as Python's default SIGINT raises
+KeyboardInterrupt, so that Ctrl-C or a SIGTERM ends a slow check (a share that does not answer) at once; from the
+first thing the launch makes (`record_only`), a stop is only recorded, and the supervisor's first tick ends the run
+as a stop does: its scratch given back, state.json `done` (stopped), its run lock let go."""
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+
+
+class LaunchStopped(BaseException):
+    """A stop signal (its name) while the launch only checked: nothing made, nothing started. A BaseException, as
+    KeyboardInterrupt is: no `except Exception` of a check takes it for a failed check."""
 
 
 @dataclass
@@ -17,15 +31,19 @@ class Signals:
     stop_by: str = ""  # the last one's name ("SIGTERM"), for the words of a stop
     hup: bool = False
     usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
+    checking: bool = False  # the launch only checks, nothing made yet: a stop raises LaunchStopped (record_only)
 
     def install(self) -> None:
+        """The handlers, writing this record (installed again: the same record, nothing lost)."""
         def on_stop(signum, frame):
             self.stop += 1
             self.stop_by = signal.Signals(signum).name
+            self._end_check()
 
         def on_asked(signum, frame):
             self.asked = True
             self.stop_by = signal.Signals(signum).name
+            self._end_check()
 
         def on_hup(signum, frame):
             self.hup = True
@@ -38,6 +56,15 @@ class Signals:
         signal.signal(signal.SIGUSR2, on_asked)
         signal.signal(signal.SIGHUP, on_hup)
         signal.signal(signal.SIGUSR1, on_usr1)
+
+    def _end_check(self) -> None:
+        if self.checking:
+            self.checking = False  # raised once: a second signal meanwhile is only recorded
+            raise LaunchStopped(self.stop_by)
+
+    def record_only(self) -> None:
+        """From now on a stop is only recorded: the launch is about to make something, which its stop must undo."""
+        self.checking = False
 
     @property
     def stopping(self) -> bool:

@@ -1,0 +1,105 @@
+"""A stop signal while `minilmd run` is still launching (daemon/host/signals.py, daemon/supervisor.py run_supervisor).
+
+After the launch has made its run directory's files, claimed its scratch and taken its run lock, but before the
+supervisor's loop: held there by a FUSE mount (tests/faultfs.py) holding the registry (XDG_STATE_HOME), whose mkdir
+stalls until the test lets it go. Before, the handlers were installed just before the loop: a SIGTERM (systemctl
+stop, tmux kill, scancel) ended the process by its default action, and so did `minilmd stop`'s SIGUSR2, its cleanup
+skipped: the scratch it had claimed left behind (a normal stop gives it back), run.dir left with no state.json
+(`status`: "no state.json yet ... just starting", for ever), nothing registered, no exit said. Now the stop is
+recorded and the supervisor's first tick ends the run as a stop does.
+
+During the launch's checks, which make nothing: a stop ends them at once, exit 0, nothing made, though a check waits
+on a share that does not answer (a run.remote whose look stalls)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from faults_fixtures import faultfs_dirs, mounted_faultfs
+from minilmd import names, protocol
+from minilmd.daemon.host.lock import lock_holder
+from supervisor_helpers import env_for, start_supervisor, state, wait_or_kill, write_config
+from waiting import wait_until
+
+
+def stop_cli(run_dir, out):
+    """`minilmd stop RUN_DIR` in a process of its own, its output in `out`."""
+    with open(out, "wb") as sink:
+        return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "stop", str(run_dir)], stdout=sink,
+                                stderr=subprocess.STDOUT, env=env_for())
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.parametrize("stop_by", ["SIGTERM", "minilmd stop"])
+def test_a_stop_while_the_launch_sets_up_its_run_dir_ends_the_run_as_a_stop(tmp_path, corpus, stop_by):
+    backing, mount_point = faultfs_dirs(tmp_path)
+    scratch = tmp_path / "s" / "scratch"
+    with mounted_faultfs(backing, mount_point) as share:
+        config = write_config(tmp_path, corpus, run={"keep_scratch": False})
+        run_dir = tmp_path / "s" / "run"
+        held = share.stall("runs", 600, op="mkdir")  # the registry's directory: made once run.dir is set up
+        out, stop_out = tmp_path / "supervisor.out", tmp_path / "stop.out"
+        proc = start_supervisor(config, out, XDG_STATE_HOME=str(mount_point / "state"))
+        stopper = None
+        try:
+            wait_until(lambda: share.hits("stall", "mkdir") or proc.poll() is not None, 120, "the launch held")
+            assert proc.poll() is None, out.read_text()
+            assert (scratch / names.SCRATCH_OWNER).exists() and lock_holder(run_dir).pid == proc.pid
+            if stop_by == "SIGTERM":
+                proc.send_signal(signal.SIGTERM)
+            else:  # it proves the launch the run's supervisor (the lock, the identity), then sends SIGUSR2
+                stopper = stop_cli(run_dir, stop_out)
+                wait_until(lambda: "SIGUSR2 sent to supervisor pid" in stop_out.read_text()
+                           or stopper.poll() is not None, 120, "minilmd stop's signal")
+                assert "SIGUSR2 sent to supervisor pid" in stop_out.read_text(), stop_out.read_text()
+            share.remove(held)
+            rc = wait_or_kill(proc, 120)
+            if stopper is not None:
+                assert wait_or_kill(stopper, 120) == protocol.STOP_DONE, stop_out.read_text()
+        finally:
+            share.clear()
+            for p in (proc, stopper):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait()
+        said = out.read_text()
+        assert rc == 0, said  # before: -15 (SIGTERM), -12 (SIGUSR2): killed by the signal's default action
+        ended = state(run_dir)
+        assert (ended["phase"], ended["outcome"]["ended"]) == ("done", protocol.ENDED_STOPPED), ended
+        assert "-> done: stopped on request" in said and not scratch.exists(), said  # given back, as a stop's
+        assert lock_holder(run_dir) is None
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_launchs_checks_ends_them_at_once_with_nothing_made(tmp_path, corpus, sig):
+    backing, mount_point = faultfs_dirs(tmp_path)
+    (backing / "remote").mkdir()
+    with mounted_faultfs(backing, mount_point) as share:
+        config = write_config(tmp_path, corpus, run={"remote": str(mount_point / "remote")})
+        run_dir, scratch = tmp_path / "s" / "run", tmp_path / "s" / "scratch"
+        share.stall("remote", 600, op="getattr")  # the checks' look at run.remote: no answer till the test ends
+        out = tmp_path / "supervisor.out"
+        proc = start_supervisor(config, out)
+        try:
+            wait_until(lambda: share.hits("stall", "getattr") or proc.poll() is not None, 120, "a check held")
+            proc.send_signal(sig)
+            # said while the look still stalls: the check was not waited for (its thread stays in the kernel)
+            wait_until(lambda: "during the launch's checks" in out.read_text(), 120, "the stop said")
+            assert share.hits("stall", "getattr") and not run_dir.exists() and not scratch.exists(), out.read_text()
+            share.clear()
+            rc = wait_or_kill(proc, 120)
+        finally:
+            share.clear()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        said = out.read_text()
+        assert rc == protocol.SUPERVISOR_DONE, said
+        assert f"stopped ({signal.Signals(sig).name}) during the launch's checks: nothing made" in said, said
+        assert not run_dir.exists() and not scratch.exists() and "Traceback" not in said, said
