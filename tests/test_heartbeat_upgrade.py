@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.runstate import read_heartbeat
+from minilmd.daemon.base.runstate import RunState, new_state, read_heartbeat
 from minilmd.metrics import MetricsLog
 
 
@@ -57,12 +57,34 @@ def test_the_other_beats_keep_the_phase_an_older_supervisor_judges_a_hang_by(tmp
         assert " ".join(words[2:]) == note, body
 
 
-def test_an_older_trainers_bodies_are_read_by_the_new_reader(tmp_path):
-    """"STEP[ PHASE ...]" as a trainer from before the total wrote it: its step and phase, no total."""
-    for body, step, phase, note in (("12", 12, "", ""), ("12 compiling", 12, names.HEARTBEAT_COMPILING, ""),
-                                    ("0 reference 5/10", 0, names.HEARTBEAT_REFERENCE, "5/10"),
-                                    ("20 exiting", 20, names.HEARTBEAT_EXITING, "")):
+OLDER_TRAINERS = (
+    # (the body, the commit whose trainer first wrote it: git log -p minilmd/metrics.py trainer/loop) -> what the new
+    # reader gives: step, phase, note, total, the DPO reference pass
+    ("12", "fe6d84c7", 12, "", "", None, None),  # the step alone
+    ("12 compiling", "d2fda1bb", 12, names.HEARTBEAT_COMPILING, "", None, None),
+    ("20 exiting", "8604857c", 20, names.HEARTBEAT_EXITING, "", None, None),
+    ("0 reference 5/10", "3c35f7d3", 0, names.HEARTBEAT_REFERENCE, "5/10", None, [5, 10]),
+    ("0 reference 5/10/2/3", "5749e0f9", 0, names.HEARTBEAT_REFERENCE, "5/10/2/3", None, [5, 10, 2, 3]),
+    ("12/950", "f958e0c3", 12, "", "", 950, None),  # the total beside the step
+    ("12/950 compiling", "f958e0c3", 12, names.HEARTBEAT_COMPILING, "", 950, None),
+    ("0/950 reference 5/10/2/3", "f958e0c3", 0, names.HEARTBEAT_REFERENCE, "5/10/2/3", 950, [5, 10, 2, 3]),
+    ("20/20 exiting", "f958e0c3", 20, names.HEARTBEAT_EXITING, "", 20, None),  # until dd4505cb: "20 exiting" again
+)
+
+
+def test_every_body_an_older_trainer_wrote_is_read_by_the_new_reader(tmp_path):
+    """The other direction: a new supervisor (or `status`) and a trainer of an older version still running after an
+    upgrade (an orphan of the old supervisor at the first start after it; a trainer command of one's own). Every form
+    a trainer has written since the first heartbeat gives its step and phase to the one reader (read_heartbeat:
+    the hang watch, the finish in a slow teardown, an orphan's loss, the progress), its note and total where it says
+    them, and the supervisor's progress shows its step (and its total, once said)."""
+    for body, since, step, phase, note, total, ref in OLDER_TRAINERS:
         (tmp_path / names.HEARTBEAT).write_text(body + "\n")
         beat = read_heartbeat(tmp_path)
-        assert beat is not None and (beat.step, beat.phase, beat.note, beat.total) == (step, phase, note, None), body
-    assert beat.step == old_supervisors_step("20 exiting")
+        assert beat is not None, (body, since)
+        assert (beat.step, beat.phase, beat.note, beat.total, beat.reference_pass()) == \
+            (step, phase, note, total, ref), (body, since, beat)
+        state = RunState(tmp_path / names.STATE, new_state("up", tmp_path, str(tmp_path / "up.toml")))
+        state.apply_progress([], beat)
+        assert (state.progress.step, state.progress.total_steps) == (step, total), (body, since)
+    assert old_supervisors_step("20 exiting") == 20  # today's exiting beat: the oldest reader reads it too
