@@ -9,8 +9,8 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   run.dir) is minilmd/place_rule.py's, stated once in its docstring (`place_problem`, its opt-ins `group_share`,
   `team_above`, `team_root`, `owners`), and re-exported here for callers;
 - `Dir.open` opens the directory once: walked from "/" by openat, no link followed but by the walk itself (root's or
-  ours), each directory judged again on its descriptor (place_rule.open_walked: one swapped in, or a link planted,
-  after the judgement by path is refused);
+  ours), each directory judged on its descriptor (place_rule.open_walked: the walk is the one judgement, so one
+  swapped in, or a link planted, after any earlier look is refused);
   every later create, chmod, rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`,
   O_NOFOLLOW, O_EXCL), never by a path through its name;
 - `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its
@@ -139,17 +139,15 @@ class Dir:
     @classmethod
     def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False,
              team_above: bool = False, team_root: bool = False, owners: Set[int] = frozenset()) -> Dir:
-        """The directory at path (a link as its last component followed only when root's or ours), refused
-        (PlaceRefused) unless it and every directory above it pass place_problem's rule; `group_share` waives the
-        rule for this one directory (a team directory, by the owner's choice), `team_root` all of it but its owner
-        (a team-shared run.remote: root's, ours or `owners'`), `team_above` lets the directories above it be
-        group-writable (place_problem); `owners`: place_problem's."""
+        """The directory at path (a link on the way followed only when root's or ours), refused (PlaceRefused)
+        unless it and every directory above it pass place_problem's rule; `group_share` waives the rule for this
+        one directory (a team directory, by the owner's choice), `team_root` all of it but its owner (a team-shared
+        run.remote: root's, ours or `owners'`), `team_above` lets the directories above it be group-writable
+        (place_problem); `owners`: place_problem's. Judged once, by the walk that opens it (open_walked): a
+        judgement by path first (abspath) read `a/link/../b` as `a/b`, where the walk, as the kernel, goes up from
+        where the link leads, and refused a directory the walk would open."""
         path = Path(path)
         what, advice = f"what minilmd makes in {path}", "choose a directory only you (and root) can change"
-        problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share,
-                                team_above=team_above, team_root=team_root, owners=owners)
-        if problem:
-            raise PlaceRefused(problem)
         return cls(open_walked(path, label, what, advice, group_share=group_share, team_above=team_above,
                                team_root=team_root, owners=owners), path)
 

@@ -12,9 +12,10 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   path alone is a moment's: a group member who may write a team directory above the target can rename a directory
   on the way and put his own there right after it.
 - `open_walked(path, ...)` therefore opens the directory component by component from "/" (openat, no link
-  followed by the kernel), each directory judged again by the same rule on what its descriptor holds (fstat): a
-  directory swapped in after place_problem passed is one of another owner, or a link now, and refused
-  (PlaceRefused). minilmd/dirfd.py's Dir.open uses both.
+  followed by the kernel), each directory judged by the same rule on what its descriptor holds (fstat): a
+  directory swapped in after any earlier look is one of another owner, or a link now, and refused (PlaceRefused).
+  minilmd/dirfd.py's Dir.open is that walk alone: by path, abspath read `a/link/../b` as `a/b`, where the walk,
+  as the kernel, goes up from where the link leads.
 - `walk_to(path, ..., mode)` is that walk, which also makes a missing directory (mkdirat at its judged parent) and
   follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
   GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
@@ -208,14 +209,15 @@ def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, 
     return fd
 
 
-def walk_problem(path: str | os.PathLike, label: str, what: str, advice: str, *, closed: bool = False) -> str | None:
-    """Why walk_to (`closed` as there) would refuse `path`, judged by that walk itself with nothing made (`dry`):
-    the answer of a check (`run --check`) is the launch's. A missing directory is no problem (the walk that makes it
-    makes it under a directory judged); the walk goes on as that one would, a ".." after it back to the directory it
-    would be made in. A directory on the way without search permission is said, not raised; any other OSError (EIO,
-    ESTALE) goes to the caller, as from place_problem."""
+def walk_problem(path: str | os.PathLike, label: str, what: str, advice: str, *, closed: bool = False,
+                 group_share: bool = False) -> str | None:
+    """Why walk_to (`closed`, `group_share` as there) would refuse `path`, judged by that walk itself with nothing
+    made (`dry`): the answer of a check (`run --check`, an output's before the work) is the use's. A missing
+    directory is no problem (the walk that makes it makes it under a directory judged); the walk goes on as that one
+    would, a ".." after it back to the directory it would be made in. A directory on the way without search
+    permission is said, not raised; any other OSError (EIO, ESTALE) goes to the caller, as from place_problem."""
     try:
-        os.close(walk_to(path, label, what, advice, None, dry=True, closed=closed)[0])
+        os.close(walk_to(path, label, what, advice, None, dry=True, closed=closed, group_share=group_share)[0])
     except PlaceRefused as e:
         return None if isinstance(e, InTheWay) else str(e)  # a file in the way: the caller's check says it
     except PermissionError as e:  # a directory on the way without search permission (mode 644): no way through

@@ -130,13 +130,14 @@ def test_a_directory_above_the_root_swapped_after_the_check_is_refused_at_the_op
                                                                                    monkeypatch, swapped_in):
     """A team directory above the root (2775, group-writable: dirfd's team_above) lets a group member rename the
     user's directory in it away and put his own, holding a run1 of his, in its place right after the rule judged
-    the path (place_problem) and before the open (then swap back). On main the open followed the path of the moment
-    (O_NOFOLLOW guards only the last name) and the sync wrote into his run1. Now Dir.open walks the path from "/"
-    by descriptors and judges each directory again on what it opened (minilmd/place_rule.py open_walked): refused,
-    nothing written in his directory. The swap is made certain by a hook at place_problem's return."""
+    the team directory and before the open goes on (then swap back). On main the open followed the path of the
+    moment (O_NOFOLLOW guards only the last name) and the sync wrote into his run1. Now Dir.open walks the path from
+    "/" by descriptors and judges each directory on what it opened (minilmd/place_rule.py open_walked): refused,
+    nothing written in his directory. The swap is made certain by a hook at the walk's judgement of the team
+    directory (place_rule._judged's return)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the swapped-in directory belongs to another uid")
-    from minilmd import dirfd
+    from minilmd import place_rule
 
     team = tmp_path / "nfs-team"
     (team / "alice").mkdir(parents=True)
@@ -147,20 +148,20 @@ def test_a_directory_above_the_root_swapped_after_the_check_is_refused_at_the_op
     for made in (his, his / "run1"):
         os.chown(made, 4242, 4242)
     (his / "run1").chmod(0o777)
-    judged = dirfd.place_problem
+    judged = place_rule._judged
 
-    def swapped_after_judging(label, target, *args, **kwargs):
-        problem = judged(label, target, *args, **kwargs)
-        if Path(target) == run1 and not (team / "alice.away").exists():
+    def swapped_after_judging(fd, here, *args, **kwargs):
+        opened = judged(fd, here, *args, **kwargs)
+        if here == team and not (team / "alice.away").exists():
             os.rename(team / "alice", team / "alice.away")
             if swapped_in == "his directory":
                 os.rename(his, team / "alice")
             else:
                 os.symlink(his, team / "alice")
                 os.lchown(team / "alice", 4242, 4242)
-        return problem
+        return opened
 
-    monkeypatch.setattr(dirfd, "place_problem", swapped_after_judging)
+    monkeypatch.setattr(place_rule, "_judged", swapped_after_judging)
     local = tmp_path / "scratch"
     save(local, 10, weights)
     with pytest.raises(SyncError, match="belongs to uid 4242|symbolic link"):

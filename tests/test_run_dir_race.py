@@ -138,11 +138,12 @@ def test_prepare_makes_nothing_through_his_link_on_the_way_to_out(tmp_path, shar
 
 
 def test_dir_open_follows_no_link_planted_after_its_judgement(tmp_path, shared, monkeypatch):
-    """Dir.open (scratch, the GPU lock directory, a run.remote): the judgement by path, then a realpath that
-    followed whatever link stood there by then, then a walk of that real path. Now the walk itself meets the link."""
+    """Dir.open (scratch, a run.remote): once a judgement by path, then a realpath that followed whatever link stood
+    there by then, then a walk of that real path. Now the walk is the one judgement, and meets the link planted
+    after it judged the first directory ("/")."""
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
-    _plant_after(monkeypatch, dirfd, "place_problem", f"mkdir race && ln -s {hers} race/in", shared)
+    _plant_after(monkeypatch, place_rule, "_judged", f"mkdir race && ln -s {hers} race/in", shared)
     with pytest.raises(place_rule.PlaceRefused):
         dirfd.Dir.open(shared / "race" / "in", "the test's directory")
 

@@ -1,0 +1,69 @@
+"""Each place minilmd writes in is judged once, by the walk that reaches it (minilmd/place_rule.py walk_to): a check
+made before the use (walk_problem) is that walk with nothing made, so both give one answer however the place is
+spelled. A judgement by path (abspath) read `a/link/../b` as `a/b`, where the walk, as the kernel, goes up from where
+the link leads: it refused a directory the walk would use, or passed one the walk refuses.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from minilmd.dirfd import Dir, PlaceRefused
+from minilmd.place_rule import walk_problem
+
+OPENED = " (found so when opened)"
+"""What a walk that opens adds to its refusal, which a check's (nothing opened) does not say."""
+
+
+def _places(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(her home, `good`, `open`): in her home `link` leads to good/sub, `wide` to open/sub; home/b is a 0777
+    directory (refused: others may rename what is in it), good/b a 0755 one, open a 0777 one above open/sub and
+    open/b. By path `home/link/../b` is the refused home/b; by the walk, the kernel's good/b. By path `home/wide/..`
+    is the home; by the walk, open."""
+    home, good, wide = tmp_path / "home", tmp_path / "good", tmp_path / "open"
+    for made in (home / "b", good / "sub", good / "b", wide / "sub", wide / "b"):
+        made.mkdir(parents=True)
+    (home / "b").chmod(0o777)
+    wide.chmod(0o777)
+    (home / "link").symlink_to(good / "sub")
+    (home / "wide").symlink_to(wide / "sub")
+    return home, good, wide
+
+
+def _spellings(home: Path) -> list[Path]:
+    return [home / "link" / ".." / "b", home / "link" / "..", home / "wide" / "..", home / "wide" / ".." / "b",
+            home / "link" / ".." / ".." / "home", home / "b", home / "link" / ".." / ".." / "open" / "sub",
+            home / "." / "link" / ".." / "sub"]
+
+
+def _dir_open_answer(spelling: Path) -> str | tuple[int, int]:
+    """Dir.open's answer: the identity of what it opened, or its refusal in a check's words."""
+    try:
+        with Dir.open(spelling, "the test's directory") as opened:
+            return opened.identity
+    except PlaceRefused as e:
+        return str(e).removesuffix(OPENED)
+
+
+def test_dir_open_answers_as_its_walk_for_every_spelling(tmp_path):
+    """Dir.open (run.remote's root, scratch, run.dir's views) refuses exactly what its walk refuses, in its words,
+    and opens the directory the kernel's open of that spelling reaches. Before, its judgement by path came first:
+    `home/link/../b` was refused for home/b (mode 777), which the walk never reaches (it opens good/b)."""
+    home, good, _ = _places(tmp_path)
+    for spelling in _spellings(home):
+        what, advice = f"what minilmd makes in {spelling}", "choose a directory only you (and root) can change"
+        problem = walk_problem(spelling, "the test's directory", what, advice)
+        st = os.stat(spelling)
+        assert (_dir_open_answer(spelling), spelling) == (problem or (st.st_dev, st.st_ino), spelling)
+    assert isinstance(_dir_open_answer(home / "link" / ".." / "b"), tuple)  # the one refused by path
+    assert os.path.samefile(home / "link" / ".." / "b", good / "b")
+
+
+def test_dir_open_refuses_dot_dot_that_ends_in_a_directory_others_may_write(tmp_path):
+    """The other way: `home/wide/..` is home by path, but open (0777) for the walk and the kernel: refused, on the
+    way through it already."""
+    home, _, wide = _places(tmp_path)
+    with pytest.raises(PlaceRefused, match=f"the directory {wide} above it can be written by other users"):
+        Dir.open(home / "wide" / "..", "the test's directory")
