@@ -27,7 +27,7 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.dirpublish import publish
-from minilmd.place_rule import walk_to
+from minilmd.place_rule import walk_problem, walk_to
 from minilmd.proc_info import this_process
 from minilmd.tmpnames import atomic_tmp_prefix, replaced_name
 from minilmd.untrusted import Unreadable, file_kind, sha256_regular
@@ -180,15 +180,26 @@ OUT_DIR_MODE = 0o755
 place rule would refuse them)."""
 
 
+def out_parent_problem(out: str | os.PathLike, label: str, what: str, advice: str, *,
+                       group_share: bool = False) -> str | None:
+    """Why open_out_parent would refuse the directory of `out`, said before the work (plot's runs read, a tokenizer
+    trained, an export converted), nothing made: its very walk with nothing made (place_rule.walk_problem), so the
+    check and the write give one answer however `out` is spelled (by path, abspath read `a/link/../out` as
+    `a/out`, where the walk, as the kernel, goes up from where the link leads). A file in the way: the write says it."""
+    return walk_problem(Path(out).parent, f"the directory of {label}", what, advice, group_share=group_share)
+
+
 def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
     """The directory of an output `out` (export's --out, tokenizer train's), under the place rule (a link on the way
     followed only when root's or ours; `group_share` waives the rule for that directory alone: a team directory),
-    made when missing and opened in one walk (place_rule.walk_to: each missing directory made at its judged
-    parent's descriptor, never by a path a link planted meanwhile would lead elsewhere): the output is then written
-    at that descriptor, never by a name another user could turn into a link to the victim's files. PlaceRefused
-    when refused (the message ends with `advice`; a file in the way: "is a file, not a directory"), nothing made
-    past the refusal; any other OSError as walk_to raises it (a full disk, no permission), naming the full path."""
-    if problem := dirfd.place_problem(label, out, what, advice, own_links=True, group_share=group_share):
+    judged, made when missing and opened in one walk (place_rule.walk_to: each missing directory made at its judged
+    parent's descriptor, never by a path a link planted meanwhile would lead elsewhere), after out_parent_problem,
+    that walk with nothing made, whose words a refusal takes (a directory on the way without search permission
+    said so, exit 2, not a failed write): the output is then written at that descriptor, never by a name another
+    user could turn into a link to the victim's files. PlaceRefused when refused (the message ends with `advice`; a
+    file in the way: "is a file, not a directory"), nothing made past the refusal; any other OSError as walk_to
+    raises it (a full disk, no permission), naming the full path."""
+    if problem := out_parent_problem(out, label, what, advice, group_share=group_share):
         raise dirfd.PlaceRefused(problem)
     fd, _ = walk_to(out.parent, f"the directory of {label}", what, advice, OUT_DIR_MODE, group_share=group_share)
     return dirfd.Dir(fd, out.parent)  # the path only names it in messages: as the user wrote it
@@ -197,12 +208,12 @@ def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_shar
 
 def open_out_dir(out_dir: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
     """An output directory the user names (demo-corpus's OUT), itself under the place rule too (a link there
-    followed only when root's or ours; `group_share`: it may be a team directory), made when missing,
-    in the same walk that opens it (place_rule.walk_to, as open_out_parent: never a mkdir by path, which a link
-    planted after the judgement would lead elsewhere): its files are then written at that descriptor
-    (Dir.replacing). PlaceRefused when refused, nothing made past the refusal; OSError as it comes."""
-    if problem := dirfd.place_problem(label, out_dir, what, advice, dir_itself=True, own_links=True,
-                                      group_share=group_share):
+    followed only when root's or ours; `group_share`: it may be a team directory), judged and made when missing
+    in the same walk that opens it, after that walk with nothing made (walk_problem, as open_out_parent: one rule,
+    never a mkdir by path, which a link planted after a judgement would lead elsewhere): its files are then written
+    at that descriptor (Dir.replacing). PlaceRefused when refused, nothing made past the refusal; OSError as it
+    comes."""
+    if problem := walk_problem(out_dir, label, what, advice, group_share=group_share):
         raise dirfd.PlaceRefused(problem)
     fd, _ = walk_to(out_dir, label, what, advice, OUT_DIR_MODE, group_share=group_share)
     return dirfd.Dir(fd, out_dir)  # the path only names it in messages: as the user wrote it

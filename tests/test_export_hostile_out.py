@@ -54,7 +54,8 @@ def test_an_out_in_a_directory_others_can_rearrange_is_refused_before_anything_i
     out = _out(theirs, fmt)
     result = CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out", str(out)])
     assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
-    assert f"minilmd export: --out {out}: the directory {theirs} above it {why}" in result.output, result.output
+    assert f"minilmd export: the directory of --out {theirs}: the directory {theirs} {why}" in result.output, \
+        result.output
     assert "nothing was written" in result.output
     assert list(theirs.iterdir()) == []
 

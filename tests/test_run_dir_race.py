@@ -112,10 +112,11 @@ def test_the_supervisor_refuses_a_run_dir_through_his_link_and_writes_nothing(tm
 def test_no_directory_is_made_through_his_link_on_the_way_to_an_output(tmp_path, shared, monkeypatch):
     """An output's directory (export's --out): judged by path while `race` was missing, then made by
     mkdir(parents=True) by path and opened by its realpath: both through his link, into her private directory. Now
-    the walk that makes it meets his link first: refused, nothing made there."""
+    the walk that makes it, the one judgement, meets his link, planted after it judged "/": refused, nothing made
+    there."""
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
-    _plant_after(monkeypatch, dirfd, "place_problem", f"ln -s {hers} race", shared)
+    _plant_after(monkeypatch, place_rule, "_judged", f"ln -s {hers} race", shared)
     with pytest.raises(place_rule.PlaceRefused, match="symbolic link"):
         fsio.write_out_text(shared / "race" / "sub" / "out.txt", "x", "--out", "the output", "choose another")
     assert list(hers.iterdir()) == []
@@ -123,15 +124,15 @@ def test_no_directory_is_made_through_his_link_on_the_way_to_an_output(tmp_path,
 
 def test_prepare_makes_nothing_through_his_link_on_the_way_to_out(tmp_path, shared, monkeypatch, demo_jsonl,
                                                                  tokenizer):
-    """prepare --out: judged by path while `race` was missing (check_out_place), then its missing directories made
-    by path and its directory opened by realpath, both through his link: the corpus went into her private
-    directory. Now the walk that makes them meets his link: refused, nothing made there."""
+    """prepare --out: judged while `race` was missing (check_out_place), then its missing directories made by path
+    and its directory opened by realpath, both through his link: the corpus went into her private directory. Now
+    the walk that makes them meets his link, planted after the check: refused, nothing made there."""
     from data_helpers import run_prepare
     from minilmd.corpus.prepare import lock
 
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
-    _plant_after(monkeypatch, lock, "place_problem", f"ln -s {hers} race", shared)
+    _plant_after(monkeypatch, lock, "walk_problem", f"ln -s {hers} race", shared)
     with pytest.raises(ValueError, match="symbolic link"):
         run_prepare(demo_jsonl[:1], tokenizer, shared / "race" / "sub" / "corpus", val_fraction=0.1)
     assert list(hers.iterdir()) == []
@@ -256,11 +257,11 @@ def test_the_demo_goes_on_at_the_real_path_its_walk_made(tmp_path):
 
 def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, monkeypatch):
     """demo-corpus's OUT (fsio.open_out_dir): judged by path, then its missing directories made by path through his
-    link planted meanwhile (`sub` appeared in her private directory) before Dir.open refused. Now one walk makes
-    and opens it: refused at his link, nothing made there."""
+    link planted meanwhile (`sub` appeared in her private directory) before Dir.open refused. Now one walk judges,
+    makes and opens it: refused at his link, planted after it judged "/", nothing made there."""
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
-    _plant_after(monkeypatch, dirfd, "place_problem", f"ln -s {hers} race", shared)
+    _plant_after(monkeypatch, place_rule, "_judged", f"ln -s {hers} race", shared)
     with pytest.raises(place_rule.PlaceRefused, match="symbolic link of user nobody"):
         fsio.open_out_dir(shared / "race" / "sub" / "out", "OUT", "the corpus", "choose another")
     assert list(hers.iterdir()) == []

@@ -135,7 +135,8 @@ def test_a_swapped_temporary_directory_never_makes_her_private_file_readable(tea
     else:
         assert not attack.ran
         said = str(error)
-        assert f"the directory {team} above it can be written by other users (mode 770, not sticky)" in said, said
+        assert f"the directory of --out {team}: the directory {team} can be written by other users (mode 770, not " \
+               "sticky)" in said, said
         assert "--group-share" in said
         assert sorted(p.name for p in team.iterdir()) == []  # nothing made there, not even the lock file
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import fsio
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.place_rule import walk_problem
 
@@ -67,3 +68,57 @@ def test_dir_open_refuses_dot_dot_that_ends_in_a_directory_others_may_write(tmp_
     home, _, wide = _places(tmp_path)
     with pytest.raises(PlaceRefused, match=f"the directory {wide} above it can be written by other users"):
         Dir.open(home / "wide" / "..", "the test's directory")
+
+
+def _outs(home: Path) -> list[Path]:
+    """Spellings of an output file: in good/b, in good (through `link`), in open or open/b (through `wide`), in the
+    0777 home/b, in directories not there yet below good."""
+    return [home / "link" / ".." / "b" / "out", home / "link" / ".." / "out", home / "wide" / ".." / "out",
+            home / "wide" / ".." / "b" / "out", home / "b" / "out", home / "link" / ".." / "new" / "deeper" / "out",
+            home / "link" / ".." / ".." / "good" / "out"]
+
+
+def _refusal(use) -> str | None:
+    """The words of the PlaceRefused (a ValueError) `use` raises, as a check says them; None when it passes."""
+    try:
+        opened = use()
+    except ValueError as e:
+        return str(e).removesuffix(OPENED)
+    if opened is not None:
+        opened.close()
+    return None
+
+
+def test_an_exports_check_answers_as_the_walk_that_opens_its_directory(tmp_path):
+    """export's --out: its check before the checkpoint is read (checked_out) and the walk that opens the directory
+    to write (fsio.open_out_parent) give one answer, in one set of words, for every spelling. Before, the check was
+    by path: `home/link/../b/out` was refused for home/b (0777), where the export writes in good/b; `home/wide/../out`
+    passed, where the write is refused (open, 0777)."""
+    from minilmd.trainer.model.export_paths import OUT_ADVICE, OutRefused, checked_out
+
+    home, _, _ = _places(tmp_path)
+    for out in _outs(home):
+        try:
+            checked: str | None = None
+            checked_out(out)
+        except OutRefused as e:
+            checked = str(e).removesuffix("; nothing was written")
+        used = _refusal(lambda: fsio.open_out_parent(out, "--out", "the export", OUT_ADVICE))
+        assert (checked, out) == (used, out)
+    assert _refusal(lambda: fsio.open_out_parent(home / "link" / ".." / "b" / "out", "--out", "the export",
+                                                 OUT_ADVICE)) is None  # the one the check by path refused
+    assert _refusal(lambda: fsio.open_out_parent(home / "wide" / ".." / "out", "--out", "the export",
+                                                 OUT_ADVICE)) is not None  # the one it passed
+
+
+def test_prepares_check_answers_as_the_walk_that_makes_the_directory_of_out(tmp_path):
+    """prepare --out: check_out_place (before anything is made) and make_out_parent (the walk that makes the
+    directories of --out) give one answer for every spelling. Before, the check was by path (as export's)."""
+    from minilmd.corpus.prepare.lock import check_out_place, make_out_parent
+
+    home, _, _ = _places(tmp_path)
+    for out in _outs(home):
+        checked = _refusal(lambda: check_out_place(out, False))
+        used = _refusal(lambda: make_out_parent(out, False, 0o755))
+        assert (checked and checked.removesuffix("; nothing was changed"), out) == (used, out)
+    assert _refusal(lambda: check_out_place(home / "link" / ".." / "b" / "out", False)) is None

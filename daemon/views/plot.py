@@ -28,8 +28,8 @@ from pathlib import Path
 
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.views import curves as curves_mod
-from minilmd.dirfd import Dir, PlaceRefused, place_problem
-from minilmd.fsio import write_out_bytes
+from minilmd.dirfd import Dir, PlaceRefused
+from minilmd.fsio import out_parent_problem, write_out_bytes
 from minilmd.metrics import REWARDS, number
 
 INSTALL_HINT = "pip install 'minilmd[plot]'  (or: pip install matplotlib)"
@@ -93,8 +93,8 @@ def plot(run_dirs: Sequence[str | os.PathLike | Dir], out: str | os.PathLike, x:
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"--out {out}: the file name must end in .png or .svg")
-    if problem := place_problem("--out", out, "the picture", OUT_ADVICE, own_links=True, group_share=group_share):
-        raise PlaceRefused(problem)  # said before the runs are read; judged again when the directory is opened
+    if problem := out_parent_problem(out, "--out", "the picture", OUT_ADVICE, group_share=group_share):
+        raise PlaceRefused(problem)  # said before the runs are read, by the walk that opens the directory to write
     plt = _pyplot()
     runs = [curves_mod.load(d.path, d.fd) if isinstance(d, Dir) else curves_mod.load(d) for d in run_dirs]
     dpo = any(_has_rewards(run) for run in runs)

@@ -55,12 +55,12 @@ def tokenizer_train_command(
     from minilmd.corpus.sources.train_texts import tokenizer_hint
     from minilmd.corpus.tokenizer_beside import found_beside
     from minilmd.corpus.tokenizer_train import TokenizerError
-    from minilmd.dirfd import PlaceRefused, place_problem
-    from minilmd.fsio import out_taken
+    from minilmd.dirfd import PlaceRefused
+    from minilmd.fsio import out_parent_problem, out_taken
     from minilmd.names import TOKENIZER_CONFIG
 
     written = [out] + ([str(Path(out).with_name(TOKENIZER_CONFIG))] if chat_template else [])
-    refused = place_problem("--out", out, "the tokenizer", OUT_ADVICE, own_links=True, group_share=group_share)
+    refused = out_parent_problem(out, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in written)]):
         typer.echo(f"tokenizer train: {_whose(taken, Path(out))}; nothing written", err=True)  # none wasted
         raise typer.Exit(EXIT_CONFIG)
@@ -274,13 +274,11 @@ def _refuse_taken_outputs(what: str, target, in_place: bool, force: bool, group_
     """Exit 2, nothing written, when --out's directory is refused by the place rule or an output (the
     tokenizer.json unless written in place, the tokenizer_config.json beside it) is there without --force."""
     from minilmd.corpus.chat_templates import OUT_ADVICE
-    from minilmd.dirfd import place_problem
-    from minilmd.fsio import out_taken
+    from minilmd.fsio import out_parent_problem, out_taken
     from minilmd.names import TOKENIZER_CONFIG
 
     outputs = [target.with_name(TOKENIZER_CONFIG)] + ([] if in_place else [target])
-    refused = place_problem("--out", str(target), "the tokenizer", OUT_ADVICE, own_links=True,
-                            group_share=group_share)
+    refused = out_parent_problem(target, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in outputs)]):
         typer.echo(f"{what}: {_whose(taken, target)}; nothing written", err=True)
         raise typer.Exit(EXIT_CONFIG)

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers, perms
-from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
+from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, temp_name
 from minilmd.dirpublish import publish
-from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry
+from minilmd.fsio import DISK_FULL_ERRNOS, open_out_parent, others_entry, out_parent_problem
 from minilmd.protocol import COMMAND_FAILED, EXIT_CONFIG, EXIT_IO
 from minilmd.tmpnames import aside_name, export_tmp_maker, export_tmp_name, old_export_tmp_name
 from minilmd.untrusted import Unreadable, holds_any
@@ -306,7 +306,7 @@ def checked_out(out: str | Path, group_share: bool = False) -> Path:
     """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
     (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
     copy's beside it (tmpnames.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
-    directory it goes in, unless `group_share` (`_open_parent` looks again when it opens that directory)."""
+    directory it goes in, unless `group_share` (fsio.out_parent_problem: the walk `_open_parent` opens it by)."""
     out = Path(out)
     tmp = out.with_name(temp_name(export_tmp_name(out.name, *leftovers.me()), "0" * 8))
     for path in (out, tmp):
@@ -321,7 +321,7 @@ def checked_out(out: str | Path, group_share: bool = False) -> Path:
             raise not_written(out, e) from None
         if linked and path == out:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
+    if problem := out_parent_problem(out, "--out", "the export", OUT_ADVICE, group_share=group_share):
         raise OutRefused(f"{problem}; nothing was written")
     return out
 

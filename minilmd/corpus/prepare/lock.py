@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 
 from minilmd import lockfile
-from minilmd.dirfd import Dir, PlaceRefused, place_problem
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.perms import owned_by_me, user_words
-from minilmd.place_rule import InTheWay, walk_to
+from minilmd.place_rule import InTheWay, walk_problem, walk_to
 from minilmd.untrusted import file_kind, printable
 
 LOCK_SUFFIX = ".lock"
@@ -61,11 +61,17 @@ CANNOT_WRITE_THERE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errn
 full file system."""
 
 
+OUT_WALK = ("the directory of --out", "the corpus", GROUP_SHARE_ADVICE)
+"""(label, what, advice) of the walk to the directory of --out: the same words when it judges (check_out_place)
+and when it makes (make_out_parent)."""
+
+
 def check_out_place(out: Path, group_share: bool) -> None:
     """ValueError (exit 2) before anything is made when someone else could rearrange the directory of --out or one
     above it (minilmd/dirfd.py's rule, scratch's and the lock directory's); `--group-share` waives it for the
-    directory of --out alone."""
-    problem = place_problem("--out", out, "the corpus", GROUP_SHARE_ADVICE, own_links=True, group_share=group_share)
+    directory of --out alone. Judged by make_out_parent's walk itself, nothing made (place_rule.walk_problem): by
+    path, abspath read `a/link/../out` as `a/out`, where the walk, as the kernel, goes up from where the link leads."""
+    problem = walk_problem(out.parent, *OUT_WALK, group_share=group_share)
     if problem:
         raise ValueError(f"{problem}; nothing was changed")
 
@@ -74,7 +80,7 @@ def make_out_parent(out: Path, group_share: bool, mode: int) -> None:
     """The directories missing on the way to --out made (`mode`) by the walk (place_rule.walk_to: at each parent
     already judged, a link followed only when root's or ours), never by path: a link planted after check_out_place
     leads nothing into another directory (PlaceRefused, a ValueError), nothing made past it."""
-    os.close(walk_to(out.parent, "--out", "the corpus", GROUP_SHARE_ADVICE, mode, group_share=group_share)[0])
+    os.close(walk_to(out.parent, *OUT_WALK, mode, group_share=group_share)[0])
 
 
 class CorpusLock:
