@@ -20,7 +20,9 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
   GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
   after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
-  `walk_problem` is its judgement with nothing made: run.dir's check (`run_dir_problem`) is the launch's walk.
+  `walk_problem` is its judgement with nothing made: run.dir's check (`run_dir_problem`) is the launch's walk, an
+  output's (fsio.out_parent_problem, prepare's check_out_place) the write's, the GPU lock directory's
+  (leases.lock_dir_problem) the lease's: one answer however the place is spelled.
 - `real_path(path, owners)` follows the links of a path by the same link rule (`link_followed`) and judges nothing
   else, makes nothing: the path-based look daemon/views/runarg.py uses to find the run a view is given.
 Torch-free.
@@ -48,6 +50,12 @@ file out of the way)."""
 
 NO_WAY_THROUGH = "choose another {label}, or have the owner of the directory above it let you through"
 """What to do about a directory on the way without search permission (sharing a directory opens none)."""
+
+
+def another(label: str) -> str:
+    """What IN_THE_WAY and NO_WAY_THROUGH ask to choose another of: "the directory of --out" and "the lock
+    directory" are "--out" and "lock directory" there ("choose another lock directory", not "another the ...")."""
+    return label.removeprefix("the directory of ").removeprefix("the ")
 
 
 class PlaceRefused(ValueError):
@@ -92,7 +100,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         try:
             st = lstat_or_none(above)
         except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
-            todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+            todo = NO_WAY_THROUGH.format(label=another(label))
             return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {todo}"
         # any other OSError (EIO, ESTALE: a share gone) goes to the caller, which waits for a remote, says a source
         if st is None:
@@ -210,18 +218,19 @@ def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, 
 
 
 def walk_problem(path: str | os.PathLike, label: str, what: str, advice: str, *, closed: bool = False,
-                 group_share: bool = False) -> str | None:
+                 group_share: bool = False, in_the_way: bool = False) -> str | None:
     """Why walk_to (`closed`, `group_share` as there) would refuse `path`, judged by that walk itself with nothing
     made (`dry`): the answer of a check (`run --check`, an output's before the work) is the use's. A missing
     directory is no problem (the walk that makes it makes it under a directory judged); the walk goes on as that one
-    would, a ".." after it back to the directory it would be made in. A directory on the way without search
-    permission is said, not raised; any other OSError (EIO, ESTALE) goes to the caller, as from place_problem."""
+    would, a ".." after it back to the directory it would be made in. A file in the way is the caller's check to
+    say, unless `in_the_way` (the GPU lock directory's: no other check says it). A directory on the way without
+    search permission is said, not raised; any other OSError (EIO, ESTALE) goes to the caller."""
     try:
         os.close(walk_to(path, label, what, advice, None, dry=True, closed=closed, group_share=group_share)[0])
     except PlaceRefused as e:
-        return None if isinstance(e, InTheWay) else str(e)  # a file in the way: the caller's check says it
+        return str(e) if in_the_way or not isinstance(e, InTheWay) else None
     except PermissionError as e:  # a directory on the way without search permission (mode 644): no way through
-        todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+        todo = NO_WAY_THROUGH.format(label=another(label))
         return f"{label} {path}: {e.filename} cannot be looked at: {e.strerror or e}; {todo}"
     return None
 
@@ -388,7 +397,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         if stat.S_ISLNK(now.st_mode):  # swapped since the lstat: someone's doing, the place's advice
             raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link now (never followed); {advice}")
         kind = "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory"
-        todo = IN_THE_WAY.format(label=label.removeprefix("the directory of "))
+        todo = IN_THE_WAY.format(label=another(label))
         raise InTheWay(f"{label} {path}: {here / name} is {kind}; {todo}")
 
     try:

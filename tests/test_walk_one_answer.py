@@ -122,3 +122,35 @@ def test_prepares_check_answers_as_the_walk_that_makes_the_directory_of_out(tmp_
         used = _refusal(lambda: make_out_parent(out, False, 0o755))
         assert (checked and checked.removesuffix("; nothing was changed"), out) == (used, out)
     assert _refusal(lambda: check_out_place(home / "link" / ".." / "b" / "out", False)) is None
+
+
+def test_the_lock_directorys_check_answers_as_the_walk_that_opens_it_to_lease(tmp_path):
+    """gpu.lock_dir: `run --check`'s and the wait's judgement (leases.lock_dir_problem) and the walk a lease is taken
+    through (leases.open_lease) give one answer, in one set of words, for every spelling. Before, the judgement was
+    by path: `home/link/../b` was refused for home/b (0777), where the lease is taken in good/b, so every card
+    stayed busy with a reason the walk would not give; `home/wide/..` passed the check, then no lease was taken."""
+    from minilmd.daemon.host import leases
+
+    home, good, _ = _places(tmp_path)
+    for lock_dir in [*_spellings(home), home / "link" / ".." / "locks", home / "wide" / ".." / "locks"]:
+        checked = leases.lock_dir_problem(lock_dir)
+        try:
+            used: str | None = None
+            leases.open_lease(lock_dir, "GPU-a").close()
+        except leases.LeaseUnsafe as e:
+            used = str(e)
+        assert (checked, lock_dir) == (used, lock_dir)
+    assert leases.lock_dir_problem(home / "link" / ".." / "b") is None and (good / "b" / "GPU-a").is_file()
+    assert leases.lock_dir_problem(home / "wide" / "..") is not None
+
+
+def test_a_file_in_the_way_of_the_lock_directory_is_said_by_the_check_as_by_the_walk(tmp_path):
+    """A file where gpu.lock_dir's directory should be: the check says it (no other check does), in the walk's words."""
+    from minilmd.daemon.host import leases
+
+    (tmp_path / "file").write_text("")
+    lock_dir = tmp_path / "file" / "locks"
+    with pytest.raises(leases.LeaseUnsafe) as used:
+        leases.open_lease(lock_dir, "GPU-a")
+    assert leases.lock_dir_problem(lock_dir) == str(used.value)
+    assert f"{tmp_path / 'file'} is a file, not a directory; choose another lock directory" in str(used.value)

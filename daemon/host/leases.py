@@ -43,7 +43,7 @@ from pathlib import Path
 
 from minilmd import lockfile
 from minilmd.perms import owned_by_me, user_words
-from minilmd.place_rule import PlaceRefused, place_problem, walk_to
+from minilmd.place_rule import PlaceRefused, walk_problem, walk_to
 from minilmd.procs import flock_holders, process_uids
 
 SHARED_DIR_MODE = 0o1777
@@ -198,16 +198,15 @@ reach the lock directory through them."""
 
 def lock_dir_problem(path: str | os.PathLike) -> str | None:
     """Why the lock directory at path must not be used, or None: the place rule (minilmd/place_rule.py), for it
-    and every directory above it, as `_open_dir`'s walk keeps it. A missing one is fine when the directories above
-    it are (it is made at the first lease); nothing is created here."""
-    path = Path(os.path.abspath(path))
+    and every directory above it, judged by `_open_dir`'s very walk with nothing made (place_rule.walk_problem, a
+    file in the way said too): `run --check`, the launch and each lease give one answer however gpu.lock_dir is
+    spelled (by path, abspath read `a/link/../locks` as `a/locks`, where the walk, as the kernel, goes up from
+    where the link leads). A missing one is fine when the directories above it are (it is made at the first lease);
+    nothing is created here."""
     try:
-        problem = place_problem(LABEL, path, WHAT, ADVICE, dir_itself=True, own_links=True)
-        if problem is None and os.path.lexists(path) and not os.path.isdir(path):  # links on the way judged: ours
-            problem = f"{LABEL} {path} is not a directory; {ADVICE}"
+        return walk_problem(path, LABEL, WHAT, ADVICE, in_the_way=True)
     except OSError as e:
-        problem = f"{LABEL} {path} cannot be checked: {e.strerror or e}"
-    return problem
+        return f"{LABEL} {path} cannot be checked: {e.strerror or e}"
 
 
 def _open_dir(path: Path) -> int:
@@ -217,8 +216,9 @@ def _open_dir(path: Path) -> int:
     link at a missing parent put the lock directory in her private one). The lock directory's own verdict is the
     place rule's too: no stricter one is needed, since other users' runs only add lease files in it, which the
     sticky bit keeps theirs; a directory no one else may write (0755, or 0775 of a group of this user's alone) only
-    keeps their runs from leasing through it. One made here is made shared (SHARED_DIR_MODE) once judged. The
-    judgement by path first only words a refusal as `run --check` does; the walk's is the one that holds."""
+    keeps their runs from leasing through it. One made here is made shared (SHARED_DIR_MODE) once judged.
+    lock_dir_problem first is this walk with nothing made, so a refusal is worded as `run --check` words it; the
+    walk that opens is the one that holds (a directory swapped in between is refused by it)."""
     problem = lock_dir_problem(path)  # the same words as `run --check`'s for what is there already
     if problem:
         raise LeaseUnsafe(problem)
