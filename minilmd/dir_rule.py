@@ -67,12 +67,22 @@ def inherited_acl_problem(st: os.stat_result, acl: Path | int, above: Path, wher
     attempt logs' directory was 0757 and TensorBoard's event files 0646. Refused rather than a mode set on each
     file: the run's files and directories are made by name by the supervisor, the trainer and the libraries they
     call, most through the umask alone, and one missed would be one another user could rewrite (the umask is
-    perms.apply's one policy). A default ACL that lets others read only passes."""
-    if not (who := default_acl_writers(st, acl)):
+    perms.apply's one policy). A default ACL that lets others read only passes. The fix said: `setfacl -k` (the
+    whole default ACL), and where only named entries let others write, `setfacl -x` of those alone (the words
+    docs/operations.md's upgrade note gives: a run.dir a version before this rule accepted is refused at its next
+    start, exit 2)."""
+    if not (found := default_acl_writers(st, acl)):
         return None
-    fix = f"setfacl -k {above} (it is yours)" if owned_by_me(st) else "have its owner remove it (setfacl -k)"
-    return (f"{where} has a default ACL that lets {who} write what is made in it, whatever the umask says ({what}, "
-            f"made there or below it, would be theirs to change); {fix}, or {advice}")
+    entries = ",".join(found.named)
+    if owned_by_me(st):
+        fix = f"setfacl -k {above} (it is yours)" + (f", or setfacl -x {entries} {above} (those entries alone)"
+                                                      if entries else "")
+    else:
+        fix = "have its owner remove it (setfacl -k" + (f", or setfacl -x {entries}" if entries else "") + ")"
+    # the fix before the why: a supervisor keeps a trainer's refusal cut to its first 400 characters (death.py
+    # _last_lines) in state.json and supervisor.log, where "setfacl -k" after the why was cut away
+    return (f"{where} has a default ACL that lets {found.who} write what is made in it, whatever the umask says; "
+            f"{fix}, or {advice} ({what}, made there or below it, would be theirs to change)")
 
 
 def fix_words(st: os.stat_result, above: Path, advice: str) -> str:

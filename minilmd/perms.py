@@ -26,6 +26,7 @@ import pwd
 import stat
 import struct
 from collections.abc import Collection, Iterator, Set
+from typing import NamedTuple
 
 from minilmd import mounts
 from minilmd.openflags import OPEN_FLAGS
@@ -326,10 +327,20 @@ _ACL_ENTRY = struct.Struct("<HHI")
 _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER, _ACL_WRITE = 0x02, 0x04, 0x08, 0x10, 0x20, 0o2
 
 
-def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> str | None:
+class AclWriters(NamedTuple):
+    """default_acl_writers' finding: `who` in words ("user bob (uid 1001), every user"); `named`, when every one of
+    them is a named entry, those entries as `setfacl -x` takes them ("d:u:1001", "d:g:4242"): removing them alone
+    lets no one else write, the rest of the default ACL kept."""
+
+    who: str
+    named: tuple[str, ...] = ()
+
+
+def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> AclWriters | None:
     """Who besides this user and root may write what is made in the directory `st` describes (`where`: its path, a
-    link not followed, or a descriptor, O_PATH ones too), by its default POSIX ACL, in words ("user bob (uid 1001),
-    every user"); None where it has none (a file system without ACLs has none) or one that lets no one else write.
+    link not followed, or a descriptor, O_PATH ones too), by its default POSIX ACL (AclWriters: in words, and the
+    named entries to remove); None where it has none (a file system without ACLs has none) or one that lets no one
+    else write.
     Others: a named user but this one and root; a group, the owning one (that of what is made: the directory's when
     it is setgid, else this process's) or a named one, unless it is this user's alone on a local file system
     (others_can_write's rule); other; each as its write bit after the mask. One that cannot be read or is not one
@@ -341,25 +352,31 @@ def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> s
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
             return None
-        return f"whoever its default ACL names (it cannot be read: {e.strerror or e})"
+        return AclWriters(f"whoever its default ACL names (it cannot be read: {e.strerror or e})")
     if raw[:4] != struct.pack("<I", 2) or (len(raw) - 4) % _ACL_ENTRY.size:
-        return "whoever its default ACL names (not an ACL this reader knows)"
+        return AclWriters("whoever its default ACL names (not an ACL this reader knows)")
     entries = list(_ACL_ENTRY.iter_unpack(raw[4:]))
     mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
     made_gid = st.st_gid if st.st_mode & stat.S_ISGID else os.getegid()
-    who = []
+    who, named, unnamed = [], [], False
     for tag, perm, qualifier in entries:
         if not perm & (mask if tag in (_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP) else 0o7) & _ACL_WRITE:
             continue
         if tag == _ACL_USER and qualifier not in (own_uid(), 0):
             who.append(user_words(qualifier))
+            named.append(f"d:u:{qualifier}")
         elif tag in (_ACL_GROUP_OBJ, _ACL_GROUP):
             gid = made_gid if tag == _ACL_GROUP_OBJ else qualifier
             if not (private_group(gid) and local_fs(st.st_dev)):
                 who.append(f"the members of {group_words(gid)}")
+                if tag == _ACL_GROUP:
+                    named.append(f"d:g:{gid}")
+                else:  # the owning group's entry: setfacl -x cannot remove it
+                    unnamed = True
         elif tag == _ACL_OTHER:
             who.append("every user")
-    return ", ".join(who) or None
+            unnamed = True
+    return AclWriters(", ".join(who), () if unnamed else tuple(named)) if who else None
 
 
 def problem(share: object, key: str = "run.share") -> str | None:

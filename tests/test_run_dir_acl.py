@@ -83,6 +83,9 @@ def test_a_default_acl_lets_another_user_write_what_the_run_makes_through_the_um
 
 
 def test_run_dir_with_a_default_acl_letting_others_write_is_refused_by_check_and_walk(tmp_path):
+    """Refused with its fix: `setfacl -k` (the whole default ACL), and where only a named entry lets another user
+    write, `setfacl -x d:u:UID` of it alone (docs/operations.md's upgrade note: a run.dir an older version accepted
+    is refused at its next start, these words in its log and status). Before, only `setfacl -k` was said."""
     uid, _ = second_user()
     for name, value, who in (("o", other_rwx(), "every user"), ("u", user_entry(uid, 7), f"user nobody (uid {uid})"),
                              ("w", user_entry(uid, 6), f"user nobody (uid {uid})")):
@@ -93,8 +96,13 @@ def test_run_dir_with_a_default_acl_letting_others_write_is_refused_by_check_and
         problem, settled = _refusal(run_dir)
         said = f"run.dir {run_dir}: the directory {run_dir} has a default ACL that lets {who} write what is made in it"
         assert problem == settled and problem and problem.startswith(said), problem
-        assert f"; setfacl -k {run_dir} (it is yours), or set run.dir to a directory only you" in problem, problem
+        entry = "" if name == "o" else f", or setfacl -x d:u:{uid} {run_dir} (those entries alone)"
+        assert f"; setfacl -k {run_dir} (it is yours){entry}, or set run.dir to a directory only you" in problem, \
+            problem
         assert os.listdir(run_dir) == []
+        if name != "o":  # what `setfacl -x d:u:UID` leaves: the default ACL without that entry, which passes
+            planted(run_dir, acl((USER_OBJ, 7, OBJ), (GROUP_OBJ, 5, OBJ), (MASK, 5, OBJ), (OTHER, 5, OBJ)))
+            assert _refusal(run_dir) == (None, None)
 
 
 def test_a_default_acl_that_lets_others_read_only_passes(tmp_path):
@@ -115,7 +123,7 @@ def test_a_missing_run_dir_under_a_default_acl_is_refused_before_anything_is_mad
     runs.mkdir(mode=0o755)
     planted(runs, other_rwx())
     said = (f"the directory {runs} above it has a default ACL that lets every user write what is made in it, "
-            f"whatever the umask says (the run's files, made there or below it, would be theirs to change)")
+            f"whatever the umask says; setfacl -k {runs} (it is yours), or set run.dir to a directory only you")
     for run_dir in (runs / "run", runs / "new" / "run", runs / "new" / ".." / "run"):
         problem, settled = _refusal(run_dir)
         assert problem == settled and problem and said in problem, (run_dir, problem)
@@ -146,3 +154,27 @@ def test_run_check_and_the_launch_refuse_a_run_dir_passing_on_a_default_acl(tmp_
         assert out.returncode == 2 and said in out.stdout + out.stderr, out.stdout + out.stderr
         assert f"setfacl -k {runs} (it is yours)" in out.stdout + out.stderr
     assert os.listdir(runs) == [] and not load_config(config).scratch_dir.exists()
+
+
+def test_a_trainers_refusal_of_such_a_run_dir_keeps_its_fix_in_what_the_supervisor_records(tmp_path):
+    """A run an older version started whose run.dir has such a default ACL: its next trainer (the new version)
+    refuses run.dir, exit 2, and the supervisor records the trainer's last words cut to 400 characters (state.json's
+    last error, `status`, supervisor.log: `config error, final: ...`). Before, the fix came after the why, and the
+    record ended at "...would be theirs to change); setfacl -k …": what to do was cut away. Now it comes first."""
+    import sys
+
+    from minilmd.daemon.child.death import classify
+    from minilmd.daemon.child.process import launch
+
+    uid, _ = second_user()
+    run_dir = tmp_path / "alice-runs" / "sft-zh-200m-run1"
+    run_dir.mkdir(parents=True, mode=0o755)
+    planted(run_dir, user_entry(uid, 7))
+    problem = run_dir_problem(run_dir)
+    assert problem
+    code = f"import sys; print('minilmd train: ' + {problem!r}, file=sys.stderr); sys.exit(2)"
+    logs = tmp_path / "supervisor-run"  # the supervisor's own run directory for the attempt's log
+    logs.mkdir()
+    child = launch([sys.executable, "-c", code], logs, 1, devices="")
+    death = classify(child, child.popen.wait(60), logs, stop_requested=False)
+    assert f"setfacl -k {run_dir} (it is yours)" in death.detail, death.detail

@@ -167,9 +167,13 @@ REFUSAL_MAX = 8192  # characters of a trainer's refusal kept: ours are under 2,0
 
 def _refusal(fault: dict | None, log_path: Path) -> str:
     """A final refusal in the trainer's words, whole (fault.json "refused": a [model] block to paste comes with the
-    sentence that says why), bounded; else the attempt log's last lines (a trainer refused before it wrote one)."""
+    sentence that says why), bounded; else the attempt log's last lines (a trainer refused before it wrote one: a
+    config it could not load, run.dir refused), to REFUSAL_MAX too: cut to 400 characters, the refusal of a run.dir
+    whose default ACL an older version let pass lost its fix (`setfacl -k DIR`) in state.json and supervisor.log."""
     said = (fault or {}).get("message") if protocol.fault_note(fault) is protocol.FaultNote.REFUSED else None
-    return clipped(said, REFUSAL_MAX) if isinstance(said, str) and said.strip() else _last_lines(log_path)
+    if isinstance(said, str) and said.strip():
+        return clipped(said, REFUSAL_MAX)
+    return _last_lines(log_path, limit=REFUSAL_MAX)
 
 
 def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
