@@ -74,14 +74,19 @@ def inherited_acl_problem(st: os.stat_result, acl: Path | int, above: Path, wher
     if not (found := default_acl_writers(st, acl)):
         return None
     entries = ",".join(found.named)
-    if owned_by_me(st):
+    if found.nfs4:  # an NFSv4 ACL: setfacl does not change it
+        fix = ("remove its entries that pass write on (nfs4_getfacl DIR lists them, those with an f or d flag; "
+               "nfs4_setfacl -x ENTRY DIR removes one)").replace("DIR", str(above))
+        fix = f"{fix} (it is yours)" if owned_by_me(st) else f"have its owner {fix}"
+    elif owned_by_me(st):
         fix = f"setfacl -k {above} (it is yours)" + (f", or setfacl -x {entries} {above} (those entries alone)"
                                                       if entries else "")
     else:
         fix = "have its owner remove it (setfacl -k" + (f", or setfacl -x {entries}" if entries else "") + ")"
     # the fix before the why: a supervisor keeps a trainer's refusal cut to its first 400 characters (death.py
     # _last_lines) in state.json and supervisor.log, where "setfacl -k" after the why was cut away
-    return (f"{where} has a default ACL that lets {found.who} write what is made in it, whatever the umask says; "
+    acl_words = "an NFSv4 ACL whose inheritable entries let" if found.nfs4 else "a default ACL that lets"
+    return (f"{where} has {acl_words} {found.who} write what is made in it, whatever the umask says; "
             f"{fix}, or {advice} ({what}, made there or below it, would be theirs to change)")
 
 

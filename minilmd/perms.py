@@ -28,7 +28,7 @@ import struct
 from collections.abc import Collection, Iterator, Set
 from typing import NamedTuple
 
-from minilmd import mounts
+from minilmd import mounts, nfs4_acl
 from minilmd.openflags import OPEN_FLAGS
 
 SHARES = ("private", "group", "all")
@@ -334,6 +334,8 @@ class AclWriters(NamedTuple):
 
     who: str
     named: tuple[str, ...] = ()
+    nfs4: bool = False
+    """Found in an NFSv4 ACL (minilmd/nfs4_acl.py): nfs4_setfacl's to change, not setfacl's."""
 
 
 def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> AclWriters | None:
@@ -346,12 +348,12 @@ def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> A
     (others_can_write's rule); other; each as its write bit after the mask. One that cannot be read or is not one
     this reader knows counts as letting someone write."""
     follow = isinstance(where, int)
-    path = f"/proc/self/fd/{where}" if follow else where
+    path: str | os.PathLike = f"/proc/self/fd/{where}" if isinstance(where, int) else where
     try:
         raw = os.getxattr(path, DEFAULT_ACL_XATTR, follow_symlinks=follow)  # the kernel bounds it: 64 KiB
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            return None
+            return _nfs4_writers(st, path, follow)  # an NFSv4 mount has no POSIX default ACL, but its own
         return AclWriters(f"whoever its default ACL names (it cannot be read: {e.strerror or e})")
     if raw[:4] != struct.pack("<I", 2) or (len(raw) - 4) % _ACL_ENTRY.size:
         return AclWriters("whoever its default ACL names (not an ACL this reader knows)")
@@ -377,6 +379,35 @@ def default_acl_writers(st: os.stat_result, where: str | os.PathLike | int) -> A
             who.append("every user")
             unnamed = True
     return AclWriters(", ".join(who), () if unnamed else tuple(named)) if who else None
+
+
+def _nfs4_writers(st: os.stat_result, path: str | os.PathLike, follow: bool) -> AclWriters | None:
+    """default_acl_writers' reading of an NFSv4 ACL (`system.nfs4_acl`, where the NFSv4 client shows one): its
+    inheritable entries letting others write (minilmd/nfs4_acl.py), None where there is none (no NFSv4 ACL, or
+    none that passes write on). One that cannot be read or parsed counts as letting someone write."""
+    try:
+        raw = os.getxattr(path, nfs4_acl.XATTR, follow_symlinks=follow)  # the kernel bounds it: 64 KiB
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        return AclWriters(f"whoever its NFSv4 ACL names (it cannot be read: {e.strerror or e})", nfs4=True)
+    made_gid = st.st_gid if st.st_mode & stat.S_ISGID else os.getegid()
+    try:
+        who = nfs4_acl.inheritable_writers(raw, _is_me, group_words(made_gid))
+    except nfs4_acl.Unknown as e:
+        return AclWriters(f"whoever its NFSv4 ACL names (not an ACL this reader knows: {e})", nfs4=True)
+    return AclWriters(", ".join(who), nfs4=True) if who else None
+
+
+def _is_me(who: str) -> bool:
+    """An NFSv4 ACL's `who` (name, name@domain or a number) naming this user or root."""
+    uid = own_uid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = None
+    bare = who.partition("@")[0]
+    return bare in {str(uid), "0", "root"} or (name is not None and bare == name)
 
 
 def problem(share: object, key: str = "run.share") -> str | None:
