@@ -80,6 +80,42 @@ def test_a_lease_is_lost_only_when_found_so_at_two_keeps_in_a_row(tmp_path):
     waiter.release()
 
 
+
+def test_a_two_card_run_that_loses_one_card_names_it_and_lets_both_go(tmp_path):
+    """A run on two cards whose second card's lease another run holds now: found lost at two keeps in a row, that
+    card alone is named; the run's trainer spans both, so the run lets both go (release: the first card's lease is
+    free for any run at once), and the other run's lease file is left as it was, still its own."""
+    cfg = RunConfig()
+    cfg.run.name = "first"
+    lock_dir = tmp_path / "locks"
+    cfg.gpu = GpuSection(lock_dir=str(lock_dir), stable_polls=1, poll_interval="0s", count=2)
+    waiter = GpuWaiter(cfg, _Infra(FakeNvml([[FREE], [FREE]])), RunState(tmp_path / "state.json", {}),
+                       lambda kind, msg, **d: None)
+    ready = waiter.tick()
+    assert isinstance(ready, GpuReady) and ready.devices == [0, 1], ready
+    theirs = leases.take(lock_dir, "second.lock")
+    assert theirs is not None
+    leases.write_body(theirs, leases.lease_body("second", socket.gethostname()))
+    os.rename(lock_dir / "second.lock", lock_dir / LEASE.replace("0000", "0001"))
+    try:
+        waiter.keep_lease()
+        waiter.keep_lease()
+        assert waiter.lost.startswith("GPU 1: ") and "GPU 0" not in waiter.lost, waiter.lost
+        assert "leased by run second" in waiter.lost, waiter.lost
+        waiter.release()
+        assert waiter.lost == "" and waiter.lease is None
+        first = leases.take(lock_dir, LEASE)  # card 0: free at once
+        assert first is not None
+        first.close()
+        probe = leases.open_lease(lock_dir, LEASE.replace("0000", "0001"))
+        try:
+            assert os.fstat(probe.fd).st_ino == os.fstat(theirs.fd).st_ino
+            assert not leases.try_lock(probe, exclusive=False)  # still the second run's
+        finally:
+            probe.close()
+    finally:
+        theirs.close()
+
 def _supervise(config) -> int:
     """A Supervisor in this process on one free fake card, the fake trainer behind it; its signal handlers put back."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
