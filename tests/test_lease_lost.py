@@ -186,6 +186,62 @@ def test_a_run_whose_lease_another_run_took_stops_at_a_checkpoint_and_waits_for_
     assert "wait_for_gpu" in transitions and transitions.count("gpu_ready") == 2, transitions
 
 
+
+@pytest.mark.slow
+def test_a_stop_while_the_trainer_saves_for_a_lost_lease_wins(tmp_path, corpus, monkeypatch):
+    """A SIGTERM to the supervisor while its trainer, asked to save and stop for a lost lease, is still saving: the
+    stop wins. The trainer's end is the stop's (the run ends `done`, stopped on request), never a wait for a GPU or
+    a restart."""
+    release, save_hold = tmp_path / "release", tmp_path / "save-hold"
+    monkeypatch.setenv("FAKE_HOLD", f"5:{release}")
+    monkeypatch.setenv("FAKE_HOLD_STOPS", "1")
+    monkeypatch.setenv("FAKE_STOP_HOLD", f"before:{save_hold}")  # its save held until the stop is taken
+    monkeypatch.setenv(TRAINER_CMD_ENV, f"{sys.executable} {FAKE_TRAINER}")
+    lock_dir = tmp_path / "gpu-locks"
+    config = write_config(tmp_path, corpus, name="first", remote=False, train={"device": "cuda", "max_steps": 10},
+                          gpu={"poll_interval": "0.1s", "stable_polls": 1, "lock_dir": str(lock_dir)},
+                          restart={"hang_timeout": "300s"})
+    cfg = load_config(config)
+    seen: dict[str, object] = {}
+
+    def second_run_takes_the_card_then_stop() -> None:
+        try:
+            mine = os.getpid()
+            wait_until(lambda: (state(cfg.run_dir) or {}).get("phase") == "training"
+                       and mine in flock_holders(os.stat(lock_dir / LEASE)), timeout=120,
+                       what="the run training on its leased card")
+            theirs = _taken_by_second(lock_dir)
+            try:
+                wait_until(lambda: save_hold.with_suffix(".holding").exists(), timeout=120,
+                           what="the trainer, SIGTERMed for the lost lease, holding its save")
+                signal.raise_signal(signal.SIGTERM)  # systemd's stop of the supervisor, in this process
+                wait_until(lambda: (state(cfg.run_dir) or {}).get("phase") == "stopping", timeout=120,
+                           what="the stop taken")
+            finally:
+                save_hold.touch()
+                release.touch()
+                theirs.close()
+        except BaseException as e:  # noqa: BLE001 - said by the test, after the run
+            seen["error"] = e
+        finally:
+            save_hold.touch()
+            release.touch()
+
+    second = threading.Thread(target=second_run_takes_the_card_then_stop)
+    second.start()
+    try:
+        _supervise(config)
+    finally:
+        save_hold.touch()
+        release.touch()
+        second.join(timeout=400)
+    assert "error" not in seen, seen
+    final = state(cfg.run_dir)
+    assert final["phase"] == "done" and final["restarts"] == [], final
+    transitions = [e.get("transition") for e in events(cfg.run_dir)]
+    assert "wait_for_gpu" not in transitions and transitions.count("gpu_ready") == 1, transitions
+    assert any("stopped on request" in e["message"] for e in events(cfg.run_dir) if e.get("transition") == "stopped")
+
 @pytest.mark.slow
 def test_a_lease_lost_between_two_trainers_launches_none_there_and_waits_for_the_card(tmp_path, corpus, monkeypatch):
     """The trainer killed at step 3 (an injected SIGKILL), the run in its backoff (10-20 s: time enough for the test
