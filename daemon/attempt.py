@@ -9,7 +9,6 @@ STARTING), `_tick_child` (STARTING and TRAINING: the first heartbeat, the hang w
 from __future__ import annotations
 
 import random
-import signal
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.death import Death, classify
-from minilmd.daemon.child.grace import save_grace, torchrun_grace_env
+from minilmd.daemon.child.grace import torchrun_grace_env
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
@@ -74,6 +73,10 @@ class Attempt:
         def _wait_for_space(self, fault: dict | None, message: str) -> None: ...
 
         def _enter_stopping(self, reason: str) -> None: ...
+
+        def _ask_trainer_to_stop(self, child: childmod.Child) -> None: ...
+
+        def _kill_past_save_grace(self, child: childmod.Child, kind: str, why: str = "") -> None: ...
 
     def _launch(self) -> None:
         """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer; -> WAITING_GPU instead when
@@ -143,9 +146,10 @@ class Attempt:
         found by two keeps in a row): by the admission's rule this run would not be admitted to that card now, and the
         other run will train there (it was admitted when the card looked idle: this run staging, or between two
         trainers). So this run does not share it: the trainer is asked to save and stop, by the SIGTERM a stop sends
-        (SIGKILL after save_grace, as a stop's), and its end goes back to waiting_gpu (policy.decide's gpu_lost),
-        where the card is busy, "leased by run R", until that run lets it go. Said in a `gpu` event; the keep said
-        the loss as the run's last error already. With no trainer running, `_launch` goes to waiting_gpu instead."""
+        (ending.py _ask_trainer_to_stop; SIGKILL past the save grace, as a stop's), and its end goes back to
+        waiting_gpu (policy.decide's gpu_lost), where the card is busy, "leased by run R", until that run lets it go.
+        Said in a `gpu` event; the keep said the loss as the run's last error already. With no trainer running,
+        `_launch` goes to waiting_gpu instead."""
         child = self.loop.child
         if self.phase not in (Phase.STARTING, Phase.TRAINING) or child is None or child.poll() is not None:
             return
@@ -153,13 +157,11 @@ class Attempt:
             if not self.gpu.lost:
                 return
             self.loop.gpu_lost = self.gpu.lost
-            child.stop_sent = now()
-            child.signal_group(signal.SIGTERM)
+            self._ask_trainer_to_stop(child)
             self.events.emit("gpu", f"{self.gpu.lost}; so as not to share that GPU, SIGTERM sent to trainer pid "
                                     f"{child.pid} (it saves, then stops), and the run waits for a free GPU again")
-        elif child.killed_at is None and now() - (child.stop_sent or now()) > (patience := save_grace(self.cfg)):
-            self.events.emit("gpu", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
-            child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM (its GPU lease lost)")
+        else:
+            self._kill_past_save_grace(child, "gpu", " (its GPU lease lost)")
 
     def _on_child_end(self, rc: int) -> None:
         child = self.loop.child

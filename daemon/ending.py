@@ -35,7 +35,7 @@ from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
-from minilmd.daemon.child.process import wait_bounded
+from minilmd.daemon.child.process import Child, wait_bounded
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.jobs import lorabase, remote_claim, scratch_removed
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
@@ -89,12 +89,29 @@ class Ending:
         if self.phase == Phase.STOPPING:
             return
         if self.loop.child is not None and self.loop.child.poll() is None:
-            self.loop.child.stop_sent = now()
-            self.loop.child.stop_mark = trainerwatch.newest_mark(self.cfg)  # a save since: said at a second signal
-            if not (self.slurm and self.slurm.stop_step(self.loop.child.command)):  # srun: its step is signalled
-                self.loop.child.signal_group(signal.SIGTERM)
+            self._ask_trainer_to_stop(self.loop.child)
             reason += f"; SIGTERM sent to trainer pid {self.loop.child.pid}"
         self._go(Phase.STOPPING, reason)
+
+    def _ask_trainer_to_stop(self, child: Child) -> None:
+        """The SIGTERM that asks the trainer to save and stop: a stop's, and a lost GPU lease's (daemon/attempt.py
+        _leave_lost_gpu). Sent once to a trainer, however many ask: a stop taken while it saves for a lost lease
+        waits on that save (a second SIGTERM would cut torch's agent's close short and start it again); its time
+        (`stop_sent`) starts the save grace (`_kill_past_save_grace`). A Slurm step is signalled through Slurm."""
+        if child.stop_sent is not None:
+            return
+        child.stop_sent = now()
+        child.stop_mark = trainerwatch.newest_mark(self.cfg)  # a save since: said at a second signal
+        if not (self.slurm and self.slurm.stop_step(child.command)):  # srun: its step is signalled
+            child.signal_group(signal.SIGTERM)
+
+    def _kill_past_save_grace(self, child: Child, kind: str, why: str = "") -> None:
+        """SIGKILL to a trainer asked to stop (`_ask_trainer_to_stop`) that has not exited within the save grace,
+        said in a `kind` event: the one rule of how long a stop's save is waited for."""
+        patience = save_grace(self.cfg)
+        if child.killed_at is None and now() - (child.stop_sent or now()) > patience:
+            self.events.emit(kind, f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
+            child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM{why}")
 
     def _tick_stopping(self) -> None:
         child = self.loop.child
@@ -104,12 +121,9 @@ class Ending:
                 self._cut_save(child)  # the job's end is near: its save is waited for no longer
                 return
             if rc is None:
-                patience = save_grace(self.cfg)
                 if child.killed_at is not None:
                     trainerwatch.report_unreaped(child, self.events.emit)
-                elif now() - (child.stop_sent or now()) > patience:
-                    self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
-                    child.kill(why=f"by the supervisor: no exit within {patience:.0f}s of its SIGTERM")
+                self._kill_past_save_grace(child, "stop")
                 return
             self._on_child_end(rc)
         if self.slurm and (cut := lastsynccut.due(self.slurm, self.sync, self.cfg, self.state, self.events.emit)):

@@ -25,7 +25,8 @@ once with exit 75, nothing saved, as the real pass does (trainer/loop/dpo_refere
 config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
 supervisor looks). FAKE_RUN_DIR_FULL=1: as the real trainer on a full run.dir, its heartbeat and metrics writes that
 find no room are dropped, and it saves at the next step boundary and exits 73 (FAKE_STOP_HOLD=after holds that exit
-too); without it a full run.dir is an ENOSPC traceback (exit 1). FAKE_SCRATCH_FULL_ON=HOST: exit 74 at once,
+too); without it a full run.dir is an ENOSPC traceback (exit 1). FAKE_SIGNALS_TO=PATH: each stop signal taken
+(SIGTERM, SIGINT) appended to PATH as a line of its name. FAKE_SCRATCH_FULL_ON=HOST: exit 74 at once,
 fault.json kind scratch_full naming that host (another node's scratch full, its lock without room).
 FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its inductor cache dir (TORCHINDUCTOR_CACHE_DIR,
 else torch's default under the temp dir), as a
@@ -59,6 +60,9 @@ RUN_DIR = {"full": False}  # FAKE_RUN_DIR_FULL: a write into run.dir found no ro
 
 def _on_term(signum, frame):
     STOP["requested"] = True
+    if noted := os.environ.get("FAKE_SIGNALS_TO"):
+        with open(noted, "a") as out:
+            out.write(f"{signal.Signals(signum).name}\n")
 
 
 def _sha256(path: Path) -> str:

@@ -191,11 +191,13 @@ def test_a_run_whose_lease_another_run_took_stops_at_a_checkpoint_and_waits_for_
 def test_a_stop_while_the_trainer_saves_for_a_lost_lease_wins(tmp_path, corpus, monkeypatch):
     """A SIGTERM to the supervisor while its trainer, asked to save and stop for a lost lease, is still saving: the
     stop wins. The trainer's end is the stop's (the run ends `done`, stopped on request), never a wait for a GPU or
-    a restart."""
+    a restart; and the trainer is not sent a second SIGTERM (ending.py _ask_trainer_to_stop: before, the stop sent
+    one more, which cut torch's agent's close of its ranks short and started it again, and the save grace too)."""
     release, save_hold = tmp_path / "release", tmp_path / "save-hold"
     monkeypatch.setenv("FAKE_HOLD", f"5:{release}")
     monkeypatch.setenv("FAKE_HOLD_STOPS", "1")
     monkeypatch.setenv("FAKE_STOP_HOLD", f"before:{save_hold}")  # its save held until the stop is taken
+    monkeypatch.setenv("FAKE_SIGNALS_TO", str(tmp_path / "signals"))
     monkeypatch.setenv(TRAINER_CMD_ENV, f"{sys.executable} {FAKE_TRAINER}")
     lock_dir = tmp_path / "gpu-locks"
     config = write_config(tmp_path, corpus, name="first", remote=False, train={"device": "cuda", "max_steps": 10},
@@ -241,6 +243,7 @@ def test_a_stop_while_the_trainer_saves_for_a_lost_lease_wins(tmp_path, corpus, 
     transitions = [e.get("transition") for e in events(cfg.run_dir)]
     assert "wait_for_gpu" not in transitions and transitions.count("gpu_ready") == 1, transitions
     assert any("stopped on request" in e["message"] for e in events(cfg.run_dir) if e.get("transition") == "stopped")
+    assert (tmp_path / "signals").read_text() == "SIGTERM\n"  # the lost lease's only
 
 @pytest.mark.slow
 def test_a_lease_lost_between_two_trainers_launches_none_there_and_waits_for_the_card(tmp_path, corpus, monkeypatch):

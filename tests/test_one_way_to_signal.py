@@ -35,9 +35,8 @@ SENDS = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate", "pth
 SIGNAL_MODULES = {"os", "signal"}
 WRAPPER_CALLS = Counter({
     ("daemon/child/process.py", "self.kill"): 1,  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
-    ("daemon/ending.py", "child.kill"): 2,  # the save grace spent; a Slurm job's deadline reached (_cut_save)
+    ("daemon/ending.py", "child.kill"): 2,  # the save grace spent, a stop's or a lost lease's; a Slurm job's deadline
     ("daemon/child/trainerwatch.py", "child.kill"): 2,  # a hang; the second stop signal (kill_on_second_stop)
-    ("daemon/attempt.py", "child.kill"): 1,  # the save grace spent after a lost GPU lease's SIGTERM (_leave_lost_gpu)
 })
 """Calls of daemon/child/process.py's Child.kill, which signals through procs.py only, each with how many: one more
 (a new caller to review) or one fewer (a stale entry) fails."""
