@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
+from minilmd.perms import private_group
 from minilmd.place_rule import PlaceRefused, run_dir_problem, settle_run_dir
 from second_user import second_user
 from supervisor_helpers import cli, write_config
@@ -178,3 +179,20 @@ def test_a_trainers_refusal_of_such_a_run_dir_keeps_its_fix_in_what_the_supervis
     child = launch([sys.executable, "-c", code], logs, 1, devices="")
     death = classify(child, child.popen.wait(60), logs, stop_requested=False)
     assert f"setfacl -k {run_dir} (it is yours)" in death.detail, death.detail
+
+
+def test_safe_and_common_default_acls_pass(tmp_path):
+    """What a user sets on her home or a project directory and lets no one else write: her own named entry (setfacl
+    -d -m u:ME:rwx), root's named entry, and the owning group's rwx where that group is hers alone on this local
+    disk; each passes before run.dir is made and once it has inherited the ACL."""
+    me, group = os.geteuid(), os.getegid()
+    if not private_group(group):
+        pytest.skip(f"gid {group} is not this user's alone here")
+    for name, value in (("own", user_entry(me, 7)), ("root", user_entry(0, 7)),
+                        ("own-group", acl((USER_OBJ, 7, OBJ), (GROUP_OBJ, 7, OBJ), (OTHER, 5, OBJ)))):
+        home = tmp_path / name
+        home.mkdir(mode=0o755)
+        planted(home, value)
+        assert _refusal(home / "runs" / "run") == (None, None), name
+        settle_run_dir(home / "runs" / "run")  # made: it and runs/ inherit the ACL, and pass again as found
+        assert _refusal(home / "runs" / "run") == (None, None), name
