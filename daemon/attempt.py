@@ -171,6 +171,7 @@ class Attempt:
         self.loop.last_cause = death.cause
         self.loop.child = None
         self.state.child = None
+        gpu_lost, self.loop.gpu_lost = self.loop.gpu_lost, ""  # this trainer's: never the next one's, whatever path
         # torchrun's workers outlive an agent killed alone: never beside the next one, so waited for (bounded)
         left, survived = child.kill_rest_and_wait(while_waiting=self.notifier.watchdog)
         if left:
@@ -193,7 +194,6 @@ class Attempt:
             return
         streak = 0 if made_progress else self.state.no_progress_streak + 1
         death = on_another_node(death)
-        gpu_lost, self.loop.gpu_lost = self.loop.gpu_lost, ""
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
                           no_progress_streak=streak, stop_requested=self.loop.stop_requested, gpu_lost=gpu_lost,
                           micro_batch_size=self._effective("micro_batch_size"),
