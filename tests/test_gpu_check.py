@@ -202,13 +202,15 @@ def test_the_device_wrapper_runs_on_a_bare_python_and_leaves_the_table_and_logs_
                               capture_output=True, text=True, check=True).stdout.strip()
     # the test's own packages as plain path entries: their .pth files, minilmd's editable finder among them, unread
     (Path(site_dir) / "image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    assert subprocess.run([str(python), "-c", "import torch, tokenizers"], cwd=tmp_path).returncode == 0
-    assert subprocess.run([str(python), "-c", "import minilmd"], cwd=tmp_path, capture_output=True).returncode != 0
+    # the image's environment: no PYTHONPATH (a worktree's, set to run the suite there, holds minilmd itself)
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    assert subprocess.run([str(python), "-c", "import torch, tokenizers"], cwd=tmp_path, env=bare).returncode == 0
+    assert subprocess.run([str(python), "-c", "import minilmd"], cwd=tmp_path, capture_output=True,
+                          env=bare).returncode != 0
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "TMPDIR": str(tmp_path),
+    env = {**bare, "OUT": str(out), "PYTHON": str(python), "TMPDIR": str(tmp_path),
            "GPU_CHECK_CARRIED": str(tmp_path / "nothing-carried"), "GPU_CHECK_ARGS": "--dry-run",
            "GPU_CHECK_ONLY": "1 versions,0 corpus"}
-    env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(SCRIPTS / "gpu-check-device"), "run"], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
