@@ -34,6 +34,8 @@ NODES_END_S = 240
 """How long the nodes of one test get to end: 20-70 s on 2 cores beside other multi-node tests."""
 STOP_S = 60
 """How long a torchrun SIGTERMed at the test's end gets to stop its ranks (torchrun's own grace is 30 s)."""
+DUMP_S = 60
+"""How long the processes SIGABRTed for their stacks (_dump_stacks) get to write them and die, at most."""
 
 
 def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
@@ -96,13 +98,27 @@ def descendants(pid: int) -> list[int]:
 def _dump_stacks(procs: list[subprocess.Popen]) -> None:
     """SIGABRT to every Python process under each running node, its torchrun and ranks: each prints the stack of
     every thread into its node's log as it dies (faulthandler: PYTHONFAULTHANDLER=1 in their environment, and the
-    trainer enables it too). A hang is then seen where it waited, not guessed at."""
+    trainer enables it too). A hang is then seen where it waited, not guessed at. Each is waited for until it has
+    died of it (its dump written), up to DUMP_S: a fixed pause cut the dumps of a loaded machine short."""
+    aborted = []
     for p in procs:
         if p.poll() is None:
             for pid in descendants(p.pid):
                 try:
                     if Path(f"/proc/{pid}/exe").resolve().name.startswith("python"):
                         os.kill(pid, signal.SIGABRT)
+                        aborted.append(pid)
                 except (FileNotFoundError, ProcessLookupError, PermissionError):
                     pass
-    time.sleep(3)  # the dumps written before the stop
+    deadline = time.monotonic() + DUMP_S
+    while any(map(_running, aborted)) and time.monotonic() < deadline:  # no raise: the caller's failure is the news
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Not yet ended (a zombie has: its dump is written, it only waits to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
