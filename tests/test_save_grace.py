@@ -81,7 +81,7 @@ def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the
                     "open(sys.argv[1], 'w').close(); time.sleep(120)", str(ready)], run_dir, 1, devices="")
     threading.Thread(target=child.popen.wait, daemon=True).start()  # a save that does not end: only SIGKILL ends it
     wait_until(ready.exists, 30, "the trainer to ignore SIGTERM")
-    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 10, "the trainer among the run's orphans")
+    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 60, "the trainer among the run's orphans")
     try:
         out = io.StringIO()
         monkeypatch.chdir(tmp_path)  # `minilmd stop run` from beside it: the helper runs in "/"
