@@ -80,15 +80,22 @@ def test_a_keyed_look_starts_no_other_while_the_last_has_not_answered():
         gate.wait(60)
         return "answered"
 
+    def started(n: int) -> bool:  # a look's thread may run its first line well after the probe gave up on it
+        deadline = time.monotonic() + 60
+        while len(calls) < n:
+            assert time.monotonic() < deadline, calls
+            time.sleep(0.01)
+        return True
+
     key = ("test", "a stalled share")
     try:
-        assert bounded_probe(look, timeout_s=0.2, key=key)[0] is False
+        assert bounded_probe(look, timeout_s=0.2, key=key)[0] is False and started(1)
         answered, _, why = bounded_probe(look, timeout_s=0.2, key=key)
         assert not answered and isinstance(why, Stalled) and "earlier look" in why and len(calls) == 1, (why, calls)
-        assert bounded_probe(look, timeout_s=0.2)[0] is False and len(calls) == 2  # unkeyed: started as before
+        assert bounded_probe(look, timeout_s=0.2)[0] is False and started(2)  # unkeyed: started as before
     finally:
         gate.set()
     deadline = time.monotonic() + 60
-    while bounded_probe(look, timeout_s=5, key=key)[0] is False:  # the stuck one answers: the next runs again
+    while bounded_probe(look, timeout_s=30, key=key)[0] is False:  # the stuck one answers: the next runs again
         assert time.monotonic() < deadline
     assert len(calls) == 3
