@@ -22,7 +22,9 @@ why: cannot tell if starting)" when its lock cannot be opened nor the kernel's l
 Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
-"unreadable (did not answer ...)": it never hides the other runs.
+"unreadable (did not answer ...)": it never hides the other runs. A path its state.json names (its scratch, which
+its user chose: an autofs or FUSE path that never answers) is looked at as daemon/views/pathlooks.py looks, for less
+than that: the row is shown from state.json, and a line after the table names the path that did not answer.
 Nor does one user's flood of entries: another user with more than GROUP_ABOVE runs is one line after the table.
 """
 from __future__ import annotations
@@ -97,11 +99,13 @@ def _row_in(run: Dir, owner: int, t: float) -> dict:
     from minilmd.daemon.base.seen import supervisor_seen
     from minilmd.daemon.views.liveness import trainer_alone
     from minilmd.daemon.views.newest import changed_sections, current
+    from minilmd.daemon.views.pathlooks import Looks
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
     seen = supervisor_seen(written, run.path, run.fd, owner)  # status's rule (daemon/base/seen.py)
     alive = seen.alive is True
-    state = current(run.inside, written, alive, owner)  # no supervisor: what its trainer wrote since, as status
+    looks = Looks()  # the paths its state.json names: bounded, what stalls said under the table (pathlooks.py)
+    state = current(run.inside, written, alive, owner, looks)  # no supervisor: what its trainer wrote since
     progress, sync = state.progress, state.sync
     last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
     waited_since = state.gpu_wait.since if state.gpu_wait else None
@@ -136,6 +140,7 @@ def _row_in(run: Dir, owner: int, t: float) -> dict:
         # a killed supervisor's trainer that trains on (the phase is then no word of a dead one: see _cells)
         "trainer_alone": (trainer_alone(run.path, state, alive, run.fd) or []) if state.phase not in FINAL_PHASES
         else [],
+        "unanswered": looks.unanswered,  # the paths of its files that did not answer: said after the table
     }
 
 
@@ -272,6 +277,8 @@ def status_all(as_json: bool = False, out=None) -> int:
                             f"{names.STATE}: from its {names.EVENTS})"), file=out)
         if r.get("could_not_start"):  # no state.json nor events.jsonl: only its run lock (lastwords.py)
             print(printable(f"{r['run']}: {r['could_not_start']}"), file=out)
+        for said in r.get("unanswered") or []:  # a path its state.json names stalls: the row is state.json's word
+            print(printable(f"{r['run']}: {said}"), file=out)
     _vanished_hint(rows, out)
     _notes(scan.notes, out)
     return 0

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.views.pathlooks import Looks
 from minilmd.daemon.views.remotenow import RemoteNow, look_now
 from minilmd.dirfd import Dir
 
@@ -39,11 +40,11 @@ class RunContext:
         cfg = None if alive or state.remote_checkpoint is None else self.config
         return look_now(state, cfg.run.remote, alive) if cfg is not None else None
 
-    def lineage_lines(self, state: StateJson | None = None) -> list[str]:
+    def lineage_lines(self, state: StateJson | None = None, looks: Looks | None = None) -> list[str]:
         """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot)
         behind the one state.json records synced to the config's run.remote, stage by stage
         (daemon/phases/initwait.py lineage). Read in a bounded thread: a chain on a share that does not answer is
-        left unsaid."""
+        left unsaid; whether run.toml's scratch is still the run's is looked at as pathlooks.py looks (`looks`)."""
         from minilmd.bounded import bounded_probe
         from minilmd.daemon.phases.initwait import lineage
         from minilmd.scratch_root import not_looked_in
@@ -52,7 +53,9 @@ class RunContext:
             return []
         run = self.run
         owner = os.fstat(run.fd).st_uid if isinstance(run, Dir) else None  # the run's user (root reads hers)
-        local = None if not_looked_in(cfg.scratch_dir, owner) else cfg.checkpoint_dir  # another user's: not the run's
+        taken = (looks or Looks()).look("scratch", cfg.scratch_dir, not_looked_in, cfg.scratch_dir, owner,
+                                        default="did not answer")
+        local = None if taken else cfg.checkpoint_dir  # another user's, or stalled: not the run's
         answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
         return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
 

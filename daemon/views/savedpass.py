@@ -7,29 +7,47 @@ Torch- and numpy-free.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from minilmd import names
 from minilmd.checkpoint_contents import reference_pass
 from minilmd.daemon.base.runstate import reference_pass_words, state_owners
 from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.views.pathlooks import Looks
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 
-def saved_pass_words(run_dir: Path, state: StateJson, dir_fd: int | None = None) -> str:
+def saved_pass_words(run_dir: Path, state: StateJson, dir_fd: int | None = None, looks: Looks | None = None) -> str:
     """" (DPO reference pass 408/2,490 pairs saved)" when the run is at step 0 and its newest local checkpoint is a
     step 0 whose manifest says a stopped pass; "" otherwise (no pass, its sums complete, or it cannot be read).
-    `dir_fd`: the run directory judged (runarg.open_run), whose owner's manifest is read."""
+    `dir_fd`: the run directory judged (runarg.open_run), whose owner's manifest is read; the path is state.json's,
+    read as pathlooks.py looks (bounded: one that does not answer is said through `looks`)."""
     local = state.local_checkpoint
     if state.progress.step != 0 or local is None or local.step != 0 or not local.path:
         return ""
     step0 = Path(local.path)
     if step0.name != names.step_name(0):  # state.json's path names something else: not read
         return ""
-    try:
-        manifest = loads(read_bytes(step0 / names.MANIFEST, max_bytes=names.MANIFEST_MAX_BYTES,
-                                    owner=state_owners(run_dir, dir_fd)), expect=dict)
-    except (Unreadable, OSError, ValueError):
+    owners = state_owners(run_dir, dir_fd)
+    manifest = (looks or Looks()).look("the checkpoint", step0, _manifest, step0, owners, default=None)
+    if manifest is None:
         return ""
     saved = reference_pass(manifest) if manifest.get("step") == 0 else None
     return f" ({reference_pass_words(saved)} saved)" if saved else ""
+
+
+def _manifest(step0: Path, owners) -> dict | None:
+    """step0's manifest, a regular file of `owners` (no link as it, nor as step0: the walk is not followed at
+    either), None when it cannot be read."""
+    try:
+        fd = os.open(step0, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return loads(read_bytes(names.MANIFEST, max_bytes=names.MANIFEST_MAX_BYTES, owner=owners, dir_fd=fd),
+                     expect=dict)
+    except (Unreadable, OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.bounded import bounded_probe
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.keeper import unguarded
 from minilmd.daemon.base.runstate import fmt_time, reference_pass_rate, reference_pass_words, state_owners
@@ -31,6 +30,7 @@ from minilmd.daemon.views.lastwords import could_not_start, ended_in_events, no_
 from minilmd.daemon.views.liveness import load, orphan_lines, trainer_alone
 from minilmd.daemon.views.logs import logs  # noqa: F401 - `minilmd logs`, status's neighbour (daemon/views/logs.py)
 from minilmd.daemon.views.newest import changed_sections, current
+from minilmd.daemon.views.pathlooks import Looks
 from minilmd.daemon.views.remotenow import RemoteNow, remote_words
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.run_context import RunContext
@@ -61,12 +61,13 @@ def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
 
 
 def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: list[int] | None = None,
-                  saved_pass: str = "", remote_now: RemoteNow | None = None, seen: Seen | None = None) -> list[str]:
+                  saved_pass: str = "", remote_now: RemoteNow | None = None, seen: Seen | None = None,
+                  looks: Looks | None = None) -> list[str]:
     """A few human lines from state.json (read tolerantly: `StateJson.from_dict`); `alone`: the pids of the trainer
     a killed supervisor left training (liveness.trainer_alone); `saved_pass`: what a stopped DPO reference pass
     kept at step 0 (savedpass.py), said on the step line when no pass runs; `remote_now`: what run.remote holds
     now (remotenow.look_now); `seen`: where its supervisor is and how that is known (daemon/base/seen.py; not
-    given: its record alone)."""
+    given: its record alone); `looks`: the view's looks at the paths state.json names (pathlooks.py)."""
     t = t or time.time()
     seen = seen or supervisor_seen(state)
     lines = [_head_line(state, alive, t, alone, seen)]
@@ -89,7 +90,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None, alone: 
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == Phase.WAITING_SPACE:
         lines.append(_space_line(state.space_wait, t))
-    lines.append(_checkpoints_line(state, t, alive, remote_now, shown=why))
+    lines.append(_checkpoints_line(state, t, alive, remote_now, shown=why, looks=looks))
     if (textfile := state.prometheus) is not None and textfile.problem:
         lines.append(f"  prometheus textfile {textfile.path} {textfile.problem}: this run's current gauges are not "
                      f"in it")
@@ -256,15 +257,14 @@ def _space_line(wait: SpaceWait, t: float) -> str:
             f"{fmt_times(wait.checks)}; the trainer starts again once it fits (not counted as a restart)")
 
 
-def _gone(path: str) -> bool:
-    """Whether the checkpoint at `path` (state.json's: only looked at, never opened) is known not to be there now;
-    a place that does not answer is not known gone."""
-    answered, there, _ = bounded_probe(os.path.lexists, path)
-    return answered and not there
+def _gone(path: str, looks: Looks | None = None) -> bool:
+    """Whether the checkpoint at `path` (state.json's: only looked at, never opened, as pathlooks.py looks) is
+    known not to be there now; a place that does not answer is not known gone."""
+    return not (looks or Looks()).look("the checkpoint", path, os.path.lexists, path, default=True)
 
 
 def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now: RemoteNow | None = None,
-                      shown: str = "") -> str:
+                      shown: str = "", looks: Looks | None = None) -> str:
     """The local checkpoint, the remote one (daemon/views/remotenow.py) and the sync between them (one in progress
     that no supervisor carries on: daemon/views/interrupted.py); the sync's error "said above" when `shown` (the
     why) holds it (saidonce.py)."""
@@ -278,13 +278,13 @@ def _checkpoints_line(state: StateJson, t: float, alive: bool = True, remote_now
     if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
         line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
     elif (local and local.path and not alive and sync.state != SyncState.OFF and not supervisor_seen(state).elsewhere
-          and _gone(local.path)):  # a finished run gave its scratch back: the save it names is on the remote alone
+          and _gone(local.path, looks)):  # a finished run gave its scratch back: the save it names is on the remote
         line += f", gone from scratch ({SCRATCH_GONE_WHY})"
     if sync.state == SyncState.OFF:  # where the only copy is: a scratch in /dev/shm is lost at a reboot
         if local and local.path and (host := supervisor_seen(state).elsewhere):  # that host's scratch, not ours
             return line + (f"   remote: none configured (checkpoints only in scratch on host {host}, the newest at "
                            f"{local.path}: a reboot of {host} may lose them; not looked at from here)")
-        if local and local.path and _gone(local.path):
+        if local and local.path and _gone(local.path, looks):
             return line + (f"   remote: none configured (checkpoints only in scratch, and the newest, {local.path}, "
                            f"is gone: lost with scratch)")
         where = f", the newest at {local.path}" if local and local.path else ""
@@ -363,8 +363,9 @@ def _status(run: Dir, as_json: bool, out) -> int:
     seen = supervisor_seen(written, run_dir, run.fd, os.fstat(run.fd).st_uid) if written is not None else None
     alive = seen is not None and seen.alive is True
     # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
-    state = current(inside, written, alive, os.fstat(run.fd).st_uid) if written is not None else None
-    state, claims = _as_read(run, state) if state is not None else (None, None)
+    looks = Looks()  # the paths state.json and run.toml name, their user's to write: bounded, what stalls said
+    state = current(inside, written, alive, os.fstat(run.fd).st_uid, looks) if written is not None else None
+    state, claims = _as_read(run, state, looks) if state is not None else (None, None)
     if as_json:
         _print_json(run, raw, changed_sections(written, state) if written is not None and state is not None
                     else {}, alive, unreadable, out, unguarded(state, alive) if state is not None else None)
@@ -377,10 +378,10 @@ def _status(run: Dir, as_json: bool, out) -> int:
         return 0
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
     context = RunContext(run)
-    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd),
-                          remote_now=context.remote_now(state, alive), seen=seen)
+    lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd, looks),
+                          remote_now=context.remote_now(state, alive), seen=seen, looks=looks)
     lines += orphan_lines(run_dir, state, alone, inside)
-    lines += context.lineage_lines(state) + context.corpus_owner_lines()
+    lines += context.lineage_lines(state, looks) + context.corpus_owner_lines()
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
     if claims:
         lines.insert(1, claims)
@@ -399,32 +400,40 @@ def _status(run: Dir, as_json: bool, out) -> int:
         lines.insert(after_step, f"  {earlier}: status and plot show the current one only")
     if spark := sparkline_line(inside, upto=state.progress.step):  # the step line's moment
         lines.insert(after_step, spark)
+    lines += [f"  note: {said}" for said in looks.unanswered]  # a path of its files that stalls (pathlooks.py)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
 
 
-def _as_read(run: Dir, state: StateJson) -> tuple[StateJson, str | None]:
+def _as_read(run: Dir, state: StateJson, looks: Looks | None = None) -> tuple[StateJson, str | None]:
     """state as shown for the directory status read: when its state.json names another run directory (a run dir
     copied or moved here, or a state.json someone planted: another user's made `status` print the victim's run name
     and path), the run is this directory, named by it, and a line says what the file claims."""
     claimed, run_dir = state.run_dir, run.path
-    if not claimed or _same_dir(Path(claimed), run):
+    if not claimed or _same_dir(Path(claimed), run, looks):
         return state, None
     shown = dataclasses.replace(state, run=run_dir.name, run_dir=str(run_dir))
     return shown, (f"  its state.json names run {state.run or '?'} in {claimed}, another directory (moved or copied "
                    f"here, or not this run's): shown as what this directory holds")
 
 
-def _same_dir(claimed: Path, run: Dir) -> bool:
+def _same_dir(claimed: Path, run: Dir, looks: Looks | None = None) -> bool:
     """Whether state.json's claim leads to the directory read (its descriptor's: never the path's, which another
-    directory may stand at by now)."""
-    try:
-        if claimed != run.path:
-            st = os.stat(claimed)  # a stat, nothing opened
-            return (st.st_dev, st.st_ino) == run.identity
+    directory may stand at by now). The claim is looked at as pathlooks.py looks: bounded, a link there not
+    followed (a link is not the directory); one that does not answer is not the same."""
+    if claimed == run.path:
         return True
+    return (looks or Looks()).look("the run directory state.json names", claimed, _identity, claimed,
+                                   default=None) == run.identity
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path` itself, an lstat (nothing opened, no link followed); None when it cannot be had."""
+    try:
+        st = os.lstat(path)
     except (OSError, ValueError):  # gone, unreachable, a NUL in the claim
-        return False
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _print_json(run: Dir, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out,

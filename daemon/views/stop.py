@@ -23,6 +23,7 @@ from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load, lock_supervisor
 from minilmd.daemon.views.newest import newest_local
+from minilmd.daemon.views.pathlooks import Looks
 from minilmd.daemon.views.runarg import moved, not_yours_line, opened_run
 from minilmd.daemon.views.saidonce import fold
 from minilmd.daemon.views.status import error_context, phase_reason
@@ -261,7 +262,10 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
     than state.json's record (a supervisor killed before it wrote it), is the remote's step. Before, a stop of a
     launch waiting for room for scratch after a reboot reported a step "only in scratch" at a path that did not
     exist, and the remote's older step from the killed supervisor's record: NOT SYNCED, exit 3, a false alarm."""
-    local_step, local_path = _local_there(state, owner)
+    looks = Looks()  # the paths state.json names, its user's to write: bounded, what stalls said (pathlooks.py)
+    local_step, local_path = _local_there(state, owner, looks)
+    for said in looks.unanswered:
+        print(f"  note: {printable(said)}: state.json's word taken", file=out)
     remote = state.remote_checkpoint
     remote_step = _remote_step(remote, Path(state.run_dir) if state.run_dir else None, owner)
     if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
@@ -291,15 +295,19 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
     return protocol.STOP_UNSYNCED
 
 
-def _local_there(state: StateJson, owner: int | None = None) -> tuple[int | None, str | None]:
+def _local_there(state: StateJson, owner: int | None = None,
+                 looks: Looks | None = None) -> tuple[int | None, str | None]:
     """(step, path) of the newest complete local checkpoint (one saved beside state.json's that it has not seen
     too: an orphan's save), (None, None) when there is none: state.json's names a directory gone, or without its
     manifest (scratch cleared by a reboot; a directory another user made there is no checkpoint either, as
-    newest_local judges). A checkpoint state.json names without a path is taken at its word."""
-    local = newest_local(state.local_checkpoint, owner)  # what `status` says too (daemon/views/newest.py)
+    newest_local judges). A checkpoint state.json names without a path is taken at its word, and so is one whose
+    scratch does not answer (looked at as pathlooks.py looks: bounded, said through `looks`)."""
+    looks = looks or Looks()
+    local = newest_local(state.local_checkpoint, owner, looks)  # what `status` says too (daemon/views/newest.py)
     if local is None or local.step is None:
         return None, None
-    if local.path and not _is_regular(Path(local.path) / names.MANIFEST):
+    if local.path and not looks.look("scratch", Path(local.path).parent.parent, _is_regular,
+                                     Path(local.path) / names.MANIFEST, default=True):
         return None, None
     return local.step, local.path
 
