@@ -223,6 +223,12 @@ def _wait_ends(cfg: RunConfig, signals: Signals, record: WaitRecord) -> bool:
     if signals.usr1 and not in_slurm:
         signals.take_usr1()
         print("minilmd run: SIGUSR1 ignored while waiting for room for scratch: not in a Slurm job", flush=True)
+    from minilmd.daemon.base import stoprequest
+
+    if in_slurm and signals.asked and not signals.stop and not stoprequest.asked_now(cfg.run_dir):
+        signals.usr2_as_warning()  # `minilmd stop` writes its request before its SIGUSR2: this one is Slurm's
+        print("minilmd run: SIGUSR2 with no `minilmd stop` request in run.dir: Slurm's --signal warning (B:USR2), "
+              "taken as its USR1", flush=True)
     return bool(signals.stopping or signals.usr1)
 
 

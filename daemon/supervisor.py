@@ -222,6 +222,11 @@ class Supervisor(Attempt, Ending):
         self.files.tick(self.phase)  # the Prometheus textfile
 
     def _handle_signals(self) -> None:
+        if self.slurm and self.signals.asked and not self.loop.stop_requested and \
+                not stoprequest.asked_now(self.run_dir):  # `minilmd stop` writes its request before its SIGUSR2
+            self.signals.usr2_as_warning()
+            self.events.emit("slurm", "SIGUSR2 with no `minilmd stop` request in run.dir: Slurm's --signal "
+                                      "warning (B:USR2), taken as its USR1")
         if self.signals.usr1 or (self.signals.stopping and self.slurm):
             slurmjob.on_signal(self.slurm, self.signals, self.events.emit)  # a preemption: a stop, then a requeue
         if self.signals.take_hup():

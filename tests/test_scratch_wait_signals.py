@@ -69,13 +69,15 @@ def slurm_job(tmp_path) -> tuple[dict, Path]:
     return fake_scontrol(tmp_path, JOB)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2], ids=["USR1", "TERM", "USR2"])
 def test_a_slurm_preemption_during_the_wait_requeues_the_job_as_the_supervisor_does(base, tmp_path, corpus,
                                                                                     slurm_job, sig):
     """In a Slurm job the time-limit warning (USR1) or Slurm's SIGTERM during the wait is a preemption, as in the
     supervisor (daemon/slurm/job.py on_signal, SlurmJob.plan): nothing to save, the job is requeued at once
     (`scontrol requeue JOB`), state.json `done` (requeued), exit 0. Before: USR1 killed the launch (exit 138,
-    state.json waiting_scratch); a SIGTERM ended it as a user's stop, not requeued."""
+    state.json waiting_scratch); a SIGTERM ended it as a user's stop, not requeued. A SIGUSR2 with no `minilmd stop`
+    request in run.dir is Slurm's warning too (`--signal=B:USR2@300`: stoprequest.asked_now); before, it ended the
+    wait as `minilmd stop`'s, not requeued."""
     env, calls = slurm_job
     proc, log, run_dir = waiting_run(base, tmp_path, corpus, **env)
     try:

@@ -133,6 +133,20 @@ def asked_after_start(request: StopRequest, pid: int | None = None) -> bool:
     return started is not None and request.since_boot >= started
 
 
+def asked_now(run_dir: Path) -> bool:
+    """Whether a SIGUSR2 that came to this supervisor now is `minilmd stop`'s: stop writes its request before it
+    signals, so one is in run_dir, unless provably older than this process's start (asked_after_start: this boot's
+    clock; a request read at the start was honoured or removed then). In a Slurm job a SIGUSR2 without one is
+    Slurm's own warning (`sbatch --signal=B:USR2@300`, a user who picked USR2): taken as its USR1, a preemption
+    (daemon/supervisor.py, daemon/scratchclaim.py); before, it was taken as `minilmd stop`'s, and the job ended
+    "stopped on request", never requeued. A file there that is no request (a link, another user's) is none."""
+    request, _ = read(run_dir)
+    if request is None:
+        return False
+    older = request.since_boot is not None and request.boot == boot_id() and not asked_after_start(request)
+    return not older
+
+
 def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None) -> str | None:
     """What `minilmd status` says of a request left in run_dir (it stays after the stop it was left by, until a start
     by hand): None when there is none. `systemd_unit`: the unit the run's supervisor ran as (state.json), whose

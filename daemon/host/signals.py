@@ -81,6 +81,11 @@ class Signals:
         came, self.usr1 = self.usr1, False
         return came
 
+    def usr2_as_warning(self) -> None:
+        """A SIGUSR2 that is no `minilmd stop`'s (no request of it in run.dir: stoprequest.asked_now) in a Slurm job:
+        Slurm's `--signal=B:USR2` warning, taken as its USR1 (a preemption), no stop asked."""
+        self.asked, self.usr1 = False, True
+
     def stop_as_first_signal(self) -> None:
         """A stop the loop itself asks for (Slurm's USR1 warning: a preemption), counted as the first stop signal:
         the trainer saves, then the last sync; a SIGTERM after it is the second (kill the trainer now)."""
