@@ -28,9 +28,23 @@ REGISTER = ("import sys\nfrom minilmd.daemon.host import registry\n"
             "registry.register(sys.argv[1], sys.argv[2], 'x.toml')\n")
 
 
+RUN_TOML = """[run]
+name = "n-run"
+dir = "{run_dir}"
+scratch = "{stalled}/scratch"
+remote = "{stalled}/remote"
+[data]
+prepared = "{stalled}/corpus"
+[train]
+max_steps = 100
+"""
+STALLED = ("scratch*", "claimed-run*", "remote*", "corpus*")
+
+
 def planted_run(shared: Path, stalled: Path) -> Path:
     """nobody's run directory, its supervisor gone, whose state.json names a checkpoint in `stalled` (scratch on the
-    stalling mount) and claims a run directory there too."""
+    stalling mount), one synced to run.remote there, and claims a run directory there too; its run.toml names that
+    scratch, that run.remote and a corpus there."""
     uid, gid = second_user()
     run_dir = shared / "n-run"
     run_dir.mkdir()
@@ -40,9 +54,12 @@ def planted_run(shared: Path, stalled: Path) -> Path:
     body["supervisor"].update(pid=2 ** 22 + 7, start_ticks=1)  # gone
     body.update(phase="training", progress={"step": 10, "total_steps": 100, "loss": 3.0},
                 local_checkpoint={"step": 10, "time": t, "path": str(step)},
+                remote_checkpoint={"step": 10, "time": t, "verified": True,
+                                   "path": str(stalled / "remote" / names.step_name(10))},
                 sync={"state": "ok", "last_ok": t})
     atomic_write_json(run_dir / names.STATE, body)
-    for path in (run_dir, run_dir / names.STATE):
+    (run_dir / names.RUN_CONFIG_COPY).write_text(RUN_TOML.format(run_dir=run_dir, stalled=stalled))
+    for path in (run_dir, run_dir / names.STATE, run_dir / names.RUN_CONFIG_COPY):
         os.chown(path, uid, gid)
     (run_dir / names.STATE).chmod(0o644)
     return run_dir
@@ -67,7 +84,8 @@ def answered_while_stalled(argv: list[str], env: dict, out: Path, faultfs, said:
 def test_status_and_stop_of_another_users_run_naming_a_stalled_path_answer_and_say_it(shared, faultfs, tmp_path):
     stalled = faultfs.root
     (faultfs.backing / "scratch" / names.CHECKPOINTS / names.step_name(10)).mkdir(parents=True)
-    (faultfs.backing / "claimed-run").mkdir()
+    for made in ("claimed-run", f"remote/{names.step_name(10)}", "corpus"):
+        (faultfs.backing / made).mkdir(parents=True)
     run_dir = planted_run(shared, stalled)
     system = shared / "system"
     system.mkdir()
@@ -78,19 +96,21 @@ def test_status_and_stop_of_another_users_run_naming_a_stalled_path_answer_and_s
                           timeout=60, env=theirs)
     assert done.returncode == 0, done.stderr
     env["XDG_STATE_HOME"] = str(tmp_path / "root-state")
-    faultfs.stall("scratch*", 600, op="*")
-    faultfs.stall("claimed-run*", 600, op="*")
+    for glob in STALLED:
+        faultfs.stall(glob, 600, op="*")
 
     table = answered_while_stalled(["status", "--all"], env, tmp_path / "all.txt", faultfs, "did not answer")
     row = next(line for line in table.splitlines() if line.startswith("n-run "))
     assert "training (not running)" in row and "10/100" in row, table  # the row itself, not "unreadable"
     assert f"n-run: scratch {stalled}/scratch did not answer within" in table, table
 
-    faultfs.stall("scratch*", 600, op="*")
-    faultfs.stall("claimed-run*", 600, op="*")
+    for glob in STALLED:
+        faultfs.stall(glob, 600, op="*")
     shown = answered_while_stalled(["status", str(run_dir)], env, tmp_path / "one.txt", faultfs, "did not answer")
     assert "step 10/100" in shown and f"{stalled}/scratch" in shown, shown
     assert f"{stalled}/claimed-run" in shown and "did not answer within" in shown, shown
+    assert f"run.remote {stalled}/remote did not answer within" in shown, shown  # run.toml's paths too
+    assert f"data.prepared {stalled}/corpus did not answer within" in shown, shown
 
     faultfs.stall("scratch*", 600, op="*")
     stopped = answered_while_stalled(["stop", str(run_dir)], env, tmp_path / "stop.txt", faultfs, "did not answer")

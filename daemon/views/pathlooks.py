@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from minilmd.bounded import Stalled, bounded_probe
 
-T = TypeVar("T")
-D = TypeVar("D")
+Found = TypeVar("Found")
+Default = TypeVar("Default")
 
 LOOK_S = 2.0
 """How long a view waits on one path a run's files name. Less than the overview's ROW_WAIT_S, so that a row whose
@@ -31,15 +31,17 @@ class Looks:
     def __init__(self) -> None:
         self.unanswered: list[str] = []
 
-    def look(self, what: str, path: object, fn: Callable[..., T], *args: Any, default: D) -> T | D:
+    def look(self, what: str, path: object, fn: Callable[..., Found], *args: Any, default: Default,
+             timeout_s: float = LOOK_S) -> Found | Default:
         """fn(*args), a look at `path` (`what` it is: "scratch", "the run directory state.json names"), bounded;
-        `default` when it did not answer in LOOK_S (said once per path) or failed (an OSError, taken as nothing
-        known: what each caller already did with one)."""
-        answered, result, why = bounded_probe(fn, *args, timeout_s=LOOK_S, key=("view look", str(path)))
+        `default` when it did not answer in `timeout_s` (said once per path) or failed (an OSError, taken as nothing
+        known: what each caller already did with one). A look at shared storage the run reads too (run.remote, the
+        corpus: a share that may be slow, not only stalled) is given SHARED_STORAGE_PROBE_S, as before."""
+        answered, result, why = bounded_probe(fn, *args, timeout_s=timeout_s, key=("view look", str(path)))
         if answered:
             return result
         if isinstance(why, Stalled):
-            said = f"{what} {path} did not answer within {LOOK_S:g} s (stalled): not looked at"
+            said = f"{what} {path} did not answer within {timeout_s:g} s (stalled): not looked at"
             if said not in self.unanswered:
                 self.unanswered.append(said)
         return default

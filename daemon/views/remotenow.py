@@ -4,7 +4,7 @@
 For a local run.remote (a path, file://, local://) status looks at the remote's LATEST as the sync reads it (from the
 root's descriptor, no link followed below it: daemon/jobs/remote_write.py parent_dir; a small regular file read as
 untrusted, minilmd/untrusted.py) and whether the recorded step's directory is there, in a bounded thread
-(minilmd/bounded.py: a share that stalls leaves it unsaid, as status's other looks at the remote). That is what a
+(daemon/views/pathlooks.py: a share that stalls leaves the record as it was, and a note says it stalled). That is what a
 launch judges a finished run by (daemon/jobs/rundone.py: LATEST naming its last step), so a LATEST that names an
 older step, or none, is repaired by `minilmd run`. But only in the run's own directory: the root is judged first by
 the rule the sync judges it by (daemon/jobs/remote_root.py `replaced_words`, against the root the run recorded in its
@@ -22,10 +22,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from minilmd.bounded import bounded_probe
+from minilmd.bounded import SHARED_STORAGE_PROBE_S
 from minilmd.daemon.base.runstate import fmt_time, names_remote
 from minilmd.daemon.base.seen import supervisor_seen
 from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.views.pathlooks import Looks
 from minilmd.fmt import fmt_duration
 from minilmd.names import LATEST, POINTER_MAX_BYTES, is_step_name, step_name, step_of
 from minilmd.perms import own_uid, owned_by_me_or_root, user_words
@@ -105,19 +106,18 @@ def _not_ours(url: str, run_dir: str, at) -> tuple[str, tuple[int, ...]]:
     return "", owners
 
 
-def look_now(state: StateJson, remote: str | None, alive: bool) -> RemoteNow | None:
+def look_now(state: StateJson, remote: str | None, alive: bool, looks: Looks | None = None) -> RemoteNow | None:
     """The look at run.remote (`remote`: the run's config's) for a run no supervisor runs for, whose record names a
     checkpoint on it; None where nothing is looked at (a supervisor alive keeps the record, a URL, another host's
-    run, no record of this remote) or the look did not answer in time."""
+    run, no record of this remote) or the look did not answer in time (said through `looks`: pathlooks.py)."""
     synced = state.remote_checkpoint
     root = local_remote_root(remote)
     if alive or synced is None or synced.step is None or root is None or not names_remote(synced.path, remote):
         return None
     if supervisor_seen(state).elsewhere:  # not checkable from here (daemon/base/seen.py)
         return None
-    answered, found, _ = bounded_probe(look, root, step_name(synced.step), (remote or "").rstrip("/"),
-                                       state.run_dir)
-    return found if answered else None
+    return (looks or Looks()).look("run.remote", root, look, root, step_name(synced.step), (remote or "").rstrip("/"),
+                                   state.run_dir, default=None, timeout_s=SHARED_STORAGE_PROBE_S)
 
 
 def remote_words(state: StateJson, t: float, alive: bool, now: RemoteNow | None) -> str:

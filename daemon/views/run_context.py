@@ -2,13 +2,15 @@
 (run.toml, minilmd/run_config_copy.py), and from it the init.from lineage behind its checkpoints, a note when its
 corpus is another user's now, and what its local run.remote holds now for a run no supervisor keeps the record of
 (RunContext: run.toml read once, however many lines need it).
-Each look at shared storage is bounded: a share that does not answer is left unsaid."""
+Each look at shared storage is bounded (daemon/views/pathlooks.py): a share that does not answer is left out of the
+line, and said in a note of its own."""
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
 
+from minilmd.bounded import SHARED_STORAGE_PROBE_S
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.pathlooks import Looks
 from minilmd.daemon.views.remotenow import RemoteNow, look_now
@@ -35,17 +37,17 @@ class RunContext:
         except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, a third user's file
             return None
 
-    def remote_now(self, state: StateJson, alive: bool) -> RemoteNow | None:
+    def remote_now(self, state: StateJson, alive: bool, looks: Looks | None = None) -> RemoteNow | None:
         """What the run's local run.remote holds now, for a run no supervisor keeps the record of (remotenow.py)."""
         cfg = None if alive or state.remote_checkpoint is None else self.config
-        return look_now(state, cfg.run.remote, alive) if cfg is not None else None
+        return look_now(state, cfg.run.remote, alive, looks) if cfg is not None else None
 
     def lineage_lines(self, state: StateJson | None = None, looks: Looks | None = None) -> list[str]:
         """init.from behind the newest local checkpoint, or once scratch is gone (removed at the end, a reboot)
         behind the one state.json records synced to the config's run.remote, stage by stage
         (daemon/phases/initwait.py lineage). Read in a bounded thread: a chain on a share that does not answer is
-        left unsaid; whether run.toml's scratch is still the run's is looked at as pathlooks.py looks (`looks`)."""
-        from minilmd.bounded import bounded_probe
+        left out (said through `looks`); whether run.toml's scratch is still the run's is looked at as pathlooks.py
+        looks."""
         from minilmd.daemon.phases.initwait import lineage
         from minilmd.scratch_root import not_looked_in
 
@@ -56,17 +58,19 @@ class RunContext:
         taken = (looks or Looks()).look("scratch", cfg.scratch_dir, not_looked_in, cfg.scratch_dir, owner,
                                         default="did not answer")
         local = None if taken else cfg.checkpoint_dir  # another user's, or stalled: not the run's
-        answered, chain, _ = bounded_probe(lineage, local, 8, _synced(cfg.run.remote, state))
-        return [f"  lineage: {' <- '.join(chain)}"] if answered and chain else []
+        synced = _synced(cfg.run.remote, state)
+        chain = (looks or Looks()).look("the lineage (init.from's chain) from", local or synced, lineage, local, 8,
+                                        synced, default=None, timeout_s=SHARED_STORAGE_PROBE_S)
+        return [f"  lineage: {' <- '.join(chain)}"] if chain else []
 
-    def corpus_owner_lines(self) -> list[str]:
+    def corpus_owner_lines(self, looks: Looks | None = None) -> list[str]:
         """A note when the run's data.prepared is another user's now (corpus_meta.owner_note; allowed, but said),
-        read in a bounded thread: a share that does not answer is left unsaid."""
-        from minilmd.bounded import bounded_probe
+        read in a bounded thread: a share that does not answer is left out (said through `looks`)."""
         from minilmd.corpus_meta import owner_note
 
         cfg = self.config
-        note = bounded_probe(owner_note, cfg.data.prepared)[1] if cfg is not None else ""
+        note = (looks or Looks()).look("data.prepared", cfg.data.prepared, owner_note, cfg.data.prepared, default="",
+                                       timeout_s=SHARED_STORAGE_PROBE_S) if cfg is not None else ""
         return [f"  note: {note}"] if note else []
 
 

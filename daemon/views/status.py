@@ -379,9 +379,9 @@ def _status(run: Dir, as_json: bool, out) -> int:
     alone = trainer_alone(run_dir, state, alive, run.fd)  # a killed supervisor's trainer, still training
     context = RunContext(run)
     lines = summary_lines(state, alive, alone=alone, saved_pass=saved_pass_words(run_dir, state, run.fd, looks),
-                          remote_now=context.remote_now(state, alive), seen=seen, looks=looks)
+                          remote_now=context.remote_now(state, alive, looks), seen=seen, looks=looks)
     lines += orphan_lines(run_dir, state, alone, inside)
-    lines += context.lineage_lines(state, looks) + context.corpus_owner_lines()
+    lines += context.lineage_lines(state, looks) + context.corpus_owner_lines(looks)
     lines += [own_root] if (own_root := _scratch_root(run)[0]) else []
     if claims:
         lines.insert(1, claims)
