@@ -23,10 +23,10 @@ from pathlib import Path
 from minilmd import perms, pychild, scratch_root
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import read_latest
-from minilmd.dirfd import Dir, PlaceRefused, place_problem
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
-from minilmd.place_rule import walk_to
+from minilmd.place_rule import walk_problem, walk_to
 from minilmd.protocol import EXIT_CONFIG
 from minilmd.untrusted import holds_any
 
@@ -161,16 +161,18 @@ def fresh_start(root_path: Path) -> tuple[Path, Path]:
     """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
     once), and only that: the demo directory if an earlier demo made it (its DEMO_MARKER, this user's), and the
     scratch marked for its run directory, never another user's demo, another run's scratch, nor a directory the demo
-    did not make. `root_path`, as the user gave it, is judged first by run.dir's place rule (it and every directory
-    above it root's or this user's, none another user can rearrange, a link on the way followed only when root's or
-    this user's): the demo writes by name in it, and a teammate's link planted at that name (to the user's ~/work)
-    would be what it removes. It is then reached, its missing directories made, by the rule's walk (place_rule
-    walk_to: never a resolve() or a mkdir by path, which a link planted after the judgement would lead elsewhere),
-    and the removal goes through the descriptor of the directory holding it. Returns (the demo directory's real
-    path, which the demo uses from then on; the scratch for this demo: the per-user default on /dev/shm, else a
-    directory beside the run)."""
-    given = Path(os.path.abspath(root_path))
-    if problem := place_problem(DEMO_LABEL, given, DEMO_WHAT, DIR_ADVICE, dir_itself=True, own_links=True):
+    did not make. `root_path`, as the user gave it, is judged first by the place rule (it and every directory above
+    it root's or this user's, none another user can rearrange, a link on the way followed only when root's or this
+    user's): the demo writes by name in it, and a teammate's link planted at that name (to the user's ~/work) would
+    be what it removes. That judgement is the walk's with nothing made (walk_problem: one answer, in one set of
+    words; by path, abspath read `~/link/../demo` as `~/demo` where the walk, as the kernel, goes up from where the
+    link leads). It is then reached, its missing directories made, by that walk (place_rule walk_to: never a
+    resolve() or a mkdir by path, which a link planted after the judgement would lead elsewhere), and the removal
+    goes through the descriptor of the directory holding it. Returns (the demo directory's real path, which the
+    demo uses from then on; the scratch for this demo: the per-user default on /dev/shm, else a directory beside
+    the run)."""
+    given = Path(root_path).absolute()  # not abspath: its ".." is the walk's to follow, up from where a link leads
+    if problem := walk_problem(given, DEMO_LABEL, DEMO_WHAT, DIR_ADVICE, in_the_way=True):
         sys.exit(f"demo: {problem}; nothing was removed")
     try:
         real = _walked(given)
@@ -192,6 +194,8 @@ def _walked(given: Path) -> Path:
     try:
         fd, real = walk_to(given, DEMO_LABEL, DEMO_WHAT, DIR_ADVICE, None)
     except FileNotFoundError:
+        if given.name == "..":  # below a missing directory: the kernel's open fails there too, nothing is made
+            raise
         fd, above = walk_to(given.parent, DEMO_LABEL, DEMO_WHAT, DIR_ADVICE, OUT_DIR_MODE)
         real = above / given.name
     os.close(fd)

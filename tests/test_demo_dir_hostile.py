@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon import demo
+from minilmd.perms import user_words
 from second_user import as_teammate, group_dir, second_user, teammate  # noqa: F401 - the fixture
 
 THESIS = "chapter 1\n"
@@ -51,7 +52,8 @@ def test_a_link_a_teammate_planted_at_the_demo_directory_is_refused_and_nothing_
         demo.main(str(holder / "demo-run"))
     said = str(refused.value.code)
     assert said.startswith("demo: the demo directory ") and "nothing was removed" in said
-    assert ("is a symbolic link (to" if where_kind == "sticky /tmp" else "can be written by other users") in said
+    link_words = f"is a symbolic link of {user_words(uid)} (to"  # the walk's words (walk_problem)
+    assert (link_words if where_kind == "sticky /tmp" else "can be written by other users") in said
     assert sorted(os.listdir(work)) == ["thesis.txt"] and (work / "thesis.txt").read_text() == THESIS
     assert (holder / "demo-run").is_symlink()
 

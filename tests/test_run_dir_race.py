@@ -232,14 +232,14 @@ def test_minilmd_train_claims_no_scratch_for_her_other_run_through_his_link(tmp_
 
 
 def test_the_demo_makes_nothing_through_his_link_planted_after_its_judgement(tmp_path, shared, monkeypatch):
-    """The demo directory: judged by path (place_problem), then resolve()d and its parent made by path, both
-    through his link planted meanwhile: fresh_start made sub/demo-run/.minilmd-demo in her private directory. Now
-    the walk that makes it meets his link: refused, nothing made there."""
+    """The demo directory: judged by path (place_problem, now the walk's judgement, walk_problem), then resolve()d
+    and its parent made by path, both through his link planted meanwhile: fresh_start made sub/demo-run/.minilmd-demo
+    in her private directory. Now the walk that makes it meets his link: refused, nothing made there."""
     from minilmd.daemon import demo
 
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
-    _plant_after(monkeypatch, demo, "place_problem", f"ln -s {hers} race", shared)
+    _plant_after(monkeypatch, demo, "walk_problem", f"ln -s {hers} race", shared)
     with pytest.raises(SystemExit, match="symbolic link of user nobody.*nothing was removed"):
         demo.fresh_start(shared / "race" / "sub" / "demo-run")
     assert list(hers.iterdir()) == []

@@ -154,3 +154,22 @@ def test_a_file_in_the_way_of_the_lock_directory_is_said_by_the_check_as_by_the_
         leases.open_lease(lock_dir, "GPU-a")
     assert leases.lock_dir_problem(lock_dir) == str(used.value)
     assert f"{tmp_path / 'file'} is a file, not a directory; choose another lock directory" in str(used.value)
+
+
+def test_the_demos_check_answers_as_the_walk_that_makes_its_directory(tmp_path):
+    """The demo directory: fresh_start's judgement before anything is removed and the walk that reaches (and makes)
+    it give one answer. Before, both were given abspath's spelling: `home/link/../b` was refused for home/b (0777),
+    where the kernel's path is good/b; `home/wide/../demo` passed and home/demo was made, where the kernel's path is
+    in open (0777)."""
+    from minilmd.daemon import demo
+
+    home, good, _ = _places(tmp_path)
+    assert demo.fresh_start(home / "link" / ".." / "b")[0] == good / "b"
+    assert (good / "b" / demo.DEMO_MARKER).is_file()
+    given = home / "wide" / ".." / "demo"
+    problem = walk_problem(given, demo.DEMO_LABEL, demo.DEMO_WHAT, demo.DIR_ADVICE)
+    assert problem is not None and "can be written by other users" in problem
+    with pytest.raises(SystemExit) as refused:
+        demo.fresh_start(given)
+    assert refused.value.code == f"demo: {problem}; nothing was removed"
+    assert not (home / "demo").exists()
