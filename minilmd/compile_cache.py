@@ -32,7 +32,7 @@ from pathlib import Path
 from minilmd import scratch
 from minilmd.names import COMPILE_CACHE, SCRATCH_BASE_ENV
 from minilmd.perms import others_can_write, owned_by_me
-from minilmd.place_rule import dir_problem
+from minilmd.place_rule import walk_problem
 
 CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 """Each compile cache variable and its directory under the root: the caches whose damaged kernels the supervisor
@@ -58,15 +58,20 @@ def root_of(scratch_dir: str | os.PathLike) -> Path:
     return Path(os.path.abspath(scratch_dir)) / COMPILE_CACHE
 
 
+CACHE_ADVICE = "choose a directory only you (and root) can change"
+"""How a refusal of a compile cache variable's directory ends."""
+
+
 def user_dir_problem(var: str, value: str) -> str | None:
     """Why the directory a user set `var` to is not one of this user's alone (None: it is, or it is missing where
-    only this user could make it)."""
+    only this user could make it). Judged by the place rule's walk (walk_problem), which goes where torch's opens
+    by path go: by path, abspath read `~/link/../c` as `~/c`, where the kernel goes up from where the link leads."""
     if not os.path.isabs(value):
         return f"{var}={value} is not an absolute path"
-    if problem := dir_problem(var, value, "the compile cache"):
+    if problem := walk_problem(value, var, "the compile cache", CACHE_ADVICE):
         return problem
     try:
-        st = os.stat(value)  # a link of ours or root's on the way was allowed by dir_problem
+        st = os.stat(value)  # a link of ours or root's on the way was followed by the walk
     except FileNotFoundError:
         return None
     except OSError as e:

@@ -43,7 +43,6 @@ from minilmd.openflags import NO_FOLLOW_NO_BLOCK
 from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
-    dir_problem,
     open_walked,
     place_problem,
     run_dir_problem,

@@ -126,14 +126,6 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     return None
 
 
-def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
-    """place_problem for a directory minilmd writes files in (a compile cache the user names): it and every
-    directory above it root's or ours, none rearrangeable by other users (sticky is fine). A missing one is fine
-    when what is above it is."""
-    return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,
-                         own_links=True)
-
-
 RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change{home} (not in a team directory: the run "
                   "writes its files there by name; run.share = \"group\" lets your group read the run)")
 """run.dir's refusal's advice; `{home}` is ", such as one under your home" unless run.dir is under it already."""

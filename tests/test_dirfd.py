@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from minilmd import perms
-from minilmd.dirfd import Dir, PlaceRefused, Replaced, dir_problem, place_problem
+from minilmd.compile_cache import user_dir_problem
+from minilmd.dirfd import Dir, PlaceRefused, Replaced, place_problem
 from minilmd.dirpublish import publish
 
 
@@ -41,7 +42,7 @@ def test_a_directory_others_can_rearrange_is_refused_unless_the_owner_opts_in_fo
         Dir.open(team, "the directory of --out")
     Dir.open(team, "the directory of --out", group_share=True).close()
     team.chmod(0o1777)  # sticky and ours (root's in CI): like /tmp, fine above a place, and for a compile cache's
-    assert dir_problem("TORCHINDUCTOR_CACHE_DIR", team / "cache", "the compile cache") is None
+    assert user_dir_problem("TORCHINDUCTOR_CACHE_DIR", str(team / "cache")) is None
 
 
 def test_team_above_lets_group_writable_directories_above_a_remote_but_no_world_writable_or_foreign_one(tmp_path):

@@ -193,7 +193,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "
                                  "directory (tempfile's: 0700, a random name made O_EXCL), or a directory the user set "
-                                 "that place_rule.dir_problem passed, judged again once made", {
+                                 "that compile_cache.user_dir_problem (the place rule's walk) passed, judged again "
+                                 "once made", {
         ("settle", "os.makedirs"): 2, ("private_caches", "tempfile.mkdtemp"): 1,
         ("private_caches", "shutil.rmtree"): 1}),
     "minilmd/corpus/bench/append.py": ("private", "a benchmark's own temporary directory", {

@@ -173,3 +173,20 @@ def test_the_demos_check_answers_as_the_walk_that_makes_its_directory(tmp_path):
         demo.fresh_start(given)
     assert refused.value.code == f"demo: {problem}; nothing was removed"
     assert not (home / "demo").exists()
+
+
+def test_a_compile_cache_the_user_set_is_judged_where_torchs_opens_go(tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR and the like, set by the user: judged by the walk (walk_problem), which goes where the
+    kernel's opens by path (torch's) go. Before, by path (place_problem on abspath): `home/link/../b` was refused
+    for home/b (0777) where torch writes in good/b (ours, 0755); `home/wide/../c` passed where torch would make c in
+    open (0777), which another user may rearrange."""
+    from minilmd.compile_cache import CACHE_ADVICE, user_dir_problem
+
+    home, _, _ = _places(tmp_path)
+    var = "TORCHINDUCTOR_CACHE_DIR"
+    for value in [*_spellings(home), home / "wide" / ".." / "c", home / "link" / ".." / "c"]:
+        walked = walk_problem(value, var, "the compile cache", CACHE_ADVICE)
+        if walked:  # refused by the walk: in its words (passed: the cache's own look at what is there follows)
+            assert (user_dir_problem(var, str(value)), value) == (walked, value)
+    assert user_dir_problem(var, str(home / "link" / ".." / "b")) is None
+    assert user_dir_problem(var, str(home / "wide" / ".." / "c")) is not None
