@@ -103,18 +103,24 @@ def own_base(path: str) -> str:
     """"" when the printed merge may name `path` as its base: `own_file`, in a directory that no one else can
     rearrange, nor one above it (place_rule's rule, perms' one rule). In a team directory (2775, not sticky) a group
     member could rename his file over hers between the print and her paste, and the merge would load his weights
-    (weights_only stops code, not a poisoned base). Else why not."""
-    from minilmd.place_rule import place_problem
+    (weights_only stops code, not a poisoned base). Else why not. Judged by the place rule's walk (walk_problem), to
+    the file itself: every directory on the way is judged as one above it, `..` after a link goes where the pasted
+    command's open goes (by path, abspath read `~/link/../b.pth` as `~/b.pth`), and the file, a regular one of the
+    user's (own_file), ends the walk as a file in the way, which walk_problem leaves to its caller."""
+    from minilmd.place_rule import walk_problem
     from minilmd.untrusted import printable
 
     if why := own_file(path):
         return why
     try:
-        problem = place_problem("the base", path, "the base", "keep your base in a directory only you can change (so "
-                                "it is not named here)", own_links=True)
+        problem = walk_problem(path, "the base", "the base", BASE_ADVICE)
     except OSError as e:  # a share failing on the way (EIO, ESTALE)
         problem = f"the directory of {path} cannot be looked at ({e.strerror or e}), so it is not named"
     return printable(problem or "")
+
+
+BASE_ADVICE = "keep your base in a directory only you can change (so it is not named here)"
+"""How own_base's refusal ends."""
 
 
 def own_file(path: str) -> str:
@@ -142,11 +148,15 @@ def own_place() -> str:
     can change it or a directory above it (place_rule's rule), else the home directory when it is; "" for neither.
     Never the directory of the file given, which may be a team directory whose members plant links. Not one its
     group may write either, even a user private group's (umask 002): the pasted command's own check (OWN_DIR_CODE)
-    cannot tell such a group from a team's and refuses it."""
+    cannot tell such a group from a team's and refuses it. Judged by path (place_problem), not by the walk, for a
+    reason: the pasted command opens the directory of os.path.abspath(its last argument) (OWN_DIR_CODE), so a
+    `..` after a link in $HOME (`/x/link/../h`) is read as abspath reads it there; the place is judged, looked at
+    and printed as that abspath (no `..` left in it), so the judgement, this look and the command's open agree."""
     from minilmd import perms
     from minilmd.place_rule import place_problem
 
-    for where in (_cwd(), os.path.expanduser("~")):
+    for given in (_cwd(), os.path.expanduser("~")):
+        where = os.path.abspath(given) if given else ""  # OWN_DIR_CODE's reading of it
         try:
             st = os.lstat(where) if where else None
             mine = st is not None and perms.owned_by_me(st) and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022

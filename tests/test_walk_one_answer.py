@@ -190,3 +190,36 @@ def test_a_compile_cache_the_user_set_is_judged_where_torchs_opens_go(tmp_path):
             assert (user_dir_problem(var, str(value)), value) == (walked, value)
     assert user_dir_problem(var, str(home / "link" / ".." / "b")) is None
     assert user_dir_problem(var, str(home / "wide" / ".." / "c")) is not None
+
+
+def test_a_printed_merges_base_is_judged_where_its_load_goes(tmp_path):
+    """init_model.own_base: the base a printed merge names is judged by the walk to the file (walk_problem), where the
+    pasted command's torch.load goes. Before, by path (abspath): `home/link/../b/base.pth` was not named for home/b
+    (0777), where the file loaded is in good/b (ours, 0755); `home/wide/../base.pth` was named, its directory open
+    (0777): another user could rename his file over hers before she pastes."""
+    from minilmd.init_model import BASE_ADVICE, own_base
+
+    home, good, wide = _places(tmp_path)
+    for directory in (good / "b", wide):
+        (directory / "base.pth").write_bytes(b"weights")
+    for base in (home / "link" / ".." / "b" / "base.pth", home / "wide" / ".." / "base.pth"):
+        walked = walk_problem(base, "the base", "the base", BASE_ADVICE)
+        assert (own_base(str(base)), base) == (walked or "", base)
+    assert own_base(str(home / "link" / ".." / "b" / "base.pth")) == ""
+    assert "can be written by other users" in own_base(str(home / "wide" / ".." / "base.pth"))
+
+
+def test_a_printed_commands_output_place_is_the_abspath_its_own_check_opens(tmp_path, monkeypatch):
+    """init_model.own_place: the pasted command opens the directory of os.path.abspath(its output) (OWN_DIR_CODE),
+    so the place is judged by path, and looked at and printed as that abspath too. Before, it was looked at as
+    spelt (the kernel's good/x for a $HOME of `home/link/../x`) but judged and opened as home/x: a place printed
+    that the command could not open. Now refused while home/x is missing, printed (as home/x) once it is there."""
+    from minilmd.init_model import own_place
+
+    home, good, _ = _places(tmp_path)
+    (good / "x").mkdir(mode=0o700)
+    monkeypatch.chdir(home / "b")  # 0777: not a place for the output
+    monkeypatch.setenv("HOME", str(home / "link" / ".." / "x"))
+    assert own_place() == ""
+    (home / "x").mkdir(mode=0o700)
+    assert own_place() == str(home / "x")
