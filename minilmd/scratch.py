@@ -16,9 +16,12 @@ launch. So:
 - a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it,
   and only while it is empty: a directory holding anything else (someone's `corpus/`) is refused, never emptied; a
   trainer.lock of this user's that no process holds (trainer_lock.left_unheld: a by-hand trainer's) is no content;
-- no component of the path is a symbolic link, and no directory above the scratch belongs to or can be written by
-  another user (unless it is sticky and root's or this user's, like /tmp and /dev/shm), nor the scratch itself:
-  such a user could swap the scratch for a link to the owner's data, or for his own directory, at any time;
+- no directory above the scratch belongs to or can be written by another user (unless it is sticky and root's or
+  this user's, like /tmp and /dev/shm), nor the scratch itself, and a link on the way to it is followed only when
+  it is root's or this user's (the place rule's walk, minilmd/place_rule.py walk_problem: the one Dir.open takes to
+  the scratch, so the check and the use give one answer, `..` after a link going up from where it leads, as the
+  kernel's opens by path do); the scratch itself is no link at all: such a user could swap the scratch for a link
+  to the owner's data, or for his own directory, at any time;
 - the claim is made again before every staging and every trainer start (daemon/jobs/stagingworker.py); a scratch
   whose identity (device, inode, owner) changed since this process first claimed it is a final error naming the
   change (ScratchChanged); the very one claimed, its marker removed (an `rm -rf` that raced a save), is marked
@@ -38,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, run_owner
-from minilmd.dirfd import PRIVATE, place_problem
+from minilmd.dirfd import PRIVATE
 from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import SCRATCH_OWNER, TRAINER_LOCK
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
-from minilmd.place_rule import lstat_or_none
+from minilmd.place_rule import lstat_or_none, walk_problem
 from minilmd.scratch_remade import marker_only_words, newest_step, partly_removed, remade_words, unmarked_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.tmpnames import atomic_tmp_prefix
@@ -123,12 +126,18 @@ def _link_target(path: Path) -> str:
         return "?"
 
 
+SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
+"""How a refusal of the way to the scratch ends."""
+
+
 def _ancestry_problem(label: str, scratch: Path) -> str | None:
-    """Why someone else could put another directory (or a link) where `scratch` is: a symbolic link on the way, or a
-    directory above it that another user owns or can write (sticky ones of root or of this user excepted). Missing
-    directories are fine: claim() makes them. None: the path stays where it is. The rule of every place minilmd
-    writes in (minilmd/dirfd.py)."""
-    return place_problem(label, scratch, "the scratch", "set run.scratch to a place only you (and root) can change")
+    """Why someone else could put another directory (or a link) where `scratch` is: another user's link on the way,
+    or a directory above it that another user owns or can write (sticky ones of root or of this user excepted).
+    Missing directories are fine: claim() makes them. None: the path stays where it is. The place rule's walk with
+    nothing made (walk_problem), the scratch itself waived (`group_share`: _dir_problem and problems() judge it,
+    stricter): by path (abspath), `a/link/../b` was judged as a/b, no link seen, where the walk (Dir.open's, in
+    minilmd/trainer_lock.py) and the kernel's opens go to b beside where the link leads."""
+    return walk_problem(scratch, label, "the scratch", SCRATCH_ADVICE, group_share=True)
 
 
 def _foreign_entries(scratch: Path) -> list[str]:

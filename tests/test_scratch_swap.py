@@ -157,13 +157,17 @@ def _problems(where: Path, run_dir: Path) -> str:
 
 
 def test_no_link_on_the_way_and_no_directory_above_that_another_user_can_change(tmp_path):
+    """Another user's link on the way is refused (the place rule's walk: a link of root's or ours is followed, as
+    Dir.open follows it to the scratch), and so is a directory above that another user owns or can write."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to give a directory to another user (nobody)")
     run_dir = tmp_path / "run"
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "via").symlink_to(real)
-    assert f"the directory {tmp_path / 'via'} above it is a symbolic link (to {real})" in \
+    assert _problems(tmp_path / "via" / "a" / "scr", run_dir) == ""  # root's own link: followed
+    os.lchown(tmp_path / "via", NOBODY.pw_uid, NOBODY.pw_gid)
+    assert f"{tmp_path / 'via'} is a symbolic link of user nobody (uid {NOBODY.pw_uid}) (to {real})" in \
         _problems(tmp_path / "via" / "a" / "scr", run_dir)
     his = tmp_path / "his"
     his.mkdir()

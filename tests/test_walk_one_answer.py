@@ -223,3 +223,24 @@ def test_a_printed_commands_output_place_is_the_abspath_its_own_check_opens(tmp_
     assert own_place() == ""
     (home / "x").mkdir(mode=0o700)
     assert own_place() == str(home / "x")
+
+
+def test_the_scratchs_check_answers_as_the_walk_that_opens_it(tmp_path):
+    """run.scratch: problems() (run --check, the claim) judges the way to it by the walk Dir.open takes to it
+    (minilmd/trainer_lock.py), the scratch itself waived there (judged by its own, stricter rule after). Before, by
+    path (place_problem, abspath): `home/link/../b/scr` was refused for home/b (0777), where the scratch is made in
+    good/b; `home/wide/../scr` passed, where it is made in open (0777), which others may rearrange."""
+    from minilmd import scratch
+
+    home, good, _ = _places(tmp_path)
+    run_dir = tmp_path / "run"
+    for where in (home / "link" / ".." / "b" / "scr", home / "wide" / ".." / "scr", home / "b" / "scr",
+                  home / "link" / ".." / "scr"):
+        walked = walk_problem(where, "run.scratch", "the scratch", scratch.SCRATCH_ADVICE, group_share=True)
+        assert (scratch.problems(where, run_dir, False), where) == ([walked] if walked else [], where)
+    assert scratch.problems(home / "wide" / ".." / "scr", run_dir, False) != []
+    spelt = home / "link" / ".." / "b" / "scr"
+    claimed = scratch.claim(spelt, run_dir, "r", False)
+    with Dir.open(spelt, "run.scratch") as opened:
+        assert opened.identity == (claimed.dev, claimed.ino) == (os.stat(good / "b" / "scr").st_dev,
+                                                                 os.stat(good / "b" / "scr").st_ino)
