@@ -22,7 +22,11 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
   `walk_problem` is its judgement with nothing made: run.dir's check (`run_dir_problem`) is the launch's walk, an
   output's (fsio.out_parent_problem, prepare's check_out_place) the write's, the GPU lock directory's
-  (leases.lock_dir_problem) the lease's: one answer however the place is spelled.
+  (leases.lock_dir_problem) the lease's, the demo directory's (daemon/demo.py fresh_start) the walk that makes it,
+  scratch's way (minilmd/scratch.py) Dir.open's; a compile cache the user set (compile_cache.user_dir_problem) and
+  a printed merge's base (init_model.own_base), opened by path by others (torch), the kernel's way: one answer
+  however the place is spelled. place_problem is left where the use itself reads the path as abspath does
+  (init_model.own_place: the pasted command's OWN_DIR_CODE).
 - `real_path(path, owners)` follows the links of a path by the same link rule (`link_followed`) and judges nothing
   else, makes nothing: the path-based look daemon/views/runarg.py uses to find the run a view is given.
 Torch-free.
