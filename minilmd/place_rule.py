@@ -174,6 +174,11 @@ def open_run_dir(run_dir: str | os.PathLike) -> int:
     return _walk_run_dir(run_dir)[0]
 
 
+SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
+"""How a refusal of the way to run.scratch ends: scratch's check (minilmd/scratch.py) and the walk that makes it to
+save in (minilmd/trainer_lock.py) alike, one set of words (beside run.dir's, its neighbour's)."""
+
+
 RUN_DIR_MADE = 0o755
 """The mode run.dir (and a missing directory on the way) is made with, less the umask: never writable by the group
 or others, whatever the umask. `minilmd run` and `minilmd train` set run.share's umask (perms.apply, always with

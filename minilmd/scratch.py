@@ -45,7 +45,7 @@ from minilmd.dirfd import PRIVATE
 from minilmd.lockfile import LOCK_FILE_MODE
 from minilmd.names import SCRATCH_OWNER, TRAINER_LOCK
 from minilmd.perms import others_can_write, own_uid, owned_by_me, user_words
-from minilmd.place_rule import lstat_or_none, walk_problem
+from minilmd.place_rule import SCRATCH_ADVICE, lstat_or_none, walk_problem
 from minilmd.scratch_remade import marker_only_words, newest_step, partly_removed, remade_words, unmarked_words
 from minilmd.scratch_root import base, default_path  # noqa: F401 - where callers have always found them
 from minilmd.tmpnames import atomic_tmp_prefix
@@ -124,10 +124,6 @@ def _link_target(path: Path) -> str:
         return os.readlink(path)
     except OSError:
         return "?"
-
-
-SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
-"""How a refusal of the way to the scratch ends."""
 
 
 def _ancestry_problem(label: str, scratch: Path) -> str | None:

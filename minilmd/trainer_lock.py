@@ -51,13 +51,12 @@ from pathlib import Path
 from minilmd import lockfile, names
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.fsio import is_disk_full
-from minilmd.place_rule import walk_to
+from minilmd.place_rule import SCRATCH_ADVICE, walk_to
 from minilmd.proc_info import boot_id, process_alive, recorded_boot
 from minilmd.roomwords import no_room, top_of
 from minilmd.supervision import supervision
 from minilmd.untrusted import printable
 
-SCRATCH_ADVICE = "set run.scratch to a place only you (and root) can change"
 JOB_BODY_WAIT_S = 10.0
 """How long a torchrun rank finding the lock held reads its holder's file again before it is refused (_taken_or_holder):
 a rank of its own job writes it microseconds after its flock, seconds on a loaded host."""

@@ -12,7 +12,7 @@ import pytest
 
 from minilmd import fsio
 from minilmd.dirfd import Dir, PlaceRefused
-from minilmd.place_rule import walk_problem
+from minilmd.place_rule import SCRATCH_ADVICE, walk_problem
 
 OPENED = " (found so when opened)"
 """What a walk that opens adds to its refusal, which a check's (nothing opened) does not say."""
@@ -236,7 +236,7 @@ def test_the_scratchs_check_answers_as_the_walk_that_opens_it(tmp_path):
     run_dir = tmp_path / "run"
     for where in (home / "link" / ".." / "b" / "scr", home / "wide" / ".." / "scr", home / "b" / "scr",
                   home / "link" / ".." / "scr"):
-        walked = walk_problem(where, "run.scratch", "the scratch", scratch.SCRATCH_ADVICE, group_share=True)
+        walked = walk_problem(where, "run.scratch", "the scratch", SCRATCH_ADVICE, group_share=True)
         assert (scratch.problems(where, run_dir, False), where) == ([walked] if walked else [], where)
     assert scratch.problems(home / "wide" / ".." / "scr", run_dir, False) != []
     spelt = home / "link" / ".." / "b" / "scr"
