@@ -112,6 +112,8 @@ def test_status_and_stop_of_another_users_run_naming_a_stalled_path_answer_and_s
     assert f"run.remote {stalled}/remote did not answer within" in shown, shown  # run.toml's paths too
     assert f"data.prepared {stalled}/corpus did not answer within" in shown, shown
 
-    faultfs.stall("scratch*", 600, op="*")
-    stopped = answered_while_stalled(["stop", str(run_dir)], env, tmp_path / "stop.txt", faultfs, "did not answer")
+    for glob in ("scratch*", "remote*"):
+        faultfs.stall(glob, 600, op="*")
+    stopped = answered_while_stalled(["stop", str(run_dir)], env, tmp_path / "stop.txt", faultfs,
+                                     f"run.remote {stalled}/remote did not answer within")  # said too (before: not)
     assert f"{stalled}/scratch" in stopped, stopped

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs, protocol, run_owner
-from minilmd.bounded import bounded_probe
+from minilmd.bounded import SHARED_STORAGE_PROBE_S
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import RemoteCheckpoint, StateJson, SupervisorInfo
@@ -264,10 +264,10 @@ def _checkpoint_report(state: StateJson, out, always: bool, owner: int | None = 
     exist, and the remote's older step from the killed supervisor's record: NOT SYNCED, exit 3, a false alarm."""
     looks = Looks()  # the paths state.json names, its user's to write: bounded, what stalls said (pathlooks.py)
     local_step, local_path = _local_there(state, owner, looks)
+    remote = state.remote_checkpoint
+    remote_step = _remote_step(remote, Path(state.run_dir) if state.run_dir else None, owner, looks)
     for said in looks.unanswered:
         print(f"  note: {printable(said)}: state.json's word taken", file=out)
-    remote = state.remote_checkpoint
-    remote_step = _remote_step(remote, Path(state.run_dir) if state.run_dir else None, owner)
     if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
         local_words = f"local checkpoint step {local_step}" if local_step is not None else "no local checkpoint"
         verified = "" if remote is None or remote_step != remote.step else \
@@ -312,19 +312,23 @@ def _local_there(state: StateJson, owner: int | None = None,
     return local.step, local.path
 
 
-def _remote_step(remote: RemoteCheckpoint | None, run_dir: Path | None, owner: int | None = None) -> int | None:
+def _remote_step(remote: RemoteCheckpoint | None, run_dir: Path | None, owner: int | None = None,
+                 looks: Looks | None = None) -> int | None:
     """The newest step run.remote has of the run: state.json's record, or the step the remote's LATEST names when
-    newer (a file of the run's user, naming a step directory with its manifest, read within the shared storage
-    probe's bound: a hung mount is state.json's word), and only while the remote's owner.json, read in the same
-    probe, names this run: a remote another run claimed since has that run's LATEST (review10d F5)."""
+    newer (a file of the run's user, naming a step directory with its manifest, read as pathlooks.py looks, within
+    the shared storage probe's bound: a hung mount is state.json's word, said through `looks`), and only while the
+    remote's owner.json, read in the same look, names this run: a remote another run claimed since has that run's
+    LATEST (review10d F5)."""
     recorded = remote.step if remote is not None else None
     if remote is None or not remote.path or is_url(remote.path) or not Path(remote.path).is_absolute():
         return recorded
     root = Path(remote.path).parent
     if run_dir is None:
         return recorded
-    answered, named, _ = bounded_probe(_latest_step, root, run_dir, own_uid() if owner is None else owner)
-    if not answered or named is None:
+    named = (looks or Looks()).look("run.remote", root, _latest_step, root, run_dir,
+                                    own_uid() if owner is None else owner, default=None,
+                                    timeout_s=SHARED_STORAGE_PROBE_S)
+    if named is None:
         return recorded
     return named if recorded is None else max(recorded, named)
 
