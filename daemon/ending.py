@@ -89,21 +89,25 @@ class Ending:
         if self.phase == Phase.STOPPING:
             return
         if self.loop.child is not None and self.loop.child.poll() is None:
-            self._ask_trainer_to_stop(self.loop.child)
-            reason += f"; SIGTERM sent to trainer pid {self.loop.child.pid}"
+            if self._ask_trainer_to_stop(self.loop.child):
+                reason += f"; SIGTERM sent to trainer pid {self.loop.child.pid}"
+            else:  # asked already (its GPU lease lost): the save under way is waited for
+                reason += f"; trainer pid {self.loop.child.pid} is saving already (asked to stop before)"
         self._go(Phase.STOPPING, reason)
 
-    def _ask_trainer_to_stop(self, child: Child) -> None:
+    def _ask_trainer_to_stop(self, child: Child) -> bool:
         """The SIGTERM that asks the trainer to save and stop: a stop's, and a lost GPU lease's (daemon/attempt.py
         _leave_lost_gpu). Sent once to a trainer, however many ask: a stop taken while it saves for a lost lease
         waits on that save (a second SIGTERM would cut torch's agent's close short and start it again); its time
-        (`stop_sent`) starts the save grace (`_kill_past_save_grace`). A Slurm step is signalled through Slurm."""
+        (`stop_sent`) starts the save grace (`_kill_past_save_grace`). A Slurm step is signalled through Slurm.
+        Whether it was asked now (False: asked before)."""
         if child.stop_sent is not None:
-            return
+            return False
         child.stop_sent = now()
         child.stop_mark = trainerwatch.newest_mark(self.cfg)  # a save since: said at a second signal
         if not (self.slurm and self.slurm.stop_step(child.command)):  # srun: its step is signalled
             child.signal_group(signal.SIGTERM)
+        return True
 
     def _kill_past_save_grace(self, child: Child, kind: str, why: str = "") -> None:
         """SIGKILL to a trainer asked to stop (`_ask_trainer_to_stop`) that has not exited within the save grace,

@@ -244,6 +244,7 @@ def test_a_stop_while_the_trainer_saves_for_a_lost_lease_wins(tmp_path, corpus, 
     assert "wait_for_gpu" not in transitions and transitions.count("gpu_ready") == 1, transitions
     assert any("stopped on request" in e["message"] for e in events(cfg.run_dir) if e.get("transition") == "stopped")
     assert (tmp_path / "signals").read_text() == "SIGTERM\n"  # the lost lease's only
+    assert any("is saving already (asked to stop before)" in e.get("message", "") for e in events(cfg.run_dir))
 
 @pytest.mark.slow
 def test_a_lease_lost_between_two_trainers_launches_none_there_and_waits_for_the_card(tmp_path, corpus, monkeypatch):
