@@ -113,6 +113,31 @@ ANOTHER_BOOT = "00000000-0000-4000-8000-000000000000"
 """A boot id of no boot of this test's (the kernel draws them at random)."""
 
 
+def test_a_sigusr2_is_minilmd_stops_only_with_a_request_written_in_this_boot_after_this_process_began(tmp_path):
+    """stoprequest.asked_now, which in a Slurm job tells `minilmd stop`'s SIGUSR2 from Slurm's B:USR2 warning: stop
+    writes its request on this host just before its signal, so only a request of this boot after this process's
+    start is its. One left by an earlier stop on another node or before a reboot (still in run.dir during the
+    scratch wait, before at_start clears it), or one with no boot time, is none. Before, another boot's request
+    counted as current: Slurm's warning was taken as a stop, and the job was never requeued."""
+    run_dir = tmp_path
+    path = run_dir / names.STOP_REQUEST
+    assert not stoprequest.asked_now(run_dir)  # none at all
+    stoprequest.leave(run_dir, os.getuid())
+    assert stoprequest.asked_now(run_dir)  # what `minilmd stop` writes just before its SIGUSR2
+    written = json.loads(path.read_text())
+
+    def rewritten(**changes: object) -> bool:
+        path.write_text(json.dumps({**written, **changes}))
+        return stoprequest.asked_now(run_dir)
+
+    assert rewritten() and rewritten(time=0)  # the wall clock has no say
+    assert not rewritten(boot=ANOTHER_BOOT), "another boot's request (another node, a reboot) taken as current"
+    assert not rewritten(boot="") and not rewritten(since_boot=None)
+    assert not rewritten(since_boot=started_since_boot(os.getpid()) - 5)  # before this process began
+    path.write_text("not json")
+    assert not stoprequest.asked_now(run_dir)  # a request with no time: not one stop writes before its signal
+
+
 def _request_before_this_process(run_dir: Path, after_end: bool = False) -> None:
     """A request as a `stop` before this process began would have left it (its time since boot before our start)."""
     stoprequest.leave(run_dir, os.getuid(), after_end=after_end)

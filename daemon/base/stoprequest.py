@@ -134,17 +134,16 @@ def asked_after_start(request: StopRequest, pid: int | None = None) -> bool:
 
 
 def asked_now(run_dir: Path) -> bool:
-    """Whether a SIGUSR2 that came to this supervisor now is `minilmd stop`'s: stop writes its request before it
-    signals, so one is in run_dir, unless provably older than this process's start (asked_after_start: this boot's
-    clock; a request read at the start was honoured or removed then). In a Slurm job a SIGUSR2 without one is
-    Slurm's own warning (`sbatch --signal=B:USR2@300`, a user who picked USR2): taken as its USR1, a preemption
-    (daemon/supervisor.py, daemon/scratchclaim.py); before, it was taken as `minilmd stop`'s, and the job ended
-    "stopped on request", never requeued. A file there that is no request (a link, another user's) is none."""
+    """Whether a SIGUSR2 that came to this supervisor now is `minilmd stop`'s: stop writes its request on this host
+    just before it signals (it signals only a local lock holder), so one is in run_dir, written in this boot after
+    this process's start (asked_after_start). In a Slurm job a SIGUSR2 without one is Slurm's own warning (`sbatch
+    --signal=B:USR2@300`, a user who picked USR2): taken as its USR1, a preemption (daemon/supervisor.py,
+    daemon/scratchclaim.py); before, it was taken as `minilmd stop`'s, and the job ended "stopped on request", never
+    requeued. A request of another boot or host (left by an earlier stop, still there during the scratch wait, before
+    at_start clears it), one without its boot's time, and a file there that is no request (a link, another user's)
+    are none: before, another boot's counted as current, and turned Slurm's warning into a stop."""
     request, _ = read(run_dir)
-    if request is None:
-        return False
-    older = request.since_boot is not None and request.boot == boot_id() and not asked_after_start(request)
-    return not older
+    return request is not None and asked_after_start(request)
 
 
 def status_line(run_dir: Path, systemd_unit: str = "", dir_fd: int | None = None) -> str | None:
