@@ -30,7 +30,7 @@ from minilmd.daemon.views.status import error_context, phase_reason
 from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import POINTER_MAX_BYTES
 from minilmd.perms import own_uid
-from minilmd.proc_info import catches_signal, of_another_boot
+from minilmd.proc_info import catches_signal, of_another_boot, process_environ
 from minilmd.run_states import Phase, SyncState
 from minilmd.untrusted import Unreadable, printable, read_bytes, read_json
 from minilmd.urls import is_url
@@ -96,6 +96,12 @@ def _stop(run: Dir, timeout: float, out) -> int:
               f"`minilmd stop` there", file=out)
         return protocol.STOP_FAILED
     pid, ticks = live.pid, procs.process_start_ticks(live.pid)
+    if request is None and (job := _slurm_job_of(pid, state)):
+        print(f"supervisor pid {pid} runs in Slurm job {printable(job)}, where a SIGUSR2 with no stop request in "
+              f"run.dir is Slurm's own warning, which saves, syncs and requeues the job: not signalled; end the job "
+              f"with `scancel {printable(job)}`, or make the request writable (room in run.dir's file system; a "
+              f"`minilmd stop` as the run's owner) and run `minilmd stop` again", file=out)
+        return protocol.STOP_FAILED
     said, failed = _signal(scope, run, state, live.launch_id, pid, ticks)
     print(said, file=out, flush=True)
     if failed:
@@ -148,6 +154,19 @@ def _leave_request(scope: procs.RunScope, run: Dir, out, after_end: bool = False
         print(f"{printable(scope.run_dir)}: the stop request cannot be written ({why}): a launcher's restart still "
               f"to come would start the run", file=out)
         return None
+
+
+def _slurm_job_of(pid: int, state: StateJson) -> str:
+    """The Slurm job supervisor `pid` runs in ("" outside one), as it tells itself: its environment's SLURM_JOB_ID
+    (daemon/slurm/job.py detect); where that cannot be read, state.json's slurm section when that names this pid as
+    its supervisor. In a job, its signal without a stop request would be read as Slurm's warning (stoprequest.asked_now:
+    the job requeued, the run trained on), so `stop` sends none: before, a stop whose request could not be written
+    (run.dir full, root squashed on NFS) requeued the job it was asked to end."""
+    environ = process_environ(pid)
+    if environ:
+        return environ.get(names.SLURM_JOB_ENV, "")
+    job = (state.slurm or {}).get("job_id") if state.supervisor.pid == pid else None
+    return job if isinstance(job, str) else ""
 
 
 def _request_left_words(request: Path, out) -> None:
