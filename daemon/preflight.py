@@ -45,13 +45,14 @@ from minilmd.daemon.jobs.remote_room import remote_room_problems
 from minilmd.daemon.jobs.rundone import Done
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
-from minilmd.daemon.scratchclaim import (  # noqa: F401 - run_lock: the supervisor's, through this module
+from minilmd.daemon.scratchclaim import (  # noqa: F401 - run_lock, preempted_in_checks: the supervisor's, through here
     Held,
     LaunchEnds,
     RunDirFull,
     ScratchRootUnknown,
     claim_scratch,
     in_use_words,
+    preempted_in_checks,
     run_lock,
 )
 from minilmd.names import INIT_DIR

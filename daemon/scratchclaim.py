@@ -33,6 +33,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch, scratch_hold, scratch_root
 from minilmd.backoff import exponential
@@ -44,6 +45,9 @@ from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.daemon.waitrecord import WaitRecord
 from minilmd.fsio import is_disk_full
 from minilmd.roomwords import no_room as _no_room
+
+if TYPE_CHECKING:
+    from minilmd.daemon.base.runstate import RunState
 
 SLICE_S = 1.0
 """How long the wait sleeps between two looks at a stop and the watchdog."""
@@ -243,27 +247,47 @@ def _end_on_signal(cfg: RunConfig, signals: Signals, record: WaitRecord) -> None
     from minilmd.daemon.base import stoprequest
 
     request = stoprequest.honoured(cfg.run_dir)  # `minilmd stop`'s signal (it wrote this first): no requeue
-    status, ended, why = _slurm_preempted(got, request.words() if request else "", record)
+    status, ended, why = _slurm_preempted(got, request.words() if request else "",
+                                          record.state if record.state is not None else {},
+                                          "while waiting for room for scratch: nothing started")
     print(f"minilmd run: {why}", flush=True)
     raise PreemptedWaiting(why, status, ended)
 
 
-def _slurm_preempted(signal_name: str, stop_asked: str, record: WaitRecord) -> tuple[int, str, str]:
-    """Slurm's USR1 or SIGTERM during the wait: a preemption with nothing started, nothing to save or sync, ended
-    as the supervisor's (SlurmJob.plan: requeued unless Slurm requeues it itself, it is being cancelled or
-    `stop_asked`), at once. (exit status, ended, why). The SlurmJob is made on the wait's record, so that its one
-    writer of state.json's `slurm` section (job id, nodes, cards, restart count, Slurm's state, requeued) writes it
-    there as on a supervisor's preemption; before, it wrote into a dict thrown away, and state.json had none."""
+def preempted_in_checks(signal_name: str) -> int | None:
+    """A stop signal (its name) that ended the launch's checks (daemon/host/signals.py LaunchStopped) in a Slurm job:
+    a preemption with nothing made, ended as the wait's (_slurm_preempted: requeued unless Slurm requeues it itself
+    or it is being cancelled), said; the exit status. None outside a Slurm job: a stop, the caller's to say. A
+    SIGUSR2 there is Slurm's warning (`--signal=B:USR2`), taken as its USR1: `minilmd stop` signals only the holder
+    of the run lock, which the checks do not take yet (a stop request it left meanwhile is the requeued start's to
+    honour). Before, the job exited 0 "stopped", never requeued, where the same signal a moment later requeues it."""
+    if not os.environ.get(names.SLURM_JOB_ENV):
+        return None
+    if signal_name == "SIGUSR2":
+        print("minilmd run: SIGUSR2 during the launch's checks, before the run lock `minilmd stop` signals: Slurm's "
+              "--signal warning (B:USR2), taken as its USR1", flush=True)
+        signal_name = "USR1"
+    status, _, why = _slurm_preempted(signal_name, "", {}, "during the launch's checks: nothing made")
+    print(f"minilmd run: {why}", flush=True)
+    return status
+
+
+def _slurm_preempted(signal_name: str, stop_asked: str, state: RunState | dict, when: str) -> tuple[int, str, str]:
+    """Slurm's USR1 or SIGTERM during the wait (or the launch's checks, `when` says which): a preemption with nothing
+    started, nothing to save or sync, ended as the supervisor's (SlurmJob.plan: requeued unless Slurm requeues it
+    itself, it is being cancelled or `stop_asked`), at once. (exit status, ended, why). The SlurmJob is made on the
+    wait's record's `state`, so that its one writer of state.json's `slurm` section (job id, nodes, cards, restart
+    count, Slurm's state, requeued) writes it there as on a supervisor's preemption; before, it wrote into a dict
+    thrown away, and state.json had none. The checks have made no state.json: theirs is thrown away."""
     from minilmd.daemon.slurm.job import SlurmJob, detect
 
     alloc = detect()
     assert alloc is not None  # only called in a Slurm job
-    job = SlurmJob(alloc, record.state if record.state is not None else {},
-                   lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
+    job = SlurmJob(alloc, state, lambda _kind, message, **_: print(f"minilmd run: {message}", flush=True))
     job.preempted_by = signal_name  # no end watch: there is no save nor sync to cut
     plan = job.plan(False, None, "", stop_asked)
-    why = f"{plan.ended} ({signal_name} in Slurm job {alloc.job_id} while waiting for room for scratch: nothing " \
-          f"started{f'; {stop_asked}' if stop_asked else ''})"
+    why = f"{plan.ended} ({signal_name} in Slurm job {alloc.job_id} {when}" \
+          f"{f'; {stop_asked}' if stop_asked else ''})"
     if plan.requeue and (problem := job.requeue()) is not None:
         return protocol.SUPERVISOR_RETRY, plan.ended, f"{why}; but {problem}"
     return protocol.SUPERVISOR_DONE, plan.ended, why

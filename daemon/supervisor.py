@@ -401,12 +401,15 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
     then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_consent.py).
     The signal handlers come first (daemon/host/signals.py): a stop during the checks ends them at once, exit 0,
-    nothing made; one after is the supervisor's first tick's."""
+    nothing made (in a Slurm job a preemption, the job requeued as the scratch wait's: preempted_in_checks); one
+    after is the supervisor's first tick's."""
     signals = Signals(checking=True)
     try:
         signals.install()
         cfg, resumes, held = preflight.launch(config_path, overrides, fresh, claim_remote, signals)
     except LaunchStopped as e:
+        if (preempted := preflight.preempted_in_checks(str(e))) is not None:  # a Slurm job's: requeued, as later
+            return preempted
         print(f"minilmd run: stopped ({e}) during the launch's checks: nothing made, nothing started", flush=True)
         return protocol.SUPERVISOR_DONE
     except ConfigError as e:

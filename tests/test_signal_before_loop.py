@@ -15,12 +15,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from faults_fixtures import faultfs_dirs, mounted_faultfs
 from minilmd import names, protocol
 from minilmd.daemon.host.lock import lock_holder
+from slurm_helpers import job_line, slurm_env
 from supervisor_helpers import env_for, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until
 
@@ -103,3 +105,49 @@ def test_a_stop_during_the_launchs_checks_ends_them_at_once_with_nothing_made(tm
         assert rc == protocol.SUPERVISOR_DONE, said
         assert f"stopped ({signal.Signals(sig).name}) during the launch's checks: nothing made" in said, said
         assert not run_dir.exists() and not scratch.exists() and "Traceback" not in said, said
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.parametrize("sig,job_state", [(signal.SIGTERM, "RUNNING"), (signal.SIGUSR2, "RUNNING"),
+                                           (signal.SIGTERM, "CANCELLED")], ids=["preempted", "B:USR2", "scancel"])
+def test_in_a_slurm_job_a_signal_during_the_launchs_checks_is_a_preemption_and_requeues_it(tmp_path, corpus, sig,
+                                                                                         job_state):
+    """In a Slurm job Slurm's SIGTERM (a preemption) or its B:USR2 warning (no `minilmd stop` sends SIGUSR2 before
+    the run lock is held) during the checks ends them as the same signal later does: a preemption with nothing made,
+    the job requeued (the scratch wait's rule, scratchclaim.preempted_in_checks), unless it is being cancelled
+    (scancel: a SIGTERM for good). Before, it exited 0 "stopped during the launch's checks", never requeued: the
+    unattended run stayed unfinished."""
+    backing, mount_point = faultfs_dirs(tmp_path)
+    (backing / "remote").mkdir()
+    env = slurm_env(tmp_path, 0)
+    job_line(tmp_path, 0, time.time() + 3600)
+    if job_state == "CANCELLED":
+        (tmp_path / "job-line").write_text("JobState=CANCELLED Reason=None Restarts=0\n")
+    with mounted_faultfs(backing, mount_point) as share:
+        config = write_config(tmp_path, corpus, run={"remote": str(mount_point / "remote")})
+        run_dir, scratch = tmp_path / "s" / "run", tmp_path / "s" / "scratch"
+        share.stall("remote", 600, op="getattr")  # the checks' look at run.remote: no answer till the test ends
+        out = tmp_path / "supervisor.out"
+        proc = start_supervisor(config, out, **env)
+        try:
+            wait_until(lambda: share.hits("stall", "getattr") or proc.poll() is not None, 120, "a check held")
+            proc.send_signal(sig)
+            # said while the look still stalls: the check was not waited for (its thread stays in the kernel)
+            wait_until(lambda: "during the launch's checks" in out.read_text(), 120, "the preemption said")
+            assert share.hits("stall", "getattr") and not run_dir.exists() and not scratch.exists(), out.read_text()
+            share.clear()  # the stalled look answers: the process can exit
+            rc = wait_or_kill(proc, 120)
+        finally:
+            share.clear()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    said = out.read_text()
+    calls = tmp_path / "scontrol-calls"
+    requeues = calls.read_text().splitlines().count("requeue 42") if calls.exists() else 0
+    assert rc == protocol.SUPERVISOR_DONE and "Traceback" not in said, said
+    assert "in Slurm job 42 during the launch's checks: nothing made" in said, said
+    assert requeues == (0 if job_state == "CANCELLED" else 1), said
+    if sig == signal.SIGUSR2:
+        assert "Slurm's --signal warning (B:USR2), taken as its USR1" in said, said
