@@ -3,7 +3,8 @@
 TemplateLimits: the CPU seconds of one conversation's renderings (`seconds`, plus `seconds_per_message` for each
 message rendered) and the longest string, list or output (`chars`). Budget: those limits for one compiled template
 and the bound under way, checked by the sandbox at every call, operator, filter and output piece. `limited()`: the
-block the renderings run in, with an ITIMER_PROF alarm in a process's main thread for a loop that calls nothing.
+block the renderings run in, with an ITIMER_PROF alarm in a process's main thread for a loop that calls nothing
+(again after it raised, until the block is left: Python loses an exception raised in a gc callback or a __del__).
 A rendering beyond a bound raises Exceeded (a BaseException: neither jinja2 nor the template can swallow it).
 """
 from __future__ import annotations
@@ -24,6 +25,11 @@ class TemplateLimits:
     seconds_per_message: float = 1e-3
     """CPU seconds more for each message rendered (MiniMind's template takes 11-40 us per message: about 30-90x
     that), so that a long conversation, and the prefix renderings of one (chat.py), are allowed their size."""
+
+
+ALARM_AGAIN_S = 0.05
+"""CPU seconds after an alarm that raised, its next one, until the bounded block is left (`limited`): far more
+than the raise takes to leave the block, so that it never lands in the block's clean-up."""
 
 
 class Exceeded(BaseException):
@@ -116,16 +122,17 @@ def limited(budget: Budget):
     if budget.active:
         yield
         return
-    fired: list[bool] = []  # one alarm raises once: a second one could land in the clean-up below
 
     def on_alarm(signum, frame):
-        if not budget.active or fired:
+        if not budget.active:  # the block's clean-up has begun: no alarm lands in it
             return
         left = budget.left()
         if left > 0:  # the process's CPU time (other threads' too) ran ahead of the thread's: not yet
             signal.setitimer(signal.ITIMER_PROF, max(left, 1e-3))
             return
-        fired.append(True)
+        # again until the block is left: an Exceeded raised where Python only reports it (a gc callback, a __del__,
+        # a weakref callback the alarm landed in) is lost, and a loop that calls nothing would then run for ever
+        signal.setitimer(signal.ITIMER_PROF, ALARM_AGAIN_S)
         raise Exceeded(budget.over())
 
     alarm = threading.current_thread() is threading.main_thread()

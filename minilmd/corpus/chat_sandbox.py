@@ -11,7 +11,8 @@ and the memory of every rendering, since a template is untrusted code (a nested 
   render), so that it scales with the conversation's size. Checked at every call, operator, filter and output piece
   (the wall clock first, a cheap bound: a thread's CPU time cannot run ahead of it), and, in a process's main
   thread (prepare's workers, the CLI), by an ITIMER_PROF alarm on the process's CPU time that interrupts a loop
-  doing none of those (it re-arms itself while the thread's own CPU time is within the bound). Signal handlers only
+  doing none of those (it re-arms itself while the thread's own CPU time is within the bound, and after it
+  raised, until the rendering is left: an Exceeded raised in a gc callback or a __del__ is lost). Signal handlers only
   run in the main thread; elsewhere only the checks bound the time.
 - Memory (TemplateLimits.chars): no string, list or output the template builds may exceed it. Operations whose
   result can be far larger than their operands are checked BEFORE they run: `*` (repetition), `**`, `%`
