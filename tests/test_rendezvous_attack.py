@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon.slurm import job as slurm
+from ports import free_ports
 from second_user import shared, user_python  # noqa: F401 - `shared` is a fixture
 from slurm_helpers import launch_cfg
 
@@ -68,6 +69,17 @@ def attempt(tmp_path: Path, monkeypatch, nodes: list[str]) -> tuple[list[str], d
     """(the torchrun part of attempt 1's command, with the worker script as its entry point; the environment the
     supervisor launches it with; the rendezvous port it names)."""
     monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")
+    # the product's port is one the kernel gives (bind to 0, released): a good neighbour on a shared node (a long-lived
+    # listener never sits on a port some service is configured for), and a client connection that takes it in the
+    # moment before the store listens costs the job one attempt. Here that client may be another xdist worker's, and
+    # the case would fail: the port comes from tests/ports.py instead, below the kernel's range
+    given: list[int] = []
+
+    def outside_the_kernels_range() -> int:
+        given.append(free_ports(1)[0])
+        return given[-1]
+
+    monkeypatch.setattr(slurm, "rendezvous_port", outside_the_kernels_range)
     job_id = free_job_id()
     alloc = slurm.Allocation(job_id, nodes, [])
     job = slurm.SlurmJob(alloc, {}, lambda *a, **k: None, runner=lambda args: "")
@@ -81,7 +93,9 @@ def attempt(tmp_path: Path, monkeypatch, nodes: list[str]) -> tuple[list[str], d
     endpoint = torchrun[torchrun.index("--rdzv-endpoint") + 1]
     env = {**os.environ, **getattr(job, "launch_env", {}), "PYTHONUNBUFFERED": "1"}
     conf = ["--rdzv-conf", "read_timeout=5,join_timeout=120"]
-    return [*torchrun, *conf, str(script), str(tmp_path)], env, int(endpoint.split(":")[1])
+    port = int(endpoint.split(":")[1])
+    assert [port] == given, (endpoint, given)  # the command names the port tests/ports.py gave
+    return [*torchrun, *conf, str(script), str(tmp_path)], env, port
 
 
 def wait_file(path: Path, what: str) -> None:
