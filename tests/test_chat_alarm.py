@@ -37,11 +37,11 @@ def test_an_alarm_lost_in_a_gc_callback_comes_again_and_ends_a_loop_that_calls_n
     try:
         with pytest.raises(Exceeded, match="rendering took more than"):
             with limited(budget):
-                gc.collect()
-                assert lost and reported == [Exceeded]  # the first alarm's Exceeded was lost
+                gc.collect()  # the first alarm's Exceeded is lost in it (and later ones that land in gc)
                 end = time.thread_time() + FOR_EVER_S
                 while time.thread_time() < end:  # the template's loop that calls nothing
                     pass
     finally:
         gc.callbacks.remove(callback)
+    assert lost and reported and set(reported) == {Exceeded}, reported  # lost, not raised, in gc
     assert not budget.active
