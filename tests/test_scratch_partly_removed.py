@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from held import PAUSING_TRAINER, held_at
-from minilmd import checkpoint_dirs, names, scratch, scratch_remade
+from minilmd import checkpoint_dirs, fsio, names, scratch, scratch_remade
 from minilmd.checkpoint_pin import ScratchGone
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, SCRATCH_OWNER, TRAINER_CMD_ENV, step_name
@@ -43,6 +43,32 @@ def _remove_all_but_checkpoints(where: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def test_scratch_removed_between_a_saves_last_write_and_its_publish_is_scratch_gone(tmp_path, monkeypatch):
+    """An `rm -rf` of scratch that lands after a save's last write, before its publish looks at its temporary
+    directory by name: the publish finds none there (dirfd.Replaced, a ValueError), which ended the trainer as a
+    crash with "the temporary directory was replaced by another one" (seen under load in
+    test_scratch_removed.py's real run), where the removed scratch is ScratchGone: staged again, resumed."""
+    import shutil
+
+    where = tmp_path / "scratch"
+    where.mkdir()
+    (where / SCRATCH_OWNER).write_text("{}")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    saver = ckpt_io.AsyncCheckpointer(where / names.CHECKPOINTS, keep=None, background=False, parents=False)
+    saver.save(1, model, opt, {"step": 1})
+    real_publish = fsio.publish
+
+    def removed_first(parent, tmp, *args, **kwargs):
+        shutil.rmtree(where)  # the user's `rm -rf`, after the temporary directory was opened, before its publish
+        return real_publish(parent, tmp, *args, **kwargs)
+
+    monkeypatch.setattr(fsio, "publish", removed_first)
+    with pytest.raises(ScratchGone):
+        saver.save(2, model, opt, {"step": 2})
+    assert not where.exists()  # nothing made again by path
 
 
 def test_a_save_into_a_scratch_that_lost_its_owner_record_is_refused(tmp_path):

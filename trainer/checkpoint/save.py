@@ -27,6 +27,7 @@ from minilmd.checkpoint import FORMAT, VERSION
 from minilmd.checkpoint_load import ForLoading, for_loading
 from minilmd.checkpoint_pin import Pinned, ScratchGone, pin_root
 from minilmd.checkpoint_select import prune
+from minilmd.dirfd import Replaced
 from minilmd.fsio import atomic_write_text, fsync_dir, inodes_if_none_left, is_disk_full, publish_dir
 from minilmd.names import (
     CHECKPOINT_KILL_ENV,
@@ -204,11 +205,13 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     try:
         _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer,
                           extra, notes or {})
-    except OSError as e:
-        if pinned is not None and (why := pinned.gone()) is not None:  # removed while written (ENOENT)
+    except (OSError, Replaced) as e:
+        # removed while written: ENOENT, or the publish's look at its temporary directory by name finding none
+        # (Replaced), when the removal came between the last write and the rename
+        if pinned is not None and (why := pinned.gone()) is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             raise ScratchGone(root, step, why) from e
-        if not is_disk_full(e):
+        if isinstance(e, Replaced) or not is_disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise ScratchFull(root, step, needs, _free_bytes(root)) from e
