@@ -295,6 +295,24 @@ def test_a_heartbeat_of_the_previous_attempt_never_counts_as_the_new_ones(tmp_pa
         child.popen.wait()
 
 
+def test_a_tick_whose_heartbeat_read_failed_keeps_the_beats_seen_before(tmp_path):
+    """A tick's one reading of the heartbeat can fail (None); before, that tick judged the trainer by the start-up
+    rule, as if it had never beaten, and killed a DPO reference pass beating every 0.25 s 37 s after its start
+    (under load, in CI). The newest own beat seen stays the measure."""
+    from minilmd.daemon.base.runstate import read_heartbeat
+
+    child = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 2, "")
+    try:
+        (tmp_path / names.HEARTBEAT).write_text("3\n")
+        beat = read_heartbeat(tmp_path)
+        assert child.beats(beat) and child.silence(beat, hang_timeout=60.0, startup_grace=0.0) == ""
+        child.started -= 120  # long past any start-up grace: only the beat seen keeps it alive
+        assert child.silence(None, hang_timeout=60.0, startup_grace=0.0) == ""
+    finally:
+        child.kill()
+        child.popen.wait()
+
+
 def test_a_trainer_killed_before_its_first_heartbeat_is_told_the_start_up_grace_not_the_configs_value(tmp_path):
     """Found by a new user: a trainer silent from its start was reported `no heartbeat for 60s (restart.hang_timeout
     60s)` under a config saying 30s; the 60 s are the start-up grace before a first heartbeat, and the message names

@@ -114,6 +114,7 @@ class Child:
     rank_scan_at: float = 0.0  # time.monotonic() of the next look for ranks not yet seen
     killed_for_hang: bool = False
     hang_detail: str = ""
+    own_beat_seen: Heartbeat | None = None  # the newest heartbeat of this attempt's seen (silence, kill_if_hung)
     stop_sent: float | None = None
     stop_mark: tuple[int, int] | None = None  # the newest checkpoint (step, inode) when stop_sent was: a save since
     killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
@@ -165,10 +166,22 @@ class Child:
         """Whether the heartbeat file (one `runstate.read_heartbeat`) was written by this attempt."""
         return beat is not None and beat.mtime >= self.started - 1
 
+    def seen(self, beat: Heartbeat | None) -> Heartbeat | None:
+        """Records `beat` when it is this attempt's own and the newest yet; the beat to judge: `beat`, or, where
+        the tick's reading failed (None), the newest own one seen before (its phase, a compile's, kept too)."""
+        if beat is not None and self.beats(beat) and (self.own_beat_seen is None
+                                                      or beat.mtime >= self.own_beat_seen.mtime):
+            self.own_beat_seen = beat
+        return beat if beat is not None else self.own_beat_seen
+
     def silence(self, beat: Heartbeat | None, hang_timeout: float, startup_grace: float) -> str:
         """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
-        (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
-        own_beat = beat.mtime if beat is not None and self.beats(beat) else None
+        (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace). The newest own
+        beat seen is kept (`own_beat_seen`): a tick whose one reading failed (None) does not bring the start-up rule
+        back, which measured the silence from the trainer's start (a DPO reference pass beating every 0.25 s was
+        killed so, 37 s after its start)."""
+        self.seen(beat)
+        own_beat = self.own_beat_seen.mtime if self.own_beat_seen is not None else None
         limit = hang_timeout if own_beat is not None else max(hang_timeout, startup_grace)
         silent = time.time() - max(self.started, own_beat if own_beat is not None else 0.0)
         if silent <= limit:

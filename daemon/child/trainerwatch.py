@@ -160,7 +160,9 @@ def hang_limit(cfg: RunConfig, child: Child, beat: Heartbeat | None) -> float:
 
 def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> None:
     """A trainer silent too long: dump its stack into its log, then SIGKILL (the next ticks poll for its end).
-    `beat` is the tick's one reading of the heartbeat: its mtime and its phase judged together."""
+    `beat` is the tick's one reading of the heartbeat: its mtime and its phase judged together; a reading that
+    failed (None) is the newest own beat seen before, phase and all (a compile's allowance kept)."""
+    beat = child.seen(beat)
     limit = hang_limit(cfg, child, beat)
     detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
