@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,10 +77,10 @@ def test_a_stop_while_the_launch_sets_up_its_run_dir_ends_the_run_as_a_stop(tmp_
         assert lock_holder(run_dir) is None
 
 
-@pytest.mark.slow
-@pytest.mark.root
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_during_the_launchs_checks_ends_them_at_once_with_nothing_made(tmp_path, corpus, sig):
+def _signalled_in_the_checks(tmp_path: Path, corpus, sig: int, **env) -> tuple[int, str, Path, Path]:
+    """`minilmd run` held in the launch's checks (its look at run.remote stalls on a FUSE getattr), sent `sig`: what
+    it said while the look still stalled, nothing made by then, and its exit once the look answers. (exit status,
+    its output, run.dir, scratch)."""
     backing, mount_point = faultfs_dirs(tmp_path)
     (backing / "remote").mkdir()
     with mounted_faultfs(backing, mount_point) as share:
@@ -87,24 +88,31 @@ def test_a_stop_during_the_launchs_checks_ends_them_at_once_with_nothing_made(tm
         run_dir, scratch = tmp_path / "s" / "run", tmp_path / "s" / "scratch"
         share.stall("remote", 600, op="getattr")  # the checks' look at run.remote: no answer till the test ends
         out = tmp_path / "supervisor.out"
-        proc = start_supervisor(config, out)
+        proc = start_supervisor(config, out, **env)
         try:
             wait_until(lambda: share.hits("stall", "getattr") or proc.poll() is not None, 120, "a check held")
             proc.send_signal(sig)
             # said while the look still stalls: the check was not waited for (its thread stays in the kernel)
-            wait_until(lambda: "during the launch's checks" in out.read_text(), 120, "the stop said")
+            wait_until(lambda: "during the launch's checks" in out.read_text(), 120, "the signal's words")
             assert share.hits("stall", "getattr") and not run_dir.exists() and not scratch.exists(), out.read_text()
-            share.clear()
+            share.clear()  # the stalled look answers: the process can exit
             rc = wait_or_kill(proc, 120)
         finally:
             share.clear()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        said = out.read_text()
-        assert rc == protocol.SUPERVISOR_DONE, said
-        assert f"stopped ({signal.Signals(sig).name}) during the launch's checks: nothing made" in said, said
-        assert not run_dir.exists() and not scratch.exists() and "Traceback" not in said, said
+    return rc, out.read_text(), run_dir, scratch
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_launchs_checks_ends_them_at_once_with_nothing_made(tmp_path, corpus, sig):
+    rc, said, run_dir, scratch = _signalled_in_the_checks(tmp_path, corpus, sig)
+    assert rc == protocol.SUPERVISOR_DONE, said
+    assert f"stopped ({signal.Signals(sig).name}) during the launch's checks: nothing made" in said, said
+    assert not run_dir.exists() and not scratch.exists() and "Traceback" not in said, said
 
 
 @pytest.mark.slow
@@ -118,32 +126,11 @@ def test_in_a_slurm_job_a_signal_during_the_launchs_checks_is_a_preemption_and_r
     the job requeued (the scratch wait's rule, scratchclaim.preempted_in_checks), unless it is being cancelled
     (scancel: a SIGTERM for good). Before, it exited 0 "stopped during the launch's checks", never requeued: the
     unattended run stayed unfinished."""
-    backing, mount_point = faultfs_dirs(tmp_path)
-    (backing / "remote").mkdir()
     env = slurm_env(tmp_path, 0)
     job_line(tmp_path, 0, time.time() + 3600)
     if job_state == "CANCELLED":
         (tmp_path / "job-line").write_text("JobState=CANCELLED Reason=None Restarts=0\n")
-    with mounted_faultfs(backing, mount_point) as share:
-        config = write_config(tmp_path, corpus, run={"remote": str(mount_point / "remote")})
-        run_dir, scratch = tmp_path / "s" / "run", tmp_path / "s" / "scratch"
-        share.stall("remote", 600, op="getattr")  # the checks' look at run.remote: no answer till the test ends
-        out = tmp_path / "supervisor.out"
-        proc = start_supervisor(config, out, **env)
-        try:
-            wait_until(lambda: share.hits("stall", "getattr") or proc.poll() is not None, 120, "a check held")
-            proc.send_signal(sig)
-            # said while the look still stalls: the check was not waited for (its thread stays in the kernel)
-            wait_until(lambda: "during the launch's checks" in out.read_text(), 120, "the preemption said")
-            assert share.hits("stall", "getattr") and not run_dir.exists() and not scratch.exists(), out.read_text()
-            share.clear()  # the stalled look answers: the process can exit
-            rc = wait_or_kill(proc, 120)
-        finally:
-            share.clear()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    said = out.read_text()
+    rc, said, _, _ = _signalled_in_the_checks(tmp_path, corpus, sig, **env)
     calls = tmp_path / "scontrol-calls"
     requeues = calls.read_text().splitlines().count("requeue 42") if calls.exists() else 0
     assert rc == protocol.SUPERVISOR_DONE and "Traceback" not in said, said
